@@ -1,0 +1,80 @@
+//! The store's configuration and its validation.
+
+use thiserror::Error;
+
+/// How the lease store is shaped and which TTLs it accepts (contract L5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Number of shards, a power of two. Every user lives in exactly one shard,
+    /// so more shards mean less lock contention between unrelated users.
+    pub shards: usize,
+    /// The shortest TTL a request may ask for.
+    pub min_ttl_ms: u32,
+    /// The TTL used when a request asks for 0.
+    pub default_ttl_ms: u32,
+    /// The longest TTL a request may ask for.
+    pub max_ttl_ms: u32,
+}
+
+impl Default for StoreConfig {
+    /// Heartbeats every 15 s against a 45 s TTL tolerate two lost beats (L5).
+    fn default() -> Self {
+        StoreConfig { shards: 64, min_ttl_ms: 1_000, default_ttl_ms: 45_000, max_ttl_ms: 3_600_000 }
+    }
+}
+
+/// A configuration the store cannot run with.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// The shard count is zero, too large, or not a power of two.
+    #[error("shards must be a power of two between 1 and 65536, got {0}")]
+    Shards(usize),
+    /// The TTL bounds are not ordered `0 < min <= default <= max`.
+    #[error("TTL bounds must satisfy 0 < min-ttl-ms ({min}) <= default-ttl-ms ({default}) <= max-ttl-ms ({max})")]
+    TtlBounds {
+        /// The configured minimum.
+        min: u32,
+        /// The configured default.
+        default: u32,
+        /// The configured maximum.
+        max: u32,
+    },
+}
+
+impl StoreConfig {
+    /// Checks that the store can run with this configuration.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.shards.is_power_of_two() || self.shards > 65_536 {
+            return Err(ConfigError::Shards(self.shards));
+        }
+        let (min, default, max) = (self.min_ttl_ms, self.default_ttl_ms, self.max_ttl_ms);
+        if min == 0 || min > default || default > max {
+            return Err(ConfigError::TtlBounds { min, default, max });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_contract() {
+        let config = StoreConfig::default();
+        assert_eq!(config.validate(), Ok(()));
+        assert_eq!((config.min_ttl_ms, config.default_ttl_ms, config.max_ttl_ms), (1_000, 45_000, 3_600_000));
+    }
+
+    #[test]
+    fn bad_shapes_are_refused() {
+        let base = StoreConfig::default();
+        for shards in [0, 3, 100, 131_072] {
+            assert_eq!(StoreConfig { shards, ..base.clone() }.validate(), Err(ConfigError::Shards(shards)));
+        }
+        for (min, default, max) in [(0, 10, 20), (30, 10, 40), (10, 50, 40)] {
+            let config = StoreConfig { min_ttl_ms: min, default_ttl_ms: default, max_ttl_ms: max, ..base.clone() };
+            assert_eq!(config.validate(), Err(ConfigError::TtlBounds { min, default, max }));
+        }
+    }
+}

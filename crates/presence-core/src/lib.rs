@@ -1,0 +1,38 @@
+//! The presenced lease core: session leases in, derived user presence out.
+//!
+//! This crate owns the state machine of contract rules M1 to M3, L1 to L6, E1
+//! and E2: leases keyed by user and session, generation-checked transitions,
+//! per-user versions that move only when a user's ONLINE/OFFLINE state flips,
+//! and a timer wheel that expires leases on time.
+//!
+//! It must not do I/O, spawn anything or read a clock: every operation takes
+//! `now` (milliseconds) and hands back the flips it caused. The server turns
+//! its clock into `now`, drives [`Store::expire`] at [`Store::next_deadline`]
+//! and publishes the flips; tests drive simulated time at full speed.
+
+mod config;
+mod error;
+mod interner;
+mod shard;
+pub mod stamp;
+mod store;
+mod types;
+mod validate;
+pub mod wheel;
+
+pub use compact_str::CompactString;
+pub use config::{ConfigError, StoreConfig};
+pub use error::LeaseError;
+pub use shard::LeaseView;
+pub use store::Store;
+pub use types::{
+    Changes, Presence, PresenceChange, Registered, Registration, Renewed, Revoked, State, StoreStats,
+    UnregisterOutcome, Unregistered,
+};
+pub use validate::{
+    MAX_ID_BYTES, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES, user_ids as validate_user_ids,
+};
+pub use wheel::Tick;
+
+#[cfg(test)]
+mod store_tests;

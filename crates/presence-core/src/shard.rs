@@ -1,0 +1,479 @@
+//! One shard of the lease store: the users that hash to it, their leases and
+//! the timer wheel of their deadlines.
+//!
+//! A shard is a plain struct with `&mut self` methods; the store wraps each one
+//! in a lock in exactly one place. Every operation first *settles* the user it
+//! touches (drops the leases whose deadline has passed, flipping the user
+//! OFFLINE if none is left), so an answer never depends on whether the expiry
+//! driver happened to run before the request: the state is a function of the
+//! operations and their times alone. The wheel makes sure settling also
+//! happens, on time, for users nobody touches (L4).
+//!
+//! The wheel holds one entry per user with leases, at or before the user's
+//! earliest lease deadline. A renewal only moves a lease's deadline later, so
+//! it leaves the wheel alone; when the entry fires, the user is settled and a
+//! new entry is made at the earliest remaining deadline. A heartbeat therefore
+//! costs no wheel work, and a lease that is renewed every 15 s against a 45 s
+//! TTL costs one wheel entry per 30 s or so.
+
+use compact_str::CompactString;
+use hashbrown::{DefaultHashBuilder, HashTable};
+use std::hash::BuildHasher;
+
+use crate::error::LeaseError;
+use crate::interner::{GatewayInterner, GatewayRef};
+use crate::stamp::StampClock;
+use crate::types::{
+    Changes, Presence, PresenceChange, Registered, Registration, Renewed, Revoked, State, UnregisterOutcome,
+    Unregistered,
+};
+use crate::wheel::{Tick, TimerKey, TimerWheel};
+
+/// One session's lease (M1).
+#[derive(Debug)]
+struct Lease {
+    session_id: CompactString,
+    /// Bumped on every register of the session; renewals and unregisters must carry it.
+    generation: u64,
+    last_heartbeat_at: Tick,
+    /// The lease is live while `now < expires_at`.
+    expires_at: Tick,
+    /// Boxed so that the common lease without metadata pays one pointer.
+    #[expect(clippy::box_collection, reason = "one word per lease instead of three")]
+    metadata: Option<Box<Vec<(String, String)>>>,
+    gateway: GatewayRef,
+    /// Set by an unregister with linger: the lease stays live until its
+    /// shortened deadline but accepts no more renewals.
+    closing: bool,
+}
+
+/// A user the shard holds a record for.
+#[derive(Debug)]
+struct User {
+    id: CompactString,
+    /// The version of the user's last flip; kept while the user is offline so
+    /// that versions never go back (M3).
+    version: u64,
+    online: bool,
+    /// The wheel entry, at or before the earliest lease deadline; `Some` exactly
+    /// when the user has leases.
+    timer: Option<TimerKey>,
+    sessions: Vec<Lease>,
+}
+
+impl User {
+    fn presence(&self) -> Presence {
+        Presence { state: if self.online { State::Online } else { State::Offline }, version: self.version }
+    }
+
+    fn lease_mut(&mut self, session_id: &str) -> Option<&mut Lease> {
+        self.sessions.iter_mut().find(|lease| lease.session_id == session_id)
+    }
+}
+
+/// A read-only view of one lease, for inspection and checkpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    /// The session the lease belongs to.
+    pub session_id: CompactString,
+    /// The gateway that registered it.
+    pub gateway_id: CompactString,
+    /// Its current generation.
+    pub generation: u64,
+    /// When it was last registered or renewed.
+    pub last_heartbeat_at: Tick,
+    /// Its deadline.
+    pub expires_at: Tick,
+    /// Whether it was unregistered with linger and now only runs out.
+    pub closing: bool,
+    /// Its metadata, as registered.
+    pub metadata: Vec<(String, String)>,
+}
+
+/// One shard's users, leases, timers and counters.
+#[derive(Debug)]
+pub(crate) struct Shard {
+    /// The latest time any operation brought; time never goes back within a shard,
+    /// even when two callers read the clock in one order and take the lock in the other.
+    now: Tick,
+    /// Every user seen, offline ones included (they keep their version).
+    users: Vec<User>,
+    /// Index of `users` by user id.
+    index: HashTable<u32>,
+    hasher: DefaultHashBuilder,
+    /// One entry per user with leases, holding the user's index.
+    wheel: TimerWheel<u32>,
+    /// Source of generations and versions.
+    stamps: StampClock,
+    gateways: GatewayInterner,
+    /// Leases held.
+    sessions: usize,
+    /// Users online.
+    online: usize,
+    /// The earliest timer scheduled since the store last asked, so the store
+    /// can wake the expiry driver when a new deadline is earlier than its alarm.
+    earliest_new_timer: Option<Tick>,
+}
+
+impl Shard {
+    pub(crate) fn new(now: Tick) -> Self {
+        Shard {
+            now,
+            users: Vec::new(),
+            index: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
+            wheel: TimerWheel::new(now),
+            stamps: StampClock::default(),
+            gateways: GatewayInterner::default(),
+            sessions: 0,
+            online: 0,
+            earliest_new_timer: None,
+        }
+    }
+
+    pub(crate) fn register(
+        &mut self,
+        now: Tick,
+        registration: &Registration<'_>,
+        ttl_ms: u32,
+        changes: &mut Changes,
+    ) -> Registered {
+        let now = self.advance(now);
+        let slot = self.find_or_insert(registration.user_id);
+        self.settle(slot, now, changes);
+
+        let generation = self.stamps.next(now);
+        let expires_at = now + u64::from(ttl_ms);
+        let gateway = self.gateways.acquire(registration.gateway_id);
+        let metadata = (!registration.metadata.is_empty()).then(|| Box::new(registration.metadata.to_vec()));
+        let user = &mut self.users[slot as usize];
+        let replaced = match user.lease_mut(registration.session_id) {
+            Some(lease) => {
+                // A reconnect: the old connection's generation dies here, so its
+                // late renewals and closes are refused from now on.
+                let previous_gateway = std::mem::replace(&mut lease.gateway, gateway);
+                self.gateways.release(previous_gateway);
+                lease.generation = generation;
+                lease.last_heartbeat_at = now;
+                lease.expires_at = expires_at;
+                lease.metadata = metadata;
+                lease.closing = false;
+                true
+            }
+            None => {
+                // Most users hold one or two sessions: grow one lease at a time
+                // rather than doubling, which would waste a lease's worth of memory each.
+                user.sessions.reserve_exact(1);
+                user.sessions.push(Lease {
+                    session_id: CompactString::from(registration.session_id),
+                    generation,
+                    last_heartbeat_at: now,
+                    expires_at,
+                    metadata,
+                    gateway,
+                    closing: false,
+                });
+                self.sessions += 1;
+                false
+            }
+        };
+        let changed = !user.online;
+        if changed {
+            self.flip(slot, State::Online, now, None, changes);
+        }
+        self.schedule_no_later_than(slot, expires_at);
+        Registered { generation, expires_at, changed, replaced, presence: self.users[slot as usize].presence() }
+    }
+
+    pub(crate) fn renew(
+        &mut self,
+        now: Tick,
+        user_id: &str,
+        session_id: &str,
+        generation: u64,
+        ttl_ms: u32,
+        changes: &mut Changes,
+    ) -> Result<Renewed, LeaseError> {
+        let now = self.advance(now);
+        let not_found = || LeaseError::NotFound { user_id: user_id.into(), session_id: session_id.into() };
+        let slot = self.find(user_id).ok_or_else(not_found)?;
+        // An expired lease is removed here, so the renewal cannot revive it (L2).
+        self.settle(slot, now, changes);
+        let lease =
+            self.users[slot as usize].lease_mut(session_id).filter(|lease| !lease.closing).ok_or_else(not_found)?;
+        if generation < lease.generation {
+            return Err(LeaseError::StaleGeneration {
+                user_id: user_id.into(),
+                session_id: session_id.into(),
+                given: generation,
+                current: lease.generation,
+            });
+        }
+        if generation > lease.generation {
+            // Never issued for this lease (for instance, issued before a restart
+            // that lost it): there is no lease with that generation.
+            return Err(not_found());
+        }
+        let expires_at = now + u64::from(ttl_ms);
+        lease.expires_at = expires_at;
+        lease.last_heartbeat_at = now;
+        // Only a renewal with a shorter TTL than the time left can move the
+        // earliest deadline earlier; usually this is a comparison and nothing more.
+        self.schedule_no_later_than(slot, expires_at);
+        Ok(Renewed { expires_at })
+    }
+
+    pub(crate) fn unregister(
+        &mut self,
+        now: Tick,
+        user_id: &str,
+        session_id: &str,
+        generation: u64,
+        linger_ms: u32,
+        changes: &mut Changes,
+    ) -> Unregistered {
+        let now = self.advance(now);
+        let Some(slot) = self.find(user_id) else {
+            return Unregistered { outcome: UnregisterOutcome::NotFound, changed: false, presence: Presence::UNKNOWN };
+        };
+        self.settle(slot, now, changes);
+        let user = &mut self.users[slot as usize];
+        let unchanged = |outcome, user: &User| Unregistered { outcome, changed: false, presence: user.presence() };
+        let Some(position) = user.sessions.iter().position(|lease| lease.session_id == session_id) else {
+            return unchanged(UnregisterOutcome::NotFound, user);
+        };
+        let current = user.sessions[position].generation;
+        if generation < current {
+            // The delayed close of a socket that a reconnect has replaced (seed 000).
+            return unchanged(UnregisterOutcome::StaleGeneration { current }, user);
+        }
+        if generation > current {
+            return unchanged(UnregisterOutcome::NotFound, user);
+        }
+        if linger_ms > 0 {
+            let lease = &mut user.sessions[position];
+            lease.closing = true;
+            lease.expires_at = lease.expires_at.min(now + u64::from(linger_ms));
+            let until = lease.expires_at;
+            self.schedule_no_later_than(slot, until);
+            let user = &self.users[slot as usize];
+            return unchanged(UnregisterOutcome::Lingering { until }, user);
+        }
+        let lease = user.sessions.swap_remove(position);
+        self.gateways.release(lease.gateway);
+        self.sessions -= 1;
+        let changed = self.after_removal(slot, now, changes);
+        Unregistered { outcome: UnregisterOutcome::Removed, changed, presence: self.users[slot as usize].presence() }
+    }
+
+    pub(crate) fn revoke(
+        &mut self,
+        now: Tick,
+        user_id: &str,
+        session_id: Option<&str>,
+        changes: &mut Changes,
+    ) -> Revoked {
+        let now = self.advance(now);
+        let Some(slot) = self.find(user_id) else {
+            return Revoked { count: 0, changed: false, presence: Presence::UNKNOWN };
+        };
+        self.settle(slot, now, changes);
+        let user = &mut self.users[slot as usize];
+        let before = user.sessions.len();
+        let gateways = &mut self.gateways;
+        user.sessions.retain(|lease| {
+            let revoked = session_id.is_none_or(|id| lease.session_id == id);
+            if revoked {
+                gateways.release(lease.gateway);
+            }
+            !revoked
+        });
+        let count = before - user.sessions.len();
+        self.sessions -= count;
+        let changed = count > 0 && self.after_removal(slot, now, changes);
+        Revoked {
+            count: u32::try_from(count).unwrap_or(u32::MAX),
+            changed,
+            presence: self.users[slot as usize].presence(),
+        }
+    }
+
+    /// The user's presence at `now`, settling it first.
+    pub(crate) fn presence(&mut self, now: Tick, user_id: &str, changes: &mut Changes) -> Presence {
+        let now = self.advance(now);
+        match self.find(user_id) {
+            Some(slot) => {
+                self.settle(slot, now, changes);
+                self.users[slot as usize].presence()
+            }
+            None => Presence::UNKNOWN,
+        }
+    }
+
+    /// The user's leases at `now`, settling it first.
+    pub(crate) fn leases(&mut self, now: Tick, user_id: &str, changes: &mut Changes) -> Vec<LeaseView> {
+        let now = self.advance(now);
+        let Some(slot) = self.find(user_id) else { return Vec::new() };
+        self.settle(slot, now, changes);
+        let user = &self.users[slot as usize];
+        user.sessions
+            .iter()
+            .map(|lease| LeaseView {
+                session_id: lease.session_id.clone(),
+                gateway_id: self.gateways.resolve(lease.gateway).into(),
+                generation: lease.generation,
+                last_heartbeat_at: lease.last_heartbeat_at,
+                expires_at: lease.expires_at,
+                closing: lease.closing,
+                metadata: lease.metadata.as_deref().cloned().unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// Settles up to `budget` users whose timers are due at `now`. Returns
+    /// whether more may be due, so that the caller can release the lock between
+    /// batches and a mass expiry never holds the shard for long.
+    pub(crate) fn expire(&mut self, now: Tick, budget: usize, changes: &mut Changes) -> bool {
+        let now = self.advance(now);
+        for _ in 0..budget {
+            let Some((_, slot)) = self.wheel.poll(now) else { return false };
+            self.users[slot as usize].timer = None;
+            self.settle(slot, now, changes);
+            if let Some(earliest) = self.users[slot as usize].sessions.iter().map(|lease| lease.expires_at).min() {
+                self.schedule_no_later_than(slot, earliest);
+            }
+        }
+        self.wheel.next_deadline().is_some_and(|next| next <= now)
+    }
+
+    /// A time at or before the earliest lease deadline in the shard.
+    pub(crate) fn next_deadline(&self) -> Option<Tick> {
+        self.wheel.next_deadline()
+    }
+
+    /// The earliest timer scheduled since the last call.
+    pub(crate) fn take_earliest_new_timer(&mut self) -> Option<Tick> {
+        self.earliest_new_timer.take()
+    }
+
+    pub(crate) fn sessions(&self) -> usize {
+        self.sessions
+    }
+
+    pub(crate) fn online_users(&self) -> usize {
+        self.online
+    }
+
+    pub(crate) fn users(&self) -> usize {
+        self.users.len()
+    }
+
+    fn advance(&mut self, now: Tick) -> Tick {
+        self.now = self.now.max(now);
+        self.now
+    }
+
+    fn hash(&self, user_id: &str) -> u64 {
+        self.hasher.hash_one(user_id)
+    }
+
+    fn find(&self, user_id: &str) -> Option<u32> {
+        let users = &self.users;
+        self.index.find(self.hash(user_id), |&slot| users[slot as usize].id == user_id).copied()
+    }
+
+    fn find_or_insert(&mut self, user_id: &str) -> u32 {
+        if let Some(slot) = self.find(user_id) {
+            return slot;
+        }
+        let slot = u32::try_from(self.users.len()).expect("fewer than 2^32 users per shard");
+        self.users.push(User {
+            id: CompactString::from(user_id),
+            version: 0,
+            online: false,
+            timer: None,
+            sessions: Vec::new(),
+        });
+        let (users, hasher) = (&self.users, &self.hasher);
+        self.index.insert_unique(self.hash(user_id), slot, |&slot| hasher.hash_one(users[slot as usize].id.as_str()));
+        slot
+    }
+
+    /// Drops the user's leases whose deadline has passed, flipping it OFFLINE
+    /// when none is left. Cheap when nothing has expired.
+    fn settle(&mut self, slot: u32, now: Tick, changes: &mut Changes) {
+        let user = &mut self.users[slot as usize];
+        if user.sessions.iter().all(|lease| lease.expires_at > now) {
+            return;
+        }
+        let mut last_deadline = 0;
+        let gateways = &mut self.gateways;
+        let before = user.sessions.len();
+        user.sessions.retain(|lease| {
+            let live = lease.expires_at > now;
+            if !live {
+                gateways.release(lease.gateway);
+                last_deadline = last_deadline.max(lease.expires_at);
+            }
+            live
+        });
+        self.sessions -= before - user.sessions.len();
+        if self.users[slot as usize].sessions.is_empty() {
+            self.cancel_timer(slot);
+            if self.users[slot as usize].online {
+                self.flip(slot, State::Offline, now, Some(last_deadline), changes);
+            }
+        }
+    }
+
+    /// After leases were deleted by a request: flips the user OFFLINE if none is
+    /// left. Returns whether it flipped.
+    fn after_removal(&mut self, slot: u32, now: Tick, changes: &mut Changes) -> bool {
+        let user = &mut self.users[slot as usize];
+        if !user.sessions.is_empty() {
+            return false;
+        }
+        user.sessions = Vec::new(); // give the allocation back: offline users are many
+        self.cancel_timer(slot);
+        let flips = self.users[slot as usize].online;
+        if flips {
+            self.flip(slot, State::Offline, now, None, changes);
+        }
+        flips
+    }
+
+    fn flip(&mut self, slot: u32, state: State, now: Tick, deadline: Option<Tick>, changes: &mut Changes) {
+        let user = &mut self.users[slot as usize];
+        debug_assert_ne!(user.online, state == State::Online, "a flip changes the state");
+        user.online = state == State::Online;
+        user.version = self.stamps.next(now);
+        match state {
+            State::Online => self.online += 1,
+            State::Offline => self.online -= 1,
+        }
+        changes.push(PresenceChange { user_id: user.id.clone(), presence: user.presence(), at: now, deadline });
+    }
+
+    /// Makes sure the user's timer fires at or before `deadline`.
+    fn schedule_no_later_than(&mut self, slot: u32, deadline: Tick) {
+        // A deadline the wheel has already passed (a caller whose clock read lagged
+        // the driver's) fires on the next tick instead.
+        let deadline = deadline.max(self.wheel.elapsed() + 1);
+        let user = &mut self.users[slot as usize];
+        if let Some(key) = user.timer {
+            if self.wheel.deadline(key) <= deadline {
+                return;
+            }
+            self.wheel.remove(key);
+        }
+        let key = self.wheel.insert(deadline, slot).unwrap_or_else(|_| unreachable!("deadline is after elapsed"));
+        user.timer = Some(key);
+        self.earliest_new_timer = Some(self.earliest_new_timer.map_or(deadline, |earliest| earliest.min(deadline)));
+    }
+
+    fn cancel_timer(&mut self, slot: u32) {
+        if let Some(key) = self.users[slot as usize].timer.take() {
+            self.wheel.remove(key);
+        }
+    }
+}

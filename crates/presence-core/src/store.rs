@@ -1,0 +1,217 @@
+//! The sharded lease store: the only place where shards meet their locks.
+//!
+//! Users map to shards by a fixed hash of the user id, so every transition of
+//! one user happens under one shard lock and is atomic with the recomputation
+//! of its derived state (E1: two gateways or an expiry racing on one user
+//! cannot both publish the same flip). Locks are held for the operation only:
+//! never across an `.await`, never while waking anyone.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::config::{ConfigError, StoreConfig};
+use crate::error::LeaseError;
+use crate::shard::{LeaseView, Shard};
+use crate::types::{Changes, Presence, Registered, Registration, Renewed, Revoked, StoreStats, Unregistered};
+use crate::validate;
+use crate::wheel::Tick;
+
+/// Called when an operation schedules a deadline earlier than the one the expiry
+/// driver is sleeping towards.
+type ExpiryWaker = Box<dyn Fn() + Send + Sync>;
+
+/// The lease store. Every method takes `now`, the store time in milliseconds
+/// (the server passes Unix milliseconds from a monotonic clock; tests pass
+/// whatever they simulate), and puts the flips it causes in `changes` for the
+/// caller to publish.
+pub struct Store {
+    config: StoreConfig,
+    /// Lock order: one shard at a time; no method holds two shard locks.
+    shards: Box<[Mutex<Shard>]>,
+    /// Independent of the shards' own table hashers, so that the bits that pick
+    /// a shard do not also cluster the users inside it.
+    shard_hasher: foldhash::fast::FixedState,
+    /// The time the expiry driver will next wake at (`u64::MAX`: wake on any new timer).
+    alarm: AtomicU64,
+    waker: Option<ExpiryWaker>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("config", &self.config).field("stats", &self.stats()).finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// A store with no leases whose clock starts at `now`.
+    pub fn new(config: StoreConfig, now: Tick) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let shards = (0..config.shards).map(|_| Mutex::new(Shard::new(now))).collect();
+        Ok(Store {
+            config,
+            shards,
+            shard_hasher: foldhash::fast::FixedState::with_seed(0x7072_6573_656e_6365),
+            alarm: AtomicU64::new(u64::MAX),
+            waker: None,
+        })
+    }
+
+    /// Sets the function that wakes the expiry driver (see [`Store::set_alarm`]).
+    pub fn with_expiry_waker(mut self, waker: impl Fn() + Send + Sync + 'static) -> Self {
+        self.waker = Some(Box::new(waker));
+        self
+    }
+
+    /// The configuration the store runs with.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// Creates or replaces a session's lease (L1).
+    pub fn register(
+        &self,
+        now: Tick,
+        registration: &Registration<'_>,
+        changes: &mut Changes,
+    ) -> Result<Registered, LeaseError> {
+        validate::id("user_id", registration.user_id)?;
+        validate::id("session_id", registration.session_id)?;
+        validate::id("gateway_id", registration.gateway_id)?;
+        let ttl_ms = validate::ttl(&self.config, registration.ttl_ms)?;
+        validate::metadata(registration.metadata)?;
+        Ok(self.with_shard(registration.user_id, |shard| shard.register(now, registration, ttl_ms, changes)))
+    }
+
+    /// Extends a live lease held at the current generation (L2).
+    pub fn renew(
+        &self,
+        now: Tick,
+        user_id: &str,
+        session_id: &str,
+        generation: u64,
+        ttl_ms: u32,
+        changes: &mut Changes,
+    ) -> Result<Renewed, LeaseError> {
+        validate::id("user_id", user_id)?;
+        validate::id("session_id", session_id)?;
+        let ttl_ms = validate::ttl(&self.config, ttl_ms)?;
+        self.with_shard(user_id, |shard| shard.renew(now, user_id, session_id, generation, ttl_ms, changes))
+    }
+
+    /// Deletes (or, with `linger_ms > 0`, shortens) a lease if `generation` is current (L3).
+    pub fn unregister(
+        &self,
+        now: Tick,
+        user_id: &str,
+        session_id: &str,
+        generation: u64,
+        linger_ms: u32,
+        changes: &mut Changes,
+    ) -> Result<Unregistered, LeaseError> {
+        validate::id("user_id", user_id)?;
+        validate::id("session_id", session_id)?;
+        Ok(self.with_shard(user_id, |shard| shard.unregister(now, user_id, session_id, generation, linger_ms, changes)))
+    }
+
+    /// Deletes one session's lease, or all of the user's with `session_id: None` (L6).
+    pub fn revoke(
+        &self,
+        now: Tick,
+        user_id: &str,
+        session_id: Option<&str>,
+        changes: &mut Changes,
+    ) -> Result<Revoked, LeaseError> {
+        validate::id("user_id", user_id)?;
+        if let Some(session_id) = session_id {
+            validate::id("session_id", session_id)?;
+        }
+        Ok(self.with_shard(user_id, |shard| shard.revoke(now, user_id, session_id, changes)))
+    }
+
+    /// The presence of each user, in order; O(k) in the number of users (E2).
+    /// Unknown users are OFFLINE at version 0.
+    pub fn snapshot<S: AsRef<str>>(
+        &self,
+        now: Tick,
+        user_ids: &[S],
+        changes: &mut Changes,
+    ) -> Result<Vec<Presence>, LeaseError> {
+        validate::user_ids(user_ids)?;
+        Ok(user_ids
+            .iter()
+            .map(|user_id| {
+                let user_id = user_id.as_ref();
+                self.with_shard(user_id, |shard| shard.presence(now, user_id, changes))
+            })
+            .collect())
+    }
+
+    /// The leases a user holds at `now`.
+    pub fn leases(&self, now: Tick, user_id: &str, changes: &mut Changes) -> Result<Vec<LeaseView>, LeaseError> {
+        validate::id("user_id", user_id)?;
+        Ok(self.with_shard(user_id, |shard| shard.leases(now, user_id, changes)))
+    }
+
+    /// Expires the leases due at `now`, at most `budget` users per shard per
+    /// lock hold. Returns whether more may be due (call again, after publishing).
+    pub fn expire(&self, now: Tick, budget: usize, changes: &mut Changes) -> bool {
+        let mut more = false;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            more |= shard.expire(now, budget.max(1), changes);
+            // The driver computes its next wake-up itself after this call, so
+            // the timers it rescheduled here must not wake it again later.
+            shard.take_earliest_new_timer();
+        }
+        more
+    }
+
+    /// A time at or before the earliest lease deadline, when [`Store::expire`]
+    /// may have work; `None` when no lease is held.
+    pub fn next_deadline(&self) -> Option<Tick> {
+        self.shards.iter().filter_map(|shard| shard.lock().next_deadline()).min()
+    }
+
+    /// Tells the store when the expiry driver will next wake: an operation that
+    /// schedules an earlier deadline calls the waker. `u64::MAX` makes every new
+    /// deadline wake it; set that before computing [`Store::next_deadline`], then
+    /// the result, so that no deadline scheduled in between is missed.
+    pub fn set_alarm(&self, at: Tick) {
+        self.alarm.store(at, Ordering::SeqCst);
+    }
+
+    /// Counts over all shards.
+    pub fn stats(&self) -> StoreStats {
+        let mut stats = StoreStats::default();
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            stats.sessions += shard.sessions();
+            stats.online_users += shard.online_users();
+            stats.users += shard.users();
+        }
+        stats
+    }
+
+    /// Which shard a user lives in.
+    pub fn shard_of(&self, user_id: &str) -> usize {
+        // The high bits: foldhash mixes them best.
+        (self.shard_hasher.hash_one(user_id) >> 32) as usize & (self.shards.len() - 1)
+    }
+
+    /// Runs `op` on the user's shard under its lock, then wakes the expiry
+    /// driver, with the lock released, if `op` scheduled an earlier deadline.
+    fn with_shard<R>(&self, user_id: &str, op: impl FnOnce(&mut Shard) -> R) -> R {
+        let mut shard = self.shards[self.shard_of(user_id)].lock();
+        let result = op(&mut shard);
+        let earliest_new_timer = shard.take_earliest_new_timer();
+        drop(shard);
+        if let (Some(deadline), Some(waker)) = (earliest_new_timer, &self.waker)
+            && deadline < self.alarm.load(Ordering::SeqCst)
+        {
+            waker();
+        }
+        result
+    }
+}

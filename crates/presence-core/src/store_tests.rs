@@ -1,0 +1,1342 @@
+//! Unit tests of the store: the contract rules and the seed scenarios, on simulated time.
+//!
+//! Every test drives time by hand (no sleeps) and names the rule it checks. Time never goes
+//! back within one test. `drive` plays the expiry driver of the server: it sleeps until
+//! [`Store::next_deadline`] and drains [`Store::expire`] there, so a test sees exactly what the
+//! driver would publish and when.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use crate::{
+    Changes, LeaseError, LeaseView, Presence, PresenceChange, Registered, Registration, Revoked, State, Store,
+    StoreConfig, StoreStats, Tick, UnregisterOutcome, Unregistered,
+};
+
+/// A realistic Unix-millisecond start, so that stamps are far from zero.
+const T0: Tick = 1_700_000_000_000;
+const NO_METADATA: &[(String, String)] = &[];
+
+/// `T0 + seconds`.
+fn sec(seconds: u64) -> Tick {
+    T0 + seconds * 1_000
+}
+
+/// The default configuration: TTL 45 s within [1 s, 1 h], 64 shards.
+fn store() -> Store {
+    Store::new(StoreConfig::default(), T0).expect("valid config")
+}
+
+/// Small TTLs (10/50/200 ms) and 4 shards, so that users share shards.
+fn small_store() -> Store {
+    let config = StoreConfig { shards: 4, min_ttl_ms: 10, default_ttl_ms: 50, max_ttl_ms: 200 };
+    Store::new(config, T0).expect("valid config")
+}
+
+fn reg<'a>(user_id: &'a str, session_id: &'a str, gateway_id: &'a str, ttl_ms: u32) -> Registration<'a> {
+    Registration { user_id, session_id, gateway_id, ttl_ms, metadata: NO_METADATA }
+}
+
+/// Registers and asserts that it succeeded.
+fn register(store: &Store, now: Tick, registration: Registration<'_>, changes: &mut Changes) -> Registered {
+    store.register(now, &registration, changes).expect("register accepted")
+}
+
+/// Drains every expiry due at `now` with the given budget; panics if it never stops.
+fn drain(store: &Store, now: Tick, budget: usize) -> Changes {
+    let mut changes = Vec::new();
+    let mut calls = 0;
+    while store.expire(now, budget, &mut changes) {
+        calls += 1;
+        assert!(calls < 1_000_000, "expire keeps reporting more work at {now}");
+    }
+    changes
+}
+
+/// Plays the expiry driver from `from` to `until`: drain at the current time, sleep to the next
+/// deadline the store reports, repeat. Returns what it would have published.
+fn drive(store: &Store, from: Tick, until: Tick) -> Changes {
+    let mut changes = Vec::new();
+    let mut now = from;
+    loop {
+        changes.extend(drain(store, now, 64));
+        match store.next_deadline() {
+            Some(next) if next <= until => {
+                assert!(next > now, "after draining at {now}, next_deadline {next} is not in the future");
+                now = next;
+            }
+            _ => return changes,
+        }
+    }
+}
+
+fn presence(store: &Store, now: Tick, user_id: &str) -> Presence {
+    let mut changes = Vec::new();
+    let presence = store.snapshot(now, &[user_id], &mut changes).expect("valid id")[0];
+    assert!(changes.is_empty(), "reading {user_id} at {now} settled something: {changes:?}");
+    presence
+}
+
+fn leases(store: &Store, now: Tick, user_id: &str) -> Vec<LeaseView> {
+    let mut changes = Vec::new();
+    let mut leases = store.leases(now, user_id, &mut changes).expect("valid id");
+    assert!(changes.is_empty(), "listing {user_id} at {now} settled something: {changes:?}");
+    leases.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+    leases
+}
+
+fn online(version: u64) -> Presence {
+    Presence { state: State::Online, version }
+}
+
+fn offline(version: u64) -> Presence {
+    Presence { state: State::Offline, version }
+}
+
+/// Asserts one flip: who, which state, when and (for expiries) which deadline.
+#[track_caller]
+fn assert_flip(change: &PresenceChange, user_id: &str, state: State, at: Tick, deadline: Option<Tick>) {
+    assert_eq!(change.user_id, user_id, "{change:?}");
+    assert_eq!(change.presence.state, state, "{change:?}");
+    assert_eq!(change.at, at, "{change:?}");
+    assert_eq!(change.deadline, deadline, "{change:?}");
+}
+
+fn field_of<T: std::fmt::Debug>(result: Result<T, LeaseError>) -> &'static str {
+    match result {
+        Err(LeaseError::InvalidArgument { field, .. }) => field,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Seed 000: user 42, a phone on gateway A and a laptop on gateway B.
+
+/// Timeline 1 (M2, E1, L3): the second device adds nothing visible, and closing one of two
+/// devices removes only its lease and changes nothing visible.
+#[test]
+fn seed000_t1_closing_one_of_two_devices_changes_nothing_visible() {
+    let store = store();
+    let mut published = Vec::new();
+
+    let phone = register(&store, sec(0), reg("42", "phone", "gw-a", 0), &mut published);
+    assert!(phone.changed && !phone.replaced);
+    assert_eq!(phone.presence.state, State::Online);
+    assert_eq!(published.len(), 1);
+    assert_flip(&published[0], "42", State::Online, sec(0), None);
+    assert_eq!(published[0].presence, phone.presence);
+
+    let laptop = register(&store, sec(5), reg("42", "laptop", "gw-b", 0), &mut published);
+    assert!(!laptop.changed && !laptop.replaced);
+    assert_eq!(laptop.presence, phone.presence, "an extra session leaves the version alone (M3)");
+
+    let closed = store.unregister(sec(10), "42", "phone", phone.generation, 0, &mut published).unwrap();
+    assert_eq!(closed, Unregistered { outcome: UnregisterOutcome::Removed, changed: false, presence: phone.presence });
+
+    assert_eq!(published.len(), 1, "only the first ONLINE is visible: {published:?}");
+    assert_eq!(presence(&store, sec(10), "42"), phone.presence);
+    let left = leases(&store, sec(10), "42");
+    assert_eq!(left.len(), 1);
+    assert_eq!((left[0].session_id.as_str(), left[0].gateway_id.as_str()), ("laptop", "gw-b"));
+    assert_eq!(left[0].generation, laptop.generation);
+    assert!(drive(&store, sec(10), sec(49)).is_empty(), "the laptop lease runs until 50 s");
+}
+
+/// Timeline 2 (L4, E1, L5): the phone stops renewing and its lease runs out at 60 s with nothing
+/// published; the laptop, renewed every 15 s from 20 s to 95 s, dies silently. Exactly one
+/// OFFLINE comes out, from the expiry driver, between the deadline (140 s) and one tick later,
+/// and nothing before it.
+#[test]
+fn seed000_t2_silent_death_of_last_device_gives_exactly_one_offline_from_expire() {
+    let store = store();
+    let mut published = Vec::new();
+    let mut now = sec(0);
+    let mut at = |store: &Store, t: Tick, published: &mut Changes| {
+        published.extend(drive(store, now, t));
+        now = t;
+    };
+
+    let phone = register(&store, sec(0), reg("42", "phone", "gw-a", 0), &mut published);
+    at(&store, sec(15), &mut published);
+    let renewed = store.renew(sec(15), "42", "phone", phone.generation, 0, &mut published).unwrap();
+    assert_eq!(renewed.expires_at, sec(60));
+    at(&store, sec(20), &mut published);
+    let laptop = register(&store, sec(20), reg("42", "laptop", "gw-b", 0), &mut published);
+    assert!(!laptop.changed);
+    for t in [35, 50, 65, 80, 95] {
+        at(&store, sec(t), &mut published);
+        let renewed = store.renew(sec(t), "42", "laptop", laptop.generation, 0, &mut published).unwrap();
+        assert_eq!(renewed.expires_at, sec(t + 45));
+    }
+    // The phone lease ran out at 60 s and the driver collected it without publishing anything
+    // (stats do not settle, so this shows the timer did the work, not a read).
+    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 1 });
+    assert_eq!(published.len(), 1, "{published:?}");
+
+    // Silence from 95 s: nothing happens up to one tick before the deadline.
+    at(&store, sec(140) - 1, &mut published);
+    assert_eq!(published.len(), 1, "OFFLINE published before the deadline: {published:?}");
+    assert_eq!(store.stats().online_users, 1);
+    assert!(store.next_deadline().is_some_and(|next| next <= sec(140)), "the driver would sleep past the deadline");
+
+    at(&store, sec(140) + 1, &mut published);
+    assert_eq!(published.len(), 2, "{published:?}");
+    let offline_change = published[1].clone();
+    assert_eq!(offline_change.user_id, "42");
+    assert_eq!(offline_change.presence.state, State::Offline);
+    assert_eq!(offline_change.deadline, Some(sec(140)));
+    assert!((sec(140)..=sec(140) + 1).contains(&offline_change.at), "lag too large: {offline_change:?}");
+    assert!(offline_change.presence.version > published[0].presence.version);
+
+    // Two events for two devices and a dozen lease operations; nothing more later.
+    at(&store, sec(1_000), &mut published);
+    assert_eq!(published.len(), 2);
+    assert_eq!(presence(&store, sec(1_000), "42"), offline_change.presence);
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 1 });
+    assert_eq!(store.next_deadline(), None);
+}
+
+/// Timeline 3 (L1, L3, L2): the phone reconnects through gateway B with the same session id;
+/// the delayed close (and a late heartbeat) of the old socket carries the old generation, is
+/// refused as stale, and the user stays online.
+#[test]
+fn seed000_t3_l3_late_close_after_reconnect_changes_nothing() {
+    for linger_ms in [0, 5_000] {
+        let store = store();
+        let mut published = Vec::new();
+        let old = register(&store, sec(0), reg("42", "phone", "gw-a", 0), &mut published);
+        let new = register(&store, sec(1), reg("42", "phone", "gw-b", 0), &mut published);
+        assert!(new.generation > old.generation, "L1");
+        assert!(new.replaced && !new.changed);
+        assert_eq!(new.presence, old.presence);
+        assert_eq!(new.expires_at, sec(46));
+
+        let late = store.unregister(sec(20), "42", "phone", old.generation, linger_ms, &mut published).unwrap();
+        assert_eq!(
+            late,
+            Unregistered {
+                outcome: UnregisterOutcome::StaleGeneration { current: new.generation },
+                changed: false,
+                presence: new.presence,
+            }
+        );
+        let late_beat = store.renew(sec(21), "42", "phone", old.generation, 0, &mut published);
+        assert_eq!(
+            late_beat,
+            Err(LeaseError::StaleGeneration {
+                user_id: "42".into(),
+                session_id: "phone".into(),
+                given: old.generation,
+                current: new.generation,
+            })
+        );
+
+        assert_eq!(published.len(), 1, "only the first ONLINE: {published:?}");
+        assert_eq!(presence(&store, sec(21), "42"), new.presence);
+        let lease = &leases(&store, sec(21), "42")[0];
+        assert_eq!((lease.gateway_id.as_str(), lease.generation), ("gw-b", new.generation));
+        assert_eq!((lease.expires_at, lease.closing, lease.last_heartbeat_at), (sec(46), false, sec(1)));
+        // The new socket still works.
+        assert!(store.renew(sec(30), "42", "phone", new.generation, 0, &mut published).is_ok());
+        assert_eq!(published.len(), 1);
+    }
+}
+
+/// Timeline 4 (L6, L2): after a revoke, a renewal of the revoked lease is refused as NotFound
+/// and revives nothing.
+#[test]
+fn seed000_t4_renewal_after_revoke_is_not_found_and_revives_nothing() {
+    let store = store();
+    let mut published = Vec::new();
+    let phone = register(&store, sec(0), reg("42", "phone", "gw-a", 0), &mut published);
+    let revoked = store.revoke(sec(10), "42", Some("phone"), &mut published).unwrap();
+    assert_eq!(revoked.count, 1);
+    assert!(revoked.changed);
+    assert_eq!(revoked.presence.state, State::Offline);
+    assert!(revoked.presence.version > phone.presence.version);
+    assert_eq!(published.len(), 2);
+    assert_flip(&published[1], "42", State::Offline, sec(10), None);
+    assert_eq!(published[1].presence, revoked.presence);
+
+    let renewal = store.renew(sec(11), "42", "phone", phone.generation, 0, &mut published);
+    assert_eq!(renewal, Err(LeaseError::NotFound { user_id: "42".into(), session_id: "phone".into() }));
+    assert_eq!(published.len(), 2, "{published:?}");
+    assert_eq!(presence(&store, sec(11), "42"), revoked.presence);
+    assert!(leases(&store, sec(11), "42").is_empty());
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 1 });
+}
+
+// ---------------------------------------------------------------------------------------------
+// L1 Register.
+
+#[test]
+fn l1_generations_strictly_increase_across_reconnects() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let mut last = 0;
+    // Reconnects within one millisecond, across milliseconds, after a clean close, after a
+    // revoke and after an expiry: every generation is greater than all before it.
+    let mut now = T0;
+    for round in 0..40u64 {
+        let r = register(&store, now, reg("u", "s", ["gw-a", "gw-b", "gw-c"][round as usize % 3], 0), &mut changes);
+        assert!(r.generation > last, "round {round}: {} <= {last}", r.generation);
+        last = r.generation;
+        match round % 5 {
+            0 => {}
+            1 => now += 1,
+            2 => {
+                store.unregister(now, "u", "s", r.generation, 0, &mut changes).unwrap();
+            }
+            3 => {
+                store.revoke(now, "u", None, &mut changes).unwrap();
+            }
+            _ => {
+                now += 50;
+                drain(&store, now, 1);
+            }
+        }
+    }
+    // Another session of the same user gets its own, also fresh, generation.
+    let other = register(&store, now, reg("u", "t", "gw-a", 0), &mut changes);
+    assert!(other.generation > last);
+}
+
+#[test]
+fn l1_generation_increases_even_when_a_callers_clock_lags() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let first = register(&store, T0 + 100, reg("u", "s", "gw-a", 0), &mut changes);
+    // A second gateway read the clock earlier but took the lock later.
+    let second = register(&store, T0 + 90, reg("u", "s", "gw-b", 0), &mut changes);
+    assert!(second.generation > first.generation);
+    assert!(second.replaced && !second.changed);
+    // Time does not go back in the shard: the lease counts from the later time.
+    assert_eq!(second.expires_at, T0 + 150);
+}
+
+#[test]
+fn l1_register_reports_changed_replaced_and_presence() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let a = register(&store, T0, reg("u", "a", "gw-a", 0), &mut changes);
+    assert_eq!((a.changed, a.replaced, a.expires_at), (true, false, T0 + 50));
+    let b = register(&store, T0 + 1, reg("u", "b", "gw-a", 10), &mut changes);
+    assert_eq!((b.changed, b.replaced, b.expires_at), (false, false, T0 + 11));
+    let a2 = register(&store, T0 + 2, reg("u", "a", "gw-b", 200), &mut changes);
+    assert_eq!((a2.changed, a2.replaced, a2.expires_at), (false, true, T0 + 202));
+    assert_eq!(a.presence, b.presence);
+    assert_eq!(a.presence, a2.presence);
+    assert_eq!(changes.len(), 1);
+}
+
+/// L1, E1: a register that finds all of the user's leases expired (nobody ran the driver)
+/// first settles them, publishing the OFFLINE that happened at the deadline, and then flips the
+/// user ONLINE again: two flips, in order, with increasing versions, and no lease replaced.
+#[test]
+fn l1_register_after_an_unnoticed_expiry_publishes_offline_then_online() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let first = register(&store, T0, reg("u", "s", "gw-a", 10), &mut changes);
+    changes.clear();
+    let again = register(&store, T0 + 30, reg("u", "s", "gw-b", 10), &mut changes);
+    assert!(again.changed && !again.replaced);
+    assert_eq!(changes.len(), 2, "{changes:?}");
+    assert_flip(&changes[0], "u", State::Offline, T0 + 30, Some(T0 + 10));
+    assert_flip(&changes[1], "u", State::Online, T0 + 30, None);
+    assert!(first.presence.version < changes[0].presence.version);
+    assert!(changes[0].presence.version < changes[1].presence.version);
+    assert_eq!(again.presence, changes[1].presence);
+    assert!(again.generation > first.generation);
+}
+
+/// M1: the lease carries what was registered; a reconnect replaces gateway and metadata.
+#[test]
+fn m1_lease_view_shows_what_was_registered() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let metadata = vec![("device".to_string(), "phone".to_string()), ("app".to_string(), "1.2".to_string())];
+    let r = store
+        .register(
+            T0,
+            &Registration { user_id: "u", session_id: "s", gateway_id: "gw-a", ttl_ms: 100, metadata: &metadata },
+            &mut changes,
+        )
+        .unwrap();
+    assert_eq!(
+        leases(&store, T0 + 1, "u"),
+        vec![LeaseView {
+            session_id: "s".into(),
+            gateway_id: "gw-a".into(),
+            generation: r.generation,
+            last_heartbeat_at: T0,
+            expires_at: T0 + 100,
+            closing: false,
+            metadata: metadata.clone(),
+        }]
+    );
+    store.renew(T0 + 5, "u", "s", r.generation, 20, &mut changes).unwrap();
+    let view = &leases(&store, T0 + 6, "u")[0];
+    assert_eq!((view.last_heartbeat_at, view.expires_at, view.metadata.len()), (T0 + 5, T0 + 25, 2));
+    let r2 = register(&store, T0 + 7, reg("u", "s", "gw-b", 0), &mut changes);
+    let view = &leases(&store, T0 + 8, "u")[0];
+    assert_eq!(view.gateway_id, "gw-b");
+    assert_eq!(view.generation, r2.generation);
+    assert!(view.metadata.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// L2 Renew.
+
+#[test]
+fn l2_renewal_with_current_generation_moves_the_deadline() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let r = register(&store, T0, reg("u", "s", "gw-a", 0), &mut changes);
+    for (t, ttl, expected) in [(T0 + 10, 0, T0 + 60), (T0 + 20, 200, T0 + 220), (T0 + 30, 10, T0 + 40)] {
+        let renewed = store.renew(t, "u", "s", r.generation, ttl, &mut changes).unwrap();
+        assert_eq!(renewed.expires_at, expected);
+        let lease = &leases(&store, t, "u")[0];
+        assert_eq!((lease.expires_at, lease.last_heartbeat_at, lease.generation), (expected, t, r.generation));
+    }
+    assert_eq!(changes.len(), 1, "renewals publish nothing");
+}
+
+/// L2, L4: a renewal with a TTL shorter than the time left moves the deadline earlier, and the
+/// expiry timer follows it (the driver publishes at the new deadline, not the old one).
+#[test]
+fn l2_renewal_with_a_shorter_ttl_expires_at_the_new_deadline() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let r = register(&store, T0, reg("u", "s", "gw-a", 200), &mut changes);
+    store.renew(T0 + 1, "u", "s", r.generation, 10, &mut changes).unwrap();
+    assert!(store.next_deadline().is_some_and(|next| next <= T0 + 11));
+    assert!(drive(&store, T0 + 1, T0 + 10).is_empty());
+    let published = drive(&store, T0 + 10, T0 + 11);
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert_flip(&published[0], "u", State::Offline, T0 + 11, Some(T0 + 11));
+}
+
+/// L2: the refusals for an unknown, expired, revoked, unregistered or never-issued lease
+/// (NotFound) are told apart from the refusal of an older generation (StaleGeneration), and
+/// none of them changes the lease or revives anything.
+#[test]
+fn l2_expired_and_stale_renewals_are_told_apart_and_change_nothing() {
+    enum Setup {
+        UnknownUser,
+        UnknownSession,
+        Expired,
+        Revoked,
+        Unregistered,
+        NewerGeneration,
+        OlderGeneration,
+        ZeroGeneration,
+    }
+    for (name, setup) in [
+        ("unknown user", Setup::UnknownUser),
+        ("unknown session", Setup::UnknownSession),
+        ("expired", Setup::Expired),
+        ("revoked", Setup::Revoked),
+        ("unregistered", Setup::Unregistered),
+        ("newer generation", Setup::NewerGeneration),
+        ("older generation", Setup::OlderGeneration),
+        ("zero generation", Setup::ZeroGeneration),
+    ] {
+        let store = small_store();
+        let mut changes = Vec::new();
+        let old = register(&store, T0, reg("u", "s", "gw-a", 50), &mut changes);
+        let current = register(&store, T0 + 1, reg("u", "s", "gw-a", 50), &mut changes);
+        // A second user in the same store must be untouched by all of this.
+        register(&store, T0, reg("bystander", "s", "gw-b", 200), &mut changes);
+        let (user, session, generation, now) = match setup {
+            Setup::UnknownUser => ("nobody", "s", current.generation, T0 + 10),
+            Setup::UnknownSession => ("u", "other", current.generation, T0 + 10),
+            Setup::Expired => ("u", "s", current.generation, T0 + 51),
+            Setup::Revoked => {
+                store.revoke(T0 + 5, "u", Some("s"), &mut changes).unwrap();
+                ("u", "s", current.generation, T0 + 10)
+            }
+            Setup::Unregistered => {
+                store.unregister(T0 + 5, "u", "s", current.generation, 0, &mut changes).unwrap();
+                ("u", "s", current.generation, T0 + 10)
+            }
+            Setup::NewerGeneration => ("u", "s", current.generation + 1, T0 + 10),
+            Setup::OlderGeneration => ("u", "s", old.generation, T0 + 10),
+            Setup::ZeroGeneration => ("u", "s", 0, T0 + 10),
+        };
+        let stale = matches!(setup, Setup::OlderGeneration | Setup::ZeroGeneration);
+        let expired = matches!(setup, Setup::Expired);
+        // What an observer sees just before, at a time that settles nothing new.
+        let before_at = if expired { T0 + 40 } else { now };
+        let presence_before = presence(&store, before_at, "u");
+        let leases_before = leases(&store, before_at, "u");
+        let bystander_before = (presence(&store, before_at, "bystander"), leases(&store, before_at, "bystander"));
+        let stats_before = store.stats();
+
+        changes.clear();
+        let result = store.renew(now, user, session, generation, 200, &mut changes);
+        let expected = if stale {
+            LeaseError::StaleGeneration {
+                user_id: user.into(),
+                session_id: session.into(),
+                given: generation,
+                current: current.generation,
+            }
+        } else {
+            LeaseError::NotFound { user_id: user.into(), session_id: session.into() }
+        };
+        assert_eq!(result, Err(expected), "{name}");
+
+        if expired {
+            // The renewal found the lease expired: it settled it (one OFFLINE, stamped with the
+            // deadline) and did not revive it.
+            assert_eq!(changes.len(), 1, "{name}: {changes:?}");
+            assert_flip(&changes[0], "u", State::Offline, now, Some(T0 + 51));
+            assert!(leases(&store, now, "u").is_empty(), "{name}");
+            assert_eq!(presence(&store, now, "u"), changes[0].presence, "{name}");
+            assert!(changes[0].presence.version > presence_before.version);
+        } else {
+            assert!(changes.is_empty(), "{name}: {changes:?}");
+            assert_eq!(store.stats(), stats_before, "{name}");
+            assert_eq!(presence(&store, now, "u"), presence_before, "{name}");
+            assert_eq!(leases(&store, now, "u"), leases_before, "{name}");
+        }
+        assert_eq!((presence(&store, now, "bystander"), leases(&store, now, "bystander")), bystander_before, "{name}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// L3 Unregister.
+
+#[test]
+fn l3_unregister_of_the_last_lease_flips_offline_once() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let r = register(&store, T0, reg("u", "s", "gw-a", 0), &mut changes);
+    let u = store.unregister(T0 + 5, "u", "s", r.generation, 0, &mut changes).unwrap();
+    assert_eq!(u.outcome, UnregisterOutcome::Removed);
+    assert!(u.changed);
+    assert_eq!(u.presence.state, State::Offline);
+    assert_eq!(changes.len(), 2);
+    assert_flip(&changes[1], "u", State::Offline, T0 + 5, None);
+    assert_eq!(changes[1].presence, u.presence);
+    // The same close delivered twice: nothing more.
+    let again = store.unregister(T0 + 6, "u", "s", r.generation, 0, &mut changes).unwrap();
+    assert_eq!(again, Unregistered { outcome: UnregisterOutcome::NotFound, changed: false, presence: u.presence });
+    assert_eq!(changes.len(), 2);
+    assert!(drive(&store, T0 + 6, T0 + 1_000).is_empty(), "no timer left behind");
+    assert_eq!(store.next_deadline(), None);
+}
+
+#[test]
+fn l3_unregister_with_an_unknown_or_newer_generation_is_not_found_and_changes_nothing() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let r = register(&store, T0, reg("u", "s", "gw-a", 0), &mut changes);
+    let before = leases(&store, T0, "u");
+    for (user, session, generation, expected_presence) in [
+        ("u", "s", r.generation + 1, r.presence),
+        ("u", "s", u64::MAX, r.presence),
+        ("u", "other", r.generation, r.presence),
+        ("nobody", "s", r.generation, Presence::UNKNOWN),
+    ] {
+        for linger in [0, 20] {
+            let u = store.unregister(T0 + 1, user, session, generation, linger, &mut changes).unwrap();
+            assert_eq!(
+                u,
+                Unregistered { outcome: UnregisterOutcome::NotFound, changed: false, presence: expected_presence }
+            );
+        }
+    }
+    let stale = store.unregister(T0 + 1, "u", "s", 0, 20, &mut changes).unwrap();
+    assert_eq!(stale.outcome, UnregisterOutcome::StaleGeneration { current: r.generation });
+    assert_eq!(changes.len(), 1);
+    assert_eq!(leases(&store, T0 + 1, "u"), before);
+}
+
+/// L3: a close with linger keeps the user online until `now + linger`; a re-register of the
+/// same session within that time replaces the lease and publishes no OFFLINE/ONLINE pair.
+#[test]
+fn l3_reregister_within_linger_publishes_no_offline_online_pair() {
+    let store = store();
+    let mut published = Vec::new();
+    let first = register(&store, sec(0), reg("42", "tab", "gw-a", 0), &mut published);
+    let closed = store.unregister(sec(10), "42", "tab", first.generation, 3_000, &mut published).unwrap();
+    assert_eq!(
+        closed,
+        Unregistered {
+            outcome: UnregisterOutcome::Lingering { until: sec(13) },
+            changed: false,
+            presence: first.presence
+        }
+    );
+    let view = &leases(&store, sec(10), "42")[0];
+    assert!(view.closing);
+    assert_eq!(view.expires_at, sec(13));
+    published.extend(drive(&store, sec(10), sec(12)));
+    // The page reload comes back through another gateway within the linger.
+    let back = register(&store, sec(12), reg("42", "tab", "gw-b", 0), &mut published);
+    assert!(back.replaced && !back.changed);
+    assert!(back.generation > first.generation);
+    assert_eq!(back.presence, first.presence);
+    let view = &leases(&store, sec(12), "42")[0];
+    assert!(!view.closing);
+    assert_eq!(view.expires_at, sec(57));
+    published.extend(drive(&store, sec(12), sec(56)));
+    assert_eq!(published.len(), 1, "no OFFLINE/ONLINE pair: {published:?}");
+    // And the new lease renews normally.
+    assert!(store.renew(sec(56), "42", "tab", back.generation, 0, &mut published).is_ok());
+    assert_eq!(published.len(), 1);
+}
+
+/// L3: without a re-register, the lingering lease ends at `now + linger` and the driver
+/// publishes exactly one OFFLINE there, not before.
+#[test]
+fn l3_linger_without_reregister_gives_one_offline_at_now_plus_linger() {
+    let store = store();
+    let mut published = Vec::new();
+    let r = register(&store, sec(0), reg("42", "tab", "gw-a", 0), &mut published);
+    store.unregister(sec(10), "42", "tab", r.generation, 3_000, &mut published).unwrap();
+    published.extend(drive(&store, sec(10), sec(13) - 1));
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert_eq!(presence(&store, sec(13) - 1, "42"), r.presence);
+    published.extend(drive(&store, sec(13) - 1, sec(13) + 1));
+    assert_eq!(published.len(), 2, "{published:?}");
+    assert_eq!(published[1].presence.state, State::Offline);
+    assert_eq!(published[1].deadline, Some(sec(13)));
+    assert!((sec(13)..=sec(13) + 1).contains(&published[1].at));
+    published.extend(drive(&store, sec(13) + 1, sec(100)));
+    assert_eq!(published.len(), 2);
+}
+
+/// L3, L2: a lingering lease accepts no renewal (NotFound, even with its own generation), and
+/// the refusal leaves its shortened deadline alone.
+#[test]
+fn l3_renewal_of_a_lingering_lease_is_not_found() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let r = register(&store, T0, reg("u", "s", "gw-a", 0), &mut changes);
+    store.unregister(T0 + 5, "u", "s", r.generation, 10, &mut changes).unwrap();
+    for generation in [r.generation, 0, r.generation + 1] {
+        let renewal = store.renew(T0 + 6, "u", "s", generation, 0, &mut changes);
+        assert_eq!(renewal, Err(LeaseError::NotFound { user_id: "u".into(), session_id: "s".into() }));
+    }
+    let view = &leases(&store, T0 + 6, "u")[0];
+    assert_eq!((view.expires_at, view.closing, view.last_heartbeat_at), (T0 + 15, true, T0));
+    assert_eq!(changes.len(), 1);
+}
+
+/// L3: linger only ever shortens a lease; a linger longer than the time left keeps the deadline,
+/// and a second close may shorten it further.
+#[test]
+fn l3_linger_never_extends_a_lease() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let r = register(&store, T0, reg("u", "s", "gw-a", 20), &mut changes);
+    let u = store.unregister(T0 + 5, "u", "s", r.generation, 1_000_000, &mut changes).unwrap();
+    assert_eq!(u.outcome, UnregisterOutcome::Lingering { until: T0 + 20 });
+    let u = store.unregister(T0 + 6, "u", "s", r.generation, 4, &mut changes).unwrap();
+    assert_eq!(u.outcome, UnregisterOutcome::Lingering { until: T0 + 10 });
+    // A close without linger deletes the lingering lease at once.
+    let u = store.unregister(T0 + 7, "u", "s", r.generation, 0, &mut changes).unwrap();
+    assert_eq!(u.outcome, UnregisterOutcome::Removed);
+    assert!(u.changed);
+    assert_eq!(changes.len(), 2);
+}
+
+/// L3 with two devices: lingering the one device and then letting it run out changes nothing
+/// visible while the other is live.
+#[test]
+fn l3_lingering_lease_of_one_device_runs_out_silently_while_another_is_live() {
+    let store = small_store();
+    let mut published = Vec::new();
+    let a = register(&store, T0, reg("u", "a", "gw-a", 200), &mut published);
+    register(&store, T0, reg("u", "b", "gw-b", 200), &mut published);
+    store.unregister(T0 + 10, "u", "a", a.generation, 5, &mut published).unwrap();
+    published.extend(drive(&store, T0 + 10, T0 + 199));
+    assert_eq!(published.len(), 1);
+    assert_eq!(store.stats().sessions, 1, "the lingering lease was collected at T0 + 15");
+    published.extend(drive(&store, T0 + 199, T0 + 201));
+    assert_eq!(published.len(), 2);
+    assert_eq!(published[1].deadline, Some(T0 + 200));
+}
+
+// ---------------------------------------------------------------------------------------------
+// L5 TTL bounds.
+
+#[test]
+fn l5_ttl_zero_takes_the_default_and_bounds_are_inclusive() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let mut now = T0;
+    for (ttl, expected) in [(0, 50), (10, 10), (200, 200), (123, 123)] {
+        let r = register(&store, now, reg("u", "s", "gw-a", ttl), &mut changes);
+        assert_eq!(r.expires_at, now + expected, "register ttl {ttl}");
+        let renewed = store.renew(now + 1, "u", "s", r.generation, ttl, &mut changes).unwrap();
+        assert_eq!(renewed.expires_at, now + 1 + expected, "renew ttl {ttl}");
+        now += 2;
+    }
+}
+
+#[test]
+fn l5_ttl_outside_bounds_is_invalid_ttl_ms_and_changes_nothing() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let r = register(&store, T0, reg("u", "s", "gw-a", 0), &mut changes);
+    changes.clear();
+    let before = (store.stats(), leases(&store, T0, "u"));
+    for ttl in [1, 9, 201, 45_000, u32::MAX] {
+        assert_eq!(field_of(store.register(T0 + 1, &reg("u", "s", "gw-b", ttl), &mut changes)), "ttl_ms");
+        assert_eq!(field_of(store.register(T0 + 1, &reg("new", "s", "gw-b", ttl), &mut changes)), "ttl_ms");
+        assert_eq!(field_of(store.renew(T0 + 1, "u", "s", r.generation, ttl, &mut changes)), "ttl_ms");
+    }
+    assert!(changes.is_empty());
+    assert_eq!((store.stats(), leases(&store, T0 + 1, "u")), before);
+    assert_eq!(presence(&store, T0 + 1, "new"), Presence::UNKNOWN);
+}
+
+// ---------------------------------------------------------------------------------------------
+// L6 Revoke.
+
+#[test]
+fn l6_revoke_one_session_keeps_the_user_online() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let phone = register(&store, T0, reg("u", "phone", "gw-a", 0), &mut changes);
+    let laptop = register(&store, T0, reg("u", "laptop", "gw-b", 0), &mut changes);
+    let revoked = store.revoke(T0 + 1, "u", Some("phone"), &mut changes).unwrap();
+    assert_eq!(revoked, Revoked { count: 1, changed: false, presence: phone.presence });
+    assert_eq!(changes.len(), 1);
+    let renewal = store.renew(T0 + 2, "u", "phone", phone.generation, 0, &mut changes);
+    assert!(matches!(renewal, Err(LeaseError::NotFound { .. })), "{renewal:?}");
+    assert!(store.renew(T0 + 2, "u", "laptop", laptop.generation, 0, &mut changes).is_ok());
+    let left = leases(&store, T0 + 2, "u");
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].session_id, "laptop");
+    // Revoking a session that is not there changes nothing.
+    let none = store.revoke(T0 + 3, "u", Some("phone"), &mut changes).unwrap();
+    assert_eq!(none, Revoked { count: 0, changed: false, presence: phone.presence });
+    assert_eq!(changes.len(), 1);
+}
+
+#[test]
+fn l6_revoke_all_deletes_every_lease_flips_offline_once_and_blocks_renewals() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let sessions = ["phone", "laptop", "tab-1"];
+    let generations: Vec<u64> = sessions
+        .iter()
+        .map(|session| register(&store, T0, reg("u", session, "gw-a", 0), &mut changes).generation)
+        .collect();
+    // One of them lingering still counts as a lease to revoke.
+    store.unregister(T0 + 1, "u", "tab-1", generations[2], 30, &mut changes).unwrap();
+    register(&store, T0 + 1, reg("bystander", "phone", "gw-a", 0), &mut changes);
+    changes.clear();
+
+    let revoked = store.revoke(T0 + 2, "u", None, &mut changes).unwrap();
+    assert_eq!(revoked.count, 3);
+    assert!(revoked.changed);
+    assert_eq!(changes.len(), 1, "one OFFLINE for three leases: {changes:?}");
+    assert_flip(&changes[0], "u", State::Offline, T0 + 2, None);
+    assert_eq!(changes[0].presence, revoked.presence);
+    for (session, generation) in sessions.iter().zip(&generations) {
+        let renewal = store.renew(T0 + 3, "u", session, *generation, 0, &mut changes);
+        assert!(matches!(renewal, Err(LeaseError::NotFound { .. })), "{session}: {renewal:?}");
+    }
+    let again = store.revoke(T0 + 4, "u", None, &mut changes).unwrap();
+    assert_eq!(again, Revoked { count: 0, changed: false, presence: revoked.presence });
+    let unknown = store.revoke(T0 + 4, "nobody", None, &mut changes).unwrap();
+    assert_eq!(unknown, Revoked { count: 0, changed: false, presence: Presence::UNKNOWN });
+    assert_eq!(changes.len(), 1);
+    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 2 });
+    assert!(drive(&store, T0 + 4, T0 + 50).is_empty(), "no timer of u left to fire");
+    assert_eq!(presence(&store, T0 + 50, "bystander").state, State::Online);
+}
+
+/// L6, E1: a revoke that finds the leases already expired settles them (one OFFLINE, stamped
+/// with the deadline) and then has nothing left to revoke.
+#[test]
+fn l6_revoke_after_an_unnoticed_expiry_counts_nothing_and_publishes_one_offline() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    register(&store, T0, reg("u", "s", "gw-a", 10), &mut changes);
+    changes.clear();
+    let revoked = store.revoke(T0 + 20, "u", None, &mut changes).unwrap();
+    assert_eq!(changes.len(), 1);
+    assert_flip(&changes[0], "u", State::Offline, T0 + 20, Some(T0 + 10));
+    assert_eq!(revoked, Revoked { count: 0, changed: false, presence: changes[0].presence });
+}
+
+// ---------------------------------------------------------------------------------------------
+// M3 Per-user version.
+
+#[test]
+fn m3_version_moves_only_on_flips() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let a = register(&store, T0, reg("u", "a", "gw-a", 0), &mut changes);
+    let v1 = a.presence.version;
+    assert!(v1 > 0);
+    let b = register(&store, T0 + 1, reg("u", "b", "gw-b", 0), &mut changes);
+    assert_eq!(b.presence.version, v1, "extra session");
+    store.renew(T0 + 2, "u", "a", a.generation, 0, &mut changes).unwrap();
+    let a2 = register(&store, T0 + 3, reg("u", "a", "gw-c", 0), &mut changes);
+    assert_eq!(a2.presence.version, v1, "reconnect");
+    let _ = store.renew(T0 + 4, "u", "a", a.generation, 0, &mut changes);
+    let stale = store.unregister(T0 + 4, "u", "a", a.generation, 0, &mut changes).unwrap();
+    assert_eq!(stale.presence.version, v1, "stale close");
+    let linger = store.unregister(T0 + 5, "u", "b", b.generation, 10, &mut changes).unwrap();
+    assert_eq!(linger.presence.version, v1, "lingering close");
+    drain(&store, T0 + 15, 1);
+    assert_eq!(presence(&store, T0 + 15, "u").version, v1, "lingering lease ran out, another is live");
+    let revoke_missing = store.revoke(T0 + 16, "u", Some("b"), &mut changes).unwrap();
+    assert_eq!(revoke_missing.presence.version, v1);
+    assert_eq!(changes.len(), 1, "{changes:?}");
+
+    let gone = store.unregister(T0 + 20, "u", "a", a2.generation, 0, &mut changes).unwrap();
+    assert!(gone.changed);
+    let v2 = gone.presence.version;
+    assert!(v2 > v1);
+    let back = register(&store, T0 + 20, reg("u", "a", "gw-a", 0), &mut changes);
+    let v3 = back.presence.version;
+    assert!(v3 > v2, "a flip in the same millisecond still moves the version");
+    assert_eq!(changes.iter().map(|c| c.presence.version).collect::<Vec<_>>(), vec![v1, v2, v3]);
+    // Offline users keep their version.
+    store.revoke(T0 + 21, "u", None, &mut changes).unwrap();
+    let v4 = changes.last().unwrap().presence.version;
+    assert!(v4 > v3);
+    drain(&store, T0 + 1_000, 1);
+    assert_eq!(presence(&store, T0 + 1_000, "u"), offline(v4));
+}
+
+// ---------------------------------------------------------------------------------------------
+// E1 One event per flip.
+
+/// E1, L4: many users expiring at once, drained with a budget of 1 user per shard per call,
+/// give exactly one OFFLINE each; users with a live lease left give none.
+#[test]
+fn e1_one_event_per_flip_when_many_users_expire_at_once_with_budget_one() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let users: Vec<String> = (0..50).map(|i| format!("user-{i}")).collect();
+    for (i, user) in users.iter().enumerate() {
+        register(&store, T0, reg(user, "phone", "gw-a", 20), &mut changes);
+        if i % 5 == 0 {
+            // A device that outlives the expiry: no OFFLINE.
+            register(&store, T0, reg(user, "tab", "gw-c", 100), &mut changes);
+        }
+    }
+    for user in users.iter().step_by(2) {
+        // A second device that is also dying at the same time: still one OFFLINE.
+        register(&store, T0 + 5, reg(user, "laptop", "gw-b", 15), &mut changes);
+    }
+    let expected: Vec<&String> = users.iter().enumerate().filter(|(i, _)| i % 5 != 0).map(|(_, u)| u).collect();
+    changes.clear();
+    let shards = store.config().shards;
+    let mut calls = 0;
+    loop {
+        let mut batch = Vec::new();
+        let more = store.expire(T0 + 20, 1, &mut batch);
+        calls += 1;
+        assert!(batch.len() <= shards, "budget 1 per shard: call {calls} flipped {}", batch.len());
+        changes.extend(batch);
+        if !more {
+            break;
+        }
+        assert!(calls <= 1_000);
+    }
+    assert!(calls >= expected.len() / shards, "{calls} calls");
+    let mut flipped: Vec<&str> = changes.iter().map(|c| c.user_id.as_str()).collect();
+    flipped.sort_unstable();
+    let mut expected_sorted: Vec<&str> = expected.iter().map(|u| u.as_str()).collect();
+    expected_sorted.sort_unstable();
+    assert_eq!(flipped, expected_sorted);
+    for change in &changes {
+        assert_eq!(change.presence.state, State::Offline);
+        assert_eq!(change.at, T0 + 20);
+        assert_eq!(change.deadline, Some(T0 + 20), "{change:?}");
+    }
+    // Nothing more when asked again, at the same time or later.
+    assert!(drain(&store, T0 + 20, 1).is_empty());
+    assert!(drain(&store, T0 + 99, 1).is_empty());
+    assert_eq!(store.stats().online_users, 10);
+    let last = drain(&store, T0 + 100, 1);
+    assert_eq!(last.len(), 10);
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 50 });
+}
+
+/// E1: an expiry racing a request on one user publishes one OFFLINE, whichever runs first.
+#[test]
+fn e1_expiry_racing_a_request_on_one_user_publishes_one_offline() {
+    for request_first in [true, false] {
+        let store = small_store();
+        let mut changes = Vec::new();
+        let r = register(&store, T0, reg("u", "s", "gw-a", 10), &mut changes);
+        changes.clear();
+        let refused_renewal = |changes: &mut Changes| {
+            let renewal = store.renew(T0 + 10, "u", "s", r.generation, 0, changes);
+            assert!(matches!(renewal, Err(LeaseError::NotFound { .. })), "{renewal:?}");
+        };
+        if request_first {
+            refused_renewal(&mut changes);
+            changes.extend(drain(&store, T0 + 10, 1));
+        } else {
+            changes.extend(drain(&store, T0 + 10, 1));
+            refused_renewal(&mut changes);
+        }
+        let mut snapshot_changes = Vec::new();
+        store.snapshot(T0 + 11, &["u", "u"], &mut snapshot_changes).unwrap();
+        assert!(snapshot_changes.is_empty());
+        assert_eq!(changes.len(), 1, "request first: {request_first}: {changes:?}");
+        assert_flip(&changes[0], "u", State::Offline, T0 + 10, Some(T0 + 10));
+    }
+}
+
+/// E1: changes are appended to the caller's Vec, never replacing what is in it.
+#[test]
+fn e1_changes_are_appended_to_the_callers_vec() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    register(&store, T0, reg("a", "s", "gw-a", 0), &mut changes);
+    register(&store, T0, reg("b", "s", "gw-a", 0), &mut changes);
+    store.revoke(T0 + 1, "a", None, &mut changes).unwrap();
+    let users: Vec<(&str, State)> = changes.iter().map(|c| (c.user_id.as_str(), c.presence.state)).collect();
+    assert_eq!(users, vec![("a", State::Online), ("b", State::Online), ("a", State::Offline)]);
+}
+
+/// E1 under real concurrency: four gateway threads and an expiry driver race on the same few
+/// users (the gateways with clocks that lag each other). Every flip is published exactly once:
+/// ordered by version, each user's changes alternate ONLINE/OFFLINE with no version repeated,
+/// and the last one is what a snapshot answers.
+#[test]
+fn e1_racing_gateways_and_expiry_publish_each_flip_exactly_once() {
+    const USERS: [&str; 3] = ["a", "b", "c"];
+    const SESSIONS: [&str; 2] = ["s0", "s1"];
+    let store = Arc::new(small_store());
+    let clock = Arc::new(AtomicU64::new(T0));
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let gateways: Vec<_> = (0..4u64)
+        .map(|id| {
+            let (store, clock) = (Arc::clone(&store), Arc::clone(&clock));
+            std::thread::spawn(move || {
+                let gateway = ["gw-a", "gw-b", "gw-c", "gw-d"][id as usize];
+                let mut seed = 0x9e37_79b9_7f4a_7c15_u64 ^ (id + 1);
+                let mut random = move || {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed
+                };
+                let mut generations = std::collections::HashMap::new();
+                let mut published = Vec::new();
+                for _ in 0..3_000 {
+                    let now = clock.fetch_add(random() % 2, Ordering::SeqCst);
+                    let (user, session) = (USERS[random() as usize % 3], SESSIONS[random() as usize % 2]);
+                    let generation = generations.get(&(user, session)).copied().unwrap_or(1);
+                    match random() % 8 {
+                        0..=2 => {
+                            let ttl = [10, 20, 50][random() as usize % 3];
+                            let r = store.register(now, &reg(user, session, gateway, ttl), &mut published).unwrap();
+                            generations.insert((user, session), r.generation);
+                        }
+                        3 | 4 => {
+                            let _ = store.renew(now, user, session, generation, 0, &mut published);
+                        }
+                        5 | 6 => {
+                            let linger = [0, 5][random() as usize % 2];
+                            store.unregister(now, user, session, generation, linger, &mut published).unwrap();
+                        }
+                        _ => {
+                            store.revoke(now, user, (random() % 2 == 0).then_some(session), &mut published).unwrap();
+                        }
+                    }
+                }
+                published
+            })
+        })
+        .collect();
+    let driver = {
+        let (store, clock, stop) = (Arc::clone(&store), Arc::clone(&clock), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut published = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                while store.expire(clock.load(Ordering::SeqCst), 2, &mut published) {}
+                std::thread::yield_now();
+            }
+            published
+        })
+    };
+    let mut published: Changes = gateways.into_iter().flat_map(|gateway| gateway.join().unwrap()).collect();
+    stop.store(true, Ordering::SeqCst);
+    published.extend(driver.join().unwrap());
+    let end = clock.load(Ordering::SeqCst) + 1_000;
+    published.extend(drain(&store, end, 2));
+    assert_eq!(store.stats().online_users, 0);
+
+    for user in USERS {
+        let mut flips: Vec<Presence> = published.iter().filter(|c| c.user_id == user).map(|c| c.presence).collect();
+        flips.sort_by_key(|presence| presence.version);
+        assert!(flips.len() > 10, "{user}: too few flips to mean anything ({})", flips.len());
+        for (index, pair) in flips.windows(2).enumerate() {
+            assert!(pair[0].version < pair[1].version, "{user}: version {} published twice", pair[0].version);
+            assert_ne!(pair[0].state, pair[1].state, "{user}: two {:?} in a row at flip {index}", pair[0].state);
+        }
+        assert_eq!(flips[0].state, State::Online, "{user}");
+        assert_eq!(presence(&store, end, user), *flips.last().unwrap(), "{user}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// E2 Snapshot.
+
+#[test]
+fn e2_snapshot_answers_unknown_users_offline_version_zero_in_request_order() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let a = register(&store, T0, reg("a", "s", "gw-a", 0), &mut changes);
+    let b = register(&store, T0, reg("b", "s", "gw-a", 10), &mut changes);
+    let c = register(&store, T0, reg("c", "s", "gw-a", 0), &mut changes);
+    store.revoke(T0 + 1, "c", None, &mut changes).unwrap();
+    let c_offline = changes.last().unwrap().presence;
+    assert!(c_offline.version > c.presence.version);
+    changes.clear();
+    assert_eq!(Presence::UNKNOWN, offline(0));
+
+    // At T0 + 10, b's lease has just run out and nobody has collected it: the snapshot settles it.
+    let requested = ["nobody", "c", "a", "b", "a", "nobody-else", "b"];
+    let snapshot = store.snapshot(T0 + 10, &requested, &mut changes).unwrap();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_flip(&changes[0], "b", State::Offline, T0 + 10, Some(T0 + 10));
+    let b_offline = changes[0].presence;
+    assert!(b_offline.version > b.presence.version);
+    assert_eq!(
+        snapshot,
+        vec![Presence::UNKNOWN, c_offline, a.presence, b_offline, a.presence, Presence::UNKNOWN, b_offline]
+    );
+    assert_eq!(a.presence, online(a.presence.version));
+    // Asking about unknown users creates no records.
+    assert_eq!(store.stats().users, 3);
+    assert!(store.snapshot::<&str>(T0 + 10, &[], &mut changes).unwrap().is_empty());
+    // Owned strings work too.
+    let owned = vec!["a".to_string()];
+    assert_eq!(store.snapshot(T0 + 10, &owned, &mut changes).unwrap(), vec![a.presence]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// B1 Bad input.
+
+/// B1: for every operation, an empty or 129-byte id is refused with InvalidArgument naming the
+/// field, before anything is touched: no settle (even past a deadline), no change, no record,
+/// the shard's clock untouched, every lease and presence as before.
+#[test]
+fn b1_invalid_ids_name_the_field_and_leave_all_earlier_state_intact() {
+    type Op = Box<dyn Fn(&Store, Tick, &mut Changes) -> Result<(), LeaseError>>;
+    fn op(f: impl Fn(&Store, Tick, &mut Changes) -> Result<(), LeaseError> + 'static) -> Op {
+        Box::new(f)
+    }
+    let long = "x".repeat(129);
+    let long_utf8 = "€".repeat(43); // 129 bytes, 43 characters
+    assert_eq!(long_utf8.len(), 129);
+    let store = small_store();
+    let mut changes = Vec::new();
+    let r = register(&store, T0, reg("u", "s", "gw-a", 10), &mut changes);
+    register(&store, T0, reg("v", "s", "gw-b", 200), &mut changes);
+    let generation = r.generation;
+
+    let mut cases: Vec<(String, &'static str, Op)> = Vec::new();
+    for bad in [String::new(), long.clone(), long_utf8.clone()] {
+        let label = |op: &str| format!("{op} with {} bytes", bad.len());
+        let b = bad.clone();
+        cases.push((
+            label("register user_id"),
+            "user_id",
+            op(move |s, t, c| s.register(t, &reg(&b, "s", "gw-a", 0), c).map(drop)),
+        ));
+        let b = bad.clone();
+        cases.push((
+            label("register session_id"),
+            "session_id",
+            op(move |s, t, c| s.register(t, &reg("u", &b, "gw-a", 0), c).map(drop)),
+        ));
+        let b = bad.clone();
+        cases.push((
+            label("register gateway_id"),
+            "gateway_id",
+            op(move |s, t, c| s.register(t, &reg("u", "s", &b, 0), c).map(drop)),
+        ));
+        let b = bad.clone();
+        cases.push((
+            label("renew user_id"),
+            "user_id",
+            op(move |s, t, c| s.renew(t, &b, "s", generation, 0, c).map(drop)),
+        ));
+        let b = bad.clone();
+        cases.push((
+            label("renew session_id"),
+            "session_id",
+            op(move |s, t, c| s.renew(t, "u", &b, generation, 0, c).map(drop)),
+        ));
+        let b = bad.clone();
+        cases.push((
+            label("unregister user_id"),
+            "user_id",
+            op(move |s, t, c| s.unregister(t, &b, "s", generation, 0, c).map(drop)),
+        ));
+        let b = bad.clone();
+        cases.push((
+            label("unregister session_id"),
+            "session_id",
+            op(move |s, t, c| s.unregister(t, "u", &b, generation, 5, c).map(drop)),
+        ));
+        let b = bad.clone();
+        cases.push((label("revoke user_id"), "user_id", op(move |s, t, c| s.revoke(t, &b, None, c).map(drop))));
+        let b = bad.clone();
+        cases.push((
+            label("revoke session_id"),
+            "session_id",
+            op(move |s, t, c| s.revoke(t, "u", Some(&b), c).map(drop)),
+        ));
+        let b = bad.clone();
+        cases.push((
+            label("snapshot user_ids"),
+            "user_ids",
+            op(move |s, t, c| s.snapshot(t, &["v", "u", b.as_str()], c).map(drop)),
+        ));
+        let b = bad.clone();
+        cases.push((label("leases user_id"), "user_id", op(move |s, t, c| s.leases(t, &b, c).map(drop))));
+    }
+    // A bad field after good ones, and a bad TTL or metadata together with good ids.
+    let too_much: Vec<(String, String)> = (0..17).map(|i| (format!("k{i}"), "v".to_string())).collect();
+    cases.push((
+        "register metadata".into(),
+        "metadata",
+        op(move |s, t, c| {
+            s.register(
+                t,
+                &Registration { user_id: "u", session_id: "s", gateway_id: "gw-a", ttl_ms: 0, metadata: &too_much },
+                c,
+            )
+            .map(drop)
+        }),
+    ));
+    cases.push((
+        "register ttl_ms".into(),
+        "ttl_ms",
+        op(|s, t, c| s.register(t, &reg("u", "s", "gw-a", 5), c).map(drop)),
+    ));
+
+    let before_stats = store.stats();
+    let before_deadline = store.next_deadline();
+    let observe = |s: &Store| {
+        let mut c = Vec::new();
+        let snapshot = s.snapshot(T0 + 1, &["u", "v", "w"], &mut c).unwrap();
+        let u = s.leases(T0 + 1, "u", &mut c).unwrap();
+        let v = s.leases(T0 + 1, "v", &mut c).unwrap();
+        assert!(c.is_empty());
+        (snapshot, u, v)
+    };
+    let state_before = observe(&store);
+    for (name, field, op) in &cases {
+        // Well past u's deadline (T0 + 10): a refusal must not settle it.
+        let mut op_changes = Vec::new();
+        let result = op(&store, T0 + 100, &mut op_changes);
+        match result {
+            Err(LeaseError::InvalidArgument { field: got, reason }) => {
+                assert_eq!(got, *field, "{name}: {reason}");
+                assert!(!reason.is_empty(), "{name}");
+                if *field == "user_ids" {
+                    assert!(reason.contains("entry 2"), "{name}: the reason names the entry: {reason}");
+                }
+            }
+            other => panic!("{name}: expected InvalidArgument({field}), got {other:?}"),
+        }
+        assert!(op_changes.is_empty(), "{name}: {op_changes:?}");
+        assert_eq!(store.stats(), before_stats, "{name}");
+        assert_eq!(store.next_deadline(), before_deadline, "{name}");
+    }
+    // Read at T0 + 1: had any refused request reached a shard, its clock would read T0 + 100.
+    assert_eq!(observe(&store), state_before);
+    assert_eq!(state_before.0[2], Presence::UNKNOWN);
+    // The refusals did not block anything: u's lease now expires normally.
+    let published = drain(&store, T0 + 100, 1);
+    assert_eq!(published.len(), 1);
+    assert_flip(&published[0], "u", State::Offline, T0 + 100, Some(T0 + 10));
+}
+
+#[test]
+fn b1_ids_of_exactly_128_bytes_are_accepted() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let user = "u".repeat(128);
+    let session = "é".repeat(64); // 128 bytes
+    let gateway = "g".repeat(128);
+    let r = register(&store, T0, reg(&user, &session, &gateway, 0), &mut changes);
+    assert!(r.changed);
+    store.renew(T0 + 1, &user, &session, r.generation, 0, &mut changes).unwrap();
+    let view = &leases(&store, T0 + 1, &user)[0];
+    assert_eq!((view.session_id.as_str(), view.gateway_id.as_str()), (session.as_str(), gateway.as_str()));
+    assert_eq!(store.snapshot(T0 + 1, &[&user], &mut changes).unwrap(), vec![r.presence]);
+    assert_eq!(store.revoke(T0 + 2, &user, Some(&session), &mut changes).unwrap().count, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// L4 Expiry driver support.
+
+/// L4: an operation that schedules a deadline earlier than the driver's alarm wakes the driver;
+/// one that schedules nothing new, or a later (or equal) deadline, does not.
+#[test]
+fn l4_expiry_waker_is_called_only_for_deadlines_earlier_than_the_alarm() {
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&wakes);
+    let store = small_store().with_expiry_waker(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let woken = || wakes.load(Ordering::SeqCst);
+    let mut changes = Vec::new();
+
+    // No alarm set yet (u64::MAX): any new timer wakes the driver.
+    let a = register(&store, T0, reg("a", "s", "gw-a", 100), &mut changes);
+    assert_eq!(woken(), 1, "first timer");
+
+    // The driver now sleeps until T0 + 100.
+    store.set_alarm(T0 + 100);
+    register(&store, T0, reg("b", "s", "gw-a", 150), &mut changes);
+    assert_eq!(woken(), 1, "later deadline");
+    register(&store, T0, reg("c", "s", "gw-a", 100), &mut changes);
+    assert_eq!(woken(), 1, "deadline equal to the alarm");
+    store.renew(T0 + 1, "a", "s", a.generation, 200, &mut changes).unwrap();
+    assert_eq!(woken(), 1, "a renewal that moves the deadline later schedules nothing");
+    register(&store, T0 + 1, reg("a", "t", "gw-a", 10), &mut changes);
+    assert_eq!(woken(), 2, "a second session with an earlier deadline than the alarm");
+    store.set_alarm(T0 + 11);
+    register(&store, T0 + 2, reg("a", "u", "gw-a", 10), &mut changes);
+    assert_eq!(woken(), 2, "a second session whose deadline is after the user's timer");
+    let _ = store.snapshot(T0 + 2, &["a", "b", "c", "nobody"], &mut changes);
+    let _ = store.leases(T0 + 2, "a", &mut changes);
+    assert_eq!(woken(), 2, "reads schedule nothing");
+
+    register(&store, T0 + 2, reg("d", "s", "gw-a", 200), &mut changes);
+    assert_eq!(woken(), 2);
+    let d = leases(&store, T0 + 2, "d")[0].generation;
+    store.renew(T0 + 3, "d", "s", d, 10, &mut changes).unwrap();
+    assert_eq!(woken(), 2, "renewal to T0 + 13, after the alarm");
+    store.renew(T0 + 4, "d", "s", d, 0, &mut changes).unwrap();
+    store.unregister(T0 + 5, "d", "s", d, 3, &mut changes).unwrap();
+    assert_eq!(woken(), 3, "a linger that moves the deadline (T0 + 8) before the alarm");
+    store.unregister(T0 + 5, "b", "s", 0, 1, &mut changes).unwrap();
+    assert_eq!(woken(), 3, "a stale close schedules nothing");
+}
+
+#[test]
+fn l4_next_deadline_is_none_without_leases_and_never_after_the_earliest_deadline() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    assert_eq!(store.next_deadline(), None);
+    let r = register(&store, T0, reg("a", "s", "gw-a", 200), &mut changes);
+    assert!(store.next_deadline().is_some_and(|next| next <= T0 + 200));
+    register(&store, T0 + 3, reg("b", "s", "gw-a", 17), &mut changes);
+    assert!(store.next_deadline().is_some_and(|next| next <= T0 + 20));
+    store.unregister(T0 + 4, "a", "s", r.generation, 0, &mut changes).unwrap();
+    assert!(store.next_deadline().is_some_and(|next| next <= T0 + 20));
+    store.revoke(T0 + 5, "b", None, &mut changes).unwrap();
+    assert_eq!(store.next_deadline(), None);
+}
+
+/// L4, E1: 10 000 users whose leases all end in the same millisecond are drained with a small
+/// budget, each call bounded, into exactly 10 000 OFFLINE changes stamped with the deadline.
+#[test]
+fn l4_mass_expiry_of_10_000_users_at_one_ms_drains_fully_with_a_small_budget() {
+    const USERS: usize = 10_000;
+    const BUDGET: usize = 16;
+    let store = store();
+    let shards = store.config().shards;
+    let mut changes = Vec::new();
+    for i in 0..USERS {
+        register(&store, T0, reg(&format!("user-{i}"), "s", "gw-a", 1_000), &mut changes);
+    }
+    assert_eq!(changes.len(), USERS);
+    assert_eq!(store.stats(), StoreStats { sessions: USERS, online_users: USERS, users: USERS });
+    assert!(drain(&store, T0 + 999, BUDGET).is_empty());
+
+    let mut expired = Vec::new();
+    let mut calls = 0;
+    loop {
+        let mut batch = Vec::new();
+        let more = store.expire(T0 + 1_000, BUDGET, &mut batch);
+        calls += 1;
+        assert!(batch.len() <= BUDGET * shards, "call {calls} did {} flips", batch.len());
+        expired.extend(batch);
+        if !more {
+            break;
+        }
+        assert!(calls < 100_000);
+    }
+    assert!(calls >= USERS / (BUDGET * shards), "{calls} calls");
+    assert_eq!(expired.len(), USERS);
+    let mut users: Vec<&str> = expired.iter().map(|c| c.user_id.as_str()).collect();
+    users.sort_unstable();
+    users.dedup();
+    assert_eq!(users.len(), USERS, "one OFFLINE per user");
+    for change in &expired {
+        assert_eq!(change.presence.state, State::Offline);
+        assert_eq!(change.deadline, Some(T0 + 1_000), "{change:?}");
+        assert_eq!(change.at, T0 + 1_000);
+    }
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: USERS });
+    assert_eq!(store.next_deadline(), None);
+    assert!(drain(&store, T0 + 2_000, BUDGET).is_empty());
+}
+
+/// L4: a timer placed at the first of a user's deadlines fires, finds the other lease still
+/// live, and is moved to it: the second lease's end is published on time too.
+#[test]
+fn l4_expiry_reschedules_the_timer_at_the_next_remaining_deadline() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    let r = register(&store, T0, reg("u", "short", "gw-a", 10), &mut changes);
+    register(&store, T0, reg("u", "long", "gw-a", 200), &mut changes);
+    // Renewing the short lease past the long one leaves the timer at T0 + 10 (renewals do not
+    // touch the wheel): the timer fires early, finds both live, and moves on.
+    store.renew(T0 + 5, "u", "short", r.generation, 200, &mut changes).unwrap();
+    changes.clear();
+    assert!(drive(&store, T0 + 5, T0 + 199).is_empty());
+    assert_eq!(store.stats().sessions, 2);
+    let published = drive(&store, T0 + 199, T0 + 206);
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert_flip(&published[0], "u", State::Offline, T0 + 205, Some(T0 + 205));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stats.
+
+#[test]
+fn stats_count_sessions_online_users_and_known_users() {
+    let store = small_store();
+    let mut changes = Vec::new();
+    assert_eq!(store.stats(), StoreStats::default());
+    let a = register(&store, T0, reg("a", "phone", "gw-a", 10), &mut changes);
+    register(&store, T0, reg("a", "laptop", "gw-b", 100), &mut changes);
+    register(&store, T0, reg("b", "phone", "gw-a", 10), &mut changes);
+    let c = register(&store, T0, reg("c", "phone", "gw-c", 200), &mut changes);
+    register(&store, T0, reg("c", "phone", "gw-a", 200), &mut changes); // a reconnect adds no lease
+    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3 });
+
+    store.unregister(T0 + 1, "a", "phone", a.generation, 5, &mut changes).unwrap();
+    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3 }, "a lingering lease counts");
+    let _ = store.unregister(T0 + 1, "c", "phone", c.generation, 0, &mut changes);
+    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3 }, "stale close");
+
+    // Expired but not yet collected leases still count, until something settles them.
+    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3 });
+    drain(&store, T0 + 10, 1);
+    assert_eq!(store.stats(), StoreStats { sessions: 2, online_users: 2, users: 3 });
+    store.revoke(T0 + 11, "c", None, &mut changes).unwrap();
+    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 3 });
+    let _ = store.snapshot(T0 + 11, &["x", "y"], &mut changes);
+    let _ = store.renew(T0 + 11, "z", "s", 1, 0, &mut changes);
+    let _ = store.unregister(T0 + 11, "z", "s", 1, 0, &mut changes);
+    let _ = store.revoke(T0 + 11, "z", None, &mut changes);
+    assert_eq!(store.stats().users, 3, "requests about unknown users create no records");
+    drain(&store, T0 + 100, 1);
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 3 });
+}

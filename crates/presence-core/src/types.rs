@@ -1,0 +1,137 @@
+//! The values the lease store hands back to its callers.
+
+use compact_str::CompactString;
+
+use crate::wheel::Tick;
+
+/// A user's derived connectivity state (contract M2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// No live lease.
+    Offline,
+    /// At least one live lease.
+    Online,
+}
+
+/// A user's state and the version that orders its changes (contract M3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Presence {
+    /// Derived from the user's leases.
+    pub state: State,
+    /// Moves forward on every flip and only then; 0 for a user the store holds nothing about.
+    pub version: u64,
+}
+
+impl Presence {
+    /// What the store answers for a user it holds nothing about.
+    pub const UNKNOWN: Presence = Presence { state: State::Offline, version: 0 };
+}
+
+/// One flip of one user's state: the only thing the store publishes (contract E1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PresenceChange {
+    /// The user whose state flipped.
+    pub user_id: CompactString,
+    /// The state and the version that the flip produced.
+    pub presence: Presence,
+    /// The store time at which the flip was made (for expiries: when the
+    /// expiry was processed; compare with `deadline` for the lag).
+    pub at: Tick,
+    /// For a flip caused by lease expiry, the deadline of the last lease that
+    /// ran out; `None` for flips caused by a request.
+    pub deadline: Option<Tick>,
+}
+
+/// Where a store operation puts the flips it caused. The caller publishes
+/// them after the operation returns, whatever the operation's own result: a
+/// refused renewal may still have found an expired lease and flipped its user.
+pub type Changes = Vec<PresenceChange>;
+
+/// What to register (contract L1). Ids are borrowed; the store copies what it keeps.
+#[derive(Debug, Clone, Copy)]
+pub struct Registration<'a> {
+    /// 1 to 128 bytes.
+    pub user_id: &'a str,
+    /// 1 to 128 bytes; unique within the user.
+    pub session_id: &'a str,
+    /// 1 to 128 bytes: the gateway process holding the session's socket.
+    pub gateway_id: &'a str,
+    /// 0 takes the configured default; otherwise within `[min_ttl_ms, max_ttl_ms]`.
+    pub ttl_ms: u32,
+    /// Small opaque key/value pairs kept with the lease.
+    pub metadata: &'a [(String, String)],
+}
+
+/// The result of a register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registered {
+    /// Strictly greater than every earlier generation of this session.
+    pub generation: u64,
+    /// The new lease's deadline.
+    pub expires_at: Tick,
+    /// Whether this register flipped the user ONLINE.
+    pub changed: bool,
+    /// Whether the session already held a live lease that this one replaced (a reconnect).
+    pub replaced: bool,
+    /// The user's presence after the register.
+    pub presence: Presence,
+}
+
+/// The result of an accepted renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewed {
+    /// The lease's new deadline.
+    pub expires_at: Tick,
+}
+
+/// What an unregister did (contract L3). Only `Removed` and `Lingering` change anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnregisterOutcome {
+    /// The lease was deleted.
+    Removed,
+    /// The lease was shortened to end at `until` and accepts no more renewals.
+    Lingering {
+        /// The lease's new deadline.
+        until: Tick,
+    },
+    /// A newer generation owns the session (a late close of a dead socket): nothing changed.
+    StaleGeneration {
+        /// The session's current generation.
+        current: u64,
+    },
+    /// The session holds no live lease: nothing changed.
+    NotFound,
+}
+
+/// The result of an unregister.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unregistered {
+    /// What happened to the lease.
+    pub outcome: UnregisterOutcome,
+    /// Whether this unregister flipped the user OFFLINE.
+    pub changed: bool,
+    /// The user's presence after the unregister.
+    pub presence: Presence,
+}
+
+/// The result of a revoke (contract L6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Revoked {
+    /// How many leases were deleted.
+    pub count: u32,
+    /// Whether this revoke flipped the user OFFLINE.
+    pub changed: bool,
+    /// The user's presence after the revoke.
+    pub presence: Presence,
+}
+
+/// Counts over the whole store, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Leases held, live or lingering (expired ones not yet collected included).
+    pub sessions: usize,
+    /// Users currently ONLINE.
+    pub online_users: usize,
+    /// Users the store holds a record for (online, or offline with a version to keep).
+    pub users: usize,
+}
