@@ -1,0 +1,54 @@
+//! The store clock: the one place that reads time and turns it into ticks.
+//!
+//! Ticks are Unix milliseconds, so that a lease's deadline is also the
+//! `expires_at_ms` the API returns, but they advance with the monotonic clock:
+//! the wall clock is read once, at start, so a wall-clock step while running
+//! never makes leases expire early or late.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use presence_core::Tick;
+
+/// Converts between `Instant`s and store ticks.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreClock {
+    origin: Instant,
+    origin_unix_ms: u64,
+}
+
+impl StoreClock {
+    /// A clock reading the wall clock now and the monotonic clock from then on.
+    pub fn start() -> Self {
+        let unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+        StoreClock { origin: Instant::now(), origin_unix_ms: u64::try_from(unix.as_millis()).unwrap_or(u64::MAX) }
+    }
+
+    /// The current tick. Rounds down, so a deadline tick has fully passed when `now()` reaches it.
+    pub fn now(&self) -> Tick {
+        self.tick_at(Instant::now())
+    }
+
+    /// The tick of an instant.
+    pub fn tick_at(&self, instant: Instant) -> Tick {
+        let elapsed = instant.saturating_duration_since(self.origin);
+        self.origin_unix_ms + u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The instant at which `tick` begins.
+    pub fn instant_at(&self, tick: Tick) -> Instant {
+        self.origin + Duration::from_millis(tick.saturating_sub(self.origin_unix_ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_and_instants_round_trip() {
+        let clock = StoreClock::start();
+        let tick = clock.now() + 1_234;
+        assert_eq!(clock.tick_at(clock.instant_at(tick)), tick);
+        assert!(clock.now() >= clock.origin_unix_ms);
+    }
+}
