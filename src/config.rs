@@ -1,0 +1,152 @@
+//! Configuration of `presenced serve`: flags, then environment, then a TOML
+//! file, then defaults (contract O3). Every flag `--some-flag` also reads from
+//! `PRESENCED_SOME_FLAG` and from the key `some_flag` of the `--config` file.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+use presence_core::StoreConfig;
+use presence_server::ServerConfig;
+use serde::Deserialize;
+
+/// The flags of `presenced serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// A TOML file with any of the settings below (keys in snake_case).
+    #[arg(long, env = "PRESENCED_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The gRPC address; port 0 picks a free port. [default: 127.0.0.1:50051]
+    #[arg(long, env = "PRESENCED_LISTEN", value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// The shortest lease TTL a request may ask for. [default: 1000]
+    #[arg(long, env = "PRESENCED_MIN_TTL_MS", value_name = "MS")]
+    min_ttl_ms: Option<u32>,
+    /// The TTL of a request that asks for 0. [default: 45000]
+    #[arg(long, env = "PRESENCED_DEFAULT_TTL_MS", value_name = "MS")]
+    default_ttl_ms: Option<u32>,
+    /// The longest lease TTL a request may ask for. [default: 3600000]
+    #[arg(long, env = "PRESENCED_MAX_TTL_MS", value_name = "MS")]
+    max_ttl_ms: Option<u32>,
+    /// Lease store shards, a power of two. [default: 64]
+    #[arg(long, env = "PRESENCED_SHARDS", value_name = "N")]
+    shards: Option<usize>,
+    /// Users expired per shard per lock hold. [default: 1024]
+    #[arg(long, env = "PRESENCED_EXPIRY_BATCH", value_name = "N")]
+    expiry_batch: Option<usize>,
+    /// How long a shutdown waits for open requests and connections. [default: 5000]
+    #[arg(long, env = "PRESENCED_SHUTDOWN_GRACE_MS", value_name = "MS")]
+    shutdown_grace_ms: Option<u64>,
+}
+
+/// The same settings, as read from the `--config` file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    listen: Option<SocketAddr>,
+    min_ttl_ms: Option<u32>,
+    default_ttl_ms: Option<u32>,
+    max_ttl_ms: Option<u32>,
+    shards: Option<usize>,
+    expiry_batch: Option<usize>,
+    shutdown_grace_ms: Option<u64>,
+}
+
+/// Everything `serve` needs, resolved.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub(crate) listen: SocketAddr,
+    pub(crate) server: ServerConfig,
+}
+
+/// Why the configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SettingsError {
+    #[error("cannot read config file {path}: {source}")]
+    ReadFile { path: PathBuf, source: std::io::Error },
+    #[error("invalid config file {path}: {message}")]
+    ParseFile { path: PathBuf, message: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl ServeArgs {
+    /// Merges flags and environment (clap has already applied those, flags
+    /// first) with the config file and the defaults, and validates the result.
+    pub(crate) fn resolve(self) -> Result<Settings, SettingsError> {
+        let file = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| SettingsError::ReadFile { path: path.clone(), source })?;
+                toml::from_str::<FileSettings>(&text)
+                    .map_err(|err| SettingsError::ParseFile { path: path.clone(), message: err.message().to_owned() })?
+            }
+            None => FileSettings::default(),
+        };
+        let store_defaults = StoreConfig::default();
+        let server_defaults = ServerConfig::default();
+        let store = StoreConfig {
+            shards: self.shards.or(file.shards).unwrap_or(store_defaults.shards),
+            min_ttl_ms: self.min_ttl_ms.or(file.min_ttl_ms).unwrap_or(store_defaults.min_ttl_ms),
+            default_ttl_ms: self.default_ttl_ms.or(file.default_ttl_ms).unwrap_or(store_defaults.default_ttl_ms),
+            max_ttl_ms: self.max_ttl_ms.or(file.max_ttl_ms).unwrap_or(store_defaults.max_ttl_ms),
+        };
+        store.validate().map_err(|err| SettingsError::Invalid(err.to_string()))?;
+        let expiry_batch = self.expiry_batch.or(file.expiry_batch).unwrap_or(server_defaults.expiry_batch);
+        if expiry_batch == 0 {
+            return Err(SettingsError::Invalid("expiry-batch must be at least 1".into()));
+        }
+        let listen = self.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 50051)));
+        let shutdown_grace = self
+            .shutdown_grace_ms
+            .or(file.shutdown_grace_ms)
+            .map_or(server_defaults.shutdown_grace, std::time::Duration::from_millis);
+        Ok(Settings { listen, server: ServerConfig { store, expiry_batch, shutdown_grace } })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Harness {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn resolve(argv: &[&str]) -> Result<Settings, SettingsError> {
+        Harness::try_parse_from(std::iter::once("serve").chain(argv.iter().copied())).unwrap().args.resolve()
+    }
+
+    #[test]
+    fn defaults_follow_the_api() {
+        let settings = resolve(&[]).unwrap();
+        assert_eq!(settings.listen, "127.0.0.1:50051".parse().unwrap());
+        assert_eq!(settings.server.store, StoreConfig::default());
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_over_defaults() {
+        let dir = std::env::temp_dir().join(format!("presenced-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("presenced.toml");
+        std::fs::write(&path, "listen = \"127.0.0.1:7000\"\nmin_ttl_ms = 500\nshards = 8\n").unwrap();
+        let settings = resolve(&["--config", path.to_str().unwrap(), "--min-ttl-ms", "200"]).unwrap();
+        assert_eq!(settings.listen, "127.0.0.1:7000".parse().unwrap());
+        assert_eq!(settings.server.store.min_ttl_ms, 200);
+        assert_eq!(settings.server.store.shards, 8);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn invalid_settings_are_refused_with_a_reason() {
+        let err = resolve(&["--min-ttl-ms", "5000", "--default-ttl-ms", "1000"]).unwrap_err();
+        assert!(err.to_string().contains("min-ttl-ms"), "{err}");
+        let err = resolve(&["--shards", "3"]).unwrap_err();
+        assert!(err.to_string().contains("power of two"), "{err}");
+        let err = resolve(&["--config", "/nonexistent/presenced.toml"]).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/presenced.toml"), "{err}");
+    }
+}

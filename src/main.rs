@@ -1,0 +1,92 @@
+//! `presenced`: the presence database server.
+//!
+//! This binary only reads configuration, installs logging and signal handling,
+//! binds the listener and hands over to [`presence_server::serve`].
+
+mod config;
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokio::net::TcpListener;
+
+use crate::config::ServeArgs;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "presenced",
+    version,
+    about = "An in-memory presence database: session leases in, ONLINE/OFFLINE out."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the service (in memory, on 127.0.0.1:50051 unless told otherwise).
+    Serve(ServeArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match cli.command {
+        Command::Serve(args) => match run_serve(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(reason) => {
+                eprintln!("presenced: {reason}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
+fn run_serve(args: ServeArgs) -> Result<(), String> {
+    let settings = args.resolve().map_err(|err| err.to_string())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| format!("cannot start the runtime: {err}"))?;
+    runtime.block_on(async {
+        let listener = TcpListener::bind(settings.listen)
+            .await
+            .map_err(|err| format!("cannot listen on {}: {err}", settings.listen))?;
+        let local = listener.local_addr().map_err(|err| format!("cannot read the bound address: {err}"))?;
+        // The first line of stdout, for scripts and tests that asked for port 0.
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "listening on {local}").and_then(|()| stdout.flush()).ok();
+        drop(stdout);
+        presence_server::serve(listener, settings.server, shutdown_signal()).await.map_err(|err| err.to_string())
+    })
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(err) => {
+                tracing::warn!(%err, "cannot listen for SIGTERM; only SIGINT stops the server");
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => tracing::info!("SIGINT received"),
+            _ = terminate.recv() => tracing::info!("SIGTERM received"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

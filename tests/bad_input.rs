@@ -1,0 +1,125 @@
+//! B1: bad input gets INVALID_ARGUMENT naming the field, and leaves every
+//! other piece of state exactly as it was.
+
+mod common;
+
+use common::*;
+use presence_proto::v1 as pb;
+use presence_proto::v1::presence_client::PresenceClient;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+/// The wire shape of RegisterRequest with its strings as raw bytes, so that a
+/// test can send what no well-behaved client would: invalid UTF-8.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawRegisterRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    user_id: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    session_id: Vec<u8>,
+    #[prost(bytes = "vec", tag = "3")]
+    gateway_id: Vec<u8>,
+    #[prost(uint32, tag = "4")]
+    ttl_ms: u32,
+}
+
+async fn raw_register(server: &TestServer, request: RawRegisterRequest) -> Result<pb::RegisterResponse, Status> {
+    let channel = Channel::from_shared(format!("http://{}", server.addr)).unwrap().connect().await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let codec = tonic_prost::ProstCodec::<RawRegisterRequest, pb::RegisterResponse>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/presence.v1.Presence/Register");
+    grpc.unary(tonic::Request::new(request), path, codec).await.map(tonic::Response::into_inner)
+}
+
+fn assert_invalid(result: Result<impl std::fmt::Debug, Status>, field: &str) {
+    let status = result.expect_err("bad input must be refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains(field), "the message must name {field}: {:?}", status.message());
+}
+
+/// Everything a client can observe about the users of these tests.
+async fn observable(client: &mut PresenceClient<Channel>) -> Vec<pb::UserPresence> {
+    snapshot(client, &["u1", "u2", "u3"]).await
+}
+
+#[tokio::test]
+async fn b1_each_bad_field_is_named_and_nothing_else_changes() {
+    let server = TestServer::start(fast_config()).await;
+    let mut client = server.client().await;
+    let mut viewer = Viewer::open(&mut server.client().await, &["u1", "u2", "u3", "sentinel"]).await;
+
+    let u1 = client.register(register("u1", "s1", "gw", 60_000)).await.unwrap().into_inner();
+    let u2 = client.register(register("u2", "s1", "gw", 60_000)).await.unwrap().into_inner();
+    client.unregister(unregister("u2", "s1", u2.generation, 0)).await.unwrap();
+    let before = observable(&mut client).await;
+    viewer.barrier(&mut client, "sentinel").await;
+    let updates_before = viewer.updates.len();
+
+    let long = "x".repeat(129);
+    let max = "y".repeat(128);
+    // Register
+    assert_invalid(client.register(register("", "s", "gw", 0)).await, "user_id");
+    assert_invalid(client.register(register(&long, "s", "gw", 0)).await, "user_id");
+    assert_invalid(client.register(register("u1", "", "gw", 0)).await, "session_id");
+    assert_invalid(client.register(register("u1", &long, "gw", 0)).await, "session_id");
+    assert_invalid(client.register(register("u1", "s9", "", 0)).await, "gateway_id");
+    assert_invalid(client.register(register("u1", "s9", &long, 0)).await, "gateway_id");
+    assert_invalid(client.register(register("u3", "s", "gw", 19)).await, "ttl_ms");
+    assert_invalid(client.register(register("u3", "s", "gw", 60_001)).await, "ttl_ms");
+    let mut big_metadata = register("u3", "s", "gw", 0);
+    big_metadata.metadata.insert("k".into(), "v".repeat(10_000));
+    assert_invalid(client.register(big_metadata).await, "metadata");
+    // Renew
+    assert_invalid(client.renew(renew("", "s1", u1.generation, 0)).await, "user_id");
+    assert_invalid(client.renew(renew("u1", &long, u1.generation, 0)).await, "session_id");
+    assert_invalid(client.renew(renew("u1", "s1", u1.generation, 5)).await, "ttl_ms");
+    // Unregister and Revoke
+    assert_invalid(client.unregister(unregister(&long, "s1", u1.generation, 0)).await, "user_id");
+    assert_invalid(client.unregister(unregister("u1", "", u1.generation, 0)).await, "session_id");
+    let revoke =
+        |user_id: &str, session_id: &str| pb::RevokeRequest { user_id: user_id.into(), session_id: session_id.into() };
+    assert_invalid(client.revoke(revoke("", "")).await, "user_id");
+    assert_invalid(client.revoke(revoke("u1", &long)).await, "session_id");
+    // Snapshot and Watch
+    let ids = |ids: Vec<String>| pb::SnapshotRequest { user_ids: ids };
+    assert_invalid(client.snapshot(ids(vec!["u1".into(), String::new()])).await, "user_ids");
+    assert_invalid(client.snapshot(ids(vec![long.clone()])).await, "user_ids");
+    assert_invalid(client.snapshot(ids((0..10_001).map(|i| i.to_string()).collect())).await, "user_ids");
+    let watch = |ids: Vec<String>| pb::WatchRequest { user_ids: ids };
+    assert_invalid(client.watch(watch(vec![long.clone()])).await, "user_ids");
+    assert_invalid(client.watch(watch((0..10_001).map(|i| i.to_string()).collect())).await, "user_ids");
+    // Undecodable bytes: invalid UTF-8 in a string field.
+    let raw = |user_id: Vec<u8>| RawRegisterRequest {
+        user_id,
+        session_id: b"s".to_vec(),
+        gateway_id: b"gw".to_vec(),
+        ttl_ms: 0,
+    };
+    assert_invalid(raw_register(&server, raw(vec![0xff, 0xfe, b'u'])).await, "user_id");
+    // A 128-byte id is still fine, and a well-formed raw request works: the refusals above were about the bytes.
+    client.register(register(&max, "s", "gw", 0)).await.expect("128 bytes is within the limit");
+    raw_register(&server, raw(b"u3".to_vec())).await.expect("valid bytes register");
+
+    // Oversized messages are refused before they are decoded.
+    let huge = pb::SnapshotRequest { user_ids: vec!["z".repeat(100); 50_000] };
+    let refused = client.snapshot(huge).await.expect_err("a 5 MB request is refused");
+    assert!(
+        matches!(refused.code(), Code::OutOfRange | Code::ResourceExhausted | Code::InvalidArgument),
+        "{refused:?}"
+    );
+
+    // Nothing about u1 and u2 changed, and u1's lease still renews with its generation.
+    let mut after = observable(&mut client).await;
+    assert_eq!(after[..2], before[..2]);
+    assert_eq!(state_of(&after.pop().unwrap()), pb::State::Online, "u3 registered by the valid raw request");
+    client.renew(renew("u1", "s1", u1.generation, 0)).await.expect("u1's lease is intact");
+    viewer.barrier(&mut client, "sentinel").await;
+    let new_updates: Vec<_> = viewer.updates[updates_before..].iter().map(|u| u.user_id.as_str()).collect();
+    assert_eq!(
+        new_updates,
+        ["u3", "sentinel", "sentinel"],
+        "the only flips are the valid register's and the barrier's"
+    );
+    server.stop().await;
+}

@@ -1,0 +1,180 @@
+//! The `presenced` binary as a user runs it: the listening line, health and
+//! reflection, configuration from flags and environment, clear refusals, and
+//! a graceful SIGTERM.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use presence_proto::v1 as pb;
+use presence_proto::v1::presence_client::PresenceClient;
+use tokio_stream::StreamExt;
+use tonic::Code;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_presenced");
+
+/// A `presenced serve` child process on a free port.
+struct Daemon {
+    child: Child,
+    addr: String,
+}
+
+impl Daemon {
+    fn start(args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let mut child = Command::new(BINARY)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", std::env::var("PRESENCED_TEST_LOG").unwrap_or_else(|_| "warn".into()))
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn presenced");
+        let mut first_line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut first_line).expect("read stdout");
+        let addr = first_line
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("first stdout line must be `listening on ADDR`, got {first_line:?}"))
+            .trim()
+            .to_owned();
+        Daemon { child, addr }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn terminate(&mut self) {
+        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+    }
+
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "presenced did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn channel(daemon: &Daemon) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(daemon.url()).unwrap().connect().await.expect("connect to presenced")
+}
+
+/// Runs the binary to completion and returns (exit code, stderr).
+fn run_to_exit(args: &[&str]) -> (Option<i32>, String) {
+    let output = Command::new(BINARY).args(args).env("RUST_LOG", "warn").output().unwrap();
+    (output.status.code(), String::from_utf8(output.stderr).unwrap())
+}
+
+#[tokio::test]
+async fn serves_health_and_both_reflection_versions_and_stops_gracefully_on_sigterm() {
+    // Clients keep their connections open across the shutdown, as gateways do; the grace bounds the wait.
+    let mut daemon = Daemon::start(&["--shutdown-grace-ms", "1000"], &[]);
+
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel(&daemon).await);
+    for service in ["", "presence.v1.Presence"] {
+        let request = tonic_health::pb::HealthCheckRequest { service: service.into() };
+        let status = health.check(request).await.unwrap().into_inner().status;
+        assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32, "{service:?}");
+    }
+
+    use tonic_reflection::pb::{v1, v1alpha};
+    let mut reflection_v1 = v1::server_reflection_client::ServerReflectionClient::new(channel(&daemon).await);
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = reflection_v1.server_reflection_info(tokio_stream::iter([request])).await.unwrap().into_inner();
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(listed)) =
+        answers.next().await.unwrap().unwrap().message_response
+    else {
+        panic!("reflection v1 must list services");
+    };
+    let names: Vec<_> = listed.service.iter().map(|s| s.name.as_str()).collect();
+    for expected in ["presence.v1.Presence", "grpc.health.v1.Health"] {
+        assert!(names.contains(&expected), "{expected} missing from {names:?}");
+    }
+
+    let mut reflection_v1alpha = v1alpha::server_reflection_client::ServerReflectionClient::new(channel(&daemon).await);
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1alpha::server_reflection_request::MessageRequest::FileContainingSymbol(
+            "presence.v1.Presence".into(),
+        )),
+    };
+    let mut answers =
+        reflection_v1alpha.server_reflection_info(tokio_stream::iter([request])).await.unwrap().into_inner();
+    let answer = answers.next().await.unwrap().unwrap().message_response;
+    assert!(
+        matches!(answer, Some(v1alpha::server_reflection_response::MessageResponse::FileDescriptorResponse(ref f)) if !f.file_descriptor_proto.is_empty()),
+        "reflection v1alpha must describe presence.v1.Presence: {answer:?}"
+    );
+
+    // An open Watch is ended with a retryable status, and the process exits 0.
+    let mut viewer = PresenceClient::connect(daemon.url()).await.unwrap();
+    let mut stream = viewer.watch(pb::WatchRequest { user_ids: vec!["u1".into()] }).await.unwrap().into_inner();
+    stream.message().await.unwrap().expect("the opening snapshot");
+    daemon.terminate();
+    let ended = tokio::time::timeout(PATIENCE, stream.message()).await.expect("the watch ends on shutdown");
+    match ended {
+        Err(status) => assert_eq!(status.code(), Code::Unavailable, "{status:?}"),
+        Ok(item) => panic!("expected UNAVAILABLE, got {item:?}"),
+    }
+    let status = daemon.wait_exit();
+    assert!(status.success(), "graceful shutdown exits 0, got {status:?}");
+}
+
+#[tokio::test]
+async fn ttl_bounds_come_from_flags_and_from_the_environment() {
+    let daemon =
+        Daemon::start(&["--min-ttl-ms", "2000", "--default-ttl-ms", "3000"], &[("PRESENCED_MAX_TTL_MS", "5000")]);
+    let mut client = PresenceClient::connect(daemon.url()).await.unwrap();
+    for (ttl, accepted) in [(1_999, false), (2_000, true), (5_000, true), (5_001, false)] {
+        let result = client.register(register("u1", "s1", "gw", ttl)).await;
+        assert_eq!(result.is_ok(), accepted, "ttl {ttl}: {result:?}");
+        if let Err(status) = result {
+            assert_eq!(status.code(), Code::InvalidArgument);
+            assert!(status.message().contains("ttl_ms"));
+        }
+    }
+}
+
+#[test]
+fn a_taken_address_is_refused_in_one_line() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, stderr) = run_to_exit(&["serve", "--listen", &addr]);
+    assert_ne!(code, Some(0));
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(stderr.contains("cannot listen on") && stderr.contains(&addr), "{stderr:?}");
+}
+
+#[test]
+fn an_invalid_configuration_is_refused_in_one_line() {
+    for args in [
+        &["serve", "--min-ttl-ms", "0"][..],
+        &["serve", "--min-ttl-ms", "50000", "--default-ttl-ms", "45000"],
+        &["serve", "--shards", "6"],
+        &["serve", "--config", "/nonexistent/presenced.toml"],
+    ] {
+        let (code, stderr) = run_to_exit(args);
+        assert_ne!(code, Some(0), "{args:?}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: one line: {stderr:?}");
+        assert!(stderr.starts_with("presenced: "), "{stderr:?}");
+    }
+}

@@ -1,0 +1,206 @@
+//! A presenced server on `127.0.0.1:0` inside the test process, and the
+//! viewer-side bookkeeping the tests check streams with.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use presence_core::StoreConfig;
+use presence_proto::v1::presence_client::PresenceClient;
+use presence_proto::v1::{self as pb, watch_event};
+use presence_server::ServerConfig;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// How long any awaited condition may take before the test fails.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A running server and a way to stop it.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), presence_server::ServeError>>>,
+}
+
+/// Short TTLs, so that expiry tests take a fraction of a second.
+pub fn fast_config() -> ServerConfig {
+    ServerConfig {
+        store: StoreConfig { shards: 8, min_ttl_ms: 20, default_ttl_ms: 300, max_ttl_ms: 60_000 },
+        shutdown_grace: Duration::from_millis(500),
+        ..ServerConfig::default()
+    }
+}
+
+impl TestServer {
+    pub async fn start(config: ServerConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a free port");
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(presence_server::serve(listener, config, async {
+            let _ = stopped.await;
+        }));
+        TestServer { addr, stop: Some(stop), task: Some(task) }
+    }
+
+    pub async fn client(&self) -> PresenceClient<Channel> {
+        PresenceClient::connect(format!("http://{}", self.addr)).await.expect("connect to the test server")
+    }
+
+    /// Stops the server gracefully and waits for it to return.
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let served = tokio::time::timeout(PATIENCE, self.task.take().unwrap()).await;
+        served.expect("server stops within the patience").expect("server task").expect("server returns Ok");
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub fn register(user: &str, session: &str, gateway: &str, ttl_ms: u32) -> pb::RegisterRequest {
+    pb::RegisterRequest {
+        user_id: user.into(),
+        session_id: session.into(),
+        gateway_id: gateway.into(),
+        ttl_ms,
+        metadata: Default::default(),
+    }
+}
+
+pub fn renew(user: &str, session: &str, generation: u64, ttl_ms: u32) -> pb::RenewRequest {
+    pb::RenewRequest { user_id: user.into(), session_id: session.into(), generation, ttl_ms }
+}
+
+pub fn unregister(user: &str, session: &str, generation: u64, linger_ms: u32) -> pb::UnregisterRequest {
+    pb::UnregisterRequest { user_id: user.into(), session_id: session.into(), generation, linger_ms }
+}
+
+pub fn state_of(presence: &pb::UserPresence) -> pb::State {
+    pb::State::try_from(presence.state).expect("a known state")
+}
+
+pub async fn snapshot(client: &mut PresenceClient<Channel>, users: &[&str]) -> Vec<pb::UserPresence> {
+    let request = pb::SnapshotRequest { user_ids: users.iter().map(|u| u.to_string()).collect() };
+    client.snapshot(request).await.expect("snapshot").into_inner().users
+}
+
+/// A viewer: a Watch stream and what it has shown, applied the way a careful
+/// client would, but checking instead of discarding: every update must be
+/// newer than what the viewer holds (E3).
+pub struct Viewer {
+    stream: tonic::Streaming<pb::WatchEvent>,
+    /// user -> (state, version) as shown.
+    pub held: HashMap<String, (pb::State, u64)>,
+    /// Every update received, in order.
+    pub updates: Vec<pb::UserPresence>,
+    pub resyncs: usize,
+}
+
+impl Viewer {
+    pub async fn open(client: &mut PresenceClient<Channel>, users: &[&str]) -> Viewer {
+        let request = pb::WatchRequest { user_ids: users.iter().map(|u| u.to_string()).collect() };
+        let stream = client.watch(request).await.expect("open watch").into_inner();
+        let mut viewer = Viewer { stream, held: HashMap::new(), updates: Vec::new(), resyncs: 0 };
+        match viewer.next_event().await {
+            watch_event::Event::Snapshot(snapshot) => viewer.apply_snapshot(snapshot),
+            other => panic!("a watch must open with a snapshot, got {other:?}"),
+        }
+        viewer
+    }
+
+    fn apply_snapshot(&mut self, snapshot: pb::Snapshot) {
+        self.held = snapshot.users.iter().map(|p| (p.user_id.clone(), (state_of(p), p.version))).collect();
+    }
+
+    async fn next_event(&mut self) -> watch_event::Event {
+        let item = tokio::time::timeout(PATIENCE, self.stream.message())
+            .await
+            .expect("a watch event within the patience")
+            .expect("the stream is healthy")
+            .expect("the stream is open");
+        item.event.expect("an event")
+    }
+
+    /// Receives one item and applies it, asserting E3 on updates.
+    pub async fn step(&mut self) -> Option<pb::UserPresence> {
+        match self.next_event().await {
+            watch_event::Event::Snapshot(snapshot) => {
+                self.resyncs += 1;
+                self.apply_snapshot(snapshot);
+                None
+            }
+            watch_event::Event::Update(update) => {
+                let held = self.held.get(&update.user_id).map_or(0, |(_, version)| *version);
+                assert!(
+                    update.version > held,
+                    "stale or duplicate update for {}: version {} but the viewer holds {held}",
+                    update.user_id,
+                    update.version
+                );
+                self.held.insert(update.user_id.clone(), (state_of(&update), update.version));
+                self.updates.push(update.clone());
+                Some(update)
+            }
+        }
+    }
+
+    /// Receives until an update for `user` arrives; returns it.
+    pub async fn until_update_of(&mut self, user: &str) -> pb::UserPresence {
+        loop {
+            if let Some(update) = self.step().await
+                && update.user_id == user
+            {
+                return update;
+            }
+        }
+    }
+
+    /// Receives until an update puts `user` in `state`; returns it.
+    pub async fn until_state(&mut self, user: &str, state: pb::State) -> pb::UserPresence {
+        loop {
+            let update = self.until_update_of(user).await;
+            if state_of(&update) == state {
+                return update;
+            }
+        }
+    }
+
+    /// Receives until the viewer's view equals `expected`.
+    pub async fn until_equal(&mut self, expected: &[pb::UserPresence]) {
+        let want: HashMap<String, (pb::State, u64)> =
+            expected.iter().map(|p| (p.user_id.clone(), (state_of(p), p.version))).collect();
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while self.held != want {
+            assert!(tokio::time::Instant::now() < deadline, "viewer never caught up: {:?} != {want:?}", self.held);
+            self.step().await;
+        }
+    }
+
+    /// The updates received for one user.
+    pub fn updates_of(&self, user: &str) -> Vec<(pb::State, u64)> {
+        self.updates.iter().filter(|u| u.user_id == user).map(|u| (state_of(u), u.version)).collect()
+    }
+
+    /// Flips `sentinel` (which this viewer watches) and receives until its
+    /// change arrives. A viewer gets changes in publication order, so after
+    /// this returns it has received every change published before the call.
+    pub async fn barrier(&mut self, client: &mut PresenceClient<Channel>, sentinel: &str) {
+        let registered = client.register(register(sentinel, "barrier", "gw-test", 0)).await.unwrap().into_inner();
+        let generation = registered.generation;
+        let flipped_online = registered.changed;
+        let unregistered = client.unregister(unregister(sentinel, "barrier", generation, 0)).await.unwrap();
+        assert!(unregistered.into_inner().changed, "the barrier sentinel must have been offline and alone");
+        assert!(flipped_online, "the barrier sentinel must have been offline");
+        // Its OFFLINE is the last change published by this call.
+        self.until_state(sentinel, pb::State::Offline).await;
+    }
+}
