@@ -28,6 +28,10 @@ pub(crate) struct ServeArgs {
     /// The longest lease TTL a request may ask for. [default: 3600000]
     #[arg(long, env = "PRESENCED_MAX_TTL_MS", value_name = "MS")]
     max_ttl_ms: Option<u32>,
+    /// Renewals of a lease closer together than this (at most half its TTL) are
+    /// acknowledged without a write; 0 turns the throttle off. [default: 7500]
+    #[arg(long, env = "PRESENCED_MIN_RENEW_INTERVAL_MS", value_name = "MS")]
+    min_renew_interval_ms: Option<u32>,
     /// Lease store shards, a power of two. [default: 64]
     #[arg(long, env = "PRESENCED_SHARDS", value_name = "N")]
     shards: Option<usize>,
@@ -37,6 +41,18 @@ pub(crate) struct ServeArgs {
     /// How long a shutdown waits for open requests and connections. [default: 5000]
     #[arg(long, env = "PRESENCED_SHUTDOWN_GRACE_MS", value_name = "MS")]
     shutdown_grace_ms: Option<u64>,
+    /// The Prometheus endpoint (`GET /metrics`); none unless set.
+    #[arg(long, env = "PRESENCED_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// Users with undelivered changes a viewer may have before it is resynced. [default: 4096]
+    #[arg(long, env = "PRESENCED_WATCH_BUFFER", value_name = "N")]
+    watch_buffer: Option<usize>,
+    /// Lease batches that may wait for a worker before renewals are shed. [default: 256]
+    #[arg(long, env = "PRESENCED_LEASE_QUEUE", value_name = "N")]
+    lease_queue: Option<usize>,
+    /// Tasks applying lease batches. [default: the number of CPUs]
+    #[arg(long, env = "PRESENCED_LEASE_WORKERS", value_name = "N")]
+    lease_workers: Option<usize>,
 }
 
 /// The same settings, as read from the `--config` file.
@@ -47,15 +63,21 @@ struct FileSettings {
     min_ttl_ms: Option<u32>,
     default_ttl_ms: Option<u32>,
     max_ttl_ms: Option<u32>,
+    min_renew_interval_ms: Option<u32>,
     shards: Option<usize>,
     expiry_batch: Option<usize>,
     shutdown_grace_ms: Option<u64>,
+    metrics_listen: Option<SocketAddr>,
+    watch_buffer: Option<usize>,
+    lease_queue: Option<usize>,
+    lease_workers: Option<usize>,
 }
 
 /// Everything `serve` needs, resolved.
 #[derive(Debug)]
 pub(crate) struct Settings {
     pub(crate) listen: SocketAddr,
+    pub(crate) metrics_listen: Option<SocketAddr>,
     pub(crate) server: ServerConfig,
 }
 
@@ -90,18 +112,34 @@ impl ServeArgs {
             min_ttl_ms: self.min_ttl_ms.or(file.min_ttl_ms).unwrap_or(store_defaults.min_ttl_ms),
             default_ttl_ms: self.default_ttl_ms.or(file.default_ttl_ms).unwrap_or(store_defaults.default_ttl_ms),
             max_ttl_ms: self.max_ttl_ms.or(file.max_ttl_ms).unwrap_or(store_defaults.max_ttl_ms),
+            min_renew_interval_ms: self
+                .min_renew_interval_ms
+                .or(file.min_renew_interval_ms)
+                .unwrap_or(store_defaults.min_renew_interval_ms),
         };
         store.validate().map_err(|err| SettingsError::Invalid(err.to_string()))?;
-        let expiry_batch = self.expiry_batch.or(file.expiry_batch).unwrap_or(server_defaults.expiry_batch);
-        if expiry_batch == 0 {
-            return Err(SettingsError::Invalid("expiry-batch must be at least 1".into()));
-        }
+        let at_least_one = |name: &str, value: Option<usize>, default: usize| match value.unwrap_or(default) {
+            0 => Err(SettingsError::Invalid(format!("{name} must be at least 1"))),
+            value => Ok(value),
+        };
+        let expiry_batch =
+            at_least_one("expiry-batch", self.expiry_batch.or(file.expiry_batch), server_defaults.expiry_batch)?;
+        let watch_buffer =
+            at_least_one("watch-buffer", self.watch_buffer.or(file.watch_buffer), server_defaults.watch_buffer)?;
+        let lease_queue =
+            at_least_one("lease-queue", self.lease_queue.or(file.lease_queue), server_defaults.lease_queue)?;
+        let lease_workers =
+            at_least_one("lease-workers", self.lease_workers.or(file.lease_workers), server_defaults.lease_workers)?;
         let listen = self.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 50051)));
         let shutdown_grace = self
             .shutdown_grace_ms
             .or(file.shutdown_grace_ms)
             .map_or(server_defaults.shutdown_grace, std::time::Duration::from_millis);
-        Ok(Settings { listen, server: ServerConfig { store, expiry_batch, shutdown_grace } })
+        Ok(Settings {
+            listen,
+            metrics_listen: self.metrics_listen.or(file.metrics_listen),
+            server: ServerConfig { store, expiry_batch, shutdown_grace, watch_buffer, lease_queue, lease_workers },
+        })
     }
 }
 

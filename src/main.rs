@@ -55,6 +55,9 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
         .build()
         .map_err(|err| format!("cannot start the runtime: {err}"))?;
     runtime.block_on(async {
+        if let Some(addr) = settings.metrics_listen {
+            install_metrics_exporter(addr)?;
+        }
         let listener = TcpListener::bind(settings.listen)
             .await
             .map_err(|err| format!("cannot listen on {}: {err}", settings.listen))?;
@@ -65,6 +68,28 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
         drop(stdout);
         presence_server::serve(listener, settings.server, shutdown_signal()).await.map_err(|err| err.to_string())
     })
+}
+
+/// Serves Prometheus metrics on `addr` and makes the server's metrics go there.
+fn install_metrics_exporter(addr: std::net::SocketAddr) -> Result<(), String> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use presence_server::metrics::{LATENCY_BUCKETS, names};
+    let cannot = |err: &dyn std::fmt::Display| format!("cannot serve metrics on {addr}: {err}");
+    let mut builder = PrometheusBuilder::new().with_http_listener(addr);
+    for histogram in [names::RENEWAL_SECONDS, names::EXPIRY_LAG_SECONDS] {
+        builder = builder
+            .set_buckets_for_metric(Matcher::Full(histogram.to_owned()), LATENCY_BUCKETS)
+            .map_err(|err| cannot(&err))?;
+    }
+    let (recorder, exporter) = builder.build().map_err(|err| cannot(&err))?;
+    metrics::set_global_recorder(recorder).map_err(|err| cannot(&err))?;
+    tokio::spawn(async move {
+        if let Err(err) = exporter.await {
+            tracing::error!(?err, "the metrics endpoint stopped");
+        }
+    });
+    tracing::info!(%addr, "serving metrics");
+    Ok(())
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -178,3 +178,57 @@ fn an_invalid_configuration_is_refused_in_one_line() {
         assert!(stderr.starts_with("presenced: "), "{stderr:?}");
     }
 }
+
+/// A free loopback port for a listener that cannot be told to pick one itself.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `GET /metrics` over plain HTTP/1.1.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// The value of one sample line, `name{labels} value`.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn o1_metrics_are_served_on_the_metrics_address() {
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let daemon = Daemon::start(&["--metrics-listen", &metrics_addr, "--min-ttl-ms", "50"], &[]);
+    let mut client = PresenceClient::connect(daemon.url()).await.unwrap();
+    let mut viewer = Viewer::open(&mut client, &["u1", "u2"]).await;
+    let u1 = client.register(register("u1", "s1", "gw", 0)).await.unwrap().into_inner();
+    client.register(register("u1", "s1", "gw", 0)).await.unwrap(); // a reconnect
+    client.renew(renew("u1", "s1", u1.generation, 0)).await.unwrap_err(); // stale after the reconnect
+    client.register(register("u2", "s1", "gw", 50)).await.unwrap(); // expires in 50 ms
+    viewer.until_state("u2", pb::State::Offline).await;
+
+    // Store counts are exported once a second: wait for them rather than for a fixed time.
+    let deadline = Instant::now() + PATIENCE;
+    let metrics = loop {
+        let metrics = scrape(&metrics_addr);
+        if sample(&metrics, "presenced_sessions ") == Some(1.0) {
+            break metrics;
+        }
+        assert!(Instant::now() < deadline, "presenced_sessions never reached 1:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(sample(&metrics, "presenced_online_users "), Some(1.0));
+    assert_eq!(sample(&metrics, "presenced_reconnects_total "), Some(1.0));
+    assert_eq!(sample(&metrics, "presenced_renewals_total{result=\"stale_generation\"} "), Some(1.0));
+    assert_eq!(sample(&metrics, "presenced_expiries_total "), Some(1.0));
+    assert_eq!(sample(&metrics, "presenced_flips_total{state=\"online\"} "), Some(2.0));
+    assert_eq!(sample(&metrics, "presenced_expiry_lag_seconds_count "), Some(1.0));
+    assert_eq!(sample(&metrics, "presenced_viewers "), Some(1.0));
+    assert!(sample(&metrics, "presenced_events_fanned_out_total ").is_some_and(|n| n >= 3.0), "{metrics}");
+    assert!(metrics.contains("presenced_shard_operations{shard=\"0\"}"), "{metrics}");
+    assert!(metrics.contains("presenced_expiry_lag_seconds_bucket{le=\"0.05\"}"), "{metrics}");
+}

@@ -29,7 +29,13 @@ pub struct TestServer {
 /// Short TTLs, so that expiry tests take a fraction of a second.
 pub fn fast_config() -> ServerConfig {
     ServerConfig {
-        store: StoreConfig { shards: 8, min_ttl_ms: 20, default_ttl_ms: 300, max_ttl_ms: 60_000 },
+        store: StoreConfig {
+            shards: 8,
+            min_ttl_ms: 20,
+            default_ttl_ms: 300,
+            max_ttl_ms: 60_000,
+            min_renew_interval_ms: 0,
+        },
         shutdown_grace: Duration::from_millis(500),
         ..ServerConfig::default()
     }

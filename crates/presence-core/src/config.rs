@@ -14,12 +14,23 @@ pub struct StoreConfig {
     pub default_ttl_ms: u32,
     /// The longest TTL a request may ask for.
     pub max_ttl_ms: u32,
+    /// Renewals of one lease closer together than this (capped at half the
+    /// requested TTL) are acknowledged without a store write (L7); 0 turns the
+    /// throttle off.
+    pub min_renew_interval_ms: u32,
 }
 
 impl Default for StoreConfig {
     /// Heartbeats every 15 s against a 45 s TTL tolerate two lost beats (L5).
     fn default() -> Self {
-        StoreConfig { shards: 64, min_ttl_ms: 1_000, default_ttl_ms: 45_000, max_ttl_ms: 3_600_000 }
+        StoreConfig {
+            shards: 64,
+            min_ttl_ms: 1_000,
+            default_ttl_ms: 45_000,
+            max_ttl_ms: 3_600_000,
+            // Half the heartbeat interval, as gateways commonly throttle (seed 000).
+            min_renew_interval_ms: 7_500,
+        }
     }
 }
 

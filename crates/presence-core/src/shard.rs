@@ -110,13 +110,17 @@ pub(crate) struct Shard {
     sessions: usize,
     /// Users online.
     online: usize,
+    /// Operations applied, for per-shard load metrics.
+    operations: u64,
+    /// Renewals closer together than this are acknowledged without a write (L7).
+    min_renew_interval_ms: u32,
     /// The earliest timer scheduled since the store last asked, so the store
     /// can wake the expiry driver when a new deadline is earlier than its alarm.
     earliest_new_timer: Option<Tick>,
 }
 
 impl Shard {
-    pub(crate) fn new(now: Tick) -> Self {
+    pub(crate) fn new(now: Tick, min_renew_interval_ms: u32) -> Self {
         Shard {
             now,
             users: Vec::new(),
@@ -127,6 +131,8 @@ impl Shard {
             gateways: GatewayInterner::default(),
             sessions: 0,
             online: 0,
+            operations: 0,
+            min_renew_interval_ms,
             earliest_new_timer: None,
         }
     }
@@ -214,13 +220,20 @@ impl Shard {
             // that lost it): there is no lease with that generation.
             return Err(not_found());
         }
+        // L7: a renewal soon after the previous write carries no news, so it is
+        // acknowledged without one. The window is capped at half the TTL, so a
+        // throttled lease always has at least half its TTL left.
+        let throttle_window = u64::from(self.min_renew_interval_ms.min(ttl_ms / 2));
+        if now < lease.last_heartbeat_at + throttle_window {
+            return Ok(Renewed { expires_at: lease.expires_at, throttled: true });
+        }
         let expires_at = now + u64::from(ttl_ms);
         lease.expires_at = expires_at;
         lease.last_heartbeat_at = now;
         // Only a renewal with a shorter TTL than the time left can move the
         // earliest deadline earlier; usually this is a comparison and nothing more.
         self.schedule_no_later_than(slot, expires_at);
-        Ok(Renewed { expires_at })
+        Ok(Renewed { expires_at, throttled: false })
     }
 
     pub(crate) fn unregister(
@@ -364,11 +377,17 @@ impl Shard {
         self.online
     }
 
+    pub(crate) fn operations(&self) -> u64 {
+        self.operations
+    }
+
     pub(crate) fn users(&self) -> usize {
         self.users.len()
     }
 
+    /// Moves the shard's time forward to `now` (never back) and counts the operation.
     fn advance(&mut self, now: Tick) -> Tick {
+        self.operations += 1;
         self.now = self.now.max(now);
         self.now
     }

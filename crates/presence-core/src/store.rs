@@ -48,7 +48,7 @@ impl Store {
     /// A store with no leases whose clock starts at `now`.
     pub fn new(config: StoreConfig, now: Tick) -> Result<Self, ConfigError> {
         config.validate()?;
-        let shards = (0..config.shards).map(|_| Mutex::new(Shard::new(now))).collect();
+        let shards = (0..config.shards).map(|_| Mutex::new(Shard::new(now, config.min_renew_interval_ms))).collect();
         Ok(Store {
             config,
             shards,
@@ -84,7 +84,9 @@ impl Store {
         Ok(self.with_shard(registration.user_id, |shard| shard.register(now, registration, ttl_ms, changes)))
     }
 
-    /// Extends a live lease held at the current generation (L2).
+    /// Extends a live lease held at the current generation (L2), or, within the
+    /// minimum renewal interval of the previous write, acknowledges it without
+    /// a write (L7).
     pub fn renew(
         &self,
         now: Tick,
@@ -192,6 +194,11 @@ impl Store {
             stats.users += shard.users();
         }
         stats
+    }
+
+    /// Operations applied to each shard since the start, in shard order.
+    pub fn shard_operations(&self) -> Vec<u64> {
+        self.shards.iter().map(|shard| shard.lock().operations()).collect()
     }
 
     /// Which shard a user lives in.

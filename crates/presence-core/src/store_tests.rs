@@ -29,7 +29,8 @@ fn store() -> Store {
 
 /// Small TTLs (10/50/200 ms) and 4 shards, so that users share shards.
 fn small_store() -> Store {
-    let config = StoreConfig { shards: 4, min_ttl_ms: 10, default_ttl_ms: 50, max_ttl_ms: 200 };
+    let config =
+        StoreConfig { shards: 4, min_ttl_ms: 10, default_ttl_ms: 50, max_ttl_ms: 200, min_renew_interval_ms: 0 };
     Store::new(config, T0).expect("valid config")
 }
 
@@ -1339,4 +1340,55 @@ fn stats_count_sessions_online_users_and_known_users() {
     assert_eq!(store.stats().users, 3, "requests about unknown users create no records");
     drain(&store, T0 + 100, 1);
     assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 3 });
+}
+
+/// L7: renewals within the minimum interval are acknowledged without a write.
+#[test]
+fn l7_renewals_within_the_minimum_interval_are_acknowledged_without_a_write() {
+    let config = StoreConfig { min_renew_interval_ms: 5_000, ..StoreConfig::default() };
+    let store = Store::new(config, T0).unwrap();
+    let mut changes = Vec::new();
+    let lease = register(&store, T0, reg("u42", "phone", "gw-a", 45_000), &mut changes);
+
+    // A chatty client renews every second: only one renewal per 5 s reaches the lease.
+    for second in 1..5 {
+        let renewed = store.renew(sec(second), "u42", "phone", lease.generation, 45_000, &mut changes).unwrap();
+        assert!(renewed.throttled, "renewal at {second} s");
+        assert_eq!(renewed.expires_at, sec(45), "a throttled renewal leaves the deadline where the write put it");
+        assert_eq!(leases(&store, sec(second), "u42")[0].last_heartbeat_at, T0);
+    }
+    let written = store.renew(sec(5), "u42", "phone", lease.generation, 45_000, &mut changes).unwrap();
+    assert!(!written.throttled);
+    assert_eq!(written.expires_at, sec(50));
+    assert_eq!(leases(&store, sec(5), "u42")[0].last_heartbeat_at, sec(5));
+    let again = store.renew(sec(6), "u42", "phone", lease.generation, 45_000, &mut changes).unwrap();
+    assert!(again.throttled);
+    assert_eq!(again.expires_at, sec(50));
+
+    // The throttle never hides a rejection: a stale or unknown lease is refused as ever.
+    let stale = store.renew(sec(6), "u42", "phone", lease.generation - 1, 45_000, &mut changes);
+    assert!(matches!(stale, Err(LeaseError::StaleGeneration { .. })), "{stale:?}");
+    assert!(changes.iter().all(|change| change.presence.state == State::Online));
+}
+
+/// L7: the throttle window is capped at half the TTL, so a short-TTL lease is never starved.
+#[test]
+fn l7_the_throttle_window_is_at_most_half_the_ttl() {
+    let config = StoreConfig { min_renew_interval_ms: 5_000, min_ttl_ms: 100, ..StoreConfig::default() };
+    let store = Store::new(config, T0).unwrap();
+    let mut changes = Vec::new();
+    let lease = register(&store, T0, reg("u42", "phone", "gw-a", 300), &mut changes);
+    let soon = store.renew(T0 + 149, "u42", "phone", lease.generation, 300, &mut changes).unwrap();
+    assert!(soon.throttled);
+    let half = store.renew(T0 + 150, "u42", "phone", lease.generation, 300, &mut changes).unwrap();
+    assert!(!half.throttled);
+    assert_eq!(half.expires_at, T0 + 450);
+    // Heartbeats every 100 ms against a 300 ms TTL keep the user online indefinitely.
+    let mut now = T0 + 150;
+    for _ in 0..50 {
+        now += 100;
+        store.renew(now, "u42", "phone", lease.generation, 300, &mut changes).unwrap();
+        assert_eq!(presence(&store, now, "u42").state, State::Online);
+    }
+    assert_eq!(changes.len(), 1, "only the first ONLINE: {changes:?}");
 }

@@ -80,8 +80,12 @@ pub struct Registered {
 /// The result of an accepted renewal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Renewed {
-    /// The lease's new deadline.
+    /// The lease's deadline after the renewal.
     pub expires_at: Tick,
+    /// The renewal came within the minimum renewal interval of the previous
+    /// write (L7): it was acknowledged without a store write, and `expires_at`
+    /// is the deadline the previous write set.
+    pub throttled: bool,
 }
 
 /// What an unregister did (contract L3). Only `Removed` and `Lingering` change anything.

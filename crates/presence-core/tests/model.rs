@@ -36,7 +36,13 @@ const DEFAULT_TTL: u32 = 50;
 const MAX_TTL: u32 = 200;
 
 fn config() -> StoreConfig {
-    StoreConfig { shards: 4, min_ttl_ms: MIN_TTL, default_ttl_ms: DEFAULT_TTL, max_ttl_ms: MAX_TTL }
+    StoreConfig {
+        shards: 4,
+        min_ttl_ms: MIN_TTL,
+        default_ttl_ms: DEFAULT_TTL,
+        max_ttl_ms: MAX_TTL,
+        min_renew_interval_ms: 0,
+    }
 }
 
 fn metadata(with: bool) -> Vec<(String, String)> {

@@ -6,29 +6,18 @@
 
 use std::sync::Arc;
 
-use presence_core::Store;
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
-use crate::clock::StoreClock;
-use crate::hub::Hub;
+use crate::context::Context;
 
-/// Runs until `shutdown` is cancelled.
-pub(crate) async fn run(
-    store: Arc<Store>,
-    hub: Arc<Hub>,
-    clock: StoreClock,
-    wake: Arc<Notify>,
-    batch: usize,
-    shutdown: CancellationToken,
-) {
+/// Runs until the server stops.
+pub(crate) async fn run(context: Arc<Context>, wake: Arc<Notify>, batch: usize) {
+    let store = &context.store;
     let mut changes = Vec::new();
     loop {
-        let more = store.expire(clock.now(), batch, &mut changes);
-        hub.publish_all(&changes);
-        for change in changes.drain(..) {
-            tracing::debug!(user_id = %change.user_id, version = change.presence.version, "lease expiry flipped user offline");
-        }
+        let more = store.expire(context.clock.now(), batch, &mut changes);
+        context.publish(&changes);
+        changes.clear();
         if more {
             // Let request handlers at the shards between two batches of a mass expiry.
             tokio::task::yield_now().await;
@@ -40,14 +29,14 @@ pub(crate) async fn run(
         store.set_alarm(next.unwrap_or(u64::MAX));
         let sleep = async {
             match next {
-                Some(tick) => tokio::time::sleep_until(clock.instant_at(tick).into()).await,
+                Some(tick) => tokio::time::sleep_until(context.clock.instant_at(tick).into()).await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
             () = sleep => {}
             () = wake.notified() => {}
-            () = shutdown.cancelled() => return,
+            () = context.stopping.cancelled() => return,
         }
     }
 }

@@ -4,8 +4,11 @@
 //! and each topic lists the mailboxes of the viewers that watch the user. A
 //! publisher (a request handler or the expiry driver) drops a change into each
 //! mailbox and moves on: it never waits for a viewer (E4). A mailbox holds at
-//! most one pending change per user, the newest, so its size is bounded by the
-//! number of users its viewer watches, however slow the viewer is.
+//! most one pending change per user, the newest, and at most `capacity` users:
+//! when a viewer falls so far behind that more users than that have changed,
+//! the mailbox drops what it holds and marks the viewer for a resync, a fresh
+//! snapshot that replaces everything it shows. A slow viewer therefore costs a
+//! bounded amount of memory and never a silent gap.
 //!
 //! Topics appear with their first subscriber and disappear with their last:
 //! a [`Subscription`] unsubscribes in `Drop`, so a viewer that goes away for
@@ -34,30 +37,63 @@ pub struct Hub {
 #[derive(Debug)]
 pub struct Mailbox {
     id: u64,
-    /// The newest undelivered change of each user.
-    pending: Mutex<IndexMap<CompactString, Presence>>,
+    pending: Mutex<Pending>,
+    /// Most users `pending` may hold before the viewer is resynced instead.
+    capacity: usize,
     /// Wakes the viewer's stream; a permit is kept when it is not waiting, so no change is missed.
     ready: Notify,
 }
 
+#[derive(Debug, Default)]
+struct Pending {
+    /// The newest undelivered change of each user.
+    changes: IndexMap<CompactString, Presence>,
+    /// The viewer fell too far behind: it gets a fresh snapshot instead of `changes`.
+    resync: bool,
+}
+
+/// What a viewer's stream takes from its mailbox.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// Changes to send, oldest first.
+    Changes(IndexMap<CompactString, Presence>),
+    /// Too much was missed: send a fresh snapshot of every watched user.
+    Resync,
+}
+
 impl Mailbox {
-    fn post(&self, user_id: &CompactString, presence: Presence) {
+    /// Returns whether the change was kept (false when conflated away or covered by a resync).
+    fn post(&self, user_id: &CompactString, presence: Presence) -> bool {
         {
             let mut pending = self.pending.lock();
-            match pending.get_mut(user_id) {
-                Some(held) if held.version >= presence.version => return,
+            if pending.resync {
+                return false; // the coming snapshot will show it
+            }
+            let full = pending.changes.len() >= self.capacity;
+            match pending.changes.get_mut(user_id) {
+                Some(held) if held.version >= presence.version => return false,
                 Some(held) => *held = presence,
+                None if full => {
+                    pending.changes = IndexMap::new();
+                    pending.resync = true;
+                }
                 None => {
-                    pending.insert(user_id.clone(), presence);
+                    pending.changes.insert(user_id.clone(), presence);
                 }
             }
         }
         self.ready.notify_one();
+        true
     }
 
-    /// Takes every pending change.
-    pub fn take(&self) -> IndexMap<CompactString, Presence> {
-        std::mem::take(&mut *self.pending.lock())
+    /// Takes what is pending.
+    pub fn take(&self) -> Delivery {
+        let mut pending = self.pending.lock();
+        if std::mem::take(&mut pending.resync) {
+            Delivery::Resync
+        } else {
+            Delivery::Changes(std::mem::take(&mut pending.changes))
+        }
     }
 
     /// Completes when changes may be pending.
@@ -67,13 +103,18 @@ impl Mailbox {
 }
 
 impl Hub {
-    /// Subscribes a new mailbox to `user_ids` (repeats are ignored, the order of
-    /// first mention kept). Changes
-    /// published from now on reach it; the subscription ends when dropped.
-    pub fn subscribe(self: &Arc<Self>, user_ids: impl IntoIterator<Item = CompactString>) -> Subscription {
+    /// Subscribes a new mailbox of `capacity` users to `user_ids` (repeats are
+    /// ignored, the order of first mention kept). Changes published from now on
+    /// reach it; the subscription ends when dropped.
+    pub fn subscribe(
+        self: &Arc<Self>,
+        user_ids: impl IntoIterator<Item = CompactString>,
+        capacity: usize,
+    ) -> Subscription {
         let mailbox = Arc::new(Mailbox {
             id: self.next_mailbox_id.fetch_add(1, Ordering::Relaxed),
-            pending: Mutex::new(IndexMap::new()),
+            pending: Mutex::new(Pending::default()),
+            capacity: capacity.max(1),
             ready: Notify::new(),
         });
         let mut seen = hashbrown::HashSet::new();
@@ -84,19 +125,14 @@ impl Hub {
         Subscription { hub: Arc::clone(self), mailbox, users }
     }
 
-    /// Delivers a change to every mailbox subscribed to its user.
-    pub fn publish(&self, change: &PresenceChange) {
-        if let Some(mailboxes) = self.topics.get(&change.user_id) {
-            for mailbox in mailboxes.iter() {
-                mailbox.post(&change.user_id, change.presence);
+    /// Delivers a change to every mailbox subscribed to its user; returns how
+    /// many took it.
+    pub fn publish(&self, change: &PresenceChange) -> usize {
+        match self.topics.get(&change.user_id) {
+            Some(mailboxes) => {
+                mailboxes.iter().filter(|mailbox| mailbox.post(&change.user_id, change.presence)).count()
             }
-        }
-    }
-
-    /// Publishes changes in order.
-    pub fn publish_all<'a>(&self, changes: impl IntoIterator<Item = &'a PresenceChange>) {
-        for change in changes {
-            self.publish(change);
+            None => 0,
         }
     }
 
@@ -149,6 +185,13 @@ mod tests {
     use super::*;
     use presence_core::State;
 
+    fn changes(viewer: &Subscription) -> IndexMap<CompactString, Presence> {
+        match viewer.mailbox().take() {
+            Delivery::Changes(changes) => changes,
+            Delivery::Resync => panic!("unexpected resync"),
+        }
+    }
+
     fn change(user: &str, state: State, version: u64) -> PresenceChange {
         PresenceChange { user_id: user.into(), presence: Presence { state, version }, at: 0, deadline: None }
     }
@@ -156,11 +199,12 @@ mod tests {
     #[test]
     fn e5_one_topic_per_watched_user_whatever_the_number_of_viewers() {
         let hub = Arc::new(Hub::default());
-        let viewers: Vec<_> = (0..100).map(|_| hub.subscribe(["alice".into(), "bob".into(), "alice".into()])).collect();
+        let viewers: Vec<_> =
+            (0..100).map(|_| hub.subscribe(["alice".into(), "bob".into(), "alice".into()], 16)).collect();
         assert_eq!(hub.topics(), 2);
-        hub.publish(&change("alice", State::Online, 5));
+        assert_eq!(hub.publish(&change("alice", State::Online, 5)), 100);
         for viewer in &viewers {
-            let pending = viewer.mailbox().take();
+            let pending = changes(viewer);
             assert_eq!(pending.len(), 1);
             assert_eq!(pending["alice"], Presence { state: State::Online, version: 5 });
         }
@@ -171,33 +215,49 @@ mod tests {
     #[test]
     fn e4_pending_changes_conflate_to_the_newest_and_never_go_back() {
         let hub = Arc::new(Hub::default());
-        let viewer = hub.subscribe(["alice".into()]);
+        let viewer = hub.subscribe(["alice".into()], 16);
         hub.publish(&change("alice", State::Online, 5));
         hub.publish(&change("alice", State::Offline, 7));
         // A publisher that lost the race delivers an older change late: it must not win.
         hub.publish(&change("alice", State::Online, 6));
-        let pending = viewer.mailbox().take();
+        let pending = changes(&viewer);
         assert_eq!(pending["alice"], Presence { state: State::Offline, version: 7 });
-        assert!(viewer.mailbox().take().is_empty());
+        assert!(changes(&viewer).is_empty());
     }
 
     #[test]
     fn changes_of_unwatched_users_go_nowhere() {
         let hub = Arc::new(Hub::default());
-        let viewer = hub.subscribe(["alice".into()]);
-        hub.publish(&change("bob", State::Online, 1));
-        assert!(viewer.mailbox().take().is_empty());
+        let viewer = hub.subscribe(["alice".into()], 16);
+        assert_eq!(hub.publish(&change("bob", State::Online, 1)), 0);
+        assert!(changes(&viewer).is_empty());
         assert_eq!(hub.topics(), 1);
     }
 
     #[test]
     fn pending_changes_keep_the_order_their_users_first_changed() {
         let hub = Arc::new(Hub::default());
-        let viewer = hub.subscribe(["a".into(), "b".into(), "c".into()]);
+        let viewer = hub.subscribe(["a".into(), "b".into(), "c".into()], 16);
         for (user, version) in [("c", 1), ("a", 2), ("b", 3), ("c", 4)] {
             hub.publish(&change(user, State::Online, version));
         }
-        let order: Vec<_> = viewer.mailbox().take().into_iter().map(|(user, p)| (user, p.version)).collect();
+        let order: Vec<_> = changes(&viewer).into_iter().map(|(user, p)| (user, p.version)).collect();
         assert_eq!(order, [("c".into(), 4), ("a".into(), 2), ("b".into(), 3)]);
+    }
+
+    #[test]
+    fn e4_a_viewer_too_far_behind_is_resynced_instead_of_buffering_without_bound() {
+        let hub = Arc::new(Hub::default());
+        let users: Vec<CompactString> = (0..10).map(|i| CompactString::from(format!("u{i}"))).collect();
+        let slow = hub.subscribe(users.clone(), 4);
+        let fast = hub.subscribe(users.clone(), 16);
+        for (version, user) in users.iter().enumerate() {
+            hub.publish(&change(user, State::Online, version as u64 + 1));
+        }
+        assert_eq!(slow.mailbox().take(), Delivery::Resync, "more than 4 users changed: the slow viewer resyncs");
+        assert_eq!(changes(&fast).len(), 10, "the other viewer lost nothing");
+        // After the resync the mailbox works as before.
+        hub.publish(&change("u0", State::Offline, 20));
+        assert_eq!(changes(&slow)["u0"].version, 20);
     }
 }

@@ -7,8 +7,12 @@
 //! binary stays a thin layer of configuration and signals.
 
 mod clock;
+mod context;
 mod expiry;
 mod hub;
+mod leases;
+pub mod metrics;
+mod ops;
 mod service;
 mod status;
 mod watch;
@@ -18,6 +22,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use presence_core::{ConfigError, Store, StoreConfig};
+
+use crate::context::Context;
+use crate::leases::LeaseQueue;
+use crate::metrics::Metrics;
 use presence_proto::v1::presence_server::PresenceServer;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -25,7 +33,8 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub use clock::StoreClock;
-pub use hub::{Hub, Mailbox, Subscription};
+pub use hub::{Delivery, Hub, Mailbox, Subscription};
+pub use leases::{LeasesStream, MAX_BATCH_ITEMS};
 pub use service::{MAX_USERS_PER_REQUEST, PresenceService};
 pub use watch::WatchStream;
 
@@ -43,11 +52,25 @@ pub struct ServerConfig {
     /// How long a shutdown waits for in-flight requests and open connections
     /// before closing them anyway.
     pub shutdown_grace: Duration,
+    /// Most distinct users with undelivered changes a viewer may have before it
+    /// is sent a fresh snapshot instead (E4).
+    pub watch_buffer: usize,
+    /// Lease batches that may wait for a worker; beyond it renewals are shed (B2).
+    pub lease_queue: usize,
+    /// Tasks applying lease batches.
+    pub lease_workers: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { store: StoreConfig::default(), expiry_batch: 1_024, shutdown_grace: Duration::from_secs(5) }
+        ServerConfig {
+            store: StoreConfig::default(),
+            expiry_batch: 1_024,
+            shutdown_grace: Duration::from_secs(5),
+            watch_buffer: 4_096,
+            lease_queue: 256,
+            lease_workers: std::thread::available_parallelism().map_or(2, usize::from),
+        }
     }
 }
 
@@ -79,20 +102,22 @@ pub async fn serve(
         let wake = Arc::clone(&expiry_wake);
         move || wake.notify_one()
     }));
-    let hub = Arc::new(Hub::default());
     let stopping = CancellationToken::new();
-
-    let expiry = tokio::spawn(expiry::run(
-        Arc::clone(&store),
-        Arc::clone(&hub),
+    let context = Arc::new(Context {
+        store: Arc::clone(&store),
+        hub: Arc::new(Hub::default()),
         clock,
-        expiry_wake,
-        config.expiry_batch,
-        stopping.clone(),
-    ));
+        metrics: Metrics::new(),
+        watch_buffer: config.watch_buffer,
+        stopping: stopping.clone(),
+    });
 
-    let presence = PresenceServer::new(PresenceService::new(Arc::clone(&store), hub, clock, stopping.clone()))
-        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let expiry = tokio::spawn(expiry::run(Arc::clone(&context), expiry_wake, config.expiry_batch));
+    tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
+    let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
+
+    let presence =
+        PresenceServer::new(PresenceService::new(context, lease_queue)).max_decoding_message_size(MAX_REQUEST_BYTES);
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<PresenceServer<PresenceService>>().await;
     // Both reflection versions describe every service, each other included, so

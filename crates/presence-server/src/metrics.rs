@@ -1,0 +1,177 @@
+//! The service's metrics (O1), through the `metrics` facade.
+//!
+//! Handles are made once, at start, so the hot paths only add to atomics; the
+//! binary decides where they go (a Prometheus endpoint), and without a recorder
+//! they cost next to nothing. Counts the store keeps itself (sessions, online
+//! users, per-shard operations) are copied into gauges once a second rather
+//! than counted on every request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+use presence_core::{PresenceChange, State, Store};
+use tokio_util::sync::CancellationToken;
+
+/// Every metric name, for documentation and for the exporter's bucket settings.
+pub mod names {
+    /// Leases held (gauge).
+    pub const SESSIONS: &str = "presenced_sessions";
+    /// Users ONLINE (gauge).
+    pub const ONLINE_USERS: &str = "presenced_online_users";
+    /// Renewals by `result`: ok, throttled, not_found, stale_generation, invalid, shed (counter).
+    pub const RENEWALS: &str = "presenced_renewals_total";
+    /// Time to apply a renewal, or a Leases batch, in seconds (histogram).
+    pub const RENEWAL_SECONDS: &str = "presenced_renewal_duration_seconds";
+    /// Registers by `result`: ok, invalid, and of those, reconnects (counter).
+    pub const REGISTERS: &str = "presenced_registers_total";
+    /// Registers that replaced a live lease of the same session (counter).
+    pub const RECONNECTS: &str = "presenced_reconnects_total";
+    /// Unregisters by `outcome` (counter).
+    pub const UNREGISTERS: &str = "presenced_unregisters_total";
+    /// Users flipped OFFLINE by lease expiry (counter).
+    pub const EXPIRIES: &str = "presenced_expiries_total";
+    /// From a lease's deadline to the publication of the OFFLINE it caused, in seconds (histogram).
+    pub const EXPIRY_LAG_SECONDS: &str = "presenced_expiry_lag_seconds";
+    /// Flips by `state` (counter).
+    pub const FLIPS: &str = "presenced_flips_total";
+    /// Operations applied to each `shard` (gauge of a running count).
+    pub const SHARD_OPERATIONS: &str = "presenced_shard_operations";
+    /// Lease batches waiting for a worker (gauge).
+    pub const QUEUE_DEPTH: &str = "presenced_lease_queue_depth";
+    /// Renewals shed under overload (counter).
+    pub const SHED: &str = "presenced_renewals_shed_total";
+    /// Changes delivered into viewers' mailboxes (counter).
+    pub const FANNED_OUT: &str = "presenced_events_fanned_out_total";
+    /// Updates sent on Watch streams (counter).
+    pub const WATCH_UPDATES: &str = "presenced_watch_updates_total";
+    /// Open Watch streams (gauge).
+    pub const VIEWERS: &str = "presenced_viewers";
+    /// Resync snapshots sent to viewers that fell behind (counter).
+    pub const RESYNCS: &str = "presenced_resyncs_total";
+}
+
+/// Buckets for the latency histograms, in seconds: 50 µs to 5 s.
+pub const LATENCY_BUCKETS: &[f64] =
+    &[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+
+/// The results a renewal can have, as counted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RenewResult {
+    Ok,
+    Throttled,
+    NotFound,
+    StaleGeneration,
+    Invalid,
+    Shed,
+}
+
+impl RenewResult {
+    /// Every result, in discriminant order.
+    pub(crate) const ALL: [RenewResult; 6] = [
+        RenewResult::Ok,
+        RenewResult::Throttled,
+        RenewResult::NotFound,
+        RenewResult::StaleGeneration,
+        RenewResult::Invalid,
+        RenewResult::Shed,
+    ];
+}
+
+/// Handles to every hot-path metric.
+#[derive(Debug, Clone)]
+pub(crate) struct Metrics {
+    renewals: [Counter; 6],
+    pub(crate) renewal_seconds: Histogram,
+    pub(crate) registers_ok: Counter,
+    pub(crate) registers_invalid: Counter,
+    pub(crate) reconnects: Counter,
+    pub(crate) unregisters_removed: Counter,
+    pub(crate) unregisters_lingering: Counter,
+    pub(crate) unregisters_stale: Counter,
+    pub(crate) unregisters_not_found: Counter,
+    expiries: Counter,
+    expiry_lag_seconds: Histogram,
+    flips_online: Counter,
+    flips_offline: Counter,
+    pub(crate) queue_depth: Gauge,
+    pub(crate) shed: Counter,
+    pub(crate) fanned_out: Counter,
+    pub(crate) watch_updates: Counter,
+    pub(crate) viewers: Gauge,
+    pub(crate) resyncs: Counter,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Self {
+        let renewal = |result: &'static str| counter!(names::RENEWALS, "result" => result);
+        let unregister = |outcome: &'static str| counter!(names::UNREGISTERS, "outcome" => outcome);
+        Metrics {
+            renewals: [
+                renewal("ok"),
+                renewal("throttled"),
+                renewal("not_found"),
+                renewal("stale_generation"),
+                renewal("invalid"),
+                renewal("shed"),
+            ],
+            renewal_seconds: histogram!(names::RENEWAL_SECONDS),
+            registers_ok: counter!(names::REGISTERS, "result" => "ok"),
+            registers_invalid: counter!(names::REGISTERS, "result" => "invalid"),
+            reconnects: counter!(names::RECONNECTS),
+            unregisters_removed: unregister("removed"),
+            unregisters_lingering: unregister("lingering"),
+            unregisters_stale: unregister("stale_generation"),
+            unregisters_not_found: unregister("not_found"),
+            expiries: counter!(names::EXPIRIES),
+            expiry_lag_seconds: histogram!(names::EXPIRY_LAG_SECONDS),
+            flips_online: counter!(names::FLIPS, "state" => "online"),
+            flips_offline: counter!(names::FLIPS, "state" => "offline"),
+            queue_depth: gauge!(names::QUEUE_DEPTH),
+            shed: counter!(names::SHED),
+            fanned_out: counter!(names::FANNED_OUT),
+            watch_updates: counter!(names::WATCH_UPDATES),
+            viewers: gauge!(names::VIEWERS),
+            resyncs: counter!(names::RESYNCS),
+        }
+    }
+
+    pub(crate) fn renewals(&self, result: RenewResult, count: u64) {
+        if count > 0 {
+            self.renewals[result as usize].increment(count);
+        }
+    }
+
+    /// Counts a published flip; `now` is the store time of publication.
+    pub(crate) fn flip(&self, change: &PresenceChange, now: u64) {
+        match change.presence.state {
+            State::Online => self.flips_online.increment(1),
+            State::Offline => self.flips_offline.increment(1),
+        }
+        if let Some(deadline) = change.deadline {
+            self.expiries.increment(1);
+            self.expiry_lag_seconds.record(now.saturating_sub(deadline) as f64 / 1_000.0);
+        }
+    }
+}
+
+/// Copies the store's own counts into gauges once a second until `stop`.
+pub(crate) async fn export_store_counts(store: Arc<Store>, stop: CancellationToken) {
+    let sessions = gauge!(names::SESSIONS);
+    let online = gauge!(names::ONLINE_USERS);
+    let shards: Vec<Gauge> =
+        (0..store.config().shards).map(|shard| gauge!(names::SHARD_OPERATIONS, "shard" => shard.to_string())).collect();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        let stats = store.stats();
+        sessions.set(stats.sessions as f64);
+        online.set(stats.online_users as f64);
+        for (gauge, operations) in shards.iter().zip(store.shard_operations()) {
+            gauge.set(operations as f64);
+        }
+    }
+}
