@@ -71,7 +71,18 @@ const NIL: u32 = u32::MAX;
 /// Keys are slab indices and are reused once their entry is gone, so a stale key may name a
 /// different, newer entry: the caller must drop a key when its entry leaves the wheel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct TimerKey(u32);
+pub struct TimerKey(std::num::NonZeroU32);
+
+impl TimerKey {
+    /// Keys store the slab index plus one, so that `Option<TimerKey>` is as small as a `u32`.
+    fn new(index: u32) -> Self {
+        TimerKey(std::num::NonZeroU32::new(index + 1).expect("fewer than u32::MAX entries"))
+    }
+
+    fn index(self) -> u32 {
+        self.0.get() - 1
+    }
+}
 
 /// Which list an entry is on: a wheel level, or the due list.
 ///
@@ -206,7 +217,7 @@ impl<T> TimerWheel<T> {
         let idx = self.alloc(Entry { deadline, item, prev: NIL, next: NIL, level, slot });
         self.link(idx, level, slot);
         self.len += 1;
-        Ok(TimerKey(idx))
+        Ok(TimerKey::new(idx))
     }
 
     /// Cancels a scheduled entry and returns `(deadline, item)`. O(1).
@@ -216,10 +227,10 @@ impl<T> TimerWheel<T> {
     /// If `key` does not name a live entry (it was already removed or polled and not reused).
     pub fn remove(&mut self, key: TimerKey) -> (Tick, T) {
         assert!(
-            matches!(self.nodes.get(key.0 as usize), Some(Node::Occupied(_))),
+            matches!(self.nodes.get(key.index() as usize), Some(Node::Occupied(_))),
             "TimerWheel::remove: {key:?} is not a live entry"
         );
-        self.take(key.0)
+        self.take(key.index())
     }
 
     /// The deadline the entry was scheduled at.
@@ -228,7 +239,7 @@ impl<T> TimerWheel<T> {
     ///
     /// If `key` does not name a live entry.
     pub fn deadline(&self, key: TimerKey) -> Tick {
-        match self.nodes.get(key.0 as usize) {
+        match self.nodes.get(key.index() as usize) {
             Some(Node::Occupied(e)) => e.deadline,
             _ => panic!("TimerWheel::deadline: {key:?} is not a live entry"),
         }
@@ -603,7 +614,7 @@ mod tests {
         w.insert(120, 1).unwrap();
         w.insert(5000, 2).unwrap();
         assert_eq!(w.next_deadline(), Some(120));
-        w.remove(TimerKey(0));
+        w.remove(TimerKey::new(0));
         // 5000 differs from 100 in bit 12: level 2, whose slot starts at 4096. Reaching it
         // cascades to level 1 (slot start 4992), then to level 0 (exact).
         assert_eq!(w.next_deadline(), Some(4096));
@@ -664,13 +675,13 @@ mod tests {
         let (d, first) = w.poll(5000).unwrap();
         assert_eq!(d, 4096);
         w.check_invariants();
-        let rest: Vec<_> = keys.iter().copied().filter(|k| k.0 != first).collect();
-        assert_eq!(w.remove(rest[1]), (4096, rest[1].0));
+        let rest: Vec<_> = keys.iter().copied().filter(|k| k.index() != first).collect();
+        assert_eq!(w.remove(rest[1]), (4096, rest[1].index()));
         assert_eq!(w.next_deadline(), Some(4096));
         w.check_invariants();
         let mut out: Vec<_> = drain(&mut w, 5000).into_iter().map(|x| x.1).collect();
         out.sort_unstable();
-        let mut want: Vec<_> = rest.iter().map(|k| k.0).filter(|&i| i != rest[1].0).collect();
+        let mut want: Vec<_> = rest.iter().map(|k| k.index()).filter(|&i| i != rest[1].index()).collect();
         want.sort_unstable();
         assert_eq!(out, want);
     }
@@ -885,7 +896,7 @@ mod tests {
                             }
                         }
                         // Keys of polled entries are gone: rebuild from the slab.
-                        live.retain(|k| matches!(w.nodes[k.0 as usize], Node::Occupied(_)));
+                        live.retain(|k| matches!(w.nodes[k.index() as usize], Node::Occupied(_)));
                     }
                 }
                 w.check_invariants();
