@@ -27,6 +27,7 @@ use compact_str::CompactString;
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 use std::hash::BuildHasher;
 
+use crate::checkpoint::{CheckpointUser, CheckpointWriter};
 use crate::error::LeaseError;
 use crate::interner::{GatewayInterner, GatewayRef};
 use crate::stamp::StampClock;
@@ -352,6 +353,7 @@ impl Shard {
         let Some(slot) = self.find(user_id) else { return Vec::new() };
         self.settle(slot, now, changes);
         self.lease_indices(slot)
+            .filter(|&index| !self.lease(index).session_id.is_empty()) // restart holds are no session
             .map(|index| {
                 let lease = self.lease(index);
                 LeaseView {
@@ -407,6 +409,82 @@ impl Shard {
 
     pub(crate) fn users(&self) -> usize {
         self.users.len()
+    }
+
+    /// Appends every user of the shard, with its leases, to a checkpoint.
+    pub(crate) fn checkpoint(&self, writer: &mut CheckpointWriter) {
+        writer.clock(self.stamps.last());
+        for (slot, user) in self.users.iter().enumerate() {
+            let leases: Vec<u32> = self.lease_indices(slot as u32).collect();
+            writer.user(&user.id, user.version, user.online, u16::try_from(leases.len()).unwrap_or(u16::MAX));
+            for index in leases.into_iter().take(usize::from(u16::MAX)) {
+                let lease = self.lease(index);
+                let metadata = self.metadata.get(&index).map_or(&[][..], |entries| &entries[..]);
+                writer.lease(
+                    &lease.session_id,
+                    self.gateways.resolve(lease.gateway),
+                    lease.generation,
+                    lease.last_heartbeat_at(),
+                    lease.expires_at,
+                    lease.closing,
+                    metadata,
+                );
+            }
+        }
+    }
+
+    /// Makes every stamp issued from now on greater than `last_stamp`.
+    pub(crate) fn restore_clock(&mut self, last_stamp: u64) {
+        self.stamps.raise_to(last_stamp);
+    }
+
+    /// Puts back a checkpointed user, its version and its leases, keeping their
+    /// generations and deadlines. A user that was online is held online until
+    /// `hold_until` by a lease no client can name (an empty session id), so
+    /// that it does not flip merely because its gateway has not been heard from
+    /// yet; leases whose deadline passed meanwhile expire through the wheel.
+    pub(crate) fn restore_user(&mut self, now: Tick, user: &CheckpointUser, hold_until: Tick) {
+        let now = self.advance(now);
+        let slot = self.find_or_insert(&user.user_id);
+        let record = &mut self.users[slot as usize];
+        record.version = user.version;
+        if user.online && !record.online {
+            record.online = true;
+            self.online += 1;
+        }
+        let hold = (user.online && hold_until > now).then(|| crate::checkpoint::CheckpointLease {
+            session_id: String::new(),
+            gateway_id: String::new(),
+            generation: 0,
+            last_heartbeat_at: now,
+            expires_at: hold_until,
+            closing: true,
+            metadata: Vec::new(),
+        });
+        // Leases are prepended: put them back last first so the list keeps its
+        // order, after the hold, which thus sits at the end.
+        for lease in hold.iter().chain(user.leases.iter().rev()) {
+            let mut restored = Lease {
+                session_id: CompactString::from(lease.session_id.as_str()),
+                generation: lease.generation,
+                expires_at: lease.expires_at,
+                heartbeat_before_expiry: 0,
+                gateway: self.gateways.acquire(&lease.gateway_id),
+                next: self.users[slot as usize].first_lease,
+                closing: lease.closing,
+                has_metadata: false,
+            };
+            restored.set_times(lease.last_heartbeat_at.min(lease.expires_at), lease.expires_at);
+            let index = self.allocate_lease(restored);
+            self.users[slot as usize].first_lease = index;
+            self.set_metadata(index, &lease.metadata);
+            self.schedule_no_later_than(slot, lease.expires_at);
+        }
+        if self.users[slot as usize].online && self.users[slot as usize].first_lease == NIL {
+            // Online at the checkpoint with nothing to hold it: its OFFLINE is due now.
+            let mut ignored = Vec::new();
+            self.after_removal(slot, now, &mut ignored);
+        }
     }
 
     /// Moves the shard's time forward to `now` (never back) and counts the operation.

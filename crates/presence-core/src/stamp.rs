@@ -27,6 +27,16 @@ pub(crate) struct StampClock {
 }
 
 impl StampClock {
+    /// The last stamp issued.
+    pub(crate) fn last(&self) -> u64 {
+        self.last
+    }
+
+    /// Makes every later stamp greater than `stamp` (a restored checkpoint's).
+    pub(crate) fn raise_to(&mut self, stamp: u64) {
+        self.last = self.last.max(stamp);
+    }
+
     /// A stamp greater than every earlier one and not below `now`'s floor.
     pub(crate) fn next(&mut self, now: Tick) -> u64 {
         let floor = now.min(MAX_TICK) << COUNTER_BITS;

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::checkpoint::{Checkpoint, CheckpointWriter};
 use crate::config::{ConfigError, StoreConfig};
 use crate::error::LeaseError;
 use crate::shard::{LeaseView, Shard};
@@ -199,6 +200,38 @@ impl Store {
     /// Operations applied to each shard since the start, in shard order.
     pub fn shard_operations(&self) -> Vec<u64> {
         self.shards.iter().map(|shard| shard.lock().operations()).collect()
+    }
+
+    /// Number of shards (each checkpointed under its own lock).
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Appends shard `index`'s users and leases to a checkpoint, holding only
+    /// that shard's lock while it encodes them.
+    pub fn checkpoint_shard(&self, index: usize, writer: &mut CheckpointWriter) {
+        self.shards[index].lock().checkpoint(writer);
+    }
+
+    /// A store holding what `checkpoint` held (B3): leases keep their
+    /// generations and deadlines, users their versions, and every stamp issued
+    /// from now on is greater than any the checkpointed store issued (M4).
+    /// Users that were online are held online until `hold_until` even if no
+    /// lease of theirs survives, so that gateways have time to be heard from.
+    pub fn restore(
+        config: StoreConfig,
+        now: Tick,
+        checkpoint: &Checkpoint,
+        hold_until: Tick,
+    ) -> Result<Self, ConfigError> {
+        let store = Store::new(config, now)?;
+        for shard in store.shards.iter() {
+            shard.lock().restore_clock(checkpoint.last_stamp);
+        }
+        for user in &checkpoint.users {
+            store.shards[store.shard_of(&user.user_id)].lock().restore_user(now, user, hold_until);
+        }
+        Ok(store)
     }
 
     /// Which shard a user lives in.

@@ -1,0 +1,470 @@
+//! The checkpoint format: every lease, version and stamp clock of a store, as
+//! bytes, and back (contract B3, M4).
+//!
+//! This module only turns a store into bytes and bytes into a store; the
+//! server owns the files (writing them atomically, keeping the previous one).
+//! A checkpoint is written one shard at a time, each under its own lock only
+//! while its records are encoded, so gateways are never stalled for the whole
+//! write. Everything is little-endian; strings are length-prefixed; the last
+//! bytes are a record count and a CRC-32 of all that precedes them, so a
+//! truncated or corrupted file is detected, never half-loaded.
+//!
+//! ```text
+//! header   "PRESENCD" | format u32 = 1 | written_at u64 (store ms)
+//! clock    0x01 | last stamp u64                                      (one per shard)
+//! user     0x02 | id str | version u64 | online u8 | leases u16 | lease*
+//! lease    session str | gateway str | generation u64 | last heartbeat u64
+//!          | expires_at u64 | closing u8 | metadata u8 | (key str, value str)*
+//! end      0x00 | records u64 | crc32 u32
+//! str      length u16 | UTF-8 bytes
+//! ```
+
+use thiserror::Error;
+
+use crate::wheel::Tick;
+
+const MAGIC: &[u8; 8] = b"PRESENCD";
+const FORMAT: u32 = 1;
+const TAG_END: u8 = 0;
+const TAG_CLOCK: u8 = 1;
+const TAG_USER: u8 = 2;
+
+/// Why a checkpoint cannot be loaded. The store is never built from one that
+/// fails any check.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CheckpointError {
+    /// The bytes do not start like a presenced checkpoint.
+    #[error("not a presenced checkpoint (bad magic bytes)")]
+    NotACheckpoint,
+    /// Written by a format this build does not know.
+    #[error("checkpoint format {0} is not supported (this build reads format {FORMAT})")]
+    UnsupportedFormat(u32),
+    /// The bytes end before the end record: the write was cut short.
+    #[error("checkpoint is truncated at byte {0}")]
+    Truncated(usize),
+    /// The checksum does not match: the bytes were altered.
+    #[error("checkpoint checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    Checksum {
+        /// The CRC-32 the file carries.
+        stored: u32,
+        /// The CRC-32 of the bytes read.
+        computed: u32,
+    },
+    /// A record is malformed.
+    #[error("checkpoint is corrupt at byte {offset}: {reason}")]
+    Corrupt {
+        /// Where the malformed record starts.
+        offset: usize,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+/// One lease as checkpointed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointLease {
+    /// The session id.
+    pub session_id: String,
+    /// The gateway that registered it.
+    pub gateway_id: String,
+    /// Its generation, kept across the restart so that renewals carry on.
+    pub generation: u64,
+    /// Its last write.
+    pub last_heartbeat_at: Tick,
+    /// Its deadline, in store time (Unix ms in the server).
+    pub expires_at: Tick,
+    /// Unregistered with linger.
+    pub closing: bool,
+    /// Its metadata.
+    pub metadata: Vec<(String, String)>,
+}
+
+/// One user as checkpointed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointUser {
+    /// The user id.
+    pub user_id: String,
+    /// The version of its last flip.
+    pub version: u64,
+    /// Its state when the checkpoint was written.
+    pub online: bool,
+    /// Its leases.
+    pub leases: Vec<CheckpointLease>,
+}
+
+/// A decoded checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// When it was written, in store time.
+    pub written_at: Tick,
+    /// The greatest stamp any shard had issued: every stamp after a restore is greater.
+    pub last_stamp: u64,
+    /// Every user with a lease or a version.
+    pub users: Vec<CheckpointUser>,
+}
+
+/// Builds a checkpoint's bytes: a header, then records, then the end record.
+/// The bytes can be taken out as they are made, so that a large checkpoint is
+/// streamed to its file rather than held whole.
+#[derive(Debug)]
+pub struct CheckpointWriter {
+    /// Bytes not yet taken.
+    bytes: Vec<u8>,
+    records: u64,
+    /// CRC of the bytes already taken.
+    crc: crc32fast::Hasher,
+}
+
+impl CheckpointWriter {
+    /// A checkpoint written at `written_at`.
+    pub fn new(written_at: Tick) -> Self {
+        let mut bytes = Vec::with_capacity(1 << 20);
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&FORMAT.to_le_bytes());
+        bytes.extend_from_slice(&written_at.to_le_bytes());
+        CheckpointWriter { bytes, records: 0, crc: crc32fast::Hasher::new() }
+    }
+
+    pub(crate) fn clock(&mut self, last_stamp: u64) {
+        self.bytes.push(TAG_CLOCK);
+        self.u64(last_stamp);
+        self.records += 1;
+    }
+
+    pub(crate) fn user(&mut self, user_id: &str, version: u64, online: bool, leases: u16) {
+        self.bytes.push(TAG_USER);
+        self.str(user_id);
+        self.u64(version);
+        self.bytes.push(u8::from(online));
+        self.bytes.extend_from_slice(&leases.to_le_bytes());
+        self.records += 1;
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "one argument per field of the record")]
+    pub(crate) fn lease(
+        &mut self,
+        session_id: &str,
+        gateway_id: &str,
+        generation: u64,
+        last_heartbeat_at: Tick,
+        expires_at: Tick,
+        closing: bool,
+        metadata: &[(String, String)],
+    ) {
+        self.str(session_id);
+        self.str(gateway_id);
+        self.u64(generation);
+        self.u64(last_heartbeat_at);
+        self.u64(expires_at);
+        self.bytes.push(u8::from(closing));
+        self.bytes.push(u8::try_from(metadata.len()).expect("metadata is bounded well below 256 entries"));
+        for (key, value) in metadata {
+            self.str(key);
+            self.str(value);
+        }
+    }
+
+    /// Takes the bytes made so far, to write them out.
+    pub fn take_chunk(&mut self) -> Vec<u8> {
+        self.crc.update(&self.bytes);
+        std::mem::take(&mut self.bytes)
+    }
+
+    /// Closes the checkpoint and returns its last bytes: the end record and the
+    /// CRC of everything, taken chunks included.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.bytes.push(TAG_END);
+        let records = self.records;
+        self.u64(records);
+        self.crc.update(&self.bytes);
+        let checksum = self.crc.finalize();
+        self.bytes.extend_from_slice(&checksum.to_le_bytes());
+        self.bytes
+    }
+
+    fn u64(&mut self, value: u64) {
+        self.bytes.extend_from_slice(&value.to_le_bytes());
+    }
+
+    fn str(&mut self, value: &str) {
+        let len = u16::try_from(value.len()).expect("ids and metadata are bounded well below 64 KiB");
+        self.bytes.extend_from_slice(&len.to_le_bytes());
+        self.bytes.extend_from_slice(value.as_bytes());
+    }
+}
+
+/// Decodes and checks a whole checkpoint.
+pub fn decode(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
+    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(CheckpointError::NotACheckpoint);
+    }
+    if bytes.len() < 4 {
+        return Err(CheckpointError::Truncated(bytes.len()));
+    }
+    let (body, stored) = bytes.split_at(bytes.len() - 4);
+    let mut reader = Reader { bytes: body, at: MAGIC.len() };
+    let format = reader.u32()?;
+    if format != FORMAT {
+        return Err(CheckpointError::UnsupportedFormat(format));
+    }
+    let stored = u32::from_le_bytes(stored.try_into().expect("four bytes"));
+    let computed = crc32fast::hash(body);
+    if stored != computed {
+        // A cut-short file fails the checksum too; say which it is when we can.
+        return Err(match find_end(body) {
+            true => CheckpointError::Checksum { stored, computed },
+            false => CheckpointError::Truncated(bytes.len()),
+        });
+    }
+    let mut checkpoint = Checkpoint { written_at: reader.u64()?, ..Checkpoint::default() };
+    let mut records = 0u64;
+    loop {
+        let offset = reader.at;
+        match reader.u8()? {
+            TAG_END => {
+                let stated = reader.u64()?;
+                if stated != records || reader.at != body.len() {
+                    return Err(CheckpointError::Corrupt { offset, reason: "record count or length mismatch" });
+                }
+                return Ok(checkpoint);
+            }
+            TAG_CLOCK => checkpoint.last_stamp = checkpoint.last_stamp.max(reader.u64()?),
+            TAG_USER => {
+                let user_id = reader.str()?;
+                let version = reader.u64()?;
+                let online = reader.bool()?;
+                let count = reader.u16()?;
+                let mut leases = Vec::with_capacity(usize::from(count));
+                for _ in 0..count {
+                    leases.push(CheckpointLease {
+                        session_id: reader.str()?,
+                        gateway_id: reader.str()?,
+                        generation: reader.u64()?,
+                        last_heartbeat_at: reader.u64()?,
+                        expires_at: reader.u64()?,
+                        closing: reader.bool()?,
+                        metadata: {
+                            let entries = reader.u8()?;
+                            (0..entries).map(|_| Ok((reader.str()?, reader.str()?))).collect::<Result<_, _>>()?
+                        },
+                    });
+                }
+                checkpoint.users.push(CheckpointUser { user_id, version, online, leases });
+            }
+            _ => return Err(CheckpointError::Corrupt { offset, reason: "unknown record tag" }),
+        }
+        records += 1;
+    }
+}
+
+/// Whether the body ends like a complete checkpoint (an end record), to tell
+/// truncation from alteration.
+fn find_end(body: &[u8]) -> bool {
+    body.len() >= 9 && body[body.len() - 9] == TAG_END
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], CheckpointError> {
+        let end = self.at.checked_add(n).filter(|&end| end <= self.bytes.len());
+        let end = end.ok_or(CheckpointError::Truncated(self.bytes.len() + 4))?;
+        let slice = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(slice)
+    }
+
+    fn u8(&mut self) -> Result<u8, CheckpointError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn bool(&mut self) -> Result<bool, CheckpointError> {
+        let offset = self.at;
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(CheckpointError::Corrupt { offset, reason: "a flag is neither 0 nor 1" }),
+        }
+    }
+
+    fn u16(&mut self) -> Result<u16, CheckpointError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("two bytes")))
+    }
+
+    fn u32(&mut self) -> Result<u32, CheckpointError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("four bytes")))
+    }
+
+    fn u64(&mut self) -> Result<u64, CheckpointError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("eight bytes")))
+    }
+
+    fn str(&mut self) -> Result<String, CheckpointError> {
+        let offset = self.at;
+        let len = usize::from(self.u16()?);
+        let bytes = self.take(len)?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| CheckpointError::Corrupt { offset, reason: "a string is not UTF-8" })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Registration, State, Store, StoreConfig};
+
+    const T0: Tick = 1_700_000_000_000;
+
+    fn config() -> StoreConfig {
+        StoreConfig { shards: 4, min_renew_interval_ms: 0, ..StoreConfig::default() }
+    }
+
+    fn write(store: &Store, at: Tick) -> Vec<u8> {
+        let mut writer = CheckpointWriter::new(at);
+        let mut bytes = Vec::new();
+        for shard in 0..store.shard_count() {
+            store.checkpoint_shard(shard, &mut writer);
+            bytes.extend(writer.take_chunk()); // streamed, as the server does
+        }
+        bytes.extend(writer.finish());
+        bytes
+    }
+
+    /// A store with online, offline and multi-device users, a lingering lease and metadata.
+    fn populated() -> (Store, Vec<u64>) {
+        let store = Store::new(config(), T0).unwrap();
+        let mut changes = Vec::new();
+        let metadata = vec![("device".to_string(), "phone".to_string())];
+        let mut generations = Vec::new();
+        for user in 0..50 {
+            for session in 0..(user % 3 + 1) {
+                let (user_id, session_id) = (format!("u{user}"), format!("s{session}"));
+                let registration = Registration {
+                    user_id: &user_id,
+                    session_id: &session_id,
+                    gateway_id: if user % 2 == 0 { "gw-a" } else { "gw-b" },
+                    ttl_ms: 45_000,
+                    metadata: if session == 0 { &metadata } else { &[] },
+                };
+                generations.push(store.register(T0, &registration, &mut changes).unwrap().generation);
+            }
+        }
+        store.revoke(T0 + 1, "u7", None, &mut changes).unwrap();
+        store.unregister(T0 + 1, "u8", "s0", generations[12], 5_000, &mut changes).unwrap();
+        (store, generations)
+    }
+
+    fn view(store: &Store, now: Tick, users: usize) -> Vec<(crate::Presence, Vec<crate::LeaseView>)> {
+        let mut changes = Vec::new();
+        (0..users)
+            .map(|user| {
+                let id = format!("u{user}");
+                let presence = store.snapshot(now, &[&id], &mut changes).unwrap()[0];
+                (presence, store.leases(now, &id, &mut changes).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn b3_a_restored_store_answers_exactly_as_the_checkpointed_one() {
+        let (store, _) = populated();
+        let bytes = write(&store, T0 + 2);
+        let checkpoint = decode(&bytes).unwrap();
+        assert_eq!(checkpoint.written_at, T0 + 2);
+        let restored = Store::restore(config(), T0 + 3, &checkpoint, T0 + 3).unwrap();
+        assert_eq!(view(&restored, T0 + 3, 50), view(&store, T0 + 3, 50));
+        assert_eq!(restored.stats().sessions, store.stats().sessions);
+        assert_eq!(restored.stats().online_users, store.stats().online_users);
+    }
+
+    #[test]
+    fn b3_gateways_carry_on_with_their_generations_after_a_restore() {
+        let (store, generations) = populated();
+        let checkpoint = decode(&write(&store, T0 + 2)).unwrap();
+        let restored = Store::restore(config(), T0 + 10_000, &checkpoint, T0 + 10_000).unwrap();
+        let mut changes = Vec::new();
+        let renewed = restored.renew(T0 + 10_000, "u0", "s0", generations[0], 45_000, &mut changes).unwrap();
+        assert_eq!(renewed.expires_at, T0 + 55_000);
+        assert!(changes.is_empty(), "a renewing gateway sees nothing happen: {changes:?}");
+    }
+
+    #[test]
+    fn m4_stamps_after_a_restore_exceed_every_stamp_before_it_even_with_a_clock_behind() {
+        let (store, generations) = populated();
+        let mut changes = Vec::new();
+        // Many stamps in one millisecond push the clock's counter past its wall-clock floor.
+        for _ in 0..100 {
+            let g = store
+                .register(
+                    T0 + 1,
+                    &Registration { user_id: "hot", session_id: "s", gateway_id: "g", ttl_ms: 45_000, metadata: &[] },
+                    &mut changes,
+                )
+                .unwrap();
+            store.unregister(T0 + 1, "hot", "s", g.generation, 0, &mut changes).unwrap();
+        }
+        let highest = changes.iter().map(|c| c.presence.version).chain(generations).max().unwrap();
+        let checkpoint = decode(&write(&store, T0 + 1)).unwrap();
+        // The restored clock reads *earlier* than the checkpoint (a clock that stepped back).
+        let restored = Store::restore(config(), T0, &checkpoint, T0).unwrap();
+        let mut after = Vec::new();
+        let registration =
+            Registration { user_id: "hot", session_id: "s", gateway_id: "g", ttl_ms: 45_000, metadata: &[] };
+        let registered = restored.register(T0, &registration, &mut after).unwrap();
+        assert!(registered.generation > highest);
+        assert!(after.iter().all(|change| change.presence.version > highest));
+    }
+
+    #[test]
+    fn b3_online_users_are_held_until_the_grace_ends_and_then_go_offline_normally() {
+        let store = Store::new(config(), T0).unwrap();
+        let mut changes = Vec::new();
+        let registration =
+            |user, ttl_ms| Registration { user_id: user, session_id: "s", gateway_id: "g", ttl_ms, metadata: &[] };
+        let kept = store.register(T0, &registration("kept", 10_000), &mut changes).unwrap();
+        store.register(T0, &registration("silent", 10_000), &mut changes).unwrap();
+        let checkpoint = decode(&write(&store, T0)).unwrap();
+        // Down for 20 s: both leases ran out meanwhile. Grace for 45 s after the start.
+        let start = T0 + 20_000;
+        let restored = Store::restore(config(), start, &checkpoint, start + 45_000).unwrap();
+        let mut changes = Vec::new();
+        assert!(!restored.expire(start, 1_000, &mut changes));
+        assert!(changes.is_empty(), "nobody flips at start: {changes:?}");
+        // The lease itself is gone (its deadline passed): the gateway re-registers, no flip.
+        let refused = restored.renew(start, "kept", "s", kept.generation, 0, &mut changes);
+        assert!(matches!(refused, Err(crate::LeaseError::NotFound { .. })), "{refused:?}");
+        let again = restored.register(start, &registration("kept", 60_000), &mut changes).unwrap();
+        assert!(!again.changed);
+        assert!(changes.is_empty());
+        // At the end of the grace, the user nobody re-registered goes OFFLINE, once.
+        while restored.expire(start + 45_000, 1_000, &mut changes) {}
+        assert_eq!(changes.len(), 1);
+        assert_eq!((changes[0].user_id.as_str(), changes[0].presence.state), ("silent", State::Offline));
+        assert!(restored.leases(start, "kept", &mut changes).unwrap().iter().all(|l| !l.session_id.is_empty()));
+    }
+
+    #[test]
+    fn b3_truncated_and_corrupted_checkpoints_are_refused() {
+        let (store, _) = populated();
+        let bytes = write(&store, T0 + 2);
+        for cut in [0, 5, 8, 20, bytes.len() / 2, bytes.len() - 5, bytes.len() - 1] {
+            let result = decode(&bytes[..cut]);
+            assert!(
+                matches!(result, Err(CheckpointError::Truncated(_) | CheckpointError::NotACheckpoint)),
+                "cut at {cut}: {result:?}"
+            );
+        }
+        for flip in [12, 40, bytes.len() / 3, bytes.len() - 10] {
+            let mut altered = bytes.clone();
+            altered[flip] ^= 0x20;
+            let result = decode(&altered);
+            assert!(result.is_err(), "a flipped bit at {flip} must be caught");
+        }
+        let mut future = bytes.clone();
+        future[8] = 9;
+        assert_eq!(decode(&future), Err(CheckpointError::UnsupportedFormat(9)));
+    }
+}
