@@ -53,6 +53,20 @@ pub(crate) struct ServeArgs {
     /// Tasks applying lease batches. [default: the number of CPUs]
     #[arg(long, env = "PRESENCED_LEASE_WORKERS", value_name = "N")]
     lease_workers: Option<usize>,
+    /// Keep checkpoints and durable data (settings, activity) here; without it
+    /// everything is in memory only.
+    #[arg(long, env = "PRESENCED_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// How often the leases are checkpointed to the data directory. [default: 5000]
+    #[arg(long, env = "PRESENCED_CHECKPOINT_INTERVAL_MS", value_name = "MS")]
+    checkpoint_interval_ms: Option<u64>,
+    /// After a restart, how long users online at the checkpoint are held online
+    /// while their gateways reconnect. [default: the default TTL]
+    #[arg(long, env = "PRESENCED_RESTART_GRACE_MS", value_name = "MS")]
+    restart_grace_ms: Option<u64>,
+    /// How often at most one user's activity is written to disk. [default: 60000]
+    #[arg(long, env = "PRESENCED_ACTIVITY_WRITE_INTERVAL_MS", value_name = "MS")]
+    activity_write_interval_ms: Option<u64>,
 }
 
 /// The same settings, as read from the `--config` file.
@@ -71,6 +85,10 @@ struct FileSettings {
     watch_buffer: Option<usize>,
     lease_queue: Option<usize>,
     lease_workers: Option<usize>,
+    data_dir: Option<PathBuf>,
+    checkpoint_interval_ms: Option<u64>,
+    restart_grace_ms: Option<u64>,
+    activity_write_interval_ms: Option<u64>,
 }
 
 /// Everything `serve` needs, resolved.
@@ -138,7 +156,24 @@ impl ServeArgs {
         Ok(Settings {
             listen,
             metrics_listen: self.metrics_listen.or(file.metrics_listen),
-            server: ServerConfig { store, expiry_batch, shutdown_grace, watch_buffer, lease_queue, lease_workers },
+            server: ServerConfig {
+                store,
+                expiry_batch,
+                shutdown_grace,
+                watch_buffer,
+                lease_queue,
+                lease_workers,
+                data_dir: self.data_dir.or(file.data_dir),
+                checkpoint_interval: self
+                    .checkpoint_interval_ms
+                    .or(file.checkpoint_interval_ms)
+                    .map_or(server_defaults.checkpoint_interval, std::time::Duration::from_millis),
+                restart_grace: self.restart_grace_ms.or(file.restart_grace_ms).map(std::time::Duration::from_millis),
+                activity_write_interval: self
+                    .activity_write_interval_ms
+                    .or(file.activity_write_interval_ms)
+                    .map_or(server_defaults.activity_write_interval, std::time::Duration::from_millis),
+            },
         })
     }
 }

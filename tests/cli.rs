@@ -4,72 +4,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::daemon::{BINARY, Daemon, free_port};
 use common::*;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
 use tokio_stream::StreamExt;
 use tonic::Code;
-
-const BINARY: &str = env!("CARGO_BIN_EXE_presenced");
-
-/// A `presenced serve` child process on a free port.
-struct Daemon {
-    child: Child,
-    addr: String,
-}
-
-impl Daemon {
-    fn start(args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let mut child = Command::new(BINARY)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", std::env::var("PRESENCED_TEST_LOG").unwrap_or_else(|_| "warn".into()))
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn presenced");
-        let mut first_line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut first_line).expect("read stdout");
-        let addr = first_line
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("first stdout line must be `listening on ADDR`, got {first_line:?}"))
-            .trim()
-            .to_owned();
-        Daemon { child, addr }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn terminate(&mut self) {
-        let status = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
-        assert!(status.success());
-    }
-
-    fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "presenced did not exit after SIGTERM");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 async fn channel(daemon: &Daemon) -> tonic::transport::Channel {
     tonic::transport::Channel::from_shared(daemon.url()).unwrap().connect().await.expect("connect to presenced")
@@ -135,7 +78,7 @@ async fn serves_health_and_both_reflection_versions_and_stops_gracefully_on_sigt
         Err(status) => assert_eq!(status.code(), Code::Unavailable, "{status:?}"),
         Ok(item) => panic!("expected UNAVAILABLE, got {item:?}"),
     }
-    let status = daemon.wait_exit();
+    let status = daemon.wait_exit().await;
     assert!(status.success(), "graceful shutdown exits 0, got {status:?}");
 }
 
@@ -177,11 +120,6 @@ fn an_invalid_configuration_is_refused_in_one_line() {
         assert_eq!(stderr.lines().count(), 1, "{args:?}: one line: {stderr:?}");
         assert!(stderr.starts_with("presenced: "), "{stderr:?}");
     }
-}
-
-/// A free loopback port for a listener that cannot be told to pick one itself.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// `GET /metrics` over plain HTTP/1.1.

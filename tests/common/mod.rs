@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod daemon;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -90,6 +92,28 @@ pub fn unregister(user: &str, session: &str, generation: u64, linger_ms: u32) ->
     pb::UnregisterRequest { user_id: user.into(), session_id: session.into(), generation, linger_ms }
 }
 
+/// Sends one batch on a fresh Leases stream and returns its results.
+pub async fn lease_batch(client: &mut PresenceClient<Channel>, items: Vec<pb::LeaseItem>) -> Vec<pb::LeaseResult> {
+    let batch = pb::LeaseBatch { batch_id: 1, items };
+    let mut results = client.leases(tokio_stream::iter([batch])).await.expect("open Leases").into_inner();
+    results.message().await.expect("a healthy stream").expect("one result batch").results
+}
+
+pub fn register_item(user: &str, session: &str, ttl_ms: u32) -> pb::LeaseItem {
+    pb::LeaseItem { op: Some(pb::lease_item::Op::Register(register(user, session, "gw-test", ttl_ms))) }
+}
+
+pub fn renew_item(user: &str, session: &str, generation: u64) -> pb::LeaseItem {
+    pb::LeaseItem { op: Some(pb::lease_item::Op::Renew(renew(user, session, generation, 0))) }
+}
+
+pub fn generation_of(result: &pb::LeaseResult) -> u64 {
+    match &result.result {
+        Some(pb::lease_result::Result::Register(registered)) => registered.generation,
+        other => panic!("expected a register result, got code {} {:?}: {other:?}", result.code, result.message),
+    }
+}
+
 pub fn state_of(presence: &pb::UserPresence) -> pb::State {
     pb::State::try_from(presence.state).expect("a known state")
 }
@@ -134,6 +158,15 @@ impl Viewer {
             .expect("the stream is healthy")
             .expect("the stream is open");
         item.event.expect("an event")
+    }
+
+    /// Waits for the stream to end, and returns how it ended.
+    pub async fn ended(&mut self) -> Result<(), tonic::Status> {
+        match tokio::time::timeout(PATIENCE, self.stream.message()).await.expect("the stream ends") {
+            Ok(Some(item)) => panic!("expected the stream to end, got {item:?}"),
+            Ok(None) => Ok(()),
+            Err(status) => Err(status),
+        }
     }
 
     /// Receives one item and applies it, asserting E3 on updates.

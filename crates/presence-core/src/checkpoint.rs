@@ -198,23 +198,24 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
         return Err(CheckpointError::NotACheckpoint);
     }
-    if bytes.len() < 4 {
-        return Err(CheckpointError::Truncated(bytes.len()));
+    let parsed = parse(bytes);
+    let stored = bytes.len().checked_sub(4).map(|at| u32::from_le_bytes(bytes[at..].try_into().expect("four bytes")));
+    let computed = bytes.len().checked_sub(4).map(|at| crc32fast::hash(&bytes[..at]));
+    match (parsed, stored, computed) {
+        (Ok(checkpoint), Some(stored), Some(computed)) if stored == computed => Ok(checkpoint),
+        // Well formed, but not what was written: the bytes were altered.
+        (Ok(_), Some(stored), Some(computed)) => Err(CheckpointError::Checksum { stored, computed }),
+        (Err(err), _, _) => Err(err),
+        (Ok(_), _, _) => Err(CheckpointError::Truncated(bytes.len())),
     }
-    let (body, stored) = bytes.split_at(bytes.len() - 4);
-    let mut reader = Reader { bytes: body, at: MAGIC.len() };
+}
+
+/// Reads the records; the caller checks the checksum.
+fn parse(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
+    let mut reader = Reader { bytes, at: MAGIC.len() };
     let format = reader.u32()?;
     if format != FORMAT {
         return Err(CheckpointError::UnsupportedFormat(format));
-    }
-    let stored = u32::from_le_bytes(stored.try_into().expect("four bytes"));
-    let computed = crc32fast::hash(body);
-    if stored != computed {
-        // A cut-short file fails the checksum too; say which it is when we can.
-        return Err(match find_end(body) {
-            true => CheckpointError::Checksum { stored, computed },
-            false => CheckpointError::Truncated(bytes.len()),
-        });
     }
     let mut checkpoint = Checkpoint { written_at: reader.u64()?, ..Checkpoint::default() };
     let mut records = 0u64;
@@ -223,7 +224,8 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
         match reader.u8()? {
             TAG_END => {
                 let stated = reader.u64()?;
-                if stated != records || reader.at != body.len() {
+                reader.u32()?; // the checksum, checked by the caller
+                if stated != records || reader.at != bytes.len() {
                     return Err(CheckpointError::Corrupt { offset, reason: "record count or length mismatch" });
                 }
                 return Ok(checkpoint);
@@ -257,12 +259,6 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     }
 }
 
-/// Whether the body ends like a complete checkpoint (an end record), to tell
-/// truncation from alteration.
-fn find_end(body: &[u8]) -> bool {
-    body.len() >= 9 && body[body.len() - 9] == TAG_END
-}
-
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
@@ -271,7 +267,7 @@ struct Reader<'a> {
 impl Reader<'_> {
     fn take(&mut self, n: usize) -> Result<&[u8], CheckpointError> {
         let end = self.at.checked_add(n).filter(|&end| end <= self.bytes.len());
-        let end = end.ok_or(CheckpointError::Truncated(self.bytes.len() + 4))?;
+        let end = end.ok_or(CheckpointError::Truncated(self.bytes.len()))?;
         let slice = &self.bytes[self.at..end];
         self.at = end;
         Ok(slice)
@@ -378,6 +374,28 @@ mod tests {
         assert_eq!(view(&restored, T0 + 3, 50), view(&store, T0 + 3, 50));
         assert_eq!(restored.stats().sessions, store.stats().sessions);
         assert_eq!(restored.stats().online_users, store.stats().online_users);
+    }
+
+    #[test]
+    fn b3_a_shard_written_in_several_lock_holds_holds_every_user_once() {
+        let config = StoreConfig { shards: 1, ..config() };
+        let store = Store::new(config.clone(), T0).unwrap();
+        let mut changes = Vec::new();
+        let users = crate::store::CHECKPOINT_USERS_PER_LOCK * 2 + 7;
+        for user in 0..users {
+            let id = format!("u{user}");
+            let registration =
+                Registration { user_id: &id, session_id: "s", gateway_id: "g", ttl_ms: 45_000, metadata: &[] };
+            store.register(T0, &registration, &mut changes).unwrap();
+        }
+        let checkpoint = decode(&write(&store, T0)).unwrap();
+        assert_eq!(checkpoint.users.len(), users);
+        let mut ids: Vec<&str> = checkpoint.users.iter().map(|user| user.user_id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), users);
+        let restored = Store::restore(config, T0, &checkpoint, T0).unwrap();
+        assert_eq!(view(&restored, T0, users), view(&store, T0, users));
     }
 
     #[test]

@@ -411,10 +411,16 @@ impl Shard {
         self.users.len()
     }
 
-    /// Appends every user of the shard, with its leases, to a checkpoint.
-    pub(crate) fn checkpoint(&self, writer: &mut CheckpointWriter) {
-        writer.clock(self.stamps.last());
-        for (slot, user) in self.users.iter().enumerate() {
+    /// Appends up to `budget` users of the shard, from user slot `from`, with
+    /// their leases, to a checkpoint; returns where to continue, or `None` when
+    /// the shard is done. Slots never move, so a shard written in several lock
+    /// holds still holds every user once, each as it was at some instant.
+    pub(crate) fn checkpoint(&self, writer: &mut CheckpointWriter, from: usize, budget: usize) -> Option<usize> {
+        if from == 0 {
+            writer.clock(self.stamps.last());
+        }
+        let end = from.saturating_add(budget).min(self.users.len());
+        for (slot, user) in self.users.iter().enumerate().take(end).skip(from) {
             let leases: Vec<u32> = self.lease_indices(slot as u32).collect();
             writer.user(&user.id, user.version, user.online, u16::try_from(leases.len()).unwrap_or(u16::MAX));
             for index in leases.into_iter().take(usize::from(u16::MAX)) {
@@ -431,6 +437,7 @@ impl Shard {
                 );
             }
         }
+        (end < self.users.len()).then_some(end)
     }
 
     /// Makes every stamp issued from now on greater than `last_stamp`.

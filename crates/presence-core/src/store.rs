@@ -19,6 +19,9 @@ use crate::types::{Changes, Presence, Registered, Registration, Renewed, Revoked
 use crate::validate;
 use crate::wheel::Tick;
 
+/// Users a checkpoint encodes per shard-lock hold: a few hundred microseconds of work.
+pub(crate) const CHECKPOINT_USERS_PER_LOCK: usize = 1_024;
+
 /// Called when an operation schedules a deadline earlier than the one the expiry
 /// driver is sleeping towards.
 type ExpiryWaker = Box<dyn Fn() + Send + Sync>;
@@ -207,10 +210,15 @@ impl Store {
         self.shards.len()
     }
 
-    /// Appends shard `index`'s users and leases to a checkpoint, holding only
-    /// that shard's lock while it encodes them.
+    /// Appends shard `index`'s users and leases to a checkpoint, taking the
+    /// shard's lock for at most [`CHECKPOINT_USERS_PER_LOCK`] users at a time,
+    /// so that requests to the shard wait for a short slice, never for the
+    /// whole shard. Each user is captured whole, under one lock hold.
     pub fn checkpoint_shard(&self, index: usize, writer: &mut CheckpointWriter) {
-        self.shards[index].lock().checkpoint(writer);
+        let mut from = 0;
+        while let Some(next) = self.shards[index].lock().checkpoint(writer, from, CHECKPOINT_USERS_PER_LOCK) {
+            from = next;
+        }
     }
 
     /// A store holding what `checkpoint` held (B3): leases keep their

@@ -224,6 +224,8 @@ mod tests {
             metrics: Metrics::new(),
             watch_buffer: 16,
             stopping: CancellationToken::new(),
+            activity: Arc::new(crate::activity::Activity::new(None, std::time::Duration::from_secs(60))),
+            settings: crate::settings::Settings::Memory(Default::default()),
         })
     }
 

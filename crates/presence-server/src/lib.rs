@@ -6,26 +6,35 @@
 //! bound listener and a shutdown future, so tests bind `127.0.0.1:0` and the
 //! binary stays a thin layer of configuration and signals.
 
+mod activity;
 mod clock;
 mod context;
+mod data_dir;
+pub mod durable;
 mod expiry;
 mod hub;
 mod leases;
 pub mod metrics;
 mod ops;
 mod service;
+mod settings;
 mod status;
 mod watch;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use presence_core::{ConfigError, Store, StoreConfig};
 
+use crate::activity::Activity;
 use crate::context::Context;
+use crate::data_dir::DataDir;
+use crate::durable::DurableStore;
 use crate::leases::LeaseQueue;
 use crate::metrics::Metrics;
+use crate::settings::Settings;
 use presence_proto::v1::presence_server::PresenceServer;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -36,6 +45,7 @@ pub use clock::StoreClock;
 pub use hub::{Delivery, Hub, Mailbox, Subscription};
 pub use leases::{LeasesStream, MAX_BATCH_ITEMS};
 pub use service::{MAX_USERS_PER_REQUEST, PresenceService};
+pub use settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES};
 pub use watch::WatchStream;
 
 /// Largest request the server decodes; larger ones are refused before decoding.
@@ -59,6 +69,16 @@ pub struct ServerConfig {
     pub lease_queue: usize,
     /// Tasks applying lease batches.
     pub lease_workers: usize,
+    /// Where checkpoints and durable data live; `None` keeps everything in
+    /// memory only.
+    pub data_dir: Option<PathBuf>,
+    /// How often a checkpoint of the leases is written (with a data directory).
+    pub checkpoint_interval: Duration,
+    /// After a restart, how long users that were online at the checkpoint are
+    /// held online while their gateways reconnect; `None` takes the default TTL.
+    pub restart_grace: Option<Duration>,
+    /// How often at most a user's activity is written to disk.
+    pub activity_write_interval: Duration,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +90,10 @@ impl Default for ServerConfig {
             watch_buffer: 4_096,
             lease_queue: 256,
             lease_workers: std::thread::available_parallelism().map_or(2, usize::from),
+            data_dir: None,
+            checkpoint_interval: Duration::from_secs(5),
+            restart_grace: None,
+            activity_write_interval: Duration::from_secs(60),
         }
     }
 }
@@ -86,6 +110,14 @@ pub enum ServeError {
     /// The transport failed.
     #[error("transport error: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The data directory cannot be used.
+    #[error("data directory {path}: {message}")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 /// Serves presenced on `listener` until `shutdown` completes, then stops
@@ -97,12 +129,33 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let clock = StoreClock::start();
+    let started = clock.now();
+    let data_dir_error = |path: &PathBuf, message: String| ServeError::DataDir { path: path.clone(), message };
+    let (data_dir, durable, restored) = match &config.data_dir {
+        Some(path) => {
+            let dir = DataDir::open(path).map_err(|err| data_dir_error(path, err.to_string()))?;
+            let durable =
+                DurableStore::open(&dir.durable_store_path()).map_err(|err| data_dir_error(path, err.to_string()))?;
+            let restored = dir.load_checkpoint();
+            (Some(dir), Some(Arc::new(durable)), restored)
+        }
+        None => (None, None, None),
+    };
+    let grace = config.restart_grace.unwrap_or(Duration::from_millis(u64::from(config.store.default_ttl_ms)));
+    let store = match &restored {
+        Some(checkpoint) => {
+            let hold_until = started + u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+            Store::restore(config.store.clone(), started, checkpoint, hold_until)?
+        }
+        None => Store::new(config.store.clone(), started)?,
+    };
     let expiry_wake = Arc::new(Notify::new());
-    let store = Arc::new(Store::new(config.store.clone(), clock.now())?.with_expiry_waker({
+    let store = Arc::new(store.with_expiry_waker({
         let wake = Arc::clone(&expiry_wake);
         move || wake.notify_one()
     }));
     let stopping = CancellationToken::new();
+    let activity = Arc::new(Activity::new(durable.clone(), config.activity_write_interval));
     let context = Arc::new(Context {
         store: Arc::clone(&store),
         hub: Arc::new(Hub::default()),
@@ -110,6 +163,21 @@ pub async fn serve(
         metrics: Metrics::new(),
         watch_buffer: config.watch_buffer,
         stopping: stopping.clone(),
+        activity: Arc::clone(&activity),
+        settings: match &durable {
+            Some(durable) => Settings::Durable(Arc::clone(durable)),
+            None => Settings::Memory(Default::default()),
+        },
+    });
+    let activity_flusher = tokio::spawn(activity::run_flusher(activity, clock, stopping.clone()));
+    let checkpoints = data_dir.clone().map(|dir| {
+        tokio::spawn(checkpoint_periodically(
+            dir,
+            Arc::clone(&store),
+            clock,
+            config.checkpoint_interval,
+            stopping.clone(),
+        ))
     });
 
     let expiry = tokio::spawn(expiry::run(Arc::clone(&context), expiry_wake, config.expiry_batch));
@@ -166,8 +234,58 @@ pub async fn serve(
     };
     stopping.cancel();
     let _ = expiry.await;
+    let _ = activity_flusher.await;
+    if let Some(checkpoints) = checkpoints {
+        let _ = checkpoints.await;
+    }
+    let stats = store.stats();
+    if let Some(dir) = data_dir {
+        // The final checkpoint: a restart resumes exactly here.
+        let now = clock.now();
+        let checkpointed = Arc::clone(&store);
+        match tokio::task::spawn_blocking(move || dir.write_checkpoint(&checkpointed, now)).await {
+            Ok(Ok(written)) => tracing::info!(
+                sessions = stats.sessions,
+                users = stats.users,
+                bytes = written.bytes,
+                took_ms = written.took.as_millis() as u64,
+                "final checkpoint written"
+            ),
+            Ok(Err(err)) => tracing::error!(%err, "cannot write the final checkpoint; the previous one stays"),
+            Err(err) => tracing::error!(%err, "the final checkpoint task failed; the previous one stays"),
+        }
+    }
     let stats = store.stats();
     tracing::info!(sessions = stats.sessions, online_users = stats.online_users, "stopped");
     served?;
     Ok(())
+}
+
+/// Writes a checkpoint every `interval` until `stop`. A failed write is logged
+/// and retried at the next interval; the previous checkpoint stays in place.
+async fn checkpoint_periodically(
+    dir: DataDir,
+    store: Arc<Store>,
+    clock: StoreClock,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first tick is immediate: nothing new to save yet
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        let (dir, store) = (dir.clone(), Arc::clone(&store));
+        let now = clock.now();
+        match tokio::task::spawn_blocking(move || dir.write_checkpoint(&store, now)).await {
+            Ok(Ok(written)) => {
+                tracing::debug!(bytes = written.bytes, took_ms = written.took.as_millis() as u64, "checkpoint written")
+            }
+            Ok(Err(err)) => tracing::error!(%err, "cannot write a checkpoint; the previous one stays"),
+            Err(err) => tracing::error!(%err, "the checkpoint task failed; the previous one stays"),
+        }
+    }
 }

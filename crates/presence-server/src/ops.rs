@@ -21,6 +21,7 @@ pub(crate) fn user_presence(user_id: &str, presence: Presence) -> pb::UserPresen
             State::Offline => pb::State::Offline,
         } as i32,
         version: presence.version,
+        last_active_at_ms: 0,
     }
 }
 

@@ -10,10 +10,11 @@ use presence_core::CompactString;
 use presence_proto::v1::{self as pb, presence_server::Presence as PresenceApi};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::context::Context;
+use crate::context::{Context, unavailable};
 use crate::leases::{self, LeaseQueue, LeasesStream};
 use crate::metrics::RenewResult;
 use crate::ops::{self, user_presence};
+use crate::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES};
 use crate::status::status_of;
 use crate::watch::{self, WatchStream};
 
@@ -115,7 +116,7 @@ impl PresenceApi for PresenceService {
         let result = context.store.snapshot(context.clock.now(), &request.user_ids, &mut changes);
         context.publish(&changes);
         let presences = result.map_err(status_of)?;
-        let users = request.user_ids.iter().zip(presences).map(|(id, presence)| user_presence(id, presence)).collect();
+        let users = context.presences(&request.user_ids, &presences).await?;
         Ok(Response::new(pb::SnapshotResponse { users }))
     }
 
@@ -125,6 +126,47 @@ impl PresenceApi for PresenceService {
         let request = request.into_inner();
         check_user_count(request.user_ids.len())?;
         let user_ids: Vec<CompactString> = request.user_ids.iter().map(CompactString::from).collect();
-        watch::open(Arc::clone(&self.context), user_ids).map(Response::new)
+        watch::open(Arc::clone(&self.context), user_ids).await.map(Response::new)
+    }
+
+    async fn touch(&self, request: Request<pb::TouchRequest>) -> Result<Response<pb::TouchResponse>, Status> {
+        let request = request.into_inner();
+        presence_core::validate_user_ids(std::slice::from_ref(&request.user_id))
+            .map_err(|_| Status::invalid_argument("user_id: must be 1 to 128 bytes"))?;
+        let context = &self.context;
+        let last_active_at =
+            context.activity.touch(&request.user_id, context.clock.now()).await.map_err(unavailable)?;
+        Ok(Response::new(pb::TouchResponse { last_active_at_ms: i64::try_from(last_active_at).unwrap_or(i64::MAX) }))
+    }
+
+    async fn put_setting(
+        &self,
+        request: Request<pb::PutSettingRequest>,
+    ) -> Result<Response<pb::PutSettingResponse>, Status> {
+        let request = request.into_inner();
+        presence_core::validate_user_ids(std::slice::from_ref(&request.user_id))
+            .map_err(|_| Status::invalid_argument("user_id: must be 1 to 128 bytes"))?;
+        if request.name.is_empty() || request.name.len() > MAX_SETTING_NAME_BYTES {
+            return Err(Status::invalid_argument(format!("name: must be 1 to {MAX_SETTING_NAME_BYTES} bytes")));
+        }
+        if request.value.len() > MAX_SETTING_VALUE_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "value: {} bytes, more than the limit of {MAX_SETTING_VALUE_BYTES}",
+                request.value.len()
+            )));
+        }
+        self.context.settings.put(request.user_id, request.name, request.value).await.map_err(unavailable)?;
+        Ok(Response::new(pb::PutSettingResponse {}))
+    }
+
+    async fn get_settings(
+        &self,
+        request: Request<pb::GetSettingsRequest>,
+    ) -> Result<Response<pb::GetSettingsResponse>, Status> {
+        let request = request.into_inner();
+        presence_core::validate_user_ids(std::slice::from_ref(&request.user_id))
+            .map_err(|_| Status::invalid_argument("user_id: must be 1 to 128 bytes"))?;
+        let settings = self.context.settings.get(request.user_id).await.map_err(unavailable)?;
+        Ok(Response::new(pb::GetSettingsResponse { settings: settings.into_iter().collect() }))
     }
 }

@@ -28,10 +28,10 @@ const STREAM_BUFFER: usize = 64;
 pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<WatchEvent, Status>>;
 
 /// Opens a watch of `user_ids` and spawns the task that feeds it.
-pub(crate) fn open(context: Arc<Context>, user_ids: Vec<CompactString>) -> Result<WatchStream, Status> {
+pub(crate) async fn open(context: Arc<Context>, user_ids: Vec<CompactString>) -> Result<WatchStream, Status> {
     presence_core::validate_user_ids(&user_ids).map_err(status_of)?;
     let subscription = context.hub.subscribe(user_ids, context.watch_buffer);
-    let (held, first) = snapshot(&context, &subscription)?;
+    let (held, first) = snapshot(&context, &subscription).await?;
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tx.try_send(Ok(first)).expect("a new channel has room");
     context.metrics.viewers.increment(1.0);
@@ -43,7 +43,7 @@ pub(crate) fn open(context: Arc<Context>, user_ids: Vec<CompactString>) -> Resul
 }
 
 /// Reads the watched users' presence now: what the viewer will hold, and the event that shows it.
-fn snapshot(
+async fn snapshot(
     context: &Context,
     subscription: &Subscription,
 ) -> Result<(HashMap<CompactString, u64>, WatchEvent), Status> {
@@ -52,7 +52,7 @@ fn snapshot(
     context.publish(&changes);
     let presences: Vec<Presence> = presences.map_err(status_of)?;
     let held = subscription.users().iter().cloned().zip(presences.iter().map(|p| p.version)).collect();
-    let users = subscription.users().iter().zip(&presences).map(|(id, p)| user_presence(id, *p)).collect();
+    let users = context.presences(subscription.users(), &presences).await?;
     Ok((held, WatchEvent { event: Some(watch_event::Event::Snapshot(Snapshot { users })) }))
 }
 
@@ -70,7 +70,7 @@ async fn forward(
             () = context.stopping.cancelled() => break 'stream,
         }
         let events: Vec<WatchEvent> = match subscription.mailbox().take() {
-            Delivery::Resync => match snapshot(context, subscription) {
+            Delivery::Resync => match snapshot(context, subscription).await {
                 Ok((fresh, event)) => {
                     context.metrics.resyncs.increment(1);
                     held = fresh;

@@ -1,0 +1,153 @@
+//! Meaningful activity (contract S2): `last_active_at`, distinct from lease
+//! heartbeats, moving forward only, and durable at a bounded write rate.
+//!
+//! A Touch updates the user's time in memory at once. The durable copy is
+//! written at most once per `write_interval` (a minute by default) per user:
+//! the first Touch after an interval writes through before it is
+//! acknowledged; later ones within the interval are flushed when the interval
+//! is up. The write rate is thus bounded by the number of active users, not by
+//! how often they act, and a crash loses at most the last interval of a
+//! user's activity, never an older time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hashbrown::HashMap;
+use parking_lot::Mutex;
+use presence_core::{CompactString, Tick};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::StoreClock;
+use crate::durable::{DurableError, DurableStore, run_blocking};
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// The latest activity seen.
+    last_active_at: Tick,
+    /// The latest activity known to be on disk (0: none yet).
+    durable: Tick,
+    /// When the durable copy was last written (0: never).
+    written_at: Tick,
+}
+
+/// Activity of the users seen since the start.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    recent: Mutex<HashMap<CompactString, Entry>>,
+    durable: Option<Arc<DurableStore>>,
+    write_interval: Tick,
+}
+
+impl Activity {
+    pub(crate) fn new(durable: Option<Arc<DurableStore>>, write_interval: Duration) -> Self {
+        let write_interval = u64::try_from(write_interval.as_millis()).unwrap_or(u64::MAX).max(1);
+        Activity { recent: Mutex::new(HashMap::new()), durable, write_interval }
+    }
+
+    /// Records activity at `now`; returns the user's `last_active_at` once it is
+    /// as durable as the policy promises.
+    pub(crate) async fn touch(&self, user_id: &str, now: Tick) -> Result<Tick, DurableError> {
+        let (last_active_at, write) = {
+            let mut recent = self.recent.lock();
+            let entry = recent.entry(CompactString::from(user_id)).or_insert(Entry {
+                last_active_at: 0,
+                durable: 0,
+                written_at: 0,
+            });
+            entry.last_active_at = entry.last_active_at.max(now);
+            let due = entry.written_at == 0 || now.saturating_sub(entry.written_at) >= self.write_interval;
+            if due && self.durable.is_some() {
+                entry.written_at = now;
+            }
+            (entry.last_active_at, due)
+        };
+        if let (true, Some(durable)) = (write, &self.durable) {
+            let durable = Arc::clone(durable);
+            let entries = vec![(user_id.to_owned(), last_active_at)];
+            run_blocking(move || durable.record_activity(&entries)).await?;
+            if let Some(entry) = self.recent.lock().get_mut(user_id) {
+                entry.durable = entry.durable.max(last_active_at);
+            }
+        }
+        Ok(last_active_at)
+    }
+
+    /// The users' `last_active_at`, from memory or from disk; 0 where unknown.
+    pub(crate) async fn last_active_at<S: AsRef<str>>(&self, user_ids: &[S]) -> Result<Vec<Tick>, DurableError> {
+        let mut found: Vec<Option<Tick>> = {
+            let recent = self.recent.lock();
+            user_ids.iter().map(|id| recent.get(id.as_ref()).map(|entry| entry.last_active_at)).collect()
+        };
+        let missing: Vec<String> = user_ids
+            .iter()
+            .zip(&found)
+            .filter(|(_, known)| known.is_none())
+            .map(|(id, _)| id.as_ref().to_owned())
+            .collect();
+        if let (false, Some(durable)) = (missing.is_empty(), &self.durable) {
+            let durable = Arc::clone(durable);
+            let mut stored = run_blocking(move || durable.activity(&missing)).await?.into_iter();
+            for slot in found.iter_mut().filter(|known| known.is_none()) {
+                *slot = stored.next().flatten();
+            }
+        }
+        Ok(found.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
+    /// Writes what is due (or, with `everything`, all that is not yet on disk),
+    /// and forgets users whose durable copy is current and who were idle for two intervals.
+    pub(crate) async fn flush(&self, now: Tick, everything: bool) -> Result<usize, DurableError> {
+        let Some(durable) = &self.durable else { return Ok(0) };
+        let batch: Vec<(String, Tick)> = {
+            let mut recent = self.recent.lock();
+            let interval = self.write_interval;
+            recent.retain(|_, entry| {
+                entry.last_active_at > entry.durable || now.saturating_sub(entry.last_active_at) < 2 * interval
+            });
+            recent
+                .iter_mut()
+                .filter(|(_, entry)| {
+                    entry.last_active_at > entry.durable
+                        && (everything || now.saturating_sub(entry.written_at) >= interval)
+                })
+                .map(|(id, entry)| {
+                    entry.written_at = now;
+                    (id.to_string(), entry.last_active_at)
+                })
+                .collect()
+        };
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let written = batch.len();
+        let store = Arc::clone(durable);
+        let entries = batch.clone();
+        run_blocking(move || store.record_activity(&entries)).await?;
+        let mut recent = self.recent.lock();
+        for (id, at) in batch {
+            if let Some(entry) = recent.get_mut(id.as_str()) {
+                entry.durable = entry.durable.max(at);
+            }
+        }
+        Ok(written)
+    }
+}
+
+/// Flushes due activity a few times per interval until `stop`, then everything.
+pub(crate) async fn run_flusher(activity: Arc<Activity>, clock: StoreClock, stop: CancellationToken) {
+    let period = Duration::from_millis((activity.write_interval / 4).clamp(10, 15_000));
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => break,
+        }
+        if let Err(err) = activity.flush(clock.now(), false).await {
+            tracing::warn!(%err, "cannot write activity; will retry");
+        }
+    }
+    match activity.flush(clock.now(), true).await {
+        Ok(written) => tracing::info!(users = written, "activity written at shutdown"),
+        Err(err) => tracing::error!(%err, "cannot write activity at shutdown"),
+    }
+}

@@ -1,0 +1,162 @@
+//! The data directory: where the lease checkpoint and the durable store live
+//! (contract B3).
+//!
+//! ```text
+//! DIR/leases.checkpoint        the latest complete checkpoint
+//! DIR/leases.checkpoint.prev   the one before it, kept in case the latest is damaged
+//! DIR/leases.checkpoint.tmp    a checkpoint being written (never read)
+//! DIR/durable.redb             settings and activity (see durable.rs)
+//! ```
+//!
+//! A checkpoint is written to the temporary file, fsynced, and renamed over
+//! the latest after the latest is renamed to `.prev`, and the directory is
+//! fsynced: a crash at any point leaves a complete checkpoint to load, either
+//! the new one or the one before it.
+
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use presence_core::checkpoint::{self, Checkpoint, CheckpointWriter};
+use presence_core::{Store, Tick};
+
+const CHECKPOINT: &str = "leases.checkpoint";
+const PREVIOUS: &str = "leases.checkpoint.prev";
+const WRITING: &str = "leases.checkpoint.tmp";
+const DURABLE: &str = "durable.redb";
+
+/// What writing a checkpoint took.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Written {
+    pub(crate) bytes: u64,
+    pub(crate) took: Duration,
+}
+
+/// A data directory.
+#[derive(Debug, Clone)]
+pub(crate) struct DataDir {
+    path: PathBuf,
+}
+
+impl DataDir {
+    /// Opens the directory, creating it if needed.
+    pub(crate) fn open(path: &Path) -> io::Result<Self> {
+        fs::create_dir_all(path)?;
+        Ok(DataDir { path: path.to_owned() })
+    }
+
+    pub(crate) fn durable_store_path(&self) -> PathBuf {
+        self.path.join(DURABLE)
+    }
+
+    /// The latest checkpoint that is intact, falling back to the one before it.
+    /// Every unusable file is reported in one line; `None` means start empty.
+    pub(crate) fn load_checkpoint(&self) -> Option<Checkpoint> {
+        for name in [CHECKPOINT, PREVIOUS] {
+            let path = self.path.join(name);
+            let bytes = match fs::read(&path) {
+                Ok(bytes) => bytes,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                Err(err) => {
+                    tracing::error!("checkpoint {} cannot be read ({err}); trying the previous one", path.display());
+                    continue;
+                }
+            };
+            match checkpoint::decode(&bytes) {
+                Ok(checkpoint) => {
+                    let sessions: usize = checkpoint.users.iter().map(|user| user.leases.len()).sum();
+                    tracing::info!(
+                        path = %path.display(),
+                        users = checkpoint.users.len(),
+                        sessions,
+                        "loaded checkpoint"
+                    );
+                    return Some(checkpoint);
+                }
+                Err(err) => {
+                    tracing::error!("checkpoint {} is unusable ({err}); trying the previous one", path.display())
+                }
+            }
+        }
+        tracing::info!(dir = %self.path.display(), "no usable checkpoint: starting empty");
+        None
+    }
+
+    /// Writes a checkpoint of `store` taken at `now` and makes it the latest.
+    /// Blocks on disk I/O; each shard is locked only while it is encoded.
+    pub(crate) fn write_checkpoint(&self, store: &Store, now: Tick) -> io::Result<Written> {
+        let started = Instant::now();
+        let writing = self.path.join(WRITING);
+        let mut file = BufWriter::with_capacity(1 << 20, File::create(&writing)?);
+        let mut writer = CheckpointWriter::new(now);
+        let mut bytes = 0u64;
+        for shard in 0..store.shard_count() {
+            store.checkpoint_shard(shard, &mut writer);
+            let chunk = writer.take_chunk();
+            bytes += chunk.len() as u64;
+            file.write_all(&chunk)?;
+        }
+        let last = writer.finish();
+        bytes += last.len() as u64;
+        file.write_all(&last)?;
+        let file = file.into_inner().map_err(io::IntoInnerError::into_error)?;
+        file.sync_all()?;
+        drop(file);
+        let latest = self.path.join(CHECKPOINT);
+        if latest.exists() {
+            fs::rename(&latest, self.path.join(PREVIOUS))?;
+        }
+        fs::rename(&writing, &latest)?;
+        File::open(&self.path)?.sync_all()?;
+        Ok(Written { bytes, took: started.elapsed() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use presence_core::{Registration, StoreConfig};
+
+    fn scratch(name: &str) -> DataDir {
+        let path = std::env::temp_dir().join(format!("presenced-datadir-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&path);
+        DataDir::open(&path).unwrap()
+    }
+
+    fn store_with(users: usize) -> Store {
+        let store = Store::new(StoreConfig::default(), 1_000).unwrap();
+        let mut changes = Vec::new();
+        for user in 0..users {
+            let id = format!("u{user}");
+            let registration =
+                Registration { user_id: &id, session_id: "s", gateway_id: "g", ttl_ms: 45_000, metadata: &[] };
+            store.register(1_000, &registration, &mut changes).unwrap();
+        }
+        store
+    }
+
+    #[test]
+    fn a_damaged_latest_checkpoint_falls_back_to_the_previous_one() {
+        let dir = scratch("fallback");
+        assert!(dir.load_checkpoint().is_none(), "an empty directory starts empty");
+        dir.write_checkpoint(&store_with(3), 2_000).unwrap();
+        dir.write_checkpoint(&store_with(5), 3_000).unwrap();
+        assert_eq!(dir.load_checkpoint().unwrap().users.len(), 5);
+
+        // Cut the latest short, as a crash in the middle of a copy would.
+        let latest = dir.path.join(CHECKPOINT);
+        let bytes = fs::read(&latest).unwrap();
+        fs::write(&latest, &bytes[..bytes.len() / 2]).unwrap();
+        let loaded = dir.load_checkpoint().expect("the previous checkpoint");
+        assert_eq!((loaded.written_at, loaded.users.len()), (2_000, 3));
+
+        // Both damaged: start empty rather than from garbage.
+        let previous = dir.path.join(PREVIOUS);
+        let mut bytes = fs::read(&previous).unwrap();
+        bytes[20] ^= 0xff;
+        fs::write(&previous, &bytes).unwrap();
+        assert!(dir.load_checkpoint().is_none());
+        fs::remove_dir_all(&dir.path).unwrap();
+    }
+}

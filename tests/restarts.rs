@@ -1,0 +1,282 @@
+//! B3, B4, M4 and S2 with the real binary as a child process: restarts,
+//! planned or not, lose nothing that was promised and flood no one.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::daemon::{Daemon, free_port, scratch_dir};
+use common::*;
+use presence_proto::v1 as pb;
+use presence_proto::v1::presence_client::PresenceClient;
+use tonic::Code;
+use tonic::transport::Channel;
+
+async fn connect(daemon: &Daemon) -> PresenceClient<Channel> {
+    PresenceClient::connect(daemon.url()).await.expect("connect to presenced")
+}
+
+fn user_ids(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// Registers `sessions_per_user` sessions of each user in batches of 1,000; returns (user, session, generation).
+async fn register_all(
+    client: &mut PresenceClient<Channel>,
+    users: &[String],
+    sessions_per_user: usize,
+) -> Vec<(String, String, u64)> {
+    let wanted: Vec<(String, String)> = users
+        .iter()
+        .flat_map(|user| (0..sessions_per_user).map(move |s| (user.clone(), format!("sess_{s:012}"))))
+        .collect();
+    let mut registered = Vec::with_capacity(wanted.len());
+    for chunk in wanted.chunks(1_000) {
+        let items = chunk.iter().map(|(user, session)| register_item(user, session, 0)).collect();
+        for ((user, session), result) in chunk.iter().zip(lease_batch(client, items).await) {
+            registered.push((user.clone(), session.clone(), generation_of(&result)));
+        }
+    }
+    registered
+}
+
+/// Renews every session with its generation; returns the codes.
+async fn renew_all(client: &mut PresenceClient<Channel>, sessions: &[(String, String, u64)]) -> Vec<Code> {
+    let mut codes = Vec::with_capacity(sessions.len());
+    for chunk in sessions.chunks(1_000) {
+        let items = chunk.iter().map(|(user, session, generation)| renew_item(user, session, *generation)).collect();
+        codes.extend(lease_batch(client, items).await.iter().map(|r| Code::from(r.code as i32)));
+    }
+    codes
+}
+
+/// Waits until the latest checkpoint in `dir` holds `user_id`.
+async fn until_checkpointed(dir: &Path, user_id: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(bytes) = std::fs::read(dir.join("leases.checkpoint"))
+            && let Ok(checkpoint) = presence_core::checkpoint::decode(&bytes)
+            && checkpoint.users.iter().any(|user| user.user_id == user_id)
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no checkpoint ever held {user_id}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn versions(presences: &[pb::UserPresence]) -> Vec<(String, i32, u64)> {
+    presences.iter().map(|p| (p.user_id.clone(), p.state, p.version)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b3_a_graceful_restart_under_10000_renewing_sessions_shows_viewers_no_flip() {
+    let dir = scratch_dir("graceful-restart");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let data_dir = dir.to_str().unwrap();
+    let args = ["--data-dir", data_dir, "--default-ttl-ms", "30000", "--min-renew-interval-ms", "0"];
+    let daemon = Daemon::start_on(&listen, &args, &[], None);
+    let mut client = connect(&daemon).await;
+    let users = user_ids("user", 5_000);
+    let sessions = register_all(&mut client, &users, 2).await;
+    assert_eq!(sessions.len(), 10_000);
+    let user_refs: Vec<&str> = users.iter().map(String::as_str).chain(["sentinel"]).collect();
+    let mut viewer = Viewer::open(&mut client, &user_refs).await;
+    let before = snapshot(&mut client, &user_refs).await;
+    assert!(before[..5_000].iter().all(|p| state_of(p) == pb::State::Online));
+
+    daemon.stop().await;
+    let ended = viewer.ended().await.expect_err("the watch is told to reconnect");
+    assert_eq!(ended.code(), Code::Unavailable);
+    assert!(viewer.updates.is_empty(), "nothing flipped before the restart: {:?}", viewer.updates.first());
+
+    let daemon = Daemon::start_on(&listen, &args, &[], None);
+    let mut client = connect(&daemon).await;
+    // The gateways carry on renewing with the generations they hold.
+    let codes = renew_all(&mut client, &sessions).await;
+    assert!(
+        codes.iter().all(|code| *code == Code::Ok),
+        "renewals refused after the restart: {:?}",
+        codes.iter().find(|c| **c != Code::Ok)
+    );
+    // The viewer reconnects and resumes: every user as it was, same version: zero flips.
+    let mut resumed = Viewer::open(&mut client, &user_refs).await;
+    let after = snapshot(&mut client, &user_refs).await;
+    assert_eq!(versions(&after), versions(&before));
+    // A sentinel flip reaches the viewer after anything else would have.
+    resumed.barrier(&mut client, "sentinel").await;
+    assert!(resumed.updates.iter().all(|u| u.user_id == "sentinel"), "flips after the restart: {:?}", resumed.updates);
+    daemon.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b3_after_kill_9_only_sessions_newer_than_the_checkpoint_flip_and_they_come_back_by_registering() {
+    let dir = scratch_dir("kill-9");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let data_dir = dir.to_str().unwrap();
+    let args = ["--data-dir", data_dir, "--checkpoint-interval-ms", "3000", "--default-ttl-ms", "30000"];
+    let daemon = Daemon::start_on(&listen, &args, &[], None);
+    let mut client = connect(&daemon).await;
+    let old_users = user_ids("old", 200);
+    let new_users = user_ids("new", 200);
+    let old = register_all(&mut client, &old_users, 1).await;
+    until_checkpointed(&dir, "old199").await;
+    // Registered after the last checkpoint, then the process dies before the next one.
+    let new = register_all(&mut client, &new_users, 1).await;
+    let all: Vec<&str> = old_users.iter().chain(&new_users).map(String::as_str).chain(["sentinel"]).collect();
+    let before = snapshot(&mut client, &all).await;
+    let highest_before = before.iter().map(|p| p.version).max().unwrap();
+    assert!(before[..400].iter().all(|p| state_of(p) == pb::State::Online));
+    daemon.kill9();
+
+    let daemon = Daemon::start_on(&listen, &args, &[], None);
+    let mut client = connect(&daemon).await;
+    let mut viewer = Viewer::open(&mut client, &all).await;
+    // Sessions from before the checkpoint renew as if nothing happened.
+    assert!(renew_all(&mut client, &old).await.iter().all(|code| *code == Code::Ok));
+    // Sessions from after it are unknown: the gateway re-registers them.
+    let codes = renew_all(&mut client, &new).await;
+    assert!(codes.iter().all(|code| *code == Code::NotFound), "{:?}", &codes[..3]);
+    let again = register_all(&mut client, &new_users, 1).await;
+    assert!(again.iter().zip(&new).all(|(after, before)| after.2 > before.2), "generations never go back");
+    viewer.barrier(&mut client, "sentinel").await;
+    let flipped: Vec<&str> = viewer.updates.iter().map(|u| u.user_id.as_str()).filter(|u| *u != "sentinel").collect();
+    assert!(flipped.iter().all(|user| user.starts_with("new")), "only post-checkpoint users may flip: {flipped:?}");
+    assert!(viewer.updates.iter().all(|u| u.version > highest_before || u.user_id == "sentinel"));
+    let after = snapshot(&mut client, &all[..400]).await;
+    assert!(after.iter().all(|p| state_of(p) == pb::State::Online), "everyone is back online");
+    daemon.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Flips `user` a few times and returns the highest version seen.
+async fn flip_a_few_times(client: &mut PresenceClient<Channel>, user: &str) -> u64 {
+    let mut highest = 0;
+    for _ in 0..3 {
+        let registered = client.register(register(user, "s", "gw", 0)).await.unwrap().into_inner();
+        let unregistered =
+            client.unregister(unregister(user, "s", registered.generation, 0)).await.unwrap().into_inner();
+        highest = highest.max(unregistered.presence.unwrap().version).max(registered.generation);
+    }
+    highest
+}
+
+#[tokio::test]
+async fn m4_versions_never_go_back_across_kill_9_without_a_data_directory() {
+    let daemon = Daemon::start(&[], &[]);
+    let mut client = connect(&daemon).await;
+    let highest = flip_a_few_times(&mut client, "u1").await;
+    daemon.kill9();
+    let daemon = Daemon::start(&[], &[]);
+    let mut client = connect(&daemon).await;
+    let registered = client.register(register("u1", "s", "gw", 0)).await.unwrap().into_inner();
+    assert!(registered.generation > highest);
+    assert!(registered.presence.unwrap().version > highest, "a viewer holding the old version accepts the new one");
+}
+
+#[tokio::test]
+async fn m4_versions_never_go_back_across_kill_9_with_flips_after_the_last_checkpoint() {
+    let dir = scratch_dir("m4-data");
+    let data_dir = dir.to_str().unwrap();
+    let args = ["--data-dir", data_dir, "--checkpoint-interval-ms", "60000"];
+    let daemon = Daemon::start(&args, &[]);
+    let mut client = connect(&daemon).await;
+    client.register(register("u1", "s", "gw", 0)).await.unwrap();
+    // Only the final checkpoint of a graceful stop is written in this test; the flips below come after it.
+    daemon.stop().await;
+    let daemon = Daemon::start(&args, &[]);
+    let mut client = connect(&daemon).await;
+    let highest = flip_a_few_times(&mut client, "u1").await;
+    daemon.kill9();
+    let daemon = Daemon::start(&args, &[]);
+    let mut client = connect(&daemon).await;
+    let now = snapshot(&mut client, &["u1"]).await;
+    let registered = client.register(register("u1", "s9", "gw", 0)).await.unwrap().into_inner();
+    assert!(registered.generation > highest);
+    let version = registered.presence.unwrap().version;
+    assert!(version > highest || (!registered.changed && now[0].version <= version), "{version} vs {highest}");
+    let later = flip_a_few_times(&mut client, "u2").await;
+    assert!(later > highest);
+    daemon.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn b4_touches_and_settings_acknowledged_before_kill_9_survive_it() {
+    let dir = scratch_dir("durable");
+    let data_dir = dir.to_str().unwrap();
+    // A one-second activity interval stands in for the production minute.
+    let args = ["--data-dir", data_dir, "--activity-write-interval-ms", "1000"];
+    let daemon = Daemon::start(&args, &[]);
+    let mut client = connect(&daemon).await;
+    let first = client.touch(pb::TouchRequest { user_id: "u1".into() }).await.unwrap().into_inner();
+    tokio::time::sleep(Duration::from_millis(20)).await; // a later activity, at a later millisecond
+    let second = client.touch(pb::TouchRequest { user_id: "u1".into() }).await.unwrap().into_inner();
+    assert!(second.last_active_at_ms > first.last_active_at_ms);
+    let setting =
+        pb::PutSettingRequest { user_id: "u1".into(), name: "visibility".into(), value: b"contacts".to_vec() };
+    client.put_setting(setting).await.expect("acknowledged once synced");
+    // The second touch is promised durable once its interval is up (plus the flusher's period).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    daemon.kill9();
+
+    let daemon = Daemon::start(&args, &[]);
+    let mut client = connect(&daemon).await;
+    let settings = client.get_settings(pb::GetSettingsRequest { user_id: "u1".into() }).await.unwrap().into_inner();
+    assert_eq!(settings.settings.get("visibility").map(Vec::as_slice), Some(&b"contacts"[..]));
+    let now = snapshot(&mut client, &["u1"]).await;
+    assert_eq!(now[0].last_active_at_ms, second.last_active_at_ms);
+    // last_active_at only moves forward.
+    let third = client.touch(pb::TouchRequest { user_id: "u1".into() }).await.unwrap().into_inner();
+    assert!(third.last_active_at_ms >= second.last_active_at_ms);
+    daemon.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn b3_a_damaged_checkpoint_is_reported_in_one_line_and_never_loaded() {
+    let dir = scratch_dir("damaged");
+    let data_dir = dir.to_str().unwrap();
+    let args = ["--data-dir", data_dir, "--checkpoint-interval-ms", "60000"];
+    // Two graceful stops leave two checkpoints: u1 alone, then u1 and u2.
+    let daemon = Daemon::start(&args, &[]);
+    connect(&daemon).await.register(register("u1", "s", "gw", 60_000)).await.unwrap();
+    daemon.stop().await;
+    let daemon = Daemon::start(&args, &[]);
+    connect(&daemon).await.register(register("u2", "s", "gw", 60_000)).await.unwrap();
+    daemon.stop().await;
+
+    // Truncate the latest: the service says so and starts from the previous one.
+    let latest = dir.join("leases.checkpoint");
+    let bytes = std::fs::read(&latest).unwrap();
+    std::fs::write(&latest, &bytes[..bytes.len() - 7]).unwrap();
+    let stderr = dir.join("stderr.log");
+    let daemon = Daemon::start_on("127.0.0.1:0", &args, &[], Some(&stderr));
+    let mut client = connect(&daemon).await;
+    let now = snapshot(&mut client, &["u1", "u2"]).await;
+    assert_eq!(now.iter().map(state_of).collect::<Vec<_>>(), [pb::State::Online, pb::State::Offline]);
+    let reported: Vec<String> =
+        daemon.stderr_text().lines().filter(|line| line.contains("leases.checkpoint ")).map(str::to_owned).collect();
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    assert!(reported[0].contains("truncated"), "{reported:?}");
+    drop(daemon);
+
+    // Corrupt both: the service starts empty rather than from garbage.
+    for name in ["leases.checkpoint", "leases.checkpoint.prev"] {
+        let path = dir.join(name);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x55;
+        std::fs::write(&path, &bytes).unwrap();
+    }
+    let daemon = Daemon::start_on("127.0.0.1:0", &args, &[], Some(&stderr));
+    let mut client = connect(&daemon).await;
+    let now = snapshot(&mut client, &["u1", "u2"]).await;
+    assert!(now.iter().all(|p| state_of(p) == pb::State::Offline && p.version == 0));
+    let text = daemon.stderr_text();
+    assert_eq!(text.lines().filter(|line| line.contains("is unusable")).count(), 2, "{text}");
+    daemon.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
