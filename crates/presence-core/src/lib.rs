@@ -27,11 +27,12 @@ pub use error::LeaseError;
 pub use shard::LeaseView;
 pub use store::Store;
 pub use types::{
-    Changes, Presence, PresenceChange, Registered, Registration, Renewed, Revoked, State, StoreStats,
-    UnregisterOutcome, Unregistered,
+    Availability, Changes, Presence, PresenceChange, Registered, Registration, Renewed, Revoked, State, Status,
+    StoreStats, UnregisterOutcome, Unregistered, UserView,
 };
 pub use validate::{
-    MAX_ID_BYTES, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES, user_ids as validate_user_ids,
+    MAX_ID_BYTES, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES, MAX_STATUS_TEXT_CHARS,
+    status_text as validate_status_text, user_ids as validate_user_ids,
 };
 pub use wheel::Tick;
 

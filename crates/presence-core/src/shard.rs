@@ -23,6 +23,8 @@
 //! lives in a side table; a lease keeps its last heartbeat as a 32-bit offset
 //! from its deadline. The size tests at the bottom hold the line.
 
+use std::sync::Arc;
+
 use compact_str::CompactString;
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 use std::hash::BuildHasher;
@@ -32,8 +34,8 @@ use crate::error::LeaseError;
 use crate::interner::{GatewayInterner, GatewayRef};
 use crate::stamp::StampClock;
 use crate::types::{
-    Changes, Presence, PresenceChange, Registered, Registration, Renewed, Revoked, State, UnregisterOutcome,
-    Unregistered,
+    Changes, Presence, PresenceChange, Registered, Registration, Renewed, Revoked, State, Status, UnregisterOutcome,
+    Unregistered, UserView,
 };
 use crate::wheel::{Tick, TimerKey, TimerWheel};
 
@@ -85,11 +87,21 @@ struct User {
     /// The user's first lease in the slab, or `NIL`.
     first_lease: u32,
     online: bool,
+    /// The status the user chose (S1), shared with the changes that carry it.
+    status: Option<Arc<Status>>,
 }
 
 impl User {
     fn presence(&self) -> Presence {
         Presence { state: if self.online { State::Online } else { State::Offline }, version: self.version }
+    }
+
+    fn view(&self) -> UserView {
+        UserView { presence: self.presence(), status: self.status.clone() }
+    }
+
+    fn status_deadline(&self) -> Option<Tick> {
+        self.status.as_ref().and_then(|status| status.expires_at)
     }
 }
 
@@ -347,6 +359,62 @@ impl Shard {
         }
     }
 
+    /// The user's presence and status at `now`, settling it first.
+    pub(crate) fn view(&mut self, now: Tick, user_id: &str, changes: &mut Changes) -> UserView {
+        let now = self.advance(now);
+        match self.find(user_id) {
+            Some(slot) => {
+                self.settle(slot, now, changes);
+                self.users[slot as usize].view()
+            }
+            None => UserView { presence: Presence::UNKNOWN, status: None },
+        }
+    }
+
+    /// Sets (or, with `None`, clears) the user's status: a change viewers see,
+    /// with a new version, whatever the state. A status with an expiry clears
+    /// itself through the wheel.
+    pub(crate) fn set_status(
+        &mut self,
+        now: Tick,
+        user_id: &str,
+        status: Option<Status>,
+        changes: &mut Changes,
+    ) -> UserView {
+        let now = self.advance(now);
+        let slot = self.find_or_insert(user_id);
+        self.settle(slot, now, changes);
+        let deadline = status.as_ref().and_then(|status| status.expires_at);
+        self.users[slot as usize].status = status.map(Arc::new);
+        if let Some(deadline) = deadline {
+            self.schedule_no_later_than(slot, deadline);
+        }
+        self.announce(slot, now, changes);
+        self.users[slot as usize].view()
+    }
+
+    /// Puts back a status kept elsewhere (after a restart) without a change or a new version.
+    pub(crate) fn restore_status(&mut self, now: Tick, user_id: &str, status: Status) {
+        self.advance(now);
+        let slot = self.find_or_insert(user_id);
+        let deadline = status.expires_at;
+        self.users[slot as usize].status = Some(Arc::new(status));
+        if let Some(deadline) = deadline {
+            self.schedule_no_later_than(slot, deadline);
+        }
+    }
+
+    /// Gives the user a new version without publishing anything: for changes
+    /// outside the store that some viewers see (who may see the user), so that
+    /// what they are told next is newer than anything they hold.
+    pub(crate) fn bump_version(&mut self, now: Tick, user_id: &str, changes: &mut Changes) -> UserView {
+        let now = self.advance(now);
+        let slot = self.find_or_insert(user_id);
+        self.settle(slot, now, changes);
+        self.bump(slot, now);
+        self.users[slot as usize].view()
+    }
+
     /// The user's leases at `now`, settling it first; the most recently created first.
     pub(crate) fn leases(&mut self, now: Tick, user_id: &str, changes: &mut Changes) -> Vec<LeaseView> {
         let now = self.advance(now);
@@ -378,7 +446,8 @@ impl Shard {
             let Some((_, slot)) = self.wheel.poll(now) else { return false };
             self.users[slot as usize].timer = None;
             self.settle(slot, now, changes);
-            if let Some(earliest) = self.lease_indices(slot).map(|index| self.lease(index).expires_at).min() {
+            let leases = self.lease_indices(slot).map(|index| self.lease(index).expires_at);
+            if let Some(earliest) = leases.chain(self.users[slot as usize].status_deadline()).min() {
                 self.schedule_no_later_than(slot, earliest);
             }
         }
@@ -521,6 +590,7 @@ impl Shard {
             timer: None,
             first_lease: NIL,
             online: false,
+            status: None,
         });
         let (users, hasher) = (&self.users, &self.hasher);
         self.index.insert_unique(self.hash(user_id), slot, |&slot| hasher.hash_one(users[slot as usize].id.as_str()));
@@ -623,14 +693,23 @@ impl Shard {
     }
 
     /// Drops the user's leases whose deadline has passed, flipping it OFFLINE
-    /// when none is left.
+    /// when none is left, and clears its status if that expired: one change
+    /// (one version) for whatever of the two happened.
     fn settle(&mut self, slot: u32, now: Tick, changes: &mut Changes) {
         let (removed, last_deadline) = self.remove_leases_where(slot, |lease| lease.expires_at <= now);
-        if removed > 0 && self.users[slot as usize].first_lease == NIL {
+        let user = &mut self.users[slot as usize];
+        let status_expired = user.status_deadline().is_some_and(|deadline| deadline <= now);
+        if status_expired {
+            user.status = None;
+        }
+        let goes_offline = removed > 0 && user.first_lease == NIL && user.online;
+        if user.first_lease == NIL && user.status_deadline().is_none() {
             self.cancel_timer(slot);
-            if self.users[slot as usize].online {
-                self.flip(slot, State::Offline, now, Some(last_deadline), changes);
-            }
+        }
+        if goes_offline {
+            self.flip(slot, State::Offline, now, Some(last_deadline), changes);
+        } else if status_expired {
+            self.announce(slot, now, changes);
         }
     }
 
@@ -640,7 +719,9 @@ impl Shard {
         if self.users[slot as usize].first_lease != NIL {
             return false;
         }
-        self.cancel_timer(slot);
+        if self.users[slot as usize].status_deadline().is_none() {
+            self.cancel_timer(slot);
+        }
         let flips = self.users[slot as usize].online;
         if flips {
             self.flip(slot, State::Offline, now, None, changes);
@@ -652,12 +733,38 @@ impl Shard {
         let user = &mut self.users[slot as usize];
         debug_assert_ne!(user.online, state == State::Online, "a flip changes the state");
         user.online = state == State::Online;
-        user.version = self.stamps.next(now);
         match state {
             State::Online => self.online += 1,
             State::Offline => self.online -= 1,
         }
-        changes.push(PresenceChange { user_id: user.id.clone(), presence: user.presence(), at: now, deadline });
+        self.bump(slot, now);
+        let user = &self.users[slot as usize];
+        changes.push(PresenceChange {
+            user_id: user.id.clone(),
+            presence: user.presence(),
+            status: user.status.clone(),
+            at: now,
+            deadline,
+        });
+    }
+
+    /// Publishes a change of the user that is not a flip (its status): a new version, the same state.
+    fn announce(&mut self, slot: u32, now: Tick, changes: &mut Changes) {
+        self.bump(slot, now);
+        let user = &self.users[slot as usize];
+        changes.push(PresenceChange {
+            user_id: user.id.clone(),
+            presence: user.presence(),
+            status: user.status.clone(),
+            at: now,
+            deadline: None,
+        });
+    }
+
+    fn bump(&mut self, slot: u32, now: Tick) -> u64 {
+        let version = self.stamps.next(now);
+        self.users[slot as usize].version = version;
+        version
     }
 
     /// Makes sure the user's timer fires at or before `deadline`.
@@ -693,6 +800,6 @@ mod tests {
     #[test]
     fn records_stay_small() {
         assert_eq!(std::mem::size_of::<Option<Lease>>(), 56);
-        assert_eq!(std::mem::size_of::<User>(), 48);
+        assert_eq!(std::mem::size_of::<User>(), 56);
     }
 }

@@ -15,7 +15,9 @@ use crate::checkpoint::{Checkpoint, CheckpointWriter};
 use crate::config::{ConfigError, StoreConfig};
 use crate::error::LeaseError;
 use crate::shard::{LeaseView, Shard};
-use crate::types::{Changes, Presence, Registered, Registration, Renewed, Revoked, StoreStats, Unregistered};
+use crate::types::{
+    Changes, Presence, Registered, Registration, Renewed, Revoked, Status, StoreStats, Unregistered, UserView,
+};
 use crate::validate;
 use crate::wheel::Tick;
 
@@ -152,6 +154,57 @@ impl Store {
                 self.with_shard(user_id, |shard| shard.presence(now, user_id, changes))
             })
             .collect())
+    }
+
+    /// The presence and status of each user, in order; O(k) (E2). Unknown
+    /// users are OFFLINE at version 0, with no status.
+    pub fn view<S: AsRef<str>>(
+        &self,
+        now: Tick,
+        user_ids: &[S],
+        changes: &mut Changes,
+    ) -> Result<Vec<UserView>, LeaseError> {
+        validate::user_ids(user_ids)?;
+        Ok(user_ids
+            .iter()
+            .map(|user_id| {
+                let user_id = user_id.as_ref();
+                self.with_shard(user_id, |shard| shard.view(now, user_id, changes))
+            })
+            .collect())
+    }
+
+    /// Sets or clears a user's status (S1): a change with a new version, which
+    /// the caller publishes; a status with an expiry clears itself through the wheel.
+    pub fn set_status(
+        &self,
+        now: Tick,
+        user_id: &str,
+        status: Option<Status>,
+        changes: &mut Changes,
+    ) -> Result<UserView, LeaseError> {
+        validate::id("user_id", user_id)?;
+        if let Some(status) = &status {
+            validate::status_text(&status.text)?;
+            if status.expires_at.is_some_and(|at| at <= now) {
+                return Err(LeaseError::invalid("expires_at_ms", "must be in the future"));
+            }
+        }
+        Ok(self.with_shard(user_id, |shard| shard.set_status(now, user_id, status, changes)))
+    }
+
+    /// Puts back a status kept elsewhere, after a restart: no change, no new version.
+    pub fn restore_status(&self, now: Tick, user_id: &str, status: Status) -> Result<(), LeaseError> {
+        validate::id("user_id", user_id)?;
+        self.with_shard(user_id, |shard| shard.restore_status(now, user_id, status));
+        Ok(())
+    }
+
+    /// A new version for the user, publishing nothing: for a change made outside
+    /// the store that some viewers see (a change of its audience).
+    pub fn bump_version(&self, now: Tick, user_id: &str, changes: &mut Changes) -> Result<UserView, LeaseError> {
+        validate::id("user_id", user_id)?;
+        Ok(self.with_shard(user_id, |shard| shard.bump_version(now, user_id, changes)))
     }
 
     /// The leases a user holds at `now`.

@@ -1392,3 +1392,94 @@ fn l7_the_throttle_window_is_at_most_half_the_ttl() {
     }
     assert_eq!(changes.len(), 1, "only the first ONLINE: {changes:?}");
 }
+
+fn status(availability: crate::Availability, text: &str, expires_at: Option<Tick>) -> crate::Status {
+    crate::Status { availability, text: text.into(), expires_at }
+}
+
+/// S1: a status is data beside the state: setting it is one change with a new version, state unchanged.
+#[test]
+fn s1_setting_a_status_is_one_change_with_a_new_version_and_the_same_state() {
+    let store = store();
+    let mut changes = Vec::new();
+    let registered = register(&store, T0, reg("u42", "phone", "gw-a", 0), &mut changes);
+    changes.clear();
+    let away = status(crate::Availability::Away, "lunch", None);
+    let view = store.set_status(sec(1), "u42", Some(away.clone()), &mut changes).unwrap();
+    assert_eq!(view.presence.state, State::Online);
+    assert!(view.presence.version > registered.presence.version);
+    assert_eq!(view.status.as_deref(), Some(&away));
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].presence, view.presence);
+    assert_eq!(changes[0].status.as_deref(), Some(&away));
+    // Flips carry the status too.
+    let mut later = Vec::new();
+    store.unregister(sec(2), "u42", "phone", registered.generation, 0, &mut later).unwrap();
+    assert_eq!(later[0].presence.state, State::Offline);
+    assert_eq!(later[0].status.as_deref(), Some(&away), "an offline user keeps its status");
+}
+
+/// S1: a status with an expiry clears itself through the wheel, on time, as one change.
+#[test]
+fn s1_a_status_expires_through_the_wheel_as_one_change() {
+    let store = store();
+    let mut changes = Vec::new();
+    let dnd = status(crate::Availability::DoNotDisturb, "focus", Some(sec(30)));
+    let set = store.set_status(T0, "u42", Some(dnd), &mut changes).unwrap();
+    assert_eq!(set.presence.state, State::Offline, "an offline user may set a status");
+    assert!(drive(&store, T0, sec(30) - 1).is_empty(), "nothing before the expiry");
+    let cleared = drive(&store, sec(30) - 1, sec(31));
+    assert_eq!(cleared.len(), 1);
+    assert_eq!(cleared[0].status, None);
+    assert!(cleared[0].presence.version > set.presence.version);
+    assert_eq!(store.view(sec(31), &["u42"], &mut changes).unwrap()[0].status, None);
+    assert_eq!(store.next_deadline(), None, "no timer is left behind");
+}
+
+/// S1 and E1: a status expiring together with the last lease is still one change.
+#[test]
+fn s1_status_and_lease_expiring_together_are_one_change() {
+    let store = store();
+    let mut changes = Vec::new();
+    register(&store, T0, reg("u42", "phone", "gw-a", 45_000), &mut changes);
+    store.set_status(T0, "u42", Some(status(crate::Availability::Away, "", Some(sec(45)))), &mut changes).unwrap();
+    let expired = drive(&store, T0, sec(46));
+    assert_eq!(expired.len(), 1, "{expired:?}");
+    assert_eq!((expired[0].presence.state, expired[0].status.clone()), (State::Offline, None));
+}
+
+/// B1: a status text is validated and a past expiry is refused, changing nothing.
+#[test]
+fn s1_bad_status_text_and_past_expiry_are_refused() {
+    let store = store();
+    let mut changes = Vec::new();
+    let long = status(crate::Availability::Away, &"x".repeat(129), None);
+    assert!(matches!(
+        store.set_status(T0, "u42", Some(long), &mut changes),
+        Err(LeaseError::InvalidArgument { field: "text", .. })
+    ));
+    let past = status(crate::Availability::Away, "", Some(T0));
+    assert!(matches!(
+        store.set_status(T0, "u42", Some(past), &mut changes),
+        Err(LeaseError::InvalidArgument { field: "expires_at_ms", .. })
+    ));
+    assert!(changes.is_empty());
+    assert_eq!(store.stats().users, 0);
+}
+
+/// M3: an outside change some viewers see moves the version and publishes nothing itself.
+#[test]
+fn m3_bump_version_moves_the_version_without_a_change() {
+    let store = store();
+    let mut changes = Vec::new();
+    let registered = register(&store, T0, reg("u42", "phone", "gw-a", 0), &mut changes);
+    changes.clear();
+    let bumped = store.bump_version(sec(1), "u42", &mut changes).unwrap();
+    assert!(bumped.presence.version > registered.presence.version);
+    assert_eq!(bumped.presence.state, State::Online);
+    assert!(changes.is_empty());
+    store.restore_status(sec(2), "u42", status(crate::Availability::Available, "back", None)).unwrap();
+    let view = store.view(sec(2), &["u42"], &mut changes).unwrap();
+    assert_eq!(view[0].presence.version, bumped.presence.version, "a restored status is no change");
+    assert!(changes.is_empty());
+}

@@ -1,5 +1,7 @@
 //! The values the lease store hands back to its callers.
 
+use std::sync::Arc;
+
 use compact_str::CompactString;
 
 use crate::wheel::Tick;
@@ -27,13 +29,47 @@ impl Presence {
     pub const UNKNOWN: Presence = Presence { state: State::Offline, version: 0 };
 }
 
-/// One flip of one user's state: the only thing the store publishes (contract E1).
+/// What a user chose to show beside its derived state (contract S1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Availability {
+    /// Ready to talk.
+    Available,
+    /// Not at the keyboard.
+    Away,
+    /// Present, but not to be disturbed.
+    DoNotDisturb,
+}
+
+/// A user-chosen status: ordinary data stored beside the derived state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// The chosen availability.
+    pub availability: Availability,
+    /// A short free text (validated by [`crate::validate_status_text`]).
+    pub text: String,
+    /// When the status clears by itself; `None` keeps it until replaced.
+    pub expires_at: Option<Tick>,
+}
+
+/// A user's presence together with its status, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserView {
+    /// State and version.
+    pub presence: Presence,
+    /// The user's status, if it set one that has not expired.
+    pub status: Option<Arc<Status>>,
+}
+
+/// One change of one user that viewers see: a flip of its state, or a change
+/// of its status. The only thing the store publishes (contract E1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PresenceChange {
     /// The user whose state flipped.
     pub user_id: CompactString,
-    /// The state and the version that the flip produced.
+    /// The state and the version that the change produced.
     pub presence: Presence,
+    /// The user's status after the change.
+    pub status: Option<Arc<Status>>,
     /// The store time at which the flip was made (for expiries: when the
     /// expiry was processed; compare with `deadline` for the lag).
     pub at: Tick,

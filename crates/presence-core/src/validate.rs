@@ -40,6 +40,26 @@ pub fn user_ids<S: AsRef<str>>(user_ids: &[S]) -> Result<(), LeaseError> {
     Ok(())
 }
 
+/// Longest status text, in characters.
+pub const MAX_STATUS_TEXT_CHARS: usize = 128;
+
+/// A status text is at most [`MAX_STATUS_TEXT_CHARS`] characters of printable
+/// text: no control characters (line breaks included), so that it renders as
+/// one line wherever it is shown.
+pub fn status_text(text: &str) -> Result<(), LeaseError> {
+    let chars = text.chars().count();
+    if chars > MAX_STATUS_TEXT_CHARS {
+        return Err(LeaseError::invalid(
+            "text",
+            format!("is {chars} characters, longer than the limit of {MAX_STATUS_TEXT_CHARS}"),
+        ));
+    }
+    if let Some(bad) = text.chars().find(|c| c.is_control()) {
+        return Err(LeaseError::invalid("text", format!("contains the control character {bad:?}")));
+    }
+    Ok(())
+}
+
 /// Resolves a requested TTL: 0 takes the default, anything else must lie within the bounds (L5).
 pub(crate) fn ttl(config: &StoreConfig, ttl_ms: u32) -> Result<u32, LeaseError> {
     if ttl_ms == 0 {
@@ -117,6 +137,15 @@ mod tests {
         assert_eq!(ttl(&config, 3_600_000), Ok(3_600_000));
         assert_eq!(field_of(ttl(&config, 999)), "ttl_ms");
         assert_eq!(field_of(ttl(&config, 3_600_001)), "ttl_ms");
+    }
+
+    #[test]
+    fn status_text_is_short_printable_text() {
+        assert!(status_text("in a meeting 🗓").is_ok());
+        assert!(status_text(&"é".repeat(128)).is_ok());
+        assert_eq!(field_of(status_text(&"é".repeat(129))), "text");
+        assert_eq!(field_of(status_text("two\nlines")), "text");
+        assert_eq!(field_of(status_text("bell\u{7}")), "text");
     }
 
     #[test]
