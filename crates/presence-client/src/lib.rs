@@ -1,0 +1,57 @@
+//! The Rust client of presenced, for gateways and viewers.
+//!
+//! Gateway side:
+//! - [`LeaseChannel`]: one long-lived `Leases` stream shared by every session of a
+//!   gateway. Single register, renew and unregister calls are coalesced into
+//!   batches (L8) and pipelined, under bounded queues; a broken stream is reopened
+//!   with exponential backoff and jitter.
+//! - [`Session`]: one socket's lease, renewed in the background (first beat
+//!   jittered, then every heartbeat, sooner on [`Session::touch`] unless
+//!   throttled), registered again when the server has lost it (`NOT_FOUND`),
+//!   stopped when a newer connection owns it (`FAILED_PRECONDITION`), and
+//!   unregistered on drop.
+//!
+//! Viewer side:
+//! - [`ViewerStore`]: per user the newest presence seen; stale and duplicate
+//!   events are dropped by version, a snapshot replaces everything.
+//! - [`Watcher`]: a `Watch` that reconnects with backoff and jitter and resyncs
+//!   from a fresh snapshot.
+//!
+//! This crate does not own the wire types: they are `presence-proto`'s,
+//! re-exported as [`pb`]. Answers from the server stay [`tonic::Status`] with the
+//! codes the contract names; [`ClientError`] covers only setting up a connection.
+//!
+//! ```no_run
+//! # async fn gateway() -> Result<(), Box<dyn std::error::Error>> {
+//! use presence_client::{LeaseChannel, LeaseChannelConfig, Session, SessionConfig};
+//!
+//! let leases = LeaseChannel::connect("http://127.0.0.1:50051", LeaseChannelConfig::default()).await?;
+//! let session =
+//!     Session::register(&leases, "user-42", "phone", "gateway-a", Default::default(), SessionConfig::default())
+//!         .await?;
+//! // ... on every message from the socket:
+//! session.touch();
+//! // ... when the socket closes:
+//! session.close().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+// Protobuf messages gain fields as the API grows: every literal of one ends in
+// `..Default::default()`, so that it keeps compiling, even where it names every field today.
+#![allow(clippy::needless_update)]
+
+mod backoff;
+mod error;
+mod lease_channel;
+mod session;
+mod viewer;
+
+pub use backoff::Backoff;
+pub use error::ClientError;
+pub use lease_channel::{LeaseChannel, LeaseChannelConfig, LeaseChannelStats, lease_result};
+pub use session::{Session, SessionConfig, SessionState};
+pub use viewer::{ViewerStore, Watcher, WatcherEvent};
+
+/// The wire types of `presence.v1` (from `presence-proto`).
+pub use presence_proto::v1 as pb;

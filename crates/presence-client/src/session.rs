@@ -1,0 +1,445 @@
+//! One session's lease, kept alive by a background heartbeat task.
+//!
+//! A [`Session`] is the gateway's handle on one authenticated socket. Its task
+//! renews the lease through a shared [`LeaseChannel`]: the first beat after a
+//! random part of the interval (so that sessions registered together, as after
+//! a gateway restart, do not renew in lockstep), then every interval, and at
+//! once on [`Session::touch`] unless the last renewal was too recent (the
+//! client-side throttle, seed 000). It reacts to the contract's two rejections
+//! (L2): `NOT_FOUND` means the lease is gone, so it registers again under a new
+//! generation; `FAILED_PRECONDITION` means a newer connection owns the session,
+//! so it stops. A renewal shed under overload (`RESOURCE_EXHAUSTED`) waits for
+//! the next heartbeat, as the server asks. Any other failure is retried with
+//! backoff and jitter, never waiting longer than one heartbeat, while the lease
+//! may still be alive.
+//!
+//! The handle unregisters in `Drop` (best effort, through the task, which still
+//! holds the channel), or explicitly with [`Session::close`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use presence_proto::v1 as pb;
+use tokio::sync::{Notify, oneshot, watch};
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+use crate::backoff::jitter;
+use crate::lease_channel::LeaseChannel;
+
+/// How a [`Session`] keeps its lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Lease time to live asked for on every register and renew; 0 takes the server default.
+    pub ttl_ms: u32,
+    /// Time between renewals. Pick it so that the TTL covers two or more lost
+    /// beats (15 s against the default 45 s TTL, L5).
+    pub heartbeat: Duration,
+    /// The unregister linger on close (L3): 0 deletes the lease at once.
+    pub linger_ms: u32,
+    /// [`Session::touch`] renews only if the last renewal is at least this old,
+    /// so that a chatty socket cannot turn its traffic into renewals.
+    pub min_renew_interval: Duration,
+}
+
+impl Default for SessionConfig {
+    /// Server-default TTL, a 15 s heartbeat, no linger, touches throttled to one per 7.5 s.
+    fn default() -> Self {
+        SessionConfig::with_heartbeat(Duration::from_secs(15))
+    }
+}
+
+impl SessionConfig {
+    /// The defaults with this heartbeat, and the touch throttle at half of it.
+    pub fn with_heartbeat(heartbeat: Duration) -> Self {
+        SessionConfig { ttl_ms: 0, heartbeat, linger_ms: 0, min_renew_interval: heartbeat / 2 }
+    }
+}
+
+/// Where a [`Session`]'s lease stands, as published on [`Session::events`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionState {
+    /// The lease is held at `generation` and renewed.
+    Live {
+        /// The generation the session renews with.
+        generation: u64,
+    },
+    /// The server had lost the lease (`NOT_FOUND`: expired, revoked, or a
+    /// restart without it), and the session registered again.
+    Reregistered {
+        /// The new generation.
+        generation: u64,
+    },
+    /// `FAILED_PRECONDITION`: a newer connection owns the session. The session
+    /// has stopped renewing; the gateway should close this socket.
+    Superseded,
+    /// Renewals (or the re-register) fail for another reason, typically an
+    /// unreachable server; the session keeps retrying with backoff. The lease
+    /// may still be alive.
+    Lost,
+}
+
+/// What the heartbeat task is asked to do when the handle goes: unregister, and
+/// answer on the sender if there is one ([`Session::close`]) or not (`Drop`).
+type CloseRequest = Option<oneshot::Sender<Result<pb::UnregisterResponse, Status>>>;
+
+/// One session's lease, kept alive in the background.
+///
+/// Dropping the handle stops the heartbeat task and sends `Unregister` (best
+/// effort, with the configured linger); [`close`](Self::close) does the same
+/// and returns the server's answer.
+#[derive(Debug)]
+pub struct Session {
+    shared: Arc<SessionShared>,
+    /// Tells the task to unregister and stop; taken by `close` or `Drop`.
+    close: Option<oneshot::Sender<CloseRequest>>,
+    /// For `close` to unregister by itself if the task is gone.
+    channel: LeaseChannel,
+}
+
+impl Session {
+    /// Registers the session (L1) and starts renewing it in the background.
+    ///
+    /// Fails with the server's answer to the register: nothing runs then.
+    pub async fn register(
+        channel: &LeaseChannel,
+        user_id: impl Into<String>,
+        session_id: impl Into<String>,
+        gateway_id: impl Into<String>,
+        metadata: HashMap<String, String>,
+        config: SessionConfig,
+    ) -> Result<Session, Status> {
+        let identity = Identity {
+            user_id: user_id.into(),
+            session_id: session_id.into(),
+            gateway_id: gateway_id.into(),
+            metadata,
+        };
+        let registered = channel.register(identity.register_request(config.ttl_ms)).await?;
+        let (state, _) = watch::channel(SessionState::Live { generation: registered.generation });
+        let shared = Arc::new(SessionShared {
+            throttle: Throttle::new(config.min_renew_interval, Instant::now()),
+            identity,
+            config,
+            generation: AtomicU64::new(registered.generation),
+            touched: Notify::new(),
+            state,
+        });
+        let (close, closing) = oneshot::channel();
+        tokio::spawn(heartbeat(Arc::clone(&shared), channel.clone(), closing));
+        Ok(Session { shared, close: Some(close), channel: channel.clone() })
+    }
+
+    /// The user this session belongs to.
+    pub fn user_id(&self) -> &str {
+        &self.shared.identity.user_id
+    }
+
+    /// The session id.
+    pub fn session_id(&self) -> &str {
+        &self.shared.identity.session_id
+    }
+
+    /// Current generation (changes after a re-register).
+    pub fn generation(&self) -> u64 {
+        self.shared.generation()
+    }
+
+    /// The current state (the latest value of [`events`](Self::events)).
+    pub fn state(&self) -> SessionState {
+        *self.shared.state.borrow()
+    }
+
+    /// Activity seen on the socket: renew now unless throttled (the last
+    /// renewal less than `min_renew_interval` ago).
+    pub fn touch(&self) {
+        // Checked here as well as in the task, so that a chatty socket does not even wake it.
+        if self.shared.throttle.allows(Instant::now()) {
+            self.shared.touched.notify_one();
+        }
+    }
+
+    /// Changes of the lease's state: `Live`, `Reregistered`, `Superseded`, `Lost`.
+    pub fn events(&self) -> watch::Receiver<SessionState> {
+        self.shared.state.subscribe()
+    }
+
+    /// Stops renewing and unregisters (compare-and-delete on the current
+    /// generation, with the configured linger). A renewal already under way is
+    /// let finish first, so that the unregister carries the newest generation.
+    pub async fn close(mut self) -> Result<pb::UnregisterResponse, Status> {
+        let (reply, answer) = oneshot::channel();
+        let close = self.close.take().expect("only close and drop take it");
+        if close.send(Some(reply)).is_ok()
+            && let Ok(answered) = answer.await
+        {
+            return answered;
+        }
+        // The task is gone (its runtime is shutting down): unregister from here.
+        unregister(&self.shared, &self.channel).await
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(close) = self.close.take() {
+            let _ = close.send(None);
+        }
+    }
+}
+
+/// Who the session is; sent again on every re-register.
+#[derive(Debug)]
+struct Identity {
+    user_id: String,
+    session_id: String,
+    gateway_id: String,
+    metadata: HashMap<String, String>,
+}
+
+impl Identity {
+    fn register_request(&self, ttl_ms: u32) -> pb::RegisterRequest {
+        pb::RegisterRequest {
+            user_id: self.user_id.clone(),
+            session_id: self.session_id.clone(),
+            gateway_id: self.gateway_id.clone(),
+            ttl_ms,
+            metadata: self.metadata.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+/// What the handle and its heartbeat task share.
+#[derive(Debug)]
+struct SessionShared {
+    identity: Identity,
+    config: SessionConfig,
+    /// Written by the task on a re-register, read by the handle.
+    generation: AtomicU64,
+    /// When the last renewal started; read by `touch`, written by the task.
+    throttle: Throttle,
+    /// Wakes the task for a renewal requested by `touch`.
+    touched: Notify,
+    /// The lease's state; the task writes it, `events()` subscribes to it.
+    state: watch::Sender<SessionState>,
+}
+
+impl SessionShared {
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn set_state(&self, state: SessionState) {
+        self.state.send_if_modified(|current| {
+            let changed = *current != state;
+            *current = state;
+            changed
+        });
+    }
+}
+
+/// The client-side renewal throttle: remembers when the last renewal started,
+/// lock-free, since `touch` may be called from any thread for every message.
+#[derive(Debug)]
+struct Throttle {
+    /// The origin of `last_nanos`.
+    epoch: Instant,
+    /// Nanoseconds from `epoch` to the start of the last renewal.
+    last_nanos: AtomicU64,
+    min_interval: Duration,
+}
+
+impl Throttle {
+    /// A throttle whose last renewal is `now` (the register counts as one).
+    fn new(min_interval: Duration, now: Instant) -> Self {
+        Throttle { epoch: now, last_nanos: AtomicU64::new(0), min_interval }
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether a renewal at `now` is allowed: the last one is at least `min_interval` old.
+    fn allows(&self, now: Instant) -> bool {
+        let since = self.nanos(now).saturating_sub(self.last_nanos.load(Ordering::Relaxed));
+        Duration::from_nanos(since) >= self.min_interval
+    }
+
+    /// Records a renewal starting at `now`.
+    fn mark(&self, now: Instant) {
+        self.last_nanos.fetch_max(self.nanos(now), Ordering::Relaxed);
+    }
+}
+
+/// What the heartbeat loop waits for next.
+enum Wake {
+    /// A beat is due, or a touch asked for one.
+    Renew,
+    /// The handle was closed or dropped.
+    Close(CloseRequest),
+}
+
+/// Waits until `at`, a touch that the throttle allows, or a close.
+async fn wait(
+    shared: &SessionShared,
+    at: Instant,
+    touchable: bool,
+    closing: &mut oneshot::Receiver<CloseRequest>,
+) -> Wake {
+    loop {
+        tokio::select! {
+            biased;
+            // A dropped sender without a request cannot happen (Drop sends None), but means the same.
+            request = &mut *closing => return Wake::Close(request.unwrap_or(None)),
+            () = tokio::time::sleep_until(at) => return Wake::Renew,
+            () = shared.touched.notified(), if touchable => {
+                if shared.throttle.allows(Instant::now()) {
+                    return Wake::Renew;
+                }
+            }
+        }
+    }
+}
+
+/// The heartbeat task of one session.
+async fn heartbeat(shared: Arc<SessionShared>, channel: LeaseChannel, mut closing: oneshot::Receiver<CloseRequest>) {
+    let config = &shared.config;
+    let backoff = channel.config().reconnect;
+    let heartbeat = config.heartbeat;
+    // The first beat is jittered over a whole interval (seed 000).
+    let mut next_beat = Instant::now() + jitter(heartbeat);
+    // Consecutive failed attempts, for the backoff.
+    let mut failures = 0u32;
+    let retry_delay = |failures: u32| backoff.delay(failures).min(heartbeat);
+    loop {
+        if let Wake::Close(request) = wait(&shared, next_beat, true, &mut closing).await {
+            return finish(&shared, &channel, request).await;
+        }
+        let started = Instant::now();
+        shared.throttle.mark(started);
+        let generation = shared.generation();
+        let renewal = pb::RenewRequest {
+            user_id: shared.identity.user_id.clone(),
+            session_id: shared.identity.session_id.clone(),
+            generation,
+            ttl_ms: config.ttl_ms,
+            ..Default::default()
+        };
+        match channel.renew(renewal).await {
+            Ok(_) => {
+                failures = 0;
+                if *shared.state.borrow() == SessionState::Lost {
+                    shared.set_state(SessionState::Live { generation });
+                }
+                next_beat = started + heartbeat;
+            }
+            Err(status) if status.code() == Code::NotFound => {
+                tracing::debug!(user_id = %shared.identity.user_id, session_id = %shared.identity.session_id, %status, "lease lost; registering again");
+                // Register again until it works or the handle goes.
+                loop {
+                    let started = Instant::now();
+                    match channel.register(shared.identity.register_request(config.ttl_ms)).await {
+                        Ok(registered) => {
+                            shared.throttle.mark(started);
+                            shared.generation.store(registered.generation, Ordering::Release);
+                            shared.set_state(SessionState::Reregistered { generation: registered.generation });
+                            failures = 0;
+                            next_beat = started + heartbeat;
+                            break;
+                        }
+                        Err(status) => {
+                            tracing::debug!(user_id = %shared.identity.user_id, %status, "re-register failed; retrying");
+                            shared.set_state(SessionState::Lost);
+                            let at = Instant::now() + retry_delay(failures);
+                            failures = failures.saturating_add(1);
+                            if let Wake::Close(request) = wait(&shared, at, false, &mut closing).await {
+                                return finish(&shared, &channel, request).await;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(status) if status.code() == Code::FailedPrecondition => {
+                tracing::debug!(user_id = %shared.identity.user_id, session_id = %shared.identity.session_id, "superseded by a newer connection; renewals stop");
+                shared.set_state(SessionState::Superseded);
+                let request = closing.await.unwrap_or(None);
+                return finish(&shared, &channel, request).await;
+            }
+            Err(status) if status.code() == Code::ResourceExhausted => {
+                // Shed under overload (B2): the lease is most likely alive, and the
+                // server asks for the next heartbeat, not an early retry.
+                tracing::debug!(user_id = %shared.identity.user_id, %status, "renewal shed; next heartbeat");
+                next_beat = started + heartbeat;
+            }
+            Err(status) => {
+                tracing::debug!(user_id = %shared.identity.user_id, %status, "renewal failed; retrying");
+                shared.set_state(SessionState::Lost);
+                next_beat = Instant::now() + retry_delay(failures);
+                failures = failures.saturating_add(1);
+            }
+        }
+    }
+}
+
+/// The task's last act: unregister, and answer `close` if it asked.
+async fn finish(shared: &SessionShared, channel: &LeaseChannel, request: CloseRequest) {
+    let result = unregister(shared, channel).await;
+    if let Err(status) = &result {
+        tracing::debug!(user_id = %shared.identity.user_id, %status, "unregister on close failed; the lease will expire");
+    }
+    if let Some(reply) = request {
+        let _ = reply.send(result);
+    }
+}
+
+async fn unregister(shared: &SessionShared, channel: &LeaseChannel) -> Result<pb::UnregisterResponse, Status> {
+    channel
+        .unregister(pb::UnregisterRequest {
+            user_id: shared.identity.user_id.clone(),
+            session_id: shared.identity.session_id.clone(),
+            generation: shared.generation(),
+            linger_ms: shared.config.linger_ms,
+            ..Default::default()
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttle_refuses_renewals_closer_than_the_minimum() {
+        let t0 = Instant::now();
+        let throttle = Throttle::new(Duration::from_millis(100), t0);
+        assert!(!throttle.allows(t0), "the register counts as a renewal");
+        assert!(!throttle.allows(t0 + Duration::from_millis(99)));
+        assert!(throttle.allows(t0 + Duration::from_millis(100)));
+        throttle.mark(t0 + Duration::from_millis(150));
+        assert!(!throttle.allows(t0 + Duration::from_millis(200)));
+        assert!(throttle.allows(t0 + Duration::from_millis(250)));
+        // A late mark of an earlier renewal never moves the last renewal back.
+        throttle.mark(t0 + Duration::from_millis(10));
+        assert!(!throttle.allows(t0 + Duration::from_millis(200)));
+    }
+
+    #[test]
+    fn a_zero_throttle_allows_everything() {
+        let t0 = Instant::now();
+        let throttle = Throttle::new(Duration::ZERO, t0);
+        assert!(throttle.allows(t0));
+        throttle.mark(t0);
+        assert!(throttle.allows(t0));
+    }
+
+    #[test]
+    fn default_config_throttles_touches_at_half_the_heartbeat() {
+        let config = SessionConfig::default();
+        assert_eq!(config.heartbeat, Duration::from_secs(15));
+        assert_eq!(config.min_renew_interval, Duration::from_millis(7_500));
+        assert_eq!((config.ttl_ms, config.linger_ms), (0, 0));
+    }
+}

@@ -1,0 +1,326 @@
+//! The viewer side: what a viewer holds, and a Watch that survives disconnects.
+//!
+//! [`ViewerStore`] is the seed's `known` map (000, "Reordered events"): per user
+//! the newest presence seen, where an event not newer than what is held is a
+//! delayed or duplicate one and is dropped, and a snapshot is a resync that
+//! replaces everything. [`Watcher`] feeds a store from a `Watch` stream and,
+//! when the stream ends, reopens it with backoff and jitter and resyncs from
+//! the fresh snapshot instead of trying to replay what it missed.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use presence_proto::v1::presence_client::PresenceClient;
+use presence_proto::v1::{self as pb, watch_event};
+use tonic::transport::Channel;
+use tonic::{Code, Status, Streaming};
+
+use crate::backoff::Backoff;
+
+/// What a viewer holds: per user, the newest presence seen.
+#[derive(Debug, Clone, Default)]
+pub struct ViewerStore {
+    users: HashMap<String, pb::UserPresence>,
+}
+
+impl ViewerStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        ViewerStore::default()
+    }
+
+    /// Replaces everything held for these users, and forgets others: a snapshot is a resync.
+    pub fn apply_snapshot(&mut self, users: &[pb::UserPresence]) {
+        self.users.clear();
+        for user in users {
+            self.users.insert(user.user_id.clone(), user.clone());
+        }
+    }
+
+    /// Applies one change. True if newer than held (the caller re-renders);
+    /// false for a stale or duplicate event, which changes nothing.
+    pub fn apply_update(&mut self, update: &pb::UserPresence) -> bool {
+        match self.users.entry(update.user_id.clone()) {
+            Entry::Occupied(mut held) => {
+                if update.version <= held.get().version {
+                    return false;
+                }
+                held.insert(update.clone());
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(update.clone());
+            }
+        }
+        true
+    }
+
+    /// The newest presence held for `user_id`.
+    pub fn get(&self, user_id: &str) -> Option<&pb::UserPresence> {
+        self.users.get(user_id)
+    }
+
+    /// Users held.
+    pub fn len(&self) -> usize {
+        self.users.len()
+    }
+
+    /// Whether no user is held.
+    pub fn is_empty(&self) -> bool {
+        self.users.is_empty()
+    }
+
+    /// Every user held, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &pb::UserPresence> {
+        self.users.values()
+    }
+}
+
+/// What [`Watcher::next`] reports.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatcherEvent {
+    /// A user's change, newer than what the store held; already applied.
+    Update(pb::UserPresence),
+    /// The store was replaced by a fresh snapshot (after a reconnect, or a resync
+    /// the server sent); re-render everything.
+    Resynced,
+}
+
+/// A Watch that survives disconnects: reconnects with backoff + jitter and resyncs from a fresh snapshot.
+#[derive(Debug)]
+pub struct Watcher {
+    client: PresenceClient<Channel>,
+    /// Sent again on every reconnect.
+    request: pb::WatchRequest,
+    reconnect: Backoff,
+    /// The open stream; `None` between a break and the next successful reopen.
+    stream: Option<Streaming<pb::WatchEvent>>,
+    store: ViewerStore,
+    /// Failed reopen attempts since the last snapshot arrived.
+    attempt: u32,
+    /// Set when the watch ended for good; `next` then returns `None`.
+    failed: Option<Status>,
+}
+
+impl Watcher {
+    /// Opens a watch of `user_ids` and applies its first snapshot.
+    ///
+    /// Fails with the server's answer if the watch cannot be opened; only a
+    /// watch that was once open is reconnected.
+    pub async fn open(
+        client: PresenceClient<Channel>,
+        user_ids: Vec<String>,
+        reconnect: Backoff,
+    ) -> Result<Watcher, Status> {
+        Self::open_request(client, pb::WatchRequest { user_ids, ..Default::default() }, reconnect).await
+    }
+
+    /// [`open`](Self::open) with a whole request, for its other fields (a service
+    /// watching for a viewer names it in `viewer_id`); every reconnect sends it again.
+    pub async fn open_request(
+        client: PresenceClient<Channel>,
+        request: pb::WatchRequest,
+        reconnect: Backoff,
+    ) -> Result<Watcher, Status> {
+        let mut watcher =
+            Watcher { client, request, reconnect, stream: None, store: ViewerStore::new(), attempt: 0, failed: None };
+        watcher.reopen().await?;
+        Ok(watcher)
+    }
+
+    /// Next change applied to the store (None when closed); resyncs are applied
+    /// internally and reported as [`WatcherEvent::Resynced`].
+    ///
+    /// Stale and duplicate updates are dropped here and never reported. The
+    /// watch is closed for good only when reopening it is refused for a reason
+    /// a retry cannot fix (see [`last_error`](Self::last_error)).
+    pub async fn next(&mut self) -> Option<WatcherEvent> {
+        if self.failed.is_some() {
+            return None;
+        }
+        loop {
+            let Some(stream) = self.stream.as_mut() else {
+                tokio::time::sleep(self.reconnect.delay(self.attempt)).await;
+                self.attempt = self.attempt.saturating_add(1);
+                match self.reopen().await {
+                    Ok(()) => return Some(WatcherEvent::Resynced),
+                    Err(status) if is_permanent(status.code()) => {
+                        tracing::warn!(%status, "the watch cannot be reopened; giving up");
+                        self.failed = Some(status);
+                        return None;
+                    }
+                    Err(status) => {
+                        tracing::debug!(%status, attempt = self.attempt, "reopening the watch failed; retrying");
+                        continue;
+                    }
+                }
+            };
+            match stream.message().await {
+                Ok(Some(pb::WatchEvent { event: Some(watch_event::Event::Update(update)), .. })) => {
+                    if self.store.apply_update(&update) {
+                        return Some(WatcherEvent::Update(update));
+                    }
+                }
+                Ok(Some(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)), .. })) => {
+                    self.store.apply_snapshot(&snapshot.users);
+                    return Some(WatcherEvent::Resynced);
+                }
+                Ok(Some(pb::WatchEvent { event: None, .. })) => {}
+                Ok(None) => {
+                    tracing::debug!("the watch stream ended; reconnecting");
+                    self.stream = None;
+                }
+                Err(status) => {
+                    tracing::debug!(%status, "the watch stream broke; reconnecting");
+                    self.stream = None;
+                }
+            }
+        }
+    }
+
+    /// What the viewer holds.
+    pub fn store(&self) -> &ViewerStore {
+        &self.store
+    }
+
+    /// The users watched.
+    pub fn user_ids(&self) -> &[String] {
+        &self.request.user_ids
+    }
+
+    /// Why the watch closed, once [`next`](Self::next) has returned `None`.
+    pub fn last_error(&self) -> Option<&Status> {
+        self.failed.as_ref()
+    }
+
+    /// Opens a stream and applies its first item, which must be a snapshot.
+    async fn reopen(&mut self) -> Result<(), Status> {
+        let mut stream = self.client.watch(self.request.clone()).await?.into_inner();
+        match stream.message().await? {
+            Some(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)), .. }) => {
+                self.store.apply_snapshot(&snapshot.users);
+                self.stream = Some(stream);
+                self.attempt = 0;
+                Ok(())
+            }
+            Some(other) => Err(Status::internal(format!("a watch must open with a snapshot, got {other:?}"))),
+            None => Err(Status::unavailable("the watch ended before its snapshot")),
+        }
+    }
+}
+
+/// Codes a retry cannot fix: the request or the caller is refused as such.
+fn is_permanent(code: Code) -> bool {
+    matches!(
+        code,
+        Code::InvalidArgument
+            | Code::Unauthenticated
+            | Code::PermissionDenied
+            | Code::Unimplemented
+            | Code::NotFound
+            | Code::FailedPrecondition
+            | Code::OutOfRange
+            | Code::AlreadyExists
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn presence(user: &str, state: pb::State, version: u64) -> pb::UserPresence {
+        pb::UserPresence { user_id: user.into(), state: state as i32, version, ..Default::default() }
+    }
+
+    fn held(store: &ViewerStore, user: &str) -> Option<(pb::State, u64)> {
+        store.get(user).map(|p| (pb::State::try_from(p.state).unwrap(), p.version))
+    }
+
+    #[test]
+    fn offline_v2_arriving_before_online_v1_stays_offline() {
+        // Seed 000, "Reordered events": two gateways publish through a bus with no
+        // global order, and the OFFLINE that happened last arrives first.
+        let mut store = ViewerStore::new();
+        store.apply_snapshot(&[presence("42", pb::State::Offline, 0)]);
+        assert!(store.apply_update(&presence("42", pb::State::Offline, 2)));
+        assert!(!store.apply_update(&presence("42", pb::State::Online, 1)), "a delayed event is stale");
+        assert_eq!(held(&store, "42"), Some((pb::State::Offline, 2)));
+    }
+
+    #[test]
+    fn duplicates_and_equal_versions_are_ignored() {
+        let mut store = ViewerStore::new();
+        assert!(store.apply_update(&presence("a", pb::State::Online, 5)));
+        assert!(!store.apply_update(&presence("a", pb::State::Online, 5)), "exact duplicate");
+        assert!(!store.apply_update(&presence("a", pb::State::Offline, 5)), "same version, other state");
+        assert!(!store.apply_update(&presence("a", pb::State::Offline, 4)));
+        assert_eq!(held(&store, "a"), Some((pb::State::Online, 5)));
+        assert!(store.apply_update(&presence("a", pb::State::Offline, 6)));
+        assert_eq!(held(&store, "a"), Some((pb::State::Offline, 6)));
+    }
+
+    #[test]
+    fn any_arrival_order_ends_on_the_newest_version() {
+        // Every permutation of four events of one user leaves the newest.
+        let events = [
+            presence("u", pb::State::Online, 10),
+            presence("u", pb::State::Offline, 11),
+            presence("u", pb::State::Online, 12),
+            presence("u", pb::State::Offline, 13),
+        ];
+        let mut order = [0usize, 1, 2, 3];
+        let mut permutations = 0;
+        loop {
+            let mut store = ViewerStore::new();
+            let mut accepted = Vec::new();
+            for &i in &order {
+                if store.apply_update(&events[i]) {
+                    accepted.push(events[i].version);
+                }
+            }
+            assert_eq!(held(&store, "u"), Some((pb::State::Offline, 13)), "order {order:?}");
+            assert!(accepted.windows(2).all(|w| w[0] < w[1]), "accepted versions only grow: {accepted:?}");
+            permutations += 1;
+            if !next_permutation(&mut order) {
+                break;
+            }
+        }
+        assert_eq!(permutations, 24);
+    }
+
+    fn next_permutation(order: &mut [usize]) -> bool {
+        let Some(i) = (1..order.len()).rev().find(|&i| order[i - 1] < order[i]) else { return false };
+        let j = (i..order.len()).rev().find(|&j| order[j] > order[i - 1]).expect("exists");
+        order.swap(i - 1, j);
+        order[i..].reverse();
+        true
+    }
+
+    #[test]
+    fn snapshot_replaces_everything_and_forgets_others() {
+        let mut store = ViewerStore::new();
+        store.apply_snapshot(&[presence("a", pb::State::Online, 7), presence("b", pb::State::Online, 3)]);
+        assert!(store.apply_update(&presence("c", pb::State::Online, 1)));
+        assert_eq!(store.len(), 3);
+        // A resync is authoritative, even where it holds a lower version (a store
+        // that lost its history answers what it knows now).
+        store.apply_snapshot(&[presence("a", pb::State::Offline, 2)]);
+        assert_eq!(store.len(), 1);
+        assert_eq!(held(&store, "a"), Some((pb::State::Offline, 2)));
+        assert_eq!(store.get("b"), None);
+        assert_eq!(store.get("c"), None);
+        assert!(store.apply_update(&presence("a", pb::State::Online, 3)));
+        assert_eq!(store.iter().count(), 1);
+        store.apply_snapshot(&[]);
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn permanent_codes_stop_the_watcher_and_transient_ones_do_not() {
+        assert!(is_permanent(Code::PermissionDenied));
+        assert!(is_permanent(Code::InvalidArgument));
+        assert!(!is_permanent(Code::Unavailable));
+        assert!(!is_permanent(Code::Unknown));
+        assert!(!is_permanent(Code::Internal));
+        assert!(!is_permanent(Code::ResourceExhausted));
+    }
+}

@@ -1,0 +1,63 @@
+//! The viewer side against a real server on port 0: a `Watcher` follows
+//! changes and resyncs from a fresh snapshot after the server restarts.
+
+// Protobuf messages gain fields as the API grows: every literal of one ends in
+// `..Default::default()`, so that it keeps compiling, even where it names every field today.
+#![allow(clippy::needless_update)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PATIENCE, TestServer, fast_config, register, state_of, within};
+use presence_client::{Backoff, Watcher, WatcherEvent, pb};
+
+fn held(watcher: &Watcher, user: &str) -> Option<pb::State> {
+    watcher.store().get(user).map(state_of)
+}
+
+#[tokio::test]
+async fn watcher_follows_changes_and_resyncs_after_a_server_restart() {
+    let server = TestServer::start(fast_config()).await;
+    let addr = server.addr;
+    let mut client = server.client().await;
+    client.register(register("w1", "s", 60_000)).await.unwrap();
+
+    let reconnect = Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200), factor: 2.0 };
+    let mut watcher = Watcher::open(client.clone(), vec!["w1".into(), "w2".into()], reconnect).await.unwrap();
+    assert_eq!(watcher.store().len(), 2);
+    assert_eq!(held(&watcher, "w1"), Some(pb::State::Online), "the opening snapshot");
+    assert_eq!(held(&watcher, "w2"), Some(pb::State::Offline));
+
+    client.register(register("w2", "s", 60_000)).await.unwrap();
+    let event = within(PATIENCE, "w2 ONLINE", watcher.next()).await.unwrap();
+    let WatcherEvent::Update(update) = event else { panic!("an update, got {event:?}") };
+    assert_eq!((update.user_id.as_str(), state_of(&update)), ("w2", pb::State::Online));
+    assert_eq!(held(&watcher, "w2"), Some(pb::State::Online));
+
+    // The server restarts with nothing in memory; meanwhile w2 comes back on the new one.
+    server.stop().await;
+    let server = TestServer::start_on(addr, fast_config()).await;
+    let mut client = server.client().await;
+    let w2 = client.register(register("w2", "s", 60_000)).await.unwrap().into_inner();
+
+    let event = within(PATIENCE, "a resync", watcher.next()).await.unwrap();
+    assert_eq!(event, WatcherEvent::Resynced);
+    assert_eq!(held(&watcher, "w1"), Some(pb::State::Offline), "w1's lease died with the old server");
+    assert_eq!(held(&watcher, "w2"), Some(pb::State::Online));
+    assert_eq!(watcher.store().get("w2").unwrap().version, w2.presence.unwrap().version);
+
+    // And it goes on following changes on the new stream.
+    client.register(register("w1", "s", 60_000)).await.unwrap();
+    let event = within(PATIENCE, "w1 ONLINE", watcher.next()).await.unwrap();
+    let WatcherEvent::Update(update) = event else { panic!("an update, got {event:?}") };
+    assert_eq!((update.user_id.as_str(), state_of(&update)), ("w1", pb::State::Online));
+    assert!(watcher.last_error().is_none());
+}
+
+#[tokio::test]
+async fn watcher_refused_for_bad_input_fails_to_open() {
+    let server = TestServer::start(fast_config()).await;
+    let refused = Watcher::open(server.client().await, vec![String::new()], Backoff::default()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+}
