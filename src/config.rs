@@ -67,6 +67,26 @@ pub(crate) struct ServeArgs {
     /// How often at most one user's activity is written to disk. [default: 60000]
     #[arg(long, env = "PRESENCED_ACTIVITY_WRITE_INTERVAL_MS", value_name = "MS")]
     activity_write_interval_ms: Option<u64>,
+    /// A bearer token that service callers (gateways, admin tools) present;
+    /// repeat it (or separate with commas in the environment) to rotate tokens
+    /// without downtime.
+    #[arg(long = "service-token", env = "PRESENCED_SERVICE_TOKEN", value_name = "TOKEN", value_delimiter = ',')]
+    service_tokens: Vec<String>,
+    /// The HS256 secret that signs viewers' JWTs.
+    #[arg(long, env = "PRESENCED_VIEWER_JWT_HS256_SECRET", value_name = "SECRET")]
+    viewer_jwt_hs256_secret: Option<String>,
+    /// A PEM public key (RSA for RS256, Ed25519 for EdDSA) that verifies viewers' JWTs.
+    #[arg(long, env = "PRESENCED_VIEWER_JWT_PUBLIC_KEY", value_name = "FILE")]
+    viewer_jwt_public_key: Option<PathBuf>,
+    /// With no credentials configured, allow listening on a non-loopback address.
+    #[arg(long, env = "PRESENCED_INSECURE")]
+    insecure: bool,
+    /// The visibility of a user that chose none: everyone, audience or nobody. [default: audience]
+    #[arg(long, env = "PRESENCED_DEFAULT_VISIBILITY", value_name = "VISIBILITY")]
+    default_visibility: Option<String>,
+    /// Last seen is released to viewers rounded down to this. [default: 300000]
+    #[arg(long, env = "PRESENCED_LAST_SEEN_GRANULARITY_MS", value_name = "MS")]
+    last_seen_granularity_ms: Option<u64>,
 }
 
 /// The same settings, as read from the `--config` file.
@@ -89,6 +109,13 @@ struct FileSettings {
     checkpoint_interval_ms: Option<u64>,
     restart_grace_ms: Option<u64>,
     activity_write_interval_ms: Option<u64>,
+    #[serde(default)]
+    service_tokens: Vec<String>,
+    viewer_jwt_hs256_secret: Option<String>,
+    viewer_jwt_public_key: Option<PathBuf>,
+    insecure: Option<bool>,
+    default_visibility: Option<String>,
+    last_seen_granularity_ms: Option<u64>,
 }
 
 /// Everything `serve` needs, resolved.
@@ -153,6 +180,45 @@ impl ServeArgs {
             .shutdown_grace_ms
             .or(file.shutdown_grace_ms)
             .map_or(server_defaults.shutdown_grace, std::time::Duration::from_millis);
+        let service_tokens = if self.service_tokens.is_empty() { file.service_tokens } else { self.service_tokens };
+        let public_key_path = self.viewer_jwt_public_key.or(file.viewer_jwt_public_key);
+        let viewer_jwt_public_key_pem = match public_key_path {
+            Some(path) => Some(std::fs::read(&path).map_err(|source| SettingsError::ReadFile { path, source })?),
+            None => None,
+        };
+        let auth = presence_server::AuthConfig {
+            service_tokens,
+            viewer_jwt_hs256_secret: self.viewer_jwt_hs256_secret.or(file.viewer_jwt_hs256_secret),
+            viewer_jwt_public_key_pem,
+            ..presence_server::AuthConfig::default()
+        };
+        let open = auth.service_tokens.is_empty()
+            && auth.viewer_jwt_hs256_secret.is_none()
+            && auth.viewer_jwt_public_key_pem.is_none();
+        let insecure = self.insecure || file.insecure.unwrap_or(false);
+        if open && !insecure && !listen.ip().is_loopback() {
+            return Err(SettingsError::Invalid(format!(
+                "no credentials are configured, so presenced runs open and listens only on loopback; \
+                 {listen} is not (configure --service-token / viewer JWT keys, or pass --insecure)"
+            )));
+        }
+        let default_visibility = match self.default_visibility.or(file.default_visibility).as_deref() {
+            None | Some("audience") => presence_server::privacy::Visibility::Audience,
+            Some("everyone") => presence_server::privacy::Visibility::Everyone,
+            Some("nobody") => presence_server::privacy::Visibility::Nobody,
+            Some(other) => {
+                return Err(SettingsError::Invalid(format!(
+                    "default-visibility must be everyone, audience or nobody, got {other:?}"
+                )));
+            }
+        };
+        let last_seen_granularity = self
+            .last_seen_granularity_ms
+            .or(file.last_seen_granularity_ms)
+            .map_or(server_defaults.last_seen_granularity, std::time::Duration::from_millis);
+        if last_seen_granularity.is_zero() {
+            return Err(SettingsError::Invalid("last-seen-granularity-ms must be at least 1".into()));
+        }
         Ok(Settings {
             listen,
             metrics_listen: self.metrics_listen.or(file.metrics_listen),
@@ -173,6 +239,9 @@ impl ServeArgs {
                     .activity_write_interval_ms
                     .or(file.activity_write_interval_ms)
                     .map_or(server_defaults.activity_write_interval, std::time::Duration::from_millis),
+                auth,
+                default_visibility,
+                last_seen_granularity,
             },
         })
     }

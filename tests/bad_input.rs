@@ -82,11 +82,11 @@ async fn b1_each_bad_field_is_named_and_nothing_else_changes() {
     assert_invalid(client.revoke(revoke("", "")).await, "user_id");
     assert_invalid(client.revoke(revoke("u1", &long)).await, "session_id");
     // Snapshot and Watch
-    let ids = |ids: Vec<String>| pb::SnapshotRequest { user_ids: ids };
+    let ids = |ids: Vec<String>| pb::SnapshotRequest { user_ids: ids, ..Default::default() };
     assert_invalid(client.snapshot(ids(vec!["u1".into(), String::new()])).await, "user_ids");
     assert_invalid(client.snapshot(ids(vec![long.clone()])).await, "user_ids");
     assert_invalid(client.snapshot(ids((0..10_001).map(|i| i.to_string()).collect())).await, "user_ids");
-    let watch = |ids: Vec<String>| pb::WatchRequest { user_ids: ids };
+    let watch = |ids: Vec<String>| pb::WatchRequest { user_ids: ids, ..Default::default() };
     assert_invalid(client.watch(watch(vec![long.clone()])).await, "user_ids");
     assert_invalid(client.watch(watch((0..10_001).map(|i| i.to_string()).collect())).await, "user_ids");
     // Undecodable bytes: invalid UTF-8 in a string field.
@@ -102,7 +102,7 @@ async fn b1_each_bad_field_is_named_and_nothing_else_changes() {
     raw_register(&server, raw(b"u3".to_vec())).await.expect("valid bytes register");
 
     // Oversized messages are refused before they are decoded.
-    let huge = pb::SnapshotRequest { user_ids: vec!["z".repeat(100); 50_000] };
+    let huge = pb::SnapshotRequest { user_ids: vec!["z".repeat(100); 50_000], ..Default::default() };
     let refused = client.snapshot(huge).await.expect_err("a 5 MB request is refused");
     assert!(
         matches!(refused.code(), Code::OutOfRange | Code::ResourceExhausted | Code::InvalidArgument),

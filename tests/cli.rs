@@ -70,7 +70,11 @@ async fn serves_health_and_both_reflection_versions_and_stops_gracefully_on_sigt
 
     // An open Watch is ended with a retryable status, and the process exits 0.
     let mut viewer = PresenceClient::connect(daemon.url()).await.unwrap();
-    let mut stream = viewer.watch(pb::WatchRequest { user_ids: vec!["u1".into()] }).await.unwrap().into_inner();
+    let mut stream = viewer
+        .watch(pb::WatchRequest { user_ids: vec!["u1".into()], ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     stream.message().await.unwrap().expect("the opening snapshot");
     daemon.terminate();
     let ended = tokio::time::timeout(PATIENCE, stream.message()).await.expect("the watch ends on shutdown");

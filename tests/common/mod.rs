@@ -119,7 +119,7 @@ pub fn state_of(presence: &pb::UserPresence) -> pb::State {
 }
 
 pub async fn snapshot(client: &mut PresenceClient<Channel>, users: &[&str]) -> Vec<pb::UserPresence> {
-    let request = pb::SnapshotRequest { user_ids: users.iter().map(|u| u.to_string()).collect() };
+    let request = pb::SnapshotRequest { user_ids: users.iter().map(|u| u.to_string()).collect(), ..Default::default() };
     client.snapshot(request).await.expect("snapshot").into_inner().users
 }
 
@@ -137,7 +137,8 @@ pub struct Viewer {
 
 impl Viewer {
     pub async fn open(client: &mut PresenceClient<Channel>, users: &[&str]) -> Viewer {
-        let request = pb::WatchRequest { user_ids: users.iter().map(|u| u.to_string()).collect() };
+        let request =
+            pb::WatchRequest { user_ids: users.iter().map(|u| u.to_string()).collect(), ..Default::default() };
         let stream = client.watch(request).await.expect("open watch").into_inner();
         let mut viewer = Viewer { stream, held: HashMap::new(), updates: Vec::new(), resyncs: 0 };
         match viewer.next_event().await {

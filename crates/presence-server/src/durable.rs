@@ -19,6 +19,40 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 const SETTINGS: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("settings");
 /// user id -> last_active_at (store ms).
 const ACTIVITY: TableDefinition<'_, &str, u64> = TableDefinition::new("activity");
+/// user id -> visibility (see privacy.rs).
+const VISIBILITY: TableDefinition<'_, &str, u8> = TableDefinition::new("visibility");
+/// (user id, viewer id) -> (): the viewers a user granted.
+const GRANTS: TableDefinition<'_, (&str, &str), ()> = TableDefinition::new("grants");
+/// (group id, user id) -> (): group memberships.
+const MEMBERS: TableDefinition<'_, (&str, &str), ()> = TableDefinition::new("members");
+/// user id -> status: availability u8, expires_at u64 (0 = never), text.
+const STATUS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("status");
+
+/// Every relation kept on disk, as loaded at start.
+#[derive(Debug, Default)]
+pub struct Relations {
+    /// (user, visibility code).
+    pub visibility: Vec<(String, u8)>,
+    /// (user, viewer) grants.
+    pub grants: Vec<(String, String)>,
+    /// (group, user) memberships.
+    pub members: Vec<(String, String)>,
+    /// (user, availability code, expires_at or 0, text).
+    pub statuses: Vec<(String, u8, u64, String)>,
+}
+
+/// One change of relations, written in one transaction.
+#[derive(Debug)]
+pub enum RelationWrite<'a> {
+    /// A user's visibility.
+    Visibility(&'a str, u8),
+    /// Grants (true) or revokes (false) viewers in a user's audience.
+    Grants(&'a str, &'a [String], bool),
+    /// Adds (true) or removes (false) users of a group.
+    Members(&'a str, &'a [String], bool),
+    /// Sets (Some) or clears (None) a user's status: (availability, expires_at or 0, text).
+    Status(&'a str, Option<(u8, u64, &'a str)>),
+}
 
 /// A failure of the durable store; the request that caused it is answered
 /// `UNAVAILABLE` and nothing is acknowledged.
@@ -53,8 +87,89 @@ impl DurableStore {
         let txn = db.begin_write().map_err(failed)?;
         txn.open_table(SETTINGS).map_err(failed)?;
         txn.open_table(ACTIVITY).map_err(failed)?;
+        txn.open_table(VISIBILITY).map_err(failed)?;
+        txn.open_table(GRANTS).map_err(failed)?;
+        txn.open_table(MEMBERS).map_err(failed)?;
+        txn.open_table(STATUS).map_err(failed)?;
         txn.commit().map_err(failed)?;
         Ok(DurableStore { db })
+    }
+
+    /// Writes one change of relations; returns once it is on disk.
+    pub fn write_relations(&self, write: &RelationWrite<'_>) -> Result<(), DurableError> {
+        let txn = self.db.begin_write().map_err(failed)?;
+        match write {
+            RelationWrite::Visibility(user, code) => {
+                txn.open_table(VISIBILITY).map_err(failed)?.insert(*user, *code).map_err(failed)?;
+            }
+            RelationWrite::Grants(user, viewers, add) => {
+                let mut table = txn.open_table(GRANTS).map_err(failed)?;
+                for viewer in viewers.iter() {
+                    if *add {
+                        table.insert((*user, viewer.as_str()), ()).map_err(failed)?;
+                    } else {
+                        table.remove((*user, viewer.as_str())).map_err(failed)?;
+                    }
+                }
+            }
+            RelationWrite::Members(group, users, add) => {
+                let mut table = txn.open_table(MEMBERS).map_err(failed)?;
+                for user in users.iter() {
+                    if *add {
+                        table.insert((*group, user.as_str()), ()).map_err(failed)?;
+                    } else {
+                        table.remove((*group, user.as_str())).map_err(failed)?;
+                    }
+                }
+            }
+            RelationWrite::Status(user, status) => {
+                let mut table = txn.open_table(STATUS).map_err(failed)?;
+                match status {
+                    Some((availability, expires_at, text)) => {
+                        let mut bytes = Vec::with_capacity(9 + text.len());
+                        bytes.push(*availability);
+                        bytes.extend_from_slice(&expires_at.to_le_bytes());
+                        bytes.extend_from_slice(text.as_bytes());
+                        table.insert(*user, bytes.as_slice()).map_err(failed)?;
+                    }
+                    None => {
+                        table.remove(*user).map_err(failed)?;
+                    }
+                }
+            }
+        }
+        txn.commit().map_err(failed)
+    }
+
+    /// Every relation, to load at start.
+    pub fn relations(&self) -> Result<Relations, DurableError> {
+        let txn = self.db.begin_read().map_err(failed)?;
+        let mut relations = Relations::default();
+        for entry in txn.open_table(VISIBILITY).map_err(failed)?.iter().map_err(failed)? {
+            let (user, code) = entry.map_err(failed)?;
+            relations.visibility.push((user.value().to_owned(), code.value()));
+        }
+        for entry in txn.open_table(GRANTS).map_err(failed)?.iter().map_err(failed)? {
+            let (key, _) = entry.map_err(failed)?;
+            let (user, viewer) = key.value();
+            relations.grants.push((user.to_owned(), viewer.to_owned()));
+        }
+        for entry in txn.open_table(MEMBERS).map_err(failed)?.iter().map_err(failed)? {
+            let (key, _) = entry.map_err(failed)?;
+            let (group, user) = key.value();
+            relations.members.push((group.to_owned(), user.to_owned()));
+        }
+        for entry in txn.open_table(STATUS).map_err(failed)?.iter().map_err(failed)? {
+            let (user, bytes) = entry.map_err(failed)?;
+            let bytes = bytes.value();
+            if bytes.len() < 9 {
+                continue; // not written by this build: skip rather than guess
+            }
+            let expires_at = u64::from_le_bytes(bytes[1..9].try_into().expect("eight bytes"));
+            let text = String::from_utf8_lossy(&bytes[9..]).into_owned();
+            relations.statuses.push((user.value().to_owned(), bytes[0], expires_at, text));
+        }
+        Ok(relations)
     }
 
     /// Stores one setting; returns once it is on disk.

@@ -72,12 +72,19 @@ impl LeaseQueue {
                     // Nothing in it must wait: answer at once, without a worker.
                     return Ok(apply(&self.context, job.batch, true));
                 }
-                self.jobs.send(job).await.map_err(|_| stopping())?;
+                tokio::select! {
+                    sent = self.jobs.send(job) => sent.map_err(|_| stopping())?,
+                    () = self.context.stopping.cancelled() => return Err(stopping()),
+                }
             }
             Err(async_channel::TrySendError::Closed(_)) => return Err(stopping()),
         }
         self.context.metrics.queue_depth.set(self.jobs.len() as f64);
-        results.await.map_err(|_| stopping())
+        // On shutdown the workers stop: a batch still queued is answered here.
+        tokio::select! {
+            results = results => results.map_err(|_| stopping()),
+            () = self.context.stopping.cancelled() => Err(stopping()),
+        }
     }
 }
 
@@ -226,6 +233,11 @@ mod tests {
             stopping: CancellationToken::new(),
             activity: Arc::new(crate::activity::Activity::new(None, std::time::Duration::from_secs(60))),
             settings: crate::settings::Settings::Memory(Default::default()),
+            durable: None,
+            relations: parking_lot::RwLock::new(crate::privacy::Relations::new(crate::privacy::Visibility::Audience)),
+            relations_writer: tokio::sync::Mutex::new(()),
+            last_seen_granularity_ms: 300_000,
+            auth: crate::auth::Authenticator::new(crate::auth::AuthConfig::default()).unwrap(),
         })
     }
 

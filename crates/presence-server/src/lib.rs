@@ -7,6 +7,7 @@
 //! binary stays a thin layer of configuration and signals.
 
 mod activity;
+mod auth;
 mod clock;
 mod context;
 mod data_dir;
@@ -16,6 +17,7 @@ mod hub;
 mod leases;
 pub mod metrics;
 mod ops;
+pub mod privacy;
 mod service;
 mod settings;
 mod status;
@@ -29,11 +31,13 @@ use std::time::Duration;
 use presence_core::{ConfigError, Store, StoreConfig};
 
 use crate::activity::Activity;
+use crate::auth::{AuthConfigError, Authenticator};
 use crate::context::Context;
 use crate::data_dir::DataDir;
 use crate::durable::DurableStore;
 use crate::leases::LeaseQueue;
 use crate::metrics::Metrics;
+use crate::privacy::{RelationChange, Relations, Visibility};
 use crate::settings::Settings;
 use presence_proto::v1::presence_server::PresenceServer;
 use tokio::net::TcpListener;
@@ -41,6 +45,7 @@ use tokio::sync::Notify;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
+pub use auth::AuthConfig;
 pub use clock::StoreClock;
 pub use hub::{Delivery, Hub, Mailbox, Subscription};
 pub use leases::{LeasesStream, MAX_BATCH_ITEMS};
@@ -79,6 +84,12 @@ pub struct ServerConfig {
     pub restart_grace: Option<Duration>,
     /// How often at most a user's activity is written to disk.
     pub activity_write_interval: Duration,
+    /// Service tokens and viewer-token keys; none configured runs the service open.
+    pub auth: AuthConfig,
+    /// The visibility of a user that chose none.
+    pub default_visibility: Visibility,
+    /// Last seen is released rounded down to this (P5).
+    pub last_seen_granularity: Duration,
 }
 
 impl Default for ServerConfig {
@@ -94,6 +105,9 @@ impl Default for ServerConfig {
             checkpoint_interval: Duration::from_secs(5),
             restart_grace: None,
             activity_write_interval: Duration::from_secs(60),
+            auth: AuthConfig::default(),
+            default_visibility: Visibility::Audience,
+            last_seen_granularity: Duration::from_secs(300),
         }
     }
 }
@@ -110,6 +124,9 @@ pub enum ServeError {
     /// The transport failed.
     #[error("transport error: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The credentials configuration is unusable.
+    #[error("{0}")]
+    Auth(#[from] AuthConfigError),
     /// The data directory cannot be used.
     #[error("data directory {path}: {message}")]
     DataDir {
@@ -155,6 +172,15 @@ pub async fn serve(
         move || wake.notify_one()
     }));
     let stopping = CancellationToken::new();
+    let auth = Authenticator::new(config.auth.clone())?;
+    let mut relations = Relations::new(config.default_visibility);
+    if let Some(durable) = &durable {
+        let stored = durable.relations().map_err(|err| ServeError::DataDir {
+            path: config.data_dir.clone().unwrap_or_default(),
+            message: err.to_string(),
+        })?;
+        load_relations(&mut relations, &store, started, stored);
+    }
     let activity = Arc::new(Activity::new(durable.clone(), config.activity_write_interval));
     let context = Arc::new(Context {
         store: Arc::clone(&store),
@@ -168,6 +194,11 @@ pub async fn serve(
             Some(durable) => Settings::Durable(Arc::clone(durable)),
             None => Settings::Memory(Default::default()),
         },
+        durable: durable.clone(),
+        relations: parking_lot::RwLock::new(relations),
+        relations_writer: tokio::sync::Mutex::new(()),
+        last_seen_granularity_ms: u64::try_from(config.last_seen_granularity.as_millis()).unwrap_or(u64::MAX).max(1),
+        auth,
     });
     let activity_flusher = tokio::spawn(activity::run_flusher(activity, clock, stopping.clone()));
     let checkpoints = data_dir.clone().map(|dir| {
@@ -288,4 +319,35 @@ async fn checkpoint_periodically(
             Err(err) => tracing::error!(%err, "the checkpoint task failed; the previous one stays"),
         }
     }
+}
+
+/// Puts the relations and statuses kept on disk back in memory.
+fn load_relations(relations: &mut Relations, store: &Store, now: u64, stored: durable::Relations) {
+    let count = (stored.visibility.len(), stored.grants.len(), stored.members.len(), stored.statuses.len());
+    for (user, code) in stored.visibility {
+        if let Some(visibility) = Visibility::from_code(i64::from(code)) {
+            relations.apply(&RelationChange::Visibility { user: user.into(), visibility });
+        }
+    }
+    for (user, viewer) in stored.grants {
+        relations.apply(&RelationChange::Audience { user: user.into(), viewers: vec![viewer.into()], grant: true });
+    }
+    for (group, user) in stored.members {
+        relations.apply(&RelationChange::Membership { group: group.into(), users: vec![user.into()], join: true });
+    }
+    for (user, code, expires_at, text) in stored.statuses {
+        let Some(availability) = service::availability_from_code(i64::from(code)) else { continue };
+        let expires_at = (expires_at != 0).then_some(expires_at);
+        if expires_at.is_some_and(|at| at <= now) {
+            continue; // it ran out while the service was down
+        }
+        let _ = store.restore_status(now, &user, presence_core::Status { availability, text, expires_at });
+    }
+    tracing::info!(
+        visibilities = count.0,
+        grants = count.1,
+        memberships = count.2,
+        statuses = count.3,
+        "loaded relations"
+    );
 }

@@ -21,7 +21,20 @@ pub(crate) fn user_presence(user_id: &str, presence: Presence) -> pb::UserPresen
             State::Offline => pb::State::Offline,
         } as i32,
         version: presence.version,
-        last_active_at_ms: 0,
+        ..pb::UserPresence::default()
+    }
+}
+
+/// The wire form of a status.
+pub(crate) fn status_wire(status: &presence_core::Status) -> pb::Status {
+    pb::Status {
+        availability: match status.availability {
+            presence_core::Availability::Available => pb::Availability::Available,
+            presence_core::Availability::Away => pb::Availability::Away,
+            presence_core::Availability::DoNotDisturb => pb::Availability::DoNotDisturb,
+        } as i32,
+        text: status.text.clone(),
+        expires_at_ms: status.expires_at.map_or(0, unix_ms),
     }
 }
 

@@ -1,4 +1,4 @@
-//! One viewer's Watch stream (E3, E4).
+//! One viewer's Watch stream (E3, E4, P3, P4).
 //!
 //! Order of operations is what makes the stream gap-free: subscribe first,
 //! then read the snapshot, then forward only changes newer than what the
@@ -7,17 +7,22 @@
 //! after the subscription existed, so it reaches the mailbox. A resync repeats
 //! the same steps on the live subscription: the mailbox was emptied before the
 //! fresh snapshot is read, so again nothing falls between them.
+//!
+//! Privacy: the subscription and the snapshot are made under the relations
+//! lock, so the users hidden from the viewer in the mailbox are exactly those
+//! hidden in the snapshot; from then on the mailbox keeps hidden users'
+//! changes out, and changes of relations arrive as ordinary updates.
 
 use std::sync::Arc;
 
 use hashbrown::HashMap;
-use presence_core::{CompactString, Presence};
+use presence_core::{CompactString, State};
 use presence_proto::v1::{Snapshot, WatchEvent, watch_event};
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use crate::context::Context;
-use crate::hub::{Delivery, Subscription};
+use crate::context::{Context, Shown, unavailable};
+use crate::hub::{Delivery, Pending, Subscription};
 use crate::ops::user_presence;
 use crate::status::status_of;
 
@@ -27,33 +32,111 @@ const STREAM_BUFFER: usize = 64;
 /// The stream type the Watch RPC returns.
 pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<WatchEvent, Status>>;
 
-/// Opens a watch of `user_ids` and spawns the task that feeds it.
-pub(crate) async fn open(context: Arc<Context>, user_ids: Vec<CompactString>) -> Result<WatchStream, Status> {
+/// Opens a watch of `user_ids` for `viewer` (`None`: a service acting for no
+/// viewer) and spawns the task that feeds it.
+pub(crate) async fn open(
+    context: Arc<Context>,
+    user_ids: Vec<CompactString>,
+    viewer: Option<CompactString>,
+) -> Result<WatchStream, Status> {
     presence_core::validate_user_ids(&user_ids).map_err(status_of)?;
-    let subscription = context.hub.subscribe(user_ids, context.watch_buffer);
-    let (held, first) = snapshot(&context, &subscription).await?;
+    let (subscription, shown) = {
+        let relations = context.relations.read();
+        let subscription = context.hub.subscribe(user_ids, context.watch_buffer, viewer.clone(), |user| {
+            !relations.can_see(viewer.as_deref(), user)
+        });
+        let shown = read(&context, &subscription)?;
+        (subscription, shown)
+    };
+    let exact_activity = viewer.is_none();
+    let (held, first) = snapshot_event(&context, &subscription, &shown, exact_activity).await?;
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tx.try_send(Ok(first)).expect("a new channel has room");
     context.metrics.viewers.increment(1.0);
     tokio::spawn(async move {
-        forward(&context, &subscription, held, &tx).await;
+        forward(&context, &subscription, held, &tx, exact_activity).await;
         context.metrics.viewers.decrement(1.0);
     });
     Ok(WatchStream::new(rx))
 }
 
-/// Reads the watched users' presence now: what the viewer will hold, and the event that shows it.
-async fn snapshot(
+/// Reads the watched users as the mailbox's viewer may see them. The caller
+/// holds the relations lock, so the mailbox's hidden set is current.
+fn read(context: &Context, subscription: &Subscription) -> Result<Vec<Shown>, Status> {
+    let mut changes = Vec::new();
+    let views = context.store.view(context.clock.now(), subscription.users(), &mut changes);
+    context.publish(&changes);
+    let views = views.map_err(status_of)?;
+    let mailbox = subscription.mailbox();
+    Ok(subscription
+        .users()
+        .iter()
+        .zip(views)
+        .map(|(user_id, view)| Shown { visible: !mailbox.is_hidden(user_id), view })
+        .collect())
+}
+
+/// The snapshot event, and the versions the viewer holds once it has it
+/// (0 for hidden users, as for users never seen).
+async fn snapshot_event(
     context: &Context,
     subscription: &Subscription,
+    shown: &[Shown],
+    exact_activity: bool,
 ) -> Result<(HashMap<CompactString, u64>, WatchEvent), Status> {
-    let mut changes = Vec::new();
-    let presences = context.store.snapshot(context.clock.now(), subscription.users(), &mut changes);
-    context.publish(&changes);
-    let presences: Vec<Presence> = presences.map_err(status_of)?;
-    let held = subscription.users().iter().cloned().zip(presences.iter().map(|p| p.version)).collect();
-    let users = context.presences(subscription.users(), &presences).await?;
+    let held = subscription
+        .users()
+        .iter()
+        .zip(shown)
+        .map(|(user_id, shown)| (user_id.clone(), if shown.visible { shown.view.presence.version } else { 0 }))
+        .collect();
+    let users = context.wire(subscription.users(), shown, exact_activity).await?;
     Ok((held, WatchEvent { event: Some(watch_event::Event::Snapshot(Snapshot { users })) }))
+}
+
+/// The update events for changes taken from the mailbox, newer than what the viewer holds.
+async fn update_events(
+    context: &Context,
+    changes: indexmap::IndexMap<CompactString, Pending>,
+    held: &mut HashMap<CompactString, u64>,
+) -> Vec<WatchEvent> {
+    let fresh: Vec<(CompactString, Pending)> = changes
+        .into_iter()
+        .filter(|(user_id, pending)| {
+            let version = held.entry(user_id.clone()).or_insert(0);
+            // Already delivered, or older than the snapshot.
+            let newer = pending.presence.version > *version;
+            if newer {
+                *version = pending.presence.version;
+            }
+            newer
+        })
+        .collect();
+    // Last seen travels with OFFLINE updates of users the viewer may see.
+    let offline: Vec<&str> = fresh
+        .iter()
+        .filter(|(_, pending)| !pending.hidden && pending.presence.state == State::Offline)
+        .map(|(user_id, _)| user_id.as_str())
+        .collect();
+    let active: HashMap<&str, u64> = match context.activity.last_active_at(&offline).await {
+        Ok(active) => offline.iter().copied().zip(active).collect(),
+        Err(err) => {
+            let _ = unavailable(err); // logged; the updates go out without last seen
+            HashMap::new()
+        }
+    };
+    fresh
+        .iter()
+        .map(|(user_id, pending)| {
+            let wire = if pending.hidden {
+                user_presence(user_id, pending.presence)
+            } else {
+                let view = presence_core::UserView { presence: pending.presence, status: pending.status.clone() };
+                context.visible_wire(user_id, &view, active.get(user_id.as_str()).copied().unwrap_or(0), false)
+            };
+            WatchEvent { event: Some(watch_event::Event::Update(wire)) }
+        })
+        .collect()
 }
 
 /// Forwards the mailbox to the stream until the viewer leaves or the server shuts down.
@@ -62,6 +145,7 @@ async fn forward(
     subscription: &Subscription,
     mut held: HashMap<CompactString, u64>,
     tx: &mpsc::Sender<Result<WatchEvent, Status>>,
+    exact_activity: bool,
 ) {
     'stream: loop {
         tokio::select! {
@@ -70,28 +154,30 @@ async fn forward(
             () = context.stopping.cancelled() => break 'stream,
         }
         let events: Vec<WatchEvent> = match subscription.mailbox().take() {
-            Delivery::Resync => match snapshot(context, subscription).await {
-                Ok((fresh, event)) => {
-                    context.metrics.resyncs.increment(1);
-                    held = fresh;
-                    vec![event]
+            Delivery::Resync => {
+                let shown = {
+                    let _relations = context.relations.read();
+                    read(context, subscription)
+                };
+                match shown {
+                    Ok(shown) => match snapshot_event(context, subscription, &shown, exact_activity).await {
+                        Ok((fresh, event)) => {
+                            context.metrics.resyncs.increment(1);
+                            held = fresh;
+                            vec![event]
+                        }
+                        Err(status) => {
+                            let _ = tx.send(Err(status)).await;
+                            return;
+                        }
+                    },
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
                 }
-                Err(status) => {
-                    let _ = tx.send(Err(status)).await;
-                    return;
-                }
-            },
-            Delivery::Changes(changes) => changes
-                .into_iter()
-                .filter_map(|(user_id, presence)| {
-                    let version = held.entry(user_id.clone()).or_insert(0);
-                    // Already delivered, or older than the snapshot.
-                    (presence.version > *version).then(|| {
-                        *version = presence.version;
-                        WatchEvent { event: Some(watch_event::Event::Update(user_presence(&user_id, presence))) }
-                    })
-                })
-                .collect(),
+            }
+            Delivery::Changes(changes) => update_events(context, changes, &mut held).await,
         };
         let updates = events.len() as u64;
         for event in events {
