@@ -63,10 +63,11 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
             .map_err(|err| format!("cannot listen on {}: {err}", settings.listen))?;
         let local = listener.local_addr().map_err(|err| format!("cannot read the bound address: {err}"))?;
         // The first line of stdout, for scripts and tests that asked for port 0.
+        let shutdown = shutdown_signal()?;
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "listening on {local}").and_then(|()| stdout.flush()).ok();
         drop(stdout);
-        presence_server::serve(listener, settings.server, shutdown_signal()).await.map_err(|err| err.to_string())
+        presence_server::serve(listener, settings.server, shutdown).await.map_err(|err| err.to_string())
     })
 }
 
@@ -92,26 +93,28 @@ fn install_metrics_exporter(addr: std::net::SocketAddr) -> Result<(), String> {
     Ok(())
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// Listens for SIGINT and SIGTERM from now on (so that a signal sent as soon
+/// as the listening line is printed is not lost to the default action) and
+/// returns a future that completes on the first of them.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
     #[cfg(unix)]
     {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(err) => {
-                tracing::warn!(%err, "cannot listen for SIGTERM; only SIGINT stops the server");
-                let _ = interrupt.await;
-                return;
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen =
+            |kind: SignalKind, name: &str| signal(kind).map_err(|err| format!("cannot listen for {name}: {err}"));
+        let mut interrupt = listen(SignalKind::interrupt(), "SIGINT")?;
+        let mut terminate = listen(SignalKind::terminate(), "SIGTERM")?;
+        Ok(async move {
+            tokio::select! {
+                _ = interrupt.recv() => tracing::info!("SIGINT received"),
+                _ = terminate.recv() => tracing::info!("SIGTERM received"),
             }
-        };
-        tokio::select! {
-            _ = interrupt => tracing::info!("SIGINT received"),
-            _ = terminate.recv() => tracing::info!("SIGTERM received"),
-        }
+        })
     }
     #[cfg(not(unix))]
     {
-        let _ = interrupt.await;
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }

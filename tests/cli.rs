@@ -174,3 +174,20 @@ async fn o1_metrics_are_served_on_the_metrics_address() {
     assert!(metrics.contains("presenced_shard_operations{shard=\"0\"}"), "{metrics}");
     assert!(metrics.contains("presenced_expiry_lag_seconds_bucket{le=\"0.05\"}"), "{metrics}");
 }
+
+#[test]
+fn p1_an_open_server_refuses_a_non_loopback_address_unless_insecure() {
+    let (code, stderr) = run_to_exit(&["serve", "--listen", "0.0.0.0:0"]);
+    assert_ne!(code, Some(0));
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(stderr.contains("--insecure") && stderr.contains("0.0.0.0:0"), "{stderr:?}");
+}
+
+#[tokio::test]
+async fn p1_insecure_or_credentials_allow_any_address() {
+    for args in [&["--insecure"][..], &["--service-token", "t0k3n"]] {
+        let daemon = Daemon::start_on("0.0.0.0:0", args, &[], None);
+        assert!(daemon.addr.starts_with("0.0.0.0:"), "{}", daemon.addr);
+        daemon.stop().await;
+    }
+}

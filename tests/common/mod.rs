@@ -114,6 +114,15 @@ pub fn generation_of(result: &pb::LeaseResult) -> u64 {
     }
 }
 
+/// A request carrying `authorization: Bearer <token>` when a token is given.
+pub fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().expect("ASCII token"));
+    }
+    request
+}
+
 pub fn state_of(presence: &pb::UserPresence) -> pb::State {
     pb::State::try_from(presence.state).expect("a known state")
 }
@@ -139,6 +148,14 @@ impl Viewer {
     pub async fn open(client: &mut PresenceClient<Channel>, users: &[&str]) -> Viewer {
         let request =
             pb::WatchRequest { user_ids: users.iter().map(|u| u.to_string()).collect(), ..Default::default() };
+        Viewer::open_request(client, tonic::Request::new(request)).await
+    }
+
+    /// Opens a watch with a request the caller prepared (credentials, viewer_id).
+    pub async fn open_request(
+        client: &mut PresenceClient<Channel>,
+        request: tonic::Request<pb::WatchRequest>,
+    ) -> Viewer {
         let stream = client.watch(request).await.expect("open watch").into_inner();
         let mut viewer = Viewer { stream, held: HashMap::new(), updates: Vec::new(), resyncs: 0 };
         match viewer.next_event().await {
@@ -234,10 +251,17 @@ impl Viewer {
     /// change arrives. A viewer gets changes in publication order, so after
     /// this returns it has received every change published before the call.
     pub async fn barrier(&mut self, client: &mut PresenceClient<Channel>, sentinel: &str) {
-        let registered = client.register(register(sentinel, "barrier", "gw-test", 0)).await.unwrap().into_inner();
+        self.barrier_with(client, sentinel, None).await;
+    }
+
+    /// [`Viewer::barrier`], calling as the service holding `token`.
+    pub async fn barrier_with(&mut self, client: &mut PresenceClient<Channel>, sentinel: &str, token: Option<&str>) {
+        let request = with_token(register(sentinel, "barrier", "gw-test", 0), token);
+        let registered = client.register(request).await.unwrap().into_inner();
         let generation = registered.generation;
         let flipped_online = registered.changed;
-        let unregistered = client.unregister(unregister(sentinel, "barrier", generation, 0)).await.unwrap();
+        let request = with_token(unregister(sentinel, "barrier", generation, 0), token);
+        let unregistered = client.unregister(request).await.unwrap();
         assert!(unregistered.into_inner().changed, "the barrier sentinel must have been offline and alone");
         assert!(flipped_online, "the barrier sentinel must have been offline");
         // Its OFFLINE is the last change published by this call.
