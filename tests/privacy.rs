@@ -114,7 +114,7 @@ async fn p3_hidden_users_are_answered_byte_for_byte_as_users_never_seen() {
     let viewer = viewer_token("viewer", false);
     // (a) invisible, online, with a status; (b) online, in no relation to the viewer; (c) never seen.
     set_visibility(&mut client, SERVICE, "invisible", pb::Visibility::Nobody).await;
-    let mut generations = vec![online(&mut client, "invisible", "s").await, online(&mut client, "stranger", "s").await];
+    let mut generations = [online(&mut client, "invisible", "s").await, online(&mut client, "stranger", "s").await];
     set_status(&mut client, "invisible", Some(status(pb::Availability::DoNotDisturb, "busy", 0))).await;
     let users = ["invisible", "stranger", "nobody-ever", "viewer"];
     let mut watching = Viewer::open_request(&mut client, watch_as(&viewer, &users, "")).await;
