@@ -28,8 +28,13 @@ fn populated(sessions: usize) -> Store {
     for session in 0..sessions {
         let user_id = format!("u{}", session * 2 / 5);
         let session_id = format!("sess_{session:012}");
-        let registration =
-            Registration { user_id: &user_id, session_id: &session_id, gateway_id: "gw-07", ttl_ms: 45_000, metadata: &[] };
+        let registration = Registration {
+            user_id: &user_id,
+            session_id: &session_id,
+            gateway_id: "gw-07",
+            ttl_ms: 45_000,
+            metadata: &[],
+        };
         store.register(START, &registration, &mut changes).expect("valid registration");
         changes.clear();
     }

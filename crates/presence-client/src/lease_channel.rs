@@ -53,6 +53,9 @@ pub struct LeaseChannelConfig {
     /// stopped answering without closing the connection must not hold
     /// submitters for ever.
     pub response_timeout: Duration,
+    /// Sent as `authorization: Bearer <token>` when the stream opens: the
+    /// gateway's service token, when the server requires credentials.
+    pub bearer_token: Option<String>,
 }
 
 impl Default for LeaseChannelConfig {
@@ -65,6 +68,7 @@ impl Default for LeaseChannelConfig {
             max_in_flight_batches: 8,
             reconnect: Backoff::default(),
             response_timeout: Duration::from_secs(10),
+            bearer_token: None,
         }
     }
 }
@@ -499,7 +503,16 @@ impl Driver {
         debug_assert!(self.in_flight.is_empty(), "a broken stream fails what it carried");
         let (outbound, requests) = mpsc::channel(self.config().max_in_flight_batches);
         let mut client = self.client.clone();
-        let call: OpenFuture = Box::pin(async move { client.leases(ReceiverStream::new(requests)).await });
+        let mut request = tonic::Request::new(ReceiverStream::new(requests));
+        if let Some(token) = &self.config().bearer_token {
+            match format!("Bearer {token}").parse() {
+                Ok(value) => {
+                    request.metadata_mut().insert("authorization", value);
+                }
+                Err(_) => tracing::warn!("the bearer token is not valid metadata; the stream opens without it"),
+            }
+        }
+        let call: OpenFuture = Box::pin(async move { client.leases(request).await });
         self.conn = Some(Conn { outbound, inbound: Inbound::Opening(call) });
         self.retry_at = None;
         self.shared.counters.streams_opened.fetch_add(1, Ordering::Relaxed);

@@ -99,6 +99,9 @@ pub struct Watcher {
     attempt: u32,
     /// Set when the watch ended for good; `next` then returns `None`.
     failed: Option<Status>,
+    /// Sent as `authorization` metadata on every (re)open: the viewer's own
+    /// token, or a service token.
+    authorization: Option<tonic::metadata::AsciiMetadataValue>,
 }
 
 impl Watcher {
@@ -121,8 +124,35 @@ impl Watcher {
         request: pb::WatchRequest,
         reconnect: Backoff,
     ) -> Result<Watcher, Status> {
-        let mut watcher =
-            Watcher { client, request, reconnect, stream: None, store: ViewerStore::new(), attempt: 0, failed: None };
+        Self::open_authorized(client, request, reconnect, None).await
+    }
+
+    /// [`open_request`](Self::open_request) presenting `bearer_token` (a viewer's
+    /// JWT or a service token) on every (re)open.
+    pub async fn open_authorized(
+        client: PresenceClient<Channel>,
+        request: pb::WatchRequest,
+        reconnect: Backoff,
+        bearer_token: Option<&str>,
+    ) -> Result<Watcher, Status> {
+        let authorization = match bearer_token {
+            Some(token) => Some(
+                format!("Bearer {token}")
+                    .parse()
+                    .map_err(|_| Status::invalid_argument("bearer token: not valid metadata"))?,
+            ),
+            None => None,
+        };
+        let mut watcher = Watcher {
+            client,
+            request,
+            reconnect,
+            stream: None,
+            store: ViewerStore::new(),
+            attempt: 0,
+            failed: None,
+            authorization,
+        };
         watcher.reopen().await?;
         Ok(watcher)
     }
@@ -194,7 +224,11 @@ impl Watcher {
 
     /// Opens a stream and applies its first item, which must be a snapshot.
     async fn reopen(&mut self) -> Result<(), Status> {
-        let mut stream = self.client.watch(self.request.clone()).await?.into_inner();
+        let mut request = tonic::Request::new(self.request.clone());
+        if let Some(authorization) = &self.authorization {
+            request.metadata_mut().insert("authorization", authorization.clone());
+        }
+        let mut stream = self.client.watch(request).await?.into_inner();
         match stream.message().await? {
             Some(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)), .. }) => {
                 self.store.apply_snapshot(&snapshot.users);

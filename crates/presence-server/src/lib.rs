@@ -42,7 +42,6 @@ use crate::settings::Settings;
 use presence_proto::v1::presence_server::PresenceServer;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::AuthConfig;
@@ -232,6 +231,11 @@ pub async fn serve(
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
     let local_addr = listener.local_addr().ok();
+    // Small replies must not wait for the peer's delayed ACK (Nagle): without
+    // this, batches and events stall for ~40 ms under load.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(Duration::from_secs(60)));
     tracing::info!(addr = ?local_addr, shards = config.store.shards, "serving");
     let stop_signal = {
         let stopping = stopping.clone();
@@ -248,7 +252,7 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop_signal);
+        .serve_with_incoming_shutdown(incoming, stop_signal);
     // A client that keeps its connection open must not hold the shutdown up for
     // ever (hyper can wait on such connections indefinitely): after the grace
     // period the server stops waiting and its connections close with it.

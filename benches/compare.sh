@@ -1,0 +1,244 @@
+#!/usr/bin/env bash
+# presenced against the Redis + Lua baseline of seed 000, with the same workloads.
+#
+#   bash benches/compare.sh            # defaults: about 10 minutes on 2 cores
+#   LOAD_USERS=1200000 EXPIRY_USERS=100000 bash benches/compare.sh   # the issue's full sizes
+#
+# What it does:
+#   1. builds target/release/presenced and target/release/presence-loadgen;
+#   2. installs redis-server from the Debian package when it is missing (needs root);
+#   3. for every scenario, starts a fresh redis-server (private loopback port, throwaway
+#      dir, no persistence) with the seed's 5 Lua scripts loaded (SCRIPT LOAD), and a fresh
+#      `presenced serve --listen 127.0.0.1:0 --min-renew-interval-ms 0`, runs the scenario
+#      against both back to back with the same parameters, and stops them;
+#   4. writes one JSON report per run (ghz's field names) and the console output to
+#      $RESULTS, and prints a side-by-side table with ratios.
+# Both servers are stopped on exit, whatever happens. Nothing here is needed by cargo test.
+#
+# The generator and the servers share this machine: on 2 cores the generator takes a
+# large share of the CPU, so absolute numbers understate both servers. Compare ratios.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# ---- sizes (override through the environment) -----------------------------------------
+LOAD_USERS=${LOAD_USERS:-200000}              # users; sessions = users x SESSIONS_PER_USER
+SESSIONS_PER_USER=${SESSIONS_PER_USER:-2.5}
+LOAD_DURATION=${LOAD_DURATION:-20s}           # heartbeat phase of each load run
+LOAD_TTL_MS=${LOAD_TTL_MS:-600000}            # long enough that no lease expires during a run
+CONCURRENCY=${CONCURRENCY:-64}                # unary: calls in flight (redis: connections)
+CONNECTIONS=${CONNECTIONS:-4}                 # presenced HTTP/2 connections / Leases streams
+BATCH=${BATCH:-100}                           # Leases batch / redis pipeline depth
+BATCH_CONCURRENCY=${BATCH_CONCURRENCY:-8}     # batches in flight
+MEMORY_SESSIONS=${MEMORY_SESSIONS:-1000000 3000000}   # presenced sizes; redis runs the first
+EXPIRY_USERS=${EXPIRY_USERS:-50000}           # redis drains 500 users / 2 s: N/250 seconds
+FANOUT_VIEWERS=${FANOUT_VIEWERS:-1000}
+FANOUT_WATCH=${FANOUT_WATCH:-500}
+FANOUT_POPULATION=${FANOUT_POPULATION:-100000}
+FANOUT_CHURN=${FANOUT_CHURN:-1000}
+FANOUT_DURATION=${FANOUT_DURATION:-10s}
+SCENARIOS=${SCENARIOS:-load memory expiry fanout}
+RESULTS=${RESULTS:-target/compare/$(date -u +%Y%m%dT%H%M%SZ)}
+REDIS_PORT=${REDIS_PORT:-$((20000 + RANDOM % 20000))}
+
+LOADGEN=target/release/presence-loadgen
+PRESENCED=target/release/presenced
+mkdir -p "$RESULTS"
+WORK=$(mktemp -d /tmp/presence-compare.XXXXXX)
+REDIS_PID=""
+PRESENCED_PID=""
+
+log() { printf '\n== %s\n' "$*"; }
+
+stop_servers() {
+    if [[ -n $PRESENCED_PID ]]; then
+        kill "$PRESENCED_PID" 2>/dev/null || true
+        wait "$PRESENCED_PID" 2>/dev/null || true
+        PRESENCED_PID=""
+    fi
+    if [[ -n $REDIS_PID ]]; then
+        redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || kill "$REDIS_PID" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$REDIS_PID" 2>/dev/null || break; sleep 0.1; done
+        REDIS_PID=""
+    fi
+}
+cleanup() {
+    stop_servers
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+start_redis() {
+    local dir="$WORK/redis"
+    rm -rf "$dir" && mkdir -p "$dir"
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
+        --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
+    for _ in $(seq 100); do
+        redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
+        sleep 0.05
+    done
+    REDIS_PID=$(cat "$dir/redis.pid")
+    # The seed's five scripts, verbatim (the generator loads them too and checks the SHA1s).
+    local f sha want
+    for f in benches/loadgen/lua/*.lua; do
+        sha=$(redis-cli -p "$REDIS_PORT" -x script load <"$f")
+        want=$(sha1sum "$f" | cut -d' ' -f1)
+        [[ $sha == "$want" ]] || { echo "SCRIPT LOAD $f answered $sha, expected $want" >&2; exit 1; }
+    done
+}
+
+start_presenced() {
+    local out="$WORK/presenced.out"
+    "$PRESENCED" serve --listen 127.0.0.1:0 --min-renew-interval-ms 0 >"$out" 2>"$WORK/presenced.err" &
+    PRESENCED_PID=$!
+    for _ in $(seq 100); do
+        grep -q '^listening on ' "$out" 2>/dev/null && break
+        sleep 0.05
+    done
+    PRESENCED_ADDR=$(sed -n 's/^listening on //p' "$out" | head -1)
+    [[ -n $PRESENCED_ADDR ]] || { echo "presenced did not start:" >&2; cat "$WORK/presenced.err" >&2; exit 1; }
+}
+
+fresh_servers() {
+    stop_servers
+    start_redis
+    start_presenced
+}
+
+# run NAME TARGET SCENARIO ARGS...: one run, its report in $RESULTS/NAME.json.
+run() {
+    local name=$1 target=$2 scenario=$3
+    shift 3
+    local where
+    if [[ $target == presenced ]]; then where=(--addr "$PRESENCED_ADDR"); else where=(--redis-url "redis://127.0.0.1:$REDIS_PORT"); fi
+    log "$name: $scenario --target $target $*"
+    "$LOADGEN" "$scenario" --target "$target" "${where[@]}" --report "$RESULTS/$name.json" "$@" \
+        | tee "$RESULTS/$name.txt"
+}
+
+# ---- build and install ------------------------------------------------------------------
+log "building release binaries"
+cargo build --release -p presenced -p presence-loadgen
+
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+    log "installing redis-server (Debian package)"
+    if [[ $(id -u) -ne 0 ]]; then echo "redis-server is missing and this is not root: install it first" >&2; exit 1; fi
+    apt-get update && apt-get install -y redis-server
+fi
+log "$(redis-server --version)"
+echo "machine: $(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB; the generator and both servers share them"
+echo "results: $RESULTS"
+
+for scenario in $SCENARIOS; do
+    case $scenario in
+    load)
+        common=(--users "$LOAD_USERS" --sessions-per-user "$SESSIONS_PER_USER" --ttl-ms "$LOAD_TTL_MS"
+            --duration "$LOAD_DURATION" --register-mode leases --connections "$CONNECTIONS")
+        for t in presenced redis; do
+            fresh_servers
+            run "load-unary-$t" "$t" load "${common[@]}" --mode unary --concurrency "$CONCURRENCY" --batch "$BATCH"
+            fresh_servers
+            run "load-batch-$t" "$t" load "${common[@]}" --mode leases --concurrency "$BATCH_CONCURRENCY" --batch "$BATCH"
+        done
+        ;;
+    memory)
+        first=${MEMORY_SESSIONS%% *}
+        for n in $MEMORY_SESSIONS; do
+            fresh_servers
+            run "memory-$n-presenced" presenced memory --sessions "$n" --sessions-per-user "$SESSIONS_PER_USER" \
+                --pid "$PRESENCED_PID" --mode leases --batch 500 --concurrency "$BATCH_CONCURRENCY" --connections 2
+            if [[ $n == "$first" ]]; then
+                run "memory-$n-redis" redis memory --sessions "$n" --sessions-per-user "$SESSIONS_PER_USER" \
+                    --pid "$REDIS_PID" --mode leases --batch 500 --concurrency "$BATCH_CONCURRENCY"
+            fi
+        done
+        ;;
+    expiry)
+        fresh_servers
+        for t in presenced redis; do
+            run "expiry-$t" "$t" expiry --users "$EXPIRY_USERS" --mode leases --batch "$BATCH" \
+                --concurrency "$BATCH_CONCURRENCY" --connections 2
+        done
+        ;;
+    fanout)
+        # The gateway renews one session per call, so that its p99 rests on thousands of samples.
+        for t in presenced redis; do
+            fresh_servers
+            run "fanout-$t" "$t" fanout --viewers "$FANOUT_VIEWERS" --watch "$FANOUT_WATCH" \
+                --population "$FANOUT_POPULATION" --churn-rate "$FANOUT_CHURN" --duration "$FANOUT_DURATION" \
+                --stalled-viewer --mode unary --concurrency 16 --connections 2
+        done
+        ;;
+    *) echo "unknown scenario $scenario (load, memory, expiry, fanout)" >&2; exit 2 ;;
+    esac
+done
+stop_servers
+
+log "side by side (ratio = presenced / redis: xN = presenced N times larger, 1/N = N times smaller; larger is better for rates, smaller for latencies and sizes)"
+python3 - "$RESULTS" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+def rep(name):
+    p = os.path.join(d, name + ".json")
+    return json.load(open(p)) if os.path.exists(p) else None
+def ms(ns): return None if ns is None else ns / 1e6
+rows = []
+def row(label, unit, p, r, fmt="{:,.0f}"):
+    if p is None and r is None: return
+    f = lambda v: "-" if v is None else fmt.format(v)
+    if not p or not r:
+        ratio = "-"
+    elif p >= r:
+        ratio = "x{:.2f}".format(p / r)
+    else:
+        ratio = "1/{:.2f}".format(r / p)
+    rows.append((label, unit, f(p), f(r), ratio))
+def g(rp, *path):
+    v = rp
+    for k in path:
+        if v is None: return None
+        v = v.get(k) if isinstance(v, dict) else None
+    return v
+def pct(rp, p):
+    for e in (rp or {}).get("latencyDistribution") or []:
+        if e["percentage"] == p: return e["latency"]
+    return None
+for kind, label in (("unary", "heartbeat, one call per op"), ("batch", "heartbeat, batches/pipeline")):
+    p, r = rep(f"load-{kind}-presenced"), rep(f"load-{kind}-redis")
+    if p or r:
+        row(f"{label}", "renewals/s", g(p, "rps"), g(r, "rps"))
+        row(f"{label}", "p50 ms", ms(pct(p, 50)), ms(pct(r, 50)), "{:.3f}")
+        row(f"{label}", "p99 ms", ms(pct(p, 99)), ms(pct(r, 99)), "{:.3f}")
+        row(f"{label}", "errors", sum(v for k, v in (g(p, "statusCodeDistribution") or {}).items() if k != "OK"),
+            sum(v for k, v in (g(r, "statusCodeDistribution") or {}).items() if k != "OK"))
+p, r = rep("load-batch-presenced"), rep("load-batch-redis")
+row("register (batches/pipeline)", "registers/s", g(p, "scenario", "registers_per_s"), g(r, "scenario", "registers_per_s"))
+sizes = sorted(int(f[len("memory-"):-len("-presenced.json")]) for f in os.listdir(d)
+               if f.startswith("memory-") and f.endswith("-presenced.json"))
+for n in sizes:
+    p, r = rep(f"memory-{n}-presenced"), rep(f"memory-{n}-redis")
+    row(f"memory, {int(n):,} sessions", "RSS B/session", g(p, "scenario", "bytes_per_session"), g(r, "scenario", "bytes_per_session"))
+    if r:
+        row(f"memory, {int(n):,} sessions", "redis used_memory B/session", None, g(r, "scenario", "used_memory_per_session"))
+        row(f"memory, {int(n):,} sessions", "  without presence:due", None, g(r, "scenario", "used_memory_per_session_without_due_set"))
+p, r = rep("expiry-presenced"), rep("expiry-redis")
+for q in ("p50", "p90", "p99", "max"):
+    row("expiry: deadline -> OFFLINE", f"lag {q} ms", ms(g(p, "scenario", "lag_ns", q)), ms(g(r, "scenario", "lag_ns", q)), "{:.1f}")
+row("expiry: all drained after last deadline", "ms", ms(g(p, "scenario", "drain_after_last_deadline_ns")), ms(g(r, "scenario", "drain_after_last_deadline_ns")), "{:.1f}")
+row("expiry: missing events", "count", g(p, "scenario", "missing"), g(r, "scenario", "missing"))
+p, r = rep("fanout-presenced"), rep("fanout-redis")
+row("fanout: changes delivered", "events/s", g(p, "scenario", "phase_plain", "events_per_s"), g(r, "scenario", "phase_plain", "events_per_s"))
+row("fanout: flip -> viewer p99", "ms", ms(g(p, "scenario", "phase_plain", "delivery_p99_ns")), ms(g(r, "scenario", "phase_plain", "delivery_p99_ns")), "{:.2f}")
+row("fanout: gateway renew p99", "ms", ms(g(p, "scenario", "phase_plain", "gateway_renew", "p99_ns")), ms(g(r, "scenario", "phase_plain", "gateway_renew", "p99_ns")), "{:.3f}")
+row("fanout + stalled viewer: gateway p99", "ms", ms(g(p, "scenario", "phase_stalled", "gateway_renew", "p99_ns")), ms(g(r, "scenario", "phase_stalled", "gateway_renew", "p99_ns")), "{:.3f}")
+row("fanout + stalled viewer: events/s", "events/s", g(p, "scenario", "phase_stalled", "events_per_s"), g(r, "scenario", "phase_stalled", "events_per_s"))
+w = [max(len(x[i]) for x in rows + [("scenario", "unit", "presenced", "redis", "ratio")]) for i in range(5)]
+line = lambda x: "  ".join(s.ljust(w[i]) if i < 2 else s.rjust(w[i]) for i, s in enumerate(x))
+out = [line(("scenario", "unit", "presenced", "redis", "ratio")), line(tuple("-" * n for n in w))] + [line(x) for x in rows]
+text = "\n".join(out)
+print(text)
+open(os.path.join(d, "table.txt"), "w").write(text + "\n")
+PY
+echo
+echo "The generator and both servers shared $(nproc) cores: absolute figures understate both; compare ratios."
+echo "Reports (ghz JSON fields + a 'scenario' object) and console output: $RESULTS"

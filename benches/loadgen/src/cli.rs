@@ -1,0 +1,337 @@
+//! Command-line flags.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::conn::{ConnSpec, Endpoints, Mode, TargetKind};
+
+/// Load generator for presenced and for the Redis + Lua baseline of seed 000.
+#[derive(Debug, Parser)]
+#[command(name = "presence-loadgen", version, about, long_about = None)]
+pub(crate) struct Cli {
+    /// The scenario.
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// The scenarios.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Register U×S sessions (registers/s), then renew them for a duration (heartbeats/s, latency).
+    Load(LoadArgs),
+    /// Register N sessions and report the server's resident memory growth per session.
+    Memory(MemoryArgs),
+    /// Let N leases run out within one second; measure the lag from each deadline to the OFFLINE a viewer gets.
+    Expiry(ExpiryArgs),
+    /// V viewers watching W users each while users flip; events/s, and gateway p99 with a stalled viewer.
+    Fanout(FanoutArgs),
+}
+
+impl Command {
+    /// The flags every scenario has.
+    pub(crate) fn common(&self) -> &Common {
+        match self {
+            Command::Load(a) => &a.common,
+            Command::Memory(a) => &a.common,
+            Command::Expiry(a) => &a.common,
+            Command::Fanout(a) => &a.common,
+        }
+    }
+}
+
+/// Target, output and runtime flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Common {
+    /// The system under test.
+    #[arg(long, value_enum, default_value = "presenced")]
+    pub(crate) target: TargetKind,
+    /// presenced's gRPC address.
+    #[arg(long, env = "PRESENCED_ADDR", default_value = "127.0.0.1:50051")]
+    pub(crate) addr: String,
+    /// Redis URL (the seed's scripts are loaded with SCRIPT LOAD).
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub(crate) redis_url: String,
+    /// Write the JSON report (ghz's field names) to this file.
+    #[arg(long)]
+    pub(crate) report: Option<PathBuf>,
+    /// No progress bars (they are also hidden when stdout is not a terminal).
+    #[arg(long)]
+    pub(crate) quiet: bool,
+    /// Tokio worker threads of the generator (default: one per core).
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+    /// Gateway id sent with every register.
+    #[arg(long, default_value = "loadgen")]
+    pub(crate) gateway_id: String,
+}
+
+impl Common {
+    /// The target's addresses.
+    pub(crate) fn endpoints(&self) -> Endpoints {
+        Endpoints { target: self.target, addr: self.addr.clone(), redis_url: self.redis_url.clone() }
+    }
+}
+
+/// How gateway operations are sent.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Drive {
+    /// unary: one call per operation (presenced RPC / redis EVALSHA); leases: explicit batches
+    /// (presenced Leases stream / redis pipeline); coalesced: presenced LeaseChannel single calls.
+    #[arg(long, value_enum, default_value = "unary")]
+    pub(crate) mode: Mode,
+    /// Items per batch (leases: per submit_batch; redis: pipeline depth; coalesced: largest batch).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) batch: u64,
+    /// Calls in flight (workers). On Redis each worker has its own connection.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) concurrency: u64,
+    /// presenced: HTTP/2 connections (unary) or Leases streams (leases, coalesced), shared by the workers.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) connections: u64,
+    /// Items per second, 0 = as fast as possible; `interval` = sessions / heartbeat interval.
+    #[arg(long, default_value = "0", value_parser = parse_rate)]
+    pub(crate) rate: Rate,
+    /// coalesced mode: longest wait for a batch to fill, in microseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) max_delay_us: u64,
+}
+
+impl Drive {
+    /// The connection layout for `common`'s target.
+    pub(crate) fn conn_spec(&self, common: &Common) -> ConnSpec {
+        ConnSpec {
+            endpoints: common.endpoints(),
+            mode: self.mode,
+            concurrency: self.concurrency,
+            connections: self.connections,
+            batch: self.batch,
+            max_delay: Duration::from_micros(self.max_delay_us),
+        }
+    }
+}
+
+/// A rate: fixed, unlimited, or the heartbeat model's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Rate {
+    /// Items per second (0 = as fast as possible).
+    PerSecond(f64),
+    /// Every session once per heartbeat interval.
+    Interval,
+}
+
+impl Rate {
+    /// Items per second for `sessions` sessions heartbeating every `interval`.
+    pub(crate) fn resolve(self, sessions: u64, interval: Duration) -> f64 {
+        match self {
+            Rate::PerSecond(r) => r,
+            Rate::Interval => sessions as f64 / interval.as_secs_f64().max(1e-3),
+        }
+    }
+}
+
+fn parse_rate(s: &str) -> Result<Rate, String> {
+    if s == "interval" {
+        return Ok(Rate::Interval);
+    }
+    match s.parse::<f64>() {
+        Ok(r) if r >= 0.0 && r.is_finite() => Ok(Rate::PerSecond(r)),
+        _ => Err(format!("{s:?}: a non-negative number or `interval`")),
+    }
+}
+
+/// Parses `500ms`, `30s`, `2m`, `1h` or a bare number of seconds.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: f64 = num.parse().map_err(|_| format!("{s:?}: expected a duration such as 500ms, 30s, 2m"))?;
+    let secs = match unit {
+        "ms" => n / 1e3,
+        "s" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// `load` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct LoadArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) drive: Drive,
+    /// Users (U).
+    #[arg(long, default_value_t = 1_200_000)]
+    pub(crate) users: u64,
+    /// Sessions per user (S), on average; 2.5 gives each user 2 or 3.
+    #[arg(long, default_value_t = 2.5)]
+    pub(crate) sessions_per_user: f64,
+    /// Lease TTL of registers and renewals, ms.
+    #[arg(long, default_value_t = 45_000)]
+    pub(crate) ttl_ms: u32,
+    /// The modelled heartbeat interval, ms: the rate a real fleet needs is sessions / interval.
+    #[arg(long, default_value_t = 15_000)]
+    pub(crate) heartbeat_interval_ms: u64,
+    /// Length of the heartbeat phase.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// Send registers in another mode than the heartbeats (default: --mode).
+    #[arg(long, value_enum)]
+    pub(crate) register_mode: Option<Mode>,
+}
+
+/// `memory` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct MemoryArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) drive: Drive,
+    /// Sessions to register (N).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub(crate) sessions: u64,
+    /// Sessions per user, on average.
+    #[arg(long, default_value_t = 2.5)]
+    pub(crate) sessions_per_user: f64,
+    /// The server's process id (presenced or redis-server), for /proc/PID/status.
+    #[arg(long)]
+    pub(crate) pid: u32,
+    /// Lease TTL, ms (long enough that nothing expires while measuring).
+    #[arg(long, default_value_t = 3_600_000)]
+    pub(crate) ttl_ms: u32,
+    /// Wait this long after the last register before reading memory again.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub(crate) settle: Duration,
+}
+
+/// `expiry` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ExpiryArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) drive: Drive,
+    /// Users, one session each, whose leases all run out within the window.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) users: u64,
+    /// The deadlines are spread evenly over this window, ms.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) window_ms: i64,
+    /// The server's lowest TTL, ms (presenced's --min-ttl-ms).
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) min_ttl_ms: u32,
+    /// presenced: users per Watch stream (the server takes at most 10,000).
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) watch_chunk: u64,
+    /// Give up waiting for OFFLINE events this long after the last deadline.
+    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    pub(crate) timeout: Duration,
+    /// redis: the sweeper's period, ms (seed: 2000).
+    #[arg(long, default_value_t = crate::redis_seed::SWEEP_INTERVAL_MS)]
+    pub(crate) sweep_interval_ms: u64,
+    /// redis: users per sweep (seed: LIMIT 0 500).
+    #[arg(long, default_value_t = crate::redis_seed::SWEEP_LIMIT)]
+    pub(crate) sweep_limit: u64,
+    /// Also write every user's deadline, arrival and lag to this CSV file.
+    #[arg(long)]
+    pub(crate) lags_csv: Option<PathBuf>,
+}
+
+/// `fanout` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct FanoutArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) drive: Drive,
+    /// Viewers (V), one Watch stream each.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) viewers: u64,
+    /// Users each viewer watches (W), drawn from the population.
+    #[arg(long, default_value_t = 500)]
+    pub(crate) watch: u64,
+    /// Users that can be watched and flipped (one session each).
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) population: u64,
+    /// Flips (a register of an offline user or an unregister of an online one) per second.
+    #[arg(long, default_value_t = 1_000.0)]
+    pub(crate) churn_rate: f64,
+    /// Tasks sending flips.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) churn_concurrency: u64,
+    /// Length of each measured phase.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// Also run a phase with one stalled viewer (a Watch that is opened and never read).
+    #[arg(long)]
+    pub(crate) stalled_viewer: bool,
+    /// Users the stalled viewer watches (at most 10,000 on presenced).
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) stalled_watch: u64,
+    /// Gateway sessions renewed during the phases (not watched by anyone).
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) gateway_sessions: u64,
+    /// Gateway renewals per second during the phases.
+    #[arg(long, default_value_t = 2_000.0)]
+    pub(crate) gateway_rate: f64,
+    /// Viewer streams per HTTP/2 connection (presenced).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) viewers_per_connection: u64,
+    /// Lease TTL, ms.
+    #[arg(long, default_value_t = 600_000)]
+    pub(crate) ttl_ms: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn rates_parse_and_resolve() {
+        assert_eq!(parse_rate("0"), Ok(Rate::PerSecond(0.0)));
+        assert_eq!(parse_rate("interval"), Ok(Rate::Interval));
+        assert!(parse_rate("-1").is_err());
+        assert_eq!(Rate::Interval.resolve(3_000_000, Duration::from_secs(30)), 100_000.0);
+    }
+
+    #[test]
+    fn defaults_model_the_issue() {
+        let cli = Cli::try_parse_from(["presence-loadgen", "load"]).unwrap();
+        let Command::Load(a) = cli.command else { panic!("load") };
+        assert_eq!((a.users, a.sessions_per_user, a.ttl_ms, a.heartbeat_interval_ms), (1_200_000, 2.5, 45_000, 15_000));
+        let cli = Cli::try_parse_from([
+            "presence-loadgen",
+            "load",
+            "--target",
+            "redis",
+            "--redis-url",
+            "redis://127.0.0.1:7000",
+            "--mode",
+            "pipelined",
+        ])
+        .unwrap();
+        let Command::Load(a) = cli.command else { panic!("load") };
+        assert_eq!((a.common.target, a.drive.mode), (TargetKind::Redis, Mode::Leases));
+    }
+}

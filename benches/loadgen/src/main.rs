@@ -1,0 +1,68 @@
+//! `presence-loadgen`: drives presenced (through presence-client) or the Redis + Lua
+//! baseline of seed 000 with the same gateway and viewer workloads, prints a summary and
+//! writes a JSON report shaped like ghz's.
+//!
+//! Scenarios (subcommands): `load` (register U×S sessions, then heartbeats for a
+//! duration), `memory` (resident memory per session), `expiry` (lag from lease deadline
+//! to the OFFLINE a viewer receives), `fanout` (events per second to many viewers, and
+//! gateway renewal latency with and without a stalled viewer). `--help` on each
+//! subcommand lists its flags; `benches/compare.sh` runs them all against both targets.
+
+mod cli;
+mod conn;
+mod expiry;
+mod fanout;
+mod ids;
+mod load;
+mod memory;
+mod phase;
+mod progress;
+mod redis_seed;
+mod report;
+mod stats;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+use crate::progress::Progress;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let common = cli.command.common().clone();
+    let threads = common.threads.unwrap_or_else(|| report::cpus() as usize).max(1);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("presence-loadgen: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let progress = Progress::new(common.quiet);
+    let outcome = runtime.block_on(async move {
+        match cli.command {
+            Command::Load(args) => load::run(args, progress).await,
+            Command::Memory(args) => memory::run(args, progress).await,
+            Command::Expiry(args) => expiry::run(args, progress).await,
+            Command::Fanout(args) => fanout::run(args, progress).await,
+        }
+    });
+    let report = match outcome {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("presence-loadgen: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(path) = &common.report {
+        if let Err(e) = report.write(path) {
+            eprintln!("presence-loadgen: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        println!("report: {}", path.display());
+    }
+    // Dropping the runtime would wait for tasks blocked on sockets; leave at once.
+    runtime.shutdown_background();
+    ExitCode::SUCCESS
+}
