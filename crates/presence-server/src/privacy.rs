@@ -70,75 +70,102 @@ impl RelationChange {
     }
 }
 
+/// One user's side of the relations: everything `can_see` needs about it in
+/// one place, so that checking a user costs one lookup.
+#[derive(Debug, Default)]
+struct UserRelations {
+    /// `None`: the default visibility.
+    visibility: Option<Visibility>,
+    /// The viewers it granted.
+    granted: HashSet<CompactString>,
+    /// Its groups.
+    groups: HashSet<CompactString>,
+}
+
+impl UserRelations {
+    fn is_empty(&self) -> bool {
+        self.visibility.is_none() && self.granted.is_empty() && self.groups.is_empty()
+    }
+}
+
 /// Every relation, in memory.
 #[derive(Debug)]
 pub(crate) struct Relations {
     default_visibility: Visibility,
-    visibility: HashMap<CompactString, Visibility>,
-    /// user -> the viewers it granted.
-    granted: HashMap<CompactString, HashSet<CompactString>>,
-    /// user -> its groups.
-    groups_of: HashMap<CompactString, HashSet<CompactString>>,
+    /// Users with any relation.
+    users: HashMap<CompactString, UserRelations>,
     /// group -> its members.
     members: HashMap<CompactString, HashSet<CompactString>>,
 }
 
+/// A viewer's view of the relations, for checking many users: the viewer's
+/// own groups are looked up once.
+#[derive(Debug)]
+pub(crate) struct ViewerLens<'a> {
+    relations: &'a Relations,
+    viewer: Option<&'a str>,
+    viewer_groups: Option<&'a HashSet<CompactString>>,
+}
+
+impl ViewerLens<'_> {
+    /// Whether the viewer may see `user`.
+    pub(crate) fn can_see(&self, user: &str) -> bool {
+        let Some(viewer) = self.viewer else { return true };
+        if viewer == user {
+            return true;
+        }
+        let record = self.relations.users.get(user);
+        match record.and_then(|record| record.visibility).unwrap_or(self.relations.default_visibility) {
+            Visibility::Everyone => true,
+            Visibility::Nobody => false,
+            Visibility::Audience => record.is_some_and(|record| {
+                record.granted.contains(viewer)
+                    || self.viewer_groups.is_some_and(|theirs| {
+                        let (small, large) =
+                            if record.groups.len() <= theirs.len() { (&record.groups, theirs) } else { (theirs, &record.groups) };
+                        small.iter().any(|group| large.contains(group))
+                    })
+            }),
+        }
+    }
+}
+
 impl Relations {
     pub(crate) fn new(default_visibility: Visibility) -> Self {
-        Relations {
-            default_visibility,
-            visibility: HashMap::new(),
-            granted: HashMap::new(),
-            groups_of: HashMap::new(),
-            members: HashMap::new(),
-        }
+        Relations { default_visibility, users: HashMap::new(), members: HashMap::new() }
+    }
+
+    /// The relations as `viewer` sees them; `None` is a service caller acting for no viewer.
+    pub(crate) fn lens<'a>(&'a self, viewer: Option<&'a str>) -> ViewerLens<'a> {
+        let viewer_groups = viewer.and_then(|viewer| self.users.get(viewer)).map(|record| &record.groups);
+        ViewerLens { relations: self, viewer, viewer_groups }
     }
 
     /// Whether `viewer` may see `user`; `None` is a service caller acting for no viewer.
     pub(crate) fn can_see(&self, viewer: Option<&str>, user: &str) -> bool {
-        let Some(viewer) = viewer else { return true };
-        if viewer == user {
-            return true;
-        }
-        match self.visibility.get(user).copied().unwrap_or(self.default_visibility) {
-            Visibility::Everyone => true,
-            Visibility::Nobody => false,
-            Visibility::Audience => {
-                self.granted.get(user).is_some_and(|viewers| viewers.contains(viewer))
-                    || match (self.groups_of.get(user), self.groups_of.get(viewer)) {
-                        (Some(mine), Some(theirs)) => {
-                            let (small, large) =
-                                if mine.len() <= theirs.len() { (mine, theirs) } else { (theirs, mine) };
-                            small.iter().any(|group| large.contains(group))
-                        }
-                        _ => false,
-                    }
-            }
-        }
+        self.lens(viewer).can_see(user)
     }
 
     pub(crate) fn apply(&mut self, change: &RelationChange) {
         match change {
             RelationChange::Visibility { user, visibility } => {
-                self.visibility.insert(user.clone(), *visibility);
+                self.users.entry(user.clone()).or_default().visibility = Some(*visibility);
             }
             RelationChange::Audience { user, viewers, grant: true } => {
-                self.granted.entry(user.clone()).or_default().extend(viewers.iter().cloned());
+                self.users.entry(user.clone()).or_default().granted.extend(viewers.iter().cloned());
             }
             RelationChange::Audience { user, viewers, grant: false } => {
-                if let Some(granted) = self.granted.get_mut(user) {
+                if let Some(record) = self.users.get_mut(user) {
                     for viewer in viewers {
-                        granted.remove(viewer);
-                    }
-                    if granted.is_empty() {
-                        self.granted.remove(user);
+                        record.granted.remove(viewer);
                     }
                 }
+                self.forget_if_empty(user);
             }
             RelationChange::Membership { group, users, join: true } => {
                 self.members.entry(group.clone()).or_default().extend(users.iter().cloned());
                 for user in users {
-                    self.groups_of.entry(user.clone()).or_default().insert(group.clone());
+                    self.users.entry(user.clone()).or_default().groups.insert(group.clone());
                 }
             }
             RelationChange::Membership { group, users, join: false } => {
@@ -151,14 +178,18 @@ impl Relations {
                     }
                 }
                 for user in users {
-                    if let Some(groups) = self.groups_of.get_mut(user) {
-                        groups.remove(group);
-                        if groups.is_empty() {
-                            self.groups_of.remove(user);
-                        }
+                    if let Some(record) = self.users.get_mut(user) {
+                        record.groups.remove(group);
                     }
+                    self.forget_if_empty(user);
                 }
             }
+        }
+    }
+
+    fn forget_if_empty(&mut self, user: &str) {
+        if self.users.get(user).is_some_and(UserRelations::is_empty) {
+            self.users.remove(user);
         }
     }
 }
@@ -202,5 +233,6 @@ mod tests {
         relations.apply(&RelationChange::Membership { group: "team".into(), users: ids(&["carol"]), join: false });
         assert!(!relations.can_see(Some("bob"), "alice") && !relations.can_see(Some("carol"), "alice"));
         assert!(relations.members.get("team").is_some_and(|m| m.len() == 1));
+        assert!(!relations.users.contains_key("carol"), "a user with no relation left is forgotten");
     }
 }

@@ -42,9 +42,9 @@ pub(crate) async fn open(
     presence_core::validate_user_ids(&user_ids).map_err(status_of)?;
     let (subscription, shown) = {
         let relations = context.relations.read();
-        let subscription = context.hub.subscribe(user_ids, context.watch_buffer, viewer.clone(), |user| {
-            !relations.can_see(viewer.as_deref(), user)
-        });
+        let lens = relations.lens(viewer.as_deref());
+        let subscription =
+            context.hub.subscribe(user_ids, context.watch_buffer, viewer.clone(), |user| !lens.can_see(user));
         let shown = read(&context, &subscription)?;
         (subscription, shown)
     };
