@@ -137,7 +137,11 @@ impl Context {
         let views = self.store.view(self.clock.now(), user_ids, &mut changes);
         self.publish(&changes);
         let views = views.map_err(crate::status::status_of)?;
-        Ok(user_ids.iter().zip(views).map(|(user_id, view)| Shown { visible: lens.can_see(user_id.as_ref()), view }).collect())
+        Ok(user_ids
+            .iter()
+            .zip(views)
+            .map(|(user_id, view)| Shown { visible: lens.can_see(user_id.as_ref()), view })
+            .collect())
     }
 
     /// Applies a change of relations: on disk first (synced), then in memory,

@@ -121,8 +121,11 @@ impl ViewerLens<'_> {
             Visibility::Audience => record.is_some_and(|record| {
                 record.granted.contains(viewer)
                     || self.viewer_groups.is_some_and(|theirs| {
-                        let (small, large) =
-                            if record.groups.len() <= theirs.len() { (&record.groups, theirs) } else { (theirs, &record.groups) };
+                        let (small, large) = if record.groups.len() <= theirs.len() {
+                            (&record.groups, theirs)
+                        } else {
+                            (theirs, &record.groups)
+                        };
                         small.iter().any(|group| large.contains(group))
                     })
             }),
