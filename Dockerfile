@@ -15,5 +15,9 @@ RUN useradd --system --uid 10001 --no-create-home presenced
 COPY --from=build /usr/local/bin/presenced /usr/local/bin/presenced
 USER presenced
 EXPOSE 50051
+# Outside loopback presenced requires credentials: set PRESENCED_SERVICE_TOKEN
+# (and PRESENCED_VIEWER_JWT_HS256_SECRET or PRESENCED_VIEWER_JWT_PUBLIC_KEY for
+# viewers), or PRESENCED_INSECURE=true for a development container. Durable
+# state: mount a volume and set PRESENCED_DATA_DIR.
 ENTRYPOINT ["/usr/local/bin/presenced"]
 CMD ["serve", "--listen", "0.0.0.0:50051"]
