@@ -737,6 +737,16 @@ impl Shard {
             State::Online => self.online += 1,
             State::Offline => self.online -= 1,
         }
+        self.publish_change(slot, now, deadline, changes);
+    }
+
+    /// Publishes a change of the user that is not a flip (its status): a new version, the same state.
+    fn announce(&mut self, slot: u32, now: Tick, changes: &mut Changes) {
+        self.publish_change(slot, now, None, changes);
+    }
+
+    /// Gives the user a new version and appends what viewers now see of it.
+    fn publish_change(&mut self, slot: u32, now: Tick, deadline: Option<Tick>, changes: &mut Changes) {
         self.bump(slot, now);
         let user = &self.users[slot as usize];
         changes.push(PresenceChange {
@@ -745,19 +755,6 @@ impl Shard {
             status: user.status.clone(),
             at: now,
             deadline,
-        });
-    }
-
-    /// Publishes a change of the user that is not a flip (its status): a new version, the same state.
-    fn announce(&mut self, slot: u32, now: Tick, changes: &mut Changes) {
-        self.bump(slot, now);
-        let user = &self.users[slot as usize];
-        changes.push(PresenceChange {
-            user_id: user.id.clone(),
-            presence: user.presence(),
-            status: user.status.clone(),
-            at: now,
-            deadline: None,
         });
     }
 
