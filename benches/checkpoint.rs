@@ -8,36 +8,20 @@ use std::io::{BufWriter, Write};
 use std::time::Instant;
 
 use presence_core::checkpoint::{self, CheckpointWriter};
-use presence_core::{Registration, Store, StoreConfig, Tick};
+use presence_core::{Store, StoreConfig};
 
-const START: Tick = 1_700_000_000_000;
+#[path = "support/mod.rs"]
+mod support;
+
+use support::{START, register_sessions, resident_bytes};
 
 fn resident_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find(|line| line.starts_with("VmRSS:"))
-        .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
+    resident_bytes().unwrap_or(0) as f64 / 1_048_576.0
 }
 
 fn populated(sessions: usize) -> Store {
     let store = Store::new(StoreConfig::default(), START).expect("default config is valid");
-    let mut changes = Vec::new();
-    for session in 0..sessions {
-        let user_id = format!("u{}", session * 2 / 5);
-        let session_id = format!("sess_{session:012}");
-        let registration = Registration {
-            user_id: &user_id,
-            session_id: &session_id,
-            gateway_id: "gw-07",
-            ttl_ms: 45_000,
-            metadata: &[],
-        };
-        store.register(START, &registration, &mut changes).expect("valid registration");
-        changes.clear();
-    }
+    register_sessions(&store, 0..sessions);
     store
 }
 

@@ -281,19 +281,9 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
 
     let items_per_call = args.drive.mode.items_per_call(args.drive.batch);
     let conns = open_conns(&args.drive.conn_spec(common)).await?;
-    let (setup, conns) = run_phase(
-        conns,
-        Arc::clone(&shared),
-        PhaseSpec {
-            title: "register".into(),
-            work: Work::Register(TtlPlan::Fixed(SETUP_TTL_MS)),
-            items_per_call,
-            bound: Bound::Sessions(0..n),
-            rate: 0.0,
-        },
-        progress,
-    )
-    .await;
+    let (setup, conns) =
+        run_phase(conns, Arc::clone(&shared), PhaseSpec::register_all(SETUP_TTL_MS, items_per_call, 0..n), progress)
+            .await;
     if setup.rec.ok_count() < n {
         return Err(format!("only {} of {n} registers succeeded: {:?}", setup.rec.ok_count(), setup.rec.errors()));
     }

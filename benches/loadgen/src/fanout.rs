@@ -30,7 +30,7 @@ use crate::conn::{Conn, ConnSpec, Endpoints, GenItem, Mode, Naming, RegItem, Tar
 use crate::expiry::unix_ns;
 use crate::ids::{Generations, Population, Rng, Slots, parse_user_id, sample_distinct, user_id};
 use crate::load::phase_report;
-use crate::phase::{Bound, PhaseResult, PhaseSpec, Shared, TtlPlan, Work, run_phase};
+use crate::phase::{Bound, PhaseResult, PhaseSpec, Shared, Work, run_phase};
 use crate::progress::Progress;
 use crate::redis_seed::{OUT_PREFIX, out_channel};
 use crate::report::Report;
@@ -346,13 +346,7 @@ pub(crate) async fn run(args: FanoutArgs, progress: Progress) -> Result<Report, 
     let (setup, gateway_conns) = run_phase(
         conns,
         Arc::clone(&shared),
-        PhaseSpec {
-            title: "register".into(),
-            work: Work::Register(TtlPlan::Fixed(args.ttl_ms)),
-            items_per_call: args.drive.mode.items_per_call(args.drive.batch),
-            bound: Bound::Sessions(0..pop.sessions),
-            rate: 0.0,
-        },
+        PhaseSpec::register_all(args.ttl_ms, args.drive.mode.items_per_call(args.drive.batch), 0..pop.sessions),
         progress,
     )
     .await;

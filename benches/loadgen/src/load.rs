@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::cli::LoadArgs;
 use crate::conn::{Naming, open_conns};
 use crate::ids::{Generations, Population};
-use crate::phase::{Bound, PhaseResult, PhaseSpec, Shared, TtlPlan, Work, run_phase};
+use crate::phase::{Bound, PhaseResult, PhaseSpec, Shared, Work, run_phase};
 use crate::progress::Progress;
 use crate::report::Report;
 use crate::stats::fmt_ns;
@@ -62,13 +62,7 @@ pub(crate) async fn run(args: LoadArgs, progress: Progress) -> Result<Report, St
     let (reg, conns) = run_phase(
         conns,
         Arc::clone(&shared),
-        PhaseSpec {
-            title: "register".into(),
-            work: Work::Register(TtlPlan::Fixed(args.ttl_ms)),
-            items_per_call: register_mode.items_per_call(args.drive.batch),
-            bound: Bound::Sessions(0..pop.sessions),
-            rate: 0.0,
-        },
+        PhaseSpec::register_all(args.ttl_ms, register_mode.items_per_call(args.drive.batch), 0..pop.sessions),
         progress,
     )
     .await;

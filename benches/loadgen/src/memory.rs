@@ -9,7 +9,7 @@ use crate::cli::MemoryArgs;
 use crate::conn::{Naming, TargetKind, open_conns};
 use crate::ids::{Generations, Population};
 use crate::load::{call_name, phase_report};
-use crate::phase::{Bound, PhaseSpec, Shared, TtlPlan, Work, run_phase};
+use crate::phase::{PhaseSpec, Shared, run_phase};
 use crate::progress::Progress;
 use crate::redis_seed::DUE_KEY;
 use crate::report::Report;
@@ -76,13 +76,7 @@ pub(crate) async fn run(args: MemoryArgs, progress: Progress) -> Result<Report, 
     let (reg, conns) = run_phase(
         conns,
         Arc::clone(&shared),
-        PhaseSpec {
-            title: "register".into(),
-            work: Work::Register(TtlPlan::Fixed(args.ttl_ms)),
-            items_per_call: args.drive.mode.items_per_call(args.drive.batch),
-            bound: Bound::Sessions(0..pop.sessions),
-            rate: 0.0,
-        },
+        PhaseSpec::register_all(args.ttl_ms, args.drive.mode.items_per_call(args.drive.batch), 0..pop.sessions),
         progress,
     )
     .await;

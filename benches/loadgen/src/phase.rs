@@ -113,6 +113,19 @@ pub(crate) struct PhaseSpec {
     pub(crate) rate: f64,
 }
 
+impl PhaseSpec {
+    /// Registers `sessions` with a fixed TTL, as fast as possible: the setup of every scenario.
+    pub(crate) fn register_all(ttl_ms: u32, items_per_call: u64, sessions: std::ops::Range<u64>) -> Self {
+        PhaseSpec {
+            title: "register".into(),
+            work: Work::Register(TtlPlan::Fixed(ttl_ms)),
+            items_per_call,
+            bound: Bound::Sessions(sessions),
+            rate: 0.0,
+        }
+    }
+}
+
 /// What a phase measured.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PhaseResult {
