@@ -155,7 +155,7 @@ async fn run(secured: bool) -> Figures {
             let (url, token) = (url.clone(), tokens[v].clone());
             tokio::spawn(async move {
                 let mut client = PresenceClient::connect(url).await.unwrap();
-                let watch = pb::WatchRequest { user_ids: watched(v), viewer_id: String::new() };
+                let watch = pb::WatchRequest { user_ids: watched(v), ..Default::default() };
                 let mut stream = client.watch(request(watch, token.as_deref())).await.unwrap().into_inner();
                 let mut held: HashMap<String, (i32, u64)> = HashMap::new();
                 let mut updates = 0usize;
@@ -171,6 +171,7 @@ async fn run(secured: bool) -> Figures {
                             last = Instant::now();
                             held.insert(u.user_id, (u.state, u.version));
                         }
+                        watch_event::Event::Updates(_) => unreachable!("this watch asked for no batch window"),
                     }
                 }
                 (updates, last, held)

@@ -89,6 +89,8 @@ async fn b1_each_bad_field_is_named_and_nothing_else_changes() {
     let watch = |ids: Vec<String>| pb::WatchRequest { user_ids: ids, ..Default::default() };
     assert_invalid(client.watch(watch(vec![long.clone()])).await, "user_ids");
     assert_invalid(client.watch(watch((0..10_001).map(|i| i.to_string()).collect())).await, "user_ids");
+    let batched = pb::WatchRequest { user_ids: vec!["u1".into()], batch_window_ms: 1_001, ..Default::default() };
+    assert_invalid(client.watch(batched).await, "batch_window_ms");
     // Undecodable bytes: invalid UTF-8 in a string field.
     let raw = |user_id: Vec<u8>| RawRegisterRequest {
         user_id,

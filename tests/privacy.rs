@@ -46,8 +46,11 @@ fn service<T>(message: T) -> tonic::Request<T> {
 }
 
 fn watch_as(token: &str, users: &[&str], viewer_id: &str) -> tonic::Request<pb::WatchRequest> {
-    let request =
-        pb::WatchRequest { user_ids: users.iter().map(|u| u.to_string()).collect(), viewer_id: viewer_id.into() };
+    let request = pb::WatchRequest {
+        user_ids: users.iter().map(|u| u.to_string()).collect(),
+        viewer_id: viewer_id.into(),
+        ..Default::default()
+    };
     with_token(request, Some(token))
 }
 

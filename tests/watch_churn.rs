@@ -85,6 +85,8 @@ async fn e3_viewers_see_only_newer_versions_and_end_equal_to_a_snapshot() {
     // Viewers that join mid-churn, and one that watches a subset.
     let mut late = Viewer::open(&mut client, &user_refs).await;
     let mut partial = Viewer::open(&mut client, &user_refs[..USERS / 2]).await;
+    // And one that takes its changes in batches.
+    let mut batched = Viewer::open_request(&mut client, tonic::Request::new(batched_watch(&users, 5))).await;
     // Consume while the churn runs, so the streams also see it live (each `step` checks E3).
     let churn_done = async {
         for gateway in gateways {
@@ -98,9 +100,10 @@ async fn e3_viewers_see_only_newer_versions_and_end_equal_to_a_snapshot() {
             _ = early.step() => {}
             _ = late.step() => {}
             _ = partial.step() => {}
+            _ = batched.step() => {}
         }
     }
-    let mut viewers = [&mut early, &mut late, &mut partial];
+    let mut viewers = [&mut early, &mut late, &mut partial, &mut batched];
 
     // Leases left by the churn expire within their short TTLs; wait until none are live, so
     // that the final state is stable, then compare every viewer with a fresh snapshot.
@@ -122,5 +125,32 @@ async fn e3_viewers_see_only_newer_versions_and_end_equal_to_a_snapshot() {
     }
     let updates = viewers[0].updates.len();
     assert!(updates >= USERS, "the churn flipped users many times ({updates} updates)");
+    assert!(batched.batches.iter().any(|&len| len > 1), "a 5 ms window over this churn gathers: {:?}", batched.batches);
+    server.stop().await;
+}
+
+fn batched_watch(users: &[String], batch_window_ms: u32) -> pb::WatchRequest {
+    pb::WatchRequest { user_ids: users.to_vec(), batch_window_ms, ..Default::default() }
+}
+
+#[tokio::test]
+async fn e4_a_batch_window_gathers_changes_into_one_event_and_conflates_within_it() {
+    let server = TestServer::start(fast_config()).await;
+    let mut client = server.client().await;
+    let users = ["bx".to_string(), "by".to_string()];
+    // A long window: the three calls below land in it however slow the machine.
+    let mut viewer = Viewer::open_request(&mut client, tonic::Request::new(batched_watch(&users, 1_000))).await;
+    let x = client.register(register("bx", "s", "gw", 60_000)).await.unwrap().into_inner();
+    client.register(register("by", "s", "gw", 60_000)).await.unwrap();
+    client.unregister(unregister("bx", "s", x.generation, 0)).await.unwrap();
+
+    let first = viewer.step().await.expect("an update");
+    let second = viewer.step().await.expect("an update");
+    assert_eq!(viewer.batches, [2], "one event for the window, bx's two changes conflated to the newest");
+    assert_eq!((first.user_id.as_str(), state_of(&first)), ("bx", pb::State::Offline));
+    assert_eq!((second.user_id.as_str(), state_of(&second)), ("by", pb::State::Online));
+    let seen = |p: &pb::UserPresence| (p.user_id.clone(), state_of(p), p.version);
+    let truth: Vec<_> = snapshot(&mut client, &["bx", "by"]).await.iter().map(seen).collect();
+    assert_eq!(truth, [seen(&first), seen(&second)], "the batch carries the current truth");
     server.stop().await;
 }

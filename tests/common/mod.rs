@@ -142,6 +142,9 @@ pub struct Viewer {
     /// Every update received, in order.
     pub updates: Vec<pb::UserPresence>,
     pub resyncs: usize,
+    /// `updates` events (batches) received, and the updates of the last one not yet stepped through.
+    pub batches: Vec<usize>,
+    batched: std::collections::VecDeque<pb::UserPresence>,
 }
 
 impl Viewer {
@@ -157,7 +160,14 @@ impl Viewer {
         request: tonic::Request<pb::WatchRequest>,
     ) -> Viewer {
         let stream = client.watch(request).await.expect("open watch").into_inner();
-        let mut viewer = Viewer { stream, held: HashMap::new(), updates: Vec::new(), resyncs: 0 };
+        let mut viewer = Viewer {
+            stream,
+            held: HashMap::new(),
+            updates: Vec::new(),
+            resyncs: 0,
+            batches: Vec::new(),
+            batched: Default::default(),
+        };
         match viewer.next_event().await {
             watch_event::Event::Snapshot(snapshot) => viewer.apply_snapshot(snapshot),
             other => panic!("a watch must open with a snapshot, got {other:?}"),
@@ -188,26 +198,39 @@ impl Viewer {
     }
 
     /// Receives one item and applies it, asserting E3 on updates.
+    /// The updates of a batch count one by one, each checked like a single update.
     pub async fn step(&mut self) -> Option<pb::UserPresence> {
+        if let Some(update) = self.batched.pop_front() {
+            return Some(self.apply_update(update));
+        }
         match self.next_event().await {
             watch_event::Event::Snapshot(snapshot) => {
                 self.resyncs += 1;
                 self.apply_snapshot(snapshot);
                 None
             }
-            watch_event::Event::Update(update) => {
-                let held = self.held.get(&update.user_id).map_or(0, |(_, version)| *version);
-                assert!(
-                    update.version > held,
-                    "stale or duplicate update for {}: version {} but the viewer holds {held}",
-                    update.user_id,
-                    update.version
-                );
-                self.held.insert(update.user_id.clone(), (state_of(&update), update.version));
-                self.updates.push(update.clone());
-                Some(update)
+            watch_event::Event::Update(update) => Some(self.apply_update(update)),
+            watch_event::Event::Updates(batch) => {
+                assert!(!batch.users.is_empty(), "an updates event carries at least one update");
+                self.batches.push(batch.users.len());
+                self.batched.extend(batch.users);
+                let first = self.batched.pop_front().expect("not empty");
+                Some(self.apply_update(first))
             }
         }
+    }
+
+    fn apply_update(&mut self, update: pb::UserPresence) -> pb::UserPresence {
+        let held = self.held.get(&update.user_id).map_or(0, |(_, version)| *version);
+        assert!(
+            update.version > held,
+            "stale or duplicate update for {}: version {} but the viewer holds {held}",
+            update.user_id,
+            update.version
+        );
+        self.held.insert(update.user_id.clone(), (state_of(&update), update.version));
+        self.updates.push(update.clone());
+        update
     }
 
     /// Receives until an update for `user` arrives; returns it.

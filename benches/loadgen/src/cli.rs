@@ -265,6 +265,13 @@ pub(crate) struct FanoutArgs {
     /// Tasks sending flips.
     #[arg(long, default_value_t = 4)]
     pub(crate) churn_concurrency: u64,
+    /// How flips are sent: unary (one RPC / EVALSHA each) or coalesced (presenced: through
+    /// one `LeaseChannel`, which gathers concurrent flips into `Leases` batches).
+    #[arg(long, value_enum, default_value = "unary")]
+    pub(crate) churn_mode: Mode,
+    /// presenced viewers: the Watch `batch_window_ms` (0 = one event per change).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) batch_window_ms: u32,
     /// Length of each measured phase.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub(crate) duration: Duration,

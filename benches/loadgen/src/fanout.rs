@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cli::FanoutArgs;
-use crate::conn::{Conn, ConnSpec, Endpoints, GenItem, Mode, Naming, RegItem, TargetKind, open_conns};
+use crate::conn::{Conn, ConnSpec, Endpoints, GenItem, Naming, RegItem, TargetKind, open_conns};
 use crate::expiry::unix_ns;
 use crate::ids::{Generations, Population, Rng, Slots, parse_user_id, sample_distinct, user_id};
 use crate::load::phase_report;
@@ -69,6 +69,11 @@ fn phase_recorders() -> PhaseRecorders {
 fn deliver(board: &Board, recs: &mut PhaseRecorders, user: &str, fanout: u64) {
     let phase = board.phase();
     board.events[phase].fetch_add(fanout, Ordering::Relaxed);
+    record_lag(board, recs, phase, user, fanout);
+}
+
+/// Records the latency of one delivered change of `user`, from its flip's send.
+fn record_lag(board: &Board, recs: &mut PhaseRecorders, phase: usize, user: &str, fanout: u64) {
     let sent = parse_user_id(user).map_or(0, |n| board.flip_ns.get(n));
     if sent > 0 {
         let lag = (unix_ns() - sent).max(0) as u64;
@@ -96,10 +101,37 @@ impl Viewers {
     }
 }
 
+/// Events one viewer counted but has not yet added to the board's shared counters
+/// (a shared atomic per event would be a contended cache line at a million a second).
+#[derive(Debug, Default)]
+struct Tally {
+    phase: usize,
+    events: u64,
+}
+
+impl Tally {
+    /// Counts one event in `phase`, first publishing what was counted in another phase.
+    fn count(&mut self, board: &Board, phase: usize) {
+        if phase != self.phase {
+            self.flush(board);
+            self.phase = phase;
+        }
+        self.events += 1;
+        if self.events >= 256 {
+            self.flush(board);
+        }
+    }
+
+    fn flush(&mut self, board: &Board) {
+        board.events[self.phase].fetch_add(std::mem::take(&mut self.events), Ordering::Relaxed);
+    }
+}
+
 async fn presenced_viewers(
     endpoints: &Endpoints,
     sets: Vec<Vec<u64>>,
     per_connection: u64,
+    batch_window_ms: u32,
     board: Arc<Board>,
     progress: Progress,
 ) -> Result<Viewers, String> {
@@ -113,17 +145,27 @@ async fn presenced_viewers(
         }
         let Some(ch) = channel.clone() else { unreachable!("a channel was opened for the first viewer") };
         let client = PresenceClient::new(ch).max_decoding_message_size(64 << 20);
-        let ids = set.into_iter().map(user_id).collect();
-        let mut watcher =
-            Watcher::open(client, ids, Backoff::default()).await.map_err(|s| format!("Watch refused: {s}"))?;
+        let request = pb::WatchRequest {
+            user_ids: set.into_iter().map(user_id).collect(),
+            batch_window_ms,
+            ..Default::default()
+        };
+        let mut watcher = Watcher::open_request(client, request, Backoff::default())
+            .await
+            .map_err(|s| format!("Watch refused: {s}"))?;
         bar.inc(1);
         let (board, mut stop_rx) = (Arc::clone(&board), stop_rx.clone());
         tasks.push(tokio::spawn(async move {
             let mut recs = phase_recorders();
+            let mut tally = Tally::default();
             loop {
                 tokio::select! {
                     ev = watcher.next() => match ev {
-                        Some(WatcherEvent::Update(u)) => deliver(&board, &mut recs, &u.user_id, 1),
+                        Some(WatcherEvent::Update(u)) => {
+                            let phase = board.phase();
+                            tally.count(&board, phase);
+                            record_lag(&board, &mut recs, phase, &u.user_id, 1);
+                        }
                         Some(WatcherEvent::Resynced) => {
                             board.resyncs[board.phase()].fetch_add(1, Ordering::Relaxed);
                         }
@@ -132,6 +174,7 @@ async fn presenced_viewers(
                     _ = stop_rx.changed() => break,
                 }
             }
+            tally.flush(&board);
             recs
         }));
     }
@@ -372,17 +415,19 @@ pub(crate) async fn run(args: FanoutArgs, progress: Progress) -> Result<Report, 
     let sets: Vec<Vec<u64>> = (0..args.viewers).map(|v| sample_distinct(&mut Rng::new(v), population, watch)).collect();
     let viewers = match target {
         TargetKind::Presenced => {
-            presenced_viewers(&endpoints, sets, args.viewers_per_connection, Arc::clone(&board), progress).await?
+            let window = args.batch_window_ms;
+            presenced_viewers(&endpoints, sets, args.viewers_per_connection, window, Arc::clone(&board), progress)
+                .await?
         }
         TargetKind::Redis => redis_viewers(&endpoints, sets, population, Arc::clone(&board)).await?,
     };
 
     let churn_spec = ConnSpec {
         endpoints: endpoints.clone(),
-        mode: Mode::Unary,
+        mode: args.churn_mode,
         concurrency: args.churn_concurrency.max(1),
         connections: 1,
-        batch: 1,
+        batch: args.churn_concurrency.max(1),
         max_delay: Duration::from_millis(1),
     };
     let churn_conns = open_conns(&churn_spec).await?;
@@ -462,6 +507,9 @@ pub(crate) async fn run(args: FanoutArgs, progress: Progress) -> Result<Report, 
     report.set("watch", watch);
     report.set("population", population);
     report.set("churn_rate", args.churn_rate);
+    report.set("churn_mode", args.churn_mode.label(target));
+    report.set("churn_concurrency", args.churn_concurrency);
+    report.set("batch_window_ms", args.batch_window_ms);
     report.set("expected_viewers_per_flip", expected_per_flip);
     report.set("gateway_sessions", gateway);
     report.set("gateway_rate", args.gateway_rate);

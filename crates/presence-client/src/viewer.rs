@@ -7,8 +7,7 @@
 //! when the stream ends, reopens it with backoff and jitter and resyncs from
 //! the fresh snapshot instead of trying to replay what it missed.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 
 use presence_proto::v1::presence_client::PresenceClient;
 use presence_proto::v1::{self as pb, watch_event};
@@ -40,18 +39,19 @@ impl ViewerStore {
     /// Applies one change. True if newer than held (the caller re-renders);
     /// false for a stale or duplicate event, which changes nothing.
     pub fn apply_update(&mut self, update: &pb::UserPresence) -> bool {
-        match self.users.entry(update.user_id.clone()) {
-            Entry::Occupied(mut held) => {
-                if update.version <= held.get().version {
-                    return false;
-                }
-                held.insert(update.clone());
+        // Looked up by reference first: most updates are of users already held,
+        // and their ids need no copy.
+        match self.users.get_mut(&update.user_id) {
+            Some(held) if update.version <= held.version => false,
+            Some(held) => {
+                held.clone_from(update);
+                true
             }
-            Entry::Vacant(slot) => {
-                slot.insert(update.clone());
+            None => {
+                self.users.insert(update.user_id.clone(), update.clone());
+                true
             }
         }
-        true
     }
 
     /// The newest presence held for `user_id`.
@@ -102,6 +102,8 @@ pub struct Watcher {
     /// Sent as `authorization` metadata on every (re)open: the viewer's own
     /// token, or a service token.
     authorization: Option<tonic::metadata::AsciiMetadataValue>,
+    /// Updates of a batch already applied to the store and not yet reported.
+    unreported: VecDeque<pb::UserPresence>,
 }
 
 impl Watcher {
@@ -152,6 +154,7 @@ impl Watcher {
             attempt: 0,
             failed: None,
             authorization,
+            unreported: VecDeque::new(),
         };
         watcher.reopen().await?;
         Ok(watcher)
@@ -168,6 +171,9 @@ impl Watcher {
             return None;
         }
         loop {
+            if let Some(update) = self.unreported.pop_front() {
+                return Some(WatcherEvent::Update(update));
+            }
             let Some(stream) = self.stream.as_mut() else {
                 tokio::time::sleep(self.reconnect.delay(self.attempt)).await;
                 self.attempt = self.attempt.saturating_add(1);
@@ -188,6 +194,15 @@ impl Watcher {
                 Ok(Some(pb::WatchEvent { event: Some(watch_event::Event::Update(update)), .. })) => {
                     if self.store.apply_update(&update) {
                         return Some(WatcherEvent::Update(update));
+                    }
+                }
+                Ok(Some(pb::WatchEvent { event: Some(watch_event::Event::Updates(batch)), .. })) => {
+                    // Applied at once, in order, so the store is current with the
+                    // batch; reported one by one from `unreported`.
+                    for update in batch.users {
+                        if self.store.apply_update(&update) {
+                            self.unreported.push_back(update);
+                        }
                     }
                 }
                 Ok(Some(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)), .. })) => {

@@ -61,3 +61,28 @@ async fn watcher_refused_for_bad_input_fails_to_open() {
     let refused = Watcher::open(server.client().await, vec![String::new()], Backoff::default()).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
 }
+
+#[tokio::test]
+async fn a_batched_watcher_reports_each_update_of_a_batch_in_order() {
+    let server = TestServer::start(fast_config()).await;
+    let mut client = server.client().await;
+    let users: Vec<String> = (0..3).map(|i| format!("b{i}")).collect();
+    // A window long enough that the three registers below land in one batch.
+    let request = pb::WatchRequest { user_ids: users.clone(), batch_window_ms: 1_000, ..Default::default() };
+    let mut watcher = Watcher::open_request(client.clone(), request, Backoff::default()).await.unwrap();
+    for user in &users {
+        client.register(register(user, "s", 60_000)).await.unwrap();
+    }
+    let mut reported = Vec::new();
+    for _ in 0..3 {
+        match within(PATIENCE, "a batched update", watcher.next()).await.unwrap() {
+            WatcherEvent::Update(update) => {
+                assert_eq!(state_of(&update), pb::State::Online);
+                reported.push(update.user_id);
+            }
+            other => panic!("an update, got {other:?}"),
+        }
+    }
+    assert_eq!(reported, users, "every update of the batch, in the order the users changed");
+    assert!(users.iter().all(|user| held(&watcher, user) == Some(pb::State::Online)));
+}

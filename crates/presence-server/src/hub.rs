@@ -70,10 +70,15 @@ pub struct Mailbox {
     ready: Notify,
 }
 
+/// Pending changes by user, in the order the users first changed. A fast
+/// hasher: every change to every viewer is hashed here, and user ids are not
+/// chosen by an attacker who could aim at collisions of one viewer's map.
+pub(crate) type PendingChanges = IndexMap<CompactString, Pending, hashbrown::DefaultHashBuilder>;
+
 #[derive(Debug, Default)]
 struct MailboxState {
     /// The newest undelivered change of each user.
-    changes: IndexMap<CompactString, Pending>,
+    changes: PendingChanges,
     /// The viewer fell too far behind: it gets a fresh snapshot instead of `changes`.
     resync: bool,
     /// Watched users this viewer may not see.
@@ -84,7 +89,7 @@ struct MailboxState {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Delivery {
     /// Changes to send, oldest first.
-    Changes(IndexMap<CompactString, Pending>),
+    Changes(PendingChanges),
     /// Too much was missed: send a fresh snapshot of every watched user.
     Resync,
 }
@@ -107,15 +112,17 @@ impl Mailbox {
                 return false;
             }
             let full = state.changes.len() >= self.capacity;
-            match state.changes.get_mut(user_id) {
-                Some(held) if held.presence.version >= change.presence.version => return false,
-                Some(held) => *held = change,
-                None if full => {
-                    state.changes = IndexMap::new();
+            match state.changes.entry(user_id.clone()) {
+                indexmap::map::Entry::Occupied(held) if held.get().presence.version >= change.presence.version => {
+                    return false;
+                }
+                indexmap::map::Entry::Occupied(mut held) => *held.get_mut() = change,
+                indexmap::map::Entry::Vacant(_) if full => {
+                    state.changes = PendingChanges::default();
                     state.resync = true;
                 }
-                None => {
-                    state.changes.insert(user_id.clone(), change);
+                indexmap::map::Entry::Vacant(slot) => {
+                    slot.insert(change);
                 }
             }
         }
@@ -129,7 +136,9 @@ impl Mailbox {
         if std::mem::take(&mut state.resync) {
             Delivery::Resync
         } else {
-            Delivery::Changes(std::mem::take(&mut state.changes))
+            // Sized for as many as last time, so a busy viewer's map does not grow step by step again.
+            let sized = PendingChanges::with_capacity_and_hasher(state.changes.len(), Default::default());
+            Delivery::Changes(std::mem::replace(&mut state.changes, sized))
         }
     }
 

@@ -186,8 +186,9 @@ impl PresenceApi for PresenceService {
         let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id)?;
         let request = request.into_inner();
         check_user_count(request.user_ids.len())?;
+        let batch_window = watch::batch_window(request.batch_window_ms)?;
         let user_ids: Vec<CompactString> = request.user_ids.iter().map(CompactString::from).collect();
-        watch::open(Arc::clone(&self.context), user_ids, viewer).await.map(Response::new)
+        watch::open(Arc::clone(&self.context), user_ids, viewer, batch_window).await.map(Response::new)
     }
 
     async fn set_status(

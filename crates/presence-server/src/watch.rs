@@ -8,36 +8,58 @@
 //! the same steps on the live subscription: the mailbox was emptied before the
 //! fresh snapshot is read, so again nothing falls between them.
 //!
+//! Batching: with a batch window, the stream waits that long after a change
+//! becomes pending before it takes the mailbox, and sends what it took as one
+//! `updates` event. Conflation and resyncs work as without it; the window only
+//! decides how often the mailbox is emptied.
+//!
 //! Privacy: the subscription and the snapshot are made under the relations
 //! lock, so the users hidden from the viewer in the mailbox are exactly those
 //! hidden in the snapshot; from then on the mailbox keeps hidden users'
 //! changes out, and changes of relations arrive as ordinary updates.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use hashbrown::HashMap;
 use presence_core::{CompactString, State};
-use presence_proto::v1::{Snapshot, WatchEvent, watch_event};
+use presence_proto::v1::{Snapshot, UpdateBatch, UserPresence, WatchEvent, watch_event};
 use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::context::{Context, Shown, unavailable};
-use crate::hub::{Delivery, Pending, Subscription};
+use crate::hub::{Delivery, Pending, PendingChanges, Subscription};
 use crate::ops::user_presence;
 use crate::status::status_of;
 
 /// Items the gRPC layer has not yet sent; the viewer's mailbox conflates the rest.
 const STREAM_BUFFER: usize = 64;
 
+/// The longest batch window a viewer may ask for: a second is already a visibly late dot.
+pub(crate) const MAX_BATCH_WINDOW_MS: u32 = 1_000;
+
+/// The batch window a Watch request asks for (`None`: one event per change).
+pub(crate) fn batch_window(batch_window_ms: u32) -> Result<Option<Duration>, Status> {
+    match batch_window_ms {
+        0 => Ok(None),
+        ms if ms <= MAX_BATCH_WINDOW_MS => Ok(Some(Duration::from_millis(u64::from(ms)))),
+        ms => Err(Status::invalid_argument(format!(
+            "batch_window_ms: {ms} is longer than the limit of {MAX_BATCH_WINDOW_MS} ms"
+        ))),
+    }
+}
+
 /// The stream type the Watch RPC returns.
 pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<WatchEvent, Status>>;
 
 /// Opens a watch of `user_ids` for `viewer` (`None`: a service acting for no
-/// viewer) and spawns the task that feeds it.
+/// viewer) and spawns the task that feeds it; with a `batch_window`, changes
+/// go out in batches gathered over that window.
 pub(crate) async fn open(
     context: Arc<Context>,
     user_ids: Vec<CompactString>,
     viewer: Option<CompactString>,
+    batch_window: Option<Duration>,
 ) -> Result<WatchStream, Status> {
     presence_core::validate_user_ids(&user_ids).map_err(status_of)?;
     let (subscription, shown) = {
@@ -54,7 +76,7 @@ pub(crate) async fn open(
     tx.try_send(Ok(first)).expect("a new channel has room");
     context.metrics.viewers.increment(1.0);
     tokio::spawn(async move {
-        forward(&context, &subscription, held, &tx, exact_activity).await;
+        forward(&context, &subscription, held, &tx, exact_activity, batch_window).await;
         context.metrics.viewers.decrement(1.0);
     });
     Ok(WatchStream::new(rx))
@@ -94,22 +116,28 @@ async fn snapshot_event(
     Ok((held, WatchEvent { event: Some(watch_event::Event::Snapshot(Snapshot { users })) }))
 }
 
-/// The update events for changes taken from the mailbox, newer than what the viewer holds.
-async fn update_events(
+/// The updates for changes taken from the mailbox, newer than what the viewer holds.
+async fn updates(
     context: &Context,
-    changes: indexmap::IndexMap<CompactString, Pending>,
+    changes: PendingChanges,
     held: &mut HashMap<CompactString, u64>,
-) -> Vec<WatchEvent> {
+) -> Vec<UserPresence> {
     let fresh: Vec<(CompactString, Pending)> = changes
         .into_iter()
         .filter(|(user_id, pending)| {
-            let version = held.entry(user_id.clone()).or_insert(0);
-            // Already delivered, or older than the snapshot.
-            let newer = pending.presence.version > *version;
-            if newer {
-                *version = pending.presence.version;
+            let version = pending.presence.version;
+            match held.get_mut(user_id) {
+                // Already delivered, or older than the snapshot.
+                Some(shown) if version <= *shown => false,
+                Some(shown) => {
+                    *shown = version;
+                    true
+                }
+                None => {
+                    held.insert(user_id.clone(), version);
+                    true
+                }
             }
-            newer
         })
         .collect();
     // Last seen travels with OFFLINE updates of users the viewer may see.
@@ -128,15 +156,25 @@ async fn update_events(
     fresh
         .iter()
         .map(|(user_id, pending)| {
-            let wire = if pending.hidden {
+            if pending.hidden {
                 user_presence(user_id, pending.presence)
             } else {
                 let view = presence_core::UserView { presence: pending.presence, status: pending.status.clone() };
                 context.visible_wire(user_id, &view, active.get(user_id.as_str()).copied().unwrap_or(0), false)
-            };
-            WatchEvent { event: Some(watch_event::Event::Update(wire)) }
+            }
         })
         .collect()
+}
+
+/// The events that carry `updates`: one each, or all in one batch.
+fn update_events(updates: Vec<UserPresence>, batched: bool) -> Vec<WatchEvent> {
+    if batched {
+        if updates.is_empty() {
+            return Vec::new();
+        }
+        return vec![WatchEvent { event: Some(watch_event::Event::Updates(UpdateBatch { users: updates })) }];
+    }
+    updates.into_iter().map(|update| WatchEvent { event: Some(watch_event::Event::Update(update)) }).collect()
 }
 
 /// Forwards the mailbox to the stream until the viewer leaves or the server shuts down.
@@ -146,6 +184,7 @@ async fn forward(
     mut held: HashMap<CompactString, u64>,
     tx: &mpsc::Sender<Result<WatchEvent, Status>>,
     exact_activity: bool,
+    batch_window: Option<Duration>,
 ) {
     'stream: loop {
         tokio::select! {
@@ -153,6 +192,16 @@ async fn forward(
             () = tx.closed() => return,
             () = context.stopping.cancelled() => break 'stream,
         }
+        if let Some(window) = batch_window {
+            // Let the batch gather; changes that come meanwhile join it (the
+            // mailbox keeps the wake-up permit, so nothing is lost by not waiting on it).
+            tokio::select! {
+                () = tokio::time::sleep(window) => {}
+                () = tx.closed() => return,
+                () = context.stopping.cancelled() => break 'stream,
+            }
+        }
+        let mut delivered = 0;
         let events: Vec<WatchEvent> = match subscription.mailbox().take() {
             Delivery::Resync => {
                 let shown = {
@@ -177,16 +226,19 @@ async fn forward(
                     }
                 }
             }
-            Delivery::Changes(changes) => update_events(context, changes, &mut held).await,
+            Delivery::Changes(changes) => {
+                let updates = updates(context, changes, &mut held).await;
+                delivered = updates.len() as u64;
+                update_events(updates, batch_window.is_some())
+            }
         };
-        let updates = events.len() as u64;
         for event in events {
             tokio::select! {
                 sent = tx.send(Ok(event)) => if sent.is_err() { return },
                 () = context.stopping.cancelled() => break 'stream,
             }
         }
-        context.metrics.watch_updates.increment(updates);
+        context.metrics.watch_updates.increment(delivered);
     }
     let _ = tx.try_send(Err(Status::unavailable("presenced is shutting down; reconnect and watch again")));
 }
