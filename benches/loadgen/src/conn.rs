@@ -270,11 +270,24 @@ pub(crate) struct Naming {
     pub(crate) pop: Population,
     /// The gateway id sent with registers.
     pub(crate) gateway_id: String,
+    /// Every session's `(user id, session id)`, made once: a gateway holds its
+    /// sessions' ids and copies them into requests, it does not format them
+    /// again for each heartbeat, and neither should the generator's CPU budget.
+    ids: Arc<[(String, String)]>,
 }
 
 impl Naming {
+    /// Names for the sessions of `pop`, registered by `gateway_id`.
+    pub(crate) fn new(pop: Population, gateway_id: String) -> Naming {
+        let ids = (0..pop.sessions).map(|session| (user_id(pop.user_of(session)), session_id(session))).collect();
+        Naming { pop, gateway_id, ids }
+    }
+
     fn ids(&self, session: u64) -> (String, String) {
-        (user_id(self.pop.user_of(session)), session_id(session))
+        match self.ids.get(session as usize) {
+            Some((user, session)) => (user.clone(), session.clone()),
+            None => (user_id(self.pop.user_of(session)), session_id(session)),
+        }
     }
 }
 

@@ -255,7 +255,7 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
     let n = args.users.max(1);
     let pop = Population::new(n, 1.0);
     let shared = Arc::new(Shared {
-        naming: Naming { pop, gateway_id: common.gateway_id.clone() },
+        naming: Naming::new(pop, common.gateway_id.clone()),
         gens: Generations::new(pop.sessions),
         deadlines: Some(Slots::new(pop.sessions)),
     });
@@ -451,7 +451,7 @@ mod tests {
     fn collector_measures_lag_once_per_user() {
         let pop = Population::new(3, 1.0);
         let shared = Arc::new(Shared {
-            naming: Naming { pop, gateway_id: "g".into() },
+            naming: Naming::new(pop, "g".into()),
             gens: Generations::new(3),
             deadlines: Some(Slots::new(3)),
         });

@@ -368,7 +368,7 @@ pub(crate) async fn run(args: FanoutArgs, progress: Progress) -> Result<Report, 
     // gateway's renewed sessions, watched by no one. One session per user, session k = user k.
     let pop = Population { users: population + gateway, sessions: population + gateway };
     let shared = Arc::new(Shared {
-        naming: Naming { pop, gateway_id: common.gateway_id.clone() },
+        naming: Naming::new(pop, common.gateway_id.clone()),
         gens: Generations::new(pop.sessions),
         deadlines: None,
     });

@@ -38,7 +38,7 @@ pub(crate) async fn run(args: LoadArgs, progress: Progress) -> Result<Report, St
     let common = &args.common;
     let pop = Population::new(args.users, args.sessions_per_user);
     let shared = Arc::new(Shared {
-        naming: Naming { pop, gateway_id: common.gateway_id.clone() },
+        naming: Naming::new(pop, common.gateway_id.clone()),
         gens: Generations::new(pop.sessions),
         deadlines: None,
     });

@@ -50,7 +50,7 @@ pub(crate) async fn run(args: MemoryArgs, progress: Progress) -> Result<Report, 
     let target = common.target;
     let pop = Population::from_sessions(args.sessions, args.sessions_per_user);
     let shared = Arc::new(Shared {
-        naming: Naming { pop, gateway_id: common.gateway_id.clone() },
+        naming: Naming::new(pop, common.gateway_id.clone()),
         gens: Generations::new(pop.sessions),
         deadlines: None,
     });

@@ -18,6 +18,7 @@ mod shard;
 pub mod stamp;
 mod store;
 mod types;
+mod user_index;
 mod validate;
 pub mod wheel;
 
@@ -27,8 +28,8 @@ pub use error::LeaseError;
 pub use shard::LeaseView;
 pub use store::Store;
 pub use types::{
-    Availability, Changes, Presence, PresenceChange, Registered, Registration, Renewed, Revoked, State, Status,
-    StoreStats, UnregisterOutcome, Unregistered, UserView,
+    Availability, Changes, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, State,
+    Status, StoreStats, UnregisterOutcome, Unregistered, UserView,
 };
 pub use validate::{
     MAX_ID_BYTES, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES, MAX_STATUS_TEXT_CHARS,

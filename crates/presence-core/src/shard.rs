@@ -26,18 +26,25 @@
 use std::sync::Arc;
 
 use compact_str::CompactString;
-use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
+use hashbrown::{DefaultHashBuilder, HashMap};
 use std::hash::BuildHasher;
+use std::hint::black_box;
 
 use crate::checkpoint::{CheckpointUser, CheckpointWriter};
 use crate::error::LeaseError;
 use crate::interner::{GatewayInterner, GatewayRef};
 use crate::stamp::StampClock;
 use crate::types::{
-    Changes, Presence, PresenceChange, Registered, Registration, Renewed, Revoked, State, Status, UnregisterOutcome,
-    Unregistered, UserView,
+    Changes, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, State, Status,
+    UnregisterOutcome, Unregistered, UserView,
 };
+use crate::user_index::UserIndex;
 use crate::wheel::{Tick, TimerKey, TimerWheel};
+
+/// Renewals of a batch whose lookups a shard starts together: enough to keep
+/// the processor's outstanding memory loads busy, few enough that the first
+/// loads are still in the cache when their renewals run.
+const RENEWALS_IN_FLIGHT: usize = 16;
 
 /// "No lease" in the intrusive lists.
 const NIL: u32 = u32::MAX;
@@ -133,7 +140,7 @@ pub(crate) struct Shard {
     /// Every user seen, offline ones included (they keep their version).
     users: Vec<User>,
     /// Index of `users` by user id.
-    index: HashTable<u32>,
+    index: UserIndex,
     hasher: DefaultHashBuilder,
     /// Every lease of the shard; `None` slots are free and listed in `free_leases`.
     leases: Vec<Option<Lease>>,
@@ -163,7 +170,7 @@ impl Shard {
         Shard {
             now,
             users: Vec::new(),
-            index: HashTable::new(),
+            index: UserIndex::default(),
             hasher: DefaultHashBuilder::default(),
             leases: Vec::new(),
             free_leases: Vec::new(),
@@ -236,15 +243,77 @@ impl Shard {
     pub(crate) fn renew(
         &mut self,
         now: Tick,
-        user_id: &str,
-        session_id: &str,
-        generation: u64,
-        ttl_ms: u32,
+        renewal: &Renewal<'_>,
         changes: &mut Changes,
     ) -> Result<Renewed, LeaseError> {
+        let slot = self.find(renewal.user_id);
+        self.renew_found(now, slot, renewal, changes)
+    }
+
+    /// Applies renewals of this shard's users, `batch[i]` for each `i` of
+    /// `picks` in that order, each exactly as [`Shard::renew`] would, and puts
+    /// each answer in `answers[i]`.
+    ///
+    /// The point is memory-level parallelism: a renewal in a large store is
+    /// three or four cache misses in a chain (the index entry, the user
+    /// record, the lease), each waiting for the one before. Here the chains of
+    /// `RENEWALS_IN_FLIGHT` renewals advance one link at a time side by side,
+    /// by loading each link for all of them before anything uses it; the
+    /// renewals themselves then run on warm lines. A user's records are only
+    /// read ahead, never changed, and a shard never drops a user, so a slot
+    /// found ahead stays right while the renewals before it run.
+    pub(crate) fn renew_picked(
+        &mut self,
+        now: Tick,
+        batch: &[Renewal<'_>],
+        picks: &[u32],
+        answers: &mut [Option<Result<Renewed, LeaseError>>],
+        changes: &mut Changes,
+    ) {
+        for group in picks.chunks(RENEWALS_IN_FLIGHT) {
+            let mut hashes = [0u64; RENEWALS_IN_FLIGHT];
+            let mut slots = [None; RENEWALS_IN_FLIGHT];
+            for (hash, &pick) in hashes.iter_mut().zip(group) {
+                *hash = self.hash(batch[pick as usize].user_id);
+                black_box(self.index.probe_start(*hash));
+            }
+            for hash in &hashes[..group.len()] {
+                if let Some(candidate) = self.index.candidate(*hash) {
+                    black_box(self.users[candidate as usize].first_lease);
+                }
+            }
+            let mut leases = [NIL; RENEWALS_IN_FLIGHT];
+            for ((slot, hash), (lease, &pick)) in slots.iter_mut().zip(&hashes).zip(leases.iter_mut().zip(group)) {
+                *slot = self.find_hashed(*hash, batch[pick as usize].user_id);
+                if let Some(slot) = *slot {
+                    *lease = self.users[slot as usize].first_lease;
+                }
+            }
+            // Each user's leases, one link of every user's list at a time (the
+            // renewal settles them all before it finds its own).
+            while leases.iter().any(|&lease| lease != NIL) {
+                for lease in leases.iter_mut().filter(|lease| **lease != NIL) {
+                    *lease = black_box(self.lease(*lease).next);
+                }
+            }
+            for (&slot, &pick) in slots.iter().zip(group) {
+                answers[pick as usize] = Some(self.renew_found(now, slot, &batch[pick as usize], changes));
+            }
+        }
+    }
+
+    /// [`Shard::renew`] once the user's slot is known (`None`: no such user).
+    fn renew_found(
+        &mut self,
+        now: Tick,
+        slot: Option<u32>,
+        renewal: &Renewal<'_>,
+        changes: &mut Changes,
+    ) -> Result<Renewed, LeaseError> {
+        let &Renewal { user_id, session_id, generation, ttl_ms } = renewal;
         let now = self.advance(now);
         let not_found = || LeaseError::NotFound { user_id: user_id.into(), session_id: session_id.into() };
-        let slot = self.find(user_id).ok_or_else(not_found)?;
+        let slot = slot.ok_or_else(not_found)?;
         // An expired lease is removed here, so the renewal cannot revive it (L2).
         self.settle(slot, now, changes);
         let (_, index) = self.find_lease(slot, session_id).ok_or_else(not_found)?;
@@ -274,10 +343,15 @@ impl Shard {
             return Ok(Renewed { expires_at: lease.expires_at, throttled: true });
         }
         let expires_at = now + u64::from(ttl_ms);
+        let previous_deadline = lease.expires_at;
         lease.set_times(now, expires_at);
-        // Only a renewal with a shorter TTL than the time left can move the
-        // earliest deadline earlier; usually this is a comparison and nothing more.
-        self.schedule_no_later_than(slot, expires_at);
+        // The user's timer is at or before this lease's previous deadline, so a
+        // renewal that moves the deadline later leaves it right, and the wheel
+        // is not even read. Only a shorter TTL than the time left can need an
+        // earlier timer.
+        if expires_at < previous_deadline {
+            self.schedule_no_later_than(slot, expires_at);
+        }
         Ok(Renewed { expires_at, throttled: false })
     }
 
@@ -575,8 +649,11 @@ impl Shard {
     }
 
     fn find(&self, user_id: &str) -> Option<u32> {
-        let users = &self.users;
-        self.index.find(self.hash(user_id), |&slot| users[slot as usize].id == user_id).copied()
+        self.find_hashed(self.hash(user_id), user_id)
+    }
+
+    fn find_hashed(&self, hash: u64, user_id: &str) -> Option<u32> {
+        self.index.find(hash, |slot| self.users[slot as usize].id == user_id)
     }
 
     fn find_or_insert(&mut self, user_id: &str) -> u32 {
@@ -592,8 +669,7 @@ impl Shard {
             online: false,
             status: None,
         });
-        let (users, hasher) = (&self.users, &self.hasher);
-        self.index.insert_unique(self.hash(user_id), slot, |&slot| hasher.hash_one(users[slot as usize].id.as_str()));
+        self.index.insert(self.hash(user_id), slot);
         slot
     }
 

@@ -1483,3 +1483,121 @@ fn m3_bump_version_moves_the_version_without_a_change() {
     assert_eq!(view[0].presence.version, bumped.presence.version, "a restored status is no change");
     assert!(changes.is_empty());
 }
+
+mod renew_batch {
+    //! `Store::renew_batch` answers and changes exactly what renewing one by one would.
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::Renewal;
+
+    const USERS: usize = 40;
+    const SESSIONS: usize = 3;
+
+    fn user(index: usize) -> String {
+        format!("user-{index}")
+    }
+
+    fn session(index: usize) -> String {
+        format!("session-{index}")
+    }
+
+    /// One renewal of a batch, by indices; `USERS` stands for a user never registered.
+    #[derive(Debug, Clone)]
+    struct Pick {
+        user: usize,
+        session: usize,
+        /// 0: the current generation; 1: one older; 2: one newer; 3: zero.
+        generation: u8,
+        /// 0: the default; 1: too short; otherwise this TTL.
+        ttl: u32,
+        /// An empty session id (refused as bad input).
+        bad_id: bool,
+    }
+
+    fn pick() -> impl Strategy<Value = Pick> {
+        (
+            0..=USERS,
+            0..SESSIONS,
+            prop_oneof![6 => Just(0u8), 1 => Just(1), 1 => Just(2), 1 => Just(3)],
+            prop_oneof![Just(0u32), Just(1), Just(20), Just(200)],
+            prop::bool::weighted(0.05),
+        )
+            .prop_map(|(user, session, generation, ttl, bad_id)| Pick {
+                user,
+                session,
+                generation,
+                ttl,
+                bad_id,
+            })
+    }
+
+    /// One user's changes: presence, time, deadline.
+    type UserChanges = Vec<(Presence, Tick, Option<Tick>)>;
+
+    /// Per user, the changes in the order they were made (different users' may interleave either way).
+    fn per_user(changes: &[PresenceChange]) -> Vec<(String, UserChanges)> {
+        let mut by_user: std::collections::BTreeMap<String, Vec<_>> = Default::default();
+        for change in changes {
+            by_user.entry(change.user_id.to_string()).or_default().push((change.presence, change.at, change.deadline));
+        }
+        by_user.into_iter().collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn l2_a_batch_of_renewals_is_the_same_as_renewing_one_by_one(
+            registered in prop::collection::vec((0..USERS, 0..SESSIONS, prop_oneof![Just(10u32), Just(50), Just(200)]), 1..80),
+            rounds in prop::collection::vec((0..60u64, prop::collection::vec(pick(), 0..120)), 1..6),
+        ) {
+            let (batched, single) = (small_store(), small_store());
+            let mut generations = std::collections::HashMap::new();
+            let mut now = T0;
+            for (step, &(u, s, ttl)) in registered.iter().enumerate() {
+                now = T0 + step as u64;
+                let (user_id, session_id) = (user(u), session(s));
+                let registration = reg(&user_id, &session_id, "gw", ttl);
+                let (a, b) = (register(&batched, now, registration, &mut Vec::new()), register(&single, now, registration, &mut Vec::new()));
+                prop_assert_eq!(a, b);
+                generations.insert((u, s), a.generation);
+            }
+            for (advance, picks) in rounds {
+                // Time passes without the expiry driver: some leases are due and are settled by the renewals.
+                now += advance;
+                let names: Vec<(String, String)> =
+                    picks.iter().map(|p| (user(p.user), if p.bad_id { String::new() } else { session(p.session) })).collect();
+                let renewals: Vec<Renewal<'_>> = picks
+                    .iter()
+                    .zip(&names)
+                    .map(|(p, (user_id, session_id))| {
+                        let current = generations.get(&(p.user, p.session)).copied().unwrap_or(1);
+                        let generation = match p.generation { 0 => current, 1 => current - 1, 2 => current + 1, _ => 0 };
+                        Renewal { user_id, session_id, generation, ttl_ms: p.ttl }
+                    })
+                    .collect();
+                let (mut batch_changes, mut single_changes) = (Vec::new(), Vec::new());
+                let answers = batched.renew_batch(now, &renewals, &mut batch_changes);
+                let one_by_one: Vec<_> = renewals
+                    .iter()
+                    .map(|r| single.renew(now, r.user_id, r.session_id, r.generation, r.ttl_ms, &mut single_changes))
+                    .collect();
+                prop_assert_eq!(&answers, &one_by_one);
+                prop_assert_eq!(per_user(&batch_changes), per_user(&single_changes));
+            }
+            // And the stores ended alike: every user's presence and leases (reading settles what is due, alike too).
+            let read = |store: &Store, user_id: &str| {
+                let mut changes = Vec::new();
+                let presence = store.snapshot(now, &[user_id], &mut changes).expect("valid id")[0];
+                let mut leases = store.leases(now, user_id, &mut changes).expect("valid id");
+                leases.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+                (presence, leases, changes)
+            };
+            for u in 0..=USERS {
+                prop_assert_eq!(read(&batched, &user(u)), read(&single, &user(u)));
+            }
+        }
+    }
+}

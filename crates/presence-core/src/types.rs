@@ -113,6 +113,20 @@ pub struct Registered {
     pub presence: Presence,
 }
 
+/// One renewal: the lease of `session_id` of `user_id`, held at `generation`,
+/// extended by `ttl_ms` (0: the default TTL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewal<'a> {
+    /// The user.
+    pub user_id: &'a str,
+    /// The session whose lease is renewed.
+    pub session_id: &'a str,
+    /// The generation the gateway holds.
+    pub generation: u64,
+    /// The new TTL.
+    pub ttl_ms: u32,
+}
+
 /// The result of an accepted renewal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Renewed {

@@ -111,6 +111,10 @@ async fn work(context: Arc<Context>, jobs: async_channel::Receiver<Job>) {
 }
 
 /// Applies every item of a batch at one `now`, then publishes the flips.
+///
+/// Consecutive renewals go to the store together ([`presence_core::Store::renew_batch`]),
+/// which applies each user's in order; a register or unregister between them
+/// ends the run, so every item still sees exactly the items before it.
 fn apply(context: &Context, batch: pb::LeaseBatch, shed_renewals: bool) -> pb::LeaseResults {
     let started = std::time::Instant::now();
     let now = context.clock.now();
@@ -118,31 +122,35 @@ fn apply(context: &Context, batch: pb::LeaseBatch, shed_renewals: bool) -> pb::L
     let mut changes = Vec::new();
     let mut renewals = [0u64; 6];
     let mut results = Vec::with_capacity(batch.items.len());
-    for item in batch.items {
-        let result = match item.op {
+    let mut run: Vec<presence_core::Renewal<'_>> = Vec::new();
+    for item in &batch.items {
+        if let Some(lease_item::Op::Renew(request)) = &item.op
+            && !shed_renewals
+        {
+            run.push(ops::renewal(request));
+            continue;
+        }
+        apply_renewals(context, now, &mut run, &mut results, &mut changes, &mut renewals);
+        let result = match &item.op {
             Some(lease_item::Op::Register(request)) => answer(
-                ops::register(&context.store, metrics, now, &request, &mut changes),
+                ops::register(&context.store, metrics, now, request, &mut changes),
                 lease_result::Result::Register,
             ),
-            Some(lease_item::Op::Renew(_)) if shed_renewals => {
+            Some(lease_item::Op::Renew(_)) => {
                 renewals[RenewResult::Shed as usize] += 1;
                 refused(&Status::resource_exhausted(
                     "renewal shed: the server is overloaded; the next heartbeat carries the same information",
                 ))
             }
-            Some(lease_item::Op::Renew(request)) => {
-                let (counted, result) = ops::renew(&context.store, now, &request, &mut changes);
-                renewals[counted as usize] += 1;
-                answer(result, lease_result::Result::Renew)
-            }
             Some(lease_item::Op::Unregister(request)) => answer(
-                ops::unregister(&context.store, metrics, now, &request, &mut changes),
+                ops::unregister(&context.store, metrics, now, request, &mut changes),
                 lease_result::Result::Unregister,
             ),
             None => refused(&Status::invalid_argument("items: an item names no operation")),
         };
         results.push(result);
     }
+    apply_renewals(context, now, &mut run, &mut results, &mut changes, &mut renewals);
     for (result, count) in RenewResult::ALL.into_iter().zip(renewals) {
         metrics.renewals(result, count);
     }
@@ -150,6 +158,26 @@ fn apply(context: &Context, batch: pb::LeaseBatch, shed_renewals: bool) -> pb::L
     metrics.renewal_seconds.record(started.elapsed().as_secs_f64());
     context.publish(&changes);
     pb::LeaseResults { batch_id: batch.batch_id, results }
+}
+
+/// Applies a run of renewals, appends their answers to `results` and counts them.
+fn apply_renewals(
+    context: &Context,
+    now: u64,
+    run: &mut Vec<presence_core::Renewal<'_>>,
+    results: &mut Vec<pb::LeaseResult>,
+    changes: &mut presence_core::Changes,
+    counts: &mut [u64; 6],
+) {
+    if run.is_empty() {
+        return;
+    }
+    for renewed in context.store.renew_batch(now, run, changes) {
+        let (counted, result) = ops::renew_answer(renewed);
+        counts[counted as usize] += 1;
+        results.push(answer(result, lease_result::Result::Renew));
+    }
+    run.clear();
 }
 
 fn answer<T>(result: Result<T, Status>, wrap: impl FnOnce(T) -> lease_result::Result) -> pb::LeaseResult {
