@@ -1,9 +1,20 @@
 //! Compiles `proto/` with protox, a pure-Rust protobuf compiler, so that no
 //! `protoc` is needed on any machine that builds presenced.
+//!
+//! Messages and the client come from tonic-prost-build as usual. The server
+//! trait is generated from the same service description with one change: the
+//! `Leases` RPC's requests are decoded as `crate::lease_frames::LeaseBatchFrame`
+//! (same wire format, renewal ids kept in the received buffer; see that
+//! module) instead of the generated `LeaseBatch`.
 
 use std::{env, path::PathBuf};
 
 use prost::Message as _;
+
+/// Request types the server decodes as something other than the generated message.
+const SERVER_INPUT_OVERRIDES: &[(&str, &str)] = &[(".presence.v1.LeaseBatch", "crate::lease_frames::LeaseBatchFrame")];
+
+const CODEC: &str = "crate::codec::FieldNamingCodec";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto_root = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
@@ -15,6 +26,53 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     std::fs::write(out_dir.join("presence_descriptor.bin"), descriptors.encode_to_vec())?;
 
-    tonic_prost_build::configure().codec_path("crate::codec::FieldNamingCodec").compile_fds(descriptors)?;
+    let services: Vec<tonic_build::manual::Service> = descriptors
+        .file
+        .iter()
+        .flat_map(|file| file.service.iter().map(move |service| server_of(file.package(), service)))
+        .collect();
+    tonic_prost_build::configure().build_server(false).codec_path(CODEC).compile_fds(descriptors)?;
+    tonic_build::manual::Builder::new().build_client(false).compile(&services);
     Ok(())
+}
+
+/// The server side of `service`, every method as tonic-prost-build would make it but for the overrides.
+fn server_of(package: &str, service: &prost_types::ServiceDescriptorProto) -> tonic_build::manual::Service {
+    let rust_type = |proto_type: &str| {
+        let short = proto_type.rsplit('.').next().unwrap_or(proto_type);
+        format!("crate::v1::{short}")
+    };
+    let mut builder = tonic_build::manual::Service::builder().name(service.name()).package(package);
+    for method in &service.method {
+        let input = SERVER_INPUT_OVERRIDES
+            .iter()
+            .find(|(proto, _)| *proto == method.input_type())
+            .map_or_else(|| rust_type(method.input_type()), |(_, rust)| (*rust).to_owned());
+        let mut rpc = tonic_build::manual::Method::builder()
+            .name(snake_case(method.name()))
+            .route_name(method.name())
+            .input_type(input)
+            .output_type(rust_type(method.output_type()))
+            .codec_path(CODEC);
+        if method.client_streaming() {
+            rpc = rpc.client_streaming();
+        }
+        if method.server_streaming() {
+            rpc = rpc.server_streaming();
+        }
+        builder = builder.method(rpc.build());
+    }
+    builder.build()
+}
+
+/// `GrantAudience` -> `grant_audience`.
+fn snake_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for (index, c) in name.char_indices() {
+        if c.is_ascii_uppercase() && index > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
 }

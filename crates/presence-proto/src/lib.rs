@@ -2,14 +2,18 @@
 //!
 //! Built into `OUT_DIR` from `proto/presence/v1/presence.proto` by a pure-Rust
 //! protobuf compiler; nothing here is written by hand except the codec, which
-//! turns undecodable requests into `INVALID_ARGUMENT` naming the field.
+//! turns undecodable requests into `INVALID_ARGUMENT` naming the field, and
+//! the server's view of a Leases request ([`lease_frames`]).
 
 pub mod codec;
+pub mod lease_frames;
 
 /// Messages and services of the `presence.v1` package.
 #[allow(missing_docs, unreachable_pub, clippy::all)]
 pub mod v1 {
     tonic::include_proto!("presence.v1");
+    // The server trait, generated from the same service (see build.rs).
+    include!(concat!(env!("OUT_DIR"), "/presence.v1.Presence.rs"));
 }
 
 /// The encoded `FileDescriptorSet` of the API, for server reflection.

@@ -11,7 +11,8 @@
 
 use std::sync::Arc;
 
-use presence_proto::v1::{self as pb, lease_item, lease_result};
+use presence_proto::lease_frames::{LeaseBatchFrame, LeaseItemFrame, LeaseOpFrame, RenewFrame};
+use presence_proto::v1::{self as pb, lease_result};
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status, Streaming};
 
@@ -25,7 +26,7 @@ pub const MAX_BATCH_ITEMS: usize = 10_000;
 /// What a worker is given.
 #[derive(Debug)]
 struct Job {
-    batch: pb::LeaseBatch,
+    batch: LeaseBatchFrame,
     /// Answer the batch's renewals `RESOURCE_EXHAUSTED` instead of applying them.
     shed_renewals: bool,
     reply: oneshot::Sender<pb::LeaseResults>,
@@ -60,7 +61,7 @@ impl LeaseQueue {
     }
 
     /// Applies a batch and returns its results, in item order.
-    async fn run(&self, batch: pb::LeaseBatch) -> Result<pb::LeaseResults, Status> {
+    async fn run(&self, batch: LeaseBatchFrame) -> Result<pb::LeaseResults, Status> {
         let (reply, results) = oneshot::channel();
         let job = Job { batch, shed_renewals: false, reply };
         match self.jobs.try_send(job) {
@@ -92,8 +93,8 @@ fn stopping() -> Status {
     Status::unavailable("presenced is shutting down; reconnect")
 }
 
-fn is_renewal(item: &pb::LeaseItem) -> bool {
-    matches!(item.op, Some(lease_item::Op::Renew(_)))
+fn is_renewal(item: &LeaseItemFrame) -> bool {
+    matches!(item.op, Some(LeaseOpFrame::Renew(_)))
 }
 
 /// A worker: applies queued batches until the queue closes or the server stops.
@@ -115,7 +116,7 @@ async fn work(context: Arc<Context>, jobs: async_channel::Receiver<Job>) {
 /// Consecutive renewals go to the store together ([`presence_core::Store::renew_batch`]),
 /// which applies each user's in order; a register or unregister between them
 /// ends the run, so every item still sees exactly the items before it.
-fn apply(context: &Context, batch: pb::LeaseBatch, shed_renewals: bool) -> pb::LeaseResults {
+fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bool) -> pb::LeaseResults {
     let started = std::time::Instant::now();
     let now = context.clock.now();
     let metrics = &context.metrics;
@@ -124,25 +125,32 @@ fn apply(context: &Context, batch: pb::LeaseBatch, shed_renewals: bool) -> pb::L
     let mut results = Vec::with_capacity(batch.items.len());
     let mut run: Vec<presence_core::Renewal<'_>> = Vec::new();
     for item in &batch.items {
-        if let Some(lease_item::Op::Renew(request)) = &item.op
+        if let Some(LeaseOpFrame::Renew(frame)) = &item.op
             && !shed_renewals
         {
-            run.push(ops::renewal(request));
+            match renewal_of(frame) {
+                Ok(renewal) => run.push(renewal),
+                Err(refusal) => {
+                    apply_renewals(context, now, &mut run, &mut results, &mut changes, &mut renewals);
+                    renewals[RenewResult::Invalid as usize] += 1;
+                    results.push(refused(&refusal));
+                }
+            }
             continue;
         }
         apply_renewals(context, now, &mut run, &mut results, &mut changes, &mut renewals);
         let result = match &item.op {
-            Some(lease_item::Op::Register(request)) => answer(
+            Some(LeaseOpFrame::Register(request)) => answer(
                 ops::register(&context.store, metrics, now, request, &mut changes),
                 lease_result::Result::Register,
             ),
-            Some(lease_item::Op::Renew(_)) => {
+            Some(LeaseOpFrame::Renew(_)) => {
                 renewals[RenewResult::Shed as usize] += 1;
                 refused(&Status::resource_exhausted(
                     "renewal shed: the server is overloaded; the next heartbeat carries the same information",
                 ))
             }
-            Some(lease_item::Op::Unregister(request)) => answer(
+            Some(LeaseOpFrame::Unregister(request)) => answer(
                 ops::unregister(&context.store, metrics, now, request, &mut changes),
                 lease_result::Result::Unregister,
             ),
@@ -158,6 +166,22 @@ fn apply(context: &Context, batch: pb::LeaseBatch, shed_renewals: bool) -> pb::L
     metrics.renewal_seconds.record(started.elapsed().as_secs_f64());
     context.publish(&changes);
     pb::LeaseResults { batch_id: batch.batch_id, results }
+}
+
+/// A renewal item's ids as text; bytes that are not UTF-8 refuse the item alone,
+/// as the unary `Renew` refuses such a request.
+fn renewal_of(frame: &RenewFrame) -> Result<presence_core::Renewal<'_>, Status> {
+    Ok(presence_core::Renewal {
+        user_id: utf8("user_id", &frame.user_id)?,
+        session_id: utf8("session_id", &frame.session_id)?,
+        generation: frame.generation,
+        ttl_ms: frame.ttl_ms,
+    })
+}
+
+fn utf8<'a>(field: &str, bytes: &'a [u8]) -> Result<&'a str, Status> {
+    std::str::from_utf8(bytes)
+        .map_err(|_| Status::invalid_argument(format!("{field}: invalid string value: data is not UTF-8 encoded")))
 }
 
 /// Applies a run of renewals, appends their answers to `results` and counts them.
@@ -195,7 +219,7 @@ fn refused(status: &Status) -> pb::LeaseResult {
 pub type LeasesStream = tokio_stream::wrappers::ReceiverStream<Result<pb::LeaseResults, Status>>;
 
 /// Serves one gateway's Leases stream.
-pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<pb::LeaseBatch>) -> LeasesStream {
+pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>) -> LeasesStream {
     // Results wait here only while the gateway is slow to read; then this
     // stream stops reading batches, and HTTP/2 flow control pushes back.
     let (tx, rx) = mpsc::channel(4);
@@ -247,6 +271,7 @@ mod tests {
     use crate::hub::Hub;
     use crate::metrics::Metrics;
     use presence_core::{Store, StoreConfig};
+    use presence_proto::v1::lease_item;
     use tokio_util::sync::CancellationToken;
 
     fn context() -> Arc<Context> {
@@ -292,8 +317,8 @@ mod tests {
         }
     }
 
-    fn batch(items: Vec<pb::LeaseItem>) -> pb::LeaseBatch {
-        pb::LeaseBatch { batch_id: 7, items }
+    fn batch(items: Vec<pb::LeaseItem>) -> LeaseBatchFrame {
+        LeaseBatchFrame::from(&pb::LeaseBatch { batch_id: 7, items })
     }
 
     #[tokio::test]
@@ -311,6 +336,21 @@ mod tests {
         let codes: Vec<Code> = results.results.iter().map(|r| Code::from(r.code as i32)).collect();
         assert_eq!(codes, [Code::Ok, Code::InvalidArgument, Code::NotFound, Code::Ok]);
         assert!(results.results[1].message.contains("user_id"));
+    }
+
+    #[tokio::test]
+    async fn b1_a_renewal_whose_ids_are_not_utf8_is_refused_alone_naming_the_field() {
+        let context = context();
+        let queue = LeaseQueue::start(Arc::clone(&context), 4, 1);
+        let registered = queue.run(batch(vec![register("a")])).await.unwrap();
+        let Some(lease_result::Result::Register(a)) = &registered.results[0].result else { panic!("{registered:?}") };
+        let mut items = batch(vec![renew("a", a.generation), renew("a", a.generation), renew("a", a.generation)]);
+        let Some(LeaseOpFrame::Renew(bad)) = &mut items.items[1].op else { unreachable!("a renewal") };
+        bad.session_id = bytes::Bytes::from_static(&[0xff, 0xfe]);
+        let results = queue.run(items).await.unwrap();
+        let codes: Vec<Code> = results.results.iter().map(|r| Code::from(r.code as i32)).collect();
+        assert_eq!(codes, [Code::Ok, Code::InvalidArgument, Code::Ok]);
+        assert!(results.results[1].message.starts_with("session_id:"), "{:?}", results.results[1]);
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@
 //! caused to `changes` (the caller publishes them, whatever the result) and
 //! counts the outcome.
 
-use presence_core::{LeaseError, Presence, Registration, Renewal, State, Store, UnregisterOutcome};
+use presence_core::{LeaseError, Presence, Registration, State, Store, UnregisterOutcome};
 use presence_proto::v1 as pb;
 use tonic::Status;
 
@@ -89,16 +89,6 @@ pub(crate) fn renew(
     changes: &mut presence_core::Changes,
 ) -> (RenewResult, Result<pb::RenewResponse, Status>) {
     renew_answer(store.renew(now, &request.user_id, &request.session_id, request.generation, request.ttl_ms, changes))
-}
-
-/// The store's wire arguments of a renewal.
-pub(crate) fn renewal(request: &pb::RenewRequest) -> Renewal<'_> {
-    Renewal {
-        user_id: &request.user_id,
-        session_id: &request.session_id,
-        generation: request.generation,
-        ttl_ms: request.ttl_ms,
-    }
 }
 
 /// A renewal's answer on the wire, and how it is counted.

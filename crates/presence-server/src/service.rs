@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use presence_core::CompactString;
+use presence_proto::lease_frames::LeaseBatchFrame;
 use presence_proto::v1::{self as pb, presence_server::Presence as PresenceApi};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -164,7 +165,7 @@ impl PresenceApi for PresenceService {
 
     async fn leases(
         &self,
-        request: Request<Streaming<pb::LeaseBatch>>,
+        request: Request<Streaming<LeaseBatchFrame>>,
     ) -> Result<Response<Self::LeasesStream>, Status> {
         self.service_only(&request, "Leases")?;
         Ok(Response::new(leases::open(self.leases.clone(), request.into_inner())))

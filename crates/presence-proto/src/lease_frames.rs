@@ -1,0 +1,112 @@
+//! The Leases request as the server decodes it: a renewal's ids stay in the
+//! received buffer.
+//!
+//! A Leases batch is mostly renewals, and decoding a renewal into the
+//! generated `RenewRequest` allocates two strings, copied out of the request
+//! only to be dropped once the renewal is applied: at millions of renewals a
+//! second that is most of what decoding costs. These types read the same
+//! bytes (a `string` field and a `bytes` field are the same on the wire) but
+//! keep a renewal's ids as slices of the buffer the request arrived in; the
+//! server checks that they are UTF-8 before it uses them. Registers and
+//! unregisters decode into the generated messages.
+//!
+//! Only the server's side of the Leases RPC decodes these. Clients send the
+//! generated [`LeaseBatch`](crate::v1::LeaseBatch); the API and what reflection
+//! shows of it are unchanged.
+
+use bytes::Bytes;
+use prost::Message as _;
+
+use crate::v1::{LeaseBatch, RegisterRequest, UnregisterRequest};
+
+/// `LeaseBatch`, as the server decodes it.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseBatchFrame {
+    /// Echoed in the results.
+    #[prost(uint64, tag = "1")]
+    pub batch_id: u64,
+    /// The items, in order.
+    #[prost(message, repeated, tag = "2")]
+    pub items: Vec<LeaseItemFrame>,
+}
+
+/// `LeaseItem`, as the server decodes it.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaseItemFrame {
+    /// What the item asks.
+    #[prost(oneof = "LeaseOpFrame", tags = "1, 2, 3")]
+    pub op: Option<LeaseOpFrame>,
+}
+
+/// `LeaseItem.op`, as the server decodes it.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum LeaseOpFrame {
+    /// A register, as the generated message.
+    #[prost(message, tag = "1")]
+    Register(RegisterRequest),
+    /// A renewal, its ids not yet checked.
+    #[prost(message, tag = "2")]
+    Renew(RenewFrame),
+    /// An unregister, as the generated message.
+    #[prost(message, tag = "3")]
+    Unregister(UnregisterRequest),
+}
+
+/// `RenewRequest` with its ids as received: bytes that should be UTF-8.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RenewFrame {
+    /// `user_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "1")]
+    pub user_id: Bytes,
+    /// `session_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "2")]
+    pub session_id: Bytes,
+    /// The generation the gateway holds.
+    #[prost(uint64, tag = "3")]
+    pub generation: u64,
+    /// The TTL asked for (0: the server default).
+    #[prost(uint32, tag = "4")]
+    pub ttl_ms: u32,
+}
+
+impl From<&LeaseBatch> for LeaseBatchFrame {
+    /// The batch as the server would receive it (for tests and in-process callers).
+    fn from(batch: &LeaseBatch) -> Self {
+        LeaseBatchFrame::decode(batch.encode_to_vec().as_slice())
+            .expect("the two messages share one wire format; a generated message always decodes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::v1::{LeaseItem, RenewRequest, lease_item};
+
+    #[test]
+    fn a_batch_reads_the_same_as_the_generated_message_and_keeps_renewal_ids_in_the_buffer() {
+        let renew = RenewRequest { user_id: "ü1".into(), session_id: "s".into(), generation: 7, ttl_ms: 9 };
+        let register = RegisterRequest { user_id: "u2".into(), session_id: "s2".into(), ..Default::default() };
+        let unregister = UnregisterRequest { user_id: "u3".into(), generation: 3, ..Default::default() };
+        let batch = LeaseBatch {
+            batch_id: 42,
+            items: vec![
+                LeaseItem { op: Some(lease_item::Op::Renew(renew)) },
+                LeaseItem { op: Some(lease_item::Op::Register(register.clone())) },
+                LeaseItem { op: Some(lease_item::Op::Unregister(unregister.clone())) },
+                LeaseItem { op: None },
+            ],
+        };
+        let wire = Bytes::from(batch.encode_to_vec());
+        let frame = LeaseBatchFrame::decode(wire.clone()).unwrap();
+        assert_eq!(frame.batch_id, 42);
+        let Some(LeaseOpFrame::Renew(renewal)) = &frame.items[0].op else { panic!("{:?}", frame.items[0]) };
+        assert_eq!((&renewal.user_id[..], &renewal.session_id[..]), ("ü1".as_bytes(), &b"s"[..]));
+        assert_eq!((renewal.generation, renewal.ttl_ms), (7, 9));
+        let inside = wire.as_ptr_range();
+        assert!(inside.contains(&renewal.user_id.as_ptr()), "the id is a slice of the received bytes, not a copy");
+        assert_eq!(frame.items[1].op, Some(LeaseOpFrame::Register(register)));
+        assert_eq!(frame.items[2].op, Some(LeaseOpFrame::Unregister(unregister)));
+        assert_eq!(frame.items[3].op, None);
+        assert_eq!(LeaseBatchFrame::from(&batch), frame);
+    }
+}
