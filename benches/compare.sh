@@ -36,7 +36,10 @@ FANOUT_WATCH=${FANOUT_WATCH:-500}
 FANOUT_POPULATION=${FANOUT_POPULATION:-100000}
 FANOUT_CHURN=${FANOUT_CHURN:-1000}
 FANOUT_DURATION=${FANOUT_DURATION:-10s}
-SCENARIOS=${SCENARIOS:-load memory expiry fanout}
+BATCH_SWEEP=${BATCH_SWEEP:-100:8 1000:8 4000:4}  # batches: size:in-flight pairs, each run on both
+FANOUT_MILLION_CHURN=${FANOUT_MILLION_CHURN:-15000}   # fanout-million: flips/s asked (5,000 users)
+FANOUT_MILLION_WINDOW_MS=${FANOUT_MILLION_WINDOW_MS:-50}
+SCENARIOS=${SCENARIOS:-load pinned batches memory expiry fanout fanout-million}
 RESULTS=${RESULTS:-target/compare/$(date -u +%Y%m%dT%H%M%SZ)}
 REDIS_PORT=${REDIS_PORT:-$((20000 + RANDOM % 20000))}
 
@@ -68,10 +71,25 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# pinned: servers on CPU 0 (presenced with one worker thread), the generator on CPU 1 with one thread.
+SERVER_PIN=()
+LOADGEN_PIN=()
+pin_one_core_each() {
+    SERVER_PIN=(taskset -c 0)
+    LOADGEN_PIN=(taskset -c 1)
+    PRESENCED_EXTRA=(--worker-threads 1)
+}
+unpin() {
+    SERVER_PIN=()
+    LOADGEN_PIN=()
+    PRESENCED_EXTRA=()
+}
+PRESENCED_EXTRA=()
+
 start_redis() {
     local dir="$WORK/redis"
     rm -rf "$dir" && mkdir -p "$dir"
-    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
+    "${SERVER_PIN[@]}" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$dir" --save '' --appendonly no \
         --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
     for _ in $(seq 100); do
         redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
@@ -89,7 +107,8 @@ start_redis() {
 
 start_presenced() {
     local out="$WORK/presenced.out"
-    "$PRESENCED" serve --listen 127.0.0.1:0 --min-renew-interval-ms 0 >"$out" 2>"$WORK/presenced.err" &
+    "${SERVER_PIN[@]}" "$PRESENCED" serve --listen 127.0.0.1:0 --min-renew-interval-ms 0 "${PRESENCED_EXTRA[@]}" \
+        >"$out" 2>"$WORK/presenced.err" &
     PRESENCED_PID=$!
     for _ in $(seq 100); do
         grep -q '^listening on ' "$out" 2>/dev/null && break
@@ -112,7 +131,7 @@ run() {
     local where
     if [[ $target == presenced ]]; then where=(--addr "$PRESENCED_ADDR"); else where=(--redis-url "redis://127.0.0.1:$REDIS_PORT"); fi
     log "$name: $scenario --target $target $*"
-    "$LOADGEN" "$scenario" --target "$target" "${where[@]}" --report "$RESULTS/$name.json" "$@" \
+    "${LOADGEN_PIN[@]}" "$LOADGEN" "$scenario" --target "$target" "${where[@]}" --report "$RESULTS/$name.json" "$@" \
         | tee "$RESULTS/$name.txt"
 }
 
@@ -140,6 +159,37 @@ for scenario in $SCENARIOS; do
             fresh_servers
             run "load-batch-$t" "$t" load "${common[@]}" --mode leases --concurrency "$BATCH_CONCURRENCY" --batch "$BATCH"
         done
+        ;;
+    pinned)
+        # One core each, so that neither side's threads preempt the other's: the tail latency
+        # then shows the servers, not the scheduler.
+        common=(--users "$LOAD_USERS" --sessions-per-user "$SESSIONS_PER_USER" --ttl-ms "$LOAD_TTL_MS"
+            --duration "$LOAD_DURATION" --register-mode leases --connections "$CONNECTIONS" --threads 1)
+        pin_one_core_each
+        for t in presenced redis; do
+            fresh_servers
+            run "load-pinned-$t" "$t" load "${common[@]}" --mode unary --concurrency "$CONCURRENCY"
+        done
+        unpin
+        ;;
+    batches)
+        common=(--users "$LOAD_USERS" --sessions-per-user "$SESSIONS_PER_USER" --ttl-ms "$LOAD_TTL_MS"
+            --duration "$LOAD_DURATION" --register-mode leases --connections 4 --mode leases)
+        for pair in $BATCH_SWEEP; do
+            for t in presenced redis; do
+                fresh_servers
+                run "load-batch${pair%%:*}-$t" "$t" load "${common[@]}" --batch "${pair%%:*}" --concurrency "${pair##*:}"
+            done
+        done
+        ;;
+    fanout-million)
+        # presenced only: 1,000 viewers x 500 of 5,000 users, flips sent through a coalescing
+        # LeaseChannel, viewers asking for a batch window (README, "batch_window_ms").
+        fresh_servers
+        run "fanout-million-presenced" presenced fanout --viewers 1000 --watch 500 --population 5000 \
+            --churn-rate "$FANOUT_MILLION_CHURN" --churn-concurrency 256 --churn-mode coalesced \
+            --batch-window-ms "$FANOUT_MILLION_WINDOW_MS" --duration "$FANOUT_DURATION" --stalled-viewer \
+            --mode leases --batch 100 --concurrency 16 --connections 2
         ;;
     memory)
         first=${MEMORY_SESSIONS%% *}
@@ -169,7 +219,7 @@ for scenario in $SCENARIOS; do
                 --stalled-viewer --mode unary --concurrency 16 --connections 2
         done
         ;;
-    *) echo "unknown scenario $scenario (load, memory, expiry, fanout)" >&2; exit 2 ;;
+    *) echo "unknown scenario $scenario (load, pinned, batches, memory, expiry, fanout, fanout-million)" >&2; exit 2 ;;
     esac
 done
 stop_servers
@@ -211,8 +261,24 @@ for kind, label in (("unary", "heartbeat, one call per op"), ("batch", "heartbea
         row(f"{label}", "p99 ms", ms(pct(p, 99)), ms(pct(r, 99)), "{:.3f}")
         row(f"{label}", "errors", sum(v for k, v in (g(p, "statusCodeDistribution") or {}).items() if k != "OK"),
             sum(v for k, v in (g(r, "statusCodeDistribution") or {}).items() if k != "OK"))
+p, r = rep("load-pinned-presenced"), rep("load-pinned-redis")
+if p or r:
+    label = "heartbeat, one call per op, one core each"
+    row(label, "renewals/s", g(p, "rps"), g(r, "rps"))
+    row(label, "p50 ms", ms(pct(p, 50)), ms(pct(r, 50)), "{:.3f}")
+    row(label, "p99 ms", ms(pct(p, 99)), ms(pct(r, 99)), "{:.3f}")
 p, r = rep("load-batch-presenced"), rep("load-batch-redis")
 row("register (batches/pipeline)", "registers/s", g(p, "scenario", "registers_per_s"), g(r, "scenario", "registers_per_s"))
+swept = sorted(int(f[len("load-batch"):-len("-presenced.json")]) for f in os.listdir(d)
+               if f.startswith("load-batch") and f.endswith("-presenced.json") and f[len("load-batch")].isdigit())
+for b in swept:
+    p, r = rep(f"load-batch{b}-presenced"), rep(f"load-batch{b}-redis")
+    row(f"heartbeat, batches/pipeline of {b:,}", "renewals/s", g(p, "rps"), g(r, "rps"))
+    row(f"heartbeat, batches/pipeline of {b:,}", "p99 ms", ms(pct(p, 99)), ms(pct(r, 99)), "{:.3f}")
+    row(f"register, batches/pipeline of {b:,}", "registers/s", g(p, "scenario", "registers_per_s"), g(r, "scenario", "registers_per_s"))
+if swept:
+    best = lambda t: max((g(rep(f"load-batch{b}-{t}"), "rps") or 0) for b in swept)
+    row("heartbeat, batches/pipeline, best of each", "renewals/s", best("presenced"), best("redis"))
 sizes = sorted(int(f[len("memory-"):-len("-presenced.json")]) for f in os.listdir(d)
                if f.startswith("memory-") and f.endswith("-presenced.json"))
 for n in sizes:
@@ -232,6 +298,15 @@ row("fanout: flip -> viewer p99", "ms", ms(g(p, "scenario", "phase_plain", "deli
 row("fanout: gateway renew p99", "ms", ms(g(p, "scenario", "phase_plain", "gateway_renew", "p99_ns")), ms(g(r, "scenario", "phase_plain", "gateway_renew", "p99_ns")), "{:.3f}")
 row("fanout + stalled viewer: gateway p99", "ms", ms(g(p, "scenario", "phase_stalled", "gateway_renew", "p99_ns")), ms(g(r, "scenario", "phase_stalled", "gateway_renew", "p99_ns")), "{:.3f}")
 row("fanout + stalled viewer: events/s", "events/s", g(p, "scenario", "phase_stalled", "events_per_s"), g(r, "scenario", "phase_stalled", "events_per_s"))
+p = rep("fanout-million-presenced")
+if p:
+    label = "fanout 1000 x 500 of 5,000, batch window"
+    row(label, "events/s", g(p, "scenario", "phase_plain", "events_per_s"), None)
+    row(label, "flips/s", g(p, "scenario", "phase_plain", "flips_per_s"), None)
+    row(label, "flip -> viewer p99 ms", ms(g(p, "scenario", "phase_plain", "delivery_p99_ns")), None, "{:.1f}")
+    row(label, "gateway renew p99 ms", ms(g(p, "scenario", "phase_plain", "gateway_renew", "p99_ns")), None, "{:.3f}")
+    row(label + " + stalled viewer", "gateway renew p99 ms", ms(g(p, "scenario", "phase_stalled", "gateway_renew", "p99_ns")), None, "{:.3f}")
+    row(label + " + stalled viewer", "events/s", g(p, "scenario", "phase_stalled", "events_per_s"), None)
 w = [max(len(x[i]) for x in rows + [("scenario", "unit", "presenced", "redis", "ratio")]) for i in range(5)]
 line = lambda x: "  ".join(s.ljust(w[i]) if i < 2 else s.rjust(w[i]) for i, s in enumerate(x))
 out = [line(("scenario", "unit", "presenced", "redis", "ratio")), line(tuple("-" * n for n in w))] + [line(x) for x in rows]

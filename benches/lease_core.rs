@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use presence_core::{Registration, Store, StoreConfig, Tick};
+use presence_core::{Registration, Renewal, Store, StoreConfig, Tick};
 
 const SIZES: [usize; 3] = [1_000, 100_000, 1_000_000];
 const START: Tick = 1_700_000_000_000;
@@ -118,6 +118,38 @@ fn renew(c: &mut Criterion) {
     group.finish();
 }
 
+/// Renewals per `renew_batch` call, as a gateway's Leases batch would carry.
+const BATCH: usize = 1_000;
+
+fn renew_batch(c: &mut Criterion) {
+    let mut group = c.benchmark_group("renew_batch_of_1000");
+    group.throughput(Throughput::Elements(BATCH as u64));
+    for size in SIZES {
+        group.sample_size(sample_size(size));
+        let loaded = loaded(size);
+        let mut cursor = 0usize;
+        let mut changes = Vec::new();
+        group.bench_function(BenchmarkId::from_parameter(size), |b| {
+            b.iter(|| {
+                // The same order as `renew`, a thousand at a time.
+                let renewals: Vec<Renewal<'_>> = (0..BATCH)
+                    .map(|_| {
+                        cursor = (cursor + 7_919) % size;
+                        Renewal {
+                            user_id: &loaded.users[cursor],
+                            session_id: &loaded.sessions[cursor],
+                            generation: loaded.generations[cursor],
+                            ttl_ms: TTL_MS,
+                        }
+                    })
+                    .collect();
+                black_box(loaded.store.renew_batch(START + 1_000, &renewals, &mut changes));
+            })
+        });
+    }
+    group.finish();
+}
+
 fn unregister(c: &mut Criterion) {
     let mut group = c.benchmark_group("unregister");
     group.throughput(Throughput::Elements(1));
@@ -194,5 +226,5 @@ fn expire_due_batch(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, register, renew, unregister, expire_due_batch);
+criterion_group!(benches, register, renew, renew_batch, unregister, expire_due_batch);
 criterion_main!(benches);

@@ -53,6 +53,10 @@ pub(crate) struct ServeArgs {
     /// Tasks applying lease batches. [default: the number of CPUs]
     #[arg(long, env = "PRESENCED_LEASE_WORKERS", value_name = "N")]
     lease_workers: Option<usize>,
+    /// Threads serving requests; fewer than the CPUs leaves the rest to
+    /// neighbours (a gateway on the same machine). [default: the number of CPUs]
+    #[arg(long, env = "PRESENCED_WORKER_THREADS", value_name = "N")]
+    worker_threads: Option<usize>,
     /// Keep checkpoints and durable data (settings, activity) here; without it
     /// everything is in memory only.
     #[arg(long, env = "PRESENCED_DATA_DIR", value_name = "DIR")]
@@ -105,6 +109,7 @@ struct FileSettings {
     watch_buffer: Option<usize>,
     lease_queue: Option<usize>,
     lease_workers: Option<usize>,
+    worker_threads: Option<usize>,
     data_dir: Option<PathBuf>,
     checkpoint_interval_ms: Option<u64>,
     restart_grace_ms: Option<u64>,
@@ -123,6 +128,8 @@ struct FileSettings {
 pub(crate) struct Settings {
     pub(crate) listen: SocketAddr,
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// Threads of the runtime that serves requests.
+    pub(crate) worker_threads: usize,
     pub(crate) server: ServerConfig,
 }
 
@@ -175,6 +182,8 @@ impl ServeArgs {
             at_least_one("lease-queue", self.lease_queue.or(file.lease_queue), server_defaults.lease_queue)?;
         let lease_workers =
             at_least_one("lease-workers", self.lease_workers.or(file.lease_workers), server_defaults.lease_workers)?;
+        let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+        let worker_threads = at_least_one("worker-threads", self.worker_threads.or(file.worker_threads), cpus)?;
         let listen = self.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 50051)));
         let shutdown_grace = self
             .shutdown_grace_ms
@@ -222,6 +231,7 @@ impl ServeArgs {
         Ok(Settings {
             listen,
             metrics_listen: self.metrics_listen.or(file.metrics_listen),
+            worker_threads,
             server: ServerConfig {
                 store,
                 expiry_batch,
@@ -286,6 +296,9 @@ mod tests {
     fn invalid_settings_are_refused_with_a_reason() {
         let err = resolve(&["--min-ttl-ms", "5000", "--default-ttl-ms", "1000"]).unwrap_err();
         assert!(err.to_string().contains("min-ttl-ms"), "{err}");
+        let err = resolve(&["--worker-threads", "0"]).unwrap_err();
+        assert!(err.to_string().contains("worker-threads must be at least 1"), "{err}");
+        assert_eq!(resolve(&["--worker-threads", "1"]).unwrap().worker_threads, 1);
         let err = resolve(&["--shards", "3"]).unwrap_err();
         assert!(err.to_string().contains("power of two"), "{err}");
         let err = resolve(&["--config", "/nonexistent/presenced.toml"]).unwrap_err();

@@ -51,6 +51,7 @@ fn main() -> ExitCode {
 fn run_serve(args: ServeArgs) -> Result<(), String> {
     let settings = args.resolve().map_err(|err| err.to_string())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.worker_threads)
         .enable_all()
         .build()
         .map_err(|err| format!("cannot start the runtime: {err}"))?;
