@@ -88,62 +88,46 @@ fn register(c: &mut Criterion) {
 }
 
 fn renew(c: &mut Criterion) {
-    let mut group = c.benchmark_group("renew");
-    group.throughput(Throughput::Elements(1));
-    for size in SIZES {
-        group.sample_size(sample_size(size));
-        let loaded = loaded(size);
-        let mut cursor = 0usize;
-        let mut changes = Vec::new();
-        group.bench_function(BenchmarkId::from_parameter(size), |b| {
-            b.iter(|| {
-                // A large odd stride visits the sessions in an order unrelated to their layout.
-                cursor = (cursor + 7_919) % size;
-                black_box(
-                    loaded
-                        .store
-                        .renew(
-                            START + 1_000,
-                            &loaded.users[cursor],
-                            &loaded.sessions[cursor],
-                            loaded.generations[cursor],
-                            TTL_MS,
-                            &mut changes,
-                        )
-                        .unwrap(),
-                );
-            })
-        });
-    }
-    group.finish();
+    renewals(c, "renew", 1);
 }
 
 /// Renewals per `renew_batch` call, as a gateway's Leases batch would carry.
 const BATCH: usize = 1_000;
 
 fn renew_batch(c: &mut Criterion) {
-    let mut group = c.benchmark_group("renew_batch_of_1000");
-    group.throughput(Throughput::Elements(BATCH as u64));
+    renewals(c, "renew_batch_of_1000", BATCH);
+}
+
+/// Renewals in an order unrelated to the store's layout (a large odd stride):
+/// one `renew` per iteration with `batch` 1, else one `renew_batch` of `batch`.
+fn renewals(c: &mut Criterion, name: &str, batch: usize) {
+    let mut group = c.benchmark_group(name);
+    group.throughput(Throughput::Elements(batch as u64));
     for size in SIZES {
         group.sample_size(sample_size(size));
         let loaded = loaded(size);
         let mut cursor = 0usize;
+        let mut next = || {
+            cursor = (cursor + 7_919) % size;
+            Renewal {
+                user_id: &loaded.users[cursor],
+                session_id: &loaded.sessions[cursor],
+                generation: loaded.generations[cursor],
+                ttl_ms: TTL_MS,
+            }
+        };
         let mut changes = Vec::new();
         group.bench_function(BenchmarkId::from_parameter(size), |b| {
             b.iter(|| {
-                // The same order as `renew`, a thousand at a time.
-                let renewals: Vec<Renewal<'_>> = (0..BATCH)
-                    .map(|_| {
-                        cursor = (cursor + 7_919) % size;
-                        Renewal {
-                            user_id: &loaded.users[cursor],
-                            session_id: &loaded.sessions[cursor],
-                            generation: loaded.generations[cursor],
-                            ttl_ms: TTL_MS,
-                        }
-                    })
-                    .collect();
-                black_box(loaded.store.renew_batch(START + 1_000, &renewals, &mut changes));
+                if batch == 1 {
+                    let Renewal { user_id, session_id, generation, ttl_ms } = next();
+                    let renewed =
+                        loaded.store.renew(START + 1_000, user_id, session_id, generation, ttl_ms, &mut changes);
+                    black_box(renewed.unwrap());
+                } else {
+                    let renewals: Vec<Renewal<'_>> = (0..batch).map(|_| next()).collect();
+                    black_box(loaded.store.renew_batch(START + 1_000, &renewals, &mut changes));
+                }
             })
         });
     }
