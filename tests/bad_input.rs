@@ -125,3 +125,65 @@ async fn b1_each_bad_field_is_named_and_nothing_else_changes() {
     );
     server.stop().await;
 }
+
+/// L8 and B1 over the wire: a Leases batch whose items carry bytes that are not
+/// UTF-8 (what the generated client cannot even send) gets those items refused,
+/// naming the field, and every other item answered; the stream stays open.
+#[tokio::test]
+async fn l8_items_with_undecodable_text_are_refused_alone_and_the_stream_goes_on() {
+    use presence_proto::lease_frames::{LeaseBatchFrame, LeaseItemFrame, LeaseOpFrame, RegisterFrame, RenewFrame};
+
+    let server = TestServer::start(fast_config()).await;
+    let text = |text: &'static str| bytes::Bytes::from_static(text.as_bytes());
+    let not_utf8 = bytes::Bytes::from_static(&[0xff, 0xfe, b'u']);
+    let register = |user_id: bytes::Bytes, gateway_id: bytes::Bytes| LeaseItemFrame {
+        op: Some(LeaseOpFrame::Register(RegisterFrame {
+            user_id,
+            session_id: text("s"),
+            gateway_id,
+            ttl_ms: 60_000,
+            metadata: Vec::new(),
+        })),
+    };
+    let renew = |user_id: bytes::Bytes, generation: u64| LeaseItemFrame {
+        op: Some(LeaseOpFrame::Renew(RenewFrame { user_id, session_id: text("s"), generation, ttl_ms: 60_000 })),
+    };
+    let (outbound, rx) = tokio::sync::mpsc::channel(4);
+    let channel = Channel::from_shared(format!("http://{}", server.addr)).unwrap().connect().await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let codec = tonic_prost::ProstCodec::<LeaseBatchFrame, pb::LeaseResults>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/presence.v1.Presence/Leases");
+    outbound
+        .send(LeaseBatchFrame {
+            batch_id: 1,
+            items: vec![
+                register(not_utf8.clone(), text("gw")),
+                register(text("l8a"), text("gw")),
+                register(text("l8b"), not_utf8.clone()),
+            ],
+        })
+        .await
+        .unwrap();
+    let request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let mut results = grpc.streaming(request, path, codec).await.expect("the stream opens").into_inner();
+    let first = results.message().await.expect("answered").expect("a batch of results");
+    let codes: Vec<Code> = first.results.iter().map(|r| Code::from(r.code as i32)).collect();
+    assert_eq!(codes, [Code::InvalidArgument, Code::Ok, Code::InvalidArgument]);
+    assert!(first.results[0].message.starts_with("user_id:"), "{:?}", first.results[0]);
+    assert!(first.results[2].message.starts_with("gateway_id:"), "{:?}", first.results[2]);
+    let Some(pb::lease_result::Result::Register(l8a)) = &first.results[1].result else { panic!("{first:?}") };
+
+    // The same stream goes on: a renewal with a bad id beside a good one.
+    outbound
+        .send(LeaseBatchFrame { batch_id: 2, items: vec![renew(not_utf8, 1), renew(text("l8a"), l8a.generation)] })
+        .await
+        .unwrap();
+    let second = results.message().await.expect("answered").expect("a batch of results");
+    let codes: Vec<Code> = second.results.iter().map(|r| Code::from(r.code as i32)).collect();
+    assert_eq!(codes, [Code::InvalidArgument, Code::Ok]);
+    let mut client = server.client().await;
+    let states: Vec<pb::State> = snapshot(&mut client, &["l8a", "l8b"]).await.iter().map(state_of).collect();
+    assert_eq!(states, [pb::State::Online, pb::State::Offline], "only the good register took effect");
+    server.stop().await;
+}

@@ -5,10 +5,14 @@
 //! generated `RenewRequest` allocates two strings, copied out of the request
 //! only to be dropped once the renewal is applied: at millions of renewals a
 //! second that is most of what decoding costs. These types read the same
-//! bytes (a `string` field and a `bytes` field are the same on the wire) but
-//! keep a renewal's ids as slices of the buffer the request arrived in; the
-//! server checks that they are UTF-8 before it uses them. Registers and
-//! unregisters decode into the generated messages.
+//! bytes (a `string` field and a `bytes` field are the same on the wire, and a
+//! `map` field is a repeated entry message) but keep every id as a slice of the
+//! buffer the request arrived in.
+//!
+//! Checking that text is UTF-8 is left to the server, item by item, which is
+//! the other reason for these types: decoded as the generated messages, one
+//! item with a bad string made the whole batch undecodable, and every other
+//! item of it went unanswered (contract L8: one bad item never fails the others).
 //!
 //! Only the server's side of the Leases RPC decodes these. Clients send the
 //! generated [`LeaseBatch`](crate::v1::LeaseBatch); the API and what reflection
@@ -17,7 +21,7 @@
 use bytes::Bytes;
 use prost::Message as _;
 
-use crate::v1::{LeaseBatch, RegisterRequest, UnregisterRequest};
+use crate::v1::LeaseBatch;
 
 /// `LeaseBatch`, as the server decodes it.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -38,18 +42,66 @@ pub struct LeaseItemFrame {
     pub op: Option<LeaseOpFrame>,
 }
 
-/// `LeaseItem.op`, as the server decodes it.
+/// `LeaseItem.op`, as the server decodes it: text not yet checked.
 #[derive(Clone, PartialEq, prost::Oneof)]
 pub enum LeaseOpFrame {
-    /// A register, as the generated message.
+    /// A register.
     #[prost(message, tag = "1")]
-    Register(RegisterRequest),
-    /// A renewal, its ids not yet checked.
+    Register(RegisterFrame),
+    /// A renewal.
     #[prost(message, tag = "2")]
     Renew(RenewFrame),
-    /// An unregister, as the generated message.
+    /// An unregister.
     #[prost(message, tag = "3")]
-    Unregister(UnregisterRequest),
+    Unregister(UnregisterFrame),
+}
+
+/// `RegisterRequest` with its text as received.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RegisterFrame {
+    /// `user_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "1")]
+    pub user_id: Bytes,
+    /// `session_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "2")]
+    pub session_id: Bytes,
+    /// `gateway_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "3")]
+    pub gateway_id: Bytes,
+    /// The TTL asked for (0: the server default).
+    #[prost(uint32, tag = "4")]
+    pub ttl_ms: u32,
+    /// `metadata`'s entries in the order received (a later entry for a key replaces an earlier one).
+    #[prost(message, repeated, tag = "5")]
+    pub metadata: Vec<MetadataEntryFrame>,
+}
+
+/// One entry of `RegisterRequest.metadata`, as received.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MetadataEntryFrame {
+    /// The key's bytes.
+    #[prost(bytes = "bytes", tag = "1")]
+    pub key: Bytes,
+    /// The value's bytes.
+    #[prost(bytes = "bytes", tag = "2")]
+    pub value: Bytes,
+}
+
+/// `UnregisterRequest` with its ids as received.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct UnregisterFrame {
+    /// `user_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "1")]
+    pub user_id: Bytes,
+    /// `session_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "2")]
+    pub session_id: Bytes,
+    /// The generation the gateway holds.
+    #[prost(uint64, tag = "3")]
+    pub generation: u64,
+    /// How long the lease may linger (0: delete now).
+    #[prost(uint32, tag = "4")]
+    pub linger_ms: u32,
 }
 
 /// `RenewRequest` with its ids as received: bytes that should be UTF-8.
@@ -80,13 +132,19 @@ impl From<&LeaseBatch> for LeaseBatchFrame {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::v1::{LeaseItem, RenewRequest, lease_item};
+    use crate::v1::{LeaseItem, RegisterRequest, RenewRequest, UnregisterRequest, lease_item};
 
     #[test]
     fn a_batch_reads_the_same_as_the_generated_message_and_keeps_renewal_ids_in_the_buffer() {
         let renew = RenewRequest { user_id: "ü1".into(), session_id: "s".into(), generation: 7, ttl_ms: 9 };
-        let register = RegisterRequest { user_id: "u2".into(), session_id: "s2".into(), ..Default::default() };
-        let unregister = UnregisterRequest { user_id: "u3".into(), generation: 3, ..Default::default() };
+        let register = RegisterRequest {
+            user_id: "u2".into(),
+            session_id: "s2".into(),
+            gateway_id: "g".into(),
+            ttl_ms: 5,
+            metadata: [("k".to_string(), "v".to_string())].into(),
+        };
+        let unregister = UnregisterRequest { user_id: "u3".into(), generation: 3, linger_ms: 4, ..Default::default() };
         let batch = LeaseBatch {
             batch_id: 42,
             items: vec![
@@ -104,7 +162,18 @@ mod tests {
         assert_eq!((renewal.generation, renewal.ttl_ms), (7, 9));
         let inside = wire.as_ptr_range();
         assert!(inside.contains(&renewal.user_id.as_ptr()), "the id is a slice of the received bytes, not a copy");
+        let bytes = |text: &'static str| Bytes::from_static(text.as_bytes());
+        let entry = MetadataEntryFrame { key: bytes("k"), value: bytes("v") };
+        let register = RegisterFrame {
+            user_id: bytes("u2"),
+            session_id: bytes("s2"),
+            gateway_id: bytes("g"),
+            ttl_ms: 5,
+            metadata: vec![entry],
+        };
         assert_eq!(frame.items[1].op, Some(LeaseOpFrame::Register(register)));
+        let unregister =
+            UnregisterFrame { user_id: bytes("u3"), session_id: Bytes::new(), generation: 3, linger_ms: 4 };
         assert_eq!(frame.items[2].op, Some(LeaseOpFrame::Unregister(unregister)));
         assert_eq!(frame.items[3].op, None);
         assert_eq!(LeaseBatchFrame::from(&batch), frame);

@@ -11,7 +11,9 @@
 
 use std::sync::Arc;
 
-use presence_proto::lease_frames::{LeaseBatchFrame, LeaseItemFrame, LeaseOpFrame, RenewFrame};
+use presence_proto::lease_frames::{
+    LeaseBatchFrame, LeaseItemFrame, LeaseOpFrame, RegisterFrame, RenewFrame, UnregisterFrame,
+};
 use presence_proto::v1::{self as pb, lease_result};
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status, Streaming};
@@ -140,20 +142,29 @@ fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bool) -> pb::
         }
         apply_renewals(context, now, &mut run, &mut results, &mut changes, &mut renewals);
         let result = match &item.op {
-            Some(LeaseOpFrame::Register(request)) => answer(
-                ops::register(&context.store, metrics, now, request, &mut changes),
-                lease_result::Result::Register,
-            ),
+            Some(LeaseOpFrame::Register(frame)) => match register_of(frame) {
+                Ok(request) => answer(
+                    ops::register(&context.store, metrics, now, &request, &mut changes),
+                    lease_result::Result::Register,
+                ),
+                Err(refusal) => {
+                    metrics.registers_invalid.increment(1);
+                    refused(&refusal)
+                }
+            },
             Some(LeaseOpFrame::Renew(_)) => {
                 renewals[RenewResult::Shed as usize] += 1;
                 refused(&Status::resource_exhausted(
                     "renewal shed: the server is overloaded; the next heartbeat carries the same information",
                 ))
             }
-            Some(LeaseOpFrame::Unregister(request)) => answer(
-                ops::unregister(&context.store, metrics, now, request, &mut changes),
-                lease_result::Result::Unregister,
-            ),
+            Some(LeaseOpFrame::Unregister(frame)) => match unregister_of(frame) {
+                Ok(request) => answer(
+                    ops::unregister(&context.store, metrics, now, &request, &mut changes),
+                    lease_result::Result::Unregister,
+                ),
+                Err(refusal) => refused(&refusal),
+            },
             None => refused(&Status::invalid_argument("items: an item names no operation")),
         };
         results.push(result);
@@ -176,6 +187,33 @@ fn renewal_of(frame: &RenewFrame) -> Result<presence_core::Renewal<'_>, Status> 
         session_id: utf8("session_id", &frame.session_id)?,
         generation: frame.generation,
         ttl_ms: frame.ttl_ms,
+    })
+}
+
+/// A register item as the request the unary `Register` takes; text that is
+/// not UTF-8 refuses the item alone. A later metadata entry for a key replaces
+/// an earlier one, as in a decoded `map`.
+fn register_of(frame: &RegisterFrame) -> Result<pb::RegisterRequest, Status> {
+    let mut metadata = std::collections::HashMap::with_capacity(frame.metadata.len());
+    for entry in &frame.metadata {
+        metadata.insert(utf8("metadata", &entry.key)?.to_owned(), utf8("metadata", &entry.value)?.to_owned());
+    }
+    Ok(pb::RegisterRequest {
+        user_id: utf8("user_id", &frame.user_id)?.to_owned(),
+        session_id: utf8("session_id", &frame.session_id)?.to_owned(),
+        gateway_id: utf8("gateway_id", &frame.gateway_id)?.to_owned(),
+        ttl_ms: frame.ttl_ms,
+        metadata,
+    })
+}
+
+/// An unregister item as the request the unary `Unregister` takes.
+fn unregister_of(frame: &UnregisterFrame) -> Result<pb::UnregisterRequest, Status> {
+    Ok(pb::UnregisterRequest {
+        user_id: utf8("user_id", &frame.user_id)?.to_owned(),
+        session_id: utf8("session_id", &frame.session_id)?.to_owned(),
+        generation: frame.generation,
+        linger_ms: frame.linger_ms,
     })
 }
 
@@ -339,18 +377,45 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn b1_a_renewal_whose_ids_are_not_utf8_is_refused_alone_naming_the_field() {
+    async fn l8_an_item_whose_text_is_not_utf8_is_refused_alone_naming_the_field() {
         let context = context();
         let queue = LeaseQueue::start(Arc::clone(&context), 4, 1);
         let registered = queue.run(batch(vec![register("a")])).await.unwrap();
         let Some(lease_result::Result::Register(a)) = &registered.results[0].result else { panic!("{registered:?}") };
-        let mut items = batch(vec![renew("a", a.generation), renew("a", a.generation), renew("a", a.generation)]);
+        let not_utf8 = bytes::Bytes::from_static(&[0xff, 0xfe]);
+        let unregister = |user: &str| pb::LeaseItem {
+            op: Some(lease_item::Op::Unregister(pb::UnregisterRequest {
+                user_id: user.into(),
+                session_id: "s".into(),
+                generation: 1,
+                linger_ms: 0,
+            })),
+        };
+        let mut items = batch(vec![
+            renew("a", a.generation),
+            renew("a", a.generation),
+            register("b"),
+            register("c"),
+            unregister("d"),
+            renew("a", a.generation),
+        ]);
         let Some(LeaseOpFrame::Renew(bad)) = &mut items.items[1].op else { unreachable!("a renewal") };
-        bad.session_id = bytes::Bytes::from_static(&[0xff, 0xfe]);
+        bad.session_id = not_utf8.clone();
+        let Some(LeaseOpFrame::Register(bad)) = &mut items.items[2].op else { unreachable!("a register") };
+        bad.gateway_id = not_utf8.clone();
+        let Some(LeaseOpFrame::Unregister(bad)) = &mut items.items[4].op else { unreachable!("an unregister") };
+        bad.user_id = not_utf8;
         let results = queue.run(items).await.unwrap();
         let codes: Vec<Code> = results.results.iter().map(|r| Code::from(r.code as i32)).collect();
-        assert_eq!(codes, [Code::Ok, Code::InvalidArgument, Code::Ok]);
-        assert!(results.results[1].message.starts_with("session_id:"), "{:?}", results.results[1]);
+        let invalid = Code::InvalidArgument;
+        assert_eq!(codes, [Code::Ok, invalid, invalid, Code::Ok, invalid, Code::Ok]);
+        for (index, field) in [(1, "session_id:"), (2, "gateway_id:"), (4, "user_id:")] {
+            assert!(results.results[index].message.starts_with(field), "{:?}", results.results[index]);
+        }
+        let mut changes = Vec::new();
+        let seen = context.store.snapshot(context.clock.now(), &["b", "c"], &mut changes).unwrap();
+        let states: Vec<presence_core::State> = seen.iter().map(|p| p.state).collect();
+        assert_eq!(states, [presence_core::State::Offline, presence_core::State::Online], "only c registered");
     }
 
     #[tokio::test]
