@@ -122,24 +122,26 @@ impl Store {
         changes: &mut Changes,
     ) -> Vec<Result<Renewed, LeaseError>> {
         let mut answers: Vec<Option<Result<Renewed, LeaseError>>> = Vec::with_capacity(renewals.len());
-        let mut valid = Vec::with_capacity(renewals.len());
+        // The renewals with their TTLs resolved; a refused one keeps its place
+        // (and is never picked), so that positions here are positions in `renewals`.
+        let mut checked = Vec::with_capacity(renewals.len());
         // Each valid renewal's shard, then the renewals grouped by shard with
         // their order kept (a counting sort).
         let mut shard_of = Vec::with_capacity(renewals.len());
         let mut per_shard = vec![0u32; self.shards.len() + 1];
         for renewal in renewals {
             match self.validate_renewal(renewal) {
-                Ok(checked) => {
+                Ok(resolved) => {
                     let shard = self.shard_of(renewal.user_id);
                     per_shard[shard + 1] += 1;
                     shard_of.push(shard as u32);
                     answers.push(None);
-                    valid.push(checked);
+                    checked.push(resolved);
                 }
                 Err(refusal) => {
                     shard_of.push(u32::MAX);
                     answers.push(Some(Err(refusal)));
-                    valid.push(*renewal);
+                    checked.push(*renewal);
                 }
             }
         }
@@ -155,7 +157,7 @@ impl Store {
         for shard in 0..self.shards.len() {
             let picked = &picks[per_shard[shard] as usize..per_shard[shard + 1] as usize];
             if !picked.is_empty() {
-                self.with_shard_at(shard, |locked| locked.renew_picked(now, &valid, picked, &mut answers, changes));
+                self.with_shard_at(shard, |locked| locked.renew_picked(now, &checked, picked, &mut answers, changes));
             }
         }
         answers.into_iter().map(|answer| answer.expect("every renewal is answered")).collect()
