@@ -1,32 +1,22 @@
-//! A presenced server on `127.0.0.1:0` inside the test process, and the
-//! viewer-side bookkeeping the tests check streams with.
+//! The shared in-process server harness (`presence_server::testing`), a fast
+//! configuration, request helpers, and the viewer-side bookkeeping the tests
+//! check streams with.
 
 #![allow(dead_code, unreachable_pub)]
 
 pub mod daemon;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use presence_core::StoreConfig;
 use presence_proto::v1::presence_client::PresenceClient;
 use presence_proto::v1::{self as pb, watch_event};
 use presence_server::ServerConfig;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+// Each test binary uses its own part of the harness.
+#[allow(unused_imports)]
+pub use presence_server::testing::{PATIENCE, TestServer, within};
 use tonic::transport::Channel;
-
-/// How long any awaited condition may take before the test fails.
-pub const PATIENCE: Duration = Duration::from_secs(10);
-
-/// A running server and a way to stop it.
-pub struct TestServer {
-    pub addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), presence_server::ServeError>>>,
-}
 
 /// Short TTLs, so that expiry tests take a fraction of a second.
 pub fn fast_config() -> ServerConfig {
@@ -40,37 +30,6 @@ pub fn fast_config() -> ServerConfig {
         },
         shutdown_grace: Duration::from_millis(500),
         ..ServerConfig::default()
-    }
-}
-
-impl TestServer {
-    pub async fn start(config: ServerConfig) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a free port");
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(presence_server::serve(listener, config, async {
-            let _ = stopped.await;
-        }));
-        TestServer { addr, stop: Some(stop), task: Some(task) }
-    }
-
-    pub async fn client(&self) -> PresenceClient<Channel> {
-        PresenceClient::connect(format!("http://{}", self.addr)).await.expect("connect to the test server")
-    }
-
-    /// Stops the server gracefully and waits for it to return.
-    pub async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        let served = tokio::time::timeout(PATIENCE, self.task.take().unwrap()).await;
-        served.expect("server stops within the patience").expect("server task").expect("server returns Ok");
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
     }
 }
 

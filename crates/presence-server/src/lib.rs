@@ -21,6 +21,8 @@ pub mod privacy;
 mod service;
 mod settings;
 mod status;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod watch;
 
 use std::future::Future;

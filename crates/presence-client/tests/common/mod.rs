@@ -1,23 +1,18 @@
-//! A presenced server inside the test process, restartable on the same port,
-//! and helpers that await conditions with a deadline.
+//! The shared in-process server harness (`presence_server::testing`), a fast
+//! configuration for lease tests, and request helpers.
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::future::Future;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use presence_client::pb;
 use presence_core::StoreConfig;
 use presence_proto::v1::presence_client::PresenceClient;
 use presence_server::ServerConfig;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+// Each test binary uses its own part of the harness.
+#[allow(unused_imports)]
+pub use presence_server::testing::{PATIENCE, TestServer, within};
 use tonic::transport::Channel;
-
-/// How long any awaited condition may take before the test fails.
-pub const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Short TTLs and no server-side throttle, so that lease tests take a fraction of a second.
 pub fn fast_config() -> ServerConfig {
@@ -32,72 +27,6 @@ pub fn fast_config() -> ServerConfig {
         shutdown_grace: Duration::from_millis(300),
         ..ServerConfig::default()
     }
-}
-
-/// A running server and a way to stop it.
-pub struct TestServer {
-    pub addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), presence_server::ServeError>>>,
-}
-
-impl TestServer {
-    /// A server on a free port.
-    pub async fn start(config: ServerConfig) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a free port");
-        Self::serve(listener, config)
-    }
-
-    /// A server on `addr`, the port of an earlier server (retried until the OS lets it go).
-    pub async fn start_on(addr: SocketAddr, config: ServerConfig) -> Self {
-        let listener = within(PATIENCE, &format!("rebind {addr}"), async {
-            loop {
-                match TcpListener::bind(addr).await {
-                    Ok(listener) => return listener,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-                }
-            }
-        })
-        .await;
-        Self::serve(listener, config)
-    }
-
-    fn serve(listener: TcpListener, config: ServerConfig) -> Self {
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(presence_server::serve(listener, config, async {
-            let _ = stopped.await;
-        }));
-        TestServer { addr, stop: Some(stop), task: Some(task) }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    pub async fn client(&self) -> PresenceClient<Channel> {
-        PresenceClient::connect(self.url()).await.expect("connect to the test server")
-    }
-
-    /// Stops the server gracefully and waits for it to return.
-    pub async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        let served = tokio::time::timeout(PATIENCE, self.task.take().unwrap()).await;
-        served.expect("server stops within the patience").expect("server task").expect("server returns Ok");
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-/// `future`'s output, or a test failure naming `what` after `patience`.
-pub async fn within<T>(patience: Duration, what: &str, future: impl Future<Output = T>) -> T {
-    tokio::time::timeout(patience, future).await.unwrap_or_else(|_| panic!("timed out after {patience:?}: {what}"))
 }
 
 pub fn register(user: &str, session: &str, ttl_ms: u32) -> pb::RegisterRequest {
