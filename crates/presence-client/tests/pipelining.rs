@@ -15,7 +15,7 @@ use presence_client::{Backoff, LeaseChannel, LeaseChannelConfig, pb};
 use presence_proto::codec::FieldNamingCodec;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, http};
@@ -206,19 +206,23 @@ async fn in_flight_batches_are_bounded_and_results_find_their_batch_in_any_order
     assert_eq!(channel.stats().batches_sent, 6);
 }
 
+/// Reopens a broken stream after tens of milliseconds, not seconds.
+const QUICK_RECONNECT: Backoff =
+    Backoff { initial: Duration::from_millis(10), max: Duration::from_millis(50), factor: 2.0 };
+
+/// One renewal of `user` through `channel`, on its own task.
+fn pending_renewal(channel: &LeaseChannel, user: &'static str) -> JoinHandle<Result<pb::RenewResponse, Status>> {
+    let channel = channel.clone();
+    tokio::spawn(async move { channel.renew(renew_of(user)).await })
+}
+
 #[tokio::test]
 async fn a_broken_stream_fails_its_items_with_unavailable_and_is_reopened() {
     let (url, mut batches) = scripted(false).await;
-    let config = LeaseChannelConfig {
-        reconnect: Backoff { initial: Duration::from_millis(10), max: Duration::from_millis(50), factor: 2.0 },
-        ..Default::default()
-    };
+    let config = LeaseChannelConfig { reconnect: QUICK_RECONNECT, ..Default::default() };
     let channel = LeaseChannel::connect(url, config).await.unwrap();
 
-    let pending = tokio::spawn({
-        let channel = channel.clone();
-        async move { channel.renew(renew_of("u-1")).await }
-    });
+    let pending = pending_renewal(&channel, "u-1");
     let received = next_batch(&mut batches).await;
     received.answer.send(Err(Status::internal("the server fell over"))).await.unwrap();
     drop(received);
@@ -240,15 +244,12 @@ async fn a_silent_stream_is_given_up_after_the_response_timeout() {
     let (url, mut batches) = scripted(false).await;
     let config = LeaseChannelConfig {
         response_timeout: Duration::from_millis(100),
-        reconnect: Backoff { initial: Duration::from_millis(10), max: Duration::from_millis(50), factor: 2.0 },
+        reconnect: QUICK_RECONNECT,
         ..Default::default()
     };
     let channel = LeaseChannel::connect(url, config).await.unwrap();
 
-    let pending = tokio::spawn({
-        let channel = channel.clone();
-        async move { channel.renew(renew_of("u-1")).await }
-    });
+    let pending = pending_renewal(&channel, "u-1");
     // Received and never answered, while the connection stays healthy.
     let silent = next_batch(&mut batches).await;
     let failed = tokio::time::timeout(PATIENCE, pending).await.unwrap().unwrap().unwrap_err();
