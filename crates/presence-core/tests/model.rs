@@ -21,8 +21,8 @@
 use std::collections::BTreeMap;
 
 use presence_core::{
-    LeaseError, LeaseView, Presence, PresenceChange, Registration, Revoked, State, Store, StoreConfig, StoreStats,
-    Tick, UnregisterOutcome, Unregistered,
+    Changes, LeaseError, LeaseView, Presence, PresenceChange, Registration, Revoked, State, Store, StoreConfig,
+    StoreStats, Tick, UnregisterOutcome, Unregistered,
 };
 use proptest::prelude::*;
 
@@ -362,13 +362,7 @@ impl Harness {
                 };
                 let result = self.store.register(issued, &registration, &mut changes);
                 let Some(ttl) = Self::resolve_ttl(ttl) else {
-                    prop_assert!(
-                        matches!(result, Err(LeaseError::InvalidArgument { field: "ttl_ms", .. })),
-                        "{:?}",
-                        result
-                    );
-                    prop_assert!(changes.is_empty(), "a refused request settled something: {:?}", changes);
-                    return Ok(());
+                    return refused_for_ttl(&result, &changes);
                 };
                 let registered = match result {
                     Ok(registered) => registered,
@@ -416,13 +410,7 @@ impl Harness {
                 let given = self.pick_generation(user, session, generation);
                 let result = self.store.renew(issued, USERS[user], SESSIONS[session], given, ttl, &mut changes);
                 let Some(ttl) = Self::resolve_ttl(ttl) else {
-                    prop_assert!(
-                        matches!(result, Err(LeaseError::InvalidArgument { field: "ttl_ms", .. })),
-                        "{:?}",
-                        result
-                    );
-                    prop_assert!(changes.is_empty(), "a refused request settled something: {:?}", changes);
-                    return Ok(());
+                    return refused_for_ttl(&result, &changes);
                 };
                 let not_found =
                     LeaseError::NotFound { user_id: USERS[user].into(), session_id: SESSIONS[session].into() };
@@ -663,6 +651,13 @@ impl Harness {
 }
 
 type TestResult = Result<(), TestCaseError>;
+
+/// A request with a TTL outside the bounds is refused naming `ttl_ms`, and settles nothing.
+fn refused_for_ttl<T: std::fmt::Debug>(result: &Result<T, LeaseError>, changes: &Changes) -> TestResult {
+    prop_assert!(matches!(result, Err(LeaseError::InvalidArgument { field: "ttl_ms", .. })), "{:?}", result);
+    prop_assert!(changes.is_empty(), "a refused request settled something: {:?}", changes);
+    Ok(())
+}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
