@@ -424,6 +424,18 @@ def run(addr, token, c):
             c.check(name, False, f"request={short(req)} error={err_text(err)}")
         return req, resp
 
+    def expect_refused(name, code, method, **fields):
+        """A call that must fail with `code`."""
+        req, resp, err = presence.call(method, **fields)
+        c.check(name, err is not None and err.code() == code,
+                err_text(err) if err else f"request={short(req)} response={short(resp)}")
+
+    def expect_state(name, user, state, label):
+        """A Snapshot of `user`, which must show it in `state` (checked as `name: label`)."""
+        req, s = expect_ok(name, "Snapshot", user_ids=[user])
+        if s:
+            c.check(f"{name}: {label}", s.users[0].state == state, short(s))
+
     def fmt_updates(ups, base_t=None):
         return "[" + ", ".join(
             f"{state_name(u.state)}/v{u.version}" + (f"@+{t - base_t:.0f}ms" if base_t else "")
@@ -509,13 +521,9 @@ def run(addr, token, c):
             c.check(f"b. OFFLINE for U2 arrives at/after the deadline and within {EXPIRY_LAG_MAX_MS} ms",
                     0 <= lag <= EXPIRY_LAG_MAX_MS,
                     f"lag={lag:.1f} ms, expires_at_ms={last_expires}, arrival_ms={arrival:.1f}")
-        req, rr, err = presence.call("Renew", user_id=U2, session_id="laptop", generation=gen, ttl_ms=300)
-        c.check("b. Renew after expiry -> NOT_FOUND (revives nothing)",
-                err is not None and err.code() == grpc.StatusCode.NOT_FOUND,
-                err_text(err) if err else f"request={short(req)} response={short(rr)}")
-        req, s = expect_ok("b. Snapshot U2", "Snapshot", user_ids=[U2])
-        if s:
-            c.check("b. Snapshot U2: OFFLINE", s.users[0].state == OFFLINE, short(s))
+        expect_refused("b. Renew after expiry -> NOT_FOUND (revives nothing)", grpc.StatusCode.NOT_FOUND,
+                       "Renew", user_id=U2, session_id="laptop", generation=gen, ttl_ms=300)
+        expect_state("b. Snapshot U2", U2, OFFLINE, "OFFLINE")
         b = barrier()
         if b is not None:
             ups = w.updates(U2, start_b, b)
@@ -542,16 +550,12 @@ def run(addr, token, c):
                 and un.outcome == OUTCOME["UNREGISTER_OUTCOME_STALE_GENERATION"].number
                 and un.presence.state == ONLINE,
                 f"request={short(req)} " + (f"error={err_text(err)}" if err else f"response={short(un)}"))
-        req, rr, err = presence.call("Renew", user_id=U3, session_id="s", generation=g1.generation, ttl_ms=0)
-        c.check("c. Renew(gen1) -> FAILED_PRECONDITION",
-                err is not None and err.code() == grpc.StatusCode.FAILED_PRECONDITION,
-                err_text(err) if err else f"request={short(req)} response={short(rr)}")
+        expect_refused("c. Renew(gen1) -> FAILED_PRECONDITION", grpc.StatusCode.FAILED_PRECONDITION,
+                       "Renew", user_id=U3, session_id="s", generation=g1.generation, ttl_ms=0)
         req, rr, err = presence.call("Renew", user_id=U3, session_id="s", generation=g2.generation, ttl_ms=0)
         c.check("c. Renew(gen2) succeeds", err is None and rr.expires_at_ms > 0,
                 err_text(err) if err else short(rr))
-        req, s = expect_ok("c. Snapshot U3", "Snapshot", user_ids=[U3])
-        if s:
-            c.check("c. Snapshot U3: ONLINE", s.users[0].state == ONLINE, short(s))
+        expect_state("c. Snapshot U3", U3, ONLINE, "ONLINE")
         b = barrier()
         if b is not None:
             ups = w.updates(U3, start_c, b)
@@ -571,13 +575,9 @@ def run(addr, token, c):
             idx = w.wait_update(U4, state=OFFLINE, version=rv.presence.version, after=start_d)
             c.check("d. watch sees OFFLINE for U4 with the revoke's version", idx is not None,
                     f"version {rv.presence.version}")
-        req, rr, err = presence.call("Renew", user_id=U4, session_id="s", generation=r.generation, ttl_ms=0)
-        c.check("d. Renew(old gen) after revoke -> NOT_FOUND",
-                err is not None and err.code() == grpc.StatusCode.NOT_FOUND,
-                err_text(err) if err else f"request={short(req)} response={short(rr)}")
-        req, s = expect_ok("d. Snapshot U4", "Snapshot", user_ids=[U4])
-        if s:
-            c.check("d. Snapshot U4: OFFLINE", s.users[0].state == OFFLINE, short(s))
+        expect_refused("d. Renew(old gen) after revoke -> NOT_FOUND", grpc.StatusCode.NOT_FOUND,
+                       "Renew", user_id=U4, session_id="s", generation=r.generation, ttl_ms=0)
+        expect_state("d. Snapshot U4", U4, OFFLINE, "OFFLINE")
         b = barrier()
         if b is not None:
             ups = w.updates(U4, start_d, b)
@@ -599,10 +599,8 @@ def run(addr, token, c):
         c.check("e. U1 unchanged after bad input (ONLINE, same version)",
                 s.users[0].state == u1_before_e.state and s.users[0].version == u1_before_e.version,
                 f"before={short(u1_before_e)} after={short(s.users[0])}")
-    req, rr, err = presence.call("Renew", user_id=U1, session_id="tablet", generation=1, ttl_ms=0)
-    c.check("e. the rejected register created no lease (Renew -> NOT_FOUND)",
-            err is not None and err.code() == grpc.StatusCode.NOT_FOUND,
-            err_text(err) if err else f"response={short(rr)}")
+    expect_refused("e. the rejected register created no lease (Renew -> NOT_FOUND)", grpc.StatusCode.NOT_FOUND,
+                   "Renew", user_id=U1, session_id="tablet", generation=1, ttl_ms=0)
     b = barrier()
     if b is not None:
         ups = w.updates(U1, start_e, b)
