@@ -25,10 +25,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cli::ExpiryArgs;
-use crate::conn::{Endpoints, Naming, TargetKind, open_conns};
+use crate::conn::{Endpoints, Naming, TargetKind};
 use crate::ids::{Generations, Population, Slots, parse_user_id, user_id};
 use crate::load::phase_report;
-use crate::phase::{Bound, PhaseSpec, Shared, TtlPlan, Work, run_phase};
+use crate::phase::{Bound, PhaseSpec, Shared, TtlPlan, Work, register_everyone, run_phase};
 use crate::progress::Progress;
 use crate::redis_seed::{self, OUT_PREFIX, Scripts};
 use crate::report::Report;
@@ -280,10 +280,8 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
     };
 
     let items_per_call = args.drive.mode.items_per_call(args.drive.batch);
-    let conns = open_conns(&args.drive.conn_spec(common)).await?;
-    let (setup, conns) =
-        run_phase(conns, Arc::clone(&shared), PhaseSpec::register_all(SETUP_TTL_MS, items_per_call, 0..n), progress)
-            .await;
+    let spec = args.drive.conn_spec(common);
+    let (setup, conns) = register_everyone(&spec, &shared, SETUP_TTL_MS, 0..n, progress).await?;
     if setup.rec.ok_count() < n {
         return Err(format!("only {} of {n} registers succeeded: {:?}", setup.rec.ok_count(), setup.rec.errors()));
     }

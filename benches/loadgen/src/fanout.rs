@@ -30,7 +30,7 @@ use crate::conn::{Conn, ConnSpec, Endpoints, GenItem, Naming, RegItem, TargetKin
 use crate::expiry::unix_ns;
 use crate::ids::{Generations, Population, Rng, Slots, parse_user_id, sample_distinct, user_id};
 use crate::load::phase_report;
-use crate::phase::{Bound, PhaseResult, PhaseSpec, Shared, Work, run_phase};
+use crate::phase::{Bound, PhaseResult, PhaseSpec, Shared, Work, register_everyone, run_phase};
 use crate::progress::Progress;
 use crate::redis_seed::{OUT_PREFIX, out_channel};
 use crate::report::Report;
@@ -385,14 +385,8 @@ pub(crate) async fn run(args: FanoutArgs, progress: Progress) -> Result<Report, 
     );
 
     // Everyone ONLINE first.
-    let conns = open_conns(&args.drive.conn_spec(common)).await?;
-    let (setup, gateway_conns) = run_phase(
-        conns,
-        Arc::clone(&shared),
-        PhaseSpec::register_all(args.ttl_ms, args.drive.mode.items_per_call(args.drive.batch), 0..pop.sessions),
-        progress,
-    )
-    .await;
+    let spec = args.drive.conn_spec(common);
+    let (setup, gateway_conns) = register_everyone(&spec, &shared, args.ttl_ms, 0..pop.sessions, progress).await?;
     if setup.rec.ok_count() < pop.sessions {
         return Err(format!("only {} of {} registers succeeded: {:?}", setup.rec.ok_count(), pop.sessions, {
             setup.rec.errors()

@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::cli::LoadArgs;
 use crate::conn::{Naming, open_conns};
 use crate::ids::{Generations, Population};
-use crate::phase::{Bound, PhaseResult, PhaseSpec, Shared, Work, run_phase};
+use crate::phase::{Bound, PhaseResult, PhaseSpec, Shared, Work, register_everyone, run_phase};
 use crate::progress::Progress;
 use crate::report::Report;
 use crate::stats::fmt_ns;
@@ -58,14 +58,7 @@ pub(crate) async fn run(args: LoadArgs, progress: Progress) -> Result<Report, St
 
     let mut reg_spec = args.drive.conn_spec(common);
     reg_spec.mode = register_mode;
-    let conns = open_conns(&reg_spec).await?;
-    let (reg, conns) = run_phase(
-        conns,
-        Arc::clone(&shared),
-        PhaseSpec::register_all(args.ttl_ms, register_mode.items_per_call(args.drive.batch), 0..pop.sessions),
-        progress,
-    )
-    .await;
+    let (reg, conns) = register_everyone(&reg_spec, &shared, args.ttl_ms, 0..pop.sessions, progress).await?;
     let mut reg_report = phase_report("register", &reg, "normal");
     reg_report.options.call = call_name(target, register_mode, "Register");
     print!("{}", reg_report.summary("Register phase:"));

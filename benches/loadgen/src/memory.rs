@@ -6,10 +6,10 @@
 use std::sync::Arc;
 
 use crate::cli::MemoryArgs;
-use crate::conn::{Naming, TargetKind, open_conns};
+use crate::conn::{Naming, TargetKind};
 use crate::ids::{Generations, Population};
 use crate::load::{call_name, phase_report};
-use crate::phase::{PhaseSpec, Shared, run_phase};
+use crate::phase::{Shared, register_everyone};
 use crate::progress::Progress;
 use crate::redis_seed::DUE_KEY;
 use crate::report::Report;
@@ -72,14 +72,8 @@ pub(crate) async fn run(args: MemoryArgs, progress: Progress) -> Result<Report, 
         None => None,
     };
 
-    let conns = open_conns(&args.drive.conn_spec(common)).await?;
-    let (reg, conns) = run_phase(
-        conns,
-        Arc::clone(&shared),
-        PhaseSpec::register_all(args.ttl_ms, args.drive.mode.items_per_call(args.drive.batch), 0..pop.sessions),
-        progress,
-    )
-    .await;
+    let spec = args.drive.conn_spec(common);
+    let (reg, conns) = register_everyone(&spec, &shared, args.ttl_ms, 0..pop.sessions, progress).await?;
     drop(conns);
     let spinner = progress.spinner("settling");
     tokio::time::sleep(args.settle).await;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::conn::{Conn, GenItem, Naming, RegItem};
+use crate::conn::{Conn, ConnSpec, GenItem, Naming, RegItem, open_conns};
 use crate::ids::{Generations, Slots};
 use crate::progress::{Progress, Ticker};
 use crate::redis_seed::now_ms;
@@ -148,6 +148,21 @@ impl PhaseResult {
     pub(crate) fn rate(&self) -> f64 {
         self.rec.count() as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
+}
+
+/// Opens `spec`'s connections and registers `sessions` through them with a fixed
+/// TTL, as fast as they go: the setup of every scenario. Gives the
+/// connections back for the phases that follow.
+pub(crate) async fn register_everyone(
+    spec: &ConnSpec,
+    shared: &Arc<Shared>,
+    ttl_ms: u32,
+    sessions: Range<u64>,
+    progress: Progress,
+) -> Result<(PhaseResult, Vec<Conn>), String> {
+    let conns = open_conns(spec).await?;
+    let items_per_call = spec.mode.items_per_call(spec.batch);
+    Ok(run_phase(conns, Arc::clone(shared), PhaseSpec::register_all(ttl_ms, items_per_call, sessions), progress).await)
 }
 
 /// Runs a phase on `conns` (one worker each) and gives the connections back.
