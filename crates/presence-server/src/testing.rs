@@ -20,6 +20,22 @@ use crate::{ServeError, ServerConfig};
 /// How long any awaited condition may take before the test fails.
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
+/// Short TTLs (20 ms to 60 s, 300 ms by default) and no renewal throttle, so
+/// that lease and expiry tests take a fraction of a second.
+pub fn fast_config() -> ServerConfig {
+    ServerConfig {
+        store: presence_core::StoreConfig {
+            shards: 8,
+            min_ttl_ms: 20,
+            default_ttl_ms: 300,
+            max_ttl_ms: 60_000,
+            min_renew_interval_ms: 0,
+        },
+        shutdown_grace: Duration::from_millis(500),
+        ..ServerConfig::default()
+    }
+}
+
 /// `future`'s output, or a test failure naming `what` after `patience`.
 pub async fn within<T>(patience: Duration, what: &str, future: impl Future<Output = T>) -> T {
     tokio::time::timeout(patience, future).await.unwrap_or_else(|_| panic!("timed out after {patience:?}: {what}"))

@@ -3,31 +3,12 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::time::Duration;
-
 use presence_client::pb;
-use presence_core::StoreConfig;
 use presence_proto::v1::presence_client::PresenceClient;
-use presence_server::ServerConfig;
 // Each test binary uses its own part of the harness.
 #[allow(unused_imports)]
-pub use presence_server::testing::{PATIENCE, TestServer, within};
+pub use presence_server::testing::{PATIENCE, TestServer, fast_config, within};
 use tonic::transport::Channel;
-
-/// Short TTLs and no server-side throttle, so that lease tests take a fraction of a second.
-pub fn fast_config() -> ServerConfig {
-    ServerConfig {
-        store: StoreConfig {
-            shards: 8,
-            min_ttl_ms: 20,
-            default_ttl_ms: 300,
-            max_ttl_ms: 60_000,
-            min_renew_interval_ms: 0,
-        },
-        shutdown_grace: Duration::from_millis(300),
-        ..ServerConfig::default()
-    }
-}
 
 pub fn register(user: &str, session: &str, ttl_ms: u32) -> pb::RegisterRequest {
     pb::RegisterRequest {
