@@ -53,10 +53,16 @@ pub(crate) struct ServeArgs {
     /// Tasks applying lease batches. [default: the number of CPUs]
     #[arg(long, env = "PRESENCED_LEASE_WORKERS", value_name = "N")]
     lease_workers: Option<usize>,
-    /// Threads serving requests; fewer than the CPUs leaves the rest to
-    /// neighbours (a gateway on the same machine). [default: the number of CPUs]
+    /// Threads of the shared runtime: lease batches, expiry, checkpoints, and
+    /// connections when there are no connection threads. [default: the number of CPUs]
     #[arg(long, env = "PRESENCED_WORKER_THREADS", value_name = "N")]
     worker_threads: Option<usize>,
+    /// Threads that serve client connections, each a single-threaded event loop
+    /// that owns its connections: much cheaper for many small unary calls.
+    /// 0 serves connections on the shared runtime, which balances heavy
+    /// streams (Watch fan-out) better. [default: 0]
+    #[arg(long, env = "PRESENCED_CONNECTION_THREADS", value_name = "N")]
+    connection_threads: Option<usize>,
     /// Keep checkpoints and durable data (settings, activity) here; without it
     /// everything is in memory only.
     #[arg(long, env = "PRESENCED_DATA_DIR", value_name = "DIR")]
@@ -110,6 +116,7 @@ struct FileSettings {
     lease_queue: Option<usize>,
     lease_workers: Option<usize>,
     worker_threads: Option<usize>,
+    connection_threads: Option<usize>,
     data_dir: Option<PathBuf>,
     checkpoint_interval_ms: Option<u64>,
     restart_grace_ms: Option<u64>,
@@ -239,6 +246,10 @@ impl ServeArgs {
                 watch_buffer,
                 lease_queue,
                 lease_workers,
+                connection_threads: self
+                    .connection_threads
+                    .or(file.connection_threads)
+                    .unwrap_or(server_defaults.connection_threads),
                 data_dir: self.data_dir.or(file.data_dir),
                 checkpoint_interval: self
                     .checkpoint_interval_ms
@@ -289,6 +300,20 @@ mod tests {
         assert_eq!(settings.listen, "127.0.0.1:7000".parse().unwrap());
         assert_eq!(settings.server.store.min_ttl_ms, 200);
         assert_eq!(settings.server.store.shards, 8);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn connection_threads_come_from_the_flag_or_the_file_and_default_to_the_shared_runtime() {
+        assert_eq!(resolve(&[]).unwrap().server.connection_threads, 0);
+        assert_eq!(resolve(&["--connection-threads", "2"]).unwrap().server.connection_threads, 2);
+        let dir = std::env::temp_dir().join(format!("presenced-config-threads-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("presenced.toml");
+        std::fs::write(&path, "connection_threads = 3\n").unwrap();
+        assert_eq!(resolve(&["--config", path.to_str().unwrap()]).unwrap().server.connection_threads, 3);
+        let flag_wins = resolve(&["--config", path.to_str().unwrap(), "--connection-threads", "1"]).unwrap();
+        assert_eq!(flag_wins.server.connection_threads, 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -9,6 +9,7 @@
 mod activity;
 mod auth;
 mod clock;
+mod connections;
 mod context;
 mod data_dir;
 pub mod durable;
@@ -75,6 +76,12 @@ pub struct ServerConfig {
     pub lease_queue: usize,
     /// Tasks applying lease batches.
     pub lease_workers: usize,
+    /// Threads that serve connections, each on its own single-threaded event
+    /// loop; 0 (the default) serves them on the caller's runtime. Connection
+    /// threads make small unary calls much cheaper; streams that carry heavy
+    /// work (Watch fan-out) balance better on the shared runtime. See
+    /// `connections.rs` and `docs/benchmarks.md`.
+    pub connection_threads: usize,
     /// Where checkpoints and durable data live; `None` keeps everything in
     /// memory only.
     pub data_dir: Option<PathBuf>,
@@ -102,6 +109,7 @@ impl Default for ServerConfig {
             watch_buffer: 4_096,
             lease_queue: 256,
             lease_workers: std::thread::available_parallelism().map_or(2, usize::from),
+            connection_threads: 0,
             data_dir: None,
             checkpoint_interval: Duration::from_secs(5),
             restart_grace: None,
@@ -125,6 +133,9 @@ pub enum ServeError {
     /// The transport failed.
     #[error("transport error: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The connection threads could not be started.
+    #[error("cannot start the connection threads: {0}")]
+    Threads(#[from] std::io::Error),
     /// The credentials configuration is unusable.
     #[error("{0}")]
     Auth(#[from] AuthConfigError),
@@ -249,12 +260,31 @@ pub async fn serve(
             stopping.cancel();
         }
     };
-    let served = tonic::transport::Server::builder()
-        .add_service(presence)
+    let routes = tonic::service::Routes::new(presence)
         .add_service(health_service)
         .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(incoming, stop_signal);
+        .add_service(reflection_v1alpha);
+    // Cancelled when serve returns, or when its future is dropped: connections
+    // still open then are closed with their threads.
+    let closing = CancellationToken::new();
+    let _close_on_return = closing.clone().drop_guard();
+    let served = async {
+        if config.connection_threads == 0 {
+            return tonic::transport::Server::builder()
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, stop_signal)
+                .await
+                .map_err(ServeError::from);
+        }
+        let threads = connections::ConnectionThreads::start(config.connection_threads, &routes, &stopping, &closing)?;
+        let accepting = threads.serve(incoming, stopping.clone());
+        tokio::pin!(accepting);
+        tokio::select! {
+            () = stop_signal => {}
+            served = &mut accepting => return served.map_err(ServeError::from),
+        }
+        accepting.await.map_err(ServeError::from)
+    };
     // A client that keeps its connection open must not hold the shutdown up for
     // ever (hyper can wait on such connections indefinitely): after the grace
     // period the server stops waiting and its connections close with it.
@@ -270,6 +300,7 @@ pub async fn serve(
         }
     };
     stopping.cancel();
+    closing.cancel();
     let _ = expiry.await;
     let _ = activity_flusher.await;
     if let Some(checkpoints) = checkpoints {
@@ -294,8 +325,7 @@ pub async fn serve(
     }
     let stats = store.stats();
     tracing::info!(sessions = stats.sessions, online_users = stats.online_users, "stopped");
-    served?;
-    Ok(())
+    served
 }
 
 /// Writes a checkpoint every `interval` until `stop`. A failed write is logged

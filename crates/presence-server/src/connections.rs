@@ -1,0 +1,130 @@
+//! Connection threads (`connection_threads` > 0): each accepted connection is
+//! served, for its whole life, by one of a few threads that each run a
+//! single-threaded event loop.
+//!
+//! Why: a unary call is tiny, so its cost is mostly the HTTP/2 machinery around
+//! it, and on the shared work-stealing runtime that machinery wakes other
+//! threads. hyper runs each request in its own task and the connection in
+//! another; when a request task finishes, the connection task is woken (often
+//! on another worker, through a futex) and writes that one reply with its own
+//! `writev`. Measured on 2 cores at 64 calls in flight, that is one `writev` per
+//! reply. On a single-threaded loop, woken tasks run in order, so the
+//! connection task runs once after all the request tasks that were ready and
+//! writes all their replies at once (about ten per `writev` in the same
+//! measurement), with no wake across threads at all.
+//!
+//! Why it is not the default: a connection cannot move between threads, so
+//! the work of its streams cannot either. Watch fan-out, where a few
+//! connections carry most of the work, delivered about 7% fewer events per
+//! second this way. `docs/benchmarks.md` has both measurements.
+//!
+//! The acceptor stays on the caller's runtime and hands connections round-robin
+//! to the threads. Everything else (expiry, lease batch workers, checkpoints)
+//! also stays on the caller's runtime.
+
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::service::Routes;
+use tonic::transport::server::TcpIncoming;
+
+/// The connection threads of one server.
+#[derive(Debug)]
+pub(crate) struct ConnectionThreads {
+    /// Where the acceptor hands each thread its connections.
+    handoff: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
+    /// One per thread: its server's result once it has stopped.
+    stopped: Vec<oneshot::Receiver<Result<(), tonic::transport::Error>>>,
+}
+
+impl ConnectionThreads {
+    /// Starts `threads` threads, each serving `routes` on the connections handed
+    /// to it. They drain their connections gracefully once `stopping` is
+    /// cancelled, and drop whatever is still open once `closing` is.
+    pub(crate) fn start(
+        threads: usize,
+        routes: &Routes,
+        stopping: &CancellationToken,
+        closing: &CancellationToken,
+    ) -> std::io::Result<ConnectionThreads> {
+        let mut handoff = Vec::with_capacity(threads);
+        let mut stopped = Vec::with_capacity(threads);
+        for index in 0..threads {
+            let (sender, receiver) = mpsc::unbounded_channel::<std::net::TcpStream>();
+            let (report, result) = oneshot::channel();
+            let (routes, stopping, closing) = (routes.clone(), stopping.clone(), closing.clone());
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            std::thread::Builder::new().name(format!("presenced-conn-{index}")).spawn(move || {
+                let served = runtime.block_on(async move {
+                    // A stream the acceptor registered with its own runtime is
+                    // moved here as a std stream and registered with this one.
+                    let incoming = UnboundedReceiverStream::new(receiver).map(TcpStream::from_std);
+                    let serving = tonic::transport::Server::builder()
+                        .add_routes(routes)
+                        .serve_with_incoming_shutdown(incoming, stopping.cancelled_owned());
+                    tokio::select! {
+                        served = serving => served,
+                        () = closing.cancelled() => Ok(()),
+                    }
+                });
+                // Whatever is still running (a request past the grace) is dropped
+                // with the runtime; a blocking job gets a moment to finish.
+                runtime.shutdown_timeout(Duration::from_millis(100));
+                let _ = report.send(served);
+            })?;
+            handoff.push(sender);
+            stopped.push(result);
+        }
+        Ok(ConnectionThreads { handoff, stopped })
+    }
+
+    /// Accepts connections from `incoming` and hands them out round-robin until
+    /// `stopping` is cancelled, then waits for every thread's server to stop.
+    pub(crate) async fn serve(
+        self,
+        mut incoming: TcpIncoming,
+        stopping: CancellationToken,
+    ) -> Result<(), tonic::transport::Error> {
+        let ConnectionThreads { handoff, stopped } = self;
+        let mut next = 0;
+        loop {
+            let accepted = tokio::select! {
+                accepted = incoming.next() => accepted,
+                () = stopping.cancelled() => break,
+            };
+            let stream = match accepted {
+                Some(Ok(stream)) => stream,
+                Some(Err(err)) => {
+                    // Out of file descriptors, a reset before accept: the
+                    // listener itself is fine, so keep accepting, without spinning.
+                    tracing::warn!(%err, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+                None => break,
+            };
+            match stream.into_std() {
+                Ok(stream) => {
+                    // A thread whose server has stopped has dropped its receiver;
+                    // the connection is then closed by dropping it here.
+                    let _ = handoff[next].send(stream);
+                    next = (next + 1) % handoff.len();
+                }
+                Err(err) => tracing::warn!(%err, "cannot hand over a connection"),
+            }
+        }
+        drop(incoming); // stop listening before the drain
+        drop(handoff);
+        let mut result = Ok(());
+        for stopped in stopped {
+            if let Ok(Err(err)) = stopped.await {
+                result = Err(err);
+            }
+        }
+        result
+    }
+}
