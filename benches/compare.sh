@@ -39,7 +39,7 @@ FANOUT_DURATION=${FANOUT_DURATION:-10s}
 BATCH_SWEEP=${BATCH_SWEEP:-100:8 1000:8 4000:4}  # batches: size:in-flight pairs, each run on both
 FANOUT_MILLION_CHURN=${FANOUT_MILLION_CHURN:-15000}   # fanout-million: flips/s asked (5,000 users)
 FANOUT_MILLION_WINDOW_MS=${FANOUT_MILLION_WINDOW_MS:-50}
-SCENARIOS=${SCENARIOS:-load pinned batches memory expiry fanout fanout-million}
+SCENARIOS=${SCENARIOS:-load unary-defaults pinned batches memory expiry fanout fanout-million}
 RESULTS=${RESULTS:-target/compare/$(date -u +%Y%m%dT%H%M%SZ)}
 REDIS_PORT=${REDIS_PORT:-$((20000 + RANDOM % 20000))}
 
@@ -71,13 +71,14 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# pinned: servers on CPU 0 (presenced with one worker thread), the generator on CPU 1 with one thread.
+# pinned: servers on CPU 0 (presenced with one connection thread and one worker thread),
+# the generator on CPU 1 with one thread.
 SERVER_PIN=()
 LOADGEN_PIN=()
 pin_one_core_each() {
     SERVER_PIN=(taskset -c 0)
     LOADGEN_PIN=(taskset -c 1)
-    PRESENCED_EXTRA=(--worker-threads 1)
+    PRESENCED_EXTRA=(--connection-threads 1 --worker-threads 1)
 }
 unpin() {
     SERVER_PIN=()
@@ -154,10 +155,27 @@ for scenario in $SCENARIOS; do
         common=(--users "$LOAD_USERS" --sessions-per-user "$SESSIONS_PER_USER" --ttl-ms "$LOAD_TTL_MS"
             --duration "$LOAD_DURATION" --register-mode leases --connections "$CONNECTIONS")
         for t in presenced redis; do
+            # Unary: one core's worth of server each. Redis is one thread; presenced gets one
+            # connection thread (README, "--connection-threads"). The generator is one event
+            # loop (--threads 1) for both, and has the other core.
+            PRESENCED_EXTRA=(--connection-threads 1)
             fresh_servers
-            run "load-unary-$t" "$t" load "${common[@]}" --mode unary --concurrency "$CONCURRENCY" --batch "$BATCH"
+            run "load-unary-$t" "$t" load "${common[@]}" --mode unary --concurrency "$CONCURRENCY" --batch "$BATCH" \
+                --threads 1
+            PRESENCED_EXTRA=()
             fresh_servers
             run "load-batch-$t" "$t" load "${common[@]}" --mode leases --concurrency "$BATCH_CONCURRENCY" --batch "$BATCH"
+        done
+        ;;
+    unary-defaults)
+        # Unary with everything at its default: presenced serves connections on its shared
+        # runtime, the generator runs a thread per core. Both sides' threads then compete
+        # for the same 2 cores.
+        common=(--users "$LOAD_USERS" --sessions-per-user "$SESSIONS_PER_USER" --ttl-ms "$LOAD_TTL_MS"
+            --duration "$LOAD_DURATION" --register-mode leases --connections "$CONNECTIONS")
+        for t in presenced redis; do
+            fresh_servers
+            run "load-unarydefaults-$t" "$t" load "${common[@]}" --mode unary --concurrency "$CONCURRENCY"
         done
         ;;
     pinned)
@@ -219,7 +237,7 @@ for scenario in $SCENARIOS; do
                 --stalled-viewer --mode unary --concurrency 16 --connections 2
         done
         ;;
-    *) echo "unknown scenario $scenario (load, pinned, batches, memory, expiry, fanout, fanout-million)" >&2; exit 2 ;;
+    *) echo "unknown scenario $scenario (load, unary-defaults, pinned, batches, memory, expiry, fanout, fanout-million)" >&2; exit 2 ;;
     esac
 done
 stop_servers
@@ -253,20 +271,19 @@ def pct(rp, p):
     for e in (rp or {}).get("latencyDistribution") or []:
         if e["percentage"] == p: return e["latency"]
     return None
-for kind, label in (("unary", "heartbeat, one call per op"), ("batch", "heartbeat, batches/pipeline")):
-    p, r = rep(f"load-{kind}-presenced"), rep(f"load-{kind}-redis")
-    if p or r:
-        row(f"{label}", "renewals/s", g(p, "rps"), g(r, "rps"))
-        row(f"{label}", "p50 ms", ms(pct(p, 50)), ms(pct(r, 50)), "{:.3f}")
-        row(f"{label}", "p99 ms", ms(pct(p, 99)), ms(pct(r, 99)), "{:.3f}")
-        row(f"{label}", "errors", sum(v for k, v in (g(p, "statusCodeDistribution") or {}).items() if k != "OK"),
-            sum(v for k, v in (g(r, "statusCodeDistribution") or {}).items() if k != "OK"))
-p, r = rep("load-pinned-presenced"), rep("load-pinned-redis")
-if p or r:
-    label = "heartbeat, one call per op, one core each"
+def load_rows(name, label, errors=False):
+    p, r = rep(f"load-{name}-presenced"), rep(f"load-{name}-redis")
+    if not (p or r): return
     row(label, "renewals/s", g(p, "rps"), g(r, "rps"))
     row(label, "p50 ms", ms(pct(p, 50)), ms(pct(r, 50)), "{:.3f}")
     row(label, "p99 ms", ms(pct(p, 99)), ms(pct(r, 99)), "{:.3f}")
+    if errors:
+        failed = lambda rp: sum(v for k, v in (g(rp, "statusCodeDistribution") or {}).items() if k != "OK")
+        row(label, "errors", failed(p), failed(r))
+load_rows("unary", "heartbeat, one call per op, one server thread", errors=True)
+load_rows("batch", "heartbeat, batches/pipeline", errors=True)
+load_rows("unarydefaults", "heartbeat, one call per op, all defaults")
+load_rows("pinned", "heartbeat, one call per op, one core each (pinned)")
 p, r = rep("load-batch-presenced"), rep("load-batch-redis")
 row("register (batches/pipeline)", "registers/s", g(p, "scenario", "registers_per_s"), g(r, "scenario", "registers_per_s"))
 swept = sorted(int(f[len("load-batch"):-len("-presenced.json")]) for f in os.listdir(d)

@@ -59,7 +59,9 @@ pub(crate) struct Common {
     /// No progress bars (they are also hidden when stdout is not a terminal).
     #[arg(long)]
     pub(crate) quiet: bool,
-    /// Tokio worker threads of the generator (default: one per core).
+    /// Threads of the generator (default: one per core). With 1 it is a single
+    /// event loop (tokio's current-thread runtime), with no wake-ups across
+    /// threads: the cheapest way to drive many small calls from one core.
     #[arg(long)]
     pub(crate) threads: Option<usize>,
     /// Gateway id sent with every register.

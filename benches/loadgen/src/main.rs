@@ -32,7 +32,16 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let common = cli.command.common().clone();
     let threads = common.threads.unwrap_or_else(|| report::cpus() as usize).max(1);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build() {
+    // One thread is a single event loop rather than a pool of one: a pool parks
+    // and wakes through futexes even when it has only one worker.
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut pool = tokio::runtime::Builder::new_multi_thread();
+        pool.worker_threads(threads);
+        pool
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("presence-loadgen: cannot start the runtime: {e}");
