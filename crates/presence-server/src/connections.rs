@@ -10,12 +10,12 @@
 //! `writev`. Measured on 2 cores at 64 calls in flight, that is one `writev` per
 //! reply. On a single-threaded loop, woken tasks run in order, so the
 //! connection task runs once after all the request tasks that were ready and
-//! writes all their replies at once (about ten per `writev` in the same
+//! writes all their replies at once (about 16 per `writev` in the same
 //! measurement), with no wake across threads at all.
 //!
 //! Why it is not the default: a connection cannot move between threads, so
 //! the work of its streams cannot either. Watch fan-out, where a few
-//! connections carry most of the work, delivered about 7% fewer events per
+//! connections carry most of the work, delivered about 8% fewer events per
 //! second this way. `docs/benchmarks.md` has both measurements.
 //!
 //! The acceptor stays on the caller's runtime and hands connections round-robin
