@@ -62,7 +62,11 @@ impl ConnectionThreads {
                 let served = runtime.block_on(async move {
                     // A stream the acceptor registered with its own runtime is
                     // moved here as a std stream and registered with this one.
-                    let incoming = UnboundedReceiverStream::new(receiver).map(TcpStream::from_std);
+                    let incoming = UnboundedReceiverStream::new(receiver).map(|stream| {
+                        TcpStream::from_std(stream).inspect_err(|err| {
+                            tracing::warn!(%err, "cannot take over a connection; it is closed");
+                        })
+                    });
                     let serving = tonic::transport::Server::builder()
                         .add_routes(routes)
                         .serve_with_incoming_shutdown(incoming, stopping.cancelled_owned());
@@ -89,7 +93,7 @@ impl ConnectionThreads {
         mut incoming: TcpIncoming,
         stopping: CancellationToken,
     ) -> Result<(), tonic::transport::Error> {
-        let ConnectionThreads { handoff, stopped } = self;
+        let ConnectionThreads { mut handoff, stopped } = self;
         let mut next = 0;
         loop {
             let accepted = tokio::select! {
@@ -107,15 +111,29 @@ impl ConnectionThreads {
                 }
                 None => break,
             };
-            match stream.into_std() {
-                Ok(stream) => {
-                    // A thread whose server has stopped has dropped its receiver;
-                    // the connection is then closed by dropping it here.
-                    let _ = handoff[next].send(stream);
-                    next = (next + 1) % handoff.len();
+            let mut stream = match stream.into_std() {
+                Ok(stream) => stream,
+                Err(err) => {
+                    tracing::warn!(%err, "cannot hand over a connection; it is closed");
+                    continue;
                 }
-                Err(err) => tracing::warn!(%err, "cannot hand over a connection"),
+            };
+            // A thread whose server has stopped (none should before the
+            // shutdown) has dropped its receiver: it leaves the rotation, and
+            // the connection goes to the next thread.
+            while let Err(returned) = handoff[next].send(stream) {
+                tracing::error!(thread = next, "a connection thread has stopped; serving on the others");
+                stream = returned.0;
+                handoff.remove(next);
+                if handoff.is_empty() {
+                    break;
+                }
+                next %= handoff.len();
             }
+            if handoff.is_empty() {
+                break;
+            }
+            next = (next + 1) % handoff.len();
         }
         drop(incoming); // stop listening before the drain
         drop(handoff);
@@ -126,5 +144,43 @@ impl ConnectionThreads {
             }
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stopped_thread_leaves_the_rotation_and_its_connections_go_to_the_others() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stopped_thread, gone) = mpsc::unbounded_channel();
+        drop(gone);
+        let (live_thread, mut served) = mpsc::unbounded_channel();
+        let (reports, results): (Vec<_>, Vec<_>) = (0..2).map(|_| oneshot::channel()).unzip();
+        let threads = ConnectionThreads { handoff: vec![stopped_thread, live_thread], stopped: results };
+        let stopping = CancellationToken::new();
+        let accepting = tokio::spawn(threads.serve(TcpIncoming::from(listener), stopping.clone()));
+
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            clients.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let mut handed_over = Vec::new();
+        for _ in 0..3 {
+            let stream = tokio::time::timeout(Duration::from_secs(10), served.recv()).await.expect("handed over");
+            handed_over.push(stream.expect("the live thread's channel is open").peer_addr().unwrap());
+        }
+        let mut connected: Vec<_> = clients.iter().map(|client| client.local_addr().unwrap()).collect();
+        handed_over.sort();
+        connected.sort();
+        assert_eq!(handed_over, connected, "every connection reaches the live thread");
+
+        stopping.cancel();
+        for report in reports {
+            let _ = report.send(Ok(()));
+        }
+        accepting.await.unwrap().unwrap();
     }
 }
