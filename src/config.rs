@@ -59,8 +59,8 @@ pub(crate) struct ServeArgs {
     worker_threads: Option<usize>,
     /// Threads that serve client connections, each a single-threaded event loop
     /// that owns its connections: much cheaper for many small unary calls.
-    /// 0 serves connections on the shared runtime, which balances heavy
-    /// streams (Watch fan-out) better. [default: 0]
+    /// 0 serves connections on the shared runtime, which serves Watch
+    /// fan-out a little better. [default: 0]
     #[arg(long, env = "PRESENCED_CONNECTION_THREADS", value_name = "N")]
     connection_threads: Option<usize>,
     /// Keep checkpoints and durable data (settings, activity) here; without it

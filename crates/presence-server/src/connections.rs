@@ -13,10 +13,11 @@
 //! writes all their replies at once (about 16 per `writev` in the same
 //! measurement), with no wake across threads at all.
 //!
-//! Why it is not the default: a connection cannot move between threads, so
-//! the work of its streams cannot either. Watch fan-out, where a few
-//! connections carry most of the work, delivered about 8% fewer events per
-//! second this way. `docs/benchmarks.md` has both measurements.
+//! Why it is not the default: Watch fan-out delivered about 8% fewer events
+//! per second this way, with about 6% more server CPU per event, although
+//! the threads were evenly loaded. And a connection cannot move between
+//! threads, so an uneven mix of connections stays uneven. `docs/benchmarks.md`
+//! has the measurements.
 //!
 //! The acceptor stays on the caller's runtime and hands connections round-robin
 //! to the threads. Everything else (expiry, lease batch workers, checkpoints)

@@ -78,8 +78,8 @@ pub struct ServerConfig {
     pub lease_workers: usize,
     /// Threads that serve connections, each on its own single-threaded event
     /// loop; 0 (the default) serves them on the caller's runtime. Connection
-    /// threads make small unary calls much cheaper; streams that carry heavy
-    /// work (Watch fan-out) balance better on the shared runtime. See
+    /// threads make small unary calls much cheaper; Watch fan-out does a
+    /// little better on the shared runtime. See
     /// `connections.rs` and `docs/benchmarks.md`.
     pub connection_threads: usize,
     /// Where checkpoints and durable data live; `None` keeps everything in
