@@ -28,12 +28,12 @@ pub use error::LeaseError;
 pub use shard::LeaseView;
 pub use store::Store;
 pub use types::{
-    Availability, Changes, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, State,
-    Status, StoreStats, UnregisterOutcome, Unregistered, UserView,
+    Availability, ChangeKind, Changes, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked,
+    State, Status, StoreStats, UnregisterOutcome, Unregistered, UserView,
 };
 pub use validate::{
     MAX_ID_BYTES, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES, MAX_STATUS_TEXT_CHARS,
-    status_text as validate_status_text, user_ids as validate_user_ids,
+    id as validate_id, status_text as validate_status_text, user_ids as validate_user_ids,
 };
 pub use wheel::Tick;
 

@@ -35,7 +35,7 @@ use crate::error::LeaseError;
 use crate::interner::{GatewayInterner, GatewayRef};
 use crate::stamp::StampClock;
 use crate::types::{
-    Changes, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, State, Status,
+    ChangeKind, Changes, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, State, Status,
     UnregisterOutcome, Unregistered, UserView,
 };
 use crate::user_index::UserIndex;
@@ -813,20 +813,28 @@ impl Shard {
             State::Online => self.online += 1,
             State::Offline => self.online -= 1,
         }
-        self.publish_change(slot, now, deadline, changes);
+        self.publish_change(slot, ChangeKind::Flip, now, deadline, changes);
     }
 
     /// Publishes a change of the user that is not a flip (its status): a new version, the same state.
     fn announce(&mut self, slot: u32, now: Tick, changes: &mut Changes) {
-        self.publish_change(slot, now, None, changes);
+        self.publish_change(slot, ChangeKind::Status, now, None, changes);
     }
 
     /// Gives the user a new version and appends what viewers now see of it.
-    fn publish_change(&mut self, slot: u32, now: Tick, deadline: Option<Tick>, changes: &mut Changes) {
+    fn publish_change(
+        &mut self,
+        slot: u32,
+        kind: ChangeKind,
+        now: Tick,
+        deadline: Option<Tick>,
+        changes: &mut Changes,
+    ) {
         self.bump(slot, now);
         let user = &self.users[slot as usize];
         changes.push(PresenceChange {
             user_id: user.id.clone(),
+            kind,
             presence: user.presence(),
             status: user.status.clone(),
             at: now,

@@ -60,12 +60,24 @@ pub struct UserView {
     pub status: Option<Arc<Status>>,
 }
 
+/// What a published change is: metrics count flips and other changes apart,
+/// and only a flip is what E1 speaks of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// The user's ONLINE/OFFLINE state flipped.
+    Flip,
+    /// The user's status changed (set, cleared or expired); the state did not.
+    Status,
+}
+
 /// One change of one user that viewers see: a flip of its state, or a change
 /// of its status. The only thing the store publishes (contract E1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PresenceChange {
-    /// The user whose state flipped.
+    /// The user that changed.
     pub user_id: CompactString,
+    /// A flip, or a change of status with the same state.
+    pub kind: ChangeKind,
     /// The state and the version that the change produced.
     pub presence: Presence,
     /// The user's status after the change.

@@ -17,7 +17,7 @@ pub const MAX_METADATA_KEY_BYTES: usize = 64;
 pub const MAX_METADATA_VALUE_BYTES: usize = 256;
 
 /// An id is 1 to [`MAX_ID_BYTES`] bytes of UTF-8 (the type already guarantees UTF-8).
-pub(crate) fn id(field: &'static str, value: &str) -> Result<(), LeaseError> {
+pub fn id(field: &'static str, value: &str) -> Result<(), LeaseError> {
     if value.is_empty() {
         return Err(LeaseError::invalid(field, "must not be empty"));
     }

@@ -27,8 +27,9 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use presence_core::MAX_ID_BYTES;
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
-use tonic::Status;
 use tonic::metadata::MetadataMap;
+
+use crate::error::ServiceError;
 
 /// Longest bearer token accepted, in bytes: far above any real JWT, small enough
 /// that a hostile header cannot make the server parse much.
@@ -66,21 +67,23 @@ impl Caller {
     /// `PERMISSION_DENIED` unless the caller is a service (lease operations,
     /// audience and group management, Touch, the settings of others...). The
     /// message names the operation.
-    pub(crate) fn require_service(&self, operation: &str) -> Result<(), Status> {
+    pub(crate) fn require_service(&self, operation: &'static str) -> Result<(), ServiceError> {
         match self {
             Caller::Service => Ok(()),
-            Caller::Viewer(_) => Err(Status::permission_denied(format!("{operation}: requires service credentials"))),
+            Caller::Viewer(_) => {
+                Err(ServiceError::PermissionDenied { operation, reason: "requires service credentials" })
+            }
         }
     }
 
     /// Ok for a service, or for a viewer acting on itself (its own status or
     /// visibility); `PERMISSION_DENIED` otherwise.
-    pub(crate) fn require_self_or_service(&self, user_id: &str, operation: &str) -> Result<(), Status> {
+    pub(crate) fn require_self_or_service(&self, user_id: &str, operation: &'static str) -> Result<(), ServiceError> {
         match self {
             Caller::Service => Ok(()),
             Caller::Viewer(viewer_id) if viewer_id == user_id => Ok(()),
             Caller::Viewer(_) => {
-                Err(Status::permission_denied(format!("{operation}: a viewer may act only on its own user id")))
+                Err(ServiceError::PermissionDenied { operation, reason: "a viewer may act only on its own user id" })
             }
         }
     }
@@ -235,7 +238,7 @@ impl Authenticator {
     /// Anything else is `UNAUTHENTICATED`, with a message that does not tell
     /// which tokens exist. An open server answers [`Caller::Service`] whatever
     /// was sent.
-    pub(crate) fn caller(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+    pub(crate) fn caller(&self, metadata: &MetadataMap) -> Result<Caller, ServiceError> {
         if self.is_open() {
             return Ok(Caller::Service);
         }
@@ -259,7 +262,7 @@ impl Authenticator {
     }
 
     /// The verified `sub` of a viewer token.
-    fn viewer(&self, token: &str) -> Result<String, Status> {
+    fn viewer(&self, token: &str) -> Result<String, ServiceError> {
         // The header's `alg` only selects among the configured keys; each key
         // then accepts its own algorithm alone.
         let Ok(header) = jsonwebtoken::decode_header(token) else {
@@ -274,7 +277,7 @@ impl Authenticator {
                 return Err(match err.kind() {
                     ErrorKind::ExpiredSignature => {
                         tracing::debug!("refused credentials: expired viewer token");
-                        Status::unauthenticated("credentials expired")
+                        ServiceError::Unauthenticated("credentials expired".into())
                     }
                     // The configured key itself cannot be used: the operator must hear of it.
                     ErrorKind::InvalidRsaKey(_) | ErrorKind::InvalidEcdsaKey | ErrorKind::InvalidKeyFormat => {
@@ -344,11 +347,13 @@ fn public_key(pem: &[u8]) -> Result<(Algorithm, DecodingKey), AuthConfigError> {
 }
 
 /// Reads the one bearer token of a request.
-fn bearer_token(metadata: &MetadataMap) -> Result<&str, Status> {
+fn bearer_token(metadata: &MetadataMap) -> Result<&str, ServiceError> {
     let mut values = metadata.get_all("authorization").iter();
     let value = match (values.next(), values.next()) {
         (None, _) => {
-            return Err(Status::unauthenticated("missing credentials: send `authorization: Bearer <token>` metadata"));
+            return Err(ServiceError::Unauthenticated(
+                "missing credentials: send `authorization: Bearer <token>` metadata".into(),
+            ));
         }
         (Some(value), None) => value,
         (Some(_), Some(_)) => return Err(malformed("more than one authorization entry")),
@@ -371,22 +376,22 @@ fn bearer_token(metadata: &MetadataMap) -> Result<&str, Status> {
     Ok(token)
 }
 
-fn malformed(what: &str) -> Status {
-    Status::unauthenticated(format!("malformed credentials: {what}"))
+fn malformed(what: &str) -> ServiceError {
+    ServiceError::Unauthenticated(format!("malformed credentials: {what}").into())
 }
 
 /// The one answer for every token that is not accepted, whatever the reason,
 /// so that a caller cannot probe which tokens or keys exist.
-fn invalid_credentials() -> Status {
-    Status::unauthenticated("invalid credentials")
+fn invalid_credentials() -> ServiceError {
+    ServiceError::Unauthenticated("invalid credentials".into())
 }
 
-fn refused(reason: &'static str) -> Status {
+fn refused(reason: &'static str) -> ServiceError {
     tracing::debug!(reason, "refused credentials");
     invalid_credentials()
 }
 
-fn refused_with(err: &jsonwebtoken::errors::Error) -> Status {
+fn refused_with(err: &jsonwebtoken::errors::Error) -> ServiceError {
     tracing::debug!(reason = %err, "refused credentials");
     invalid_credentials()
 }
@@ -396,8 +401,8 @@ mod tests {
     use super::*;
     use jsonwebtoken::{EncodingKey, Header};
     use serde_json::{Value, json};
-    use tonic::Code;
     use tonic::metadata::MetadataValue;
+    use tonic::{Code, Status};
 
     // Test-only key pairs, generated with `openssl genpkey` for these tests and
     // used nowhere else. Never configure them anywhere.
@@ -515,14 +520,14 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
     }
 
     #[track_caller]
-    fn assert_unauthenticated(result: Result<Caller, Status>, message: &str) {
-        let status = result.unwrap_err();
+    fn assert_unauthenticated(result: Result<Caller, ServiceError>, message: &str) {
+        let status = Status::from(result.unwrap_err());
         assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
         assert_eq!(status.message(), message);
     }
 
     #[track_caller]
-    fn assert_invalid(result: Result<Caller, Status>) {
+    fn assert_invalid(result: Result<Caller, ServiceError>) {
         assert_unauthenticated(result, "invalid credentials");
     }
 
@@ -710,7 +715,7 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
             auth.caller(&bearer(&sign(Algorithm::HS256, &other, &valid_claims("alice")))),
             auth.caller(&bearer(&hs256(&json!({ "exp": now() + 600 })))),
         ]
-        .map(Result::unwrap_err);
+        .map(|result| Status::from(result.unwrap_err()));
         for status in &statuses {
             assert_eq!((status.code(), status.message()), (Code::Unauthenticated, "invalid credentials"));
         }
@@ -872,7 +877,7 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
     #[test]
     fn only_services_pass_require_service() {
         assert!(Caller::Service.require_service("Register").is_ok());
-        let status = Caller::Viewer("alice".into()).require_service("Register").unwrap_err();
+        let status = Status::from(Caller::Viewer("alice".into()).require_service("Register").unwrap_err());
         assert_eq!(status.code(), Code::PermissionDenied);
         assert_eq!(status.message(), "Register: requires service credentials");
     }
@@ -882,7 +887,7 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
         let alice = Caller::Viewer("alice".into());
         assert!(Caller::Service.require_self_or_service("bob", "SetStatus").is_ok());
         assert!(alice.require_self_or_service("alice", "SetStatus").is_ok());
-        let status = alice.require_self_or_service("bob", "SetVisibility").unwrap_err();
+        let status = Status::from(alice.require_self_or_service("bob", "SetVisibility").unwrap_err());
         assert_eq!(status.code(), Code::PermissionDenied);
         assert_eq!(status.message(), "SetVisibility: a viewer may act only on its own user id");
         // Ids compare exactly: no case folding, no prefix.

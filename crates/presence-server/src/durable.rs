@@ -1,5 +1,6 @@
-//! Durable data (contract B4): per-user settings and activity, kept in an
-//! embedded redb database in the data directory.
+//! Durable data (contract B4): per-user settings, activity, visibility,
+//! audiences, group memberships and statuses, kept in an embedded redb
+//! database in the data directory. This file owns their format on disk.
 //!
 //! Sync policy: every write commits with redb's `Durability::Immediate`, which
 //! fsyncs before the commit returns, and the server acknowledges a write only
@@ -13,179 +14,244 @@
 
 use std::path::Path;
 
+use presence_core::{Availability, Status};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::privacy::{RelationChange, Visibility};
 
 /// (user id, setting name) -> value.
 const SETTINGS: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("settings");
 /// user id -> last_active_at (store ms).
 const ACTIVITY: TableDefinition<'_, &str, u64> = TableDefinition::new("activity");
-/// user id -> visibility (see privacy.rs).
+/// user id -> visibility, as a [`stored`] code.
 const VISIBILITY: TableDefinition<'_, &str, u8> = TableDefinition::new("visibility");
 /// (user id, viewer id) -> (): the viewers a user granted.
 const GRANTS: TableDefinition<'_, (&str, &str), ()> = TableDefinition::new("grants");
 /// (group id, user id) -> (): group memberships.
 const MEMBERS: TableDefinition<'_, (&str, &str), ()> = TableDefinition::new("members");
-/// user id -> status: availability u8, expires_at u64 (0 = never), text.
+/// user id -> status: availability as a [`stored`] code (u8), expires_at u64
+/// little-endian (0 = never), then the text's UTF-8 bytes.
 const STATUS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("status");
+
+/// The codes values are stored under. They are the disk's own: they must
+/// never change, whatever the API's enums become, or data written before the
+/// change would be read as something else. `tests/golden/` pins them.
+pub(crate) mod stored {
+    use super::{Availability, Visibility};
+
+    /// A visibility's code.
+    pub(crate) fn visibility_code(visibility: Visibility) -> u8 {
+        match visibility {
+            Visibility::Everyone => 1,
+            Visibility::Audience => 2,
+            Visibility::Nobody => 3,
+        }
+    }
+
+    /// The visibility of a code; `None` for a code this build does not know.
+    pub(crate) fn visibility(code: u8) -> Option<Visibility> {
+        match code {
+            1 => Some(Visibility::Everyone),
+            2 => Some(Visibility::Audience),
+            3 => Some(Visibility::Nobody),
+            _ => None,
+        }
+    }
+
+    /// An availability's code.
+    pub(crate) fn availability_code(availability: Availability) -> u8 {
+        match availability {
+            Availability::Available => 1,
+            Availability::Away => 2,
+            Availability::DoNotDisturb => 3,
+        }
+    }
+
+    /// The availability of a code; `None` for a code this build does not know.
+    pub(crate) fn availability(code: u8) -> Option<Availability> {
+        match code {
+            1 => Some(Availability::Available),
+            2 => Some(Availability::Away),
+            3 => Some(Availability::DoNotDisturb),
+            _ => None,
+        }
+    }
+}
+
+/// A status as the STATUS table stores it.
+fn encode_status(status: &Status) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(9 + status.text.len());
+    bytes.push(stored::availability_code(status.availability));
+    bytes.extend_from_slice(&status.expires_at.unwrap_or(0).to_le_bytes());
+    bytes.extend_from_slice(status.text.as_bytes());
+    bytes
+}
+
+/// A stored status; `None` for bytes this build did not write.
+fn decode_status(bytes: &[u8]) -> Option<Status> {
+    let (&code, rest) = bytes.split_first()?;
+    let (expires_at, text) = rest.split_at_checked(8)?;
+    let expires_at = u64::from_le_bytes(expires_at.try_into().ok()?);
+    Some(Status {
+        availability: stored::availability(code)?,
+        text: String::from_utf8(text.to_vec()).ok()?,
+        expires_at: (expires_at != 0).then_some(expires_at),
+    })
+}
 
 /// Every relation kept on disk, as loaded at start.
 #[derive(Debug, Default)]
-pub struct Relations {
-    /// (user, visibility code).
-    pub visibility: Vec<(String, u8)>,
+pub(crate) struct Relations {
+    /// (user, visibility).
+    pub(crate) visibility: Vec<(String, Visibility)>,
     /// (user, viewer) grants.
-    pub grants: Vec<(String, String)>,
+    pub(crate) grants: Vec<(String, String)>,
     /// (group, user) memberships.
-    pub members: Vec<(String, String)>,
-    /// (user, availability code, expires_at or 0, text).
-    pub statuses: Vec<(String, u8, u64, String)>,
-}
-
-/// One change of relations, written in one transaction.
-#[derive(Debug)]
-pub enum RelationWrite<'a> {
-    /// A user's visibility.
-    Visibility(&'a str, u8),
-    /// Grants (true) or revokes (false) viewers in a user's audience.
-    Grants(&'a str, &'a [String], bool),
-    /// Adds (true) or removes (false) users of a group.
-    Members(&'a str, &'a [String], bool),
-    /// Sets (Some) or clears (None) a user's status: (availability, expires_at or 0, text).
-    Status(&'a str, Option<(u8, u64, &'a str)>),
+    pub(crate) members: Vec<(String, String)>,
+    /// (user, status).
+    pub(crate) statuses: Vec<(String, Status)>,
 }
 
 /// A failure of the durable store; the request that caused it is answered
 /// `UNAVAILABLE` and nothing is acknowledged.
 #[derive(Debug, thiserror::Error)]
-#[error("durable store: {0}")]
-pub struct DurableError(String);
-
-fn failed(err: impl std::fmt::Display) -> DurableError {
-    DurableError(err.to_string())
+pub(crate) enum DurableError {
+    /// The database file cannot be opened or created.
+    #[error("durable store: cannot open: {0}")]
+    Open(#[from] redb::DatabaseError),
+    /// A transaction cannot begin.
+    #[error("durable store: {0}")]
+    Transaction(#[from] redb::TransactionError),
+    /// A table cannot be opened.
+    #[error("durable store: {0}")]
+    Table(#[from] redb::TableError),
+    /// Reading or writing the file failed.
+    #[error("durable store: {0}")]
+    Storage(#[from] redb::StorageError),
+    /// A transaction cannot commit.
+    #[error("durable store: {0}")]
+    Commit(#[from] redb::CommitError),
+    /// The blocking task that ran the call failed.
+    #[error("durable store: the blocking task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// Runs a durable-store call on the blocking pool.
 pub(crate) async fn run_blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, DurableError> + Send + 'static,
 ) -> Result<T, DurableError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .unwrap_or_else(|err| Err(DurableError(format!("the blocking task failed: {err}"))))
+    tokio::task::spawn_blocking(work).await?
 }
 
 /// The durable store of one data directory.
 #[derive(Debug)]
-pub struct DurableStore {
+pub(crate) struct DurableStore {
     db: Database,
 }
 
 impl DurableStore {
     /// Opens (or creates) the database at `path`.
-    pub fn open(path: &Path) -> Result<Self, DurableError> {
-        let db = Database::create(path).map_err(failed)?;
+    pub(crate) fn open(path: &Path) -> Result<Self, DurableError> {
+        let db = Database::create(path)?;
         // Create the tables up front, so that readers never meet a missing table.
-        let txn = db.begin_write().map_err(failed)?;
-        txn.open_table(SETTINGS).map_err(failed)?;
-        txn.open_table(ACTIVITY).map_err(failed)?;
-        txn.open_table(VISIBILITY).map_err(failed)?;
-        txn.open_table(GRANTS).map_err(failed)?;
-        txn.open_table(MEMBERS).map_err(failed)?;
-        txn.open_table(STATUS).map_err(failed)?;
-        txn.commit().map_err(failed)?;
+        let txn = db.begin_write()?;
+        txn.open_table(SETTINGS)?;
+        txn.open_table(ACTIVITY)?;
+        txn.open_table(VISIBILITY)?;
+        txn.open_table(GRANTS)?;
+        txn.open_table(MEMBERS)?;
+        txn.open_table(STATUS)?;
+        txn.commit()?;
         Ok(DurableStore { db })
     }
 
-    /// Writes one change of relations; returns once it is on disk.
-    pub fn write_relations(&self, write: &RelationWrite<'_>) -> Result<(), DurableError> {
-        let txn = self.db.begin_write().map_err(failed)?;
-        match write {
-            RelationWrite::Visibility(user, code) => {
-                txn.open_table(VISIBILITY).map_err(failed)?.insert(*user, *code).map_err(failed)?;
+    /// Writes one change of relations in one transaction; returns once it is on disk.
+    pub(crate) fn write_relations(&self, change: &RelationChange) -> Result<(), DurableError> {
+        let txn = self.db.begin_write()?;
+        match change {
+            RelationChange::Visibility { user, visibility } => {
+                txn.open_table(VISIBILITY)?.insert(user.as_str(), stored::visibility_code(*visibility))?;
             }
-            RelationWrite::Grants(user, viewers, add) => {
-                let mut table = txn.open_table(GRANTS).map_err(failed)?;
-                for viewer in viewers.iter() {
+            RelationChange::Audience { user, viewers: others, grant: add }
+            | RelationChange::Membership { group: user, users: others, join: add } => {
+                let table = if matches!(change, RelationChange::Audience { .. }) { GRANTS } else { MEMBERS };
+                let mut table = txn.open_table(table)?;
+                for other in others {
+                    let key = (user.as_str(), other.as_str());
                     if *add {
-                        table.insert((*user, viewer.as_str()), ()).map_err(failed)?;
+                        table.insert(key, ())?;
                     } else {
-                        table.remove((*user, viewer.as_str())).map_err(failed)?;
-                    }
-                }
-            }
-            RelationWrite::Members(group, users, add) => {
-                let mut table = txn.open_table(MEMBERS).map_err(failed)?;
-                for user in users.iter() {
-                    if *add {
-                        table.insert((*group, user.as_str()), ()).map_err(failed)?;
-                    } else {
-                        table.remove((*group, user.as_str())).map_err(failed)?;
-                    }
-                }
-            }
-            RelationWrite::Status(user, status) => {
-                let mut table = txn.open_table(STATUS).map_err(failed)?;
-                match status {
-                    Some((availability, expires_at, text)) => {
-                        let mut bytes = Vec::with_capacity(9 + text.len());
-                        bytes.push(*availability);
-                        bytes.extend_from_slice(&expires_at.to_le_bytes());
-                        bytes.extend_from_slice(text.as_bytes());
-                        table.insert(*user, bytes.as_slice()).map_err(failed)?;
-                    }
-                    None => {
-                        table.remove(*user).map_err(failed)?;
+                        table.remove(key)?;
                     }
                 }
             }
         }
-        txn.commit().map_err(failed)
+        Ok(txn.commit()?)
     }
 
-    /// Every relation, to load at start.
-    pub fn relations(&self) -> Result<Relations, DurableError> {
-        let txn = self.db.begin_read().map_err(failed)?;
-        let mut relations = Relations::default();
-        for entry in txn.open_table(VISIBILITY).map_err(failed)?.iter().map_err(failed)? {
-            let (user, code) = entry.map_err(failed)?;
-            relations.visibility.push((user.value().to_owned(), code.value()));
+    /// Sets (`Some`) or clears (`None`) a user's status; returns once it is on disk.
+    pub(crate) fn write_status(&self, user_id: &str, status: Option<&Status>) -> Result<(), DurableError> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut table = txn.open_table(STATUS)?;
+            match status {
+                Some(status) => {
+                    table.insert(user_id, encode_status(status).as_slice())?;
+                }
+                None => {
+                    table.remove(user_id)?;
+                }
+            }
         }
-        for entry in txn.open_table(GRANTS).map_err(failed)?.iter().map_err(failed)? {
-            let (key, _) = entry.map_err(failed)?;
+        Ok(txn.commit()?)
+    }
+
+    /// Every relation, to load at start. A value this build cannot read (a
+    /// code from a newer build) is skipped with a warning, never guessed.
+    pub(crate) fn relations(&self) -> Result<Relations, DurableError> {
+        let txn = self.db.begin_read()?;
+        let mut relations = Relations::default();
+        for entry in txn.open_table(VISIBILITY)?.iter()? {
+            let (user, code) = entry?;
+            match stored::visibility(code.value()) {
+                Some(visibility) => relations.visibility.push((user.value().to_owned(), visibility)),
+                None => tracing::warn!(user = user.value(), code = code.value(), "unknown stored visibility; skipped"),
+            }
+        }
+        for entry in txn.open_table(GRANTS)?.iter()? {
+            let (key, _) = entry?;
             let (user, viewer) = key.value();
             relations.grants.push((user.to_owned(), viewer.to_owned()));
         }
-        for entry in txn.open_table(MEMBERS).map_err(failed)?.iter().map_err(failed)? {
-            let (key, _) = entry.map_err(failed)?;
+        for entry in txn.open_table(MEMBERS)?.iter()? {
+            let (key, _) = entry?;
             let (group, user) = key.value();
             relations.members.push((group.to_owned(), user.to_owned()));
         }
-        for entry in txn.open_table(STATUS).map_err(failed)?.iter().map_err(failed)? {
-            let (user, bytes) = entry.map_err(failed)?;
-            let bytes = bytes.value();
-            if bytes.len() < 9 {
-                continue; // not written by this build: skip rather than guess
+        for entry in txn.open_table(STATUS)?.iter()? {
+            let (user, bytes) = entry?;
+            match decode_status(bytes.value()) {
+                Some(status) => relations.statuses.push((user.value().to_owned(), status)),
+                None => tracing::warn!(user = user.value(), "unreadable stored status; skipped"),
             }
-            let expires_at = u64::from_le_bytes(bytes[1..9].try_into().expect("eight bytes"));
-            let text = String::from_utf8_lossy(&bytes[9..]).into_owned();
-            relations.statuses.push((user.value().to_owned(), bytes[0], expires_at, text));
         }
         Ok(relations)
     }
 
     /// Stores one setting; returns once it is on disk.
-    pub fn put_setting(&self, user_id: &str, name: &str, value: &[u8]) -> Result<(), DurableError> {
-        let txn = self.db.begin_write().map_err(failed)?;
-        txn.open_table(SETTINGS).map_err(failed)?.insert((user_id, name), value).map_err(failed)?;
-        txn.commit().map_err(failed)
+    pub(crate) fn put_setting(&self, user_id: &str, name: &str, value: &[u8]) -> Result<(), DurableError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(SETTINGS)?.insert((user_id, name), value)?;
+        Ok(txn.commit()?)
     }
 
     /// Every setting of a user, by name.
-    pub fn settings(&self, user_id: &str) -> Result<Vec<(String, Vec<u8>)>, DurableError> {
-        let txn = self.db.begin_read().map_err(failed)?;
-        let table = txn.open_table(SETTINGS).map_err(failed)?;
+    pub(crate) fn settings(&self, user_id: &str) -> Result<Vec<(String, Vec<u8>)>, DurableError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(SETTINGS)?;
         let mut settings = Vec::new();
-        for entry in table.range((user_id, "")..).map_err(failed)? {
-            let (key, value) = entry.map_err(failed)?;
+        for entry in table.range((user_id, "")..)? {
+            let (key, value) = entry?;
             let (owner, name) = key.value();
             if owner != user_id {
                 break;
@@ -196,28 +262,25 @@ impl DurableStore {
     }
 
     /// Records activity times, each only moving forward; returns once they are on disk.
-    pub fn record_activity(&self, entries: &[(String, u64)]) -> Result<(), DurableError> {
-        let txn = self.db.begin_write().map_err(failed)?;
+    pub(crate) fn record_activity(&self, entries: &[(String, u64)]) -> Result<(), DurableError> {
+        let txn = self.db.begin_write()?;
         {
-            let mut table = txn.open_table(ACTIVITY).map_err(failed)?;
+            let mut table = txn.open_table(ACTIVITY)?;
             for (user_id, at) in entries {
-                let stored = table.get(user_id.as_str()).map_err(failed)?.map(|value| value.value());
+                let stored = table.get(user_id.as_str())?.map(|value| value.value());
                 if stored.is_none_or(|stored| stored < *at) {
-                    table.insert(user_id.as_str(), *at).map_err(failed)?;
+                    table.insert(user_id.as_str(), *at)?;
                 }
             }
         }
-        txn.commit().map_err(failed)
+        Ok(txn.commit()?)
     }
 
     /// The stored activity time of each user, if any.
-    pub fn activity<S: AsRef<str>>(&self, user_ids: &[S]) -> Result<Vec<Option<u64>>, DurableError> {
-        let txn = self.db.begin_read().map_err(failed)?;
-        let table = txn.open_table(ACTIVITY).map_err(failed)?;
-        user_ids
-            .iter()
-            .map(|user_id| Ok(table.get(user_id.as_ref()).map_err(failed)?.map(|value| value.value())))
-            .collect()
+    pub(crate) fn activity<S: AsRef<str>>(&self, user_ids: &[S]) -> Result<Vec<Option<u64>>, DurableError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(ACTIVITY)?;
+        user_ids.iter().map(|user_id| Ok(table.get(user_id.as_ref())?.map(|value| value.value()))).collect()
     }
 }
 

@@ -12,12 +12,10 @@ use crate::context::Context;
 
 /// Runs until the server stops.
 pub(crate) async fn run(context: Arc<Context>, wake: Arc<Notify>, batch: usize) {
-    let store = &context.store;
-    let mut changes = Vec::new();
+    let store = context.store();
+    let clock = context.publisher.clock;
     loop {
-        let more = store.expire(context.clock.now(), batch, &mut changes);
-        context.publish(&changes);
-        changes.clear();
+        let more = context.apply(|store, now, changes| store.expire(now, batch, changes));
         if more {
             // Let request handlers at the shards between two batches of a mass expiry.
             tokio::task::yield_now().await;
@@ -29,7 +27,7 @@ pub(crate) async fn run(context: Arc<Context>, wake: Arc<Notify>, batch: usize) 
         store.set_alarm(next.unwrap_or(u64::MAX));
         let sleep = async {
             match next {
-                Some(tick) => tokio::time::sleep_until(context.clock.instant_at(tick).into()).await,
+                Some(tick) => tokio::time::sleep_until(clock.instant_at(tick).into()).await,
                 None => std::future::pending().await,
             }
         };

@@ -316,6 +316,7 @@ mod tests {
     fn change(user: &str, state: State, version: u64) -> PresenceChange {
         PresenceChange {
             user_id: user.into(),
+            kind: presence_core::ChangeKind::Flip,
             presence: Presence { state, version },
             status: None,
             at: 0,

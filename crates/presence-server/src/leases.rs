@@ -11,16 +11,15 @@
 
 use std::sync::Arc;
 
-use presence_proto::lease_frames::{
-    LeaseBatchFrame, LeaseItemFrame, LeaseOpFrame, RegisterFrame, RenewFrame, UnregisterFrame,
-};
+use presence_proto::lease_frames::{LeaseBatchFrame, LeaseItemFrame, LeaseOpFrame};
 use presence_proto::v1::{self as pb, lease_result};
 use tokio::sync::{mpsc, oneshot};
-use tonic::{Code, Status, Streaming};
+use tonic::{Status, Streaming};
 
 use crate::context::Context;
+use crate::error::ServiceError;
 use crate::metrics::RenewResult;
-use crate::ops;
+use crate::{ops, wire};
 
 /// Most items one batch may carry.
 pub const MAX_BATCH_ITEMS: usize = 10_000;
@@ -63,7 +62,7 @@ impl LeaseQueue {
     }
 
     /// Applies a batch and returns its results, in item order.
-    async fn run(&self, batch: LeaseBatchFrame) -> Result<pb::LeaseResults, Status> {
+    async fn run(&self, batch: LeaseBatchFrame) -> Result<pb::LeaseResults, ServiceError> {
         let (reply, results) = oneshot::channel();
         let job = Job { batch, shed_renewals: false, reply };
         match self.jobs.try_send(job) {
@@ -82,7 +81,7 @@ impl LeaseQueue {
             }
             Err(async_channel::TrySendError::Closed(_)) => return Err(stopping()),
         }
-        self.context.metrics.queue_depth.set(self.jobs.len() as f64);
+        self.context.metrics().queue_depth.set(self.jobs.len() as f64);
         // On shutdown the workers stop: a batch still queued is answered here.
         tokio::select! {
             results = results => results.map_err(|_| stopping()),
@@ -91,8 +90,8 @@ impl LeaseQueue {
     }
 }
 
-fn stopping() -> Status {
-    Status::unavailable("presenced is shutting down; reconnect")
+fn stopping() -> ServiceError {
+    ServiceError::ShuttingDown
 }
 
 fn is_renewal(item: &LeaseItemFrame) -> bool {
@@ -120,137 +119,82 @@ async fn work(context: Arc<Context>, jobs: async_channel::Receiver<Job>) {
 /// ends the run, so every item still sees exactly the items before it.
 fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bool) -> pb::LeaseResults {
     let started = std::time::Instant::now();
-    let now = context.clock.now();
-    let metrics = &context.metrics;
-    let mut changes = Vec::new();
-    let mut renewals = [0u64; 6];
+    let metrics = context.metrics();
+    let mut renewals = [0u64; RenewResult::COUNT];
     let mut results = Vec::with_capacity(batch.items.len());
-    let mut run: Vec<presence_core::Renewal<'_>> = Vec::new();
-    for item in &batch.items {
-        if let Some(LeaseOpFrame::Renew(frame)) = &item.op
-            && !shed_renewals
-        {
-            match renewal_of(frame) {
-                Ok(renewal) => run.push(renewal),
-                Err(refusal) => {
-                    apply_renewals(context, now, &mut run, &mut results, &mut changes, &mut renewals);
-                    renewals[RenewResult::Invalid as usize] += 1;
-                    results.push(refused(&refusal));
+    context.apply(|store, now, changes| {
+        let mut run: Vec<presence_core::Renewal<'_>> = Vec::new();
+        for item in &batch.items {
+            if let Some(LeaseOpFrame::Renew(frame)) = &item.op
+                && !shed_renewals
+            {
+                match wire::renew_frame(frame) {
+                    Ok(renewal) => run.push(renewal),
+                    Err(refusal) => {
+                        apply_renewals(store, now, &mut run, &mut results, changes, &mut renewals);
+                        renewals[RenewResult::Invalid as usize] += 1;
+                        results.push(wire::lease_refused(&refusal));
+                    }
                 }
+                continue;
             }
-            continue;
+            apply_renewals(store, now, &mut run, &mut results, changes, &mut renewals);
+            let result = match &item.op {
+                Some(LeaseOpFrame::Register(frame)) => match wire::register_frame(frame) {
+                    Ok(input) => wire::lease_result(
+                        ops::register(store, metrics, now, &input, changes)
+                            .map(|registered| wire::register_response(input.user_id(), &registered)),
+                        lease_result::Result::Register,
+                    ),
+                    Err(refusal) => {
+                        metrics.registers_invalid.increment(1);
+                        wire::lease_refused(&refusal)
+                    }
+                },
+                Some(LeaseOpFrame::Renew(_)) => {
+                    renewals[RenewResult::Shed as usize] += 1;
+                    wire::lease_refused(&ServiceError::RenewalShed)
+                }
+                Some(LeaseOpFrame::Unregister(frame)) => match wire::unregister_frame(frame) {
+                    Ok(input) => wire::lease_result(
+                        ops::unregister(store, metrics, now, input, changes)
+                            .map(|unregistered| wire::unregister_response(input.user_id, &unregistered)),
+                        lease_result::Result::Unregister,
+                    ),
+                    Err(refusal) => wire::lease_refused(&refusal),
+                },
+                None => wire::lease_refused(&ServiceError::invalid("items", "an item names no operation")),
+            };
+            results.push(result);
         }
-        apply_renewals(context, now, &mut run, &mut results, &mut changes, &mut renewals);
-        let result = match &item.op {
-            Some(LeaseOpFrame::Register(frame)) => match register_of(frame) {
-                Ok(request) => answer(
-                    ops::register(&context.store, metrics, now, &request, &mut changes),
-                    lease_result::Result::Register,
-                ),
-                Err(refusal) => {
-                    metrics.registers_invalid.increment(1);
-                    refused(&refusal)
-                }
-            },
-            Some(LeaseOpFrame::Renew(_)) => {
-                renewals[RenewResult::Shed as usize] += 1;
-                refused(&Status::resource_exhausted(
-                    "renewal shed: the server is overloaded; the next heartbeat carries the same information",
-                ))
-            }
-            Some(LeaseOpFrame::Unregister(frame)) => match unregister_of(frame) {
-                Ok(request) => answer(
-                    ops::unregister(&context.store, metrics, now, &request, &mut changes),
-                    lease_result::Result::Unregister,
-                ),
-                Err(refusal) => refused(&refusal),
-            },
-            None => refused(&Status::invalid_argument("items: an item names no operation")),
-        };
-        results.push(result);
-    }
-    apply_renewals(context, now, &mut run, &mut results, &mut changes, &mut renewals);
+        apply_renewals(store, now, &mut run, &mut results, changes, &mut renewals);
+    });
     for (result, count) in RenewResult::ALL.into_iter().zip(renewals) {
         metrics.renewals(result, count);
     }
     metrics.shed.increment(renewals[RenewResult::Shed as usize]);
     metrics.renewal_seconds.record(started.elapsed().as_secs_f64());
-    context.publish(&changes);
     pb::LeaseResults { batch_id: batch.batch_id, results }
-}
-
-/// A renewal item's ids as text; bytes that are not UTF-8 refuse the item alone,
-/// as the unary `Renew` refuses such a request.
-fn renewal_of(frame: &RenewFrame) -> Result<presence_core::Renewal<'_>, Status> {
-    Ok(presence_core::Renewal {
-        user_id: utf8("user_id", &frame.user_id)?,
-        session_id: utf8("session_id", &frame.session_id)?,
-        generation: frame.generation,
-        ttl_ms: frame.ttl_ms,
-    })
-}
-
-/// A register item as the request the unary `Register` takes; text that is
-/// not UTF-8 refuses the item alone. A later metadata entry for a key replaces
-/// an earlier one, as in a decoded `map`.
-fn register_of(frame: &RegisterFrame) -> Result<pb::RegisterRequest, Status> {
-    let mut metadata = std::collections::HashMap::with_capacity(frame.metadata.len());
-    for entry in &frame.metadata {
-        metadata.insert(utf8("metadata", &entry.key)?.to_owned(), utf8("metadata", &entry.value)?.to_owned());
-    }
-    Ok(pb::RegisterRequest {
-        user_id: utf8("user_id", &frame.user_id)?.to_owned(),
-        session_id: utf8("session_id", &frame.session_id)?.to_owned(),
-        gateway_id: utf8("gateway_id", &frame.gateway_id)?.to_owned(),
-        ttl_ms: frame.ttl_ms,
-        metadata,
-    })
-}
-
-/// An unregister item as the request the unary `Unregister` takes.
-fn unregister_of(frame: &UnregisterFrame) -> Result<pb::UnregisterRequest, Status> {
-    Ok(pb::UnregisterRequest {
-        user_id: utf8("user_id", &frame.user_id)?.to_owned(),
-        session_id: utf8("session_id", &frame.session_id)?.to_owned(),
-        generation: frame.generation,
-        linger_ms: frame.linger_ms,
-    })
-}
-
-fn utf8<'a>(field: &str, bytes: &'a [u8]) -> Result<&'a str, Status> {
-    std::str::from_utf8(bytes)
-        .map_err(|_| Status::invalid_argument(format!("{field}: invalid string value: data is not UTF-8 encoded")))
 }
 
 /// Applies a run of renewals, appends their answers to `results` and counts them.
 fn apply_renewals(
-    context: &Context,
+    store: &presence_core::Store,
     now: u64,
     run: &mut Vec<presence_core::Renewal<'_>>,
     results: &mut Vec<pb::LeaseResult>,
     changes: &mut presence_core::Changes,
-    counts: &mut [u64; 6],
+    counts: &mut [u64; RenewResult::COUNT],
 ) {
     if run.is_empty() {
         return;
     }
-    for renewed in context.store.renew_batch(now, run, changes) {
-        let (counted, result) = ops::renew_answer(renewed);
-        counts[counted as usize] += 1;
-        results.push(answer(result, lease_result::Result::Renew));
+    for renewed in store.renew_batch(now, run, changes) {
+        counts[ops::renew_result(&renewed) as usize] += 1;
+        let answer = renewed.map(|renewed| wire::renew_response(&renewed)).map_err(ServiceError::from);
+        results.push(wire::lease_result(answer, lease_result::Result::Renew));
     }
     run.clear();
-}
-
-fn answer<T>(result: Result<T, Status>, wrap: impl FnOnce(T) -> lease_result::Result) -> pb::LeaseResult {
-    match result {
-        Ok(response) => pb::LeaseResult { code: Code::Ok as u32, message: String::new(), result: Some(wrap(response)) },
-        Err(status) => refused(&status),
-    }
-}
-
-fn refused(status: &Status) -> pb::LeaseResult {
-    pb::LeaseResult { code: status.code() as u32, message: status.message().to_owned(), result: None }
 }
 
 /// The stream type the Leases RPC returns.
@@ -267,7 +211,7 @@ pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>) -
             let batch = tokio::select! {
                 batch = inbound.message() => batch,
                 () = stopping.cancelled() => {
-                    let _ = tx.send(Err(stopping_status())).await;
+                    let _ = tx.send(Err(ServiceError::ShuttingDown.into())).await;
                     return;
                 }
             };
@@ -281,14 +225,14 @@ pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>) -
                 }
             };
             if batch.items.len() > MAX_BATCH_ITEMS {
-                let refusal = Status::invalid_argument(format!(
-                    "items: {} items, more than the limit of {MAX_BATCH_ITEMS} per batch",
-                    batch.items.len()
-                ));
-                let _ = tx.send(Err(refusal)).await;
+                let refusal = ServiceError::invalid(
+                    "items",
+                    format!("{} items, more than the limit of {MAX_BATCH_ITEMS} per batch", batch.items.len()),
+                );
+                let _ = tx.send(Err(refusal.into())).await;
                 return;
             }
-            let results = queue.run(batch).await;
+            let results = queue.run(batch).await.map_err(Status::from);
             let failed = results.is_err();
             if tx.send(results).await.is_err() || failed {
                 return;
@@ -298,38 +242,20 @@ pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>) -
     LeasesStream::new(rx)
 }
 
-fn stopping_status() -> Status {
-    stopping()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::clock::StoreClock;
-    use crate::hub::Hub;
-    use crate::metrics::Metrics;
     use presence_core::{Store, StoreConfig};
     use presence_proto::v1::lease_item;
     use tokio_util::sync::CancellationToken;
+    use tonic::Code;
 
     fn context() -> Arc<Context> {
         let clock = StoreClock::start();
         let config = StoreConfig { min_renew_interval_ms: 0, ..StoreConfig::default() };
-        Arc::new(Context {
-            store: Arc::new(Store::new(config, clock.now()).unwrap()),
-            hub: Arc::new(Hub::default()),
-            clock,
-            metrics: Metrics::new(),
-            watch_buffer: 16,
-            stopping: CancellationToken::new(),
-            activity: Arc::new(crate::activity::Activity::new(None, std::time::Duration::from_secs(60))),
-            settings: crate::settings::Settings::Memory(Default::default()),
-            durable: None,
-            relations: parking_lot::RwLock::new(crate::privacy::Relations::new(crate::privacy::Visibility::Audience)),
-            relations_writer: tokio::sync::Mutex::new(()),
-            last_seen_granularity_ms: 300_000,
-            auth: crate::auth::Authenticator::new(crate::auth::AuthConfig::default()).unwrap(),
-        })
+        let store = Arc::new(Store::new(config, clock.now()).unwrap());
+        Arc::new(Context::new(store, clock, None, &crate::ServerConfig::default(), CancellationToken::new()))
     }
 
     fn register(user: &str) -> pb::LeaseItem {
@@ -413,7 +339,7 @@ mod tests {
             assert!(results.results[index].message.starts_with(field), "{:?}", results.results[index]);
         }
         let mut changes = Vec::new();
-        let seen = context.store.snapshot(context.clock.now(), &["b", "c"], &mut changes).unwrap();
+        let seen = context.store().snapshot(context.now(), &["b", "c"], &mut changes).unwrap();
         let states: Vec<presence_core::State> = seen.iter().map(|p| p.state).collect();
         assert_eq!(states, [presence_core::State::Offline, presence_core::State::Online], "only c registered");
     }
@@ -454,7 +380,7 @@ mod tests {
         assert_eq!(mixed.results[0].code, Code::ResourceExhausted as u32);
         assert_eq!(mixed.results[1].code, Code::Ok as u32);
         let mut changes = Vec::new();
-        let presences = context.store.snapshot(context.clock.now(), &["a", "c"], &mut changes).unwrap();
+        let presences = context.store().snapshot(context.now(), &["a", "c"], &mut changes).unwrap();
         assert!(presences.iter().all(|p| p.state == presence_core::State::Online));
     }
 }

@@ -12,19 +12,21 @@ mod clock;
 mod connections;
 mod context;
 mod data_dir;
-pub mod durable;
+mod durable;
+mod error;
 mod expiry;
 mod hub;
 mod leases;
 pub mod metrics;
 mod ops;
 pub mod privacy;
+mod publish;
 mod service;
 mod settings;
-mod status;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod watch;
+mod wire;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -33,15 +35,12 @@ use std::time::Duration;
 
 use presence_core::{ConfigError, Store, StoreConfig};
 
-use crate::activity::Activity;
 use crate::auth::{AuthConfigError, Authenticator};
 use crate::context::Context;
 use crate::data_dir::DataDir;
 use crate::durable::DurableStore;
 use crate::leases::LeaseQueue;
-use crate::metrics::Metrics;
-use crate::privacy::{RelationChange, Relations, Visibility};
-use crate::settings::Settings;
+use crate::privacy::Visibility;
 use presence_proto::v1::presence_server::PresenceServer;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -51,9 +50,10 @@ pub use auth::AuthConfig;
 pub use clock::StoreClock;
 pub use hub::{Delivery, Hub, Mailbox, Subscription};
 pub use leases::{LeasesStream, MAX_BATCH_ITEMS};
-pub use service::{MAX_USERS_PER_REQUEST, PresenceService};
+pub use service::PresenceService;
 pub use settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES};
 pub use watch::WatchStream;
+pub use wire::MAX_USERS_PER_REQUEST;
 
 /// Largest request the server decodes; larger ones are refused before decoding.
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
@@ -185,33 +185,15 @@ pub async fn serve(
     }));
     let stopping = CancellationToken::new();
     let auth = Authenticator::new(config.auth.clone())?;
-    let mut relations = Relations::new(config.default_visibility);
+    let context = Arc::new(Context::new(Arc::clone(&store), clock, durable.clone(), &config, stopping.clone()));
     if let Some(durable) = &durable {
         let stored = durable.relations().map_err(|err| ServeError::DataDir {
             path: config.data_dir.clone().unwrap_or_default(),
             message: err.to_string(),
         })?;
-        load_relations(&mut relations, &store, started, stored);
+        context.privacy.load(stored, started);
     }
-    let activity = Arc::new(Activity::new(durable.clone(), config.activity_write_interval));
-    let context = Arc::new(Context {
-        store: Arc::clone(&store),
-        hub: Arc::new(Hub::default()),
-        clock,
-        metrics: Metrics::new(),
-        watch_buffer: config.watch_buffer,
-        stopping: stopping.clone(),
-        activity: Arc::clone(&activity),
-        settings: match &durable {
-            Some(durable) => Settings::Durable(Arc::clone(durable)),
-            None => Settings::Memory(Default::default()),
-        },
-        durable: durable.clone(),
-        relations: parking_lot::RwLock::new(relations),
-        relations_writer: tokio::sync::Mutex::new(()),
-        last_seen_granularity_ms: u64::try_from(config.last_seen_granularity.as_millis()).unwrap_or(u64::MAX).max(1),
-        auth,
-    });
+    let activity = Arc::clone(&context.activity);
     let activity_flusher = tokio::spawn(activity::run_flusher(activity, clock, stopping.clone()));
     let checkpoints = data_dir.clone().map(|dir| {
         tokio::spawn(checkpoint_periodically(
@@ -227,8 +209,8 @@ pub async fn serve(
     tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
     let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
 
-    let presence =
-        PresenceServer::new(PresenceService::new(context, lease_queue)).max_decoding_message_size(MAX_REQUEST_BYTES);
+    let presence = PresenceServer::new(PresenceService::new(context, lease_queue, auth))
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<PresenceServer<PresenceService>>().await;
     // Both reflection versions describe every service, each other included, so
@@ -355,35 +337,4 @@ async fn checkpoint_periodically(
             Err(err) => tracing::error!(%err, "the checkpoint task failed; the previous one stays"),
         }
     }
-}
-
-/// Puts the relations and statuses kept on disk back in memory.
-fn load_relations(relations: &mut Relations, store: &Store, now: u64, stored: durable::Relations) {
-    let count = (stored.visibility.len(), stored.grants.len(), stored.members.len(), stored.statuses.len());
-    for (user, code) in stored.visibility {
-        if let Some(visibility) = Visibility::from_code(i64::from(code)) {
-            relations.apply(&RelationChange::Visibility { user: user.into(), visibility });
-        }
-    }
-    for (user, viewer) in stored.grants {
-        relations.apply(&RelationChange::Audience { user: user.into(), viewers: vec![viewer.into()], grant: true });
-    }
-    for (group, user) in stored.members {
-        relations.apply(&RelationChange::Membership { group: group.into(), users: vec![user.into()], join: true });
-    }
-    for (user, code, expires_at, text) in stored.statuses {
-        let Some(availability) = service::availability_from_code(i64::from(code)) else { continue };
-        let expires_at = (expires_at != 0).then_some(expires_at);
-        if expires_at.is_some_and(|at| at <= now) {
-            continue; // it ran out while the service was down
-        }
-        let _ = store.restore_status(now, &user, presence_core::Status { availability, text, expires_at });
-    }
-    tracing::info!(
-        visibilities = count.0,
-        grants = count.1,
-        memberships = count.2,
-        statuses = count.3,
-        "loaded relations"
-    );
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
-use presence_core::{PresenceChange, State, Store};
+use presence_core::{ChangeKind, PresenceChange, State, Store};
 use tokio_util::sync::CancellationToken;
 
 /// Every metric name, for documentation and for the exporter's bucket settings.
@@ -33,8 +33,10 @@ pub mod names {
     pub const EXPIRIES: &str = "presenced_expiries_total";
     /// From a lease's deadline to the publication of the OFFLINE it caused, in seconds (histogram).
     pub const EXPIRY_LAG_SECONDS: &str = "presenced_expiry_lag_seconds";
-    /// Flips by `state` (counter).
+    /// ONLINE/OFFLINE flips by the `state` flipped to (counter). Nothing else.
     pub const FLIPS: &str = "presenced_flips_total";
+    /// Published changes of a user's status, its state unchanged (counter).
+    pub const STATUS_CHANGES: &str = "presenced_status_changes_total";
     /// Operations applied to each `shard` (gauge of a running count).
     pub const SHARD_OPERATIONS: &str = "presenced_shard_operations";
     /// Lease batches waiting for a worker (gauge).
@@ -67,8 +69,11 @@ pub(crate) enum RenewResult {
 }
 
 impl RenewResult {
+    /// How many results there are.
+    pub(crate) const COUNT: usize = 6;
+
     /// Every result, in discriminant order.
-    pub(crate) const ALL: [RenewResult; 6] = [
+    pub(crate) const ALL: [RenewResult; Self::COUNT] = [
         RenewResult::Ok,
         RenewResult::Throttled,
         RenewResult::NotFound,
@@ -81,7 +86,7 @@ impl RenewResult {
 /// Handles to every hot-path metric.
 #[derive(Debug, Clone)]
 pub(crate) struct Metrics {
-    renewals: [Counter; 6],
+    renewals: [Counter; RenewResult::COUNT],
     pub(crate) renewal_seconds: Histogram,
     pub(crate) registers_ok: Counter,
     pub(crate) registers_invalid: Counter,
@@ -94,6 +99,7 @@ pub(crate) struct Metrics {
     expiry_lag_seconds: Histogram,
     flips_online: Counter,
     flips_offline: Counter,
+    status_changes: Counter,
     pub(crate) queue_depth: Gauge,
     pub(crate) shed: Counter,
     pub(crate) fanned_out: Counter,
@@ -127,6 +133,7 @@ impl Metrics {
             expiry_lag_seconds: histogram!(names::EXPIRY_LAG_SECONDS),
             flips_online: counter!(names::FLIPS, "state" => "online"),
             flips_offline: counter!(names::FLIPS, "state" => "offline"),
+            status_changes: counter!(names::STATUS_CHANGES),
             queue_depth: gauge!(names::QUEUE_DEPTH),
             shed: counter!(names::SHED),
             fanned_out: counter!(names::FANNED_OUT),
@@ -142,11 +149,13 @@ impl Metrics {
         }
     }
 
-    /// Counts a published flip; `now` is the store time of publication.
-    pub(crate) fn flip(&self, change: &PresenceChange, now: u64) {
-        match change.presence.state {
-            State::Online => self.flips_online.increment(1),
-            State::Offline => self.flips_offline.increment(1),
+    /// Counts a published change, a flip as a flip and a status change as
+    /// one; `now` is the store time of publication.
+    pub(crate) fn change(&self, change: &PresenceChange, now: u64) {
+        match (change.kind, change.presence.state) {
+            (ChangeKind::Flip, State::Online) => self.flips_online.increment(1),
+            (ChangeKind::Flip, State::Offline) => self.flips_offline.increment(1),
+            (ChangeKind::Status, _) => self.status_changes.increment(1),
         }
         if let Some(deadline) = change.deadline {
             self.expiries.increment(1);

@@ -1,4 +1,5 @@
-//! Who may see whom (contract P2): visibility, audiences and groups.
+//! Who may see whom (contract P2–P5): visibility, audiences and groups, and
+//! the one handle that changes them.
 //!
 //! A viewer sees a user if it is the user, or the user's visibility is
 //! EVERYONE, or it is AUDIENCE and the viewer is in the audience: granted by
@@ -6,14 +7,26 @@
 //! (invisible) hides the user from everyone but itself. A service caller that
 //! acts for no viewer sees everyone.
 //!
-//! The relations live in memory, behind one lock that request handlers read
-//! and that a change of relations holds, for writing, while it also updates
-//! the viewers' open streams (see `Hub::reconcile`), so that no stream ever
-//! sees a state of the relations that did not exist. Changes are written to
-//! the durable store, synced, before they are applied and acknowledged.
+//! [`Relations`] is the plain data. [`Privacy`] is the handle the server
+//! shares: it keeps the relations behind one lock that readers take to see
+//! users as a viewer may, and that a change of relations holds, for writing,
+//! while it also updates the viewers' open streams (see `Hub::reconcile`), so
+//! that no stream ever sees a state of the relations that did not exist. A
+//! change of relations or of a status is written to the durable store, synced,
+//! before it is applied and acknowledged; one writer at a time, so the order on
+//! disk is the order in memory. What a viewer is finally shown of a visible
+//! user ([`Released`]) is decided here too: last seen only when offline, and
+//! rounded (P5).
+
+use std::sync::Arc;
 
 use hashbrown::{HashMap, HashSet};
-use presence_core::CompactString;
+use presence_core::{CompactString, Presence, State, Store, UserView};
+
+use crate::durable::{self, DurableStore, run_blocking};
+use crate::error::ServiceError;
+use crate::hub::{Pending, Subscription, Transition};
+use crate::publish::Publisher;
 
 /// A user's choice of who may see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,27 +37,6 @@ pub enum Visibility {
     Audience,
     /// Nobody but the user itself (invisible).
     Nobody,
-}
-
-impl Visibility {
-    /// The code stored on disk and used on the wire (`presence.v1.Visibility`).
-    pub fn code(self) -> u8 {
-        match self {
-            Visibility::Everyone => 1,
-            Visibility::Audience => 2,
-            Visibility::Nobody => 3,
-        }
-    }
-
-    /// The visibility of a code; `None` for 0 (unspecified) and unknown codes.
-    pub fn from_code(code: i64) -> Option<Self> {
-        match code {
-            1 => Some(Visibility::Everyone),
-            2 => Some(Visibility::Audience),
-            3 => Some(Visibility::Nobody),
-            _ => None,
-        }
-    }
 }
 
 /// One change of relations.
@@ -134,7 +126,7 @@ impl ViewerLens<'_> {
 }
 
 impl Relations {
-    pub(crate) fn new(default_visibility: Visibility) -> Self {
+    fn new(default_visibility: Visibility) -> Self {
         Relations { default_visibility, users: HashMap::new(), members: HashMap::new() }
     }
 
@@ -193,6 +185,228 @@ impl Relations {
     fn forget_if_empty(&mut self, user: &str) {
         if self.users.get(user).is_some_and(UserRelations::is_empty) {
             self.users.remove(user);
+        }
+    }
+}
+
+/// What one caller may be shown of one user, as read from the store.
+#[derive(Debug, Clone)]
+pub(crate) struct Shown {
+    pub(crate) view: UserView,
+    /// False: answer exactly as for a user never seen (P3).
+    pub(crate) visible: bool,
+}
+
+/// What is released to one caller of one user: `None` for a hidden user,
+/// which goes out exactly as a user never seen (P3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Released {
+    pub(crate) view: Option<UserView>,
+    /// For an offline user with known activity: its last activity rounded
+    /// down to the last-seen granularity (P5).
+    pub(crate) last_seen: Option<u64>,
+    /// Exact last activity, for a service acting for no viewer only.
+    pub(crate) last_active_at: Option<u64>,
+}
+
+/// Who may see whom, and the one writer of relations and statuses.
+#[derive(Debug)]
+pub(crate) struct Privacy {
+    /// Lock order: relations, then hub mailboxes, then store shards.
+    relations: parking_lot::RwLock<Relations>,
+    /// Held across a durable write and its application in memory, so that
+    /// the order on disk is the order in memory.
+    writer: tokio::sync::Mutex<()>,
+    /// Where relations and statuses are kept, with a data directory.
+    durable: Option<Arc<DurableStore>>,
+    /// Versions are bumped and users read through it.
+    publisher: Publisher,
+    /// Last seen is released rounded down to this many milliseconds (P5).
+    last_seen_granularity_ms: u64,
+}
+
+impl Privacy {
+    pub(crate) fn new(
+        default_visibility: Visibility,
+        durable: Option<Arc<DurableStore>>,
+        publisher: Publisher,
+        last_seen_granularity_ms: u64,
+    ) -> Self {
+        Privacy {
+            relations: parking_lot::RwLock::new(Relations::new(default_visibility)),
+            writer: tokio::sync::Mutex::new(()),
+            durable,
+            publisher,
+            last_seen_granularity_ms: last_seen_granularity_ms.max(1),
+        }
+    }
+
+    fn store(&self) -> &Store {
+        &self.publisher.store
+    }
+
+    /// Puts the relations and statuses kept on disk back in memory, at start.
+    pub(crate) fn load(&self, stored: durable::Relations, now: u64) {
+        let count = (stored.visibility.len(), stored.grants.len(), stored.members.len(), stored.statuses.len());
+        let mut relations = self.relations.write();
+        for (user, visibility) in stored.visibility {
+            relations.apply(&RelationChange::Visibility { user: user.into(), visibility });
+        }
+        for (user, viewer) in stored.grants {
+            relations.apply(&RelationChange::Audience { user: user.into(), viewers: vec![viewer.into()], grant: true });
+        }
+        for (group, user) in stored.members {
+            relations.apply(&RelationChange::Membership { group: group.into(), users: vec![user.into()], join: true });
+        }
+        for (user, status) in stored.statuses {
+            if status.expires_at.is_some_and(|at| at <= now) {
+                continue; // it ran out while the service was down
+            }
+            let _ = self.store().restore_status(now, &user, status);
+        }
+        tracing::info!(
+            visibilities = count.0,
+            grants = count.1,
+            memberships = count.2,
+            statuses = count.3,
+            "loaded relations"
+        );
+    }
+
+    /// Subscribes `viewer` (`None`: a service acting for no viewer) to
+    /// `user_ids` and reads them, both under the relations lock, so that the
+    /// users hidden in the mailbox are exactly those hidden in what is read.
+    pub(crate) fn subscribe(
+        &self,
+        user_ids: Vec<CompactString>,
+        capacity: usize,
+        viewer: Option<CompactString>,
+    ) -> Result<(Subscription, Vec<Shown>), ServiceError> {
+        let relations = self.relations.read();
+        let lens = relations.lens(viewer.as_deref());
+        let subscription = self.publisher.hub.subscribe(user_ids, capacity, viewer.clone(), |user| !lens.can_see(user));
+        let shown = self.reread(&subscription)?;
+        Ok((subscription, shown))
+    }
+
+    /// Reads the watched users again for a resync, as the mailbox's viewer may
+    /// see them now.
+    pub(crate) fn resync(&self, subscription: &Subscription) -> Result<Vec<Shown>, ServiceError> {
+        let _relations = self.relations.read();
+        self.reread(subscription)
+    }
+
+    /// Reads a subscription's users; the caller holds the relations lock, so
+    /// the mailbox's hidden set is current.
+    fn reread(&self, subscription: &Subscription) -> Result<Vec<Shown>, ServiceError> {
+        let views = self.publisher.apply(|store, now, changes| store.view(now, subscription.users(), changes))?;
+        let mailbox = subscription.mailbox();
+        Ok(subscription
+            .users()
+            .iter()
+            .zip(views)
+            .map(|(user_id, view)| Shown { visible: !mailbox.is_hidden(user_id), view })
+            .collect())
+    }
+
+    /// Reads users for `viewer` under the relations lock: what each is, and
+    /// whether the viewer may see it.
+    pub(crate) fn shown<S: AsRef<str>>(
+        &self,
+        viewer: Option<&str>,
+        user_ids: &[S],
+    ) -> Result<Vec<Shown>, ServiceError> {
+        let relations = self.relations.read();
+        let lens = relations.lens(viewer);
+        let views = self.publisher.apply(|store, now, changes| store.view(now, user_ids, changes))?;
+        Ok(user_ids
+            .iter()
+            .zip(views)
+            .map(|(user_id, view)| Shown { visible: lens.can_see(user_id.as_ref()), view })
+            .collect())
+    }
+
+    /// What is released of a user read as `shown`, whose last activity is
+    /// `last_active_at` (0: none known); `exact_activity` for a service acting
+    /// for no viewer.
+    pub(crate) fn release(&self, shown: &Shown, last_active_at: u64, exact_activity: bool) -> Released {
+        if !shown.visible {
+            return Released { view: None, last_seen: None, last_active_at: None };
+        }
+        let known = last_active_at > 0;
+        let offline = shown.view.presence.state == State::Offline;
+        Released {
+            view: Some(shown.view.clone()),
+            last_seen: (known && offline).then(|| last_active_at - last_active_at % self.last_seen_granularity_ms),
+            last_active_at: (known && exact_activity).then_some(last_active_at),
+        }
+    }
+
+    /// Applies a change of relations: on disk first (synced), then in memory,
+    /// then to the open streams whose view it changes (P4).
+    pub(crate) async fn change(&self, change: RelationChange) -> Result<(), ServiceError> {
+        let _writer = self.writer.lock().await;
+        if let Some(durable) = &self.durable {
+            let (durable, write) = (Arc::clone(durable), change.clone());
+            run_blocking(move || durable.write_relations(&write)).await?;
+        }
+        let mut relations = self.relations.write();
+        relations.apply(&change);
+        let (users, viewers) = change.affected();
+        let transitions =
+            self.publisher.hub.reconcile(&users, &viewers, |viewer, user| relations.can_see(viewer, user));
+        self.apply_transitions(transitions);
+        Ok(())
+    }
+
+    /// Sets (or clears) a user's status: on disk first (synced), then in the
+    /// store, which publishes it. Returns the user as it now is.
+    pub(crate) async fn set_status(
+        &self,
+        user_id: &str,
+        status: Option<presence_core::Status>,
+    ) -> Result<UserView, ServiceError> {
+        let _writer = self.writer.lock().await;
+        if let Some(durable) = &self.durable {
+            let (durable, user_id, status) = (Arc::clone(durable), user_id.to_owned(), status.clone());
+            run_blocking(move || durable.write_status(&user_id, status.as_ref())).await?;
+        }
+        Ok(self.publisher.apply(|store, now, changes| store.set_status(now, user_id, status, changes))?)
+    }
+
+    /// Tells mailboxes that users were hidden from or revealed to their viewers.
+    ///
+    /// Order matters. Hiding: the user is marked hidden in the mailbox before
+    /// its version is bumped, so a change made after the bump (whose version
+    /// would beat the "offline" we send) can never reach the viewer. Revealing:
+    /// the version is bumped, then the mark removed, then the user read, so the
+    /// viewer gets a version above the one it holds and misses no change.
+    fn apply_transitions(&self, transitions: Vec<Transition>) {
+        let mut by_user: HashMap<CompactString, Vec<Transition>> = HashMap::new();
+        for transition in transitions {
+            by_user.entry(transition.user_id.clone()).or_default().push(transition);
+        }
+        for (user_id, transitions) in by_user {
+            for hidden in transitions.iter().filter(|t| !t.visible) {
+                hidden.mailbox.set_hidden(&user_id, true);
+            }
+            self.publisher.apply(|store, now, changes| {
+                let Ok(bumped) = store.bump_version(now, &user_id, changes) else { return };
+                let offline = Presence { state: State::Offline, version: bumped.presence.version };
+                for hidden in transitions.iter().filter(|t| !t.visible) {
+                    hidden.mailbox.post_transition(&user_id, Pending { presence: offline, status: None, hidden: true });
+                }
+                for revealed in transitions.iter().filter(|t| t.visible) {
+                    revealed.mailbox.set_hidden(&user_id, false);
+                }
+                if let Ok(views) = store.view(now, &[user_id.as_str()], changes) {
+                    let view = &views[0];
+                    for revealed in transitions.iter().filter(|t| t.visible) {
+                        let pending = Pending { presence: view.presence, status: view.status.clone(), hidden: false };
+                        revealed.mailbox.post_transition(&user_id, pending);
+                    }
+                }
+            });
         }
     }
 }

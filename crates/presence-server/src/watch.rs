@@ -23,31 +23,18 @@ use std::time::Duration;
 
 use hashbrown::HashMap;
 use presence_core::{CompactString, State};
-use presence_proto::v1::{Snapshot, UpdateBatch, UserPresence, WatchEvent, watch_event};
+use presence_proto::v1::{UserPresence, WatchEvent};
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use crate::context::{Context, Shown, unavailable};
+use crate::context::Context;
+use crate::error::ServiceError;
 use crate::hub::{Delivery, Pending, PendingChanges, Subscription};
-use crate::ops::user_presence;
-use crate::status::status_of;
+use crate::privacy::Shown;
+use crate::wire;
 
 /// Items the gRPC layer has not yet sent; the viewer's mailbox conflates the rest.
 const STREAM_BUFFER: usize = 64;
-
-/// The longest batch window a viewer may ask for: a second is already a visibly late dot.
-pub(crate) const MAX_BATCH_WINDOW_MS: u32 = 1_000;
-
-/// The batch window a Watch request asks for (`None`: one event per change).
-pub(crate) fn batch_window(batch_window_ms: u32) -> Result<Option<Duration>, Status> {
-    match batch_window_ms {
-        0 => Ok(None),
-        ms if ms <= MAX_BATCH_WINDOW_MS => Ok(Some(Duration::from_millis(u64::from(ms)))),
-        ms => Err(Status::invalid_argument(format!(
-            "batch_window_ms: {ms} is longer than the limit of {MAX_BATCH_WINDOW_MS} ms"
-        ))),
-    }
-}
 
 /// The stream type the Watch RPC returns.
 pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<WatchEvent, Status>>;
@@ -60,42 +47,35 @@ pub(crate) async fn open(
     user_ids: Vec<CompactString>,
     viewer: Option<CompactString>,
     batch_window: Option<Duration>,
-) -> Result<WatchStream, Status> {
-    presence_core::validate_user_ids(&user_ids).map_err(status_of)?;
-    let (subscription, shown) = {
-        let relations = context.relations.read();
-        let lens = relations.lens(viewer.as_deref());
-        let subscription =
-            context.hub.subscribe(user_ids, context.watch_buffer, viewer.clone(), |user| !lens.can_see(user));
-        let shown = read(&context, &subscription)?;
-        (subscription, shown)
-    };
+) -> Result<WatchStream, ServiceError> {
+    let (subscription, shown) = context.privacy.subscribe(user_ids, context.watch_buffer, viewer.clone())?;
     let exact_activity = viewer.is_none();
     let (held, first) = snapshot_event(&context, &subscription, &shown, exact_activity).await?;
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tx.try_send(Ok(first)).expect("a new channel has room");
-    context.metrics.viewers.increment(1.0);
     tokio::spawn(async move {
+        let _viewer = ViewerGauge::open(&context);
         forward(&context, &subscription, held, &tx, exact_activity, batch_window).await;
-        context.metrics.viewers.decrement(1.0);
     });
     Ok(WatchStream::new(rx))
 }
 
-/// Reads the watched users as the mailbox's viewer may see them. The caller
-/// holds the relations lock, so the mailbox's hidden set is current.
-fn read(context: &Context, subscription: &Subscription) -> Result<Vec<Shown>, Status> {
-    let mut changes = Vec::new();
-    let views = context.store.view(context.clock.now(), subscription.users(), &mut changes);
-    context.publish(&changes);
-    let views = views.map_err(status_of)?;
-    let mailbox = subscription.mailbox();
-    Ok(subscription
-        .users()
-        .iter()
-        .zip(views)
-        .map(|(user_id, view)| Shown { visible: !mailbox.is_hidden(user_id), view })
-        .collect())
+/// Counts an open Watch in the viewers gauge for as long as its task lives,
+/// so a task dropped at runtime shutdown is counted out too.
+struct ViewerGauge(metrics::Gauge);
+
+impl ViewerGauge {
+    fn open(context: &Context) -> Self {
+        let gauge = context.metrics().viewers.clone();
+        gauge.increment(1.0);
+        ViewerGauge(gauge)
+    }
+}
+
+impl Drop for ViewerGauge {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
 }
 
 /// The snapshot event, and the versions the viewer holds once it has it
@@ -105,15 +85,15 @@ async fn snapshot_event(
     subscription: &Subscription,
     shown: &[Shown],
     exact_activity: bool,
-) -> Result<(HashMap<CompactString, u64>, WatchEvent), Status> {
+) -> Result<(HashMap<CompactString, u64>, WatchEvent), ServiceError> {
     let held = subscription
         .users()
         .iter()
         .zip(shown)
         .map(|(user_id, shown)| (user_id.clone(), if shown.visible { shown.view.presence.version } else { 0 }))
         .collect();
-    let users = context.wire(subscription.users(), shown, exact_activity).await?;
-    Ok((held, WatchEvent { event: Some(watch_event::Event::Snapshot(Snapshot { users })) }))
+    let users = context.released(subscription.users(), shown, exact_activity).await?;
+    Ok((held, wire::snapshot_event(users)))
 }
 
 /// The updates for changes taken from the mailbox, newer than what the viewer holds.
@@ -149,7 +129,7 @@ async fn updates(
     let active: HashMap<&str, u64> = match context.activity.last_active_at(&offline).await {
         Ok(active) => offline.iter().copied().zip(active).collect(),
         Err(err) => {
-            let _ = unavailable(err); // logged; the updates go out without last seen
+            tracing::warn!(%err, "cannot read activity; the updates go out without last seen");
             HashMap::new()
         }
     };
@@ -157,24 +137,16 @@ async fn updates(
         .iter()
         .map(|(user_id, pending)| {
             if pending.hidden {
-                user_presence(user_id, pending.presence)
-            } else {
-                let view = presence_core::UserView { presence: pending.presence, status: pending.status.clone() };
-                context.visible_wire(user_id, &view, active.get(user_id.as_str()).copied().unwrap_or(0), false)
+                return wire::presence(user_id, pending.presence);
             }
+            let shown = Shown {
+                view: presence_core::UserView { presence: pending.presence, status: pending.status.clone() },
+                visible: true,
+            };
+            let last_active_at = active.get(user_id.as_str()).copied().unwrap_or(0);
+            wire::released(user_id, &context.privacy.release(&shown, last_active_at, false))
         })
         .collect()
-}
-
-/// The events that carry `updates`: one each, or all in one batch.
-fn update_events(updates: Vec<UserPresence>, batched: bool) -> Vec<WatchEvent> {
-    if batched {
-        if updates.is_empty() {
-            return Vec::new();
-        }
-        return vec![WatchEvent { event: Some(watch_event::Event::Updates(UpdateBatch { users: updates })) }];
-    }
-    updates.into_iter().map(|update| WatchEvent { event: Some(watch_event::Event::Update(update)) }).collect()
 }
 
 /// Forwards the mailbox to the stream until the viewer leaves or the server shuts down.
@@ -203,33 +175,21 @@ async fn forward(
         }
         let mut delivered = 0;
         let events: Vec<WatchEvent> = match subscription.mailbox().take() {
-            Delivery::Resync => {
-                let shown = {
-                    let _relations = context.relations.read();
-                    read(context, subscription)
-                };
-                match shown {
-                    Ok(shown) => match snapshot_event(context, subscription, &shown, exact_activity).await {
-                        Ok((fresh, event)) => {
-                            context.metrics.resyncs.increment(1);
-                            held = fresh;
-                            vec![event]
-                        }
-                        Err(status) => {
-                            let _ = tx.send(Err(status)).await;
-                            return;
-                        }
-                    },
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        return;
-                    }
+            Delivery::Resync => match resync(context, subscription, exact_activity).await {
+                Ok((fresh, event)) => {
+                    context.metrics().resyncs.increment(1);
+                    held = fresh;
+                    vec![event]
                 }
-            }
+                Err(err) => {
+                    let _ = tx.send(Err(err.into())).await;
+                    return;
+                }
+            },
             Delivery::Changes(changes) => {
                 let updates = updates(context, changes, &mut held).await;
                 delivered = updates.len() as u64;
-                update_events(updates, batch_window.is_some())
+                wire::update_events(updates, batch_window.is_some())
             }
         };
         for event in events {
@@ -238,7 +198,17 @@ async fn forward(
                 () = context.stopping.cancelled() => break 'stream,
             }
         }
-        context.metrics.watch_updates.increment(delivered);
+        context.metrics().watch_updates.increment(delivered);
     }
-    let _ = tx.try_send(Err(Status::unavailable("presenced is shutting down; reconnect and watch again")));
+    let _ = tx.try_send(Err(ServiceError::ShuttingDown.into()));
+}
+
+/// A fresh snapshot for a viewer that fell behind (E4).
+async fn resync(
+    context: &Context,
+    subscription: &Subscription,
+    exact_activity: bool,
+) -> Result<(HashMap<CompactString, u64>, WatchEvent), ServiceError> {
+    let shown = context.privacy.resync(subscription)?;
+    snapshot_event(context, subscription, &shown, exact_activity).await
 }

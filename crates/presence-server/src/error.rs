@@ -1,0 +1,159 @@
+//! Every refusal the service gives, and the one table from them to gRPC
+//! statuses.
+//!
+//! Handlers, the Leases path, authentication and the durable store all fail
+//! with a [`ServiceError`]; only [`From<ServiceError> for tonic::Status`]
+//! decides which code a caller sees, so a refusal reads the same whichever way
+//! it was reached (a unary call or an item of a batch). A refused field is
+//! named twice: in the message, for people, and as a `google.rpc.BadRequest`
+//! field violation in the status details, for programs.
+
+use std::borrow::Cow;
+
+use presence_core::{CompactString, LeaseError};
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::durable::DurableError;
+
+/// Why the service refused a request. Every refusal changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ServiceError {
+    /// A request field is malformed or out of bounds (B1).
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// The field at fault as the API names it, with an index into a list
+        /// where it helps (`user_ids[3]`).
+        field: Cow<'static, str>,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The session holds no live lease (L2): unknown, expired, revoked or unregistered.
+    #[error("no live lease for session {session_id:?} of user {user_id:?}")]
+    NotFound {
+        /// The user named in the request.
+        user_id: CompactString,
+        /// The session named in the request.
+        session_id: CompactString,
+    },
+    /// The request carries an older generation than the session's (L2, L3):
+    /// a newer connection owns the session.
+    #[error(
+        "generation {given} of session {session_id:?} of user {user_id:?} is older than the current generation {current}"
+    )]
+    StaleGeneration {
+        /// The user named in the request.
+        user_id: CompactString,
+        /// The session named in the request.
+        session_id: CompactString,
+        /// The generation the request carried.
+        given: u64,
+        /// The session's current generation.
+        current: u64,
+    },
+    /// The caller is authenticated but may not do this (P1).
+    #[error("{operation}: {reason}")]
+    PermissionDenied {
+        /// The RPC refused.
+        operation: &'static str,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The caller's credentials are missing or not accepted (P1). The reason
+    /// never tells which tokens or keys exist.
+    #[error("{0}")]
+    Unauthenticated(Cow<'static, str>),
+    /// A renewal shed under overload (B2): the next heartbeat carries the same information.
+    #[error("renewal shed: the server is overloaded; the next heartbeat carries the same information")]
+    RenewalShed,
+    /// The durable store failed; nothing was acknowledged (B4).
+    #[error("{0}; nothing was changed, retry")]
+    Durable(#[from] DurableError),
+    /// The server is shutting down; the client reconnects.
+    #[error("presenced is shutting down; reconnect")]
+    ShuttingDown,
+}
+
+impl ServiceError {
+    /// A refusal of `field`.
+    pub(crate) fn invalid(field: impl Into<Cow<'static, str>>, reason: impl Into<String>) -> Self {
+        ServiceError::InvalidArgument { field: field.into(), reason: reason.into() }
+    }
+
+    /// The gRPC code of this refusal: the one table.
+    pub(crate) fn code(&self) -> Code {
+        match self {
+            ServiceError::InvalidArgument { .. } => Code::InvalidArgument,
+            ServiceError::NotFound { .. } => Code::NotFound,
+            ServiceError::StaleGeneration { .. } => Code::FailedPrecondition,
+            ServiceError::PermissionDenied { .. } => Code::PermissionDenied,
+            ServiceError::Unauthenticated(_) => Code::Unauthenticated,
+            ServiceError::RenewalShed => Code::ResourceExhausted,
+            ServiceError::Durable(_) | ServiceError::ShuttingDown => Code::Unavailable,
+        }
+    }
+}
+
+impl From<LeaseError> for ServiceError {
+    fn from(err: LeaseError) -> Self {
+        match err {
+            LeaseError::InvalidArgument { field, reason } => ServiceError::invalid(field, reason),
+            LeaseError::NotFound { user_id, session_id } => ServiceError::NotFound { user_id, session_id },
+            LeaseError::StaleGeneration { user_id, session_id, given, current } => {
+                ServiceError::StaleGeneration { user_id, session_id, given, current }
+            }
+        }
+    }
+}
+
+impl From<ServiceError> for Status {
+    fn from(err: ServiceError) -> Self {
+        if let ServiceError::Durable(durable) = &err {
+            tracing::error!(err = %durable, "durable store failure");
+        }
+        let message = err.to_string();
+        match &err {
+            ServiceError::InvalidArgument { field, reason } => Status::with_error_details(
+                Code::InvalidArgument,
+                message,
+                ErrorDetails::with_bad_request_violation(field.as_ref(), reason.as_str()),
+            ),
+            _ => Status::new(err.code(), message),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_refusal_has_its_code_and_a_bad_field_travels_as_data() {
+        let invalid: Status =
+            ServiceError::from(LeaseError::InvalidArgument { field: "user_id", reason: "must not be empty".into() })
+                .into();
+        assert_eq!(invalid.code(), Code::InvalidArgument);
+        assert_eq!(invalid.message(), "user_id: must not be empty");
+        let violations = invalid.get_details_bad_request().expect("a BadRequest detail").field_violations;
+        assert_eq!(violations.len(), 1);
+        assert_eq!(
+            (violations[0].field.as_str(), violations[0].description.as_str()),
+            ("user_id", "must not be empty")
+        );
+
+        let not_found = ServiceError::from(LeaseError::NotFound { user_id: "u".into(), session_id: "s".into() });
+        assert_eq!(Status::from(not_found).code(), Code::NotFound);
+        let stale = LeaseError::StaleGeneration { user_id: "u".into(), session_id: "s".into(), given: 1, current: 2 };
+        assert_eq!(Status::from(ServiceError::from(stale)).code(), Code::FailedPrecondition);
+        let denied = ServiceError::PermissionDenied { operation: "Renew", reason: "requires service credentials" };
+        let denied = Status::from(denied);
+        assert_eq!((denied.code(), denied.message()), (Code::PermissionDenied, "Renew: requires service credentials"));
+        assert!(denied.get_details_bad_request().is_none(), "only a refused field carries a BadRequest");
+        assert_eq!(Status::from(ServiceError::RenewalShed).code(), Code::ResourceExhausted);
+        assert_eq!(Status::from(ServiceError::ShuttingDown).code(), Code::Unavailable);
+        assert_eq!(
+            Status::from(ServiceError::Unauthenticated("invalid credentials".into())).code(),
+            Code::Unauthenticated
+        );
+    }
+}

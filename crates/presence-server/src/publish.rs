@@ -1,0 +1,112 @@
+//! The one way changes leave the store: into the hub's mailboxes, counted.
+//!
+//! Every store operation appends the changes it caused to a `Vec`, and the
+//! caller hands that `Vec` here once the shard lock is released, whatever the
+//! operation's own answer (a refused renewal may have found an expired lease
+//! and flipped its user). [`Publisher::apply`] owns that pattern, so no handler
+//! can forget it.
+
+use std::sync::Arc;
+
+use presence_core::{Changes, PresenceChange, Store};
+
+use crate::clock::StoreClock;
+use crate::hub::Hub;
+use crate::metrics::Metrics;
+#[cfg(test)]
+use crate::metrics::names;
+
+/// Publishes changes to the viewers of this process.
+#[derive(Debug, Clone)]
+pub(crate) struct Publisher {
+    /// The store whose changes these are.
+    pub(crate) store: Arc<Store>,
+    /// The viewers' mailboxes.
+    pub(crate) hub: Arc<Hub>,
+    /// Reads `now` for every operation.
+    pub(crate) clock: StoreClock,
+    /// Counts what was published.
+    pub(crate) metrics: Metrics,
+}
+
+impl Publisher {
+    /// Runs one store operation at the current tick and publishes the changes
+    /// it caused, whatever it answers.
+    pub(crate) fn apply<T>(&self, operation: impl FnOnce(&Store, u64, &mut Changes) -> T) -> T {
+        let mut changes = Vec::new();
+        let answer = operation(&self.store, self.clock.now(), &mut changes);
+        self.publish(&changes);
+        answer
+    }
+
+    /// Publishes changes to the viewers of this process, in order, and counts them.
+    pub(crate) fn publish(&self, changes: &[PresenceChange]) {
+        if changes.is_empty() {
+            return;
+        }
+        let now = self.clock.now();
+        for change in changes {
+            let delivered = self.hub.publish(change);
+            self.metrics.fanned_out.increment(delivered as u64);
+            self.metrics.change(change, now);
+            tracing::debug!(
+                user_id = %change.user_id,
+                kind = ?change.kind,
+                state = ?change.presence.state,
+                version = change.presence.version,
+                expired = change.deadline.is_some(),
+                "change"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use presence_core::{Availability, Registration, Status, StoreConfig};
+
+    /// The counter `name` with the label `state` (or none), as recorded.
+    fn counter(entries: &[(String, Option<String>, u64)], name: &str, state: Option<&str>) -> u64 {
+        entries
+            .iter()
+            .filter(|(key, label, _)| key == name && label.as_deref() == state)
+            .map(|(_, _, value)| *value)
+            .sum()
+    }
+
+    #[test]
+    fn o1_flips_are_counted_as_flips_and_status_changes_apart() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let clock = StoreClock::start();
+            let store = Arc::new(Store::new(StoreConfig::default(), clock.now()).unwrap());
+            let publisher = Publisher { store, hub: Arc::new(Hub::default()), clock, metrics: Metrics::new() };
+            let registration =
+                Registration { user_id: "u", session_id: "s", gateway_id: "gw", ttl_ms: 0, metadata: &[] };
+            publisher.apply(|store, now, changes| store.register(now, &registration, changes)).unwrap();
+            let away = Status { availability: Availability::Away, text: "lunch".into(), expires_at: None };
+            publisher.apply(|store, now, changes| store.set_status(now, "u", Some(away), changes)).unwrap();
+            publisher.apply(|store, now, changes| store.set_status(now, "u", None, changes)).unwrap();
+            publisher.apply(|store, now, changes| store.revoke(now, "u", None, changes)).unwrap();
+        });
+        let entries: Vec<(String, Option<String>, u64)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(key, _, _, value)| match value {
+                DebugValue::Counter(value) => {
+                    let key = key.key();
+                    let state = key.labels().find(|label| label.key() == "state").map(|label| label.value().to_owned());
+                    Some((key.name().to_owned(), state, value))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(counter(&entries, names::FLIPS, Some("online")), 1, "{entries:?}");
+        assert_eq!(counter(&entries, names::FLIPS, Some("offline")), 1, "{entries:?}");
+        assert_eq!(counter(&entries, names::STATUS_CHANGES, None), 2, "{entries:?}");
+    }
+}

@@ -1,0 +1,435 @@
+//! Every conversion between the wire and the core: `presence.v1` messages and
+//! the server's Leases frames in, core inputs out; core answers in, messages
+//! out.
+//!
+//! Nothing here touches the store or decides policy (who may see what is
+//! `privacy.rs`'s, what a refusal's code is `error.rs`'s). A request is turned
+//! into core values once, here, whichever way it came (a unary call or an item
+//! of a `Leases` batch), so both paths answer alike. A Leases frame keeps its
+//! ids in the received buffer; they are checked as UTF-8 here and borrowed,
+//! never copied.
+
+use std::time::Duration;
+
+use presence_core::{
+    Availability, CompactString, Presence, Registered, Registration, Renewal, Renewed, Revoked, State,
+    UnregisterOutcome, Unregistered,
+};
+use presence_proto::lease_frames::{RegisterFrame, RenewFrame, UnregisterFrame};
+use presence_proto::v1::{self as pb, lease_result, watch_event};
+use tonic::Code;
+
+use crate::error::ServiceError;
+use crate::privacy::{Released, Visibility};
+
+/// Most users one Snapshot or Watch may name.
+pub const MAX_USERS_PER_REQUEST: usize = 10_000;
+
+/// The longest batch window a viewer may ask for: a second is already a visibly late dot.
+pub(crate) const MAX_BATCH_WINDOW_MS: u32 = 1_000;
+
+// ---------------------------------------------------------------------------
+// Requests in.
+
+/// A register request as the store takes it: ids borrowed from the request,
+/// metadata sorted by key (a later entry for a key replaces an earlier one,
+/// as in a decoded `map`).
+#[derive(Debug)]
+pub(crate) struct RegisterInput<'a> {
+    user_id: &'a str,
+    session_id: &'a str,
+    gateway_id: &'a str,
+    ttl_ms: u32,
+    metadata: Vec<(String, String)>,
+}
+
+impl RegisterInput<'_> {
+    /// The core's view of it.
+    pub(crate) fn registration(&self) -> Registration<'_> {
+        Registration {
+            user_id: self.user_id,
+            session_id: self.session_id,
+            gateway_id: self.gateway_id,
+            ttl_ms: self.ttl_ms,
+            metadata: &self.metadata,
+        }
+    }
+
+    /// The user it registers.
+    pub(crate) fn user_id(&self) -> &str {
+        self.user_id
+    }
+}
+
+/// An unregister request as the store takes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UnregisterInput<'a> {
+    pub(crate) user_id: &'a str,
+    pub(crate) session_id: &'a str,
+    pub(crate) generation: u64,
+    pub(crate) linger_ms: u32,
+}
+
+pub(crate) fn register_request(request: &pb::RegisterRequest) -> RegisterInput<'_> {
+    let mut metadata: Vec<(String, String)> =
+        request.metadata.iter().map(|(key, value)| (key.clone(), value.clone())).collect();
+    metadata.sort_unstable();
+    RegisterInput {
+        user_id: &request.user_id,
+        session_id: &request.session_id,
+        gateway_id: &request.gateway_id,
+        ttl_ms: request.ttl_ms,
+        metadata,
+    }
+}
+
+/// A register item of a batch; text that is not UTF-8 refuses the item alone.
+pub(crate) fn register_frame(frame: &RegisterFrame) -> Result<RegisterInput<'_>, ServiceError> {
+    let mut metadata: Vec<(String, String)> = Vec::with_capacity(frame.metadata.len());
+    for entry in &frame.metadata {
+        let key = utf8("metadata", &entry.key)?;
+        let value = utf8("metadata", &entry.value)?.to_owned();
+        match metadata.iter_mut().find(|(known, _)| known == key) {
+            Some(known) => known.1 = value,
+            None => metadata.push((key.to_owned(), value)),
+        }
+    }
+    metadata.sort_unstable();
+    Ok(RegisterInput {
+        user_id: utf8("user_id", &frame.user_id)?,
+        session_id: utf8("session_id", &frame.session_id)?,
+        gateway_id: utf8("gateway_id", &frame.gateway_id)?,
+        ttl_ms: frame.ttl_ms,
+        metadata,
+    })
+}
+
+pub(crate) fn renew_request(request: &pb::RenewRequest) -> Renewal<'_> {
+    Renewal {
+        user_id: &request.user_id,
+        session_id: &request.session_id,
+        generation: request.generation,
+        ttl_ms: request.ttl_ms,
+    }
+}
+
+/// A renewal item of a batch; bytes that are not UTF-8 refuse the item alone,
+/// as the unary `Renew` refuses such a request.
+pub(crate) fn renew_frame(frame: &RenewFrame) -> Result<Renewal<'_>, ServiceError> {
+    Ok(Renewal {
+        user_id: utf8("user_id", &frame.user_id)?,
+        session_id: utf8("session_id", &frame.session_id)?,
+        generation: frame.generation,
+        ttl_ms: frame.ttl_ms,
+    })
+}
+
+pub(crate) fn unregister_request(request: &pb::UnregisterRequest) -> UnregisterInput<'_> {
+    UnregisterInput {
+        user_id: &request.user_id,
+        session_id: &request.session_id,
+        generation: request.generation,
+        linger_ms: request.linger_ms,
+    }
+}
+
+pub(crate) fn unregister_frame(frame: &UnregisterFrame) -> Result<UnregisterInput<'_>, ServiceError> {
+    Ok(UnregisterInput {
+        user_id: utf8("user_id", &frame.user_id)?,
+        session_id: utf8("session_id", &frame.session_id)?,
+        generation: frame.generation,
+        linger_ms: frame.linger_ms,
+    })
+}
+
+fn utf8<'a>(field: &'static str, bytes: &'a [u8]) -> Result<&'a str, ServiceError> {
+    std::str::from_utf8(bytes)
+        .map_err(|_| ServiceError::invalid(field, "invalid string value: data is not UTF-8 encoded"))
+}
+
+/// One id field, checked by the core's one id rule.
+pub(crate) fn id(field: &'static str, value: &str) -> Result<CompactString, ServiceError> {
+    presence_core::validate_id(field, value)?;
+    Ok(CompactString::from(value))
+}
+
+/// A list of ids: at most [`MAX_USERS_PER_REQUEST`], each a valid id; a
+/// refusal names the list and the entry (`user_ids: entry 3 must not be empty`).
+pub(crate) fn user_ids(field: &'static str, ids: &[String]) -> Result<Vec<CompactString>, ServiceError> {
+    if ids.len() > MAX_USERS_PER_REQUEST {
+        return Err(ServiceError::invalid(
+            field,
+            format!("{} ids, more than the limit of {MAX_USERS_PER_REQUEST} per request", ids.len()),
+        ));
+    }
+    ids.iter()
+        .enumerate()
+        .map(|(index, value)| {
+            presence_core::validate_id(field, value).map_err(|err| match ServiceError::from(err) {
+                ServiceError::InvalidArgument { reason, .. } => {
+                    ServiceError::invalid(field, format!("entry {index} {reason}"))
+                }
+                other => other,
+            })?;
+            Ok(CompactString::from(value.as_str()))
+        })
+        .collect()
+}
+
+/// A list of ids a change applies to: like [`user_ids`], and not empty.
+pub(crate) fn nonempty_ids(field: &'static str, ids: &[String]) -> Result<Vec<CompactString>, ServiceError> {
+    if ids.is_empty() {
+        return Err(ServiceError::invalid(field, "must name at least one id"));
+    }
+    user_ids(field, ids)
+}
+
+/// The batch window a Watch request asks for (`None`: one event per change).
+pub(crate) fn batch_window(batch_window_ms: u32) -> Result<Option<Duration>, ServiceError> {
+    match batch_window_ms {
+        0 => Ok(None),
+        ms if ms <= MAX_BATCH_WINDOW_MS => Ok(Some(Duration::from_millis(u64::from(ms)))),
+        ms => Err(ServiceError::invalid(
+            "batch_window_ms",
+            format!("{ms} is longer than the limit of {MAX_BATCH_WINDOW_MS} ms"),
+        )),
+    }
+}
+
+/// A visibility from the wire.
+pub(crate) fn visibility(code: i32) -> Result<Visibility, ServiceError> {
+    match pb::Visibility::try_from(code) {
+        Ok(pb::Visibility::Everyone) => Ok(Visibility::Everyone),
+        Ok(pb::Visibility::Audience) => Ok(Visibility::Audience),
+        Ok(pb::Visibility::Nobody) => Ok(Visibility::Nobody),
+        Ok(pb::Visibility::Unspecified) | Err(_) => Err(ServiceError::invalid(
+            "visibility",
+            "must be VISIBILITY_EVERYONE, VISIBILITY_AUDIENCE or VISIBILITY_NOBODY",
+        )),
+    }
+}
+
+/// A status from the wire, as of `now`: a known availability, a valid text and
+/// an expiry in the future (or 0: never).
+pub(crate) fn status(status: pb::Status, now: u64) -> Result<presence_core::Status, ServiceError> {
+    let availability = match pb::Availability::try_from(status.availability) {
+        Ok(pb::Availability::Available) => Availability::Available,
+        Ok(pb::Availability::Away) => Availability::Away,
+        Ok(pb::Availability::DoNotDisturb) => Availability::DoNotDisturb,
+        Ok(pb::Availability::Unspecified) | Err(_) => {
+            return Err(ServiceError::invalid(
+                "status.availability",
+                "must be AVAILABILITY_AVAILABLE, AVAILABILITY_AWAY or AVAILABILITY_DO_NOT_DISTURB",
+            ));
+        }
+    };
+    presence_core::validate_status_text(&status.text).map_err(|err| match ServiceError::from(err) {
+        ServiceError::InvalidArgument { field, reason } => ServiceError::invalid(format!("status.{field}"), reason),
+        other => other,
+    })?;
+    let expires_at = match u64::try_from(status.expires_at_ms) {
+        Ok(0) => None,
+        Ok(at) if at > now => Some(at),
+        _ => return Err(ServiceError::invalid("status.expires_at_ms", "must be in the future (or 0: never)")),
+    };
+    Ok(presence_core::Status { availability, text: status.text, expires_at })
+}
+
+// ---------------------------------------------------------------------------
+// Answers out.
+
+/// A store tick as the API's `int64` Unix milliseconds.
+pub(crate) fn unix_ms(tick: u64) -> i64 {
+    i64::try_from(tick).unwrap_or(i64::MAX)
+}
+
+/// A user's presence with nothing else: state and version.
+pub(crate) fn presence(user_id: &str, presence: Presence) -> pb::UserPresence {
+    pb::UserPresence {
+        user_id: user_id.to_owned(),
+        state: match presence.state {
+            State::Online => pb::State::Online,
+            State::Offline => pb::State::Offline,
+        } as i32,
+        version: presence.version,
+        ..pb::UserPresence::default()
+    }
+}
+
+/// A user as released to one caller (see [`Released`]): a hidden user is
+/// exactly a user never seen (P3).
+pub(crate) fn released(user_id: &str, released: &Released) -> pb::UserPresence {
+    let Some(view) = &released.view else { return presence(user_id, Presence::UNKNOWN) };
+    let mut wire = presence(user_id, view.presence);
+    wire.status = view.status.as_deref().map(status_message);
+    wire.last_active_at_ms = released.last_active_at.map_or(0, unix_ms);
+    wire.last_seen_ms = released.last_seen.map_or(0, unix_ms);
+    wire
+}
+
+/// A status on the wire.
+pub(crate) fn status_message(status: &presence_core::Status) -> pb::Status {
+    pb::Status {
+        availability: match status.availability {
+            Availability::Available => pb::Availability::Available,
+            Availability::Away => pb::Availability::Away,
+            Availability::DoNotDisturb => pb::Availability::DoNotDisturb,
+        } as i32,
+        text: status.text.clone(),
+        expires_at_ms: status.expires_at.map_or(0, unix_ms),
+    }
+}
+
+pub(crate) fn register_response(user_id: &str, registered: &Registered) -> pb::RegisterResponse {
+    pb::RegisterResponse {
+        generation: registered.generation,
+        changed: registered.changed,
+        presence: Some(presence(user_id, registered.presence)),
+        expires_at_ms: unix_ms(registered.expires_at),
+    }
+}
+
+pub(crate) fn renew_response(renewed: &Renewed) -> pb::RenewResponse {
+    pb::RenewResponse { expires_at_ms: unix_ms(renewed.expires_at), throttled: renewed.throttled }
+}
+
+pub(crate) fn unregister_response(user_id: &str, unregistered: &Unregistered) -> pb::UnregisterResponse {
+    let (removed, outcome) = match unregistered.outcome {
+        UnregisterOutcome::Removed => (true, pb::UnregisterOutcome::Removed),
+        UnregisterOutcome::Lingering { .. } => (true, pb::UnregisterOutcome::Lingering),
+        UnregisterOutcome::StaleGeneration { .. } => (false, pb::UnregisterOutcome::StaleGeneration),
+        UnregisterOutcome::NotFound => (false, pb::UnregisterOutcome::NotFound),
+    };
+    pb::UnregisterResponse {
+        removed,
+        changed: unregistered.changed,
+        presence: Some(presence(user_id, unregistered.presence)),
+        outcome: outcome as i32,
+    }
+}
+
+pub(crate) fn revoke_response(user_id: &str, revoked: &Revoked) -> pb::RevokeResponse {
+    pb::RevokeResponse {
+        revoked: revoked.count,
+        changed: revoked.changed,
+        presence: Some(presence(user_id, revoked.presence)),
+    }
+}
+
+/// One item's result in a `LeaseResults` batch.
+pub(crate) fn lease_result<T>(
+    result: Result<T, ServiceError>,
+    wrap: impl FnOnce(T) -> lease_result::Result,
+) -> pb::LeaseResult {
+    match result {
+        Ok(response) => pb::LeaseResult { code: Code::Ok as u32, message: String::new(), result: Some(wrap(response)) },
+        Err(err) => lease_refused(&err),
+    }
+}
+
+/// A refused item: the code and message a unary call would have answered.
+pub(crate) fn lease_refused(err: &ServiceError) -> pb::LeaseResult {
+    pb::LeaseResult { code: err.code() as u32, message: err.to_string(), result: None }
+}
+
+/// The opening snapshot of a Watch, or a resync.
+pub(crate) fn snapshot_event(users: Vec<pb::UserPresence>) -> pb::WatchEvent {
+    pb::WatchEvent { event: Some(watch_event::Event::Snapshot(pb::Snapshot { users })) }
+}
+
+/// The events that carry `updates`: one each, or all in one batch.
+pub(crate) fn update_events(updates: Vec<pb::UserPresence>, batched: bool) -> Vec<pb::WatchEvent> {
+    if batched {
+        if updates.is_empty() {
+            return Vec::new();
+        }
+        return vec![pb::WatchEvent { event: Some(watch_event::Event::Updates(pb::UpdateBatch { users: updates })) }];
+    }
+    updates.into_iter().map(|update| pb::WatchEvent { event: Some(watch_event::Event::Update(update)) }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use presence_proto::lease_frames::MetadataEntryFrame;
+
+    fn field_of<T: std::fmt::Debug>(result: Result<T, ServiceError>) -> String {
+        match result {
+            Err(ServiceError::InvalidArgument { field, .. }) => field.into_owned(),
+            other => panic!("expected a refused field, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn b1_a_frame_and_a_request_give_the_same_registration() {
+        let request = pb::RegisterRequest {
+            user_id: "u".into(),
+            session_id: "s".into(),
+            gateway_id: "gw".into(),
+            ttl_ms: 1_000,
+            metadata: [("b".to_string(), "2".to_string()), ("a".to_string(), "1".to_string())].into(),
+        };
+        let entry =
+            |key: &str, value: &str| MetadataEntryFrame { key: key.to_owned().into(), value: value.to_owned().into() };
+        let frame = RegisterFrame {
+            user_id: "u".into(),
+            session_id: "s".into(),
+            gateway_id: "gw".into(),
+            ttl_ms: 1_000,
+            // A later entry for a key replaces an earlier one, as a decoded map does.
+            metadata: vec![entry("b", "0"), entry("a", "1"), entry("b", "2")],
+        };
+        let from_request = register_request(&request);
+        let from_frame = register_frame(&frame).unwrap();
+        assert_eq!(format!("{:?}", from_request.registration()), format!("{:?}", from_frame.registration()));
+        assert_eq!(from_frame.metadata, [("a".into(), "1".into()), ("b".into(), "2".into())]);
+    }
+
+    #[test]
+    fn b1_text_that_is_not_utf8_names_its_field() {
+        let renewal = RenewFrame { user_id: vec![0xff].into(), session_id: "s".into(), generation: 1, ttl_ms: 0 };
+        assert_eq!(field_of(renew_frame(&renewal)), "user_id");
+        let unregister =
+            UnregisterFrame { user_id: "u".into(), session_id: vec![0xc3].into(), generation: 1, linger_ms: 0 };
+        assert_eq!(field_of(unregister_frame(&unregister)), "session_id");
+        let register = RegisterFrame { gateway_id: vec![0xfe].into(), ..RegisterFrame::default() };
+        assert_eq!(field_of(register_frame(&register)), "gateway_id");
+    }
+
+    #[test]
+    fn b1_id_lists_name_the_entry_at_fault() {
+        let refused = user_ids("viewer_ids", &["a".into(), String::new()]).unwrap_err();
+        assert_eq!(refused.to_string(), "viewer_ids: entry 1 must not be empty");
+        let long = "x".repeat(presence_core::MAX_ID_BYTES + 1);
+        assert_eq!(field_of(user_ids("user_ids", &[long])), "user_ids");
+        assert_eq!(field_of(user_ids("user_ids", &vec!["u".to_string(); MAX_USERS_PER_REQUEST + 1])), "user_ids");
+        assert_eq!(field_of(nonempty_ids("viewer_ids", &[])), "viewer_ids");
+        assert_eq!(user_ids("user_ids", &[]).unwrap(), Vec::<CompactString>::new());
+    }
+
+    #[test]
+    fn b1_statuses_and_visibilities_from_the_wire_are_checked() {
+        let now = 1_000;
+        let valid =
+            pb::Status { availability: pb::Availability::Away as i32, text: "lunch".into(), expires_at_ms: 2_000 };
+        let status = status(valid, now).unwrap();
+        assert_eq!((status.availability, status.expires_at), (Availability::Away, Some(2_000)));
+        let unspecified = pb::Status { availability: 0, ..pb::Status::default() };
+        assert_eq!(field_of(super::status(unspecified, now)), "status.availability");
+        let past = pb::Status { availability: 1, text: String::new(), expires_at_ms: 1_000 };
+        assert_eq!(field_of(super::status(past, now)), "status.expires_at_ms");
+        let negative = pb::Status { availability: 1, text: String::new(), expires_at_ms: -5 };
+        assert_eq!(field_of(super::status(negative, now)), "status.expires_at_ms");
+        let control = pb::Status { availability: 1, text: "a\nb".into(), expires_at_ms: 0 };
+        assert_eq!(field_of(super::status(control, now)), "status.text");
+        assert_eq!(visibility(pb::Visibility::Nobody as i32).unwrap(), Visibility::Nobody);
+        assert_eq!(field_of(visibility(0)), "visibility");
+        assert_eq!(field_of(visibility(99)), "visibility");
+    }
+
+    #[test]
+    fn p3_a_hidden_user_is_released_exactly_as_a_user_never_seen() {
+        let hidden = Released { view: None, last_seen: None, last_active_at: None };
+        assert_eq!(released("u", &hidden), presence("u", Presence::UNKNOWN));
+    }
+}
