@@ -178,14 +178,26 @@ async fn b3_after_kill_9_only_sessions_newer_than_the_checkpoint_flip_and_they_c
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Flips `user` a few times and returns the highest version seen.
-async fn flip_a_few_times(client: &mut PresenceClient<Channel>, user: &str) -> u64 {
-    let mut highest = 0;
+/// The highest generation and the highest version a user reached.
+#[derive(Debug, Default, Clone, Copy)]
+struct Highest {
+    generation: u64,
+    version: u64,
+}
+
+/// Flips `user` ONLINE and OFFLINE three times, asserting that every register
+/// and unregister really flipped it (so the versions really moved), and
+/// returns the highest generation and version it reached.
+async fn flip_a_few_times(client: &mut PresenceClient<Channel>, user: &str) -> Highest {
+    let mut highest = Highest::default();
     for _ in 0..3 {
         let registered = client.register(register(user, "s", "gw", 0)).await.unwrap().into_inner();
+        assert!(registered.changed, "{user} was offline, so the register flips it ONLINE");
         let unregistered =
             client.unregister(unregister(user, "s", registered.generation, 0)).await.unwrap().into_inner();
-        highest = highest.max(unregistered.presence.unwrap().version).max(registered.generation);
+        assert!(unregistered.changed, "{user} had one session, so the unregister flips it OFFLINE");
+        highest.generation = highest.generation.max(registered.generation);
+        highest.version = highest.version.max(unregistered.presence.unwrap().version);
     }
     highest
 }
@@ -199,8 +211,12 @@ async fn m4_versions_never_go_back_across_kill_9_without_a_data_directory() {
     let daemon = Daemon::start(&[], &[]);
     let mut client = connect(&daemon).await;
     let registered = client.register(register("u1", "s", "gw", 0)).await.unwrap().into_inner();
-    assert!(registered.generation > highest);
-    assert!(registered.presence.unwrap().version > highest, "a viewer holding the old version accepts the new one");
+    assert!(registered.generation > highest.generation);
+    let version = registered.presence.unwrap().version;
+    assert!(
+        version > highest.version,
+        "a viewer holding the old version accepts the new one: {version} vs {highest:?}"
+    );
 }
 
 #[tokio::test]
@@ -208,24 +224,32 @@ async fn m4_versions_never_go_back_across_kill_9_with_flips_after_the_last_check
     let dir = scratch_dir("m4-data");
     let data_dir = dir.to_str().unwrap();
     let args = ["--data-dir", data_dir, "--checkpoint-interval-ms", "60000"];
+    // The last checkpoint this test writes: u1 known, and OFFLINE (so that no
+    // restart hold keeps it online and the flips below really happen).
     let daemon = Daemon::start(&args, &[]);
     let mut client = connect(&daemon).await;
-    client.register(register("u1", "s", "gw", 0)).await.unwrap();
-    // Only the final checkpoint of a graceful stop is written in this test; the flips below come after it.
+    let checkpointed = flip_a_few_times(&mut client, "u1").await;
     daemon.stop().await;
+    // After it: flips that no checkpoint records, then a crash.
     let daemon = Daemon::start(&args, &[]);
     let mut client = connect(&daemon).await;
+    assert_eq!(snapshot(&mut client, &["u1"]).await[0].version, checkpointed.version, "restored from the checkpoint");
     let highest = flip_a_few_times(&mut client, "u1").await;
+    assert!(highest.version > checkpointed.version);
     daemon.kill9();
+    // The restart loads the checkpoint from before those flips.
     let daemon = Daemon::start(&args, &[]);
     let mut client = connect(&daemon).await;
-    let now = snapshot(&mut client, &["u1"]).await;
+    let restored = snapshot(&mut client, &["u1"]).await;
+    assert_eq!(restored[0].version, checkpointed.version, "the flips after the checkpoint are not in it");
     let registered = client.register(register("u1", "s9", "gw", 0)).await.unwrap().into_inner();
-    assert!(registered.generation > highest);
+    assert!(registered.changed);
+    assert!(registered.generation > highest.generation, "{} vs {highest:?}", registered.generation);
     let version = registered.presence.unwrap().version;
-    assert!(version > highest || (!registered.changed && now[0].version <= version), "{version} vs {highest}");
-    let later = flip_a_few_times(&mut client, "u2").await;
-    assert!(later > highest);
+    assert!(
+        version > highest.version,
+        "a viewer holding the lost version accepts the new one: {version} vs {highest:?}"
+    );
     daemon.stop().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
