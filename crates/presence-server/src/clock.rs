@@ -4,10 +4,15 @@
 //! `expires_at_ms` the API returns, but they advance with the monotonic clock:
 //! the wall clock is read once, at start, so a wall-clock step while running
 //! never makes leases expire early or late.
+//!
+//! The monotonic clock is tokio's, so that a test on a paused runtime drives
+//! the server's time (leases, expiry, the expiry driver's sleeps) exactly and
+//! at full speed; outside such a test it is the system's monotonic clock.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use presence_core::Tick;
+use tokio::time::Instant;
 
 /// Converts between `Instant`s and store ticks.
 #[derive(Debug, Clone, Copy)]
@@ -44,11 +49,17 @@ impl StoreClock {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ticks_and_instants_round_trip() {
+    #[tokio::test(start_paused = true)]
+    async fn ticks_follow_the_monotonic_clock_and_round_trip_with_instants() {
         let clock = StoreClock::start();
-        let tick = clock.now() + 1_234;
+        let start = clock.now();
+        let unix_now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        assert!(start.abs_diff(unix_now) < 60_000, "ticks are Unix milliseconds: {start} vs {unix_now}");
+        tokio::time::advance(Duration::from_millis(1_234)).await;
+        assert_eq!(clock.now(), start + 1_234, "a tick is a millisecond of the monotonic clock");
+        tokio::time::advance(Duration::from_micros(999)).await;
+        assert_eq!(clock.now(), start + 1_234, "rounded down");
+        let tick = start + 5_000;
         assert_eq!(clock.tick_at(clock.instant_at(tick)), tick);
-        assert!(clock.now() >= clock.origin_unix_ms);
     }
 }

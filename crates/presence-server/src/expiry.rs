@@ -27,7 +27,7 @@ pub(crate) async fn run(context: Arc<Context>, wake: Arc<Notify>, batch: usize) 
         store.set_alarm(next.unwrap_or(u64::MAX));
         let sleep = async {
             match next {
-                Some(tick) => tokio::time::sleep_until(clock.instant_at(tick).into()).await,
+                Some(tick) => tokio::time::sleep_until(clock.instant_at(tick)).await,
                 None => std::future::pending().await,
             }
         };
@@ -36,5 +36,73 @@ pub(crate) async fn run(context: Arc<Context>, wake: Arc<Notify>, batch: usize) 
             () = wake.notified() => {}
             () = context.stopping.cancelled() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use presence_core::{Registration, State, Store, StoreConfig};
+    use tokio_util::sync::CancellationToken;
+
+    use crate::ServerConfig;
+    use crate::clock::StoreClock;
+    use crate::hub::Delivery;
+
+    /// Seed 000's timeline 2 on the server's own clock, paused: the last
+    /// device heartbeats, then dies silently right after a beat. The OFFLINE
+    /// is published by the expiry driver at the lease's deadline to the
+    /// millisecond, never before, and it is the only event.
+    #[tokio::test(start_paused = true)]
+    async fn l4_the_expiry_driver_publishes_offline_at_the_deadline_to_the_millisecond() {
+        const TTL_MS: u32 = 300;
+        let clock = StoreClock::start();
+        let wake = Arc::new(Notify::new());
+        let config = StoreConfig { min_renew_interval_ms: 0, min_ttl_ms: 20, ..StoreConfig::default() };
+        let store = Store::new(config, clock.now()).unwrap().with_expiry_waker({
+            let wake = Arc::clone(&wake);
+            move || wake.notify_one()
+        });
+        let stopping = CancellationToken::new();
+        let context = Arc::new(Context::new(Arc::new(store), clock, None, &ServerConfig::default(), stopping.clone()));
+        let driver = tokio::spawn(run(Arc::clone(&context), wake, 1_024));
+        let (viewer, _) = context.privacy.subscribe(vec!["u42".into()], 16, None).unwrap();
+
+        let laptop =
+            Registration { user_id: "u42", session_id: "laptop", gateway_id: "gw", ttl_ms: TTL_MS, metadata: &[] };
+        let registered = context.apply(|store, now, changes| store.register(now, &laptop, changes)).unwrap();
+        let mut deadline = registered.expires_at;
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let renewed = context
+                .apply(|store, now, changes| store.renew(now, "u42", "laptop", registered.generation, TTL_MS, changes))
+                .unwrap();
+            assert_eq!(renewed.expires_at, context.now() + u64::from(TTL_MS));
+            deadline = renewed.expires_at;
+        }
+        let Delivery::Changes(online) = viewer.mailbox().take() else { panic!("no resync expected") };
+        assert_eq!(online.values().map(|p| p.presence.state).collect::<Vec<_>>(), [State::Online]);
+
+        // The network drops now: nothing renews any more.
+        let offline = loop {
+            viewer.mailbox().ready().await; // a wake-up may be left over from the ONLINE
+            match viewer.mailbox().take() {
+                Delivery::Changes(changes) if changes.is_empty() => continue,
+                Delivery::Changes(changes) => break changes,
+                Delivery::Resync => panic!("no resync expected"),
+            }
+        };
+        assert_eq!(context.now(), deadline, "published at the deadline, not a millisecond later or earlier");
+        let offline: Vec<_> = offline.values().map(|p| (p.presence.state, p.presence.version)).collect();
+        assert_eq!(offline.len(), 1, "one event for the expiry: {offline:?}");
+        assert_eq!(offline[0].0, State::Offline);
+        assert!(offline[0].1 > registered.presence.version);
+
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(matches!(viewer.mailbox().take(), Delivery::Changes(rest) if rest.is_empty()), "nothing else");
+        stopping.cancel();
+        driver.await.unwrap();
     }
 }
