@@ -99,7 +99,7 @@ start_redis() {
     REDIS_PID=$(cat "$dir/redis.pid")
     # The seed's five scripts, verbatim (the generator loads them too and checks the SHA1s).
     local f sha want
-    for f in benches/loadgen/lua/*.lua; do
+    for f in tools/loadgen/lua/*.lua; do
         sha=$(redis-cli -p "$REDIS_PORT" -x script load <"$f")
         want=$(sha1sum "$f" | cut -d' ' -f1)
         [[ $sha == "$want" ]] || { echo "SCRIPT LOAD $f answered $sha, expected $want" >&2; exit 1; }
