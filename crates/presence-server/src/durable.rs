@@ -316,4 +316,144 @@ mod tests {
         assert_eq!(store.activity(&["alice", "bob", "carol"]).unwrap(), [Some(2_000), Some(1_000), None]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    /// The golden data directory's durable store: written once by the build
+    /// that introduced this format, read by every build since. Regenerate it
+    /// only for a deliberate format change, with
+    /// `PRESENCED_BLESS=1 cargo test -p presence-server durable::tests::golden`,
+    /// and keep a reader for the old format.
+    const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/durable-v1.redb");
+
+    fn write_golden_contents(store: &DurableStore) {
+        use crate::privacy::RelationChange;
+        let ids = |ids: &[&str]| ids.iter().map(|id| (*id).into()).collect::<Vec<_>>();
+        for (user, visibility) in
+            [("ann", Visibility::Everyone), ("bob", Visibility::Audience), ("cat", Visibility::Nobody)]
+        {
+            store.write_relations(&RelationChange::Visibility { user: user.into(), visibility }).unwrap();
+        }
+        store
+            .write_relations(&RelationChange::Audience {
+                user: "ann".into(),
+                viewers: ids(&["bob", "cat"]),
+                grant: true,
+            })
+            .unwrap();
+        store
+            .write_relations(&RelationChange::Membership {
+                group: "team".into(),
+                users: ids(&["ann", "dan"]),
+                join: true,
+            })
+            .unwrap();
+        let statuses = [
+            ("ann", Availability::Available, "", None),
+            ("bob", Availability::Away, "lunch", Some(1_800_000_000_000)),
+            ("cat", Availability::DoNotDisturb, "héllo", None),
+        ];
+        for (user, availability, text, expires_at) in statuses {
+            let status = Status { availability, text: text.into(), expires_at };
+            store.write_status(user, Some(&status)).unwrap();
+        }
+        store.put_setting("ann", "theme", b"dark").unwrap();
+        store.record_activity(&[("ann".into(), 1_700_000_000_123), ("bob".into(), 1_700_000_000_456)]).unwrap();
+    }
+
+    #[test]
+    fn golden_a_store_written_by_an_earlier_build_reads_back_whole() {
+        if std::env::var_os("PRESENCED_BLESS").is_some() {
+            let _ = std::fs::remove_file(GOLDEN);
+            std::fs::create_dir_all(std::path::Path::new(GOLDEN).parent().unwrap()).unwrap();
+            write_golden_contents(&DurableStore::open(std::path::Path::new(GOLDEN)).unwrap());
+        }
+        // Opened from a copy: opening may write, and the golden file must not change.
+        let dir = scratch("golden");
+        let copy = dir.join("durable.redb");
+        std::fs::copy(GOLDEN, &copy).expect("the golden file is committed");
+        let store = DurableStore::open(&copy).unwrap();
+        let relations = store.relations().unwrap();
+        assert_eq!(
+            relations.visibility,
+            [
+                ("ann".into(), Visibility::Everyone),
+                ("bob".into(), Visibility::Audience),
+                ("cat".into(), Visibility::Nobody)
+            ]
+        );
+        assert_eq!(relations.grants, [("ann".into(), "bob".into()), ("ann".into(), "cat".into())]);
+        assert_eq!(relations.members, [("team".into(), "ann".into()), ("team".into(), "dan".into())]);
+        let statuses: Vec<(String, Availability, String, Option<u64>)> = relations
+            .statuses
+            .into_iter()
+            .map(|(user, status)| (user, status.availability, status.text, status.expires_at))
+            .collect();
+        assert_eq!(
+            statuses,
+            [
+                ("ann".into(), Availability::Available, String::new(), None),
+                ("bob".into(), Availability::Away, "lunch".into(), Some(1_800_000_000_000)),
+                ("cat".into(), Availability::DoNotDisturb, "héllo".into(), None),
+            ]
+        );
+        assert_eq!(store.settings("ann").unwrap(), [("theme".to_string(), b"dark".to_vec())]);
+        assert_eq!(
+            store.activity(&["ann", "bob", "cat"]).unwrap(),
+            [Some(1_700_000_000_123), Some(1_700_000_000_456), None]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn golden_todays_writer_stores_exactly_the_bytes_of_the_format() {
+        // The stored codes are the disk's own: pinned here, whatever the API's enums become.
+        let visibilities =
+            [Visibility::Everyone, Visibility::Audience, Visibility::Nobody].map(stored::visibility_code);
+        assert_eq!(visibilities, [1, 2, 3]);
+        let availabilities =
+            [Availability::Available, Availability::Away, Availability::DoNotDisturb].map(stored::availability_code);
+        assert_eq!(availabilities, [1, 2, 3]);
+        // A status: availability code, expires_at u64 little-endian (0 = never), the text's bytes.
+        let status =
+            Status { availability: Availability::Away, text: "lunch".into(), expires_at: Some(0x0102_0304_0506) };
+        assert_eq!(encode_status(&status), b"\x02\x06\x05\x04\x03\x02\x01\x00\x00lunch");
+        let never = Status { availability: Availability::DoNotDisturb, text: String::new(), expires_at: None };
+        assert_eq!(encode_status(&never), [3, 0, 0, 0, 0, 0, 0, 0, 0]);
+        // And what today's writer puts in the tables is what the golden file holds.
+        let dir = scratch("golden-bytes");
+        let store = DurableStore::open(&dir.join("durable.redb")).unwrap();
+        write_golden_contents(&store);
+        let golden_copy = dir.join("golden.redb");
+        std::fs::copy(GOLDEN, &golden_copy).unwrap();
+        let golden = DurableStore::open(&golden_copy).unwrap();
+        assert_eq!(raw_tables(&store), raw_tables(&golden));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Every row of every table, keys and values as stored (a status as its bytes).
+    fn raw_tables(store: &DurableStore) -> Vec<String> {
+        let txn = store.db.begin_read().unwrap();
+        let mut rows = Vec::new();
+        for entry in txn.open_table(VISIBILITY).unwrap().iter().unwrap() {
+            let (key, value) = entry.unwrap();
+            rows.push(format!("visibility {:?} {:?}", key.value(), value.value()));
+        }
+        for entry in txn.open_table(STATUS).unwrap().iter().unwrap() {
+            let (key, value) = entry.unwrap();
+            rows.push(format!("status {:?} {:?}", key.value(), value.value()));
+        }
+        for (name, table) in [("grants", GRANTS), ("members", MEMBERS)] {
+            for entry in txn.open_table(table).unwrap().iter().unwrap() {
+                rows.push(format!("{name} {:?}", entry.unwrap().0.value()));
+            }
+        }
+        for entry in txn.open_table(SETTINGS).unwrap().iter().unwrap() {
+            let (key, value) = entry.unwrap();
+            rows.push(format!("settings {:?} {:?}", key.value(), value.value()));
+        }
+        for entry in txn.open_table(ACTIVITY).unwrap().iter().unwrap() {
+            let (key, value) = entry.unwrap();
+            rows.push(format!("activity {:?} {:?}", key.value(), value.value()));
+        }
+        rows
+    }
 }
