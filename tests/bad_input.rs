@@ -187,3 +187,30 @@ async fn l8_items_with_undecodable_text_are_refused_alone_and_the_stream_goes_on
     assert_eq!(states, [pb::State::Online, pb::State::Offline], "only the good register took effect");
     server.stop().await;
 }
+
+/// A refused field reaches the client as data too: a `google.rpc.BadRequest`
+/// field violation, on a unary call and whichever RPC it was.
+#[tokio::test]
+async fn b1_a_refused_field_travels_as_a_bad_request_detail() {
+    use tonic_types::StatusExt;
+    let server = TestServer::start(fast_config()).await;
+    let mut client = server.client().await;
+    let violation = |status: Status| {
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        let details = status.get_details_bad_request().expect("a BadRequest detail");
+        assert_eq!(details.field_violations.len(), 1, "{details:?}");
+        let violation = &details.field_violations[0];
+        assert!(status.message().starts_with(&format!("{}: ", violation.field)), "{status:?}");
+        (violation.field.clone(), violation.description.clone())
+    };
+    let refused = client.register(register("", "s", "gw", 0)).await.unwrap_err();
+    assert_eq!(violation(refused), ("user_id".to_string(), "must not be empty".to_string()));
+    let refused = client.renew(renew("u", "s", 1, 5)).await.unwrap_err();
+    assert_eq!(violation(refused).0, "ttl_ms");
+    let snapshot = pb::SnapshotRequest { user_ids: vec!["a".into(), String::new()], ..Default::default() };
+    let refused = client.snapshot(snapshot).await.unwrap_err();
+    assert_eq!(violation(refused), ("user_ids".to_string(), "entry 1 must not be empty".to_string()));
+    let status = pb::SetStatusRequest { user_id: "u".into(), status: Some(pb::Status::default()) };
+    assert_eq!(violation(client.set_status(status).await.unwrap_err()).0, "status.availability");
+    server.stop().await;
+}
