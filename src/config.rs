@@ -147,6 +147,8 @@ pub(crate) enum SettingsError {
     ReadFile { path: PathBuf, source: std::io::Error },
     #[error("invalid config file {path}: {message}")]
     ParseFile { path: PathBuf, message: String },
+    #[error("cannot read --viewer-jwt-public-key {path}: {source}")]
+    ReadKey { path: PathBuf, source: std::io::Error },
     #[error("invalid configuration: {0}")]
     Invalid(String),
 }
@@ -199,7 +201,7 @@ impl ServeArgs {
         let service_tokens = if self.service_tokens.is_empty() { file.service_tokens } else { self.service_tokens };
         let public_key_path = self.viewer_jwt_public_key.or(file.viewer_jwt_public_key);
         let viewer_jwt_public_key_pem = match public_key_path {
-            Some(path) => Some(std::fs::read(&path).map_err(|source| SettingsError::ReadFile { path, source })?),
+            Some(path) => Some(std::fs::read(&path).map_err(|source| SettingsError::ReadKey { path, source })?),
             None => None,
         };
         let auth = presence_server::AuthConfig {

@@ -56,9 +56,16 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
         .build()
         .map_err(|err| format!("cannot start the runtime: {err}"))?;
     runtime.block_on(async {
+        // The exporter binds its address here, before anything is announced.
+        // It goes before `prepare`, which makes the server's metric handles:
+        // handles made before a recorder is installed record nowhere.
         if let Some(addr) = settings.metrics_listen {
             install_metrics_exporter(addr)?;
         }
+        // Every check of the configuration that the library makes (credentials,
+        // key files, the data directory) happens before the listener is bound
+        // and the listening line printed (B7).
+        let prepared = presence_server::PreparedServer::prepare(settings.server).map_err(refusal)?;
         let listener = TcpListener::bind(settings.listen)
             .await
             .map_err(|err| format!("cannot listen on {}: {err}", settings.listen))?;
@@ -68,8 +75,22 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "listening on {local}").and_then(|()| stdout.flush()).ok();
         drop(stdout);
-        presence_server::serve(listener, settings.server, shutdown).await.map_err(|err| err.to_string())
+        prepared.serve(listener, shutdown).await.map_err(refusal)
     })
+}
+
+/// The one line a refusal prints, naming the flag behind it where the
+/// library's error says only what it is about.
+fn refusal(err: presence_server::ServeError) -> String {
+    use presence_server::{AuthConfigError, ServeError};
+    let flag = match &err {
+        ServeError::Auth(AuthConfigError::ServiceToken { .. }) => "--service-token",
+        ServeError::Auth(AuthConfigError::Hs256SecretTooShort { .. }) => "--viewer-jwt-hs256-secret",
+        ServeError::Auth(AuthConfigError::PublicKey { .. }) => "--viewer-jwt-public-key",
+        ServeError::DataDir { .. } => "--data-dir",
+        _ => return err.to_string(),
+    };
+    format!("invalid {flag}: {err}")
 }
 
 /// Serves Prometheus metrics on `addr` and makes the server's metrics go there.

@@ -8,6 +8,7 @@
 
 mod activity;
 mod auth;
+mod bootstrap;
 mod clock;
 mod connections;
 mod context;
@@ -33,21 +34,15 @@ use std::time::Duration;
 
 use presence_core::{ConfigError, Store, StoreConfig};
 
-use crate::activity::Activity;
-use crate::auth::{AuthConfigError, Authenticator};
-use crate::context::Context;
 use crate::data_dir::DataDir;
-use crate::durable::DurableStore;
 use crate::leases::LeaseQueue;
-use crate::metrics::Metrics;
-use crate::privacy::{RelationChange, Relations, Visibility};
-use crate::settings::Settings;
+use crate::privacy::Visibility;
 use presence_proto::v1::presence_server::PresenceServer;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-pub use auth::AuthConfig;
+pub use auth::{AuthConfig, AuthConfigError};
+pub use bootstrap::PreparedServer;
 pub use clock::StoreClock;
 pub use hub::{Delivery, Hub, Mailbox, Subscription};
 pub use leases::{LeasesStream, MAX_BATCH_ITEMS};
@@ -151,67 +146,36 @@ pub enum ServeError {
 
 /// Serves presenced on `listener` until `shutdown` completes, then stops
 /// accepting, ends open Watch streams (with `UNAVAILABLE`, which clients retry)
-/// and returns once in-flight requests are answered.
+/// and returns once in-flight requests are answered. The same as
+/// [`PreparedServer::prepare`] followed by [`PreparedServer::serve`]; a binary
+/// that announces its address should prepare before it binds (B7).
 pub async fn serve(
     listener: TcpListener,
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let clock = StoreClock::start();
-    let started = clock.now();
-    let data_dir_error = |path: &PathBuf, message: String| ServeError::DataDir { path: path.clone(), message };
-    let (data_dir, durable, restored) = match &config.data_dir {
-        Some(path) => {
-            let dir = DataDir::open(path).map_err(|err| data_dir_error(path, err.to_string()))?;
-            let durable =
-                DurableStore::open(&dir.durable_store_path()).map_err(|err| data_dir_error(path, err.to_string()))?;
-            let restored = dir.load_checkpoint();
-            (Some(dir), Some(Arc::new(durable)), restored)
-        }
-        None => (None, None, None),
-    };
-    let grace = config.restart_grace.unwrap_or(Duration::from_millis(u64::from(config.store.default_ttl_ms)));
-    let store = match &restored {
-        Some(checkpoint) => {
-            let hold_until = started + u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-            Store::restore(config.store.clone(), started, checkpoint, hold_until)?
-        }
-        None => Store::new(config.store.clone(), started)?,
-    };
-    let expiry_wake = Arc::new(Notify::new());
-    let store = Arc::new(store.with_expiry_waker({
-        let wake = Arc::clone(&expiry_wake);
-        move || wake.notify_one()
-    }));
-    let stopping = CancellationToken::new();
-    let auth = Authenticator::new(config.auth.clone())?;
-    let mut relations = Relations::new(config.default_visibility);
-    if let Some(durable) = &durable {
-        let stored = durable.relations().map_err(|err| ServeError::DataDir {
-            path: config.data_dir.clone().unwrap_or_default(),
-            message: err.to_string(),
-        })?;
-        load_relations(&mut relations, &store, started, stored);
+    PreparedServer::prepare(config)?.serve(listener, shutdown).await
+}
+
+impl PreparedServer {
+    /// Serves on `listener` until `shutdown` completes, as [`serve`] does.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
+        serve_prepared(self, listener, shutdown).await
     }
-    let activity = Arc::new(Activity::new(durable.clone(), config.activity_write_interval));
-    let context = Arc::new(Context {
-        store: Arc::clone(&store),
-        hub: Arc::new(Hub::default()),
-        clock,
-        metrics: Metrics::new(),
-        watch_buffer: config.watch_buffer,
-        stopping: stopping.clone(),
-        activity: Arc::clone(&activity),
-        settings: match &durable {
-            Some(durable) => Settings::Durable(Arc::clone(durable)),
-            None => Settings::Memory(Default::default()),
-        },
-        durable: durable.clone(),
-        relations: parking_lot::RwLock::new(relations),
-        relations_writer: tokio::sync::Mutex::new(()),
-        last_seen_granularity_ms: u64::try_from(config.last_seen_granularity.as_millis()).unwrap_or(u64::MAX).max(1),
-        auth,
-    });
+}
+
+async fn serve_prepared(
+    prepared: PreparedServer,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let bootstrap::Restored { config, context, expiry_wake, data_dir } = prepared.restore()?;
+    let (store, clock, stopping) = (Arc::clone(&context.store), context.clock, context.stopping.clone());
+    let activity = Arc::clone(&context.activity);
     let activity_flusher = tokio::spawn(activity::run_flusher(activity, clock, stopping.clone()));
     let checkpoints = data_dir.clone().map(|dir| {
         tokio::spawn(checkpoint_periodically(
@@ -355,35 +319,4 @@ async fn checkpoint_periodically(
             Err(err) => tracing::error!(%err, "the checkpoint task failed; the previous one stays"),
         }
     }
-}
-
-/// Puts the relations and statuses kept on disk back in memory.
-fn load_relations(relations: &mut Relations, store: &Store, now: u64, stored: durable::Relations) {
-    let count = (stored.visibility.len(), stored.grants.len(), stored.members.len(), stored.statuses.len());
-    for (user, code) in stored.visibility {
-        if let Some(visibility) = Visibility::from_code(i64::from(code)) {
-            relations.apply(&RelationChange::Visibility { user: user.into(), visibility });
-        }
-    }
-    for (user, viewer) in stored.grants {
-        relations.apply(&RelationChange::Audience { user: user.into(), viewers: vec![viewer.into()], grant: true });
-    }
-    for (group, user) in stored.members {
-        relations.apply(&RelationChange::Membership { group: group.into(), users: vec![user.into()], join: true });
-    }
-    for (user, code, expires_at, text) in stored.statuses {
-        let Some(availability) = service::availability_from_code(i64::from(code)) else { continue };
-        let expires_at = (expires_at != 0).then_some(expires_at);
-        if expires_at.is_some_and(|at| at <= now) {
-            continue; // it ran out while the service was down
-        }
-        let _ = store.restore_status(now, &user, presence_core::Status { availability, text, expires_at });
-    }
-    tracing::info!(
-        visibilities = count.0,
-        grants = count.1,
-        memberships = count.2,
-        statuses = count.3,
-        "loaded relations"
-    );
 }
