@@ -8,7 +8,7 @@ mod config;
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tokio::net::TcpListener;
 
 use crate::config::ServeArgs;
@@ -31,7 +31,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `serve`'s help shows the library's defaults, read from it at run time.
+    let command = Cli::command().mut_subcommand("serve", config::with_defaults_in_help);
+    let cli = match command.try_get_matches().and_then(|matches| Cli::from_arg_matches(&matches)) {
+        Ok(cli) => cli,
+        Err(err) if !err.use_stderr() => err.exit(), // --help, --version
+        Err(err) => {
+            eprintln!("presenced: {}", one_line(&err));
+            return ExitCode::from(2);
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
@@ -77,6 +86,19 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
         drop(stdout);
         prepared.serve(listener, shutdown).await.map_err(refusal)
     })
+}
+
+/// A command-line error of clap's in the one line every refusal takes:
+/// clap's own rendering spreads it over a usage block and a hint.
+fn one_line(err: &clap::Error) -> String {
+    let rendered = err.render().to_string();
+    let parts: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with("Usage:") && !line.starts_with("For more information"))
+        .map(|line| line.strip_prefix("error: ").unwrap_or(line))
+        .collect();
+    parts.join("; ")
 }
 
 /// The one line a refusal prints, naming the flag behind it where the

@@ -248,6 +248,8 @@ fn b7_a_bad_configuration_is_refused_before_anything_is_announced() {
         (vec!["--watch-buffer".into(), "0".into()], "watch-buffer"),
         (vec!["--config".into(), path(&unknown_key)], "max_ttl"),
         (vec!["--metrics-listen".into(), taken.clone()], &taken),
+        (vec!["--default-visibility".into(), "friends".into()], "--default-visibility"),
+        (vec!["--forget-offline-after-ms".into(), "soon".into()], "--forget-offline-after-ms"),
     ];
     for (args, setting) in cases {
         let argv: Vec<&str> =
