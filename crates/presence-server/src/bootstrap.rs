@@ -75,6 +75,16 @@ impl PreparedServer {
         // Credentials first: they need no disk, and a bad one is the likeliest mistake.
         let auth = Authenticator::new(config.auth.clone())?;
         config.store.validate()?;
+        // Zero would refuse every connection, every stream, or every handshake.
+        for (setting, zero) in [
+            ("max_connections", config.max_connections == 0),
+            ("max_streams_per_connection", config.max_streams_per_connection == 0),
+            ("handshake_timeout", config.handshake_timeout.is_zero()),
+        ] {
+            if zero {
+                return Err(ServeError::Setting { setting, reason: "must be more than 0" });
+            }
+        }
         let data_dir_error = |path: &Path, message: String| ServeError::DataDir { path: path.to_owned(), message };
         let (data_dir, durable, stored) = match &config.data_dir {
             Some(path) => {

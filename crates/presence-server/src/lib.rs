@@ -93,6 +93,21 @@ pub struct ServerConfig {
     pub default_visibility: Visibility,
     /// Last seen is released rounded down to this (P5).
     pub last_seen_granularity: Duration,
+    /// Most client connections open at once; more are refused (B5). An idle
+    /// connection costs about 15 KiB, so the default 10,000 bounds that to
+    /// about 150 MiB, and it is far more than one node needs when gateways
+    /// multiplex their users' sessions over a few connections each.
+    pub max_connections: usize,
+    /// A connection that has not sent the HTTP/2 preface and its SETTINGS
+    /// within this is closed (B5). The default, 10 s, is far longer than any
+    /// live client needs, even through a proxy on a slow link, and still
+    /// clears a flood of silent sockets within seconds.
+    pub handshake_timeout: Duration,
+    /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`: streams one connection may
+    /// have open (B5). A viewer needs one Watch and a gateway one Leases
+    /// stream plus its unary calls in flight; 1024 leaves room for deep
+    /// pipelining and bounds what one connection can make the server hold.
+    pub max_streams_per_connection: u32,
 }
 
 impl Default for ServerConfig {
@@ -112,6 +127,9 @@ impl Default for ServerConfig {
             auth: AuthConfig::default(),
             default_visibility: Visibility::Audience,
             last_seen_granularity: Duration::from_secs(300),
+            max_connections: 10_000,
+            handshake_timeout: Duration::from_secs(10),
+            max_streams_per_connection: 1_024,
         }
     }
 }
@@ -134,6 +152,14 @@ pub enum ServeError {
     /// The credentials configuration is unusable.
     #[error("{0}")]
     Auth(#[from] AuthConfigError),
+    /// A setting is out of its range.
+    #[error("{setting} {reason}")]
+    Setting {
+        /// The `ServerConfig` field.
+        setting: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// The data directory cannot be used.
     #[error("data directory {path}: {message}")]
     DataDir {
@@ -232,15 +258,25 @@ async fn serve_prepared(
     // still open then are closed with their threads.
     let closing = CancellationToken::new();
     let _close_on_return = closing.clone().drop_guard();
+    let admission = connections::Admission::new(config.max_connections, config.handshake_timeout);
+    let server = connections::server(config.max_streams_per_connection);
     let served = async {
         if config.connection_threads == 0 {
-            return tonic::transport::Server::builder()
+            return server
+                .clone()
                 .add_routes(routes)
-                .serve_with_incoming_shutdown(incoming, stop_signal)
+                .serve_with_incoming_shutdown(connections::admitted(incoming, admission), stop_signal)
                 .await
                 .map_err(ServeError::from);
         }
-        let threads = connections::ConnectionThreads::start(config.connection_threads, &routes, &stopping, &closing)?;
+        let threads = connections::ConnectionThreads::start(
+            config.connection_threads,
+            &routes,
+            &server,
+            admission,
+            &stopping,
+            &closing,
+        )?;
         let accepting = threads.serve(incoming, stopping.clone());
         tokio::pin!(accepting);
         tokio::select! {
