@@ -122,6 +122,18 @@ pub(crate) struct ServeArgs {
     /// Last seen is released to viewers rounded down to this.
     #[arg(long, env = "PRESENCED_LAST_SEEN_GRANULARITY_MS", value_name = "MS")]
     last_seen_granularity_ms: Option<u64>,
+    /// Client connections open at once; more are refused with an HTTP/2
+    /// GOAWAY. Keep it below the file-descriptor limit.
+    #[arg(long, env = "PRESENCED_MAX_CONNECTIONS", value_name = "N")]
+    max_connections: Option<usize>,
+    /// A connection that has not sent the HTTP/2 preface and SETTINGS within
+    /// this is closed.
+    #[arg(long, env = "PRESENCED_HANDSHAKE_TIMEOUT_MS", value_name = "MS")]
+    handshake_timeout_ms: Option<u64>,
+    /// Concurrent streams (calls, Watch and Leases streams) one connection may
+    /// have open; more are refused with REFUSED_STREAM.
+    #[arg(long, env = "PRESENCED_MAX_STREAMS_PER_CONNECTION", value_name = "N")]
+    max_streams_per_connection: Option<u32>,
 }
 
 /// `--default-visibility`, as spelled on the command line and in the file.
@@ -230,6 +242,9 @@ fields_of_server_config! {
     activity_write_interval_ms => activity_write_interval;
     default_visibility => default_visibility;
     last_seen_granularity_ms => last_seen_granularity;
+    max_connections => max_connections;
+    handshake_timeout_ms => handshake_timeout;
+    max_streams_per_connection => max_streams_per_connection;
 }
 
 /// Everything `serve` needs, resolved.
@@ -291,6 +306,11 @@ impl ServeArgs {
         at_least_one("expiry-batch", server.expiry_batch)?;
         at_least_one("watch-buffer", server.watch_buffer)?;
         at_least_one("lease-queue", server.lease_queue)?;
+        at_least_one("max-connections", server.max_connections)?;
+        at_least_one("max-streams-per-connection", server.max_streams_per_connection as usize)?;
+        if server.handshake_timeout.is_zero() {
+            return Err(SettingsError::Invalid("handshake-timeout-ms must be at least 1".into()));
+        }
         if let Some(workers) = args.lease_workers {
             server.lease_workers = at_least_one("lease-workers", workers)?;
         }
@@ -442,6 +462,9 @@ mod tests {
             activity_write_interval: Duration::from_millis(14),
             default_visibility: Visibility::Nobody,
             last_seen_granularity: Duration::from_millis(15),
+            max_connections: 16,
+            handshake_timeout: Duration::from_millis(17),
+            max_streams_per_connection: 18,
             ..defaults
         }
     }
@@ -469,6 +492,9 @@ mod tests {
             ("--activity-write-interval-ms", server.activity_write_interval.as_millis().to_string()),
             ("--default-visibility", "audience".to_owned()),
             ("--last-seen-granularity-ms", server.last_seen_granularity.as_millis().to_string()),
+            ("--max-connections", server.max_connections.to_string()),
+            ("--handshake-timeout-ms", server.handshake_timeout.as_millis().to_string()),
+            ("--max-streams-per-connection", server.max_streams_per_connection.to_string()),
         ] {
             let start = help.find(&format!("{flag} ")).unwrap_or_else(|| panic!("{flag} missing from help:\n{help}"));
             let entry = &help[start..];
@@ -531,6 +557,10 @@ mod tests {
         let err = resolve(&["--worker-threads", "0"]).unwrap_err();
         assert!(err.to_string().contains("worker-threads must be at least 1"), "{err}");
         assert_eq!(resolve(&["--worker-threads", "1"]).unwrap().worker_threads, 1);
+        for zero in ["--max-connections", "--max-streams-per-connection", "--handshake-timeout-ms"] {
+            let err = resolve(&[zero, "0"]).unwrap_err();
+            assert!(err.to_string().contains(&format!("{} must be at least 1", &zero[2..])), "{err}");
+        }
         let err = resolve(&["--shards", "3"]).unwrap_err();
         assert!(err.to_string().contains("power of two"), "{err}");
         let err = resolve(&["--config", "/nonexistent/presenced.toml"]).unwrap_err();

@@ -262,3 +262,37 @@ fn b7_a_bad_configuration_is_refused_before_anything_is_announced() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Scrapes `/metrics` until `series` has `value`, or fails after the patience.
+async fn until_sample(metrics_addr: &str, series: &str, value: f64) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let metrics = scrape(metrics_addr);
+        if sample(&metrics, series) == Some(value) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{series}never reached {value}:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn b5_open_connections_and_refusals_are_counted_and_the_gauge_returns_to_zero() {
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let daemon = Daemon::start(&["--metrics-listen", &metrics_addr, "--max-connections", "2"], &[]);
+    let mut clients = Vec::new();
+    for user in ["u1", "u2"] {
+        let mut client = PresenceClient::connect(daemon.url()).await.unwrap();
+        client.register(register(user, "s1", "gw", 0)).await.expect("within the cap");
+        clients.push(client);
+    }
+    until_sample(&metrics_addr, "presenced_connections ", 2.0).await;
+    let refused = match PresenceClient::connect(daemon.url()).await {
+        Ok(mut client) => client.register(register("u3", "s1", "gw", 0)).await.map(drop),
+        Err(err) => Err(tonic::Status::unavailable(err.to_string())),
+    };
+    assert!(refused.is_err(), "a third connection is refused: {refused:?}");
+    until_sample(&metrics_addr, "presenced_connections_refused_total ", 1.0).await;
+    drop(clients);
+    until_sample(&metrics_addr, "presenced_connections ", 0.0).await;
+}
