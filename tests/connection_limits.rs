@@ -125,6 +125,80 @@ async fn server_settings(addr: std::net::SocketAddr) -> Vec<(u16, u32)> {
         .collect()
 }
 
+/// One HTTP/2 frame: type, flags, stream id, payload.
+async fn read_frame(stream: &mut TcpStream) -> (u8, u8, u32, Vec<u8>) {
+    let mut header = [0; 9];
+    stream.read_exact(&mut header).await.expect("a frame");
+    let mut payload = vec![0; u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize];
+    stream.read_exact(&mut payload).await.expect("its payload");
+    let id = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+    (header[3], header[4], id, payload)
+}
+
+fn frame(kind: u8, flags: u8, id: u32, payload: &[u8]) -> Vec<u8> {
+    let mut frame = u32::try_from(payload.len()).unwrap().to_be_bytes()[1..].to_vec();
+    frame.extend_from_slice(&[kind, flags]);
+    frame.extend_from_slice(&id.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// The request headers of a Watch call, HPACK-encoded as literals (no
+/// table, no Huffman), which every decoder takes.
+fn watch_headers(authority: &str) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/presence.v1.Presence/Watch"),
+        (":authority", authority),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ] {
+        block.push(0); // a literal header field without indexing, new name
+        block.push(u8::try_from(name.len()).unwrap());
+        block.extend_from_slice(name.as_bytes());
+        block.push(u8::try_from(value.len()).unwrap());
+        block.extend_from_slice(value.as_bytes());
+    }
+    block
+}
+
+/// A client that ignores the server's SETTINGS_MAX_CONCURRENT_STREAMS (as
+/// tonic's does not) and opens three streams at once: the third is reset
+/// with REFUSED_STREAM, and the first two are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn b5_a_stream_beyond_max_streams_per_connection_is_refused_with_refused_stream() {
+    const SETTINGS: u8 = 0x4;
+    const HEADERS: u8 = 0x1;
+    const RST_STREAM: u8 = 0x3;
+    const REFUSED_STREAM: u32 = 0x7;
+    let config = ServerConfig { max_streams_per_connection: 2, ..fast_config() };
+    let server = TestServer::start(config).await;
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    stream.write_all(&frame(SETTINGS, 0, 0, &[])).await.unwrap();
+    // The server's limit applies once its SETTINGS are acknowledged.
+    let (kind, _, _, _) = within(PATIENCE, "the server's SETTINGS", read_frame(&mut stream)).await;
+    assert_eq!(kind, SETTINGS);
+    stream.write_all(&frame(SETTINGS, 0x1, 0, &[])).await.unwrap();
+    let headers = watch_headers(&server.addr.to_string());
+    for id in [1, 3, 5] {
+        stream.write_all(&frame(HEADERS, 0x4, id, &headers)).await.unwrap(); // END_HEADERS, no END_STREAM
+    }
+    let refused = within(PATIENCE, "a RST_STREAM", async {
+        loop {
+            let (kind, _, id, payload) = read_frame(&mut stream).await;
+            if kind == RST_STREAM {
+                return (id, u32::from_be_bytes(payload[..4].try_into().unwrap()));
+            }
+        }
+    })
+    .await;
+    assert_eq!(refused, (5, REFUSED_STREAM), "the third stream, and only it, is refused");
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn b5_one_connection_gets_at_most_max_streams_per_connection_streams() {
     let config = ServerConfig { max_streams_per_connection: 2, ..fast_config() };

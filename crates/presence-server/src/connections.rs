@@ -204,7 +204,10 @@ pub(crate) struct Guarded {
 }
 
 /// The client's first bytes, watched until they make the preface and the
-/// whole first frame (which must be SETTINGS; h2 checks both).
+/// whole first frame (which must be SETTINGS; h2 checks both). HTTP/2 only:
+/// the server does not accept HTTP/1, and if it ever does (gRPC-Web), this
+/// must tell the two apart, or an HTTP/1 client would be read as a frame
+/// of arbitrary length and closed at the deadline.
 #[derive(Debug)]
 struct Handshake {
     deadline: Pin<Box<Sleep>>,
