@@ -538,6 +538,36 @@ mod tests {
         accepting.await.unwrap().unwrap();
     }
 
+    #[tokio::test]
+    async fn a_connection_for_a_thread_whose_queue_is_full_is_refused_not_queued() {
+        use tokio::io::AsyncReadExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // A thread that is stuck: its queue holds one connection and nothing takes it.
+        let (stuck_thread, mut queued) = mpsc::channel(1);
+        let (report, result) = oneshot::channel();
+        let admission = Admission::new(8, Duration::from_secs(10));
+        let threads = ConnectionThreads { handoff: vec![stuck_thread], stopped: vec![result], admission };
+        let stopping = CancellationToken::new();
+        let accepting = tokio::spawn(threads.serve(TcpIncoming::from(listener), stopping.clone()));
+
+        let first = TcpStream::connect(addr).await.unwrap();
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), second.read_to_end(&mut answer))
+            .await
+            .expect("the second connection is answered and closed, not queued")
+            .unwrap();
+        assert_eq!(answer, refusal_frames());
+        let handed = queued.try_recv().expect("the first connection is queued");
+        assert_eq!(handed.stream.peer_addr().unwrap(), first.local_addr().unwrap());
+
+        stopping.cancel();
+        let _ = report.send(Ok(()));
+        drop(queued);
+        accepting.await.unwrap().unwrap();
+    }
+
     #[test]
     fn the_handshake_is_complete_with_the_preface_and_the_whole_first_frame() {
         let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
