@@ -1,53 +1,76 @@
-//! Configuration of `presenced serve`: flags, then environment, then a TOML
-//! file, then defaults (contract O3). Every flag `--some-flag` also reads from
-//! `PRESENCED_SOME_FLAG` and from the key `some_flag` of the `--config` file.
+//! Configuration of `presenced serve` (contract O3): flags, then environment,
+//! then a TOML file, then defaults.
+//!
+//! Each setting is declared once, as a field of [`ServeArgs`]: clap reads it
+//! from `--some-flag` and from `PRESENCED_SOME_FLAG` (the flag first), serde
+//! from the key `some_flag` of the `--config` file. The file and the
+//! command line are merged as TOML tables, the command line's keys replacing
+//! the file's, and a setting still unset keeps the library's default
+//! (`ServerConfig::default()`, `StoreConfig::default()`): no default is
+//! written here, and `--help` shows the library's (see [`with_defaults_in_help`]).
+//!
+//! Why not figment: clap already reads the environment with the right
+//! precedence and names the variable in its errors, so what is left is one
+//! merge of two tables, which the `toml` crate the binary already uses does.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
-use presence_core::StoreConfig;
 use presence_server::ServerConfig;
-use serde::Deserialize;
+use presence_server::privacy::Visibility;
+use serde::{Deserialize, Serialize};
 
-/// The flags of `presenced serve`.
-#[derive(Debug, Args)]
+/// Where `serve` listens when told nothing.
+const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 50051);
+
+/// The settings of `presenced serve`, each from a flag, the environment or
+/// the `--config` file. `None` (or empty, or false) is unset: the layer
+/// below, and in the end the library's default, decides.
+#[derive(Debug, Default, Clone, Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ServeArgs {
     /// A TOML file with any of the settings below (keys in snake_case).
     #[arg(long, env = "PRESENCED_CONFIG", value_name = "FILE")]
+    #[serde(skip)]
     config: Option<PathBuf>,
-    /// The gRPC address; port 0 picks a free port. [default: 127.0.0.1:50051]
+    /// The gRPC address; port 0 picks a free port.
     #[arg(long, env = "PRESENCED_LISTEN", value_name = "ADDR")]
     listen: Option<SocketAddr>,
-    /// The shortest lease TTL a request may ask for. [default: 1000]
+    /// The shortest lease TTL a request may ask for.
     #[arg(long, env = "PRESENCED_MIN_TTL_MS", value_name = "MS")]
     min_ttl_ms: Option<u32>,
-    /// The TTL of a request that asks for 0. [default: 45000]
+    /// The TTL of a request that asks for 0.
     #[arg(long, env = "PRESENCED_DEFAULT_TTL_MS", value_name = "MS")]
     default_ttl_ms: Option<u32>,
-    /// The longest lease TTL a request may ask for. [default: 3600000]
+    /// The longest lease TTL a request may ask for.
     #[arg(long, env = "PRESENCED_MAX_TTL_MS", value_name = "MS")]
     max_ttl_ms: Option<u32>,
     /// Renewals of a lease closer together than this (at most half its TTL) are
-    /// acknowledged without a write; 0 turns the throttle off. [default: 7500]
+    /// acknowledged without a write; 0 turns the throttle off.
     #[arg(long, env = "PRESENCED_MIN_RENEW_INTERVAL_MS", value_name = "MS")]
     min_renew_interval_ms: Option<u32>,
-    /// Lease store shards, a power of two. [default: 64]
+    /// How long a user that is offline, with nothing else held in memory, is
+    /// remembered before it is forgotten (B6).
+    #[arg(long, env = "PRESENCED_FORGET_OFFLINE_AFTER_MS", value_name = "MS")]
+    forget_offline_after_ms: Option<u64>,
+    /// Lease store shards, a power of two.
     #[arg(long, env = "PRESENCED_SHARDS", value_name = "N")]
     shards: Option<usize>,
-    /// Users expired per shard per lock hold. [default: 1024]
+    /// Users expired per shard per lock hold.
     #[arg(long, env = "PRESENCED_EXPIRY_BATCH", value_name = "N")]
     expiry_batch: Option<usize>,
-    /// How long a shutdown waits for open requests and connections. [default: 5000]
+    /// How long a shutdown waits for open requests and connections.
     #[arg(long, env = "PRESENCED_SHUTDOWN_GRACE_MS", value_name = "MS")]
     shutdown_grace_ms: Option<u64>,
     /// The Prometheus endpoint (`GET /metrics`); none unless set.
     #[arg(long, env = "PRESENCED_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
-    /// Users with undelivered changes a viewer may have before it is resynced. [default: 4096]
+    /// Users with undelivered changes a viewer may have before it is resynced.
     #[arg(long, env = "PRESENCED_WATCH_BUFFER", value_name = "N")]
     watch_buffer: Option<usize>,
-    /// Lease batches that may wait for a worker before renewals are shed. [default: 256]
+    /// Lease batches that may wait for a worker before renewals are shed.
     #[arg(long, env = "PRESENCED_LEASE_QUEUE", value_name = "N")]
     lease_queue: Option<usize>,
     /// Tasks applying lease batches. [default: the number of CPUs]
@@ -60,27 +83,28 @@ pub(crate) struct ServeArgs {
     /// Threads that serve client connections, each a single-threaded event loop
     /// that owns its connections: much cheaper for many small unary calls.
     /// 0 serves connections on the shared runtime, which serves Watch
-    /// fan-out a little better. [default: 0]
+    /// fan-out a little better.
     #[arg(long, env = "PRESENCED_CONNECTION_THREADS", value_name = "N")]
     connection_threads: Option<usize>,
     /// Keep checkpoints and durable data (settings, activity) here; without it
     /// everything is in memory only.
     #[arg(long, env = "PRESENCED_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
-    /// How often the leases are checkpointed to the data directory. [default: 5000]
+    /// How often the leases are checkpointed to the data directory.
     #[arg(long, env = "PRESENCED_CHECKPOINT_INTERVAL_MS", value_name = "MS")]
     checkpoint_interval_ms: Option<u64>,
     /// After a restart, how long users online at the checkpoint are held online
     /// while their gateways reconnect. [default: the default TTL]
     #[arg(long, env = "PRESENCED_RESTART_GRACE_MS", value_name = "MS")]
     restart_grace_ms: Option<u64>,
-    /// How often at most one user's activity is written to disk. [default: 60000]
+    /// How often at most one user's activity is written to disk.
     #[arg(long, env = "PRESENCED_ACTIVITY_WRITE_INTERVAL_MS", value_name = "MS")]
     activity_write_interval_ms: Option<u64>,
     /// A bearer token that service callers (gateways, admin tools) present;
     /// repeat it (or separate with commas in the environment) to rotate tokens
     /// without downtime.
     #[arg(long = "service-token", env = "PRESENCED_SERVICE_TOKEN", value_name = "TOKEN", value_delimiter = ',')]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     service_tokens: Vec<String>,
     /// The HS256 secret that signs viewers' JWTs.
     #[arg(long, env = "PRESENCED_VIEWER_JWT_HS256_SECRET", value_name = "SECRET")]
@@ -90,44 +114,137 @@ pub(crate) struct ServeArgs {
     viewer_jwt_public_key: Option<PathBuf>,
     /// With no credentials configured, allow listening on a non-loopback address.
     #[arg(long, env = "PRESENCED_INSECURE")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     insecure: bool,
-    /// The visibility of a user that chose none: everyone, audience or nobody. [default: audience]
+    /// The visibility of a user that chose none.
     #[arg(long, env = "PRESENCED_DEFAULT_VISIBILITY", value_name = "VISIBILITY")]
-    default_visibility: Option<String>,
-    /// Last seen is released to viewers rounded down to this. [default: 300000]
+    default_visibility: Option<DefaultVisibility>,
+    /// Last seen is released to viewers rounded down to this.
     #[arg(long, env = "PRESENCED_LAST_SEEN_GRANULARITY_MS", value_name = "MS")]
     last_seen_granularity_ms: Option<u64>,
+    /// Client connections open at once; more are refused with an HTTP/2
+    /// GOAWAY. Keep it below the file-descriptor limit.
+    #[arg(long, env = "PRESENCED_MAX_CONNECTIONS", value_name = "N")]
+    max_connections: Option<usize>,
+    /// A connection that has not sent the HTTP/2 preface and SETTINGS within
+    /// this is closed.
+    #[arg(long, env = "PRESENCED_HANDSHAKE_TIMEOUT_MS", value_name = "MS")]
+    handshake_timeout_ms: Option<u64>,
+    /// Concurrent streams (calls, Watch and Leases streams) one connection may
+    /// have open; more are refused with REFUSED_STREAM.
+    #[arg(long, env = "PRESENCED_MAX_STREAMS_PER_CONNECTION", value_name = "N")]
+    max_streams_per_connection: Option<u32>,
 }
 
-/// The same settings, as read from the `--config` file.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileSettings {
-    listen: Option<SocketAddr>,
-    min_ttl_ms: Option<u32>,
-    default_ttl_ms: Option<u32>,
-    max_ttl_ms: Option<u32>,
-    min_renew_interval_ms: Option<u32>,
-    shards: Option<usize>,
-    expiry_batch: Option<usize>,
-    shutdown_grace_ms: Option<u64>,
-    metrics_listen: Option<SocketAddr>,
-    watch_buffer: Option<usize>,
-    lease_queue: Option<usize>,
-    lease_workers: Option<usize>,
-    worker_threads: Option<usize>,
-    connection_threads: Option<usize>,
-    data_dir: Option<PathBuf>,
-    checkpoint_interval_ms: Option<u64>,
-    restart_grace_ms: Option<u64>,
-    activity_write_interval_ms: Option<u64>,
-    #[serde(default)]
-    service_tokens: Vec<String>,
-    viewer_jwt_hs256_secret: Option<String>,
-    viewer_jwt_public_key: Option<PathBuf>,
-    insecure: Option<bool>,
-    default_visibility: Option<String>,
-    last_seen_granularity_ms: Option<u64>,
+/// `--default-visibility`, as spelled on the command line and in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum DefaultVisibility {
+    /// Every viewer.
+    Everyone,
+    /// The user's audience.
+    Audience,
+    /// Nobody but the user.
+    Nobody,
+}
+
+impl From<DefaultVisibility> for Visibility {
+    fn from(visibility: DefaultVisibility) -> Self {
+        match visibility {
+            DefaultVisibility::Everyone => Visibility::Everyone,
+            DefaultVisibility::Audience => Visibility::Audience,
+            DefaultVisibility::Nobody => Visibility::Nobody,
+        }
+    }
+}
+
+impl From<Visibility> for DefaultVisibility {
+    fn from(visibility: Visibility) -> Self {
+        match visibility {
+            Visibility::Everyone => DefaultVisibility::Everyone,
+            Visibility::Audience => DefaultVisibility::Audience,
+            Visibility::Nobody => DefaultVisibility::Nobody,
+        }
+    }
+}
+
+/// How a setting's value becomes a field of type `C` of the library's
+/// configuration, and back (for `--help`): a `*_ms` setting is a `Duration`
+/// there, or stays milliseconds where the library counts them so.
+trait Field<C>: Sized {
+    fn into_config(self) -> C;
+    fn from_config(config: &C) -> Self;
+}
+
+impl<T: Clone> Field<T> for T {
+    fn into_config(self) -> T {
+        self
+    }
+    fn from_config(config: &T) -> T {
+        config.clone()
+    }
+}
+
+impl Field<Duration> for u64 {
+    fn into_config(self) -> Duration {
+        Duration::from_millis(self)
+    }
+    fn from_config(config: &Duration) -> u64 {
+        u64::try_from(config.as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+impl Field<Visibility> for DefaultVisibility {
+    fn into_config(self) -> Visibility {
+        self.into()
+    }
+    fn from_config(config: &Visibility) -> Self {
+        (*config).into()
+    }
+}
+
+/// Declares, once per setting, which field of `ServerConfig` a flag sets.
+/// From it come both directions: applying the settings given to a
+/// configuration, and the library's defaults as settings (for `--help`).
+/// Settings that are not a plain field there (addresses, the runtime's
+/// threads, credentials) are resolved by hand in [`ServeArgs::resolve`].
+macro_rules! fields_of_server_config {
+    ($($setting:ident => $($path:ident).+;)*) => {
+        impl ServeArgs {
+            /// Sets every field of `config` whose setting is given.
+            fn apply(&self, config: &mut ServerConfig) {
+                $(if let Some(value) = self.$setting.clone() {
+                    config.$($path).+ = Field::into_config(value);
+                })*
+            }
+
+            /// `config`'s values as settings.
+            fn from_config(config: &ServerConfig) -> ServeArgs {
+                ServeArgs { $($setting: Some(Field::from_config(&config.$($path).+)),)* ..ServeArgs::default() }
+            }
+        }
+    };
+}
+
+fields_of_server_config! {
+    min_ttl_ms => store.min_ttl_ms;
+    default_ttl_ms => store.default_ttl_ms;
+    max_ttl_ms => store.max_ttl_ms;
+    min_renew_interval_ms => store.min_renew_interval_ms;
+    forget_offline_after_ms => store.forget_offline_after_ms;
+    shards => store.shards;
+    expiry_batch => expiry_batch;
+    shutdown_grace_ms => shutdown_grace;
+    watch_buffer => watch_buffer;
+    lease_queue => lease_queue;
+    connection_threads => connection_threads;
+    checkpoint_interval_ms => checkpoint_interval;
+    activity_write_interval_ms => activity_write_interval;
+    default_visibility => default_visibility;
+    last_seen_granularity_ms => last_seen_granularity;
+    max_connections => max_connections;
+    handshake_timeout_ms => handshake_timeout;
+    max_streams_per_connection => max_streams_per_connection;
 }
 
 /// Everything `serve` needs, resolved.
@@ -147,131 +264,123 @@ pub(crate) enum SettingsError {
     ReadFile { path: PathBuf, source: std::io::Error },
     #[error("invalid config file {path}: {message}")]
     ParseFile { path: PathBuf, message: String },
+    #[error("cannot read --viewer-jwt-public-key {path}: {source}")]
+    ReadKey { path: PathBuf, source: std::io::Error },
     #[error("invalid configuration: {0}")]
     Invalid(String),
 }
 
 impl ServeArgs {
+    /// These settings over those of the `--config` file, if there is one.
+    fn over_the_file(self) -> Result<ServeArgs, SettingsError> {
+        let Some(path) = self.config.clone() else { return Ok(self) };
+        let text =
+            std::fs::read_to_string(&path).map_err(|source| SettingsError::ReadFile { path: path.clone(), source })?;
+        let invalid = |message: String| SettingsError::ParseFile { path: path.clone(), message };
+        // Parsed into the settings first, so that an unknown key or a value
+        // of the wrong type is refused by name.
+        let file: ServeArgs = toml::from_str(&text).map_err(|err| invalid(err.message().to_owned()))?;
+        let table = |args: &ServeArgs| {
+            toml::Table::try_from(args)
+                .map_err(|err| SettingsError::Invalid(format!("a setting is out of range: {err}")))
+        };
+        let mut merged = table(&file)?;
+        merged.extend(table(&self)?);
+        let mut merged: ServeArgs =
+            merged.try_into().map_err(|err: toml::de::Error| invalid(err.message().to_owned()))?;
+        merged.config = self.config;
+        Ok(merged)
+    }
+
     /// Merges flags and environment (clap has already applied those, flags
     /// first) with the config file and the defaults, and validates the result.
     pub(crate) fn resolve(self) -> Result<Settings, SettingsError> {
-        let file = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|source| SettingsError::ReadFile { path: path.clone(), source })?;
-                toml::from_str::<FileSettings>(&text)
-                    .map_err(|err| SettingsError::ParseFile { path: path.clone(), message: err.message().to_owned() })?
-            }
-            None => FileSettings::default(),
-        };
-        let store_defaults = StoreConfig::default();
-        let server_defaults = ServerConfig::default();
-        let store = StoreConfig {
-            shards: self.shards.or(file.shards).unwrap_or(store_defaults.shards),
-            min_ttl_ms: self.min_ttl_ms.or(file.min_ttl_ms).unwrap_or(store_defaults.min_ttl_ms),
-            default_ttl_ms: self.default_ttl_ms.or(file.default_ttl_ms).unwrap_or(store_defaults.default_ttl_ms),
-            max_ttl_ms: self.max_ttl_ms.or(file.max_ttl_ms).unwrap_or(store_defaults.max_ttl_ms),
-            min_renew_interval_ms: self
-                .min_renew_interval_ms
-                .or(file.min_renew_interval_ms)
-                .unwrap_or(store_defaults.min_renew_interval_ms),
-        };
-        store.validate().map_err(|err| SettingsError::Invalid(err.to_string()))?;
-        let at_least_one = |name: &str, value: Option<usize>, default: usize| match value.unwrap_or(default) {
+        let args = self.over_the_file()?;
+        let mut server = ServerConfig::default();
+        args.apply(&mut server);
+        server.store.validate().map_err(|err| SettingsError::Invalid(err.to_string()))?;
+        let at_least_one = |name: &str, value: usize| match value {
             0 => Err(SettingsError::Invalid(format!("{name} must be at least 1"))),
             value => Ok(value),
         };
-        let expiry_batch =
-            at_least_one("expiry-batch", self.expiry_batch.or(file.expiry_batch), server_defaults.expiry_batch)?;
-        let watch_buffer =
-            at_least_one("watch-buffer", self.watch_buffer.or(file.watch_buffer), server_defaults.watch_buffer)?;
-        let lease_queue =
-            at_least_one("lease-queue", self.lease_queue.or(file.lease_queue), server_defaults.lease_queue)?;
-        let lease_workers =
-            at_least_one("lease-workers", self.lease_workers.or(file.lease_workers), server_defaults.lease_workers)?;
+        at_least_one("expiry-batch", server.expiry_batch)?;
+        at_least_one("watch-buffer", server.watch_buffer)?;
+        at_least_one("lease-queue", server.lease_queue)?;
+        at_least_one("max-connections", server.max_connections)?;
+        at_least_one("max-streams-per-connection", server.max_streams_per_connection as usize)?;
+        if server.handshake_timeout.is_zero() {
+            return Err(SettingsError::Invalid("handshake-timeout-ms must be at least 1".into()));
+        }
+        if let Some(workers) = args.lease_workers {
+            server.lease_workers = at_least_one("lease-workers", workers)?;
+        }
         let cpus = std::thread::available_parallelism().map_or(2, usize::from);
-        let worker_threads = at_least_one("worker-threads", self.worker_threads.or(file.worker_threads), cpus)?;
-        let listen = self.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 50051)));
-        let shutdown_grace = self
-            .shutdown_grace_ms
-            .or(file.shutdown_grace_ms)
-            .map_or(server_defaults.shutdown_grace, std::time::Duration::from_millis);
-        let service_tokens = if self.service_tokens.is_empty() { file.service_tokens } else { self.service_tokens };
-        let public_key_path = self.viewer_jwt_public_key.or(file.viewer_jwt_public_key);
-        let viewer_jwt_public_key_pem = match public_key_path {
-            Some(path) => Some(std::fs::read(&path).map_err(|source| SettingsError::ReadFile { path, source })?),
+        let worker_threads = at_least_one("worker-threads", args.worker_threads.unwrap_or(cpus))?;
+        if server.last_seen_granularity.is_zero() {
+            return Err(SettingsError::Invalid("last-seen-granularity-ms must be at least 1".into()));
+        }
+        server.restart_grace = args.restart_grace_ms.map(Duration::from_millis).or(server.restart_grace);
+        server.data_dir = args.data_dir.or(server.data_dir);
+        let listen = args.listen.unwrap_or(DEFAULT_LISTEN);
+        let viewer_jwt_public_key_pem = match args.viewer_jwt_public_key {
+            Some(path) => Some(std::fs::read(&path).map_err(|source| SettingsError::ReadKey { path, source })?),
             None => None,
         };
-        let auth = presence_server::AuthConfig {
-            service_tokens,
-            viewer_jwt_hs256_secret: self.viewer_jwt_hs256_secret.or(file.viewer_jwt_hs256_secret),
+        server.auth = presence_server::AuthConfig {
+            service_tokens: args.service_tokens,
+            viewer_jwt_hs256_secret: args.viewer_jwt_hs256_secret,
             viewer_jwt_public_key_pem,
-            ..presence_server::AuthConfig::default()
+            ..server.auth
         };
+        let auth = &server.auth;
         let open = auth.service_tokens.is_empty()
             && auth.viewer_jwt_hs256_secret.is_none()
             && auth.viewer_jwt_public_key_pem.is_none();
-        let insecure = self.insecure || file.insecure.unwrap_or(false);
-        if open && !insecure && !listen.ip().is_loopback() {
+        if open && !args.insecure && !listen.ip().is_loopback() {
             return Err(SettingsError::Invalid(format!(
                 "no credentials are configured, so presenced runs open and listens only on loopback; \
                  {listen} is not (configure --service-token / viewer JWT keys, or pass --insecure)"
             )));
         }
-        let default_visibility = match self.default_visibility.or(file.default_visibility).as_deref() {
-            None | Some("audience") => presence_server::privacy::Visibility::Audience,
-            Some("everyone") => presence_server::privacy::Visibility::Everyone,
-            Some("nobody") => presence_server::privacy::Visibility::Nobody,
-            Some(other) => {
-                return Err(SettingsError::Invalid(format!(
-                    "default-visibility must be everyone, audience or nobody, got {other:?}"
-                )));
-            }
-        };
-        let last_seen_granularity = self
-            .last_seen_granularity_ms
-            .or(file.last_seen_granularity_ms)
-            .map_or(server_defaults.last_seen_granularity, std::time::Duration::from_millis);
-        if last_seen_granularity.is_zero() {
-            return Err(SettingsError::Invalid("last-seen-granularity-ms must be at least 1".into()));
-        }
-        Ok(Settings {
-            listen,
-            metrics_listen: self.metrics_listen.or(file.metrics_listen),
-            worker_threads,
-            server: ServerConfig {
-                store,
-                expiry_batch,
-                shutdown_grace,
-                watch_buffer,
-                lease_queue,
-                lease_workers,
-                connection_threads: self
-                    .connection_threads
-                    .or(file.connection_threads)
-                    .unwrap_or(server_defaults.connection_threads),
-                data_dir: self.data_dir.or(file.data_dir),
-                checkpoint_interval: self
-                    .checkpoint_interval_ms
-                    .or(file.checkpoint_interval_ms)
-                    .map_or(server_defaults.checkpoint_interval, std::time::Duration::from_millis),
-                restart_grace: self.restart_grace_ms.or(file.restart_grace_ms).map(std::time::Duration::from_millis),
-                activity_write_interval: self
-                    .activity_write_interval_ms
-                    .or(file.activity_write_interval_ms)
-                    .map_or(server_defaults.activity_write_interval, std::time::Duration::from_millis),
-                auth,
-                default_visibility,
-                last_seen_granularity,
-            },
-        })
+        Ok(Settings { listen, metrics_listen: args.metrics_listen, worker_threads, server })
     }
+
+    /// The defaults shown in `--help`: the library's, plus the listening address.
+    fn defaults() -> ServeArgs {
+        ServeArgs { listen: Some(DEFAULT_LISTEN), ..ServeArgs::from_config(&ServerConfig::default()) }
+    }
+}
+
+/// `serve`'s command with `[default: …]` appended to the help of every
+/// setting that has one, taken from the library's defaults, so that the help
+/// cannot drift from them.
+pub(crate) fn with_defaults_in_help(mut serve: clap::Command) -> clap::Command {
+    let defaults = toml::Table::try_from(ServeArgs::defaults()).expect("the defaults are representable in TOML");
+    for (key, value) in defaults {
+        let shown = match value {
+            toml::Value::String(text) => text,
+            other => other.to_string(),
+        };
+        serve = serve.mut_arg(key, |arg| {
+            let with_default = |help: Option<&clap::builder::StyledStr>| {
+                format!("{} [default: {shown}]", help.map(ToString::to_string).unwrap_or_default())
+            };
+            let long = arg.get_long_help().map(|help| with_default(Some(help)));
+            let arg = arg.clone().help(with_default(arg.get_help()));
+            match long {
+                Some(long) => arg.long_help(long),
+                None => arg,
+            }
+        });
+    }
+    serve
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use clap::{CommandFactory, FromArgMatches, Parser};
+    use presence_core::StoreConfig;
 
     #[derive(Debug, Parser)]
     struct Harness {
@@ -283,38 +392,162 @@ mod tests {
         Harness::try_parse_from(std::iter::once("serve").chain(argv.iter().copied())).unwrap().args.resolve()
     }
 
+    /// A scratch config file holding `text`, removed on drop.
+    struct ConfigFile(PathBuf);
+
+    impl ConfigFile {
+        fn new(name: &str, text: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("presenced-config-{name}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("presenced.toml");
+            std::fs::write(&path, text).unwrap();
+            ConfigFile(path)
+        }
+
+        fn path(&self) -> &str {
+            self.0.to_str().unwrap()
+        }
+    }
+
+    impl Drop for ConfigFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+        }
+    }
+
     #[test]
     fn defaults_follow_the_api() {
         let settings = resolve(&[]).unwrap();
         assert_eq!(settings.listen, "127.0.0.1:50051".parse().unwrap());
         assert_eq!(settings.server.store, StoreConfig::default());
+        // The contract's numbers, so that a change of the library's defaults is seen here too.
+        let store = &settings.server.store;
+        assert_eq!((store.min_ttl_ms, store.default_ttl_ms, store.max_ttl_ms), (1_000, 45_000, 3_600_000));
+    }
+
+    #[test]
+    fn an_empty_configuration_resolves_to_the_library_defaults_field_by_field() {
+        let resolved = resolve(&[]).unwrap().server;
+        assert_eq!(format!("{resolved:#?}"), format!("{:#?}", ServerConfig::default()));
+    }
+
+    #[test]
+    fn the_defaults_shown_in_help_resolve_back_to_the_library_defaults() {
+        // Both directions of the mapping agree: a typo in one of them (a
+        // setting mapped to the wrong field) makes these differ.
+        let mut server = fast_nonsense();
+        ServeArgs::defaults().apply(&mut server);
+        assert_eq!(format!("{server:#?}"), format!("{:#?}", ServerConfig::default()));
+    }
+
+    /// A configuration whose every mapped field differs from the default.
+    fn fast_nonsense() -> ServerConfig {
+        let defaults = ServerConfig::default();
+        let store = StoreConfig {
+            shards: 2,
+            min_ttl_ms: 3,
+            default_ttl_ms: 4,
+            max_ttl_ms: 5,
+            min_renew_interval_ms: 6,
+            forget_offline_after_ms: 7,
+        };
+        ServerConfig {
+            store,
+            expiry_batch: 8,
+            shutdown_grace: Duration::from_millis(9),
+            watch_buffer: 10,
+            lease_queue: 11,
+            connection_threads: 12,
+            checkpoint_interval: Duration::from_millis(13),
+            activity_write_interval: Duration::from_millis(14),
+            default_visibility: Visibility::Nobody,
+            last_seen_granularity: Duration::from_millis(15),
+            max_connections: 16,
+            handshake_timeout: Duration::from_millis(17),
+            max_streams_per_connection: 18,
+            ..defaults
+        }
+    }
+
+    #[test]
+    fn help_shows_the_library_defaults() {
+        let command = with_defaults_in_help(Harness::command());
+        let help = command.clone().render_long_help().to_string();
+        let store = StoreConfig::default();
+        let server = ServerConfig::default();
+        for (flag, default) in [
+            ("--listen", "127.0.0.1:50051".to_owned()),
+            ("--min-ttl-ms", store.min_ttl_ms.to_string()),
+            ("--default-ttl-ms", store.default_ttl_ms.to_string()),
+            ("--max-ttl-ms", store.max_ttl_ms.to_string()),
+            ("--min-renew-interval-ms", store.min_renew_interval_ms.to_string()),
+            ("--forget-offline-after-ms", store.forget_offline_after_ms.to_string()),
+            ("--shards", store.shards.to_string()),
+            ("--expiry-batch", server.expiry_batch.to_string()),
+            ("--shutdown-grace-ms", server.shutdown_grace.as_millis().to_string()),
+            ("--watch-buffer", server.watch_buffer.to_string()),
+            ("--lease-queue", server.lease_queue.to_string()),
+            ("--connection-threads", server.connection_threads.to_string()),
+            ("--checkpoint-interval-ms", server.checkpoint_interval.as_millis().to_string()),
+            ("--activity-write-interval-ms", server.activity_write_interval.as_millis().to_string()),
+            ("--default-visibility", "audience".to_owned()),
+            ("--last-seen-granularity-ms", server.last_seen_granularity.as_millis().to_string()),
+            ("--max-connections", server.max_connections.to_string()),
+            ("--handshake-timeout-ms", server.handshake_timeout.as_millis().to_string()),
+            ("--max-streams-per-connection", server.max_streams_per_connection.to_string()),
+        ] {
+            let start = help.find(&format!("{flag} ")).unwrap_or_else(|| panic!("{flag} missing from help:\n{help}"));
+            let entry = &help[start..];
+            let entry = &entry[..entry[2..].find("\n  -").map_or(entry.len(), |end| end + 2)];
+            assert!(entry.contains(&format!("[default: {default}]")), "{flag} must show [default: {default}]: {entry}");
+        }
+        // The patched command still parses what the plain one does.
+        let matches = command.try_get_matches_from(["serve", "--min-ttl-ms", "5"]).unwrap();
+        assert_eq!(Harness::from_arg_matches(&matches).unwrap().args.min_ttl_ms, Some(5));
     }
 
     #[test]
     fn flags_win_over_the_file_and_the_file_over_defaults() {
-        let dir = std::env::temp_dir().join(format!("presenced-config-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("presenced.toml");
-        std::fs::write(&path, "listen = \"127.0.0.1:7000\"\nmin_ttl_ms = 500\nshards = 8\n").unwrap();
-        let settings = resolve(&["--config", path.to_str().unwrap(), "--min-ttl-ms", "200"]).unwrap();
+        let file = ConfigFile::new("layers", "listen = \"127.0.0.1:7000\"\nmin_ttl_ms = 500\nshards = 8\n");
+        let settings = resolve(&["--config", file.path(), "--min-ttl-ms", "200"]).unwrap();
         assert_eq!(settings.listen, "127.0.0.1:7000".parse().unwrap());
         assert_eq!(settings.server.store.min_ttl_ms, 200);
         assert_eq!(settings.server.store.shards, 8);
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(settings.server.store.max_ttl_ms, StoreConfig::default().max_ttl_ms);
+    }
+
+    #[test]
+    fn every_kind_of_setting_is_read_from_the_file() {
+        let file = ConfigFile::new(
+            "kinds",
+            "default_visibility = \"nobody\"\nservice_tokens = [\"a\", \"b\"]\ninsecure = true\n\
+             listen = \"0.0.0.0:0\"\nforget_offline_after_ms = 1234\nrestart_grace_ms = 77\n\
+             data_dir = \"/tmp/somewhere\"\nlast_seen_granularity_ms = 1000\n",
+        );
+        let settings = resolve(&["--config", file.path()]).unwrap();
+        assert_eq!(settings.server.default_visibility, Visibility::Nobody);
+        assert_eq!(settings.server.auth.service_tokens, ["a", "b"]);
+        assert_eq!(settings.server.store.forget_offline_after_ms, 1234);
+        assert_eq!(settings.server.restart_grace, Some(Duration::from_millis(77)));
+        assert_eq!(settings.server.data_dir, Some(PathBuf::from("/tmp/somewhere")));
+        assert_eq!(settings.server.last_seen_granularity, Duration::from_secs(1));
+        // The command line's tokens replace the file's rather than adding to them.
+        let settings = resolve(&["--config", file.path(), "--service-token", "c"]).unwrap();
+        assert_eq!(settings.server.auth.service_tokens, ["c"]);
+        assert_eq!(
+            resolve(&["--default-visibility", "everyone"]).unwrap().server.default_visibility,
+            Visibility::Everyone
+        );
     }
 
     #[test]
     fn connection_threads_come_from_the_flag_or_the_file_and_default_to_the_shared_runtime() {
         assert_eq!(resolve(&[]).unwrap().server.connection_threads, 0);
         assert_eq!(resolve(&["--connection-threads", "2"]).unwrap().server.connection_threads, 2);
-        let dir = std::env::temp_dir().join(format!("presenced-config-threads-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("presenced.toml");
-        std::fs::write(&path, "connection_threads = 3\n").unwrap();
-        assert_eq!(resolve(&["--config", path.to_str().unwrap()]).unwrap().server.connection_threads, 3);
-        let flag_wins = resolve(&["--config", path.to_str().unwrap(), "--connection-threads", "1"]).unwrap();
+        let file = ConfigFile::new("threads", "connection_threads = 3\n");
+        assert_eq!(resolve(&["--config", file.path()]).unwrap().server.connection_threads, 3);
+        let flag_wins = resolve(&["--config", file.path(), "--connection-threads", "1"]).unwrap();
         assert_eq!(flag_wins.server.connection_threads, 1);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -324,9 +557,29 @@ mod tests {
         let err = resolve(&["--worker-threads", "0"]).unwrap_err();
         assert!(err.to_string().contains("worker-threads must be at least 1"), "{err}");
         assert_eq!(resolve(&["--worker-threads", "1"]).unwrap().worker_threads, 1);
+        for zero in ["--max-connections", "--max-streams-per-connection", "--handshake-timeout-ms"] {
+            let err = resolve(&[zero, "0"]).unwrap_err();
+            assert!(err.to_string().contains(&format!("{} must be at least 1", &zero[2..])), "{err}");
+        }
         let err = resolve(&["--shards", "3"]).unwrap_err();
         assert!(err.to_string().contains("power of two"), "{err}");
         let err = resolve(&["--config", "/nonexistent/presenced.toml"]).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/presenced.toml"), "{err}");
+        let err = Harness::try_parse_from(["serve", "--default-visibility", "friends"]).unwrap_err();
+        assert!(err.to_string().contains("friends") && err.to_string().contains("--default-visibility"), "{err}");
+    }
+
+    #[test]
+    fn the_file_is_refused_by_key_and_by_value() {
+        for (text, named) in [
+            ("max_ttl = 5000\n", "max_ttl"),
+            ("config = \"other.toml\"\n", "config"),
+            ("min_ttl_ms = \"soon\"\n", "soon"),
+            ("default_visibility = \"friends\"\n", "friends"),
+        ] {
+            let file = ConfigFile::new("refused", text);
+            let err = resolve(&["--config", file.path()]).unwrap_err();
+            assert!(err.to_string().contains(named), "{text:?}: {err}");
+        }
     }
 }

@@ -8,7 +8,7 @@ mod config;
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tokio::net::TcpListener;
 
 use crate::config::ServeArgs;
@@ -31,7 +31,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `serve`'s help shows the library's defaults, read from it at run time.
+    let command = Cli::command().mut_subcommand("serve", config::with_defaults_in_help);
+    let cli = match command.try_get_matches().and_then(|matches| Cli::from_arg_matches(&matches)) {
+        Ok(cli) => cli,
+        Err(err) if !err.use_stderr() => err.exit(), // --help, --version
+        Err(err) => {
+            eprintln!("presenced: {}", one_line(&err));
+            return ExitCode::from(2);
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
@@ -56,9 +65,16 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
         .build()
         .map_err(|err| format!("cannot start the runtime: {err}"))?;
     runtime.block_on(async {
+        // The exporter binds its address here, before anything is announced.
+        // It goes before `prepare`, which makes the server's metric handles:
+        // handles made before a recorder is installed record nowhere.
         if let Some(addr) = settings.metrics_listen {
             install_metrics_exporter(addr)?;
         }
+        // Every check of the configuration that the library makes (credentials,
+        // key files, the data directory) happens before the listener is bound
+        // and the listening line printed (B7).
+        let prepared = presence_server::PreparedServer::prepare(settings.server).map_err(refusal)?;
         let listener = TcpListener::bind(settings.listen)
             .await
             .map_err(|err| format!("cannot listen on {}: {err}", settings.listen))?;
@@ -68,8 +84,35 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "listening on {local}").and_then(|()| stdout.flush()).ok();
         drop(stdout);
-        presence_server::serve(listener, settings.server, shutdown).await.map_err(|err| err.to_string())
+        prepared.serve(listener, shutdown).await.map_err(refusal)
     })
+}
+
+/// A command-line error of clap's in the one line every refusal takes:
+/// clap's own rendering spreads it over a usage block and a hint.
+fn one_line(err: &clap::Error) -> String {
+    let rendered = err.render().to_string();
+    let parts: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with("Usage:") && !line.starts_with("For more information"))
+        .map(|line| line.strip_prefix("error: ").unwrap_or(line))
+        .collect();
+    parts.join("; ")
+}
+
+/// The one line a refusal prints, naming the flag behind it where the
+/// library's error says only what it is about.
+fn refusal(err: presence_server::ServeError) -> String {
+    use presence_server::{AuthConfigError, ServeError};
+    let flag = match &err {
+        ServeError::Auth(AuthConfigError::ServiceToken { .. }) => "--service-token",
+        ServeError::Auth(AuthConfigError::Hs256SecretTooShort { .. }) => "--viewer-jwt-hs256-secret",
+        ServeError::Auth(AuthConfigError::PublicKey { .. }) => "--viewer-jwt-public-key",
+        ServeError::DataDir { .. } => "--data-dir",
+        _ => return err.to_string(),
+    };
+    format!("invalid {flag}: {err}")
 }
 
 /// Serves Prometheus metrics on `addr` and makes the server's metrics go there.

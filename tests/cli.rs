@@ -191,3 +191,112 @@ async fn p1_insecure_or_credentials_allow_any_address() {
         daemon.stop().await;
     }
 }
+
+/// Runs the binary and returns (exit code, stdout, stderr), killing it if it
+/// has not exited within the patience: a configuration that is accepted by
+/// mistake would otherwise serve for ever.
+fn run_with_deadline(args: &[&str]) -> (Option<i32>, String, String) {
+    use std::process::Stdio;
+    let mut child = Command::new(BINARY)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let output = child.wait_with_output().unwrap();
+    (output.status.code(), String::from_utf8(output.stdout).unwrap(), String::from_utf8(output.stderr).unwrap())
+}
+
+/// B7: every class of bad configuration (credentials, key files, the data
+/// directory, flag combinations, the config file, the metrics address) is
+/// refused before the service binds or prints `listening on`: stdout stays
+/// empty, the exit status is 2, and stderr is one line naming the setting.
+#[test]
+fn b7_a_bad_configuration_is_refused_before_anything_is_announced() {
+    let dir = common::daemon::scratch_dir("b7");
+    let file = dir.join("a-file");
+    std::fs::write(&file, "not a directory").unwrap();
+    let not_a_key = dir.join("not-a-key.pem");
+    std::fs::write(&not_a_key, "-----BEGIN PUBLIC KEY-----\nbm90IGEga2V5\n-----END PUBLIC KEY-----\n").unwrap();
+    // A data directory whose durable store cannot be created (a directory is
+    // in the way): the closest to "not writable" that also holds for root.
+    let blocked = dir.join("blocked");
+    std::fs::create_dir_all(blocked.join("durable.redb")).unwrap();
+    let unknown_key = dir.join("unknown-key.toml");
+    std::fs::write(&unknown_key, "listen = \"127.0.0.1:0\"\nmax_ttl = 5000\n").unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let path = |path: &std::path::Path| path.to_str().unwrap().to_owned();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--viewer-jwt-hs256-secret".into(), "short".into()], "viewer-jwt-hs256-secret"),
+        (vec!["--viewer-jwt-public-key".into(), path(&dir.join("missing.pem"))], "viewer-jwt-public-key"),
+        (vec!["--viewer-jwt-public-key".into(), path(&not_a_key)], "viewer-jwt-public-key"),
+        (vec!["--service-token".into(), "has space".into()], "service-token"),
+        (vec!["--data-dir".into(), path(&file)], "data-dir"),
+        (vec!["--data-dir".into(), path(&file.join("below-a-file"))], "data-dir"),
+        (vec!["--data-dir".into(), path(&blocked)], "data-dir"),
+        (vec!["--min-ttl-ms".into(), "5000".into(), "--max-ttl-ms".into(), "1000".into()], "min-ttl-ms"),
+        (vec!["--watch-buffer".into(), "0".into()], "watch-buffer"),
+        (vec!["--config".into(), path(&unknown_key)], "max_ttl"),
+        (vec!["--metrics-listen".into(), taken.clone()], &taken),
+        (vec!["--default-visibility".into(), "friends".into()], "--default-visibility"),
+        (vec!["--forget-offline-after-ms".into(), "soon".into()], "--forget-offline-after-ms"),
+    ];
+    for (args, setting) in cases {
+        let argv: Vec<&str> =
+            ["serve", "--listen", "127.0.0.1:0"].into_iter().chain(args.iter().map(String::as_str)).collect();
+        let (code, stdout, stderr) = run_with_deadline(&argv);
+        assert_eq!(stdout, "", "{args:?}: nothing may be announced (stderr {stderr:?})");
+        assert_eq!(code, Some(2), "{args:?}: exit 2 (stderr {stderr:?})");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: one line: {stderr:?}");
+        assert!(stderr.starts_with("presenced: ") && stderr.contains(setting), "{args:?}: names {setting}: {stderr:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Scrapes `/metrics` until `series` has `value`, or fails after the patience.
+async fn until_sample(metrics_addr: &str, series: &str, value: f64) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let metrics = scrape(metrics_addr);
+        if sample(&metrics, series) == Some(value) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{series}never reached {value}:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn b5_open_connections_and_refusals_are_counted_and_the_gauge_returns_to_zero() {
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let daemon = Daemon::start(&["--metrics-listen", &metrics_addr, "--max-connections", "2"], &[]);
+    let mut clients = Vec::new();
+    for user in ["u1", "u2"] {
+        let mut client = PresenceClient::connect(daemon.url()).await.unwrap();
+        client.register(register(user, "s1", "gw", 0)).await.expect("within the cap");
+        clients.push(client);
+    }
+    until_sample(&metrics_addr, "presenced_connections ", 2.0).await;
+    // One plain TCP connection, so that exactly one connection is refused (a
+    // gRPC client may try again on its own): the server closes it.
+    let mut third = tokio::net::TcpStream::connect(daemon.addr()).await.unwrap();
+    let closed = within(PATIENCE, "the third connection is closed", async {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 1024];
+        while third.read(&mut buf).await.is_ok_and(|read| read > 0) {}
+    });
+    closed.await;
+    until_sample(&metrics_addr, "presenced_connections_refused_total ", 1.0).await;
+    drop(clients);
+    until_sample(&metrics_addr, "presenced_connections ", 0.0).await;
+}

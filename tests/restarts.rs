@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::daemon::{Daemon, free_port, scratch_dir};
@@ -75,7 +75,14 @@ fn versions(presences: &[pb::UserPresence]) -> Vec<(String, i32, u64)> {
 
 /// Gateways: renew every session through a presence-client LeaseChannel, round
 /// after round, across the restart, until told to stop. Returns every code seen.
-async fn keep_renewing(url: String, sessions: Arc<Vec<(String, String, u64)>>, stop: Arc<AtomicBool>) -> Vec<Code> {
+/// Renews every session each heartbeat until `stop`, counting successful
+/// renewals in `renewed` as they come.
+async fn keep_renewing(
+    url: String,
+    sessions: Arc<Vec<(String, String, u64)>>,
+    stop: Arc<AtomicBool>,
+    renewed: Arc<AtomicUsize>,
+) -> Vec<Code> {
     let channel = LeaseChannel::connect(url, LeaseChannelConfig::default()).await.expect("connect the gateway");
     let mut codes = Vec::new();
     while !stop.load(Ordering::SeqCst) {
@@ -83,7 +90,11 @@ async fn keep_renewing(url: String, sessions: Arc<Vec<(String, String, u64)>>, s
             let items =
                 chunk.iter().map(|(user, session, generation)| renew_item(user, session, *generation)).collect();
             match channel.submit_batch(items).await {
-                Ok(results) => codes.extend(results.iter().map(|r| Code::from(r.code as i32))),
+                Ok(results) => {
+                    codes.extend(results.iter().map(|r| Code::from(r.code as i32)));
+                    let ok = results.iter().filter(|r| Code::from(r.code as i32) == Code::Ok).count();
+                    renewed.fetch_add(ok, Ordering::SeqCst);
+                }
                 Err(status) => codes.push(status.code()), // the server is restarting
             }
         }
@@ -108,19 +119,30 @@ async fn b3_a_graceful_restart_under_10000_renewing_sessions_shows_viewers_no_fl
     let before = snapshot(&mut client, &user_refs).await;
     assert!(before[..5_000].iter().all(|p| state_of(p) == pb::State::Online));
     let stop = Arc::new(AtomicBool::new(false));
-    let gateways = tokio::spawn(keep_renewing(daemon.url(), Arc::clone(&sessions), Arc::clone(&stop)));
+    let renewed = Arc::new(AtomicUsize::new(0));
+    let gateways =
+        tokio::spawn(keep_renewing(daemon.url(), Arc::clone(&sessions), Arc::clone(&stop), Arc::clone(&renewed)));
 
     daemon.stop().await;
     let ended = viewer.ended().await.expect_err("the watch is told to reconnect");
     assert_eq!(ended.code(), Code::Unavailable);
     assert!(viewer.updates.is_empty(), "nothing flipped before the restart: {:?}", viewer.updates.first());
+    let renewed_before_restart = renewed.load(Ordering::SeqCst);
 
     let daemon = Daemon::start_on(&listen, &args, &[], None);
     let mut client = connect(&daemon).await;
     // Let the gateways renew every session on the new process at least once.
     let codes_before = renew_all(&mut client, &sessions).await;
     assert!(codes_before.iter().all(|code| *code == Code::Ok), "renewals with old generations succeed");
-    tokio::time::sleep(Duration::from_millis(300)).await; // a few more heartbeat rounds
+    // A few more heartbeat rounds. Awaited rather than slept: the gateways
+    // reconnect with jittered backoff, so a fixed wait sometimes ends before
+    // their first round on the new process.
+    let deadline = Instant::now() + PATIENCE;
+    let enough = (renewed_before_restart + sessions.len()).max(20_000);
+    while renewed.load(Ordering::SeqCst) < enough {
+        assert!(Instant::now() < deadline, "the gateways stopped renewing: {}", renewed.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     stop.store(true, Ordering::SeqCst);
     let codes = gateways.await.unwrap();
     let refused: Vec<&Code> = codes.iter().filter(|code| !matches!(code, Code::Ok | Code::Unavailable)).collect();

@@ -53,6 +53,11 @@ impl Daemon {
         format!("http://{}", self.addr)
     }
 
+    /// `HOST:PORT`, for raw TCP.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
     fn signal(&self, signal: &str) {
         let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
         assert!(status.success());

@@ -18,6 +18,9 @@ pub struct StoreConfig {
     /// requested TTL) are acknowledged without a store write (L7); 0 turns the
     /// throttle off.
     pub min_renew_interval_ms: u32,
+    /// How long a user that is offline, with nothing else held in memory, is
+    /// remembered before it is forgotten (B6).
+    pub forget_offline_after_ms: u64,
 }
 
 impl Default for StoreConfig {
@@ -30,6 +33,7 @@ impl Default for StoreConfig {
             max_ttl_ms: 3_600_000,
             // Half the heartbeat interval, as gateways commonly throttle (seed 000).
             min_renew_interval_ms: 7_500,
+            forget_offline_after_ms: 600_000,
         }
     }
 }

@@ -29,8 +29,14 @@ fn store() -> Store {
 
 /// Small TTLs (10/50/200 ms) and 4 shards, so that users share shards.
 fn small_store() -> Store {
-    let config =
-        StoreConfig { shards: 4, min_ttl_ms: 10, default_ttl_ms: 50, max_ttl_ms: 200, min_renew_interval_ms: 0 };
+    let config = StoreConfig {
+        shards: 4,
+        min_ttl_ms: 10,
+        default_ttl_ms: 50,
+        max_ttl_ms: 200,
+        min_renew_interval_ms: 0,
+        ..StoreConfig::default()
+    };
     Store::new(config, T0).expect("valid config")
 }
 

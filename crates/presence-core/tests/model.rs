@@ -42,6 +42,7 @@ fn config() -> StoreConfig {
         default_ttl_ms: DEFAULT_TTL,
         max_ttl_ms: MAX_TTL,
         min_renew_interval_ms: 0,
+        ..StoreConfig::default()
     }
 }
 

@@ -8,6 +8,7 @@
 
 mod activity;
 mod auth;
+mod bootstrap;
 mod clock;
 mod connections;
 mod context;
@@ -35,18 +36,15 @@ use std::time::Duration;
 
 use presence_core::{ConfigError, Store, StoreConfig};
 
-use crate::auth::{AuthConfigError, Authenticator};
-use crate::context::Context;
 use crate::data_dir::DataDir;
-use crate::durable::DurableStore;
 use crate::leases::LeaseQueue;
 use crate::privacy::Visibility;
 use presence_proto::v1::presence_server::PresenceServer;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-pub use auth::AuthConfig;
+pub use auth::{AuthConfig, AuthConfigError};
+pub use bootstrap::PreparedServer;
 pub use clock::StoreClock;
 pub use hub::{Delivery, Hub, Mailbox, Subscription};
 pub use leases::{LeasesStream, MAX_BATCH_ITEMS};
@@ -98,6 +96,21 @@ pub struct ServerConfig {
     pub default_visibility: Visibility,
     /// Last seen is released rounded down to this (P5).
     pub last_seen_granularity: Duration,
+    /// Most client connections open at once; more are refused (B5). An idle
+    /// connection costs about 15 KiB, so the default 10,000 bounds that to
+    /// about 150 MiB, and it is far more than one node needs when gateways
+    /// multiplex their users' sessions over a few connections each.
+    pub max_connections: usize,
+    /// A connection that has not sent the HTTP/2 preface and its SETTINGS
+    /// within this is closed (B5). The default, 10 s, is far longer than any
+    /// live client needs, even through a proxy on a slow link, and still
+    /// clears a flood of silent sockets within seconds.
+    pub handshake_timeout: Duration,
+    /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`: streams one connection may
+    /// have open (B5). A viewer needs one Watch and a gateway one Leases
+    /// stream plus its unary calls in flight; 1024 leaves room for deep
+    /// pipelining and bounds what one connection can make the server hold.
+    pub max_streams_per_connection: u32,
 }
 
 impl Default for ServerConfig {
@@ -117,6 +130,9 @@ impl Default for ServerConfig {
             auth: AuthConfig::default(),
             default_visibility: Visibility::Audience,
             last_seen_granularity: Duration::from_secs(300),
+            max_connections: 10_000,
+            handshake_timeout: Duration::from_secs(10),
+            max_streams_per_connection: 1_024,
         }
     }
 }
@@ -139,6 +155,14 @@ pub enum ServeError {
     /// The credentials configuration is unusable.
     #[error("{0}")]
     Auth(#[from] AuthConfigError),
+    /// A setting is out of its range.
+    #[error("{setting} {reason}")]
+    Setting {
+        /// The `ServerConfig` field.
+        setting: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// The data directory cannot be used.
     #[error("data directory {path}: {message}")]
     DataDir {
@@ -151,48 +175,35 @@ pub enum ServeError {
 
 /// Serves presenced on `listener` until `shutdown` completes, then stops
 /// accepting, ends open Watch streams (with `UNAVAILABLE`, which clients retry)
-/// and returns once in-flight requests are answered.
+/// and returns once in-flight requests are answered. The same as
+/// [`PreparedServer::prepare`] followed by [`PreparedServer::serve`]; a binary
+/// that announces its address should prepare before it binds (B7).
 pub async fn serve(
     listener: TcpListener,
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let clock = StoreClock::start();
-    let started = clock.now();
-    let data_dir_error = |path: &PathBuf, message: String| ServeError::DataDir { path: path.clone(), message };
-    let (data_dir, durable, restored) = match &config.data_dir {
-        Some(path) => {
-            let dir = DataDir::open(path).map_err(|err| data_dir_error(path, err.to_string()))?;
-            let durable =
-                DurableStore::open(&dir.durable_store_path()).map_err(|err| data_dir_error(path, err.to_string()))?;
-            let restored = dir.load_checkpoint();
-            (Some(dir), Some(Arc::new(durable)), restored)
-        }
-        None => (None, None, None),
-    };
-    let grace = config.restart_grace.unwrap_or(Duration::from_millis(u64::from(config.store.default_ttl_ms)));
-    let store = match &restored {
-        Some(checkpoint) => {
-            let hold_until = started + u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-            Store::restore(config.store.clone(), started, checkpoint, hold_until)?
-        }
-        None => Store::new(config.store.clone(), started)?,
-    };
-    let expiry_wake = Arc::new(Notify::new());
-    let store = Arc::new(store.with_expiry_waker({
-        let wake = Arc::clone(&expiry_wake);
-        move || wake.notify_one()
-    }));
-    let stopping = CancellationToken::new();
-    let auth = Authenticator::new(config.auth.clone())?;
-    let context = Arc::new(Context::new(Arc::clone(&store), clock, durable.clone(), &config, stopping.clone()));
-    if let Some(durable) = &durable {
-        let stored = durable.relations().map_err(|err| ServeError::DataDir {
-            path: config.data_dir.clone().unwrap_or_default(),
-            message: err.to_string(),
-        })?;
-        context.privacy.load(stored, started);
+    PreparedServer::prepare(config)?.serve(listener, shutdown).await
+}
+
+impl PreparedServer {
+    /// Serves on `listener` until `shutdown` completes, as [`serve`] does.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
+        serve_prepared(self, listener, shutdown).await
     }
+}
+
+async fn serve_prepared(
+    prepared: PreparedServer,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let bootstrap::Restored { config, context, auth, expiry_wake, data_dir } = prepared.restore()?;
+    let (store, clock, stopping) = (Arc::clone(context.store()), context.publisher.clock, context.stopping.clone());
     let activity = Arc::clone(&context.activity);
     let activity_flusher = tokio::spawn(activity::run_flusher(activity, clock, stopping.clone()));
     let checkpoints = data_dir.clone().map(|dir| {
@@ -250,15 +261,25 @@ pub async fn serve(
     // still open then are closed with their threads.
     let closing = CancellationToken::new();
     let _close_on_return = closing.clone().drop_guard();
+    let admission = connections::Admission::new(config.max_connections, config.handshake_timeout);
+    let server = connections::server(config.max_streams_per_connection);
     let served = async {
         if config.connection_threads == 0 {
-            return tonic::transport::Server::builder()
+            return server
+                .clone()
                 .add_routes(routes)
-                .serve_with_incoming_shutdown(incoming, stop_signal)
+                .serve_with_incoming_shutdown(connections::admitted(incoming, admission), stop_signal)
                 .await
                 .map_err(ServeError::from);
         }
-        let threads = connections::ConnectionThreads::start(config.connection_threads, &routes, &stopping, &closing)?;
+        let threads = connections::ConnectionThreads::start(
+            config.connection_threads,
+            &routes,
+            &server,
+            admission,
+            &stopping,
+            &closing,
+        )?;
         let accepting = threads.serve(incoming, stopping.clone());
         tokio::pin!(accepting);
         tokio::select! {

@@ -51,6 +51,12 @@ pub mod names {
     pub const VIEWERS: &str = "presenced_viewers";
     /// Resync snapshots sent to viewers that fell behind (counter).
     pub const RESYNCS: &str = "presenced_resyncs_total";
+    /// Open client connections (gauge).
+    pub const CONNECTIONS: &str = "presenced_connections";
+    /// Connections refused at `max_connections` or at a full hand-off queue (counter).
+    pub const CONNECTIONS_REFUSED: &str = "presenced_connections_refused_total";
+    /// Connections closed for not completing the HTTP/2 handshake in time (counter).
+    pub const HANDSHAKE_TIMEOUTS: &str = "presenced_handshake_timeouts_total";
 }
 
 /// Buckets for the latency histograms, in seconds: 50 µs to 5 s.

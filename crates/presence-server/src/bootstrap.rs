@@ -1,0 +1,129 @@
+//! Everything a server does before it may touch the network (contract B7):
+//! [`PreparedServer::prepare`] checks the credentials and the store's shape
+//! and opens the data directory and its durable store; `restore` then loads
+//! the last checkpoint and the relations kept on disk and builds the shared
+//! [`Context`].
+//!
+//! Neither binds, spawns or prints anything. A binary prepares first and only
+//! then binds and announces `listening on`, so a supervisor that waits for
+//! that line never sees a service that is about to exit over its own
+//! configuration. The tasks (expiry, checkpoints, lease workers) and the
+//! routes are started by [`PreparedServer::serve`], in `lib.rs`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use presence_core::Store;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::Authenticator;
+use crate::context::Context;
+use crate::data_dir::DataDir;
+use crate::durable::{self, DurableStore};
+use crate::{ServeError, ServerConfig, StoreClock};
+
+/// A server whose configuration has been checked and whose data directory is
+/// open, ready to [`serve`](PreparedServer::serve) on a listener.
+pub struct PreparedServer {
+    /// What it was prepared with; `serve` reads the network and task settings.
+    pub(crate) config: ServerConfig,
+    /// The store's clock, started here so that the restore and the relations
+    /// read agree on `now`.
+    clock: StoreClock,
+    /// Who is calling; built here because a bad key or secret refuses the configuration.
+    auth: Authenticator,
+    /// Where checkpoints go, with a data directory.
+    data_dir: Option<DataDir>,
+    /// Relations, statuses and settings on disk, with a data directory.
+    durable: Option<Arc<DurableStore>>,
+    /// The relations and statuses read from `durable`, applied once the store exists.
+    stored: Option<durable::Relations>,
+}
+
+impl std::fmt::Debug for PreparedServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedServer").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// What [`PreparedServer::restore`] hands to `serve`.
+pub(crate) struct Restored {
+    /// What the server was prepared with.
+    pub(crate) config: ServerConfig,
+    /// The state every handler and task shares.
+    pub(crate) context: Arc<Context>,
+    /// Who is calling, for the service.
+    pub(crate) auth: Authenticator,
+    /// Woken by the store when a deadline earlier than any other is set, so
+    /// the expiry task can sleep until the next deadline.
+    pub(crate) expiry_wake: Arc<Notify>,
+    /// Where checkpoints go, with a data directory.
+    pub(crate) data_dir: Option<DataDir>,
+}
+
+impl PreparedServer {
+    /// Does everything that can refuse the configuration without a listener:
+    /// validates `config`, builds the authenticator, opens the data directory
+    /// and the durable store and reads what it holds. Nothing is bound,
+    /// spawned or printed, so an error here leaves no trace.
+    pub fn prepare(config: ServerConfig) -> Result<PreparedServer, ServeError> {
+        let clock = StoreClock::start();
+        // Credentials first: they need no disk, and a bad one is the likeliest mistake.
+        let auth = Authenticator::new(config.auth.clone())?;
+        config.store.validate()?;
+        // Zero would refuse every connection, every stream, or every handshake.
+        for (setting, zero) in [
+            ("max_connections", config.max_connections == 0),
+            ("max_streams_per_connection", config.max_streams_per_connection == 0),
+            ("handshake_timeout", config.handshake_timeout.is_zero()),
+        ] {
+            if zero {
+                return Err(ServeError::Setting { setting, reason: "must be more than 0" });
+            }
+        }
+        let data_dir_error = |path: &Path, message: String| ServeError::DataDir { path: path.to_owned(), message };
+        let (data_dir, durable, stored) = match &config.data_dir {
+            Some(path) => {
+                let dir = DataDir::open(path).map_err(|err| data_dir_error(path, err.to_string()))?;
+                let durable = DurableStore::open(&dir.durable_store_path())
+                    .map_err(|err| data_dir_error(path, err.to_string()))?;
+                let stored = durable.relations().map_err(|err| data_dir_error(path, err.to_string()))?;
+                (Some(dir), Some(Arc::new(durable)), Some(stored))
+            }
+            None => (None, None, None),
+        };
+        Ok(PreparedServer { config, clock, auth, data_dir, durable, stored })
+    }
+
+    /// Loads the last checkpoint and the stored relations into a new store
+    /// and builds the shared context. Nothing here refuses the configuration
+    /// (an unusable checkpoint is logged and skipped), so `serve` runs it
+    /// after the listener is bound: while a large checkpoint loads,
+    /// reconnecting gateways wait in the listen backlog instead of being
+    /// refused and backing off.
+    pub(crate) fn restore(self) -> Result<Restored, ServeError> {
+        let PreparedServer { config, clock, auth, data_dir, durable, stored } = self;
+        let started = clock.now();
+        let restored = data_dir.as_ref().and_then(DataDir::load_checkpoint);
+        let grace = config.restart_grace.unwrap_or(Duration::from_millis(u64::from(config.store.default_ttl_ms)));
+        let store = match &restored {
+            Some(checkpoint) => {
+                let hold_until = started + u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+                Store::restore(config.store.clone(), started, checkpoint, hold_until)?
+            }
+            None => Store::new(config.store.clone(), started)?,
+        };
+        let expiry_wake = Arc::new(Notify::new());
+        let store = Arc::new(store.with_expiry_waker({
+            let wake = Arc::clone(&expiry_wake);
+            move || wake.notify_one()
+        }));
+        let context = Arc::new(Context::new(store, clock, durable, &config, CancellationToken::new()));
+        if let Some(stored) = stored {
+            context.privacy.load(stored, started);
+        }
+        Ok(Restored { config, context, auth, expiry_wake, data_dir })
+    }
+}
