@@ -30,18 +30,22 @@ struct Entry {
     written_at: Tick,
 }
 
-/// Activity of the users seen since the start.
+/// Activity of the users seen recently.
 #[derive(Debug)]
 pub(crate) struct Activity {
     recent: Mutex<HashMap<CompactString, Entry>>,
     durable: Option<Arc<DurableStore>>,
     write_interval: Tick,
+    /// Without a durable store, memory is the only copy: a user idle for
+    /// longer than this is forgotten, as the store forgets long-offline users
+    /// (B6); 0 never forgets.
+    forget_idle_after: Tick,
 }
 
 impl Activity {
-    pub(crate) fn new(durable: Option<Arc<DurableStore>>, write_interval: Duration) -> Self {
+    pub(crate) fn new(durable: Option<Arc<DurableStore>>, write_interval: Duration, forget_idle_after: Tick) -> Self {
         let write_interval = u64::try_from(write_interval.as_millis()).unwrap_or(u64::MAX).max(1);
-        Activity { recent: Mutex::new(HashMap::new()), durable, write_interval }
+        Activity { recent: Mutex::new(HashMap::new()), durable, write_interval, forget_idle_after }
     }
 
     /// Records activity at `now`; returns the user's `last_active_at` once it is
@@ -95,9 +99,17 @@ impl Activity {
     }
 
     /// Writes what is due (or, with `everything`, all that is not yet on disk),
-    /// and forgets users whose durable copy is current and who were idle for two intervals.
+    /// and forgets users whose durable copy is current and who were idle for
+    /// two intervals. Without a durable store it only forgets users idle for
+    /// longer than the forget window.
     pub(crate) async fn flush(&self, now: Tick, everything: bool) -> Result<usize, DurableError> {
-        let Some(durable) = &self.durable else { return Ok(0) };
+        let Some(durable) = &self.durable else {
+            if self.forget_idle_after > 0 {
+                let window = self.forget_idle_after;
+                self.recent.lock().retain(|_, entry| now.saturating_sub(entry.last_active_at) <= window);
+            }
+            return Ok(0);
+        };
         let batch: Vec<(String, Tick)> = {
             let mut recent = self.recent.lock();
             let interval = self.write_interval;
@@ -149,5 +161,31 @@ pub(crate) async fn run_flusher(activity: Arc<Activity>, clock: StoreClock, stop
     match activity.flush(clock.now(), true).await {
         Ok(written) => tracing::info!(users = written, "activity written at shutdown"),
         Err(err) => tracing::error!(%err, "cannot write activity at shutdown"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn b6_without_a_data_directory_a_user_idle_past_the_forget_window_is_forgotten() {
+        let activity = Activity::new(None, Duration::from_secs(60), 600_000);
+        activity.touch("idle", 1_000).await.unwrap();
+        activity.touch("busy", 1_000).await.unwrap();
+        activity.touch("busy", 500_000).await.unwrap();
+        activity.flush(601_000, false).await.unwrap();
+        assert_eq!(activity.last_active_at(&["idle", "busy"]).await.unwrap(), [1_000, 500_000], "within the window");
+        activity.flush(601_001, false).await.unwrap();
+        assert_eq!(
+            activity.last_active_at(&["idle", "busy"]).await.unwrap(),
+            [0, 500_000],
+            "idle for longer: forgotten"
+        );
+        assert_eq!(activity.recent.lock().len(), 1);
+        let never = Activity::new(None, Duration::from_secs(60), 0);
+        never.touch("u", 1).await.unwrap();
+        never.flush(u64::MAX, false).await.unwrap();
+        assert_eq!(never.last_active_at(&["u"]).await.unwrap(), [1], "0 never forgets");
     }
 }

@@ -58,7 +58,11 @@ impl Context {
         Context {
             privacy: Privacy::new(config.default_visibility, durable.clone(), publisher.clone(), granularity_ms),
             publisher,
-            activity: Arc::new(Activity::new(durable.clone(), config.activity_write_interval)),
+            activity: Arc::new(Activity::new(
+                durable.clone(),
+                config.activity_write_interval,
+                config.store.forget_offline_after_ms,
+            )),
             settings: match durable {
                 Some(durable) => Settings::Durable(durable),
                 None => Settings::Memory(Default::default()),
