@@ -465,6 +465,30 @@ mod tests {
     }
 
     #[test]
+    fn b3_a_restart_during_a_restart_hold_keeps_holding_until_the_same_deadline() {
+        let store = Store::new(config(), T0).unwrap();
+        let mut changes = Vec::new();
+        let registration =
+            Registration { user_id: "held", session_id: "s", gateway_id: "g", ttl_ms: 10_000, metadata: &[] };
+        store.register(T0, &registration, &mut changes).unwrap();
+        let first = decode(&write(&store, T0)).unwrap();
+        // Down for 20 s (the lease ran out meanwhile), then held until T0 + 65 s.
+        let restored = Store::restore(config(), T0 + 20_000, &first, T0 + 65_000).unwrap();
+        let second = decode(&write(&restored, T0 + 30_000)).unwrap();
+        // Restarted again, this time with no grace of its own: the first hold still holds.
+        let again = Store::restore(config(), T0 + 40_000, &second, T0 + 40_000).unwrap();
+        let mut changes = Vec::new();
+        while again.expire(T0 + 64_999, 1_000, &mut changes) {}
+        assert!(changes.is_empty(), "nobody flips before the first hold's deadline: {changes:?}");
+        let presence = again.snapshot(T0 + 64_999, &["held"], &mut changes).unwrap()[0];
+        assert_eq!(presence.state, State::Online);
+        assert!(again.leases(T0 + 64_999, "held", &mut changes).unwrap().is_empty(), "a hold is no session");
+        while again.expire(T0 + 65_000, 1_000, &mut changes) {}
+        assert_eq!(changes.len(), 1);
+        assert_eq!((changes[0].user_id.as_str(), changes[0].presence.state), ("held", State::Offline));
+    }
+
+    #[test]
     fn b3_truncated_and_corrupted_checkpoints_are_refused() {
         let (store, _) = populated();
         let bytes = write(&store, T0 + 2);

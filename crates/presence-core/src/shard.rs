@@ -49,6 +49,11 @@ const RENEWALS_IN_FLIGHT: usize = 16;
 /// "No lease" in the intrusive lists.
 const NIL: u32 = u32::MAX;
 
+/// The session id of a restart hold (see [`Lease::restart_hold`]), and of its
+/// gateway: empty, which no client's id can be. Checkpoints store holds under
+/// it, so it is part of the checkpoint format.
+pub(crate) const RESTART_HOLD_SESSION_ID: &str = "";
+
 /// One session's lease (M1).
 #[derive(Debug)]
 struct Lease {
@@ -70,6 +75,33 @@ struct Lease {
 }
 
 impl Lease {
+    /// A restart hold: after a checkpoint restore, keeps a user that was online
+    /// online until `until`, so that it does not flip merely because its
+    /// gateway has not been heard from yet (B3). It is a lease so that it costs
+    /// no field in every user record and takes part in settling, expiry and
+    /// checkpoints like any other; no client can name it, because its session
+    /// id is empty and every session id a client sends is 1 to 128 bytes, and
+    /// it is closing, so nothing renews it.
+    fn restart_hold(gateway: GatewayRef, now: Tick, until: Tick) -> Lease {
+        let mut hold = Lease {
+            session_id: CompactString::const_new(RESTART_HOLD_SESSION_ID),
+            generation: 0,
+            expires_at: until,
+            heartbeat_before_expiry: 0,
+            gateway,
+            next: NIL,
+            closing: true,
+            has_metadata: false,
+        };
+        hold.set_times(now.min(until), until);
+        hold
+    }
+
+    /// Whether this is a [`Lease::restart_hold`] rather than a session's lease.
+    fn is_restart_hold(&self) -> bool {
+        self.session_id == RESTART_HOLD_SESSION_ID
+    }
+
     fn last_heartbeat_at(&self) -> Tick {
         self.expires_at - u64::from(self.heartbeat_before_expiry)
     }
@@ -495,7 +527,7 @@ impl Shard {
         let Some(slot) = self.find(user_id) else { return Vec::new() };
         self.settle(slot, now, changes);
         self.lease_indices(slot)
-            .filter(|&index| !self.lease(index).session_id.is_empty()) // restart holds are no session
+            .filter(|&index| !self.lease(index).is_restart_hold()) // a hold is no session
             .map(|index| {
                 let lease = self.lease(index);
                 LeaseView {
@@ -590,9 +622,9 @@ impl Shard {
 
     /// Puts back a checkpointed user, its version and its leases, keeping their
     /// generations and deadlines. A user that was online is held online until
-    /// `hold_until` by a lease no client can name (an empty session id), so
-    /// that it does not flip merely because its gateway has not been heard from
-    /// yet; leases whose deadline passed meanwhile expire through the wheel.
+    /// `hold_until` by a [`Lease::restart_hold`], so that it does not flip
+    /// merely because its gateway has not been heard from yet; leases whose
+    /// deadline passed meanwhile expire through the wheel.
     pub(crate) fn restore_user(&mut self, now: Tick, user: &CheckpointUser, hold_until: Tick) {
         let now = self.advance(now);
         let slot = self.find_or_insert(&user.user_id);
@@ -602,33 +634,28 @@ impl Shard {
             record.online = true;
             self.online += 1;
         }
-        let hold = (user.online && hold_until > now).then(|| crate::checkpoint::CheckpointLease {
-            session_id: String::new(),
-            gateway_id: String::new(),
-            generation: 0,
-            last_heartbeat_at: now,
-            expires_at: hold_until,
-            closing: true,
-            metadata: Vec::new(),
-        });
-        // Leases are prepended: put them back last first so the list keeps its
-        // order, after the hold, which thus sits at the end.
-        for lease in hold.iter().chain(user.leases.iter().rev()) {
+        // Leases are prepended: this restore's hold first, so that it sits at
+        // the end of the list, then the leases last first so that the list
+        // keeps its order. A hold written by an earlier restore comes back as
+        // a hold: it is stored like a lease, under the hold's session id.
+        if user.online && hold_until > now {
+            let gateway = self.gateways.acquire(RESTART_HOLD_SESSION_ID);
+            self.push_lease(slot, Lease::restart_hold(gateway, now, hold_until));
+        }
+        for lease in user.leases.iter().rev() {
             let mut restored = Lease {
                 session_id: CompactString::from(lease.session_id.as_str()),
                 generation: lease.generation,
                 expires_at: lease.expires_at,
                 heartbeat_before_expiry: 0,
                 gateway: self.gateways.acquire(&lease.gateway_id),
-                next: self.users[slot as usize].first_lease,
+                next: NIL,
                 closing: lease.closing,
                 has_metadata: false,
             };
             restored.set_times(lease.last_heartbeat_at.min(lease.expires_at), lease.expires_at);
-            let index = self.allocate_lease(restored);
-            self.users[slot as usize].first_lease = index;
+            let index = self.push_lease(slot, restored);
             self.set_metadata(index, &lease.metadata);
-            self.schedule_no_later_than(slot, lease.expires_at);
         }
         if self.users[slot as usize].online && self.users[slot as usize].first_lease == NIL {
             // Online at the checkpoint with nothing to hold it: its OFFLINE is due now.
@@ -698,6 +725,17 @@ impl Shard {
             previous = index;
         }
         None
+    }
+
+    /// Puts a lease at the front of the user's list and makes sure the user's
+    /// timer fires by its deadline.
+    fn push_lease(&mut self, slot: u32, mut lease: Lease) -> u32 {
+        lease.next = self.users[slot as usize].first_lease;
+        let deadline = lease.expires_at;
+        let index = self.allocate_lease(lease);
+        self.users[slot as usize].first_lease = index;
+        self.schedule_no_later_than(slot, deadline);
+        index
     }
 
     fn allocate_lease(&mut self, lease: Lease) -> u32 {
