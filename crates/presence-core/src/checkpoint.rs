@@ -28,6 +28,11 @@ const FORMAT: u32 = 1;
 const TAG_END: u8 = 0;
 const TAG_CLOCK: u8 = 1;
 const TAG_USER: u8 = 2;
+/// How a flag (`online`, `closing`) is stored. The format's own codes, written
+/// out rather than taken from `bool as u8`, so that what is on disk is spelled
+/// here and nowhere else.
+const FLAG_NO: u8 = 0;
+const FLAG_YES: u8 = 1;
 
 /// Why a checkpoint cannot be loaded. The store is never built from one that
 /// fails any check.
@@ -135,7 +140,7 @@ impl CheckpointWriter {
         self.bytes.push(TAG_USER);
         self.str(user_id);
         self.u64(version);
-        self.bytes.push(u8::from(online));
+        self.flag(online);
         self.bytes.extend_from_slice(&leases.to_le_bytes());
         self.records += 1;
     }
@@ -156,7 +161,7 @@ impl CheckpointWriter {
         self.u64(generation);
         self.u64(last_heartbeat_at);
         self.u64(expires_at);
-        self.bytes.push(u8::from(closing));
+        self.flag(closing);
         self.bytes.push(u8::try_from(metadata.len()).expect("metadata is bounded well below 256 entries"));
         for (key, value) in metadata {
             self.str(key);
@@ -184,6 +189,10 @@ impl CheckpointWriter {
 
     fn u64(&mut self, value: u64) {
         self.bytes.extend_from_slice(&value.to_le_bytes());
+    }
+
+    fn flag(&mut self, value: bool) {
+        self.bytes.push(if value { FLAG_YES } else { FLAG_NO });
     }
 
     fn str(&mut self, value: &str) {
@@ -280,8 +289,8 @@ impl Reader<'_> {
     fn bool(&mut self) -> Result<bool, CheckpointError> {
         let offset = self.at;
         match self.u8()? {
-            0 => Ok(false),
-            1 => Ok(true),
+            FLAG_NO => Ok(false),
+            FLAG_YES => Ok(true),
             _ => Err(CheckpointError::Corrupt { offset, reason: "a flag is neither 0 nor 1" }),
         }
     }
