@@ -54,7 +54,9 @@ impl Store {
     /// A store with no leases whose clock starts at `now`.
     pub fn new(config: StoreConfig, now: Tick) -> Result<Self, ConfigError> {
         config.validate()?;
-        let shards = (0..config.shards).map(|_| Mutex::new(Shard::new(now, config.min_renew_interval_ms))).collect();
+        let shards = (0..config.shards)
+            .map(|_| Mutex::new(Shard::new(now, config.min_renew_interval_ms, config.forget_offline_after_ms)))
+            .collect();
         Ok(Store {
             config,
             shards,
@@ -276,8 +278,11 @@ impl Store {
         Ok(self.with_shard(user_id, |shard| shard.leases(now, user_id, changes)))
     }
 
-    /// Expires the leases due at `now`, at most `budget` users per shard per
-    /// lock hold. Returns whether more may be due (call again, after publishing).
+    /// Expires the leases due at `now`, and forgets the users whose forget
+    /// window ended (B6), at most `budget` users per shard per lock hold (plus,
+    /// rarely, one shrink of a shard's tables after most of its users left,
+    /// O(1) per user removed, amortised). Returns whether more may be due
+    /// (call again, after publishing).
     pub fn expire(&self, now: Tick, budget: usize, changes: &mut Changes) -> bool {
         let mut more = false;
         for shard in self.shards.iter() {
@@ -290,8 +295,9 @@ impl Store {
         more
     }
 
-    /// A time at or before the earliest lease deadline, when [`Store::expire`]
-    /// may have work; `None` when no lease is held.
+    /// A time at or before the earliest deadline (a lease's, a status's, or the
+    /// end of an offline user's forget window), when [`Store::expire`] may have
+    /// work; `None` when there is none.
     pub fn next_deadline(&self) -> Option<Tick> {
         self.shards.iter().filter_map(|shard| shard.lock().next_deadline()).min()
     }

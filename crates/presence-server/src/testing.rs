@@ -30,6 +30,7 @@ pub fn fast_config() -> ServerConfig {
             default_ttl_ms: 300,
             max_ttl_ms: 60_000,
             min_renew_interval_ms: 0,
+            ..presence_core::StoreConfig::default()
         },
         shutdown_grace: Duration::from_millis(500),
         ..ServerConfig::default()
