@@ -70,6 +70,12 @@ fn mostly_empty(len: usize, cells: usize) -> bool {
     cells > SHRINK_ABOVE && len * 4 < cells
 }
 
+/// The size a container is tidied to once a wave of forgetting is over: what
+/// it holds and an eighth more.
+fn tidy_size(len: usize) -> usize {
+    len + len / 8
+}
+
 /// Renewals of a batch whose lookups a shard starts together: enough to keep
 /// the processor's outstanding memory loads busy, few enough that the first
 /// loads are still in the cache when their renewals run.
@@ -227,6 +233,8 @@ pub(crate) struct Shard {
     min_renew_interval_ms: u32,
     /// How long a user stays idle before it is forgotten (B6); 0 never forgets.
     forget_offline_after_ms: u64,
+    /// Users forgotten since the containers were last tidied (see [`Shard::tidy`]).
+    forgotten_since_tidy: usize,
     /// Where a checkpoint that is part-way through this shard continues (it
     /// writes users by slot, one lock hold at a time); `None` when none is.
     checkpoint_cursor: Option<usize>,
@@ -253,6 +261,7 @@ impl Shard {
             operations: 0,
             min_renew_interval_ms,
             forget_offline_after_ms,
+            forgotten_since_tidy: 0,
             checkpoint_cursor: None,
             earliest_new_timer: None,
         }
@@ -615,7 +624,11 @@ impl Shard {
             }
         }
         self.shrink_if_mostly_empty();
-        more && self.wheel.next_deadline().is_some_and(|next| next <= now)
+        let more = more && self.wheel.next_deadline().is_some_and(|next| next <= now);
+        if !more && self.forgotten_since_tidy > 0 && self.forgotten_since_tidy * 4 >= self.users.len() {
+            self.tidy();
+        }
+        more
     }
 
     /// A time at or before the earliest deadline in the shard: a lease's, a
@@ -1021,6 +1034,29 @@ impl Shard {
         if mostly_empty(self.users.len(), self.users.capacity()) {
             self.users.shrink_to(self.users.len() * 2);
         }
+        self.forgotten_since_tidy += 1;
+    }
+
+    /// Shrinks every container to what it holds and an eighth more. Called when
+    /// an expiry pass is over (nothing more is due) and at least a quarter as
+    /// many users as are left were forgotten since the last tidy: the shrinking
+    /// during a wave of forgetting stops at a quarter to half used, which
+    /// would keep two to four times the memory the users left need, and the
+    /// forgotten users pay for the copy (O(1) each, amortised). Registers and
+    /// unregisters never tidy, so a user coming and going cannot make it thrash.
+    fn tidy(&mut self) {
+        self.forgotten_since_tidy = 0;
+        self.users.shrink_to(tidy_size(self.users.len()));
+        self.index.shrink_to_fit();
+        if self.wheel.slab_len() > tidy_size(self.wheel.len()) {
+            let users = &mut self.users;
+            self.wheel.compact(|&slot, key| users[slot as usize].timer = Some(key));
+        }
+        if self.leases.len() > tidy_size(self.sessions) {
+            self.compact_leases();
+        }
+        self.free_leases.shrink_to_fit();
+        self.metadata.shrink_to_fit();
     }
 
     /// Gives back the memory of the lease slab and the wheel when they are
@@ -1041,7 +1077,7 @@ impl Shard {
     /// the old one. Leases do not know their user, so the lists are walked
     /// from the users.
     fn compact_leases(&mut self) {
-        let mut old = std::mem::replace(&mut self.leases, Vec::with_capacity(self.sessions * 2));
+        let mut old = std::mem::replace(&mut self.leases, Vec::with_capacity(tidy_size(self.sessions)));
         let mut old_metadata = std::mem::take(&mut self.metadata);
         for user in &mut self.users {
             let mut index = user.first_lease;
@@ -1130,6 +1166,12 @@ mod tests {
         assert!(shard.index.capacity() * 16 < index, "index: {} of {index}", shard.index.capacity());
         assert!(shard.wheel.slab_len() * 16 < wheel, "wheel: {} of {wheel}", shard.wheel.slab_len());
         assert!(shard.leases.len() * 16 < leases, "leases: {} of {leases}", shard.leases.len());
+        // Tidied once the wave was over: what is held and an eighth more, not
+        // the quarter-to-half use the shrinking during the wave stops at.
+        assert!(shard.users.capacity() <= tidy_size(100), "records: {}", shard.users.capacity());
+        assert_eq!(shard.index.capacity(), 256, "the smallest table at most three quarters full");
+        assert!(shard.wheel.slab_len() <= tidy_size(100), "wheel: {}", shard.wheel.slab_len());
+        assert!(shard.leases.len() <= tidy_size(100), "leases: {}", shard.leases.len());
         // The users left were moved around and are all still found, with their leases.
         for (id, generation) in &kept {
             let renewal = Renewal { user_id: id, session_id: "s", generation: *generation, ttl_ms: 1_000 };

@@ -155,6 +155,19 @@ impl UserIndex {
         }
     }
 
+    /// Shrinks the table to the smallest size that holds its users at most
+    /// three quarters full, if it is larger.
+    pub(crate) fn shrink_to_fit(&mut self) {
+        let mut size = MIN_ENTRIES;
+        while self.len * MAX_LOAD_DENOMINATOR > size * MAX_LOAD_NUMERATOR {
+            size *= 2;
+        }
+        if size < self.entries.len() {
+            self.resize(size);
+        }
+        self.entries.shrink_to_fit();
+    }
+
     /// Puts an entry at the first empty position of its probe run.
     fn place(&mut self, entry: u64) {
         let mut position = self.home(tag_of(entry));

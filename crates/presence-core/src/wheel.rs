@@ -279,8 +279,8 @@ impl<T> TimerWheel<T> {
             }
         }
         let map = |index: u32| if index == NIL { NIL } else { remap[index as usize] };
-        // Room to grow by as much again before the next reallocation.
-        let mut nodes = Vec::with_capacity(self.len * 2);
+        // An eighth more than held: room for a little growth without a reallocation.
+        let mut nodes = Vec::with_capacity(self.len + self.len / 8);
         for (index, node) in old.into_iter().enumerate() {
             if let Node::Occupied(mut entry) = node {
                 entry.prev = map(entry.prev);
