@@ -235,6 +235,8 @@ pub(crate) struct Shard {
     forget_offline_after_ms: u64,
     /// Users forgotten since the containers were last tidied (see [`Shard::tidy`]).
     forgotten_since_tidy: usize,
+    /// Users forgotten since the start.
+    forgotten: u64,
     /// Where a checkpoint that is part-way through this shard continues (it
     /// writes users by slot, one lock hold at a time); `None` when none is.
     checkpoint_cursor: Option<usize>,
@@ -262,6 +264,7 @@ impl Shard {
             min_renew_interval_ms,
             forget_offline_after_ms,
             forgotten_since_tidy: 0,
+            forgotten: 0,
             checkpoint_cursor: None,
             earliest_new_timer: None,
         }
@@ -658,6 +661,10 @@ impl Shard {
         self.users.len()
     }
 
+    pub(crate) fn forgotten(&self) -> u64 {
+        self.forgotten
+    }
+
     /// Appends up to `budget` users of the shard, from user slot `from`, with
     /// their leases, to a checkpoint; returns where to continue, or `None` when
     /// the shard is done. A shard written in several lock holds still holds
@@ -1035,6 +1042,7 @@ impl Shard {
             self.users.shrink_to(self.users.len() * 2);
         }
         self.forgotten_since_tidy += 1;
+        self.forgotten += 1;
     }
 
     /// Shrinks every container to what it holds and an eighth more. Called when

@@ -42,6 +42,9 @@ pub struct Store {
     /// The time the expiry driver will next wake at (`u64::MAX`: wake on any new timer).
     alarm: AtomicU64,
     waker: Option<ExpiryWaker>,
+    /// Users forgotten since the start (B6), summed as [`Store::expire`] forgets
+    /// them, so that reading it takes no shard lock.
+    forgotten: AtomicU64,
 }
 
 impl std::fmt::Debug for Store {
@@ -63,6 +66,7 @@ impl Store {
             shard_hasher: foldhash::fast::FixedState::with_seed(0x7072_6573_656e_6365),
             alarm: AtomicU64::new(u64::MAX),
             waker: None,
+            forgotten: AtomicU64::new(0),
         })
     }
 
@@ -287,7 +291,9 @@ impl Store {
         let mut more = false;
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
+            let forgotten = shard.forgotten();
             more |= shard.expire(now, budget.max(1), changes);
+            self.forgotten.fetch_add(shard.forgotten() - forgotten, Ordering::Relaxed);
             // The driver computes its next wake-up itself after this call, so
             // the timers it rescheduled here must not wake it again later.
             shard.take_earliest_new_timer();
@@ -320,6 +326,12 @@ impl Store {
             stats.users += shard.users();
         }
         stats
+    }
+
+    /// Users forgotten since the start (B6): a caller that sees many go can ask
+    /// its allocator to hand their memory back to the operating system.
+    pub fn forgotten_users(&self) -> u64 {
+        self.forgotten.load(Ordering::Relaxed)
     }
 
     /// Operations applied to each shard since the start, in shard order.

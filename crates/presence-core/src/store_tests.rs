@@ -1665,6 +1665,7 @@ fn b6_m4_a_forgotten_user_that_comes_back_gets_a_version_above_any_it_had() {
     assert_eq!(store.stats().users, 1);
     assert!(drive(&store, T0 + 11 + FORGET_AFTER - 1, T0 + 11 + FORGET_AFTER).is_empty());
     assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0 });
+    assert_eq!(store.forgotten_users(), 1);
     assert_eq!(store.next_deadline(), None, "nothing is left of it, not even a timer");
     // It comes back, in the same millisecond as another user's flip in its shard
     // (a bare per-user counter would restart at 1 here).
