@@ -34,9 +34,10 @@
 //! lives in a side table; a lease keeps its last heartbeat as a 32-bit offset
 //! from its deadline. The size tests at the bottom hold the line. Records,
 //! leases, the index and the wheel all shrink when they become mostly empty
-//! (below a quarter used, to half used), so that the memory of forgotten
-//! users comes back and a user coming and going at a boundary does not make
-//! them resize back and forth.
+//! (below a quarter used, to half used), and once a wave of forgetting is
+//! over they are tidied to what they hold and an eighth more, so that the
+//! memory of forgotten users comes back, while a user coming and going at a
+//! boundary does not make them resize back and forth.
 
 use std::sync::Arc;
 
@@ -87,7 +88,7 @@ const NIL: u32 = u32::MAX;
 /// The session id of a restart hold (see [`Lease::restart_hold`]), and of its
 /// gateway: empty, which no client's id can be. Checkpoints store holds under
 /// it, so it is part of the checkpoint format.
-pub(crate) const RESTART_HOLD_SESSION_ID: &str = "";
+const RESTART_HOLD_SESSION_ID: &str = "";
 
 /// One session's lease (M1).
 #[derive(Debug)]
