@@ -28,6 +28,11 @@ const FORMAT: u32 = 1;
 const TAG_END: u8 = 0;
 const TAG_CLOCK: u8 = 1;
 const TAG_USER: u8 = 2;
+/// How a flag (`online`, `closing`) is stored. The format's own codes, written
+/// out rather than taken from `bool as u8`, so that what is on disk is spelled
+/// here and nowhere else.
+const FLAG_NO: u8 = 0;
+const FLAG_YES: u8 = 1;
 
 /// Why a checkpoint cannot be loaded. The store is never built from one that
 /// fails any check.
@@ -135,7 +140,7 @@ impl CheckpointWriter {
         self.bytes.push(TAG_USER);
         self.str(user_id);
         self.u64(version);
-        self.bytes.push(u8::from(online));
+        self.flag(online);
         self.bytes.extend_from_slice(&leases.to_le_bytes());
         self.records += 1;
     }
@@ -156,7 +161,7 @@ impl CheckpointWriter {
         self.u64(generation);
         self.u64(last_heartbeat_at);
         self.u64(expires_at);
-        self.bytes.push(u8::from(closing));
+        self.flag(closing);
         self.bytes.push(u8::try_from(metadata.len()).expect("metadata is bounded well below 256 entries"));
         for (key, value) in metadata {
             self.str(key);
@@ -184,6 +189,10 @@ impl CheckpointWriter {
 
     fn u64(&mut self, value: u64) {
         self.bytes.extend_from_slice(&value.to_le_bytes());
+    }
+
+    fn flag(&mut self, value: bool) {
+        self.bytes.push(if value { FLAG_YES } else { FLAG_NO });
     }
 
     fn str(&mut self, value: &str) {
@@ -280,8 +289,8 @@ impl Reader<'_> {
     fn bool(&mut self) -> Result<bool, CheckpointError> {
         let offset = self.at;
         match self.u8()? {
-            0 => Ok(false),
-            1 => Ok(true),
+            FLAG_NO => Ok(false),
+            FLAG_YES => Ok(true),
             _ => Err(CheckpointError::Corrupt { offset, reason: "a flag is neither 0 nor 1" }),
         }
     }
@@ -462,6 +471,30 @@ mod tests {
         assert_eq!(changes.len(), 1);
         assert_eq!((changes[0].user_id.as_str(), changes[0].presence.state), ("silent", State::Offline));
         assert!(restored.leases(start, "kept", &mut changes).unwrap().iter().all(|l| !l.session_id.is_empty()));
+    }
+
+    #[test]
+    fn b3_a_restart_during_a_restart_hold_keeps_holding_until_the_same_deadline() {
+        let store = Store::new(config(), T0).unwrap();
+        let mut changes = Vec::new();
+        let registration =
+            Registration { user_id: "held", session_id: "s", gateway_id: "g", ttl_ms: 10_000, metadata: &[] };
+        store.register(T0, &registration, &mut changes).unwrap();
+        let first = decode(&write(&store, T0)).unwrap();
+        // Down for 20 s (the lease ran out meanwhile), then held until T0 + 65 s.
+        let restored = Store::restore(config(), T0 + 20_000, &first, T0 + 65_000).unwrap();
+        let second = decode(&write(&restored, T0 + 30_000)).unwrap();
+        // Restarted again, this time with no grace of its own: the first hold still holds.
+        let again = Store::restore(config(), T0 + 40_000, &second, T0 + 40_000).unwrap();
+        let mut changes = Vec::new();
+        while again.expire(T0 + 64_999, 1_000, &mut changes) {}
+        assert!(changes.is_empty(), "nobody flips before the first hold's deadline: {changes:?}");
+        let presence = again.snapshot(T0 + 64_999, &["held"], &mut changes).unwrap()[0];
+        assert_eq!(presence.state, State::Online);
+        assert!(again.leases(T0 + 64_999, "held", &mut changes).unwrap().is_empty(), "a hold is no session");
+        while again.expire(T0 + 65_000, 1_000, &mut changes) {}
+        assert_eq!(changes.len(), 1);
+        assert_eq!((changes[0].user_id.as_str(), changes[0].presence.state), ("held", State::Offline));
     }
 
     #[test]

@@ -18,10 +18,22 @@ pub struct StoreConfig {
     /// requested TTL) are acknowledged without a store write (L7); 0 turns the
     /// throttle off.
     pub min_renew_interval_ms: u32,
-    /// How long a user that is offline, with nothing else held in memory, is
-    /// remembered before it is forgotten (B6).
+    /// A user that has been OFFLINE this long, with no lease, no restart hold
+    /// and no status, is forgotten: its record leaves memory and it is then
+    /// answered like a user never seen (B6). 0 never forgets. Otherwise at
+    /// least [`MIN_FORGET_OFFLINE_AFTER_MS`] and at most
+    /// [`MAX_FORGET_OFFLINE_AFTER_MS`].
     pub forget_offline_after_ms: u64,
 }
+
+/// The shortest forget window: below a second a user that flaps would be
+/// forgotten and made again over and over, costing work for no memory, and a
+/// value this small is most likely seconds mistaken for milliseconds.
+pub const MIN_FORGET_OFFLINE_AFTER_MS: u64 = 1_000;
+
+/// The longest forget window, a week: longer keeps nearly every id ever seen,
+/// which is what 0 says plainly.
+pub const MAX_FORGET_OFFLINE_AFTER_MS: u64 = 7 * 24 * 3_600_000;
 
 impl Default for StoreConfig {
     /// Heartbeats every 15 s against a 45 s TTL tolerate two lost beats (L5).
@@ -33,6 +45,9 @@ impl Default for StoreConfig {
             max_ttl_ms: 3_600_000,
             // Half the heartbeat interval, as gateways commonly throttle (seed 000).
             min_renew_interval_ms: 7_500,
+            // Long enough that a user who closes a laptop and opens it again
+            // over lunch keeps its record; short enough that a day's distinct
+            // users do not pile up (B6).
             forget_offline_after_ms: 600_000,
         }
     }
@@ -54,6 +69,12 @@ pub enum ConfigError {
         /// The configured maximum.
         max: u32,
     },
+    /// The forget window is neither 0 nor within its bounds.
+    #[error(
+        "forget-offline-after-ms must be 0 (never forget) or between {MIN_FORGET_OFFLINE_AFTER_MS} and \
+         {MAX_FORGET_OFFLINE_AFTER_MS}, got {0}"
+    )]
+    ForgetOfflineAfter(u64),
 }
 
 impl StoreConfig {
@@ -65,6 +86,10 @@ impl StoreConfig {
         let (min, default, max) = (self.min_ttl_ms, self.default_ttl_ms, self.max_ttl_ms);
         if min == 0 || min > default || default > max {
             return Err(ConfigError::TtlBounds { min, default, max });
+        }
+        let forget = self.forget_offline_after_ms;
+        if forget != 0 && !(MIN_FORGET_OFFLINE_AFTER_MS..=MAX_FORGET_OFFLINE_AFTER_MS).contains(&forget) {
+            return Err(ConfigError::ForgetOfflineAfter(forget));
         }
         Ok(())
     }
@@ -79,6 +104,20 @@ mod tests {
         let config = StoreConfig::default();
         assert_eq!(config.validate(), Ok(()));
         assert_eq!((config.min_ttl_ms, config.default_ttl_ms, config.max_ttl_ms), (1_000, 45_000, 3_600_000));
+        assert_eq!(config.forget_offline_after_ms, 600_000);
+    }
+
+    #[test]
+    fn b6_the_forget_window_is_zero_or_within_its_bounds_and_a_refusal_names_the_setting() {
+        let base = StoreConfig::default();
+        for forget in [0, 1_000, 600_000, MAX_FORGET_OFFLINE_AFTER_MS] {
+            assert_eq!(StoreConfig { forget_offline_after_ms: forget, ..base.clone() }.validate(), Ok(()));
+        }
+        for forget in [1, 999, MAX_FORGET_OFFLINE_AFTER_MS + 1, u64::MAX] {
+            let refused = StoreConfig { forget_offline_after_ms: forget, ..base.clone() }.validate();
+            assert_eq!(refused, Err(ConfigError::ForgetOfflineAfter(forget)));
+            assert!(refused.unwrap_err().to_string().starts_with("forget-offline-after-ms must be 0"));
+        }
     }
 
     #[test]

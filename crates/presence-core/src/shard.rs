@@ -16,12 +16,28 @@
 //! costs no wheel work, and a lease that is renewed every 15 s against a 45 s
 //! TTL costs one wheel entry per 30 s or so.
 //!
+//! A user that is OFFLINE with no lease and no status is *idle*, and the same
+//! wheel entry then counts down to forgetting it (B6): every change that makes
+//! a user idle replaces its entry with one at exactly `now + forget window`,
+//! so an idle user's entry always says when it became idle; when it fires on
+//! a user that is still idle, the user is removed from the shard altogether
+//! (record, index entry, wheel entry) and is answered from then on like a user
+//! never seen. A user that came back meanwhile is not idle when it fires, and
+//! one that came back and left again has a newer entry. Versions and
+//! generations come from the shard's stamp clock, which is not forgotten, so
+//! a user that returns gets a version above any it had (M4).
+//!
 //! Memory is the point of the layout: one small machine must hold millions of
 //! sessions. Leases live in one slab per shard, each user's threaded on an
 //! intrusive list (a user has a handful at most), so a user costs no vector
 //! header and no allocation of its own; metadata, which most leases lack,
 //! lives in a side table; a lease keeps its last heartbeat as a 32-bit offset
-//! from its deadline. The size tests at the bottom hold the line.
+//! from its deadline. The size tests at the bottom hold the line. Records,
+//! leases, the index and the wheel all shrink when they become mostly empty
+//! (below a quarter used, to half used), and once a wave of forgetting is
+//! over they are tidied to what they hold and an eighth more, so that the
+//! memory of forgotten users comes back, while a user coming and going at a
+//! boundary does not make them resize back and forth.
 
 use std::sync::Arc;
 
@@ -41,6 +57,26 @@ use crate::types::{
 use crate::user_index::UserIndex;
 use crate::wheel::{Tick, TimerKey, TimerWheel};
 
+/// A container shrinks only above this many cells: below, the memory is not worth the copy.
+const SHRINK_ABOVE: usize = 64;
+
+/// While a checkpoint is part-way through a shard, a forget that would move an
+/// unwritten user below the checkpoint's cursor waits this long instead.
+const FORGET_RETRY_MS: Tick = 1_000;
+
+/// Whether a container of `len` used cells out of `cells` should shrink: fewer
+/// than a quarter used. It then shrinks to about twice `len`, so that it must
+/// fill up past half again, or empty to below a quarter, before it resizes again.
+fn mostly_empty(len: usize, cells: usize) -> bool {
+    cells > SHRINK_ABOVE && len * 4 < cells
+}
+
+/// The size a container is tidied to once a wave of forgetting is over: what
+/// it holds and an eighth more.
+fn tidy_size(len: usize) -> usize {
+    len + len / 8
+}
+
 /// Renewals of a batch whose lookups a shard starts together: enough to keep
 /// the processor's outstanding memory loads busy, few enough that the first
 /// loads are still in the cache when their renewals run.
@@ -48,6 +84,11 @@ const RENEWALS_IN_FLIGHT: usize = 16;
 
 /// "No lease" in the intrusive lists.
 const NIL: u32 = u32::MAX;
+
+/// The session id of a restart hold (see [`Lease::restart_hold`]), and of its
+/// gateway: empty, which no client's id can be. Checkpoints store holds under
+/// it, so it is part of the checkpoint format.
+const RESTART_HOLD_SESSION_ID: &str = "";
 
 /// One session's lease (M1).
 #[derive(Debug)]
@@ -70,6 +111,33 @@ struct Lease {
 }
 
 impl Lease {
+    /// A restart hold: after a checkpoint restore, keeps a user that was online
+    /// online until `until`, so that it does not flip merely because its
+    /// gateway has not been heard from yet (B3). It is a lease so that it costs
+    /// no field in every user record and takes part in settling, expiry and
+    /// checkpoints like any other; no client can name it, because its session
+    /// id is empty and every session id a client sends is 1 to 128 bytes, and
+    /// it is closing, so nothing renews it.
+    fn restart_hold(gateway: GatewayRef, now: Tick, until: Tick) -> Lease {
+        let mut hold = Lease {
+            session_id: CompactString::const_new(RESTART_HOLD_SESSION_ID),
+            generation: 0,
+            expires_at: until,
+            heartbeat_before_expiry: 0,
+            gateway,
+            next: NIL,
+            closing: true,
+            has_metadata: false,
+        };
+        hold.set_times(now.min(until), until);
+        hold
+    }
+
+    /// Whether this is a [`Lease::restart_hold`] rather than a session's lease.
+    fn is_restart_hold(&self) -> bool {
+        self.session_id == RESTART_HOLD_SESSION_ID
+    }
+
     fn last_heartbeat_at(&self) -> Tick {
         self.expires_at - u64::from(self.heartbeat_before_expiry)
     }
@@ -88,8 +156,9 @@ struct User {
     /// The version of the user's last flip; kept while the user is offline so
     /// that versions never go back (M3).
     version: u64,
-    /// The wheel entry, at or before the earliest lease deadline; `Some` exactly
-    /// when the user has leases.
+    /// The wheel entry: at or before the earliest lease (or status) deadline
+    /// while the user has leases (or a status that expires); exactly when it
+    /// is to be forgotten while it is idle (see the module docs).
     timer: Option<TimerKey>,
     /// The user's first lease in the slab, or `NIL`.
     first_lease: u32,
@@ -137,7 +206,9 @@ pub(crate) struct Shard {
     /// The latest time any operation brought; time never goes back within a shard,
     /// even when two callers read the clock in one order and take the lock in the other.
     now: Tick,
-    /// Every user seen, offline ones included (they keep their version).
+    /// Every user held: online ones, and offline ones not yet forgotten (they
+    /// keep their version meanwhile). A forgotten user's slot is filled by the
+    /// last user, so that the vector stays dense and can shrink.
     users: Vec<User>,
     /// Index of `users` by user id.
     index: UserIndex,
@@ -147,7 +218,8 @@ pub(crate) struct Shard {
     free_leases: Vec<u32>,
     /// Metadata of the leases that have any, by lease slot.
     metadata: HashMap<u32, Box<[(String, String)]>>,
-    /// One entry per user with leases, holding the user's index.
+    /// One entry per user with leases, a status that expires, or a pending
+    /// forget, holding the user's slot.
     wheel: TimerWheel<u32>,
     /// Source of generations and versions.
     stamps: StampClock,
@@ -160,13 +232,22 @@ pub(crate) struct Shard {
     operations: u64,
     /// Renewals closer together than this are acknowledged without a write (L7).
     min_renew_interval_ms: u32,
+    /// How long a user stays idle before it is forgotten (B6); 0 never forgets.
+    forget_offline_after_ms: u64,
+    /// Users forgotten since the containers were last tidied (see [`Shard::tidy`]).
+    forgotten_since_tidy: usize,
+    /// Users forgotten since the start.
+    forgotten: u64,
+    /// Where a checkpoint that is part-way through this shard continues (it
+    /// writes users by slot, one lock hold at a time); `None` when none is.
+    checkpoint_cursor: Option<usize>,
     /// The earliest timer scheduled since the store last asked, so the store
     /// can wake the expiry driver when a new deadline is earlier than its alarm.
     earliest_new_timer: Option<Tick>,
 }
 
 impl Shard {
-    pub(crate) fn new(now: Tick, min_renew_interval_ms: u32) -> Self {
+    pub(crate) fn new(now: Tick, min_renew_interval_ms: u32, forget_offline_after_ms: u64) -> Self {
         Shard {
             now,
             users: Vec::new(),
@@ -182,6 +263,10 @@ impl Shard {
             online: 0,
             operations: 0,
             min_renew_interval_ms,
+            forget_offline_after_ms,
+            forgotten_since_tidy: 0,
+            forgotten: 0,
+            checkpoint_cursor: None,
             earliest_new_timer: None,
         }
     }
@@ -260,8 +345,9 @@ impl Shard {
     /// `RENEWALS_IN_FLIGHT` renewals advance one link at a time side by side,
     /// by loading each link for all of them before anything uses it; the
     /// renewals themselves then run on warm lines. A user's records are only
-    /// read ahead, never changed, and a shard never drops a user, so a slot
-    /// found ahead stays right while the renewals before it run.
+    /// read ahead, never changed, and a shard forgets users (which moves
+    /// slots) only in [`Shard::expire`], never during a batch, so a slot found
+    /// ahead stays right while the renewals before it run.
     pub(crate) fn renew_picked(
         &mut self,
         now: Tick,
@@ -464,6 +550,8 @@ impl Shard {
             self.schedule_no_later_than(slot, deadline);
         }
         self.announce(slot, now, changes);
+        // Clearing the status of an offline user leaves it idle from now on.
+        self.arm_forget(slot, now);
         self.users[slot as usize].view()
     }
 
@@ -486,6 +574,8 @@ impl Shard {
         let slot = self.find_or_insert(user_id);
         self.settle(slot, now, changes);
         self.bump(slot, now);
+        // A change viewers see counts as being seen: an idle user's window starts again.
+        self.arm_forget(slot, now);
         self.users[slot as usize].view()
     }
 
@@ -495,7 +585,7 @@ impl Shard {
         let Some(slot) = self.find(user_id) else { return Vec::new() };
         self.settle(slot, now, changes);
         self.lease_indices(slot)
-            .filter(|&index| !self.lease(index).session_id.is_empty()) // restart holds are no session
+            .filter(|&index| !self.lease(index).is_restart_hold()) // a hold is no session
             .map(|index| {
                 let lease = self.lease(index);
                 LeaseView {
@@ -516,19 +606,37 @@ impl Shard {
     /// batches and a mass expiry never holds the shard for long.
     pub(crate) fn expire(&mut self, now: Tick, budget: usize, changes: &mut Changes) -> bool {
         let now = self.advance(now);
+        let mut more = true;
         for _ in 0..budget {
-            let Some((_, slot)) = self.wheel.poll(now) else { return false };
+            let Some((_, slot)) = self.wheel.poll(now) else {
+                more = false;
+                break;
+            };
             self.users[slot as usize].timer = None;
             self.settle(slot, now, changes);
             let leases = self.lease_indices(slot).map(|index| self.lease(index).expires_at);
             if let Some(earliest) = leases.chain(self.users[slot as usize].status_deadline()).min() {
                 self.schedule_no_later_than(slot, earliest);
+            } else if self.forget_offline_after_ms > 0
+                && self.users[slot as usize].timer.is_none()
+                && self.is_idle(slot)
+            {
+                // Idle before the entry fired (settling made nothing idle, or it
+                // would have set a new entry): this was the entry set when the
+                // user became idle, a whole window ago.
+                self.forget(slot, now);
             }
         }
-        self.wheel.next_deadline().is_some_and(|next| next <= now)
+        self.shrink_if_mostly_empty();
+        let more = more && self.wheel.next_deadline().is_some_and(|next| next <= now);
+        if !more && self.forgotten_since_tidy > 0 && self.forgotten_since_tidy * 4 >= self.users.len() {
+            self.tidy();
+        }
+        more
     }
 
-    /// A time at or before the earliest lease deadline in the shard.
+    /// A time at or before the earliest deadline in the shard: a lease's, a
+    /// status's, or a pending forget's.
     pub(crate) fn next_deadline(&self) -> Option<Tick> {
         self.wheel.next_deadline()
     }
@@ -554,11 +662,18 @@ impl Shard {
         self.users.len()
     }
 
+    pub(crate) fn forgotten(&self) -> u64 {
+        self.forgotten
+    }
+
     /// Appends up to `budget` users of the shard, from user slot `from`, with
     /// their leases, to a checkpoint; returns where to continue, or `None` when
-    /// the shard is done. Slots never move, so a shard written in several lock
-    /// holds still holds every user once, each as it was at some instant.
-    pub(crate) fn checkpoint(&self, writer: &mut CheckpointWriter, from: usize, budget: usize) -> Option<usize> {
+    /// the shard is done. A shard written in several lock holds still holds
+    /// every user once, each as it was at some instant: slots move only when a
+    /// user is forgotten (the last user fills its slot), and while a
+    /// checkpoint is part-way through, a forget that would move an unwritten
+    /// user into the written part waits (see [`Shard::forget`]).
+    pub(crate) fn checkpoint(&mut self, writer: &mut CheckpointWriter, from: usize, budget: usize) -> Option<usize> {
         if from == 0 {
             writer.clock(self.stamps.last());
         }
@@ -580,7 +695,8 @@ impl Shard {
                 );
             }
         }
-        (end < self.users.len()).then_some(end)
+        self.checkpoint_cursor = (end < self.users.len()).then_some(end);
+        self.checkpoint_cursor
     }
 
     /// Makes every stamp issued from now on greater than `last_stamp`.
@@ -590,51 +706,56 @@ impl Shard {
 
     /// Puts back a checkpointed user, its version and its leases, keeping their
     /// generations and deadlines. A user that was online is held online until
-    /// `hold_until` by a lease no client can name (an empty session id), so
-    /// that it does not flip merely because its gateway has not been heard from
-    /// yet; leases whose deadline passed meanwhile expire through the wheel.
+    /// `hold_until` by a [`Lease::restart_hold`], so that it does not flip
+    /// merely because its gateway has not been heard from yet; leases whose
+    /// deadline passed meanwhile expire through the wheel.
     pub(crate) fn restore_user(&mut self, now: Tick, user: &CheckpointUser, hold_until: Tick) {
         let now = self.advance(now);
         let slot = self.find_or_insert(&user.user_id);
+        // A user written twice (forgotten and back while the checkpoint was
+        // being written) is taken as its later record, which is the newer.
+        self.remove_leases_where(slot, |_| true);
+        self.cancel_timer(slot);
+        if std::mem::take(&mut self.users[slot as usize].online) {
+            self.online -= 1;
+        }
         let record = &mut self.users[slot as usize];
         record.version = user.version;
         if user.online && !record.online {
             record.online = true;
             self.online += 1;
         }
-        let hold = (user.online && hold_until > now).then(|| crate::checkpoint::CheckpointLease {
-            session_id: String::new(),
-            gateway_id: String::new(),
-            generation: 0,
-            last_heartbeat_at: now,
-            expires_at: hold_until,
-            closing: true,
-            metadata: Vec::new(),
-        });
-        // Leases are prepended: put them back last first so the list keeps its
-        // order, after the hold, which thus sits at the end.
-        for lease in hold.iter().chain(user.leases.iter().rev()) {
+        // Leases are prepended: this restore's hold first, so that it sits at
+        // the end of the list, then the leases last first so that the list
+        // keeps its order. A hold written by an earlier restore comes back as
+        // a hold: it is stored like a lease, under the hold's session id.
+        if user.online && hold_until > now {
+            let gateway = self.gateways.acquire(RESTART_HOLD_SESSION_ID);
+            self.push_lease(slot, Lease::restart_hold(gateway, now, hold_until));
+        }
+        for lease in user.leases.iter().rev() {
             let mut restored = Lease {
                 session_id: CompactString::from(lease.session_id.as_str()),
                 generation: lease.generation,
                 expires_at: lease.expires_at,
                 heartbeat_before_expiry: 0,
                 gateway: self.gateways.acquire(&lease.gateway_id),
-                next: self.users[slot as usize].first_lease,
+                next: NIL,
                 closing: lease.closing,
                 has_metadata: false,
             };
             restored.set_times(lease.last_heartbeat_at.min(lease.expires_at), lease.expires_at);
-            let index = self.allocate_lease(restored);
-            self.users[slot as usize].first_lease = index;
+            let index = self.push_lease(slot, restored);
             self.set_metadata(index, &lease.metadata);
-            self.schedule_no_later_than(slot, lease.expires_at);
         }
         if self.users[slot as usize].online && self.users[slot as usize].first_lease == NIL {
             // Online at the checkpoint with nothing to hold it: its OFFLINE is due now.
             let mut ignored = Vec::new();
             self.after_removal(slot, now, &mut ignored);
         }
+        // Offline at the checkpoint: idle from the restore on (how long it had
+        // been idle before is not stored, so its window starts again).
+        self.arm_forget(slot, now);
     }
 
     /// Moves the shard's time forward to `now` (never back) and counts the operation.
@@ -698,6 +819,17 @@ impl Shard {
             previous = index;
         }
         None
+    }
+
+    /// Puts a lease at the front of the user's list and makes sure the user's
+    /// timer fires by its deadline.
+    fn push_lease(&mut self, slot: u32, mut lease: Lease) -> u32 {
+        lease.next = self.users[slot as usize].first_lease;
+        let deadline = lease.expires_at;
+        let index = self.allocate_lease(lease);
+        self.users[slot as usize].first_lease = index;
+        self.schedule_no_later_than(slot, deadline);
+        index
     }
 
     fn allocate_lease(&mut self, lease: Lease) -> u32 {
@@ -779,13 +911,16 @@ impl Shard {
             user.status = None;
         }
         let goes_offline = removed > 0 && user.first_lease == NIL && user.online;
-        if user.first_lease == NIL && user.status_deadline().is_none() {
+        // Only when something ran out: an idle user's timer is its forget
+        // entry, which a mere read must leave alone.
+        if (removed > 0 || status_expired) && user.first_lease == NIL && user.status_deadline().is_none() {
             self.cancel_timer(slot);
         }
         if goes_offline {
             self.flip(slot, State::Offline, now, Some(last_deadline), changes);
         } else if status_expired {
             self.announce(slot, now, changes);
+            self.arm_forget(slot, now);
         }
     }
 
@@ -814,6 +949,9 @@ impl Shard {
             State::Offline => self.online -= 1,
         }
         self.publish_change(slot, ChangeKind::Flip, now, deadline, changes);
+        if state == State::Offline {
+            self.arm_forget(slot, now);
+        }
     }
 
     /// Publishes a change of the user that is not a flip (its status): a new version, the same state.
@@ -865,6 +1003,124 @@ impl Shard {
         self.earliest_new_timer = Some(self.earliest_new_timer.map_or(deadline, |earliest| earliest.min(deadline)));
     }
 
+    /// Offline, with no lease (a restart hold is one) and no status: nothing
+    /// the user would lose by being forgotten but its version, which the
+    /// stamp clock makes unnecessary (M4).
+    fn is_idle(&self, slot: u32) -> bool {
+        let user = &self.users[slot as usize];
+        !user.online && user.first_lease == NIL && user.status.is_none()
+    }
+
+    /// If the user is idle, replaces its timer with its forget entry, a whole
+    /// window from `now`. Called at every change that may leave a user idle,
+    /// so that an idle user's entry always dates from its last change.
+    fn arm_forget(&mut self, slot: u32, now: Tick) {
+        if self.forget_offline_after_ms == 0 || !self.is_idle(slot) {
+            return;
+        }
+        self.cancel_timer(slot);
+        self.schedule_no_later_than(slot, now.saturating_add(self.forget_offline_after_ms));
+    }
+
+    /// Removes an idle user from the shard: its index entry and its record,
+    /// whose slot the last user takes (the vector stays dense). Its wheel
+    /// entry has just fired, and it has no lease and no status.
+    fn forget(&mut self, slot: u32, now: Tick) {
+        debug_assert!(self.is_idle(slot) && self.users[slot as usize].timer.is_none());
+        let last = self.users.len() - 1;
+        if let Some(cursor) = self.checkpoint_cursor
+            && (slot as usize) < cursor
+            && last >= cursor
+        {
+            // The last user, not yet written, would land where the checkpoint
+            // has been already and be left out of it. Try again later.
+            self.schedule_no_later_than(slot, now + FORGET_RETRY_MS);
+            return;
+        }
+        let hash = self.hash(&self.users[slot as usize].id);
+        self.index.remove(hash, slot);
+        self.users.swap_remove(slot as usize);
+        if let Some(moved) = self.users.get(slot as usize) {
+            let hash = self.hash(&moved.id);
+            self.index.relocate(hash, last as u32, slot);
+            if let Some(key) = moved.timer {
+                *self.wheel.item_mut(key) = slot;
+            }
+        }
+        if mostly_empty(self.users.len(), self.users.capacity()) {
+            self.users.shrink_to(self.users.len() * 2);
+        }
+        self.forgotten_since_tidy += 1;
+        self.forgotten += 1;
+    }
+
+    /// Shrinks every container to what it holds and an eighth more. Called when
+    /// an expiry pass is over (nothing more is due) and at least a quarter as
+    /// many users as are left were forgotten since the last tidy: the shrinking
+    /// during a wave of forgetting stops at a quarter to half used, which
+    /// would keep two to four times the memory the users left need, and the
+    /// forgotten users pay for the copy (O(1) each, amortised). Registers and
+    /// unregisters never tidy, so a user coming and going cannot make it thrash.
+    fn tidy(&mut self) {
+        self.forgotten_since_tidy = 0;
+        self.users.shrink_to(tidy_size(self.users.len()));
+        self.index.shrink_to_fit();
+        if self.wheel.slab_len() > tidy_size(self.wheel.len()) {
+            let users = &mut self.users;
+            self.wheel.compact(|&slot, key| users[slot as usize].timer = Some(key));
+        }
+        if self.leases.len() > tidy_size(self.sessions) {
+            self.compact_leases();
+        }
+        self.free_leases.shrink_to_fit();
+        self.metadata.shrink_to_fit();
+    }
+
+    /// Gives back the memory of the lease slab and the wheel when they are
+    /// mostly empty. Each pass is O(size), but only after the size fell to a
+    /// quarter, and it leaves the container half used, so it costs O(1) per
+    /// removal amortised.
+    fn shrink_if_mostly_empty(&mut self) {
+        if mostly_empty(self.wheel.len(), self.wheel.slab_len()) {
+            let users = &mut self.users;
+            self.wheel.compact(|&slot, key| users[slot as usize].timer = Some(key));
+        }
+        if mostly_empty(self.sessions, self.leases.len()) {
+            self.compact_leases();
+        }
+    }
+
+    /// Moves every lease to the front of a new slab, user by user, and frees
+    /// the old one. Leases do not know their user, so the lists are walked
+    /// from the users.
+    fn compact_leases(&mut self) {
+        let mut old = std::mem::replace(&mut self.leases, Vec::with_capacity(tidy_size(self.sessions)));
+        let mut old_metadata = std::mem::take(&mut self.metadata);
+        for user in &mut self.users {
+            let mut index = user.first_lease;
+            let mut previous = NIL;
+            while index != NIL {
+                let lease = old[index as usize].take().expect("a listed lease is occupied");
+                let next = lease.next;
+                let new_index = u32::try_from(self.leases.len()).expect("fewer than 2^32 leases per shard");
+                if lease.has_metadata
+                    && let Some(entries) = old_metadata.remove(&index)
+                {
+                    self.metadata.insert(new_index, entries);
+                }
+                self.leases.push(Some(lease));
+                match previous {
+                    NIL => user.first_lease = new_index,
+                    previous => self.leases[previous as usize].as_mut().expect("just pushed").next = new_index,
+                }
+                previous = new_index;
+                index = next;
+            }
+        }
+        debug_assert_eq!(self.leases.len(), self.sessions, "every lease is on its user's list");
+        self.free_leases = Vec::new();
+    }
+
     fn cancel_timer(&mut self, slot: u32) {
         if let Some(key) = self.users[slot as usize].timer.take() {
             self.wheel.remove(key);
@@ -875,6 +1131,115 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const T0: Tick = 1_700_000_000_000;
+    const FORGET_AFTER: u64 = 10_000;
+
+    fn registration(user_id: &str) -> Registration<'_> {
+        Registration { user_id, session_id: "s", gateway_id: "gw", ttl_ms: 1_000, metadata: &[] }
+    }
+
+    /// Registers each of `ids` with one session of 1 s; returns their generations.
+    fn register_many(shard: &mut Shard, now: Tick, ids: impl Iterator<Item = String>) -> Vec<(String, u64)> {
+        let mut changes = Vec::new();
+        ids.map(|id| {
+            let generation = shard.register(now, &registration(&id), 1_000, &mut changes).generation;
+            (id, generation)
+        })
+        .collect()
+    }
+
+    fn expire_all(shard: &mut Shard, now: Tick) {
+        let mut changes = Vec::new();
+        while shard.expire(now, 64, &mut changes) {}
+    }
+
+    /// B6: once most users are forgotten, the records, the index, the wheel
+    /// and the lease slab are small again, and what is left still works.
+    #[test]
+    fn b6_containers_shrink_when_most_users_are_forgotten() {
+        let mut shard = Shard::new(T0, 0, FORGET_AFTER);
+        let mut changes = Vec::new();
+        let kept = register_many(&mut shard, T0, (0..100).map(|i| format!("kept-{i}")));
+        let passing = register_many(&mut shard, T0, (0..20_000).map(|i| format!("passing-{i}")));
+        let (users, index, wheel, leases) =
+            (shard.users.capacity(), shard.index.capacity(), shard.wheel.slab_len(), shard.leases.len());
+        for (id, generation) in &passing {
+            shard.unregister(T0 + 1, id, "s", *generation, 0, &mut changes);
+        }
+        // The kept users renew; the others have been offline for the window.
+        let mut now = T0 + 1;
+        while now < T0 + 1 + FORGET_AFTER {
+            now += 500;
+            for (id, generation) in &kept {
+                let renewal = Renewal { user_id: id, session_id: "s", generation: *generation, ttl_ms: 1_000 };
+                shard.renew(now, &renewal, &mut changes).unwrap();
+            }
+            expire_all(&mut shard, now);
+        }
+        assert_eq!(shard.users(), 100);
+        assert_eq!(shard.online_users(), 100);
+        assert!(shard.users.capacity() * 16 < users, "records: {} of {users}", shard.users.capacity());
+        assert!(shard.index.capacity() * 16 < index, "index: {} of {index}", shard.index.capacity());
+        assert!(shard.wheel.slab_len() * 16 < wheel, "wheel: {} of {wheel}", shard.wheel.slab_len());
+        assert!(shard.leases.len() * 16 < leases, "leases: {} of {leases}", shard.leases.len());
+        // Tidied once the wave was over: what is held and an eighth more, not
+        // the quarter-to-half use the shrinking during the wave stops at.
+        assert!(shard.users.capacity() <= tidy_size(100), "records: {}", shard.users.capacity());
+        assert_eq!(shard.index.capacity(), 256, "the smallest table at most three quarters full");
+        assert!(shard.wheel.slab_len() <= tidy_size(100), "wheel: {}", shard.wheel.slab_len());
+        assert!(shard.leases.len() <= tidy_size(100), "leases: {}", shard.leases.len());
+        // The users left were moved around and are all still found, with their leases.
+        for (id, generation) in &kept {
+            let renewal = Renewal { user_id: id, session_id: "s", generation: *generation, ttl_ms: 1_000 };
+            assert!(shard.renew(now + 1, &renewal, &mut changes).is_ok(), "{id}");
+        }
+        assert!(shard.presence(now + 1, "passing-7", &mut changes) == Presence::UNKNOWN);
+        // And their timers moved with them: they go OFFLINE on time, once each.
+        let mut offline = Vec::new();
+        while shard.expire(now + 1_001, 64, &mut offline) {}
+        assert_eq!(offline.len(), 100);
+        assert_eq!(shard.online_users(), 0);
+    }
+
+    /// B3 with B6: users forgotten while a checkpoint is part-way through a
+    /// shard do not make it miss, or repeat, a user that is not forgotten.
+    #[test]
+    fn b6_forgetting_during_a_checkpoint_never_drops_an_unwritten_user() {
+        let mut shard = Shard::new(T0, 0, FORGET_AFTER);
+        let mut changes = Vec::new();
+        // The first 300 users go offline at once; the last 300 are online when
+        // the first ones' window ends.
+        let leaving = register_many(&mut shard, T0, (0..300).map(|i| format!("leaving-{i}")));
+        for (id, generation) in &leaving {
+            shard.unregister(T0 + 1, id, "s", *generation, 0, &mut changes);
+        }
+        let now = T0 + 1 + FORGET_AFTER;
+        register_many(&mut shard, now - 1, (0..300).map(|i| format!("staying-{i}")));
+        let mut writer = CheckpointWriter::new(now);
+        let mut bytes = Vec::new();
+        let mut from = 0;
+        // One slice written, then the forget deadline of the leaving users passes, then the rest.
+        from = shard.checkpoint(&mut writer, from, 100).unwrap();
+        expire_all(&mut shard, now);
+        while let Some(next) = shard.checkpoint(&mut writer, from, 100) {
+            from = next;
+            expire_all(&mut shard, now);
+        }
+        bytes.extend(writer.take_chunk());
+        bytes.extend(writer.finish());
+        let checkpoint = crate::checkpoint::decode(&bytes).unwrap();
+        let mut online: Vec<&str> =
+            checkpoint.users.iter().filter(|user| user.online).map(|user| user.user_id.as_str()).collect();
+        online.sort_unstable();
+        let before = online.len();
+        online.dedup();
+        assert_eq!(online.len(), before, "no online user written twice");
+        assert_eq!(online.len(), 300, "every online user written");
+        // Forgetting caught up once the checkpoint was done.
+        expire_all(&mut shard, now + FORGET_RETRY_MS);
+        assert_eq!(shard.users(), 300);
+    }
 
     /// The per-session memory budget rests on these sizes; a field added
     /// carelessly shows up here first.

@@ -42,6 +42,9 @@ pub struct Store {
     /// The time the expiry driver will next wake at (`u64::MAX`: wake on any new timer).
     alarm: AtomicU64,
     waker: Option<ExpiryWaker>,
+    /// Users forgotten since the start (B6), summed as [`Store::expire`] forgets
+    /// them, so that reading it takes no shard lock.
+    forgotten: AtomicU64,
 }
 
 impl std::fmt::Debug for Store {
@@ -54,13 +57,16 @@ impl Store {
     /// A store with no leases whose clock starts at `now`.
     pub fn new(config: StoreConfig, now: Tick) -> Result<Self, ConfigError> {
         config.validate()?;
-        let shards = (0..config.shards).map(|_| Mutex::new(Shard::new(now, config.min_renew_interval_ms))).collect();
+        let shards = (0..config.shards)
+            .map(|_| Mutex::new(Shard::new(now, config.min_renew_interval_ms, config.forget_offline_after_ms)))
+            .collect();
         Ok(Store {
             config,
             shards,
             shard_hasher: foldhash::fast::FixedState::with_seed(0x7072_6573_656e_6365),
             alarm: AtomicU64::new(u64::MAX),
             waker: None,
+            forgotten: AtomicU64::new(0),
         })
     }
 
@@ -276,13 +282,18 @@ impl Store {
         Ok(self.with_shard(user_id, |shard| shard.leases(now, user_id, changes)))
     }
 
-    /// Expires the leases due at `now`, at most `budget` users per shard per
-    /// lock hold. Returns whether more may be due (call again, after publishing).
+    /// Expires the leases due at `now`, and forgets the users whose forget
+    /// window ended (B6), at most `budget` users per shard per lock hold (plus,
+    /// rarely, one shrink of a shard's tables after most of its users left,
+    /// O(1) per user removed, amortised). Returns whether more may be due
+    /// (call again, after publishing).
     pub fn expire(&self, now: Tick, budget: usize, changes: &mut Changes) -> bool {
         let mut more = false;
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
+            let forgotten = shard.forgotten();
             more |= shard.expire(now, budget.max(1), changes);
+            self.forgotten.fetch_add(shard.forgotten() - forgotten, Ordering::Relaxed);
             // The driver computes its next wake-up itself after this call, so
             // the timers it rescheduled here must not wake it again later.
             shard.take_earliest_new_timer();
@@ -290,8 +301,9 @@ impl Store {
         more
     }
 
-    /// A time at or before the earliest lease deadline, when [`Store::expire`]
-    /// may have work; `None` when no lease is held.
+    /// A time at or before the earliest deadline (a lease's, a status's, or the
+    /// end of an offline user's forget window), when [`Store::expire`] may have
+    /// work; `None` when there is none.
     pub fn next_deadline(&self) -> Option<Tick> {
         self.shards.iter().filter_map(|shard| shard.lock().next_deadline()).min()
     }
@@ -314,6 +326,12 @@ impl Store {
             stats.users += shard.users();
         }
         stats
+    }
+
+    /// Users forgotten since the start (B6): a caller that sees many go can ask
+    /// its allocator to hand their memory back to the operating system.
+    pub fn forgotten_users(&self) -> u64 {
+        self.forgotten.load(Ordering::Relaxed)
     }
 
     /// Operations applied to each shard since the start, in shard order.

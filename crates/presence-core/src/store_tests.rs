@@ -60,6 +60,16 @@ fn drain(store: &Store, now: Tick, budget: usize) -> Changes {
     changes
 }
 
+/// Plays the driver to the end of the forget window of users that went idle
+/// at `last_idle` or before, and checks that it publishes nothing, leaves no
+/// user and no timer: nothing but forgetting (B6) was left to do.
+fn assert_only_forgets_left(store: &Store, now: Tick, last_idle: Tick) {
+    let window = store.config().forget_offline_after_ms;
+    assert!(drive(store, now, last_idle + window).is_empty(), "only forgetting was left");
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0 });
+    assert_eq!(store.next_deadline(), None, "no timer is left behind");
+}
+
 /// Plays the expiry driver from `from` to `until`: drain at the current time, sleep to the next
 /// deadline the store reports, repeat. Returns what it would have published.
 fn drive(store: &Store, from: Tick, until: Tick) -> Changes {
@@ -196,10 +206,15 @@ fn seed000_t2_silent_death_of_last_device_gives_exactly_one_offline_from_expire(
     assert!(offline_change.presence.version > published[0].presence.version);
 
     // Two events for two devices and a dozen lease operations; nothing more later.
+    at(&store, sec(700), &mut published);
+    assert_eq!(published.len(), 2);
+    assert_eq!(presence(&store, sec(700), "42"), offline_change.presence);
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 1 });
+    // Ten minutes after going offline the user is forgotten (B6), silently.
     at(&store, sec(1_000), &mut published);
     assert_eq!(published.len(), 2);
-    assert_eq!(presence(&store, sec(1_000), "42"), offline_change.presence);
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 1 });
+    assert_eq!(presence(&store, sec(1_000), "42"), Presence::UNKNOWN);
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0 });
     assert_eq!(store.next_deadline(), None);
 }
 
@@ -531,7 +546,7 @@ fn l3_unregister_of_the_last_lease_flips_offline_once() {
     assert_eq!(again, Unregistered { outcome: UnregisterOutcome::NotFound, changed: false, presence: u.presence });
     assert_eq!(changes.len(), 2);
     assert!(drive(&store, T0 + 6, T0 + 1_000).is_empty(), "no timer left behind");
-    assert_eq!(store.next_deadline(), None);
+    assert_only_forgets_left(&store, T0 + 1_000, T0 + 5);
 }
 
 #[test]
@@ -1246,7 +1261,8 @@ fn l4_next_deadline_is_none_without_leases_and_never_after_the_earliest_deadline
     store.unregister(T0 + 4, "a", "s", r.generation, 0, &mut changes).unwrap();
     assert!(store.next_deadline().is_some_and(|next| next <= T0 + 20));
     store.revoke(T0 + 5, "b", None, &mut changes).unwrap();
-    assert_eq!(store.next_deadline(), None);
+    assert!(store.next_deadline().is_some_and(|next| next > T0 + 200), "only forget entries are left");
+    assert_only_forgets_left(&store, T0 + 5, T0 + 5);
 }
 
 /// L4, E1: 10 000 users whose leases all end in the same millisecond are drained with a small
@@ -1290,8 +1306,9 @@ fn l4_mass_expiry_of_10_000_users_at_one_ms_drains_fully_with_a_small_budget() {
         assert_eq!(change.at, T0 + 1_000);
     }
     assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: USERS });
-    assert_eq!(store.next_deadline(), None);
+    assert!(store.next_deadline().is_some_and(|next| next > T0 + 2_000), "only forget entries are left");
     assert!(drain(&store, T0 + 2_000, BUDGET).is_empty());
+    assert_only_forgets_left(&store, T0 + 2_000, T0 + 1_000);
 }
 
 /// L4: a timer placed at the first of a user's deadlines fires, finds the other lease still
@@ -1439,7 +1456,7 @@ fn s1_a_status_expires_through_the_wheel_as_one_change() {
     assert_eq!(cleared[0].status, None);
     assert!(cleared[0].presence.version > set.presence.version);
     assert_eq!(store.view(sec(31), &["u42"], &mut changes).unwrap()[0].status, None);
-    assert_eq!(store.next_deadline(), None, "no timer is left behind");
+    assert_only_forgets_left(&store, sec(31), sec(30));
 }
 
 /// S1 and E1: a status expiring together with the last lease is still one change.
@@ -1606,4 +1623,207 @@ mod renew_batch {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// B6 Bounded memory: users are forgotten.
+
+/// Ten seconds, so that tests of forgetting stay short; small TTLs as in `small_store`.
+const FORGET_AFTER: Tick = 10_000;
+
+fn forgetting_store(forget_offline_after_ms: Tick) -> Store {
+    let config = StoreConfig {
+        shards: 4,
+        min_ttl_ms: 10,
+        default_ttl_ms: 50,
+        max_ttl_ms: 200,
+        min_renew_interval_ms: 0,
+        forget_offline_after_ms,
+    };
+    Store::new(config, T0).expect("valid config")
+}
+
+/// One session comes and goes: the versions it made, and the register's generation.
+fn come_and_go(store: &Store, at: Tick, user_id: &str) -> (Vec<u64>, u64) {
+    let mut changes = Vec::new();
+    let registered = register(store, at, reg(user_id, "s", "gw-a", 0), &mut changes);
+    store.unregister(at + 1, user_id, "s", registered.generation, 0, &mut changes).unwrap();
+    (changes.iter().map(|change| change.presence.version).collect(), registered.generation)
+}
+
+#[test]
+fn b6_m4_a_forgotten_user_that_comes_back_gets_a_version_above_any_it_had() {
+    let store = forgetting_store(FORGET_AFTER);
+    let (mut versions, first_generation) = come_and_go(&store, T0, "u");
+    let (more, _) = come_and_go(&store, T0 + 10, "u");
+    versions.extend(more);
+    assert_eq!(versions.len(), 4);
+    assert_eq!(store.stats().users, 1);
+    // Offline since T0 + 11: still held one ms before the window ends, gone at its end,
+    // with nothing published either time.
+    assert!(drive(&store, T0 + 11, T0 + 11 + FORGET_AFTER - 1).is_empty());
+    assert_eq!(store.stats().users, 1);
+    assert!(drive(&store, T0 + 11 + FORGET_AFTER - 1, T0 + 11 + FORGET_AFTER).is_empty());
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0 });
+    assert_eq!(store.forgotten_users(), 1);
+    assert_eq!(store.next_deadline(), None, "nothing is left of it, not even a timer");
+    // It comes back, in the same millisecond as another user's flip in its shard
+    // (a bare per-user counter would restart at 1 here).
+    let mut changes = Vec::new();
+    let now = T0 + 11 + FORGET_AFTER;
+    let back = register(&store, now, reg("u", "s", "gw-a", 0), &mut changes);
+    assert!(back.changed);
+    let highest = *versions.iter().max().unwrap();
+    assert!(back.presence.version > highest, "version {} after {highest} (M4)", back.presence.version);
+    assert!(back.generation > first_generation, "generations never go back either (L1)");
+    assert_eq!(store.stats().users, 1);
+}
+
+#[test]
+fn b6_p3_a_forgotten_user_is_answered_exactly_like_one_never_seen() {
+    let forgot = forgetting_store(FORGET_AFTER);
+    come_and_go(&forgot, T0, "u");
+    assert!(drive(&forgot, T0 + 1, T0 + 1 + FORGET_AFTER).is_empty());
+    assert_eq!(forgot.stats().users, 0);
+    let never = forgetting_store(FORGET_AFTER);
+    let now = T0 + 2 * FORGET_AFTER;
+    // Every read and every refusal, asked of both stores at the same time.
+    let answers = |store: &Store| {
+        let mut changes = Vec::new();
+        let answers = format!(
+            "{:?} {:?} {:?} {:?} {:?} {:?}",
+            store.snapshot(now, &["u"], &mut changes),
+            store.view(now, &["u"], &mut changes),
+            store.leases(now, "u", &mut changes),
+            store.renew(now, "u", "s", 1, 0, &mut changes),
+            store.unregister(now, "u", "s", 1, 0, &mut changes),
+            store.revoke(now, "u", None, &mut changes),
+        );
+        assert!(changes.is_empty());
+        (answers, store.stats())
+    };
+    assert_eq!(answers(&forgot), answers(&never));
+    assert_eq!(presence(&forgot, now, "u"), Presence::UNKNOWN);
+}
+
+#[test]
+fn b6_a_user_that_comes_back_within_the_window_is_not_forgotten_by_the_old_deadline() {
+    let store = forgetting_store(FORGET_AFTER);
+    come_and_go(&store, T0, "u");
+    // Back half a window later, and gone again: its window starts over.
+    let half = T0 + FORGET_AFTER / 2;
+    let (versions, _) = come_and_go(&store, half, "u");
+    assert!(drive(&store, half + 1, T0 + 1 + FORGET_AFTER).is_empty());
+    assert_eq!(store.stats().users, 1, "forgotten by the deadline of an earlier absence");
+    assert_eq!(presence(&store, T0 + 1 + FORGET_AFTER, "u").version, versions[1], "it keeps its version");
+    // Reads are not activity: they neither forget nor keep.
+    assert!(drive(&store, T0 + 1 + FORGET_AFTER, half + FORGET_AFTER).is_empty());
+    assert_eq!(store.stats().users, 1);
+    assert!(drive(&store, half + FORGET_AFTER, half + 1 + FORGET_AFTER).is_empty());
+    assert_eq!(store.stats().users, 0);
+}
+
+#[test]
+fn b6_a_user_with_a_lease_or_a_status_is_not_forgotten() {
+    let store = forgetting_store(FORGET_AFTER);
+    let mut changes = Vec::new();
+    // Online all along, renewed: never forgotten.
+    let online = register(&store, T0, reg("online", "s", "gw-a", 200), &mut changes);
+    // Offline with a status that does not expire: kept while the status is held.
+    let away = status(crate::Availability::Away, "lunch", None);
+    store.set_status(T0, "away", Some(away), &mut changes).unwrap();
+    // Offline with a status that expires: kept until it does, then forgotten a window later.
+    let dnd = status(crate::Availability::DoNotDisturb, "focus", Some(T0 + 5_000));
+    store.set_status(T0, "dnd", Some(dnd), &mut changes).unwrap();
+    let mut now = T0;
+    while now < T0 + 3 * FORGET_AFTER {
+        changes.extend(drive(&store, now, now + 100));
+        now += 100;
+        store.renew(now, "online", "s", online.generation, 200, &mut changes).unwrap();
+    }
+    let ids = |store: &Store| {
+        let mut changes = Vec::new();
+        let views = store.view(now, &["online", "away", "dnd"], &mut changes).unwrap();
+        views.iter().map(|view| view.presence != Presence::UNKNOWN).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&store), [true, true, false], "dnd was forgotten a window after its status ran out");
+    assert_eq!(store.stats().users, 2);
+    // Clearing the status starts the window.
+    store.set_status(now, "away", None, &mut changes).unwrap();
+    assert!(drive(&store, now, now + FORGET_AFTER - 1).iter().all(|change| change.user_id == "online"));
+    assert_eq!(store.stats().users, 2);
+    drive(&store, now + FORGET_AFTER - 1, now + FORGET_AFTER);
+    assert_eq!(store.stats().users, 1);
+}
+
+#[test]
+fn b6_a_window_of_zero_never_forgets() {
+    let store = forgetting_store(0);
+    come_and_go(&store, T0, "u");
+    assert!(drive(&store, T0 + 1, T0 + 100 * FORGET_AFTER).is_empty());
+    assert_eq!(store.stats().users, 1);
+    assert_eq!(store.next_deadline(), None, "and keeps no timer for it");
+}
+
+#[test]
+fn b6_a_restored_offline_user_is_forgotten_a_window_after_the_restore_and_a_held_one_after_its_hold() {
+    let store = forgetting_store(FORGET_AFTER);
+    let mut changes = Vec::new();
+    come_and_go(&store, T0, "offline");
+    register(&store, T0, reg("online", "s", "gw-a", 200), &mut changes);
+    let mut writer = crate::checkpoint::CheckpointWriter::new(T0 + 2);
+    for shard in 0..store.shard_count() {
+        store.checkpoint_shard(shard, &mut writer);
+    }
+    let bytes = [writer.take_chunk(), writer.finish()].concat();
+    let checkpoint = crate::checkpoint::decode(&bytes).unwrap();
+    let start = T0 + 1_000;
+    let hold_until = start + 2 * FORGET_AFTER;
+    let config = store.config().clone();
+    let restored = Store::restore(config, start, &checkpoint, hold_until).unwrap();
+    assert!(drive(&restored, start, start + FORGET_AFTER - 1).is_empty());
+    assert_eq!(restored.stats().users, 2);
+    assert!(drive(&restored, start + FORGET_AFTER - 1, start + FORGET_AFTER).is_empty());
+    assert_eq!(restored.stats().users, 1, "the offline user, a window after the restore");
+    // The held user goes OFFLINE when the hold ends, and is forgotten a window after that.
+    let offline = drive(&restored, start + FORGET_AFTER, hold_until + FORGET_AFTER - 1);
+    assert_eq!(offline.len(), 1);
+    assert_eq!((offline[0].user_id.as_str(), offline[0].at), ("online", hold_until));
+    assert_eq!(restored.stats().users, 1);
+    drive(&restored, hold_until + FORGET_AFTER - 1, hold_until + FORGET_AFTER);
+    assert_eq!(restored.stats(), StoreStats::default());
+}
+
+#[test]
+fn b6_a_pending_forget_rechecks_on_firing_and_a_status_cleared_later_starts_a_new_window() {
+    let store = forgetting_store(FORGET_AFTER);
+    let mut changes = Vec::new();
+    come_and_go(&store, T0, "u");
+    come_and_go(&store, T0, "v");
+    // Both idle from T0 + 1; half a window later both set a status that does
+    // not expire, and `v` clears it again at once.
+    let half = T0 + FORGET_AFTER / 2;
+    let away = status(crate::Availability::Away, "lunch", None);
+    store.set_status(half, "u", Some(away.clone()), &mut changes).unwrap();
+    store.set_status(half, "v", Some(away), &mut changes).unwrap();
+    store.set_status(half + 1, "v", None, &mut changes).unwrap();
+    // `v` is idle from half + 1: the entry of its first absence must not forget it.
+    assert!(drive(&store, half + 1, T0 + 1 + FORGET_AFTER).is_empty());
+    assert!(presence(&store, T0 + 1 + FORGET_AFTER, "v") != Presence::UNKNOWN, "v forgotten too early");
+    assert!(drive(&store, T0 + 1 + FORGET_AFTER, half + 1 + FORGET_AFTER).is_empty());
+    assert_eq!(presence(&store, half + 1 + FORGET_AFTER, "v"), Presence::UNKNOWN);
+    let store = forgetting_store(FORGET_AFTER);
+    come_and_go(&store, T0, "u");
+    store.set_status(half, "u", Some(status(crate::Availability::Away, "lunch", None)), &mut changes).unwrap();
+    // The entry set when it went idle fires, and finds a status held: nothing is forgotten.
+    assert!(drive(&store, half, T0 + 1 + FORGET_AFTER).is_empty());
+    assert_eq!(store.stats().users, 1);
+    assert!(store.view(T0 + 1 + FORGET_AFTER, &["u"], &mut changes).unwrap()[0].status.is_some());
+    // Cleared a little later: idle again from then, for a whole window.
+    let cleared = T0 + 2 + FORGET_AFTER;
+    store.set_status(cleared, "u", None, &mut changes).unwrap();
+    assert!(drive(&store, cleared, cleared + FORGET_AFTER - 1).is_empty());
+    assert_eq!(store.stats().users, 1, "forgotten before a whole window had passed since the status was cleared");
+    assert!(drive(&store, cleared + FORGET_AFTER - 1, cleared + FORGET_AFTER).is_empty());
+    assert_eq!(store.stats().users, 0);
 }

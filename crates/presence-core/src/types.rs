@@ -198,6 +198,7 @@ pub struct StoreStats {
     pub sessions: usize,
     /// Users currently ONLINE.
     pub online_users: usize,
-    /// Users the store holds a record for (online, or offline with a version to keep).
+    /// Users the store holds a record for: online, or offline and not yet
+    /// forgotten (see [`crate::StoreConfig::forget_offline_after_ms`]).
     pub users: usize,
 }

@@ -5,9 +5,12 @@
 //! lookups wants to know where each lookup will land *before* making it, so it
 //! can start the memory loads of many lookups at once and pay for their cache
 //! misses side by side instead of one after another ([`UserIndex::probe_start`]).
-//! hashbrown keeps that address to itself. The rest is deliberately small: a
-//! shard never forgets a user (offline users keep their versions), so the table
-//! is insert-only and needs no tombstones.
+//! hashbrown keeps that address to itself. The rest is deliberately small. A
+//! shard forgets users that stayed offline long enough (B6), so entries are
+//! removed too: by backward-shift deletion, which closes the gap in the probe
+//! run at once and so needs no tombstones; and the table halves (or more)
+//! when it falls below a quarter full, so that a wave of forgotten users gives
+//! its memory back.
 //!
 //! An entry packs the upper 32 bits of the user's hash (the tag) and the
 //! user's slot in one `u64`. The probe position comes from the tag alone, so
@@ -23,6 +26,14 @@ const EMPTY: u64 = u32::MAX as u64;
 const MAX_LOAD_NUMERATOR: usize = 3;
 const MAX_LOAD_DENOMINATOR: usize = 4;
 
+/// The table shrinks when fewer than one entry in this many is used, to a size
+/// at most half full: between the two thresholds a user that comes and goes
+/// at a boundary never resizes the table back and forth.
+const SHRINK_BELOW_ONE_IN: usize = 4;
+
+/// The smallest table, and the size of a new one.
+const MIN_ENTRIES: usize = 16;
+
 /// The index; see the module documentation.
 #[derive(Debug, Clone)]
 pub(crate) struct UserIndex {
@@ -33,7 +44,7 @@ pub(crate) struct UserIndex {
 
 impl Default for UserIndex {
     fn default() -> Self {
-        UserIndex { entries: vec![EMPTY; 16], len: 0 }
+        UserIndex { entries: vec![EMPTY; MIN_ENTRIES], len: 0 }
     }
 }
 
@@ -94,6 +105,69 @@ impl UserIndex {
         self.len += 1;
     }
 
+    /// The position of the entry of the user at `slot`, whose hash is `hash`.
+    fn position_of(&self, hash: u64, slot: u32) -> usize {
+        let tag = tag_of(hash);
+        let mut position = self.home(tag);
+        loop {
+            let entry = self.entries[position];
+            assert_ne!(entry, EMPTY, "the index holds every user of the shard");
+            if tag_of(entry) == tag && slot_of(entry) == slot {
+                return position;
+            }
+            position = (position + 1) & self.mask();
+        }
+    }
+
+    /// Points the entry of the user whose hash is `hash` from slot `from` to
+    /// slot `to`: the user's record moved.
+    pub(crate) fn relocate(&mut self, hash: u64, from: u32, to: u32) {
+        let position = self.position_of(hash, from);
+        self.entries[position] = u64::from(tag_of(hash)) << 32 | u64::from(to);
+    }
+
+    /// Removes the user at `slot`, whose hash is `hash`, and shrinks the table
+    /// if it is now mostly empty.
+    pub(crate) fn remove(&mut self, hash: u64, slot: u32) {
+        let mut hole = self.position_of(hash, slot);
+        // Backward shift: an entry further along the run moves into the hole
+        // when the hole lies between its home and where it sits, so that
+        // every remaining entry stays reachable from its home without a gap.
+        let mut position = (hole + 1) & self.mask();
+        loop {
+            let entry = self.entries[position];
+            if entry == EMPTY {
+                break;
+            }
+            let home = self.home(tag_of(entry));
+            let from_home = position.wrapping_sub(home) & self.mask();
+            let from_hole = position.wrapping_sub(hole) & self.mask();
+            if from_home >= from_hole {
+                self.entries[hole] = entry;
+                hole = position;
+            }
+            position = (position + 1) & self.mask();
+        }
+        self.entries[hole] = EMPTY;
+        self.len -= 1;
+        if self.entries.len() > MIN_ENTRIES && self.len * SHRINK_BELOW_ONE_IN < self.entries.len() {
+            self.resize((self.len * 2).next_power_of_two().max(MIN_ENTRIES));
+        }
+    }
+
+    /// Shrinks the table to the smallest size that holds its users at most
+    /// three quarters full, if it is larger.
+    pub(crate) fn shrink_to_fit(&mut self) {
+        let mut size = MIN_ENTRIES;
+        while self.len * MAX_LOAD_DENOMINATOR > size * MAX_LOAD_NUMERATOR {
+            size *= 2;
+        }
+        if size < self.entries.len() {
+            self.resize(size);
+        }
+        self.entries.shrink_to_fit();
+    }
+
     /// Puts an entry at the first empty position of its probe run.
     fn place(&mut self, entry: u64) {
         let mut position = self.home(tag_of(entry));
@@ -104,8 +178,13 @@ impl UserIndex {
     }
 
     fn grow(&mut self) {
-        let doubled = vec![EMPTY; self.entries.len() * 2];
-        let old = std::mem::replace(&mut self.entries, doubled);
+        self.resize(self.entries.len() * 2);
+    }
+
+    /// Moves every entry to a new table of `size` positions (a power of two).
+    fn resize(&mut self, size: usize) {
+        debug_assert!(size.is_power_of_two() && size * MAX_LOAD_NUMERATOR >= self.len * MAX_LOAD_DENOMINATOR);
+        let old = std::mem::replace(&mut self.entries, vec![EMPTY; size]);
         for entry in old.into_iter().filter(|&entry| entry != EMPTY) {
             self.place(entry);
         }
@@ -115,6 +194,12 @@ impl UserIndex {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Positions in the table, used or not.
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.entries.len()
     }
 }
 
@@ -143,6 +228,60 @@ mod tests {
         assert_eq!(index.find(hashes[5], |_| false), None, "a tag match is not a user match");
         // Growth kept the load at most three quarters.
         assert!(index.entries.len() * 3 >= index.len() * 4);
+    }
+
+    #[test]
+    fn b6_removed_users_are_gone_the_rest_stay_found_and_the_table_shrinks_without_thrashing() {
+        let mut index = UserIndex::default();
+        let hashes: Vec<u64> = (0..10_000u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+        for (slot, &h) in hashes.iter().enumerate() {
+            index.insert(h, slot as u32);
+        }
+        let full = index.capacity();
+        // Remove every user but one in sixteen: what is left is still found,
+        // what was removed is not, and the table shrank.
+        for (slot, &h) in hashes.iter().enumerate().filter(|(slot, _)| slot % 16 != 0) {
+            index.remove(h, slot as u32);
+        }
+        for (slot, &h) in hashes.iter().enumerate() {
+            let found = index.find(h, |s| s as usize == slot);
+            assert_eq!(found, (slot % 16 == 0).then_some(slot as u32), "user {slot}");
+        }
+        assert_eq!(index.len(), 625);
+        assert!(index.capacity() * 4 <= full, "{} positions left of {full}", index.capacity());
+        assert!(index.capacity() * 3 >= index.len() * 4, "still at most three quarters full");
+        // One user coming and going at the size the table settled at resizes nothing.
+        let settled = index.capacity();
+        for round in 0..100u32 {
+            index.insert(hashes[1], 1);
+            assert_eq!(index.capacity(), settled, "round {round}");
+            index.remove(hashes[1], 1);
+            assert_eq!(index.capacity(), settled, "round {round}");
+        }
+        // A relocated user is found at its new slot only.
+        index.relocate(hashes[16], 16, 7_777);
+        assert_eq!(index.find(hashes[16], |s| s == 7_777), Some(7_777));
+        assert_eq!(index.find(hashes[16], |s| s == 16), None);
+    }
+
+    #[test]
+    fn b6_removal_inside_a_run_that_wraps_around_keeps_the_rest_reachable() {
+        let mut index = UserIndex::default();
+        let last = (index.entries.len() - 1) as u32;
+        // A run from the last position around to the start, with entries homed
+        // at the last position and at position 0 mixed in it.
+        for slot in 0..3 {
+            index.insert(hash(last, slot), slot);
+        }
+        index.insert(hash(0, 0), 10);
+        index.insert(hash(last, 3), 3);
+        index.remove(hash(last, 0), 0);
+        index.remove(hash(0, 0), 10);
+        for slot in 1..4 {
+            assert_eq!(index.find(hash(last, 99), |s| s == slot), Some(slot), "slot {slot}");
+        }
+        assert_eq!(index.find(hash(0, 0), |s| s == 10), None);
+        assert_eq!(index.len(), 3);
     }
 
     #[test]

@@ -245,6 +245,61 @@ impl<T> TimerWheel<T> {
         }
     }
 
+    /// The item of a live entry, to change in place (its owner moved, say).
+    ///
+    /// # Panics
+    ///
+    /// If `key` does not name a live entry.
+    pub fn item_mut(&mut self, key: TimerKey) -> &mut T {
+        match self.nodes.get_mut(key.index() as usize) {
+            Some(Node::Occupied(e)) => &mut e.item,
+            _ => panic!("TimerWheel::item_mut: {key:?} is not a live entry"),
+        }
+    }
+
+    /// Cells in the slab, live or free: what the wheel's entries cost in memory.
+    pub fn slab_len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Moves every live entry to the front of a new, smaller slab and frees
+    /// the old one, so that a wheel that once held many more entries than it
+    /// does now gives the memory back. Keys change: `moved(item, key)` is
+    /// called with the new key of every entry whose key changed, and every
+    /// other key handed out before stays valid. Deadlines, order and due
+    /// entries are kept. O(slab cells).
+    pub fn compact(&mut self, mut moved: impl FnMut(&T, TimerKey)) {
+        let old = mem::take(&mut self.nodes);
+        let mut remap = vec![NIL; old.len()];
+        let mut live = 0u32;
+        for (cell, node) in remap.iter_mut().zip(&old) {
+            if matches!(node, Node::Occupied(_)) {
+                *cell = live;
+                live += 1;
+            }
+        }
+        let map = |index: u32| if index == NIL { NIL } else { remap[index as usize] };
+        // An eighth more than held: room for a little growth without a reallocation.
+        let mut nodes = Vec::with_capacity(self.len + self.len / 8);
+        for (index, node) in old.into_iter().enumerate() {
+            if let Node::Occupied(mut entry) = node {
+                entry.prev = map(entry.prev);
+                entry.next = map(entry.next);
+                let new_index = remap[index];
+                if new_index != index as u32 {
+                    moved(&entry.item, TimerKey::new(new_index));
+                }
+                nodes.push(Node::Occupied(entry));
+            }
+        }
+        for head in self.heads.iter_mut().flatten() {
+            *head = map(*head);
+        }
+        self.due_head = map(self.due_head);
+        self.free_head = NIL;
+        self.nodes = nodes;
+    }
+
     /// A time at or before the earliest scheduled deadline at which `poll` may have work
     /// (exact for entries in the lowest level; the start of the slot for higher levels, so a
     /// caller that sleeps until it and polls will cascade and then ask again). `None` when empty.
@@ -682,6 +737,39 @@ mod tests {
         let mut out: Vec<_> = drain(&mut w, 5000).into_iter().map(|x| x.1).collect();
         out.sort_unstable();
         let mut want: Vec<_> = rest.iter().map(|k| k.index()).filter(|&i| i != rest[1].index()).collect();
+        want.sort_unstable();
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn b6_compaction_keeps_every_entry_and_deadline_and_reports_moved_keys() {
+        let mut w = TimerWheel::new(0);
+        let deadline = |item: u32| if item >= 1_000 { 1 } else { u64::from(item) * 7 + 1 };
+        let mut keys: Vec<Option<TimerKey>> = (0..1_003u32).map(|i| Some(w.insert(deadline(i), i).unwrap())).collect();
+        for (i, key) in keys.iter_mut().enumerate().take(1_000) {
+            if i % 10 != 0 {
+                w.remove(key.take().unwrap());
+            }
+        }
+        // Three entries fall due at 1 and one is handed out: two wait in the
+        // due list while the slab moves.
+        let (_, first) = w.poll(1).unwrap();
+        keys[first as usize] = None;
+        let before = w.slab_len();
+        w.compact(|&item, key| keys[item as usize] = Some(key));
+        assert_eq!(w.slab_len(), w.len());
+        assert!(w.slab_len() * 8 < before, "{} cells of {before}", w.slab_len());
+        w.check_invariants();
+        for (item, key) in keys.iter().enumerate() {
+            if let Some(key) = key {
+                assert_eq!(w.deadline(*key), deadline(item as u32), "item {item}");
+                assert_eq!(*w.item_mut(*key) as usize, item);
+            }
+        }
+        let mut out = drain(&mut w, 10_000);
+        out.sort_unstable();
+        let mut want: Vec<(Tick, u32)> =
+            (0..1_003u32).filter(|&i| (i >= 1_000 || i % 10 == 0) && i != first).map(|i| (deadline(i), i)).collect();
         want.sort_unstable();
         assert_eq!(out, want);
     }

@@ -16,7 +16,11 @@
 //!   none is due after `expire` was drained;
 //! - after draining `expire(now)` no lease with `expires_at <= now` is left anywhere (L4);
 //! - a user is ONLINE iff it holds a live lease (M2), in snapshots and lease listings alike;
-//! - exactly one change per flip (E1), none for anything else, and versions strictly increase.
+//! - exactly one change per flip (E1), none for anything else, and versions strictly increase,
+//!   also past forgetting: a user that comes back gets a version above any it had (M4);
+//! - a user that has been OFFLINE with no lease for the forget window is forgotten by the
+//!   driver and from then on answered like a user never seen (B6, P3): the model forgets it
+//!   too, and every answer still matches.
 
 use std::collections::BTreeMap;
 
@@ -34,6 +38,8 @@ const GATEWAYS: [&str; 3] = ["gw-a", "gw-b", "gw-c"];
 const MIN_TTL: u32 = 10;
 const DEFAULT_TTL: u32 = 50;
 const MAX_TTL: u32 = 200;
+/// The shortest forget window the store accepts, so that sequences reach it.
+const FORGET_AFTER: Tick = 1_000;
 
 fn config() -> StoreConfig {
     StoreConfig {
@@ -42,7 +48,7 @@ fn config() -> StoreConfig {
         default_ttl_ms: DEFAULT_TTL,
         max_ttl_ms: MAX_TTL,
         min_renew_interval_ms: 0,
-        ..StoreConfig::default()
+        forget_offline_after_ms: FORGET_AFTER,
     }
 }
 
@@ -209,6 +215,15 @@ struct RefUser {
     leases: BTreeMap<usize, RefLease>,
     online: bool,
     version: u64,
+    /// When it last went OFFLINE: forgotten once offline, with no lease, from then for the window.
+    offline_since: Tick,
+}
+
+impl RefUser {
+    /// When the driver forgets it, if nothing changes meanwhile.
+    fn forget_at(&self) -> Option<Tick> {
+        (!self.online && self.leases.is_empty()).then_some(self.offline_since + FORGET_AFTER)
+    }
 }
 
 impl RefUser {
@@ -231,6 +246,8 @@ struct Harness {
     users: BTreeMap<usize, RefUser>,
     /// Every generation the store issued to a session, in order (kept after the lease is gone).
     issued: BTreeMap<(usize, usize), Vec<u64>>,
+    /// The highest version each user ever had, kept after the user is forgotten (M4).
+    highest: BTreeMap<usize, u64>,
 }
 
 impl Harness {
@@ -240,6 +257,7 @@ impl Harness {
             now: start,
             users: BTreeMap::new(),
             issued: BTreeMap::new(),
+            highest: BTreeMap::new(),
         }
     }
 
@@ -269,6 +287,7 @@ impl Harness {
         });
         if last_deadline.is_some() && u.leases.is_empty() && u.online {
             u.online = false;
+            u.offline_since = now;
             flips.push(Flip { user, state: State::Offline, deadline: last_deadline });
         }
     }
@@ -299,6 +318,15 @@ impl Harness {
                 user.version
             );
             user.version = change.presence.version;
+            let highest = self.highest.entry(flip.user).or_default();
+            prop_assert!(
+                change.presence.version > *highest,
+                "version {} of {} is not above {}, which it had before it was forgotten (M4)",
+                change.presence.version,
+                USERS[flip.user],
+                highest
+            );
+            *highest = change.presence.version;
         }
         // Each flip's version is the user's final one unless the user flipped again later.
         for (index, change) in actual.iter().enumerate() {
@@ -463,6 +491,7 @@ impl Harness {
                             let changed = u.leases.is_empty() && u.online;
                             if changed {
                                 u.online = false;
+                                u.offline_since = now;
                                 flips.push(Flip { user, state: State::Offline, deadline: None });
                             }
                             (UnregisterOutcome::Removed, changed)
@@ -490,6 +519,7 @@ impl Harness {
                         let changed = count > 0 && u.leases.is_empty() && u.online;
                         if changed {
                             u.online = false;
+                            u.offline_since = now;
                             flips.push(Flip { user, state: State::Offline, deadline: None });
                         }
                         (count as u32, changed)
@@ -532,7 +562,11 @@ impl Harness {
         for user in users {
             self.settle(user, &mut flips);
         }
-        self.take_changes(flips, &changes, false)
+        self.take_changes(flips, &changes, false)?;
+        // B6: the driver forgot every user whose window ended by now, and only those.
+        let now = self.now;
+        self.users.retain(|_, u| u.forget_at().is_none_or(|at| at > now));
+        Ok(())
     }
 
     fn total_leases(&self) -> usize {
@@ -553,8 +587,10 @@ impl Harness {
         // After a drain the model holds no expired lease, so this is also L4: the store has none
         // left either (stats count leases nobody has settled yet).
         prop_assert_eq!(stats, expected, "stats");
-        // A timer exists exactly while a lease does, at or before the earliest deadline.
-        let earliest = self.users.values().flat_map(|u| u.leases.values()).map(|l| l.expires_at).min();
+        // A timer exists exactly while a lease or a pending forget does, at or before the
+        // earliest of their deadlines.
+        let leases = self.users.values().flat_map(|u| u.leases.values()).map(|l| l.expires_at);
+        let earliest = leases.chain(self.users.values().filter_map(RefUser::forget_at)).min();
         match (self.store.next_deadline(), earliest) {
             (None, None) => {}
             (Some(next), Some(earliest)) => {
@@ -671,11 +707,15 @@ proptest! {
         }
         // Finally, the driver alone takes everyone offline, one change per online user.
         let online = harness.users.values().filter(|u| u.online).count();
-        let versions: Vec<u64> = harness.users.values().map(|u| u.version).collect();
+        let versions: BTreeMap<usize, u64> = harness.users.iter().map(|(&user, u)| (user, u.version)).collect();
         harness.run(&Step::Advance { by: u64::from(MAX_TTL) + 1, budget: 1 })?;
         prop_assert_eq!(harness.store.stats(), StoreStats { sessions: 0, online_users: 0, users: harness.users.len() });
-        prop_assert_eq!(harness.store.next_deadline(), None);
-        let moved = harness.users.values().zip(&versions).filter(|(u, v)| u.version != **v).count();
+        // (Users offline long enough are forgotten by this advance; those that flip are not.)
+        let moved = versions.iter().filter(|&(user, v)| harness.users.get(user).is_some_and(|u| u.version != *v)).count();
         prop_assert_eq!(moved, online);
+        // And after the forget window, everyone is forgotten and no timer is left (B6).
+        harness.run(&Step::Advance { by: FORGET_AFTER, budget: 1 })?;
+        prop_assert_eq!(harness.store.stats(), StoreStats::default());
+        prop_assert_eq!(harness.store.next_deadline(), None);
     }
 }

@@ -1,0 +1,188 @@
+//! Golden-file test of the checkpoint format (contract B3).
+//!
+//! The round-trip tests in `checkpoint.rs` pass whenever the writer and the
+//! reader agree, even if both changed and every checkpoint already on disk no
+//! longer loads. This test pins the bytes instead: `tests/golden/checkpoint-v1.bin`
+//! was written by format 1's writer from the fixed store state built below, and
+//! - the committed file must decode to exactly the users, leases and stamps
+//!   that state holds (so today's reader still reads yesterday's files), and
+//! - today's writer must write that state to exactly the committed bytes (so
+//!   any change of the format is a deliberate one).
+//!
+//! If the second check fails because you changed the format on purpose: bump
+//! `FORMAT` in `src/checkpoint.rs`, keep a reader for format 1 (this file must
+//! still decode), add a golden file for the new format, and only then regenerate
+//! with `PRESENCED_BLESS=1 cargo test -p presence-core --test checkpoint_golden writes`
+//! (that one test writes the file, after checking the state it writes).
+//! Never re-bless `checkpoint-v1.bin` itself to make a failure go away.
+
+use std::path::PathBuf;
+
+use presence_core::checkpoint::{self, Checkpoint, CheckpointLease, CheckpointUser, CheckpointWriter};
+use presence_core::stamp::COUNTER_BITS;
+use presence_core::{Registration, Store, StoreConfig, Tick};
+
+/// The first store's start, in store time (Unix ms).
+const T0: Tick = 1_700_000_000_000;
+/// The restart: the first store was checkpointed at `T0 + 10` and restored here.
+const T1: Tick = T0 + 20_000;
+/// The end of the restart grace.
+const HOLD_UNTIL: Tick = T1 + 45_000;
+/// When the golden checkpoint is written.
+const WRITTEN_AT: Tick = T1 + 10;
+
+fn golden_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/checkpoint-v1.bin")
+}
+
+fn config() -> StoreConfig {
+    StoreConfig { shards: 4, min_renew_interval_ms: 0, ..StoreConfig::default() }
+}
+
+/// The first stamp a shard issues at `at` (nothing issued later in that millisecond before it).
+fn stamp(at: Tick) -> u64 {
+    at << COUNTER_BITS
+}
+
+fn register(
+    store: &Store,
+    now: Tick,
+    user_id: &str,
+    session_id: &str,
+    gateway_id: &str,
+    ttl_ms: u32,
+    metadata: &[(String, String)],
+) -> u64 {
+    let registration = Registration { user_id, session_id, gateway_id, ttl_ms, metadata };
+    store.register(now, &registration, &mut Vec::new()).unwrap().generation
+}
+
+fn write(store: &Store, written_at: Tick) -> Vec<u8> {
+    let mut writer = CheckpointWriter::new(written_at);
+    let mut bytes = Vec::new();
+    for shard in 0..store.shard_count() {
+        store.checkpoint_shard(shard, &mut writer);
+        bytes.extend(writer.take_chunk());
+    }
+    bytes.extend(writer.finish());
+    bytes
+}
+
+fn phone_metadata() -> Vec<(String, String)> {
+    vec![("device".to_string(), "phone".to_string()), ("app".to_string(), "web/2.1".to_string())]
+}
+
+/// The fixed store state, every time at a fixed `now`:
+/// - before a restart: `dave` registers a short lease, `bob` comes and goes;
+/// - restarted at `T1`: `dave` is held online by a restart hold (his lease ran
+///   out while the store was down and is expired away just after `T1`), `bob`
+///   is offline;
+/// - then `alice` registers two sessions (one with metadata) and `carol`
+///   registers and unregisters with linger, so her lease is closing.
+fn golden_store() -> Store {
+    let first = Store::new(config(), T0).unwrap();
+    register(&first, T0, "dave", "d1", "gw-a", 10_000, &[]);
+    let bob = register(&first, T0 + 1, "bob", "b1", "gw-a", 45_000, &[]);
+    first.unregister(T0 + 2, "bob", "b1", bob, 0, &mut Vec::new()).unwrap();
+    let before = checkpoint::decode(&write(&first, T0 + 10)).unwrap();
+
+    let store = Store::restore(config(), T1, &before, HOLD_UNTIL).unwrap();
+    // A restored lease that already ran out is due on the restored wheel's first tick.
+    while store.expire(T1 + 1, 1_000, &mut Vec::new()) {}
+    register(&store, T1 + 1, "alice", "phone", "gw-a", 45_000, &phone_metadata());
+    register(&store, T1 + 2, "alice", "laptop", "gw-b", 30_000, &[]);
+    let carol = register(&store, T1 + 3, "carol", "c1", "gw-b", 45_000, &[]);
+    store.unregister(T1 + 4, "carol", "c1", carol, 5_000, &mut Vec::new()).unwrap();
+    store
+}
+
+/// What the golden file holds, field by field, users sorted by id (the file
+/// holds them in shard order).
+fn expected() -> Checkpoint {
+    let lease = |session_id: &str, gateway_id: &str, generation, last_heartbeat_at, expires_at, closing, metadata| {
+        CheckpointLease {
+            session_id: session_id.into(),
+            gateway_id: gateway_id.into(),
+            generation,
+            last_heartbeat_at,
+            expires_at,
+            closing,
+            metadata,
+        }
+    };
+    Checkpoint {
+        written_at: WRITTEN_AT,
+        // carol's ONLINE flip, the last stamp of all (her unregister with linger flips nothing).
+        last_stamp: stamp(T1 + 3) + 1,
+        users: vec![
+            CheckpointUser {
+                user_id: "alice".into(),
+                // Her first register flipped her ONLINE; the second one did not.
+                version: stamp(T1 + 1) + 1,
+                online: true,
+                // Newest first.
+                leases: vec![
+                    lease("laptop", "gw-b", stamp(T1 + 2), T1 + 2, T1 + 30_002, false, vec![]),
+                    lease("phone", "gw-a", stamp(T1 + 1), T1 + 1, T1 + 45_001, false, phone_metadata()),
+                ],
+            },
+            CheckpointUser {
+                user_id: "bob".into(),
+                // The OFFLINE flip of his unregister, kept across the restart.
+                version: stamp(T0 + 2),
+                online: false,
+                leases: vec![],
+            },
+            CheckpointUser {
+                user_id: "carol".into(),
+                version: stamp(T1 + 3) + 1,
+                online: true,
+                // Lingering: closing, deadline cut to the unregister plus 5 s.
+                leases: vec![lease("c1", "gw-b", stamp(T1 + 3), T1 + 3, T1 + 5_004, true, vec![])],
+            },
+            CheckpointUser {
+                user_id: "dave".into(),
+                // His ONLINE flip before the restart (his register's stamp was the generation).
+                version: stamp(T0) + 1,
+                online: true,
+                // The restart hold: no session, no gateway, generation 0, closing,
+                // from the restore until the end of the grace.
+                leases: vec![lease("", "", 0, T1, HOLD_UNTIL, true, vec![])],
+            },
+        ],
+    }
+}
+
+fn sorted(mut checkpoint: Checkpoint) -> Checkpoint {
+    checkpoint.users.sort_by(|a, b| a.user_id.cmp(&b.user_id));
+    checkpoint
+}
+
+#[test]
+fn b3_the_committed_format_1_checkpoint_decodes_to_what_it_holds() {
+    let bytes = std::fs::read(golden_path()).expect("tests/golden/checkpoint-v1.bin is committed");
+    let decoded = checkpoint::decode(&bytes).expect("format 1 checkpoints stay readable");
+    assert_eq!(sorted(decoded), expected());
+}
+
+#[test]
+fn b3_todays_writer_writes_the_committed_format_1_bytes() {
+    let bytes = write(&golden_store(), WRITTEN_AT);
+    // The state itself is what the decoding test expects, so that a wrong
+    // state cannot be blessed unnoticed.
+    assert_eq!(sorted(checkpoint::decode(&bytes).unwrap()), expected());
+    if std::env::var_os("PRESENCED_BLESS").is_some_and(|v| v == "1") {
+        std::fs::write(golden_path(), &bytes).unwrap();
+        return;
+    }
+    let committed = std::fs::read(golden_path()).expect("tests/golden/checkpoint-v1.bin is committed");
+    assert!(
+        bytes == committed,
+        "the checkpoint writer no longer writes format 1's bytes (first difference at byte {:?}, {} bytes vs {} \
+         committed). If the format changed on purpose, bump FORMAT, keep a reader for format 1 and add a new golden \
+         file: see this file's documentation.",
+        bytes.iter().zip(&committed).position(|(a, b)| a != b),
+        bytes.len(),
+        committed.len(),
+    );
+}
