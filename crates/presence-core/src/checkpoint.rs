@@ -473,6 +473,49 @@ mod tests {
         assert!(restored.leases(start, "kept", &mut changes).unwrap().iter().all(|l| !l.session_id.is_empty()));
     }
 
+    /// A user online at the checkpoint, restored with its session alive, and
+    /// held for 45 s after the start.
+    fn restored_with_a_live_session_and_a_hold() -> (Store, u64, Tick) {
+        let store = Store::new(config(), T0).unwrap();
+        let registration =
+            Registration { user_id: "u", session_id: "s", gateway_id: "g", ttl_ms: 60_000, metadata: &[] };
+        let registered = store.register(T0, &registration, &mut Vec::new()).unwrap();
+        let checkpoint = decode(&write(&store, T0)).unwrap();
+        let start = T0 + 1_000;
+        (Store::restore(config(), start, &checkpoint, start + 45_000).unwrap(), registered.generation, start)
+    }
+
+    #[test]
+    fn b3_an_explicit_close_of_the_last_session_ends_the_hold_at_once() {
+        let (store, generation, start) = restored_with_a_live_session_and_a_hold();
+        let mut changes = Vec::new();
+        let closed = store.unregister(start + 10, "u", "s", generation, 0, &mut changes).unwrap();
+        assert!(closed.changed, "the gateway closed the user's last session: OFFLINE now, not at the grace's end");
+        assert_eq!((closed.presence.state, changes.len()), (State::Offline, 1));
+        while store.expire(start + 45_000, 1_000, &mut changes) {}
+        assert_eq!(changes.len(), 1, "nothing more at the end of the grace: {changes:?}");
+
+        let (store, _, start) = restored_with_a_live_session_and_a_hold();
+        let revoked = store.revoke(start + 10, "u", Some("s"), &mut Vec::new()).unwrap();
+        assert!(revoked.changed, "revoking the last session by id flips too");
+        let (store, _, start) = restored_with_a_live_session_and_a_hold();
+        let revoked = store.revoke(start + 10, "u", None, &mut Vec::new()).unwrap();
+        assert_eq!((revoked.count, revoked.changed), (1, true), "the hold is not a session: not counted");
+    }
+
+    #[test]
+    fn b3_a_lingering_close_of_the_last_session_ends_with_its_linger_not_the_grace() {
+        let (store, generation, start) = restored_with_a_live_session_and_a_hold();
+        let mut changes = Vec::new();
+        let closing = store.unregister(start + 10, "u", "s", generation, 2_000, &mut changes).unwrap();
+        assert!(!closing.changed && changes.is_empty(), "lingering: still online");
+        while store.expire(start + 2_009, 1_000, &mut changes) {}
+        assert!(changes.is_empty(), "not before the linger ends: {changes:?}");
+        while store.expire(start + 2_010, 1_000, &mut changes) {}
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].presence.state, State::Offline);
+    }
+
     #[test]
     fn b3_a_restart_during_a_restart_hold_keeps_holding_until_the_same_deadline() {
         let store = Store::new(config(), T0).unwrap();

@@ -478,10 +478,12 @@ impl Shard {
             let until = lease.expires_at.min(now + u64::from(linger_ms));
             lease.set_times(last_heartbeat_at.min(until), until);
             self.schedule_no_later_than(slot, until);
+            self.end_hold_once_every_session_closed(slot);
             return unchanged(self, UnregisterOutcome::Lingering { until });
         }
         self.unlink(slot, previous, index);
         self.free_lease(index);
+        self.end_hold_once_every_session_closed(slot);
         let changed = self.after_removal(slot, now, changes);
         Unregistered { outcome: UnregisterOutcome::Removed, changed, presence: self.users[slot as usize].presence() }
     }
@@ -498,7 +500,13 @@ impl Shard {
             return Revoked { count: 0, changed: false, presence: Presence::UNKNOWN };
         };
         self.settle(slot, now, changes);
-        let count = self.remove_leases_where(slot, |lease| session_id.is_none_or(|id| lease.session_id == id)).0;
+        // A restart hold is no session: it is not revoked by id nor counted,
+        // but it ends once no open session is left (see below).
+        let doomed = |lease: &Lease| !lease.is_restart_hold() && session_id.is_none_or(|id| lease.session_id == id);
+        let count = self.remove_leases_where(slot, doomed).0;
+        if count > 0 {
+            self.end_hold_once_every_session_closed(slot);
+        }
         let changed = count > 0 && self.after_removal(slot, now, changes);
         Revoked {
             count: u32::try_from(count).unwrap_or(u32::MAX),
@@ -926,6 +934,20 @@ impl Shard {
 
     /// After leases were deleted by a request: flips the user OFFLINE if none is
     /// left. Returns whether it flipped.
+    /// Ends a user's restart hold once a gateway has closed (unregistered,
+    /// revoked, or set lingering) every session the user has: the hold is
+    /// there to keep a user online while its gateways reconnect after a
+    /// restart, not to outlive an explicit close (M2).
+    fn end_hold_once_every_session_closed(&mut self, slot: u32) {
+        let open = self.lease_indices(slot).any(|index| {
+            let lease = self.lease(index);
+            !lease.is_restart_hold() && !lease.closing
+        });
+        if !open {
+            self.remove_leases_where(slot, Lease::is_restart_hold);
+        }
+    }
+
     fn after_removal(&mut self, slot: u32, now: Tick, changes: &mut Changes) -> bool {
         if self.users[slot as usize].first_lease != NIL {
             return false;
