@@ -28,16 +28,19 @@ fn store() -> Store {
 }
 
 /// Small TTLs (10/50/200 ms) and 4 shards, so that users share shards.
-fn small_store() -> Store {
-    let config = StoreConfig {
+fn small_config() -> StoreConfig {
+    StoreConfig {
         shards: 4,
         min_ttl_ms: 10,
         default_ttl_ms: 50,
         max_ttl_ms: 200,
         min_renew_interval_ms: 0,
         ..StoreConfig::default()
-    };
-    Store::new(config, T0).expect("valid config")
+    }
+}
+
+fn small_store() -> Store {
+    Store::new(small_config(), T0).expect("valid config")
 }
 
 fn reg<'a>(user_id: &'a str, session_id: &'a str, gateway_id: &'a str, ttl_ms: u32) -> Registration<'a> {
@@ -1632,15 +1635,7 @@ mod renew_batch {
 const FORGET_AFTER: Tick = 10_000;
 
 fn forgetting_store(forget_offline_after_ms: Tick) -> Store {
-    let config = StoreConfig {
-        shards: 4,
-        min_ttl_ms: 10,
-        default_ttl_ms: 50,
-        max_ttl_ms: 200,
-        min_renew_interval_ms: 0,
-        forget_offline_after_ms,
-    };
-    Store::new(config, T0).expect("valid config")
+    Store::new(StoreConfig { forget_offline_after_ms, ..small_config() }, T0).expect("valid config")
 }
 
 /// One session comes and goes: the versions it made, and the register's generation.

@@ -10,7 +10,7 @@
 
 use std::borrow::Cow;
 
-use presence_core::{CompactString, LeaseError};
+use presence_core::LeaseError;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -28,29 +28,12 @@ pub(crate) enum ServiceError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The session holds no live lease (L2): unknown, expired, revoked or unregistered.
-    #[error("no live lease for session {session_id:?} of user {user_id:?}")]
-    NotFound {
-        /// The user named in the request.
-        user_id: CompactString,
-        /// The session named in the request.
-        session_id: CompactString,
-    },
-    /// The request carries an older generation than the session's (L2, L3):
-    /// a newer connection owns the session.
-    #[error(
-        "generation {given} of session {session_id:?} of user {user_id:?} is older than the current generation {current}"
-    )]
-    StaleGeneration {
-        /// The user named in the request.
-        user_id: CompactString,
-        /// The session named in the request.
-        session_id: CompactString,
-        /// The generation the request carried.
-        given: u64,
-        /// The session's current generation.
-        current: u64,
-    },
+    /// The store refused a lease operation (L2, L3): no live lease
+    /// (`NOT_FOUND`), or an older generation than the session's
+    /// (`FAILED_PRECONDITION`). Never `LeaseError::InvalidArgument`, which
+    /// converts into [`ServiceError::InvalidArgument`].
+    #[error(transparent)]
+    Lease(LeaseError),
     /// The caller is authenticated but may not do this (P1).
     #[error("{operation}: {reason}")]
     PermissionDenied {
@@ -84,8 +67,9 @@ impl ServiceError {
     pub(crate) fn code(&self) -> Code {
         match self {
             ServiceError::InvalidArgument { .. } => Code::InvalidArgument,
-            ServiceError::NotFound { .. } => Code::NotFound,
-            ServiceError::StaleGeneration { .. } => Code::FailedPrecondition,
+            ServiceError::Lease(LeaseError::NotFound { .. }) => Code::NotFound,
+            ServiceError::Lease(LeaseError::StaleGeneration { .. }) => Code::FailedPrecondition,
+            ServiceError::Lease(LeaseError::InvalidArgument { .. }) => Code::InvalidArgument,
             ServiceError::PermissionDenied { .. } => Code::PermissionDenied,
             ServiceError::Unauthenticated(_) => Code::Unauthenticated,
             ServiceError::RenewalShed => Code::ResourceExhausted,
@@ -98,10 +82,7 @@ impl From<LeaseError> for ServiceError {
     fn from(err: LeaseError) -> Self {
         match err {
             LeaseError::InvalidArgument { field, reason } => ServiceError::invalid(field, reason),
-            LeaseError::NotFound { user_id, session_id } => ServiceError::NotFound { user_id, session_id },
-            LeaseError::StaleGeneration { user_id, session_id, given, current } => {
-                ServiceError::StaleGeneration { user_id, session_id, given, current }
-            }
+            refused => ServiceError::Lease(refused),
         }
     }
 }
