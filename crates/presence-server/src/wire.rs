@@ -85,15 +85,14 @@ pub(crate) fn register_request(request: &pb::RegisterRequest) -> RegisterInput<'
 
 /// A register item of a batch; text that is not UTF-8 refuses the item alone.
 pub(crate) fn register_frame(frame: &RegisterFrame) -> Result<RegisterInput<'_>, ServiceError> {
-    let mut metadata: Vec<(String, String)> = Vec::with_capacity(frame.metadata.len());
+    // A map, not a search per entry: the entry count is the client's, and
+    // the core's limit on it is checked only after this.
+    let mut entries: hashbrown::HashMap<&str, &str> = hashbrown::HashMap::with_capacity(frame.metadata.len());
     for entry in &frame.metadata {
-        let key = utf8("metadata", &entry.key)?;
-        let value = utf8("metadata", &entry.value)?.to_owned();
-        match metadata.iter_mut().find(|(known, _)| known == key) {
-            Some(known) => known.1 = value,
-            None => metadata.push((key.to_owned(), value)),
-        }
+        entries.insert(utf8("metadata", &entry.key)?, utf8("metadata", &entry.value)?);
     }
+    let mut metadata: Vec<(String, String)> =
+        entries.into_iter().map(|(key, value)| (key.to_owned(), value.to_owned())).collect();
     metadata.sort_unstable();
     Ok(RegisterInput {
         user_id: utf8("user_id", &frame.user_id)?,
