@@ -129,8 +129,10 @@ fresh_servers() {
 run() {
     local name=$1 target=$2 scenario=$3
     shift 3
-    local where
-    if [[ $target == presenced ]]; then where=(--addr "$PRESENCED_ADDR"); else where=(--redis-url "redis://127.0.0.1:$REDIS_PORT"); fi
+    local where pid
+    if [[ $target == presenced ]]; then where=(--addr "$PRESENCED_ADDR"); pid=$PRESENCED_PID; else where=(--redis-url "redis://127.0.0.1:$REDIS_PORT"); pid=$REDIS_PID; fi
+    # Server CPU per heartbeat, from /proc: a rate alone would hide a server that spends more cores on it.
+    if [[ $scenario == load ]]; then where+=(--server-pid "$pid"); fi
     log "$name: $scenario --target $target $*"
     "${LOADGEN_PIN[@]}" "$LOADGEN" "$scenario" --target "$target" "${where[@]}" --report "$RESULTS/$name.json" "$@" \
         | tee "$RESULTS/$name.txt"
@@ -168,9 +170,9 @@ for scenario in $SCENARIOS; do
         done
         ;;
     unary-defaults)
-        # Unary with everything at its default: presenced serves connections on its shared
-        # runtime, the generator runs a thread per core. Both sides' threads then compete
-        # for the same 2 cores.
+        # Unary with everything at its default (presenced: a connection thread per core and
+        # the shared runtime beside them), the generator running a thread per core: the
+        # first load test a user runs. Both sides' threads compete for the same cores.
         common=(--users "$LOAD_USERS" --sessions-per-user "$SESSIONS_PER_USER" --ttl-ms "$LOAD_TTL_MS"
             --duration "$LOAD_DURATION" --register-mode leases --connections "$CONNECTIONS")
         for t in presenced redis; do
@@ -203,11 +205,16 @@ for scenario in $SCENARIOS; do
     fanout-million)
         # presenced only: 1,000 viewers x 500 of 5,000 users, flips sent through a coalescing
         # LeaseChannel, viewers asking for a batch window (README, "batch_window_ms").
-        fresh_servers
-        run "fanout-million-presenced" presenced fanout --viewers 1000 --watch 500 --population 5000 \
-            --churn-rate "$FANOUT_MILLION_CHURN" --churn-concurrency 256 --churn-mode coalesced \
-            --batch-window-ms "$FANOUT_MILLION_WINDOW_MS" --duration "$FANOUT_DURATION" --stalled-viewer \
-            --mode leases --batch 100 --concurrency 16 --connections 2
+        # Then the same without a window: one event per change.
+        for window in "$FANOUT_MILLION_WINDOW_MS" 0; do
+            name=fanout-million-presenced
+            [[ $window == 0 ]] && name=fanout-million-nowindow-presenced
+            fresh_servers
+            run "$name" presenced fanout --viewers 1000 --watch 500 --population 5000 \
+                --churn-rate "$FANOUT_MILLION_CHURN" --churn-concurrency 256 --churn-mode coalesced \
+                --batch-window-ms "$window" --duration "$FANOUT_DURATION" --stalled-viewer \
+                --mode leases --batch 100 --concurrency 16 --connections 2
+        done
         ;;
     memory)
         first=${MEMORY_SESSIONS%% *}
@@ -277,6 +284,7 @@ def load_rows(name, label, errors=False):
     row(label, "renewals/s", g(p, "rps"), g(r, "rps"))
     row(label, "p50 ms", ms(pct(p, 50)), ms(pct(r, 50)), "{:.3f}")
     row(label, "p99 ms", ms(pct(p, 99)), ms(pct(r, 99)), "{:.3f}")
+    row(label, "server CPU us/renewal", g(p, "scenario", "server_cpu_us_per_heartbeat"), g(r, "scenario", "server_cpu_us_per_heartbeat"), "{:.2f}")
     if errors:
         failed = lambda rp: sum(v for k, v in (g(rp, "statusCodeDistribution") or {}).items() if k != "OK")
         row(label, "errors", failed(p), failed(r))
@@ -315,9 +323,10 @@ row("fanout: flip -> viewer p99", "ms", ms(g(p, "scenario", "phase_plain", "deli
 row("fanout: gateway renew p99", "ms", ms(g(p, "scenario", "phase_plain", "gateway_renew", "p99_ns")), ms(g(r, "scenario", "phase_plain", "gateway_renew", "p99_ns")), "{:.3f}")
 row("fanout + stalled viewer: gateway p99", "ms", ms(g(p, "scenario", "phase_stalled", "gateway_renew", "p99_ns")), ms(g(r, "scenario", "phase_stalled", "gateway_renew", "p99_ns")), "{:.3f}")
 row("fanout + stalled viewer: events/s", "events/s", g(p, "scenario", "phase_stalled", "events_per_s"), g(r, "scenario", "phase_stalled", "events_per_s"))
-p = rep("fanout-million-presenced")
-if p:
-    label = "fanout 1000 x 500 of 5,000, batch window"
+for name, label in (("fanout-million-presenced", "fanout 1000 x 500 of 5,000, batch window"),
+                    ("fanout-million-nowindow-presenced", "fanout 1000 x 500 of 5,000, no window")):
+    p = rep(name)
+    if not p: continue
     row(label, "events/s", g(p, "scenario", "phase_plain", "events_per_s"), None)
     row(label, "flips/s", g(p, "scenario", "phase_plain", "flips_per_s"), None)
     row(label, "flip -> viewer p99 ms", ms(g(p, "scenario", "phase_plain", "delivery_p99_ns")), None, "{:.1f}")

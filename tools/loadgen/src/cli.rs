@@ -186,6 +186,9 @@ pub(crate) struct LoadArgs {
     /// Send registers in another mode than the heartbeats (default: --mode).
     #[arg(long, value_enum)]
     pub(crate) register_mode: Option<Mode>,
+    /// The server's process id: report its CPU time per heartbeat (from /proc/PID/stat).
+    #[arg(long)]
+    pub(crate) server_pid: Option<u32>,
 }
 
 /// `memory` flags.

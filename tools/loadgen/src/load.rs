@@ -80,6 +80,8 @@ pub(crate) async fn run(args: LoadArgs, progress: Progress) -> Result<Report, St
     };
     let interval = Duration::from_millis(args.heartbeat_interval_ms.max(1));
     let rate = args.drive.rate.resolve(pop.sessions, interval);
+    let server_cpu = |pid| crate::server_cpu::cpu_ns(pid);
+    let cpu_before = args.server_pid.map(server_cpu).transpose()?;
     let (hb, _conns) = run_phase(
         conns,
         Arc::clone(&shared),
@@ -94,6 +96,10 @@ pub(crate) async fn run(args: LoadArgs, progress: Progress) -> Result<Report, St
     )
     .await;
 
+    let cpu_per_heartbeat_us = match (args.server_pid, cpu_before) {
+        (Some(pid), Some(before)) => Some(crate::server_cpu::us_per_op(before, server_cpu(pid)?, hb.rec.count())),
+        _ => None,
+    };
     let required = pop.sessions as f64 / interval.as_secs_f64();
     let achieved = hb.rate();
     let cycle_s = pop.sessions as f64 / achieved.max(1e-9);
@@ -126,6 +132,9 @@ pub(crate) async fn run(args: LoadArgs, progress: Progress) -> Result<Report, St
     report.set("cycle_s", cycle_s);
     report.set("throttled", hb.throttled);
     report.set("behind_schedule_calls", hb.behind_schedule);
+    if let Some(us) = cpu_per_heartbeat_us {
+        report.set("server_cpu_us_per_heartbeat", us);
+    }
     report.set("registers_per_s", reg.rate());
     report.set("register_flips", reg.flips);
     report.set("register_phase", &reg_report);
@@ -148,6 +157,9 @@ pub(crate) async fn run(args: LoadArgs, progress: Progress) -> Result<Report, St
         achieved / required.max(1e-9),
         fmt_ns(hb.rec.percentile_ns(99.9))
     );
+    if let Some(us) = cpu_per_heartbeat_us {
+        println!("  server CPU: {us:.2} us per heartbeat (user + system, all threads)");
+    }
     if hb.throttled > 0 {
         println!(
             "  note: {} renewals were throttled by the server (start presenced with --min-renew-interval-ms 0 to \

@@ -19,6 +19,7 @@ mod phase;
 mod progress;
 mod redis_seed;
 mod report;
+mod server_cpu;
 mod stats;
 
 use std::process::ExitCode;
