@@ -82,8 +82,8 @@ pub(crate) struct ServeArgs {
     worker_threads: Option<usize>,
     /// Threads that serve client connections, each a single-threaded event loop
     /// that owns its connections: much cheaper for many small unary calls.
-    /// 0 serves connections on the shared runtime, which serves Watch
-    /// fan-out a little better.
+    /// 0 serves connections on the shared runtime instead; the default is one
+    /// per CPU.
     #[arg(long, env = "PRESENCED_CONNECTION_THREADS", value_name = "N")]
     connection_threads: Option<usize>,
     /// Keep checkpoints and durable data (settings, activity) here; without it
@@ -541,8 +541,10 @@ mod tests {
     }
 
     #[test]
-    fn connection_threads_come_from_the_flag_or_the_file_and_default_to_the_shared_runtime() {
-        assert_eq!(resolve(&[]).unwrap().server.connection_threads, 0);
+    fn connection_threads_come_from_the_flag_or_the_file_and_default_to_one_per_cpu() {
+        let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+        assert_eq!(resolve(&[]).unwrap().server.connection_threads, cpus);
+        assert_eq!(resolve(&["--connection-threads", "0"]).unwrap().server.connection_threads, 0);
         assert_eq!(resolve(&["--connection-threads", "2"]).unwrap().server.connection_threads, 2);
         let file = ConfigFile::new("threads", "connection_threads = 3\n");
         assert_eq!(resolve(&["--config", file.path()]).unwrap().server.connection_threads, 3);

@@ -75,10 +75,10 @@ pub struct ServerConfig {
     /// Tasks applying lease batches.
     pub lease_workers: usize,
     /// Threads that serve connections, each on its own single-threaded event
-    /// loop; 0 (the default) serves them on the caller's runtime. Connection
-    /// threads make small unary calls much cheaper; Watch fan-out does a
-    /// little better on the shared runtime. See
-    /// `connections.rs` and `docs/benchmarks.md`.
+    /// loop (by default one per CPU); 0 serves them on the caller's runtime.
+    /// Connection threads make small unary calls much cheaper and cost
+    /// `Leases` and Watch nothing measurable. See `connections.rs` and
+    /// `docs/benchmarks.md`.
     pub connection_threads: usize,
     /// Where checkpoints and durable data live; `None` keeps everything in
     /// memory only.
@@ -122,7 +122,7 @@ impl Default for ServerConfig {
             watch_buffer: 4_096,
             lease_queue: 256,
             lease_workers: std::thread::available_parallelism().map_or(2, usize::from),
-            connection_threads: 0,
+            connection_threads: std::thread::available_parallelism().map_or(2, usize::from),
             data_dir: None,
             checkpoint_interval: Duration::from_secs(5),
             restart_grace: None,
