@@ -23,7 +23,8 @@ pub(crate) enum Command {
     Load(LoadArgs),
     /// Register N sessions and report the server's resident memory growth per session.
     Memory(MemoryArgs),
-    /// Let N leases run out within one second; measure the lag from each deadline to the OFFLINE a viewer gets.
+    /// Let N leases run out within a window; measure the lag from each deadline to the OFFLINE a viewer gets
+    /// (and, with --gateway-sessions, a gateway's renewal latency before and during the expiries).
     Expiry(ExpiryArgs),
     /// V viewers watching W users each while users flip; events/s, and gateway p99 with a stalled viewer.
     Fanout(FanoutArgs),
@@ -243,6 +244,23 @@ pub(crate) struct ExpiryArgs {
     /// Also write every user's deadline, arrival and lag to this CSV file.
     #[arg(long)]
     pub(crate) lags_csv: Option<PathBuf>,
+    /// Gateway sessions renewed throughout (other users, registered with the rest and
+    /// watched by no one), one unary Renew each, to see whether a wave of expiries slows
+    /// the gateways down; 0 = no gateway.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) gateway_sessions: u64,
+    /// Gateway renewals per second: a modest steady rate, so that its latency shows the
+    /// server, not the gateway's own queueing.
+    #[arg(long, default_value_t = 1_000.0)]
+    pub(crate) gateway_rate: f64,
+    /// Gateway renewals in flight (they share one HTTP/2 connection).
+    #[arg(long, default_value_t = 8)]
+    pub(crate) gateway_concurrency: u64,
+    /// With a gateway: the quiet phase it is measured in before the first deadline, ms.
+    /// The window is moved this much later so that the phase fits after the arranging
+    /// registers.
+    #[arg(long, default_value_t = 5_000)]
+    pub(crate) quiet_ms: u64,
 }
 
 /// `fanout` flags.
