@@ -18,7 +18,8 @@
 //! `Renew`s at `--gateway-rate` in two phases: *quiet*, from the end of step 3 to the
 //! first deadline (the window is moved `--quiet-ms` later to make room for it), and
 //! *expiry*, from the first deadline to the last. The ratio of their p99s says how much
-//! a wave of expiries costs the gateways that keep renewing through it.
+//! a wave of expiries costs the gateways that keep renewing through it. The gateway has
+//! a thread and a runtime of its own, apart from the viewer's.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -273,14 +274,18 @@ fn p99_ratio(quiet: &PhaseResult, expiry: &PhaseResult) -> Option<f64> {
 
 /// Starts the gateway: sessions `first..first + sessions` renewed one unary call each at
 /// `rate`, quiet until `first_deadline_ms`, then through the window up to `last_deadline_ms`.
-async fn start_gateway(
+///
+/// It runs on a thread of its own with its own single-threaded runtime: on the
+/// generator's runtime its answers would wait behind the viewer tasks decoding the
+/// wave of OFFLINE events, and its p99 would measure the generator, not the server.
+fn start_gateway(
     endpoints: &Endpoints,
     shared: &Arc<Shared>,
     args: &ExpiryArgs,
     first: u64,
     first_deadline_ms: i64,
     last_deadline_ms: i64,
-) -> Result<JoinHandle<GatewayResult>, String> {
+) -> Result<JoinHandle<Result<GatewayResult, String>>, String> {
     // Unary whatever --mode the expiry users were registered in: a gateway heartbeating
     // one socket per call is the one whose latency a wave of expiries would show.
     let spec = ConnSpec {
@@ -291,7 +296,6 @@ async fn start_gateway(
         batch: 1,
         max_delay: Duration::from_millis(1),
     };
-    let conns = open_conns(&spec).await?;
     let (shared, sessions, rate) = (Arc::clone(shared), args.gateway_sessions, args.gateway_rate);
     let phase = move |title: &str, duration: Duration| PhaseSpec {
         title: title.into(),
@@ -302,20 +306,31 @@ async fn start_gateway(
     };
     // Its phases run beside the expiry spinner: no bars of their own.
     let hidden = Progress::new(true);
-    Ok(tokio::spawn(async move {
-        let quiet_ms = first_deadline_ms - redis_seed::now_ms();
-        let (quiet, conns) = if quiet_ms > 0 {
-            let quiet = phase("gateway quiet", Duration::from_millis(quiet_ms as u64));
-            let (r, conns) = run_phase(conns, Arc::clone(&shared), quiet, hidden).await;
-            (Some(r), conns)
-        } else {
-            (None, conns)
-        };
-        let window_ms = (last_deadline_ms - redis_seed::now_ms()).max(1) as u64;
-        let (expiry, _conns) =
-            run_phase(conns, shared, phase("gateway expiry", Duration::from_millis(window_ms)), hidden).await;
-        GatewayResult { quiet, expiry }
-    }))
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the gateway's runtime: {e}"))?;
+    let thread = std::thread::Builder::new().name("gateway".into()).spawn(move || {
+        // The connections belong to the runtime that opens them: open them here.
+        runtime.block_on(async move {
+            let conns = open_conns(&spec).await?;
+            let quiet_ms = first_deadline_ms - redis_seed::now_ms();
+            let (quiet, conns) = if quiet_ms > 0 {
+                let quiet = phase("gateway quiet", Duration::from_millis(quiet_ms as u64));
+                let (r, conns) = run_phase(conns, Arc::clone(&shared), quiet, hidden).await;
+                (Some(r), conns)
+            } else {
+                (None, conns)
+            };
+            let window_ms = (last_deadline_ms - redis_seed::now_ms()).max(1) as u64;
+            let (expiry, _conns) =
+                run_phase(conns, shared, phase("gateway expiry", Duration::from_millis(window_ms)), hidden).await;
+            Ok(GatewayResult { quiet, expiry })
+        })
+    });
+    let thread = thread.map_err(|e| format!("cannot start the gateway's thread: {e}"))?;
+    // Joined from a blocking task, so that waiting for it holds no runtime thread.
+    Ok(tokio::task::spawn_blocking(move || thread.join().unwrap_or_else(|_| Err("the gateway panicked".into()))))
 }
 
 /// Runs the scenario.
@@ -415,7 +430,7 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
                  (raise --quiet-ms)"
             );
         }
-        Some(start_gateway(&endpoints, &shared, &args, n, min_deadline, max_deadline).await?)
+        Some(start_gateway(&endpoints, &shared, &args, n, min_deadline, max_deadline)?)
     } else {
         None
     };
@@ -432,7 +447,7 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
         s.abort();
     }
     let gateway = match gateway {
-        Some(task) => Some(task.await.map_err(|e| format!("the gateway task failed: {e}"))?),
+        Some(task) => Some(task.await.map_err(|e| format!("the gateway task failed: {e}"))??),
         None => None,
     };
 
