@@ -134,6 +134,12 @@ fresh_servers() {
     start_presenced
 }
 
+# scrape FILE: presenced's /metrics (started with --metrics-listen 127.0.0.1:$METRICS_PORT) into FILE.
+scrape() {
+    python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+        "http://127.0.0.1:$METRICS_PORT/metrics" >"$1"
+}
+
 # run NAME TARGET SCENARIO ARGS...: one run, its report in $RESULTS/NAME.json.
 run() {
     local name=$1 target=$2 scenario=$3
@@ -208,10 +214,6 @@ for scenario in $SCENARIOS; do
         # presenced only: h2load has no Redis counterpart.
         PRESENCED_EXTRA=(--metrics-listen "127.0.0.1:$METRICS_PORT")
         fresh_servers
-        scrape() {
-            python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' \
-                "http://127.0.0.1:$METRICS_PORT/metrics" >"$1"
-        }
         # Registers the session and writes its Renew as a gRPC frame; fails unless the
         # frame, sent once from the file, is answered OK.
         "$LOADGEN" h2load-prepare --addr "$PRESENCED_ADDR" --out "$WORK/renew.frame" --ttl-ms "$LOAD_TTL_MS" \
@@ -292,12 +294,18 @@ for scenario in $SCENARIOS; do
         # would take 4,000 s (the expiry scenario compares the two at EXPIRY_USERS). Set
         # EXPIRY_SCALE_REDIS_USERS (e.g. 50000, about N/250 s) to run Redis at that size
         # with the same window and gateway; the table then shows both sizes.
+        # presenced's own presenced_expiry_lag_seconds (deadline to publication) is scraped
+        # after the run: it tells a late server from a late viewer (the generator shares the
+        # machine, and decodes 100,000 OFFLINE events a second).
+        PRESENCED_EXTRA=(--metrics-listen "127.0.0.1:$METRICS_PORT")
         fresh_servers
         scale=(--window-ms "$EXPIRY_SCALE_WINDOW_MS" --gateway-sessions "$EXPIRY_SCALE_GATEWAY_SESSIONS"
             --gateway-rate "$EXPIRY_SCALE_GATEWAY_RATE" --quiet-ms 5000
             --mode leases --batch "$BATCH" --concurrency "$BATCH_CONCURRENCY" --connections 2)
         # Missing events are waited for a minute past the last deadline, not the default ten.
         run "expiry-scale-presenced" presenced expiry --users "$EXPIRY_SCALE_USERS" "${scale[@]}" --timeout 60s
+        scrape "$RESULTS/expiry-scale-metrics.txt"
+        PRESENCED_EXTRA=()
         if [[ $EXPIRY_SCALE_REDIS_USERS -gt 0 ]]; then
             run "expiry-scale-redis" redis expiry --users "$EXPIRY_SCALE_REDIS_USERS" "${scale[@]}" \
                 --timeout "$((EXPIRY_SCALE_REDIS_USERS / 250 + 60))s"
@@ -407,6 +415,19 @@ if p or r:
         row(label + ": deadline -> OFFLINE", f"lag {q} ms", ms(g(p, "scenario", "lag_ns", q)), ms(g(r, "scenario", "lag_ns", q)), "{:.1f}")
     row(label + ": all drained after last deadline", "ms", ms(g(p, "scenario", "drain_after_last_deadline_ns")), ms(g(r, "scenario", "drain_after_last_deadline_ns")), "{:.1f}")
     row(label + ": missing events", "count", g(p, "scenario", "missing"), g(r, "scenario", "missing"))
+    # The server's side of the lag: presenced_expiry_lag_seconds, deadline to publication.
+    mp = os.path.join(d, "expiry-scale-metrics.txt")
+    if os.path.exists(mp):
+        m = {}
+        for ln in open(mp):
+            if not ln.startswith("#") and " " in ln:
+                k, v = ln.rsplit(" ", 1)
+                m[k] = float(v)
+        total = m.get("presenced_expiry_lag_seconds_count")
+        for le in ("0.001", "0.01"):
+            within = m.get(f'presenced_expiry_lag_seconds_bucket{{le="{le}"}}')
+            if total and within is not None:
+                row(label + f": server published within {float(le) * 1000:g} ms", "% of OFFLINEs (presenced metric)", 100 * within / total, None, "{:.2f}")
     row(label + ": gateway renew p99, quiet", "ms", ms(g(p, "scenario", "gateway", "quiet", "p99_ns")), ms(g(r, "scenario", "gateway", "quiet", "p99_ns")), "{:.3f}")
     row(label + ": gateway renew p99, during expiry", "ms", ms(g(p, "scenario", "gateway", "during_expiry", "p99_ns")), ms(g(r, "scenario", "gateway", "during_expiry", "p99_ns")), "{:.3f}")
     row(label + ": gateway renew p99, during / quiet", "ratio (target <= 2)", g(p, "scenario", "gateway", "p99_during_over_quiet"), g(r, "scenario", "gateway", "p99_during_over_quiet"), "{:.2f}")
