@@ -222,12 +222,13 @@ for scenario in $SCENARIOS; do
         h2cmd=(h2load -c "$CONNECTIONS" -m $((CONCURRENCY / CONNECTIONS)) -t "$H2LOAD_THREADS" -D "$LOAD_DURATION"
             -d "$WORK/renew.frame" -H 'content-type: application/grpc' -H 'te: trailers'
             --log-file "$WORK/h2load.log" "http://$PRESENCED_ADDR/presence.v1.Presence/Renew")
-        log "h2load-presenced: ${h2cmd[*]}"
+        h2line=$(printf '%q ' "${h2cmd[@]}")
+        log "h2load-presenced: $h2line"
         "${h2cmd[@]}" | tee "$RESULTS/h2load-presenced.out"
         scrape "$RESULTS/h2load-metrics-after.txt"
         "$LOADGEN" h2load-report --addr "$PRESENCED_ADDR" --output "$RESULTS/h2load-presenced.out" --log "$WORK/h2load.log" \
             --metrics-before "$RESULTS/h2load-metrics-before.txt" --metrics-after "$RESULTS/h2load-metrics-after.txt" \
-            --connections "$CONNECTIONS" --concurrency "$CONCURRENCY" --command "${h2cmd[*]}" \
+            --connections "$CONNECTIONS" --concurrency "$CONCURRENCY" --command "$h2line" \
             --report "$RESULTS/h2load-presenced.json" | tee "$RESULTS/h2load-presenced.txt"
         fresh_servers
         run "load-onesession-presenced" presenced load --users 1 --sessions-per-user 1 --ttl-ms "$LOAD_TTL_MS" \
