@@ -3,10 +3,12 @@
 #
 #   bash benches/compare.sh            # defaults: about 10 minutes on 2 cores
 #   LOAD_USERS=1200000 EXPIRY_USERS=100000 bash benches/compare.sh   # the issue's full sizes
+#   SCENARIOS="expiry-scale h2load" bash benches/compare.sh           # a subset
 #
 # What it does:
 #   1. builds target/release/presenced and target/release/presence-loadgen;
-#   2. installs redis-server from the Debian package when it is missing (needs root);
+#   2. installs redis-server (and, for the h2load scenario, h2load: nghttp2-client) from
+#      the Debian packages when missing (needs root);
 #   3. for every scenario, starts a fresh redis-server (private loopback port, throwaway
 #      dir, no persistence) with the seed's 5 Lua scripts loaded (SCRIPT LOAD), and a fresh
 #      `presenced serve --listen 127.0.0.1:0 --min-renew-interval-ms 0`, runs the scenario
@@ -39,9 +41,16 @@ FANOUT_DURATION=${FANOUT_DURATION:-10s}
 BATCH_SWEEP=${BATCH_SWEEP:-100:8 1000:8 4000:4}  # batches: size:in-flight pairs, each run on both
 FANOUT_MILLION_CHURN=${FANOUT_MILLION_CHURN:-15000}   # fanout-million: flips/s asked (5,000 users)
 FANOUT_MILLION_WINDOW_MS=${FANOUT_MILLION_WINDOW_MS:-50}
-SCENARIOS=${SCENARIOS:-load unary-defaults pinned batches memory expiry fanout fanout-million}
+EXPIRY_SCALE_USERS=${EXPIRY_SCALE_USERS:-1000000}       # expiry-scale: leases ending within the window
+EXPIRY_SCALE_WINDOW_MS=${EXPIRY_SCALE_WINDOW_MS:-10000}
+EXPIRY_SCALE_GATEWAY_SESSIONS=${EXPIRY_SCALE_GATEWAY_SESSIONS:-10000}  # renewed throughout, unary
+EXPIRY_SCALE_GATEWAY_RATE=${EXPIRY_SCALE_GATEWAY_RATE:-1000}          # renewals/s, steady
+EXPIRY_SCALE_REDIS_USERS=${EXPIRY_SCALE_REDIS_USERS:-0}  # 0 = no Redis run (see expiry-scale below)
+H2LOAD_THREADS=${H2LOAD_THREADS:-2}           # h2load -t: one per core, as the generator's default
+SCENARIOS=${SCENARIOS:-load unary-defaults h2load pinned batches memory expiry expiry-scale fanout fanout-million}
 RESULTS=${RESULTS:-target/compare/$(date -u +%Y%m%dT%H%M%SZ)}
 REDIS_PORT=${REDIS_PORT:-$((20000 + RANDOM % 20000))}
+METRICS_PORT=${METRICS_PORT:-$((40000 + RANDOM % 20000))}   # presenced --metrics-listen (h2load)
 
 LOADGEN=target/release/presence-loadgen
 PRESENCED=target/release/presenced
@@ -125,6 +134,12 @@ fresh_servers() {
     start_presenced
 }
 
+# scrape FILE: presenced's /metrics (started with --metrics-listen 127.0.0.1:$METRICS_PORT) into FILE.
+scrape() {
+    python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+        "http://127.0.0.1:$METRICS_PORT/metrics" >"$1"
+}
+
 # run NAME TARGET SCENARIO ARGS...: one run, its report in $RESULTS/NAME.json.
 run() {
     local name=$1 target=$2 scenario=$3
@@ -146,6 +161,11 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
     log "installing redis-server (Debian package)"
     if [[ $(id -u) -ne 0 ]]; then echo "redis-server is missing and this is not root: install it first" >&2; exit 1; fi
     apt-get update && apt-get install -y redis-server
+fi
+if [[ " $SCENARIOS " == *" h2load "* ]] && ! command -v h2load >/dev/null; then
+    log "installing h2load (Debian package nghttp2-client)"
+    if [[ $(id -u) -ne 0 ]]; then echo "h2load is missing and this is not root: install nghttp2-client first" >&2; exit 1; fi
+    apt-get update && apt-get install -y nghttp2-client
 fi
 log "$(redis-server --version)"
 echo "machine: $(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB; the generator and both servers share them"
@@ -179,6 +199,43 @@ for scenario in $SCENARIOS; do
             fresh_servers
             run "load-unarydefaults-$t" "$t" load "${common[@]}" --mode unary --concurrency "$CONCURRENCY"
         done
+        ;;
+    h2load)
+        # An outside witness of the unary figures: h2load (nghttp2), which knows nothing of
+        # gRPC or of the generator, sends unary Renews with the unary-defaults layout
+        # (CONCURRENCY in flight over CONNECTIONS connections: -c 4 -m 16) to presenced at
+        # its defaults (plus --min-renew-interval-ms 0, as everywhere here, so that every
+        # renewal writes, and --metrics-listen). h2load sends one request body (-d FILE),
+        # so it renews one session: the hot-user case, one shard lock, not the fleet of
+        # unary-defaults. The generator therefore drives that same one-session workload
+        # too, so that the two clients can be compared on one workload.
+        # h2load sees only HTTP statuses, and gRPC answers its errors with HTTP 200 (the
+        # code is in the trailers): the gRPC outcomes come from presenced's
+        # presenced_renewals_total{result} read before and after the run, the latency
+        # percentiles from h2load's --log-file (it prints only min/max/mean/sd).
+        # presenced only: h2load has no Redis counterpart.
+        PRESENCED_EXTRA=(--metrics-listen "127.0.0.1:$METRICS_PORT")
+        fresh_servers
+        # Registers the session and writes its Renew as a gRPC frame; fails unless the
+        # frame, sent once from the file, is answered OK.
+        "$LOADGEN" h2load-prepare --addr "$PRESENCED_ADDR" --out "$WORK/renew.frame" --ttl-ms "$LOAD_TTL_MS" \
+            --report "$RESULTS/h2load-prepare.json" | tee "$RESULTS/h2load-prepare.txt"
+        scrape "$RESULTS/h2load-metrics-before.txt"
+        h2cmd=(h2load -c "$CONNECTIONS" -m $((CONCURRENCY / CONNECTIONS)) -t "$H2LOAD_THREADS" -D "$LOAD_DURATION"
+            -d "$WORK/renew.frame" -H 'content-type: application/grpc' -H 'te: trailers'
+            --log-file "$WORK/h2load.log" "http://$PRESENCED_ADDR/presence.v1.Presence/Renew")
+        h2line=$(printf '%q ' "${h2cmd[@]}")
+        log "h2load-presenced: $h2line"
+        "${h2cmd[@]}" | tee "$RESULTS/h2load-presenced.out"
+        scrape "$RESULTS/h2load-metrics-after.txt"
+        "$LOADGEN" h2load-report --addr "$PRESENCED_ADDR" --output "$RESULTS/h2load-presenced.out" --log "$WORK/h2load.log" \
+            --metrics-before "$RESULTS/h2load-metrics-before.txt" --metrics-after "$RESULTS/h2load-metrics-after.txt" \
+            --connections "$CONNECTIONS" --concurrency "$CONCURRENCY" --command "$h2line" \
+            --report "$RESULTS/h2load-presenced.json" | tee "$RESULTS/h2load-presenced.txt"
+        fresh_servers
+        run "load-onesession-presenced" presenced load --users 1 --sessions-per-user 1 --ttl-ms "$LOAD_TTL_MS" \
+            --duration "$LOAD_DURATION" --mode unary --concurrency "$CONCURRENCY" --connections "$CONNECTIONS"
+        PRESENCED_EXTRA=()
         ;;
     pinned)
         # One core each, so that neither side's threads preempt the other's: the tail latency
@@ -235,6 +292,33 @@ for scenario in $SCENARIOS; do
                 --concurrency "$BATCH_CONCURRENCY" --connections 2
         done
         ;;
+    expiry-scale)
+        # The issue's target: EXPIRY_SCALE_USERS (1M) leases ending within
+        # EXPIRY_SCALE_WINDOW_MS (10 s), all watched (Watch streams of 10,000 users, the
+        # server's limit per request), while a gateway renews other sessions with unary
+        # Renews at a steady EXPIRY_SCALE_GATEWAY_RATE: its p99 in a quiet phase before the
+        # window and during it, and their ratio, are in the report's scenario.gateway.
+        # Redis is not run at this size: its sweeper drains 500 users per 2 s, so 1M users
+        # would take 4,000 s (the expiry scenario compares the two at EXPIRY_USERS). Set
+        # EXPIRY_SCALE_REDIS_USERS (e.g. 50000, about N/250 s) to run Redis at that size
+        # with the same window and gateway; the table then shows both sizes.
+        # presenced's own presenced_expiry_lag_seconds (deadline to publication) is scraped
+        # after the run: it tells a late server from a late viewer (the generator shares the
+        # machine, and decodes 100,000 OFFLINE events a second).
+        PRESENCED_EXTRA=(--metrics-listen "127.0.0.1:$METRICS_PORT")
+        fresh_servers
+        scale=(--window-ms "$EXPIRY_SCALE_WINDOW_MS" --gateway-sessions "$EXPIRY_SCALE_GATEWAY_SESSIONS"
+            --gateway-rate "$EXPIRY_SCALE_GATEWAY_RATE" --quiet-ms 5000
+            --mode leases --batch "$BATCH" --concurrency "$BATCH_CONCURRENCY" --connections 2)
+        # Missing events are waited for a minute past the last deadline, not the default ten.
+        run "expiry-scale-presenced" presenced expiry --users "$EXPIRY_SCALE_USERS" "${scale[@]}" --timeout 60s
+        scrape "$RESULTS/expiry-scale-metrics.txt"
+        PRESENCED_EXTRA=()
+        if [[ $EXPIRY_SCALE_REDIS_USERS -gt 0 ]]; then
+            run "expiry-scale-redis" redis expiry --users "$EXPIRY_SCALE_REDIS_USERS" "${scale[@]}" \
+                --timeout "$((EXPIRY_SCALE_REDIS_USERS / 250 + 60))s"
+        fi
+        ;;
     fanout)
         # The gateway renews one session per call, so that its p99 rests on thousands of samples.
         for t in presenced redis; do
@@ -244,7 +328,7 @@ for scenario in $SCENARIOS; do
                 --stalled-viewer --mode unary --concurrency 16 --connections 2
         done
         ;;
-    *) echo "unknown scenario $scenario (load, unary-defaults, pinned, batches, memory, expiry, fanout, fanout-million)" >&2; exit 2 ;;
+    *) echo "unknown scenario $scenario (load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million)" >&2; exit 2 ;;
     esac
 done
 stop_servers
@@ -291,6 +375,20 @@ def load_rows(name, label, errors=False):
 load_rows("unary", "heartbeat, one call per op, one server thread", errors=True)
 load_rows("batch", "heartbeat, batches/pipeline", errors=True)
 load_rows("unarydefaults", "heartbeat, one call per op, all defaults")
+h, o = rep("h2load-presenced"), rep("load-onesession-presenced")
+if h or o:
+    # One session renewed over and over (h2load sends one request body): compare these
+    # two with each other, and with the row above only as the hot-user case.
+    label = "h2load (outside client): one session, all defaults"
+    row(label, "renewals/s", g(h, "scenario", "h2load_req_per_s"), None)
+    row(label, "p50 ms", ms(pct(h, 50)), None, "{:.3f}")
+    row(label, "p99 ms", ms(pct(h, 99)), None, "{:.3f}")
+    row(label, "gRPC errors (server metrics)", g(h, "scenario", "grpc", "errors"), None)
+    label = "presence-loadgen: the same one session"
+    row(label, "renewals/s", g(o, "rps"), None)
+    row(label, "p50 ms", ms(pct(o, 50)), None, "{:.3f}")
+    row(label, "p99 ms", ms(pct(o, 99)), None, "{:.3f}")
+    row(label, "errors", sum(v for k, v in (g(o, "statusCodeDistribution") or {}).items() if k != "OK") if o else None, None)
 load_rows("pinned", "heartbeat, one call per op, one core each (pinned)")
 p, r = rep("load-batch-presenced"), rep("load-batch-redis")
 row("register (batches/pipeline)", "registers/s", g(p, "scenario", "registers_per_s"), g(r, "scenario", "registers_per_s"))
@@ -317,6 +415,31 @@ for q in ("p50", "p90", "p99", "max"):
     row("expiry: deadline -> OFFLINE", f"lag {q} ms", ms(g(p, "scenario", "lag_ns", q)), ms(g(r, "scenario", "lag_ns", q)), "{:.1f}")
 row("expiry: all drained after last deadline", "ms", ms(g(p, "scenario", "drain_after_last_deadline_ns")), ms(g(r, "scenario", "drain_after_last_deadline_ns")), "{:.1f}")
 row("expiry: missing events", "count", g(p, "scenario", "missing"), g(r, "scenario", "missing"))
+p, r = rep("expiry-scale-presenced"), rep("expiry-scale-redis")
+if p or r:
+    label = "expiry-scale"
+    row(label, "users (leases ending in the window)", g(p, "scenario", "users"), g(r, "scenario", "users"))
+    row(label, "window ms", g(p, "scenario", "window_ms"), g(r, "scenario", "window_ms"))
+    for q in ("p50", "p99", "max"):
+        row(label + ": deadline -> OFFLINE", f"lag {q} ms", ms(g(p, "scenario", "lag_ns", q)), ms(g(r, "scenario", "lag_ns", q)), "{:.1f}")
+    row(label + ": all drained after last deadline", "ms", ms(g(p, "scenario", "drain_after_last_deadline_ns")), ms(g(r, "scenario", "drain_after_last_deadline_ns")), "{:.1f}")
+    row(label + ": missing events", "count", g(p, "scenario", "missing"), g(r, "scenario", "missing"))
+    # The server's side of the lag: presenced_expiry_lag_seconds, deadline to publication.
+    mp = os.path.join(d, "expiry-scale-metrics.txt")
+    if os.path.exists(mp):
+        m = {}
+        for ln in open(mp):
+            if not ln.startswith("#") and " " in ln:
+                k, v = ln.rsplit(" ", 1)
+                m[k] = float(v)
+        total = m.get("presenced_expiry_lag_seconds_count")
+        for le in ("0.001", "0.01"):
+            within = m.get(f'presenced_expiry_lag_seconds_bucket{{le="{le}"}}')
+            if total and within is not None:
+                row(label + f": server published within {float(le) * 1000:g} ms", "% of OFFLINEs (presenced metric)", 100 * within / total, None, "{:.2f}")
+    row(label + ": gateway renew p99, quiet", "ms", ms(g(p, "scenario", "gateway", "quiet", "p99_ns")), ms(g(r, "scenario", "gateway", "quiet", "p99_ns")), "{:.3f}")
+    row(label + ": gateway renew p99, during expiry", "ms", ms(g(p, "scenario", "gateway", "during_expiry", "p99_ns")), ms(g(r, "scenario", "gateway", "during_expiry", "p99_ns")), "{:.3f}")
+    row(label + ": gateway renew p99, during / quiet", "ratio (target <= 2)", g(p, "scenario", "gateway", "p99_during_over_quiet"), g(r, "scenario", "gateway", "p99_during_over_quiet"), "{:.2f}")
 p, r = rep("fanout-presenced"), rep("fanout-redis")
 row("fanout: changes delivered", "events/s", g(p, "scenario", "phase_plain", "events_per_s"), g(r, "scenario", "phase_plain", "events_per_s"))
 row("fanout: flip -> viewer p99", "ms", ms(g(p, "scenario", "phase_plain", "delivery_p99_ns")), ms(g(r, "scenario", "phase_plain", "delivery_p99_ns")), "{:.2f}")

@@ -23,10 +23,15 @@ pub(crate) enum Command {
     Load(LoadArgs),
     /// Register N sessions and report the server's resident memory growth per session.
     Memory(MemoryArgs),
-    /// Let N leases run out within one second; measure the lag from each deadline to the OFFLINE a viewer gets.
+    /// Let N leases run out within a window; measure the lag from each deadline to the OFFLINE a viewer gets
+    /// (and, with --gateway-sessions, a gateway's renewal latency before and during the expiries).
     Expiry(ExpiryArgs),
     /// V viewers watching W users each while users flip; events/s, and gateway p99 with a stalled viewer.
     Fanout(FanoutArgs),
+    /// Register one session on presenced and write its Renew as a gRPC frame, for `h2load -d FILE`.
+    H2loadPrepare(H2loadPrepareArgs),
+    /// Make a report of an h2load run: its output, its --log-file, presenced's metrics before and after.
+    H2loadReport(H2loadReportArgs),
 }
 
 impl Command {
@@ -37,6 +42,8 @@ impl Command {
             Command::Memory(a) => &a.common,
             Command::Expiry(a) => &a.common,
             Command::Fanout(a) => &a.common,
+            Command::H2loadPrepare(a) => &a.common,
+            Command::H2loadReport(a) => &a.common,
         }
     }
 }
@@ -246,6 +253,23 @@ pub(crate) struct ExpiryArgs {
     /// Also write every user's deadline, arrival and lag to this CSV file.
     #[arg(long)]
     pub(crate) lags_csv: Option<PathBuf>,
+    /// Gateway sessions renewed throughout (other users, registered with the rest and
+    /// watched by no one), one unary Renew each, to see whether a wave of expiries slows
+    /// the gateways down; 0 = no gateway.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) gateway_sessions: u64,
+    /// Gateway renewals per second: a modest steady rate, so that its latency shows the
+    /// server, not the gateway's own queueing.
+    #[arg(long, default_value_t = 1_000.0)]
+    pub(crate) gateway_rate: f64,
+    /// Gateway renewals in flight (they share one HTTP/2 connection).
+    #[arg(long, default_value_t = 8)]
+    pub(crate) gateway_concurrency: u64,
+    /// With a gateway: the quiet phase it is measured in before the first deadline, ms.
+    /// The window is moved this much later so that the phase fits after the arranging
+    /// registers.
+    #[arg(long, default_value_t = 5_000)]
+    pub(crate) quiet_ms: u64,
 }
 
 /// `fanout` flags.
@@ -298,6 +322,53 @@ pub(crate) struct FanoutArgs {
     /// Lease TTL, ms.
     #[arg(long, default_value_t = 600_000)]
     pub(crate) ttl_ms: u32,
+}
+
+/// `h2load-prepare` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct H2loadPrepareArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    /// Where to write the frame (5-byte gRPC header + a serialized RenewRequest).
+    #[arg(long)]
+    pub(crate) out: PathBuf,
+    /// The user of the session h2load renews.
+    #[arg(long, default_value = "h2load-u0")]
+    pub(crate) user_id: String,
+    /// The session h2load renews.
+    #[arg(long, default_value = "sess_h2load000001")]
+    pub(crate) session_id: String,
+    /// Lease TTL of the register and of every renewal, ms (long enough to outlast the run).
+    #[arg(long, default_value_t = 600_000)]
+    pub(crate) ttl_ms: u32,
+}
+
+/// `h2load-report` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct H2loadReportArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    /// h2load's standard output (its closing summary).
+    #[arg(long)]
+    pub(crate) output: PathBuf,
+    /// h2load's --log-file: start, status and duration of every request.
+    #[arg(long)]
+    pub(crate) log: PathBuf,
+    /// presenced's /metrics just before the run.
+    #[arg(long, requires = "metrics_after")]
+    pub(crate) metrics_before: Option<PathBuf>,
+    /// presenced's /metrics just after the run.
+    #[arg(long, requires = "metrics_before")]
+    pub(crate) metrics_after: Option<PathBuf>,
+    /// h2load's connections (-c), for the report's options.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) connections: u64,
+    /// Requests in flight over all connections (-c times -m), for the report's options.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) concurrency: u64,
+    /// The h2load command line as run, copied into the report.
+    #[arg(long)]
+    pub(crate) command: Option<String>,
 }
 
 #[cfg(test)]

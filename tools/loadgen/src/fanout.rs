@@ -344,7 +344,8 @@ impl Churn {
     }
 }
 
-fn renew_summary(p: &PhaseResult) -> Value {
+/// A gateway phase's renewals in brief: count, errors, rate and latency percentiles.
+pub(crate) fn renew_summary(p: &PhaseResult) -> Value {
     json!({
         "count": p.rec.count(),
         "errors": p.rec.count() - p.rec.ok_count(),

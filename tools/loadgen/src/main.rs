@@ -5,13 +5,15 @@
 //! Scenarios (subcommands): `load` (register U×S sessions, then heartbeats for a
 //! duration), `memory` (resident memory per session), `expiry` (lag from lease deadline
 //! to the OFFLINE a viewer receives), `fanout` (events per second to many viewers, and
-//! gateway renewal latency with and without a stalled viewer). `--help` on each
+//! gateway renewal latency with and without a stalled viewer), and `h2load-prepare` /
+//! `h2load-report` around an h2load run (an outside client's view of unary `Renew`). `--help` on each
 //! subcommand lists its flags; `benches/compare.sh` runs them all against both targets.
 
 mod cli;
 mod conn;
 mod expiry;
 mod fanout;
+mod h2load;
 mod ids;
 mod load;
 mod memory;
@@ -56,6 +58,8 @@ fn main() -> ExitCode {
             Command::Memory(args) => memory::run(args, progress).await,
             Command::Expiry(args) => expiry::run(args, progress).await,
             Command::Fanout(args) => fanout::run(args, progress).await,
+            Command::H2loadPrepare(args) => h2load::prepare(args).await,
+            Command::H2loadReport(args) => h2load::report(args),
         }
     });
     let report = match outcome {
