@@ -128,6 +128,12 @@ start_presenced() {
     [[ -n $PRESENCED_ADDR ]] || { echo "presenced did not start:" >&2; cat "$WORK/presenced.err" >&2; exit 1; }
 }
 
+# utime + stime of a process (all its threads), in clock ticks: fields 14 and 15 of
+# /proc/PID/stat, counted after the command name, which may hold spaces.
+server_cpu_ticks() {
+    sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
+}
+
 fresh_servers() {
     stop_servers
     start_redis
@@ -226,7 +232,11 @@ for scenario in $SCENARIOS; do
             --log-file "$WORK/h2load.log" "http://$PRESENCED_ADDR/presence.v1.Presence/Renew")
         h2line=$(printf '%q ' "${h2cmd[@]}")
         log "h2load-presenced: $h2line"
+        cpu_before=$(server_cpu_ticks "$PRESENCED_PID")
         "${h2cmd[@]}" | tee "$RESULTS/h2load-presenced.out"
+        cpu_after=$(server_cpu_ticks "$PRESENCED_PID")
+        printf '{"ticks_before": %s, "ticks_after": %s, "clk_tck": %s}\n' "$cpu_before" "$cpu_after" "$(getconf CLK_TCK)" \
+            >"$RESULTS/h2load-server-cpu.json"
         scrape "$RESULTS/h2load-metrics-after.txt"
         "$LOADGEN" h2load-report --addr "$PRESENCED_ADDR" --output "$RESULTS/h2load-presenced.out" --log "$WORK/h2load.log" \
             --metrics-before "$RESULTS/h2load-metrics-before.txt" --metrics-after "$RESULTS/h2load-metrics-after.txt" \
@@ -384,11 +394,16 @@ if h or o:
     row(label, "p50 ms", ms(pct(h, 50)), None, "{:.3f}")
     row(label, "p99 ms", ms(pct(h, 99)), None, "{:.3f}")
     row(label, "gRPC errors (server metrics)", g(h, "scenario", "grpc", "errors"), None)
+    cpu = rep("h2load-server-cpu")
+    if h and cpu and g(h, "scenario", "grpc", "ok"):
+        ns = (cpu["ticks_after"] - cpu["ticks_before"]) * 1e9 / cpu["clk_tck"]
+        row(label, "server CPU us/renewal", ns / 1e3 / g(h, "scenario", "grpc", "ok"), None, "{:.2f}")
     label = "presence-loadgen: the same one session"
     row(label, "renewals/s", g(o, "rps"), None)
     row(label, "p50 ms", ms(pct(o, 50)), None, "{:.3f}")
     row(label, "p99 ms", ms(pct(o, 99)), None, "{:.3f}")
     row(label, "errors", sum(v for k, v in (g(o, "statusCodeDistribution") or {}).items() if k != "OK") if o else None, None)
+    row(label, "server CPU us/renewal", g(o, "scenario", "server_cpu_us_per_heartbeat"), None, "{:.2f}")
 load_rows("pinned", "heartbeat, one call per op, one core each (pinned)")
 p, r = rep("load-batch-presenced"), rep("load-batch-redis")
 row("register (batches/pipeline)", "registers/s", g(p, "scenario", "registers_per_s"), g(r, "scenario", "registers_per_s"))

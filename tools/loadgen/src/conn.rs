@@ -142,7 +142,7 @@ pub(crate) async fn open_conns(spec: &ConnSpec) -> Result<Vec<Conn>, String> {
         (TargetKind::Presenced, Mode::Unary) => {
             let mut channels = Vec::new();
             for _ in 0..connections {
-                channels.push(spec.endpoints.grpc_channel().await?);
+                channels.push(crate::direct::DirectChannel::connect(&spec.endpoints.presenced_uri()).await?);
             }
             for w in 0..workers {
                 let ch = channels[(w % connections) as usize].clone();
@@ -295,7 +295,7 @@ impl Naming {
 #[derive(Debug)]
 pub(crate) enum Conn {
     /// presenced, one RPC per item.
-    Unary(PresenceClient<Channel>),
+    Unary(PresenceClient<crate::direct::DirectChannel>),
     /// presenced, explicit batches on a `Leases` stream.
     Leases(LeaseChannel),
     /// presenced, single items coalesced by the client.

@@ -11,6 +11,7 @@
 
 mod cli;
 mod conn;
+mod direct;
 mod expiry;
 mod fanout;
 mod h2load;

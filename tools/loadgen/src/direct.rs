@@ -1,0 +1,112 @@
+//! A gRPC connection for the unary workload without tonic's `Channel`.
+//!
+//! `Channel` puts a `tower::buffer::Buffer` in front of the connection: every call is sent
+//! over a channel to a background task, which makes the request, and the answer comes
+//! back over another, so each call wakes a second task (often on another thread). On a
+//! machine the generator shares with the server that cost is taken from the server, and
+//! the generator measured its own overhead more than the server's. Here the calls go
+//! straight to hyper's HTTP/2 `SendRequest`, which is itself a cheap clonable handle to
+//! one connection, as ghz's Go client and h2load do.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tonic::body::Body;
+
+/// One HTTP/2 connection, shared by clones.
+#[derive(Debug, Clone)]
+pub(crate) struct DirectChannel {
+    sender: http2::SendRequest<Body>,
+    /// `http://host:port`, the authority every request names.
+    origin: http::uri::Uri,
+}
+
+impl DirectChannel {
+    /// Connects to `uri` (`http://host:port`) with TCP_NODELAY, within 5 s.
+    pub(crate) async fn connect(uri: &str) -> Result<DirectChannel, String> {
+        let origin: http::uri::Uri = uri.parse().map_err(|e| format!("bad address {uri}: {e}"))?;
+        let authority = origin.authority().ok_or_else(|| format!("no host:port in {uri}"))?.to_string();
+        let tcp = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(&authority))
+            .await
+            .map_err(|_| format!("cannot connect to {authority}: timed out"))?
+            .map_err(|e| format!("cannot connect to {authority}: {e}"))?;
+        tcp.set_nodelay(true).map_err(|e| format!("cannot set TCP_NODELAY: {e}"))?;
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("HTTP/2 handshake with {authority} failed: {e}"))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(DirectChannel { sender, origin })
+    }
+}
+
+impl tower_service::Service<http::Request<Body>> for DirectChannel {
+    type Response = http::Response<Body>;
+    type Error = hyper::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.sender.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        // tonic gives a path only; HTTP/2 needs the scheme and authority too.
+        let mut parts = self.origin.clone().into_parts();
+        parts.path_and_query = request.uri().path_and_query().cloned();
+        if let Ok(uri) = http::uri::Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
+        }
+        let response = self.sender.send_request(request);
+        Box::pin(async move { Ok(response.await?.map(Body::new)) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use presence_proto::v1::presence_client::PresenceClient;
+    use presence_proto::v1::{RegisterRequest, RenewRequest};
+    use presence_server::testing::{TestServer, fast_config};
+
+    use super::DirectChannel;
+
+    #[tokio::test]
+    async fn unary_calls_through_one_direct_connection_are_answered_with_their_statuses() {
+        let server = TestServer::start(fast_config()).await;
+        let channel = DirectChannel::connect(&server.url()).await.unwrap();
+        let mut client = PresenceClient::new(channel.clone());
+        let registered = client
+            .register(RegisterRequest {
+                user_id: "u".into(),
+                session_id: "s".into(),
+                gateway_id: "g".into(),
+                ttl_ms: 60_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        // A clone shares the connection, as the generator's workers do.
+        let mut other = PresenceClient::new(channel);
+        let renew =
+            |generation| RenewRequest { user_id: "u".into(), session_id: "s".into(), generation, ttl_ms: 60_000 };
+        other.renew(renew(registered.generation)).await.unwrap();
+        let refused = other.renew(renew(registered.generation + 1)).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::NotFound, "a gRPC error arrives as the server's status: {refused:?}");
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_a_clear_error() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let err = DirectChannel::connect(&format!("http://{addr}")).await.unwrap_err();
+        assert!(err.starts_with(&format!("cannot connect to {addr}")), "{err}");
+    }
+}
