@@ -17,11 +17,11 @@
 //! Writes to a scratch directory under the system temp dir and removes it.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Read, Write};
 use std::path::Path;
 use std::time::Instant;
 
-use presence_core::checkpoint::{self, CheckpointWriter};
+use presence_core::checkpoint::{CheckpointWriter, StoreLoader};
 use presence_core::{Store, StoreConfig};
 
 #[path = "support/mod.rs"]
@@ -52,12 +52,20 @@ fn populated(sessions: usize) -> Store {
     store
 }
 
-/// Loads the checkpoint at `path` as the server does.
+/// Loads the checkpoint at `path` as the server does (presence-server's
+/// `data_dir.rs`): a piece at a time, straight into the new store.
 fn load(path: &Path) -> Store {
-    let read = std::fs::read(path).expect("read");
-    let decoded = checkpoint::decode(&read).expect("intact");
-    drop(read);
-    Store::restore(StoreConfig::default(), START + 1, &decoded, START + 1).expect("restore")
+    let mut file = File::open(path).expect("open");
+    let mut loader = StoreLoader::new(StoreConfig::default(), START + 1, START + 1).expect("default config is valid");
+    let mut piece = vec![0; 1 << 20];
+    loop {
+        let read = file.read(&mut piece).expect("read");
+        if read == 0 {
+            break;
+        }
+        loader.feed(&piece[..read]).expect("intact");
+    }
+    loader.finish().expect("intact")
 }
 
 fn main() {

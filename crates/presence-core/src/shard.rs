@@ -46,7 +46,7 @@ use hashbrown::{DefaultHashBuilder, HashMap};
 use std::hash::BuildHasher;
 use std::hint::black_box;
 
-use crate::checkpoint::{CheckpointUser, CheckpointWriter};
+use crate::checkpoint::{CheckpointWriter, UserRecord};
 use crate::error::LeaseError;
 use crate::interner::{GatewayInterner, GatewayRef};
 use crate::stamp::StampClock;
@@ -716,10 +716,12 @@ impl Shard {
     /// generations and deadlines. A user that was online is held online until
     /// `hold_until` by a [`Lease::restart_hold`], so that it does not flip
     /// merely because its gateway has not been heard from yet; leases whose
-    /// deadline passed meanwhile expire through the wheel.
-    pub(crate) fn restore_user(&mut self, now: Tick, user: &CheckpointUser, hold_until: Tick) {
+    /// deadline passed meanwhile expire through the wheel. Returns the user's
+    /// slot if it was online with nothing to hold it: its OFFLINE is due now,
+    /// by [`Shard::finish_restore`] once every clock is restored.
+    pub(crate) fn restore_user(&mut self, now: Tick, user: &UserRecord<'_>, hold_until: Tick) -> Option<u32> {
         let now = self.advance(now);
-        let slot = self.find_or_insert(&user.user_id);
+        let slot = self.find_or_insert(user.user_id);
         // A user written twice (forgotten and back while the checkpoint was
         // being written) is taken as its later record, which is the newer.
         self.remove_leases_where(slot, |_| true);
@@ -743,11 +745,11 @@ impl Shard {
         }
         for lease in user.leases.iter().rev() {
             let mut restored = Lease {
-                session_id: CompactString::from(lease.session_id.as_str()),
+                session_id: CompactString::from(lease.session_id),
                 generation: lease.generation,
                 expires_at: lease.expires_at,
                 heartbeat_before_expiry: 0,
-                gateway: self.gateways.acquire(&lease.gateway_id),
+                gateway: self.gateways.acquire(lease.gateway_id),
                 next: NIL,
                 closing: lease.closing,
                 has_metadata: false,
@@ -757,13 +759,25 @@ impl Shard {
             self.set_metadata(index, &lease.metadata);
         }
         if self.users[slot as usize].online && self.users[slot as usize].first_lease == NIL {
-            // Online at the checkpoint with nothing to hold it: its OFFLINE is due now.
-            let mut ignored = Vec::new();
-            self.after_removal(slot, now, &mut ignored);
+            return Some(slot);
         }
         // Offline at the checkpoint: idle from the restore on (how long it had
         // been idle before is not stored, so its window starts again).
         self.arm_forget(slot, now);
+        None
+    }
+
+    /// Flips OFFLINE a restored user that [`Shard::restore_user`] found online
+    /// with nothing to hold it, if it still is (a user written twice may have
+    /// been restored again since). Nobody watches a store being restored, so
+    /// the change is not published; it only moves the version.
+    pub(crate) fn finish_restore(&mut self, now: Tick, slot: u32) {
+        let now = self.advance(now);
+        let user = &self.users[slot as usize];
+        if user.online && user.first_lease == NIL {
+            let mut unpublished = Vec::new();
+            self.after_removal(slot, now, &mut unpublished);
+        }
     }
 
     /// Moves the shard's time forward to `now` (never back) and counts the operation.
