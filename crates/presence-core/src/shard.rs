@@ -55,7 +55,7 @@ use crate::types::{
     UnregisterOutcome, Unregistered, UserView,
 };
 use crate::user_index::UserIndex;
-use crate::wheel::{Tick, TimerKey, TimerWheel};
+use crate::wheel::{Tick, TimerWheel};
 
 /// A container shrinks only above this many cells: below, the memory is not worth the copy.
 const SHRINK_ABOVE: usize = 64;
@@ -204,10 +204,6 @@ struct User {
     /// The version of the user's last flip; kept while the user is offline so
     /// that versions never go back (M3).
     version: u64,
-    /// The wheel entry: at or before the earliest lease (or status) deadline
-    /// while the user has leases (or a status that expires); exactly when it
-    /// is to be forgotten while it is idle (see the module docs).
-    timer: Option<TimerKey>,
     /// The user's first lease in the slab (or `NIL`), and the flags
     /// [`User::online`] and [`User::has_status`].
     link: Link,
@@ -221,7 +217,7 @@ const HAS_STATUS: u32 = Link::FLAG_B;
 
 impl User {
     fn new(id: &str) -> User {
-        User { id: CompactString::from(id), version: 0, timer: None, link: Link::NONE }
+        User { id: CompactString::from(id), version: 0, link: Link::NONE }
     }
 
     fn first_lease(&self) -> u32 {
@@ -278,9 +274,12 @@ pub(crate) struct Shard {
     free_leases: Vec<u32>,
     /// Metadata of the leases that have any, by lease slot.
     metadata: HashMap<u32, Box<[(String, String)]>>,
-    /// One entry per user with leases, a status that expires, or a pending
-    /// forget, holding the user's slot.
-    wheel: TimerWheel<u32>,
+    /// The users' timers, keyed by slot: one entry per user with leases, a
+    /// status that expires, or a pending forget, at or before the earliest
+    /// lease (or status) deadline while the user has leases (or a status that
+    /// expires), and exactly when it is to be forgotten while it is idle (see
+    /// the module docs).
+    wheel: TimerWheel,
     /// Source of generations and versions.
     stamps: StampClock,
     /// The gateway and last write of every lease (see [`Lease::origin`]).
@@ -675,15 +674,11 @@ impl Shard {
                 more = false;
                 break;
             };
-            self.users[slot as usize].timer = None;
             self.settle(slot, now, changes);
             let leases = self.lease_indices(slot).map(|index| self.lease(index).expires_at);
             if let Some(earliest) = leases.chain(self.status_deadline(slot)).min() {
                 self.schedule_no_later_than(slot, earliest);
-            } else if self.forget_offline_after_ms > 0
-                && self.users[slot as usize].timer.is_none()
-                && self.is_idle(slot)
-            {
+            } else if self.forget_offline_after_ms > 0 && self.wheel.deadline(slot).is_none() && self.is_idle(slot) {
                 // Idle before the entry fired (settling made nothing idle, or it
                 // would have set a new entry): this was the entry set when the
                 // user became idle, a whole window ago.
@@ -1105,15 +1100,13 @@ impl Shard {
         // A deadline the wheel has already passed (a caller whose clock read lagged
         // the driver's) fires on the next tick instead.
         let deadline = deadline.max(self.wheel.elapsed() + 1);
-        let user = &mut self.users[slot as usize];
-        if let Some(key) = user.timer {
-            if self.wheel.deadline(key) <= deadline {
+        if let Some(current) = self.wheel.deadline(slot) {
+            if current <= deadline {
                 return;
             }
-            self.wheel.remove(key);
+            self.wheel.remove(slot);
         }
-        let key = self.wheel.insert(deadline, slot).unwrap_or_else(|_| unreachable!("deadline is after elapsed"));
-        user.timer = Some(key);
+        self.wheel.insert(slot, deadline).unwrap_or_else(|_| unreachable!("deadline is after elapsed"));
         self.earliest_new_timer = Some(self.earliest_new_timer.map_or(deadline, |earliest| earliest.min(deadline)));
     }
 
@@ -1140,7 +1133,7 @@ impl Shard {
     /// whose slot the last user takes (the vector stays dense). Its wheel
     /// entry has just fired, and it has no lease and no status.
     fn forget(&mut self, slot: u32, now: Tick) {
-        debug_assert!(self.is_idle(slot) && self.users[slot as usize].timer.is_none());
+        debug_assert!(self.is_idle(slot) && self.wheel.deadline(slot).is_none());
         let last = self.users.len() - 1;
         if let Some(cursor) = self.checkpoint_cursor
             && (slot as usize) < cursor
@@ -1157,16 +1150,18 @@ impl Shard {
         if let Some(moved) = self.users.get(slot as usize) {
             let hash = self.hash(&moved.id);
             self.index.relocate(hash, last as u32, slot);
-            if let Some(key) = moved.timer {
-                *self.wheel.item_mut(key) = slot;
-            }
+            self.wheel.relocate(last as u32, slot);
             if moved.has_status() {
                 let status = self.statuses.remove(&(last as u32)).expect("a user with a status has an entry");
                 self.statuses.insert(slot, status);
             }
         }
+        self.wheel.truncate(self.users.len());
         if mostly_empty(self.users.len(), self.users.capacity()) {
             self.users.shrink_to(self.users.len() * 2);
+        }
+        if mostly_empty(self.users.len(), self.wheel.capacity()) {
+            self.wheel.shrink_to(self.users.len() * 2);
         }
         self.forgotten_since_tidy += 1;
         self.forgotten += 1;
@@ -1183,10 +1178,7 @@ impl Shard {
         self.forgotten_since_tidy = 0;
         self.users.shrink_to(tidy_size(self.users.len()));
         self.index.shrink_to_fit();
-        if self.wheel.slab_len() > tidy_size(self.wheel.len()) {
-            let users = &mut self.users;
-            self.wheel.compact(|&slot, key| users[slot as usize].timer = Some(key));
-        }
+        self.wheel.shrink_to(tidy_size(self.users.len()));
         if self.leases.len() > tidy_size(self.sessions) {
             self.compact_leases();
         }
@@ -1195,15 +1187,12 @@ impl Shard {
         self.statuses.shrink_to_fit();
     }
 
-    /// Gives back the memory of the lease slab and the wheel when they are
-    /// mostly empty. Each pass is O(size), but only after the size fell to a
-    /// quarter, and it leaves the container half used, so it costs O(1) per
+    /// Gives back the memory of the lease slab when it is mostly empty (the
+    /// wheel's, keyed by user slot, shrinks with the users in
+    /// [`Shard::forget`]). Each pass is O(size), but only after the size fell
+    /// to a quarter, and it leaves the slab half used, so it costs O(1) per
     /// removal amortised.
     fn shrink_if_mostly_empty(&mut self) {
-        if mostly_empty(self.wheel.len(), self.wheel.slab_len()) {
-            let users = &mut self.users;
-            self.wheel.compact(|&slot, key| users[slot as usize].timer = Some(key));
-        }
         if mostly_empty(self.sessions, self.leases.len()) {
             self.compact_leases();
         }
@@ -1241,9 +1230,7 @@ impl Shard {
     }
 
     fn cancel_timer(&mut self, slot: u32) {
-        if let Some(key) = self.users[slot as usize].timer.take() {
-            self.wheel.remove(key);
-        }
+        self.wheel.remove(slot);
     }
 }
 
@@ -1282,7 +1269,7 @@ mod tests {
         let kept = register_many(&mut shard, T0, (0..100).map(|i| format!("kept-{i}")));
         let passing = register_many(&mut shard, T0, (0..20_000).map(|i| format!("passing-{i}")));
         let (users, index, wheel, leases) =
-            (shard.users.capacity(), shard.index.capacity(), shard.wheel.slab_len(), shard.leases.len());
+            (shard.users.capacity(), shard.index.capacity(), shard.wheel.capacity(), shard.leases.len());
         for (id, generation) in &passing {
             shard.unregister(T0 + 1, id, "s", *generation, 0, &mut changes);
         }
@@ -1300,13 +1287,13 @@ mod tests {
         assert_eq!(shard.online_users(), 100);
         assert!(shard.users.capacity() * 16 < users, "records: {} of {users}", shard.users.capacity());
         assert!(shard.index.capacity() * 16 < index, "index: {} of {index}", shard.index.capacity());
-        assert!(shard.wheel.slab_len() * 16 < wheel, "wheel: {} of {wheel}", shard.wheel.slab_len());
+        assert!(shard.wheel.capacity() * 16 < wheel, "wheel: {} of {wheel}", shard.wheel.capacity());
         assert!(shard.leases.len() * 16 < leases, "leases: {} of {leases}", shard.leases.len());
         // Tidied once the wave was over: what is held and an eighth more, not
         // the quarter-to-half use the shrinking during the wave stops at.
         assert!(shard.users.capacity() <= tidy_size(100), "records: {}", shard.users.capacity());
         assert_eq!(shard.index.capacity(), 256, "the smallest table at most three quarters full");
-        assert!(shard.wheel.slab_len() <= tidy_size(100), "wheel: {}", shard.wheel.slab_len());
+        assert!(shard.wheel.capacity() <= tidy_size(100), "wheel: {}", shard.wheel.capacity());
         assert!(shard.leases.len() <= tidy_size(100), "leases: {}", shard.leases.len());
         // The users left were moved around and are all still found, with their leases.
         for (id, generation) in &kept {
