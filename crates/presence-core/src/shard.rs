@@ -1292,7 +1292,7 @@ mod tests {
         // Tidied once the wave was over: what is held and an eighth more, not
         // the quarter-to-half use the shrinking during the wave stops at.
         assert!(shard.users.capacity() <= tidy_size(100), "records: {}", shard.users.capacity());
-        assert_eq!(shard.index.capacity(), 256, "the smallest table at most three quarters full");
+        assert_eq!(shard.index.capacity(), 134, "the smallest table at most three quarters full");
         assert!(shard.wheel.capacity() <= tidy_size(100), "wheel: {}", shard.wheel.capacity());
         assert!(shard.leases.len() <= tidy_size(100), "leases: {}", shard.leases.len());
         // The users left were moved around and are all still found, with their leases.
