@@ -493,12 +493,14 @@ impl Decoder {
                         last_heartbeat_at: reader.u64()?,
                         expires_at: reader.u64()?,
                         closing: reader.bool()?,
-                        metadata: {
-                            let entries = reader.u8()?;
-                            let metadata = (0..entries)
-                                .map(|_| Ok((reader.str()?.to_owned(), reader.str()?.to_owned())))
-                                .collect::<Result<Vec<_>, _>>()?;
-                            Cow::Owned(metadata)
+                        metadata: match reader.u8()? {
+                            // Most leases: no iterator, no allocation.
+                            0 => Cow::Owned(Vec::new()),
+                            entries => Cow::Owned(
+                                (0..entries)
+                                    .map(|_| Ok((reader.str()?.to_owned(), reader.str()?.to_owned())))
+                                    .collect::<Result<Vec<_>, _>>()?,
+                            ),
                         },
                     });
                 }
