@@ -357,6 +357,10 @@ enum Item<'r, 'a> {
     User(&'r UserRecord<'a>),
 }
 
+/// How much of a piece is first added to the bytes of a record the previous
+/// piece ended in: records are mostly a few dozen bytes.
+const CARRY_STEP: usize = 4_096;
+
 /// The end record, once read; what is still to check about it waits for the
 /// caller to say that nothing follows.
 #[derive(Debug, Clone, Copy)]
@@ -388,18 +392,34 @@ struct Decoder {
 impl Decoder {
     /// Reads every record that `bytes` completes and hands each to `sink`.
     fn feed(&mut self, bytes: &[u8], sink: &mut dyn FnMut(Item<'_, '_>)) -> Result<(), CheckpointError> {
-        if self.pending.is_empty() {
-            // Most pieces start at a record: read them where they are, and
-            // keep only their incomplete tail.
-            let taken = self.read(bytes, sink)?;
-            self.pending.extend_from_slice(&bytes[taken..]);
-        } else {
+        let mut start = 0;
+        // The last piece ended inside a record: complete it with as little of
+        // this piece as it takes (at least as much as is carried, so that a
+        // large record is read again only a few times), then read the rest
+        // of this piece where it is rather than copying it.
+        while !self.pending.is_empty() {
+            if start == bytes.len() {
+                return Ok(());
+            }
+            let carried = self.pending.len();
+            let end = start + (bytes.len() - start).min(carried.max(CARRY_STEP));
             let mut pending = std::mem::take(&mut self.pending);
-            pending.extend_from_slice(bytes);
+            pending.extend_from_slice(&bytes[start..end]);
             let taken = self.read(&pending, sink)?;
-            pending.drain(..taken);
+            // The carried record ends after what was carried, so it is either
+            // still incomplete (nothing taken) or done, with what follows it
+            // in `bytes`.
+            debug_assert!(taken == 0 || taken > carried);
+            if taken == 0 {
+                start = end;
+            } else {
+                start += taken - carried;
+                pending.clear();
+            }
             self.pending = pending;
         }
+        let taken = self.read(&bytes[start..], sink)?;
+        self.pending.extend_from_slice(&bytes[start + taken..]);
         Ok(())
     }
 
@@ -435,7 +455,7 @@ impl Decoder {
         Ok(taken)
     }
 
-    /// Reads the header; false (stop) never, true once read.
+    /// Reads the header; true once read (it never stops the reading).
     fn header(&mut self, reader: &mut Reader<'_>) -> Result<bool, CheckpointError> {
         let magic = reader.take(MAGIC.len().min(reader.bytes.len()))?;
         if magic != &MAGIC[..magic.len()] {
@@ -834,6 +854,32 @@ mod tests {
         // A checkpoint the loader writes out again is the same checkpoint.
         let loaded = load(&bytes, 4_096, T0 + 3, T0 + 30_000).unwrap();
         assert_eq!(write(&loaded, T0 + 4), write(&whole, T0 + 4));
+    }
+
+    #[test]
+    fn b3_a_record_larger_than_a_piece_is_carried_across_pieces() {
+        // One user with 300 sessions with metadata: a record of about 40 KB,
+        // which pieces of 1,000 or 5,000 bytes cut many times.
+        let store = Store::new(config(), T0).unwrap();
+        let metadata = vec![("device".to_string(), "x".repeat(64))];
+        for session in 0..300 {
+            let session_id = format!("s{session}");
+            let registration = Registration {
+                user_id: "big",
+                session_id: &session_id,
+                gateway_id: "g",
+                ttl_ms: 45_000,
+                metadata: &metadata,
+            };
+            store.register(T0, &registration, &mut Vec::new()).unwrap();
+        }
+        let bytes = write(&store, T0);
+        assert!(bytes.len() > 30_000);
+        let leases = |store: &Store| store.leases(T0 + 1, "big", &mut Vec::new()).unwrap();
+        for piece in [1_000, 4_096, 5_000, 40_000] {
+            let loaded = load(&bytes, piece, T0 + 1, T0 + 1).unwrap();
+            assert_eq!(leases(&loaded), leases(&store), "pieces of {piece} bytes");
+        }
     }
 
     #[test]
