@@ -7,7 +7,10 @@
 //! while its records are encoded, so gateways are never stalled for the whole
 //! write. Everything is little-endian; strings are length-prefixed; the last
 //! bytes are a record count and a CRC-32 of all that precedes them, so a
-//! truncated or corrupted file is detected, never half-loaded.
+//! truncated or corrupted file is detected, never half-loaded. A checkpoint is
+//! loaded the same way it is written, a piece at a time ([`StoreLoader`]):
+//! records go straight into the new store, which is handed out only once the
+//! checksum at the end has matched.
 //!
 //! ```text
 //! header   "PRESENCD" | format u32 = 1 | written_at u64 (store ms)
@@ -19,8 +22,12 @@
 //! str      length u16 | UTF-8 bytes
 //! ```
 
+use std::borrow::Cow;
+
 use thiserror::Error;
 
+use crate::config::{ConfigError, StoreConfig};
+use crate::store::Store;
 use crate::wheel::Tick;
 
 const MAGIC: &[u8; 8] = b"PRESENCD";
@@ -202,81 +209,358 @@ impl CheckpointWriter {
     }
 }
 
-/// Decodes and checks a whole checkpoint.
+/// Decodes and checks a whole checkpoint held in memory. A server loading a
+/// file should rather feed it to a [`StoreLoader`] piece by piece, which never
+/// holds the file or a decoded copy of it.
 pub fn decode(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
-    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
-        return Err(CheckpointError::NotACheckpoint);
-    }
-    let parsed = parse(bytes);
-    let stored = bytes.len().checked_sub(4).map(|at| u32::from_le_bytes(bytes[at..].try_into().expect("four bytes")));
-    let computed = bytes.len().checked_sub(4).map(|at| crc32fast::hash(&bytes[..at]));
-    match (parsed, stored, computed) {
-        (Ok(checkpoint), Some(stored), Some(computed)) if stored == computed => Ok(checkpoint),
-        // Well formed, but not what was written: the bytes were altered.
-        (Ok(_), Some(stored), Some(computed)) => Err(CheckpointError::Checksum { stored, computed }),
-        (Err(err), _, _) => Err(err),
-        (Ok(_), _, _) => Err(CheckpointError::Truncated(bytes.len())),
+    let mut decoder = Decoder::default();
+    let mut checkpoint = Checkpoint::default();
+    decoder.feed(bytes, &mut |item| match item {
+        Item::Clock(stamp) => checkpoint.last_stamp = checkpoint.last_stamp.max(stamp),
+        Item::User(user) => checkpoint.users.push(user.to_owned()),
+    })?;
+    checkpoint.written_at = decoder.finish()?;
+    Ok(checkpoint)
+}
+
+/// Builds a store from a checkpoint handed over in pieces, as it is read from
+/// its file (B3): each record goes straight into the new store's shards, so a
+/// load holds the store, one piece and at most one partly received record,
+/// never the whole file or a decoded copy of it.
+///
+/// The checksum is at the end of the file, so it is known only once the last
+/// piece is in: [`StoreLoader::finish`] checks it and the end record, and
+/// hands the store out only if they are right. A checkpoint refused anywhere
+/// takes the half-built store down with the loader; no caller ever sees it.
+pub struct StoreLoader {
+    store: Store,
+    decoder: Decoder,
+    /// The restore's time and the end of its hold (see [`Store::restore`]).
+    now: Tick,
+    hold_until: Tick,
+    /// Users whose OFFLINE is due at the restore (see [`Store::restore_user`]).
+    offline_due: Vec<(u32, u32)>,
+}
+
+impl std::fmt::Debug for StoreLoader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreLoader").field("decoder", &self.decoder).finish_non_exhaustive()
     }
 }
 
-/// Reads the records; the caller checks the checksum.
-fn parse(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
-    let mut reader = Reader { bytes, at: MAGIC.len() };
-    let format = reader.u32()?;
-    if format != FORMAT {
-        return Err(CheckpointError::UnsupportedFormat(format));
+impl StoreLoader {
+    /// A loader into a new store with `config` whose clock starts at `now`;
+    /// users that were online are held online until `hold_until`, as
+    /// [`Store::restore`] does.
+    pub fn new(config: StoreConfig, now: Tick, hold_until: Tick) -> Result<Self, ConfigError> {
+        Ok(StoreLoader {
+            store: Store::new(config, now)?,
+            decoder: Decoder::default(),
+            now,
+            hold_until,
+            offline_due: Vec::new(),
+        })
     }
-    let mut checkpoint = Checkpoint { written_at: reader.u64()?, ..Checkpoint::default() };
-    let mut records = 0u64;
-    loop {
-        let offset = reader.at;
+
+    /// Takes the next bytes of the checkpoint, of any length, and restores
+    /// every record they complete. An error is final: the checkpoint is refused.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let StoreLoader { store, decoder, now, hold_until, offline_due } = self;
+        decoder.feed(bytes, &mut |item| match item {
+            Item::Clock(stamp) => store.restore_clock(stamp),
+            Item::User(user) => offline_due.extend(store.restore_user(*now, user, *hold_until)),
+        })
+    }
+
+    /// The restored store, once every byte has been fed and the checkpoint is
+    /// whole: its end record is there, counts every record, and the checksum
+    /// of everything matches.
+    pub fn finish(self) -> Result<Store, CheckpointError> {
+        self.decoder.finish()?;
+        Ok(self.store.finish_restore(self.now, &self.offline_due))
+    }
+}
+
+/// One user record, its strings borrowed from the bytes it was read from.
+#[derive(Debug)]
+pub(crate) struct UserRecord<'a> {
+    pub(crate) user_id: &'a str,
+    pub(crate) version: u64,
+    pub(crate) online: bool,
+    pub(crate) leases: Vec<LeaseRecord<'a>>,
+}
+
+/// One lease record, borrowed like its [`UserRecord`]. Metadata, which few
+/// leases carry, is owned: the store keeps it as owned strings anyway.
+#[derive(Debug)]
+pub(crate) struct LeaseRecord<'a> {
+    pub(crate) session_id: &'a str,
+    pub(crate) gateway_id: &'a str,
+    pub(crate) generation: u64,
+    pub(crate) last_heartbeat_at: Tick,
+    pub(crate) expires_at: Tick,
+    pub(crate) closing: bool,
+    pub(crate) metadata: Cow<'a, [(String, String)]>,
+}
+
+impl UserRecord<'_> {
+    fn to_owned(&self) -> CheckpointUser {
+        CheckpointUser {
+            user_id: self.user_id.to_owned(),
+            version: self.version,
+            online: self.online,
+            leases: self
+                .leases
+                .iter()
+                .map(|lease| CheckpointLease {
+                    session_id: lease.session_id.to_owned(),
+                    gateway_id: lease.gateway_id.to_owned(),
+                    generation: lease.generation,
+                    last_heartbeat_at: lease.last_heartbeat_at,
+                    expires_at: lease.expires_at,
+                    closing: lease.closing,
+                    metadata: lease.metadata.to_vec(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl CheckpointUser {
+    /// The record this user was (or would be) read from.
+    pub(crate) fn as_record(&self) -> UserRecord<'_> {
+        UserRecord {
+            user_id: &self.user_id,
+            version: self.version,
+            online: self.online,
+            leases: self
+                .leases
+                .iter()
+                .map(|lease| LeaseRecord {
+                    session_id: &lease.session_id,
+                    gateway_id: &lease.gateway_id,
+                    generation: lease.generation,
+                    last_heartbeat_at: lease.last_heartbeat_at,
+                    expires_at: lease.expires_at,
+                    closing: lease.closing,
+                    metadata: Cow::Borrowed(&lease.metadata),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What the decoder hands its caller, record by record.
+enum Item<'r, 'a> {
+    /// A shard's last stamp.
+    Clock(u64),
+    User(&'r UserRecord<'a>),
+}
+
+/// How much of a piece is first added to the bytes of a record the previous
+/// piece ended in: records are mostly a few dozen bytes.
+const CARRY_STEP: usize = 4_096;
+
+/// The end record, once read; what is still to check about it waits for the
+/// caller to say that nothing follows.
+#[derive(Debug, Clone, Copy)]
+struct End {
+    /// Where it starts in the checkpoint.
+    offset: usize,
+    stored: u32,
+    computed: u32,
+}
+
+/// Reads a checkpoint from pieces of any length: it reads every record a
+/// piece completes, keeps the bytes of the last, incomplete one for the next
+/// piece, and keeps the CRC of everything read so far.
+#[derive(Debug, Default)]
+struct Decoder {
+    /// Bytes received that no complete record has taken yet.
+    pending: Vec<u8>,
+    /// Where `pending` starts in the checkpoint.
+    offset: usize,
+    /// CRC of the bytes before `offset`.
+    crc: crc32fast::Hasher,
+    /// From the header, once it is read.
+    written_at: Option<Tick>,
+    /// Records read, to check against the end record's count.
+    records: u64,
+    end: Option<End>,
+}
+
+impl Decoder {
+    /// Reads every record that `bytes` completes and hands each to `sink`.
+    fn feed(&mut self, bytes: &[u8], sink: &mut dyn FnMut(Item<'_, '_>)) -> Result<(), CheckpointError> {
+        let mut start = 0;
+        // The last piece ended inside a record: complete it with as little of
+        // this piece as it takes (at least as much as is carried, so that a
+        // large record is read again only a few times), then read the rest
+        // of this piece where it is rather than copying it.
+        while !self.pending.is_empty() {
+            if start == bytes.len() {
+                return Ok(());
+            }
+            let carried = self.pending.len();
+            let end = start + (bytes.len() - start).min(carried.max(CARRY_STEP));
+            let mut pending = std::mem::take(&mut self.pending);
+            pending.extend_from_slice(&bytes[start..end]);
+            let taken = self.read(&pending, sink)?;
+            // The carried record ends after what was carried, so it is either
+            // still incomplete (nothing taken) or done, with what follows it
+            // in `bytes`.
+            debug_assert!(taken == 0 || taken > carried);
+            if taken == 0 {
+                start = end;
+            } else {
+                start += taken - carried;
+                pending.clear();
+            }
+            self.pending = pending;
+        }
+        let taken = self.read(&bytes[start..], sink)?;
+        self.pending.extend_from_slice(&bytes[start + taken..]);
+        Ok(())
+    }
+
+    /// Reads the complete records at the start of `bytes` (which start at
+    /// `self.offset`); returns how many bytes they took.
+    fn read(&mut self, bytes: &[u8], sink: &mut dyn FnMut(Item<'_, '_>)) -> Result<usize, CheckpointError> {
+        if let Some(end) = self.end
+            && !bytes.is_empty()
+        {
+            return Err(CheckpointError::Corrupt { offset: end.offset, reason: "record count or length mismatch" });
+        }
+        let mut reader = Reader { bytes, at: 0, base: self.offset };
+        let mut leases = Vec::new();
+        let mut taken = 0;
+        let result = loop {
+            let read = match self.written_at {
+                None => self.header(&mut reader),
+                Some(_) => self.record(&mut reader, &mut leases, sink),
+            };
+            match read {
+                Ok(true) => taken = reader.at,
+                Ok(false) => break Ok(reader.at),
+                // Not an error yet: the rest of the record is in the next piece.
+                Err(CheckpointError::Truncated(_)) => break Ok(taken),
+                Err(err) => break Err(err),
+            }
+        };
+        let taken = result?;
+        if self.end.is_none() {
+            self.crc.update(&bytes[..taken]);
+        }
+        self.offset += taken;
+        Ok(taken)
+    }
+
+    /// Reads the header; true once read (it never stops the reading).
+    fn header(&mut self, reader: &mut Reader<'_>) -> Result<bool, CheckpointError> {
+        let magic = reader.take(MAGIC.len().min(reader.bytes.len()))?;
+        if magic != &MAGIC[..magic.len()] {
+            return Err(CheckpointError::NotACheckpoint);
+        }
+        if magic.len() < MAGIC.len() {
+            return Err(CheckpointError::Truncated(reader.base + reader.bytes.len()));
+        }
+        let format = reader.u32()?;
+        if format != FORMAT {
+            return Err(CheckpointError::UnsupportedFormat(format));
+        }
+        self.written_at = Some(reader.u64()?);
+        Ok(true)
+    }
+
+    /// Reads one record and hands it to `sink`; returns false after the end
+    /// record. `leases` is room for a user's leases, reused from user to user.
+    fn record<'a>(
+        &mut self,
+        reader: &mut Reader<'a>,
+        leases: &mut Vec<LeaseRecord<'a>>,
+        sink: &mut dyn FnMut(Item<'_, '_>),
+    ) -> Result<bool, CheckpointError> {
+        let offset = reader.base + reader.at;
         match reader.u8()? {
             TAG_END => {
                 let stated = reader.u64()?;
-                reader.u32()?; // the checksum, checked by the caller
-                if stated != records || reader.at != bytes.len() {
+                let checksummed = reader.at;
+                let stored = reader.u32()?;
+                if stated != self.records {
                     return Err(CheckpointError::Corrupt { offset, reason: "record count or length mismatch" });
                 }
-                return Ok(checkpoint);
+                let mut crc = self.crc.clone();
+                crc.update(&reader.bytes[..checksummed]);
+                self.end = Some(End { offset, stored, computed: crc.finalize() });
+                // What follows the end record is an error only if it is there.
+                if reader.at < reader.bytes.len() {
+                    return Err(CheckpointError::Corrupt { offset, reason: "record count or length mismatch" });
+                }
+                return Ok(false);
             }
-            TAG_CLOCK => checkpoint.last_stamp = checkpoint.last_stamp.max(reader.u64()?),
+            TAG_CLOCK => sink(Item::Clock(reader.u64()?)),
             TAG_USER => {
                 let user_id = reader.str()?;
                 let version = reader.u64()?;
                 let online = reader.bool()?;
                 let count = reader.u16()?;
-                let mut leases = Vec::with_capacity(usize::from(count));
+                leases.clear();
                 for _ in 0..count {
-                    leases.push(CheckpointLease {
+                    leases.push(LeaseRecord {
                         session_id: reader.str()?,
                         gateway_id: reader.str()?,
                         generation: reader.u64()?,
                         last_heartbeat_at: reader.u64()?,
                         expires_at: reader.u64()?,
                         closing: reader.bool()?,
-                        metadata: {
-                            let entries = reader.u8()?;
-                            (0..entries).map(|_| Ok((reader.str()?, reader.str()?))).collect::<Result<_, _>>()?
+                        metadata: match reader.u8()? {
+                            // Most leases: no iterator, no allocation.
+                            0 => Cow::Owned(Vec::new()),
+                            entries => Cow::Owned(
+                                (0..entries)
+                                    .map(|_| Ok((reader.str()?.to_owned(), reader.str()?.to_owned())))
+                                    .collect::<Result<Vec<_>, _>>()?,
+                            ),
                         },
                     });
                 }
-                checkpoint.users.push(CheckpointUser { user_id, version, online, leases });
+                let user = UserRecord { user_id, version, online, leases: std::mem::take(leases) };
+                sink(Item::User(&user));
+                *leases = user.leases;
             }
             _ => return Err(CheckpointError::Corrupt { offset, reason: "unknown record tag" }),
         }
-        records += 1;
+        self.records += 1;
+        Ok(true)
+    }
+
+    /// Once every byte was fed: when the checkpoint was written, if it is whole.
+    fn finish(self) -> Result<Tick, CheckpointError> {
+        let length = self.offset + self.pending.len();
+        match (self.written_at, self.end) {
+            _ if length < MAGIC.len() => Err(CheckpointError::NotACheckpoint),
+            (Some(written_at), Some(end)) if end.stored == end.computed => Ok(written_at),
+            // Well formed, but not what was written: the bytes were altered.
+            (Some(_), Some(end)) => Err(CheckpointError::Checksum { stored: end.stored, computed: end.computed }),
+            _ => Err(CheckpointError::Truncated(length)),
+        }
     }
 }
 
+/// Reads values from a piece of a checkpoint. Running out of bytes is
+/// [`CheckpointError::Truncated`], which the decoder takes as "the rest is in
+/// the next piece"; offsets in errors are offsets in the checkpoint.
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
+    /// Where `bytes` starts in the checkpoint.
+    base: usize,
 }
 
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], CheckpointError> {
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], CheckpointError> {
         let end = self.at.checked_add(n).filter(|&end| end <= self.bytes.len());
-        let end = end.ok_or(CheckpointError::Truncated(self.bytes.len()))?;
+        let end = end.ok_or(CheckpointError::Truncated(self.base + self.bytes.len()))?;
         let slice = &self.bytes[self.at..end];
         self.at = end;
         Ok(slice)
@@ -287,7 +571,7 @@ impl Reader<'_> {
     }
 
     fn bool(&mut self) -> Result<bool, CheckpointError> {
-        let offset = self.at;
+        let offset = self.base + self.at;
         match self.u8()? {
             FLAG_NO => Ok(false),
             FLAG_YES => Ok(true),
@@ -307,12 +591,11 @@ impl Reader<'_> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("eight bytes")))
     }
 
-    fn str(&mut self) -> Result<String, CheckpointError> {
-        let offset = self.at;
+    fn str(&mut self) -> Result<&'a str, CheckpointError> {
+        let offset = self.base + self.at;
         let len = usize::from(self.u16()?);
         let bytes = self.take(len)?;
-        String::from_utf8(bytes.to_vec())
-            .map_err(|_| CheckpointError::Corrupt { offset, reason: "a string is not UTF-8" })
+        std::str::from_utf8(bytes).map_err(|_| CheckpointError::Corrupt { offset, reason: "a string is not UTF-8" })
     }
 }
 
@@ -322,6 +605,10 @@ mod tests {
     use crate::{Registration, State, Store, StoreConfig};
 
     const T0: Tick = 1_700_000_000_000;
+
+    fn stamp_at(at: Tick) -> u64 {
+        at << crate::stamp::COUNTER_BITS
+    }
 
     fn config() -> StoreConfig {
         StoreConfig { shards: 4, min_renew_interval_ms: 0, ..StoreConfig::default() }
@@ -538,6 +825,116 @@ mod tests {
         while again.expire(T0 + 65_000, 1_000, &mut changes) {}
         assert_eq!(changes.len(), 1);
         assert_eq!((changes[0].user_id.as_str(), changes[0].presence.state), ("held", State::Offline));
+    }
+
+    /// Feeds `bytes` to a loader `piece` bytes at a time.
+    fn load(bytes: &[u8], piece: usize, now: Tick, hold_until: Tick) -> Result<Store, CheckpointError> {
+        let mut loader = StoreLoader::new(config(), now, hold_until).unwrap();
+        for chunk in bytes.chunks(piece.max(1)) {
+            loader.feed(chunk)?;
+        }
+        loader.finish()
+    }
+
+    #[test]
+    fn b3_a_checkpoint_loaded_in_pieces_of_any_size_restores_what_decoding_it_whole_does() {
+        let (store, _) = populated();
+        let bytes = write(&store, T0 + 2);
+        let whole = Store::restore(config(), T0 + 3, &decode(&bytes).unwrap(), T0 + 30_000).unwrap();
+        // Pieces that end inside the header, inside strings, inside numbers and between records.
+        for piece in [1, 2, 3, 7, 19, 20, 21, 64, 1_000, bytes.len()] {
+            let loaded = load(&bytes, piece, T0 + 3, T0 + 30_000).unwrap();
+            assert_eq!(view(&loaded, T0 + 3, 50), view(&whole, T0 + 3, 50), "pieces of {piece} bytes");
+            assert_eq!(loaded.stats(), whole.stats(), "pieces of {piece} bytes");
+            // The holds are restored too: nobody flips before the grace ends.
+            let mut changes = Vec::new();
+            while loaded.expire(T0 + 29_999, 1_000, &mut changes) {}
+            assert!(changes.iter().all(|change| change.user_id == "u8"), "only the lingering user: {changes:?}");
+        }
+        // A checkpoint the loader writes out again is the same checkpoint.
+        let loaded = load(&bytes, 4_096, T0 + 3, T0 + 30_000).unwrap();
+        assert_eq!(write(&loaded, T0 + 4), write(&whole, T0 + 4));
+    }
+
+    #[test]
+    fn b3_a_record_larger_than_a_piece_is_carried_across_pieces() {
+        // One user with 300 sessions with metadata: a record of about 40 KB,
+        // which pieces of 1,000 or 5,000 bytes cut many times.
+        let store = Store::new(config(), T0).unwrap();
+        let metadata = vec![("device".to_string(), "x".repeat(64))];
+        for session in 0..300 {
+            let session_id = format!("s{session}");
+            let registration = Registration {
+                user_id: "big",
+                session_id: &session_id,
+                gateway_id: "g",
+                ttl_ms: 45_000,
+                metadata: &metadata,
+            };
+            store.register(T0, &registration, &mut Vec::new()).unwrap();
+        }
+        let bytes = write(&store, T0);
+        assert!(bytes.len() > 30_000);
+        let leases = |store: &Store| store.leases(T0 + 1, "big", &mut Vec::new()).unwrap();
+        for piece in [1_000, 4_096, 5_000, 40_000] {
+            let loaded = load(&bytes, piece, T0 + 1, T0 + 1).unwrap();
+            assert_eq!(leases(&loaded), leases(&store), "pieces of {piece} bytes");
+        }
+    }
+
+    #[test]
+    fn b3_the_loader_refuses_every_truncated_altered_or_extended_checkpoint_and_hands_out_no_store() {
+        let (store, _) = populated();
+        let bytes = write(&store, T0 + 2);
+        for cut in [0, 5, 8, 20, 21, bytes.len() / 2, bytes.len() - 5, bytes.len() - 1] {
+            for piece in [1, 13, bytes.len()] {
+                let result = load(&bytes[..cut], piece, T0 + 3, T0 + 3);
+                assert_eq!(result.err(), decode(&bytes[..cut]).err(), "cut at {cut}, pieces of {piece}");
+            }
+        }
+        for flip in [12, 40, bytes.len() / 3, bytes.len() / 2, bytes.len() - 10, bytes.len() - 2] {
+            let mut altered = bytes.clone();
+            altered[flip] ^= 0x20;
+            for piece in [1, 13, bytes.len()] {
+                let result = load(&altered, piece, T0 + 3, T0 + 3);
+                assert!(result.is_err(), "a flipped bit at {flip} must be caught (pieces of {piece})");
+                assert_eq!(result.err(), decode(&altered).err(), "the same refusal as decoding, bit {flip}");
+            }
+        }
+        // Bytes after the end record.
+        let extended = [&bytes[..], &[0]].concat();
+        let trailing =
+            Err(CheckpointError::Corrupt { offset: bytes.len() - 13, reason: "record count or length mismatch" });
+        assert_eq!(decode(&extended).map(|_| ()), trailing);
+        for piece in [1, 13, extended.len()] {
+            assert_eq!(load(&extended, piece, T0 + 3, T0 + 3).map(|_| ()), trailing, "pieces of {piece}");
+        }
+        let mut future = bytes.clone();
+        future[8] = 9;
+        assert_eq!(load(&future, 1, T0, T0).err(), Some(CheckpointError::UnsupportedFormat(9)));
+        assert_eq!(load(b"PRESENCX", 3, T0, T0).err(), Some(CheckpointError::NotACheckpoint));
+    }
+
+    #[test]
+    fn m4_a_user_flipped_offline_by_a_restore_gets_a_version_above_every_shards_clock() {
+        // Online at the checkpoint with no lease at all, and no grace to hold
+        // it: it goes OFFLINE at the restore, with a new version. The clock
+        // of a shard written after it is far ahead: the version must be above
+        // it too, though that clock is read only after the user.
+        let mut writer = CheckpointWriter::new(T0);
+        writer.clock(stamp_at(T0));
+        writer.user("u", stamp_at(T0), true, 0);
+        let ahead = stamp_at(T0 + 1_000_000);
+        writer.clock(ahead);
+        let bytes = [writer.take_chunk(), writer.finish()].concat();
+        for restored in [
+            load(&bytes, 1, T0 + 1, T0 + 1).unwrap(),
+            Store::restore(config(), T0 + 1, &decode(&bytes).unwrap(), T0 + 1).unwrap(),
+        ] {
+            let presence = restored.snapshot(T0 + 1, &["u"], &mut Vec::new()).unwrap()[0];
+            assert_eq!(presence.state, State::Offline);
+            assert!(presence.version > ahead, "{} is not above {ahead}", presence.version);
+        }
     }
 
     #[test]

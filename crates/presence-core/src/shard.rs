@@ -30,9 +30,13 @@
 //! Memory is the point of the layout: one small machine must hold millions of
 //! sessions. Leases live in one slab per shard, each user's threaded on an
 //! intrusive list (a user has a handful at most), so a user costs no vector
-//! header and no allocation of its own; metadata, which most leases lack,
-//! lives in a side table; a lease keeps its last heartbeat as a 32-bit offset
-//! from its deadline. The size tests at the bottom hold the line. Records,
+//! header and no allocation of its own; metadata and statuses, which most
+//! leases and users lack, live in side tables; a lease's gateway and the
+//! offset of its last write from its deadline are one interned origin
+//! (`interner.rs`), and the flags of a lease or a user ride in the top bits of
+//! its list link; the wheel keeps a timer per user slot, with no handle in the
+//! record. A lease is 48 bytes and a user 40, plus 16 of wheel and about 12 of
+//! index; the size tests at the bottom hold the line. Records,
 //! leases, the index and the wheel all shrink when they become mostly empty
 //! (below a quarter used, to half used), and once a wave of forgetting is
 //! over they are tidied to what they hold and an eighth more, so that the
@@ -46,16 +50,16 @@ use hashbrown::{DefaultHashBuilder, HashMap};
 use std::hash::BuildHasher;
 use std::hint::black_box;
 
-use crate::checkpoint::{CheckpointUser, CheckpointWriter};
+use crate::checkpoint::{CheckpointWriter, UserRecord};
 use crate::error::LeaseError;
-use crate::interner::{GatewayInterner, GatewayRef};
+use crate::interner::{OriginRef, Origins};
 use crate::stamp::StampClock;
 use crate::types::{
     ChangeKind, Changes, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, State, Status,
     UnregisterOutcome, Unregistered, UserView,
 };
 use crate::user_index::UserIndex;
-use crate::wheel::{Tick, TimerKey, TimerWheel};
+use crate::wheel::{Tick, TimerWheel};
 
 /// A container shrinks only above this many cells: below, the memory is not worth the copy.
 const SHRINK_ABOVE: usize = 64;
@@ -82,15 +86,55 @@ fn tidy_size(len: usize) -> usize {
 /// loads are still in the cache when their renewals run.
 const RENEWALS_IN_FLIGHT: usize = 16;
 
-/// "No lease" in the intrusive lists.
-const NIL: u32 = u32::MAX;
+/// Bits of a [`Link`] (a lease's `next`, a user's first lease) that hold a slab
+/// index; the two above hold flags of the record the link is in, so that the
+/// flags cost no byte of their own.
+const INDEX_BITS: u32 = 30;
+
+/// "No lease" in the intrusive lists: the largest index a link can hold.
+const NIL: u32 = (1 << INDEX_BITS) - 1;
+
+/// A slab index (or `NIL`) and the two flags of the record it is in, in 32 bits.
+#[derive(Debug, Clone, Copy)]
+struct Link(u32);
+
+impl Link {
+    /// The two flag bits.
+    const FLAG_A: u32 = 1 << INDEX_BITS;
+    const FLAG_B: u32 = 1 << (INDEX_BITS + 1);
+
+    /// `NIL`, no flag set.
+    const NONE: Link = Link(NIL);
+
+    fn index(self) -> u32 {
+        self.0 & NIL
+    }
+
+    fn set_index(&mut self, index: u32) {
+        debug_assert!(index <= NIL);
+        self.0 = (self.0 & !NIL) | index;
+    }
+
+    fn flag(self, flag: u32) -> bool {
+        self.0 & flag != 0
+    }
+
+    fn set_flag(&mut self, flag: u32, on: bool) {
+        if on {
+            self.0 |= flag;
+        } else {
+            self.0 &= !flag;
+        }
+    }
+}
 
 /// The session id of a restart hold (see [`Lease::restart_hold`]), and of its
 /// gateway: empty, which no client's id can be. Checkpoints store holds under
 /// it, so it is part of the checkpoint format.
 const RESTART_HOLD_SESSION_ID: &str = "";
 
-/// One session's lease (M1).
+/// One session's lease (M1). 48 bytes: the layout is the memory budget (see
+/// the size test at the bottom).
 #[derive(Debug)]
 struct Lease {
     session_id: CompactString,
@@ -98,39 +142,38 @@ struct Lease {
     generation: u64,
     /// The lease is live while `now < expires_at`.
     expires_at: Tick,
-    /// `expires_at - last_heartbeat_at`: a TTL at most, so 32 bits hold it.
-    heartbeat_before_expiry: u32,
-    gateway: GatewayRef,
-    /// The next lease of the same user, or `NIL`.
-    next: u32,
-    /// Set by an unregister with linger: the lease stays live until its
-    /// shortened deadline but accepts no more renewals.
-    closing: bool,
-    /// Whether the shard's metadata table holds an entry for this lease.
-    has_metadata: bool,
+    /// The gateway that wrote it and how long before `expires_at` it was last
+    /// written, which the shard's [`Origins`] hold for all its leases.
+    origin: OriginRef,
+    /// The next lease of the same user (or `NIL`), and the flags
+    /// [`Lease::closing`] and [`Lease::has_metadata`].
+    link: Link,
 }
 
+/// Set by an unregister with linger: the lease stays live until its
+/// shortened deadline but accepts no more renewals.
+const CLOSING: u32 = Link::FLAG_A;
+/// The shard's metadata table holds an entry for this lease.
+const HAS_METADATA: u32 = Link::FLAG_B;
+
 impl Lease {
+    /// A lease of `origin` until `expires_at`, on no list yet.
+    fn new(session_id: &str, generation: u64, expires_at: Tick, origin: OriginRef, closing: bool) -> Lease {
+        let mut link = Link::NONE;
+        link.set_flag(CLOSING, closing);
+        Lease { session_id: CompactString::from(session_id), generation, expires_at, origin, link }
+    }
+
     /// A restart hold: after a checkpoint restore, keeps a user that was online
     /// online until `until`, so that it does not flip merely because its
     /// gateway has not been heard from yet (B3). It is a lease so that it costs
     /// no field in every user record and takes part in settling, expiry and
     /// checkpoints like any other; no client can name it, because its session
     /// id is empty and every session id a client sends is 1 to 128 bytes, and
-    /// it is closing, so nothing renews it.
-    fn restart_hold(gateway: GatewayRef, now: Tick, until: Tick) -> Lease {
-        let mut hold = Lease {
-            session_id: CompactString::const_new(RESTART_HOLD_SESSION_ID),
-            generation: 0,
-            expires_at: until,
-            heartbeat_before_expiry: 0,
-            gateway,
-            next: NIL,
-            closing: true,
-            has_metadata: false,
-        };
-        hold.set_times(now.min(until), until);
-        hold
+    /// it is closing, so nothing renews it. `origin` is the hold's gateway's,
+    /// written [`before_expiry`] of `now` and `until`.
+    fn restart_hold(origin: OriginRef, until: Tick) -> Lease {
+        Lease::new(RESTART_HOLD_SESSION_ID, 0, until, origin, true)
     }
 
     /// Whether this is a [`Lease::restart_hold`] rather than a session's lease.
@@ -138,46 +181,63 @@ impl Lease {
         self.session_id == RESTART_HOLD_SESSION_ID
     }
 
-    fn last_heartbeat_at(&self) -> Tick {
-        self.expires_at - u64::from(self.heartbeat_before_expiry)
+    fn next(&self) -> u32 {
+        self.link.index()
     }
 
-    fn set_times(&mut self, last_heartbeat_at: Tick, expires_at: Tick) {
-        debug_assert!(last_heartbeat_at <= expires_at);
-        self.expires_at = expires_at;
-        self.heartbeat_before_expiry = u32::try_from(expires_at - last_heartbeat_at).unwrap_or(u32::MAX);
+    fn closing(&self) -> bool {
+        self.link.flag(CLOSING)
+    }
+
+    fn has_metadata(&self) -> bool {
+        self.link.flag(HAS_METADATA)
     }
 }
 
-/// A user the shard holds a record for.
+/// How long before `expires_at` a lease written at `last_heartbeat_at` was
+/// written: a TTL at most (or a restart grace), so 32 bits hold it.
+fn before_expiry(last_heartbeat_at: Tick, expires_at: Tick) -> u32 {
+    debug_assert!(last_heartbeat_at <= expires_at);
+    u32::try_from(expires_at - last_heartbeat_at).unwrap_or(u32::MAX)
+}
+
+/// A user the shard holds a record for. 40 bytes (see the size test).
 #[derive(Debug)]
 struct User {
     id: CompactString,
     /// The version of the user's last flip; kept while the user is offline so
     /// that versions never go back (M3).
     version: u64,
-    /// The wheel entry: at or before the earliest lease (or status) deadline
-    /// while the user has leases (or a status that expires); exactly when it
-    /// is to be forgotten while it is idle (see the module docs).
-    timer: Option<TimerKey>,
-    /// The user's first lease in the slab, or `NIL`.
-    first_lease: u32,
-    online: bool,
-    /// The status the user chose (S1), shared with the changes that carry it.
-    status: Option<Arc<Status>>,
+    /// The user's first lease in the slab (or `NIL`), and the flags
+    /// [`User::online`] and [`User::has_status`].
+    link: Link,
 }
 
+/// The user is ONLINE.
+const ONLINE: u32 = Link::FLAG_A;
+/// The user has a status (S1), which the shard's status table holds: few
+/// users set one, so it costs them a table entry rather than every user a field.
+const HAS_STATUS: u32 = Link::FLAG_B;
+
 impl User {
+    fn new(id: &str) -> User {
+        User { id: CompactString::from(id), version: 0, link: Link::NONE }
+    }
+
+    fn first_lease(&self) -> u32 {
+        self.link.index()
+    }
+
+    fn online(&self) -> bool {
+        self.link.flag(ONLINE)
+    }
+
+    fn has_status(&self) -> bool {
+        self.link.flag(HAS_STATUS)
+    }
+
     fn presence(&self) -> Presence {
-        Presence { state: if self.online { State::Online } else { State::Offline }, version: self.version }
-    }
-
-    fn view(&self) -> UserView {
-        UserView { presence: self.presence(), status: self.status.clone() }
-    }
-
-    fn status_deadline(&self) -> Option<Tick> {
-        self.status.as_ref().and_then(|status| status.expires_at)
+        Presence { state: if self.online() { State::Online } else { State::Offline }, version: self.version }
     }
 }
 
@@ -218,12 +278,18 @@ pub(crate) struct Shard {
     free_leases: Vec<u32>,
     /// Metadata of the leases that have any, by lease slot.
     metadata: HashMap<u32, Box<[(String, String)]>>,
-    /// One entry per user with leases, a status that expires, or a pending
-    /// forget, holding the user's slot.
-    wheel: TimerWheel<u32>,
+    /// The users' timers, keyed by slot: one entry per user with leases, a
+    /// status that expires, or a pending forget, at or before the earliest
+    /// lease (or status) deadline while the user has leases (or a status that
+    /// expires), and exactly when it is to be forgotten while it is idle (see
+    /// the module docs).
+    wheel: TimerWheel,
     /// Source of generations and versions.
     stamps: StampClock,
-    gateways: GatewayInterner,
+    /// The gateway and last write of every lease (see [`Lease::origin`]).
+    origins: Origins,
+    /// The status of each user that has one ([`User::has_status`]), by slot.
+    statuses: HashMap<u32, Arc<Status>>,
     /// Leases held.
     sessions: usize,
     /// Users online.
@@ -258,7 +324,8 @@ impl Shard {
             metadata: HashMap::new(),
             wheel: TimerWheel::new(now),
             stamps: StampClock::default(),
-            gateways: GatewayInterner::default(),
+            origins: Origins::default(),
+            statuses: HashMap::new(),
             sessions: 0,
             online: 0,
             operations: 0,
@@ -284,40 +351,30 @@ impl Shard {
 
         let generation = self.stamps.next(now);
         let expires_at = now + u64::from(ttl_ms);
-        let gateway = self.gateways.acquire(registration.gateway_id);
+        let origin = self.origins.acquire(registration.gateway_id, ttl_ms);
         let replaced = match self.find_lease(slot, registration.session_id) {
             Some((_, index)) => {
                 // A reconnect: the old connection's generation dies here, so its
                 // late renewals and closes are refused from now on.
                 let lease = self.lease_mut(index);
-                let previous_gateway = std::mem::replace(&mut lease.gateway, gateway);
+                let previous_origin = std::mem::replace(&mut lease.origin, origin);
                 lease.generation = generation;
-                lease.set_times(now, expires_at);
-                lease.closing = false;
-                self.gateways.release(previous_gateway);
+                lease.expires_at = expires_at;
+                lease.link.set_flag(CLOSING, false);
+                self.origins.release(previous_origin);
                 self.set_metadata(index, registration.metadata);
                 true
             }
             None => {
-                let user = &self.users[slot as usize];
-                let mut lease = Lease {
-                    session_id: CompactString::from(registration.session_id),
-                    generation,
-                    expires_at,
-                    heartbeat_before_expiry: 0,
-                    gateway,
-                    next: user.first_lease,
-                    closing: false,
-                    has_metadata: false,
-                };
-                lease.set_times(now, expires_at);
+                let mut lease = Lease::new(registration.session_id, generation, expires_at, origin, false);
+                lease.link.set_index(self.users[slot as usize].first_lease());
                 let index = self.allocate_lease(lease);
-                self.users[slot as usize].first_lease = index;
+                self.users[slot as usize].link.set_index(index);
                 self.set_metadata(index, registration.metadata);
                 false
             }
         };
-        let changed = !self.users[slot as usize].online;
+        let changed = !self.users[slot as usize].online();
         if changed {
             self.flip(slot, State::Online, now, None, changes);
         }
@@ -365,21 +422,21 @@ impl Shard {
             }
             for hash in &hashes[..group.len()] {
                 if let Some(candidate) = self.index.candidate(*hash) {
-                    black_box(self.users[candidate as usize].first_lease);
+                    black_box(self.users[candidate as usize].link.0);
                 }
             }
             let mut leases = [NIL; RENEWALS_IN_FLIGHT];
             for ((slot, hash), (lease, &pick)) in slots.iter_mut().zip(&hashes).zip(leases.iter_mut().zip(group)) {
                 *slot = self.find_hashed(*hash, batch[pick as usize].user_id);
                 if let Some(slot) = *slot {
-                    *lease = self.users[slot as usize].first_lease;
+                    *lease = self.users[slot as usize].first_lease();
                 }
             }
             // Each user's leases, one link of every user's list at a time (the
             // renewal settles them all before it finds its own).
             while leases.iter().any(|&lease| lease != NIL) {
                 for lease in leases.iter_mut().filter(|lease| **lease != NIL) {
-                    *lease = black_box(self.lease(*lease).next);
+                    *lease = black_box(self.lease(*lease).next());
                 }
             }
             for (&slot, &pick) in slots.iter().zip(group) {
@@ -404,8 +461,9 @@ impl Shard {
         self.settle(slot, now, changes);
         let (_, index) = self.find_lease(slot, session_id).ok_or_else(not_found)?;
         let min_renew_interval_ms = self.min_renew_interval_ms;
-        let lease = self.lease_mut(index);
-        if lease.closing {
+        let last_heartbeat_at = self.last_heartbeat_at(index);
+        let lease = self.lease(index);
+        if lease.closing() {
             return Err(not_found());
         }
         if generation < lease.generation {
@@ -425,12 +483,12 @@ impl Shard {
         // acknowledged without one. The window is capped at half the TTL, so a
         // throttled lease always has at least half its TTL left.
         let throttle_window = u64::from(min_renew_interval_ms.min(ttl_ms / 2));
-        if now < lease.last_heartbeat_at() + throttle_window {
+        if now < last_heartbeat_at + throttle_window {
             return Ok(Renewed { expires_at: lease.expires_at, throttled: true });
         }
         let expires_at = now + u64::from(ttl_ms);
         let previous_deadline = lease.expires_at;
-        lease.set_times(now, expires_at);
+        self.set_times(index, now, expires_at);
         // The user's timer is at or before this lease's previous deadline, so a
         // renewal that moves the deadline later leaves it right, and the wheel
         // is not even read. Only a shorter TTL than the time left can need an
@@ -472,11 +530,11 @@ impl Shard {
             return unchanged(self, UnregisterOutcome::NotFound);
         }
         if linger_ms > 0 {
+            let last_heartbeat_at = self.last_heartbeat_at(index);
             let lease = self.lease_mut(index);
-            lease.closing = true;
-            let last_heartbeat_at = lease.last_heartbeat_at();
+            lease.link.set_flag(CLOSING, true);
             let until = lease.expires_at.min(now + u64::from(linger_ms));
-            lease.set_times(last_heartbeat_at.min(until), until);
+            self.set_times(index, last_heartbeat_at.min(until), until);
             self.schedule_no_later_than(slot, until);
             self.end_hold_once_every_session_closed(slot);
             return unchanged(self, UnregisterOutcome::Lingering { until });
@@ -533,7 +591,7 @@ impl Shard {
         match self.find(user_id) {
             Some(slot) => {
                 self.settle(slot, now, changes);
-                self.users[slot as usize].view()
+                self.view_of(slot)
             }
             None => UserView { presence: Presence::UNKNOWN, status: None },
         }
@@ -553,14 +611,14 @@ impl Shard {
         let slot = self.find_or_insert(user_id);
         self.settle(slot, now, changes);
         let deadline = status.as_ref().and_then(|status| status.expires_at);
-        self.users[slot as usize].status = status.map(Arc::new);
+        self.set_user_status(slot, status.map(Arc::new));
         if let Some(deadline) = deadline {
             self.schedule_no_later_than(slot, deadline);
         }
         self.announce(slot, now, changes);
         // Clearing the status of an offline user leaves it idle from now on.
         self.arm_forget(slot, now);
-        self.users[slot as usize].view()
+        self.view_of(slot)
     }
 
     /// Puts back a status kept elsewhere (after a restart) without a change or a new version.
@@ -568,7 +626,7 @@ impl Shard {
         self.advance(now);
         let slot = self.find_or_insert(user_id);
         let deadline = status.expires_at;
-        self.users[slot as usize].status = Some(Arc::new(status));
+        self.set_user_status(slot, Some(Arc::new(status)));
         if let Some(deadline) = deadline {
             self.schedule_no_later_than(slot, deadline);
         }
@@ -584,7 +642,7 @@ impl Shard {
         self.bump(slot, now);
         // A change viewers see counts as being seen: an idle user's window starts again.
         self.arm_forget(slot, now);
-        self.users[slot as usize].view()
+        self.view_of(slot)
     }
 
     /// The user's leases at `now`, settling it first; the most recently created first.
@@ -598,11 +656,11 @@ impl Shard {
                 let lease = self.lease(index);
                 LeaseView {
                     session_id: lease.session_id.clone(),
-                    gateway_id: self.gateways.resolve(lease.gateway).into(),
+                    gateway_id: self.origins.gateway_id(lease.origin).into(),
                     generation: lease.generation,
-                    last_heartbeat_at: lease.last_heartbeat_at(),
+                    last_heartbeat_at: self.last_heartbeat_at(index),
                     expires_at: lease.expires_at,
-                    closing: lease.closing,
+                    closing: lease.closing(),
                     metadata: self.metadata.get(&index).map(|entries| entries.to_vec()).unwrap_or_default(),
                 }
             })
@@ -620,15 +678,11 @@ impl Shard {
                 more = false;
                 break;
             };
-            self.users[slot as usize].timer = None;
             self.settle(slot, now, changes);
             let leases = self.lease_indices(slot).map(|index| self.lease(index).expires_at);
-            if let Some(earliest) = leases.chain(self.users[slot as usize].status_deadline()).min() {
+            if let Some(earliest) = leases.chain(self.status_deadline(slot)).min() {
                 self.schedule_no_later_than(slot, earliest);
-            } else if self.forget_offline_after_ms > 0
-                && self.users[slot as usize].timer.is_none()
-                && self.is_idle(slot)
-            {
+            } else if self.forget_offline_after_ms > 0 && self.wheel.deadline(slot).is_none() && self.is_idle(slot) {
                 // Idle before the entry fired (settling made nothing idle, or it
                 // would have set a new entry): this was the entry set when the
                 // user became idle, a whole window ago.
@@ -688,17 +742,17 @@ impl Shard {
         let end = from.saturating_add(budget).min(self.users.len());
         for (slot, user) in self.users.iter().enumerate().take(end).skip(from) {
             let leases: Vec<u32> = self.lease_indices(slot as u32).collect();
-            writer.user(&user.id, user.version, user.online, u16::try_from(leases.len()).unwrap_or(u16::MAX));
+            writer.user(&user.id, user.version, user.online(), u16::try_from(leases.len()).unwrap_or(u16::MAX));
             for index in leases.into_iter().take(usize::from(u16::MAX)) {
                 let lease = self.lease(index);
                 let metadata = self.metadata.get(&index).map_or(&[][..], |entries| &entries[..]);
                 writer.lease(
                     &lease.session_id,
-                    self.gateways.resolve(lease.gateway),
+                    self.origins.gateway_id(lease.origin),
                     lease.generation,
-                    lease.last_heartbeat_at(),
+                    self.last_heartbeat_at(index),
                     lease.expires_at,
-                    lease.closing,
+                    lease.closing(),
                     metadata,
                 );
             }
@@ -716,21 +770,24 @@ impl Shard {
     /// generations and deadlines. A user that was online is held online until
     /// `hold_until` by a [`Lease::restart_hold`], so that it does not flip
     /// merely because its gateway has not been heard from yet; leases whose
-    /// deadline passed meanwhile expire through the wheel.
-    pub(crate) fn restore_user(&mut self, now: Tick, user: &CheckpointUser, hold_until: Tick) {
+    /// deadline passed meanwhile expire through the wheel. Returns the user's
+    /// slot if it was online with nothing to hold it: its OFFLINE is due now,
+    /// by [`Shard::finish_restore`] once every clock is restored.
+    pub(crate) fn restore_user(&mut self, now: Tick, user: &UserRecord<'_>, hold_until: Tick) -> Option<u32> {
         let now = self.advance(now);
-        let slot = self.find_or_insert(&user.user_id);
+        let slot = self.find_or_insert(user.user_id);
         // A user written twice (forgotten and back while the checkpoint was
         // being written) is taken as its later record, which is the newer.
         self.remove_leases_where(slot, |_| true);
         self.cancel_timer(slot);
-        if std::mem::take(&mut self.users[slot as usize].online) {
+        let record = &mut self.users[slot as usize];
+        if record.online() {
+            record.link.set_flag(ONLINE, false);
             self.online -= 1;
         }
-        let record = &mut self.users[slot as usize];
         record.version = user.version;
-        if user.online && !record.online {
-            record.online = true;
+        if user.online {
+            record.link.set_flag(ONLINE, true);
             self.online += 1;
         }
         // Leases are prepended: this restore's hold first, so that it sits at
@@ -738,32 +795,36 @@ impl Shard {
         // keeps its order. A hold written by an earlier restore comes back as
         // a hold: it is stored like a lease, under the hold's session id.
         if user.online && hold_until > now {
-            let gateway = self.gateways.acquire(RESTART_HOLD_SESSION_ID);
-            self.push_lease(slot, Lease::restart_hold(gateway, now, hold_until));
+            let origin = self.origins.acquire(RESTART_HOLD_SESSION_ID, before_expiry(now, hold_until));
+            self.push_lease(slot, Lease::restart_hold(origin, hold_until));
         }
         for lease in user.leases.iter().rev() {
-            let mut restored = Lease {
-                session_id: CompactString::from(lease.session_id.as_str()),
-                generation: lease.generation,
-                expires_at: lease.expires_at,
-                heartbeat_before_expiry: 0,
-                gateway: self.gateways.acquire(&lease.gateway_id),
-                next: NIL,
-                closing: lease.closing,
-                has_metadata: false,
-            };
-            restored.set_times(lease.last_heartbeat_at.min(lease.expires_at), lease.expires_at);
+            let last_heartbeat_at = lease.last_heartbeat_at.min(lease.expires_at);
+            let origin = self.origins.acquire(lease.gateway_id, before_expiry(last_heartbeat_at, lease.expires_at));
+            let restored = Lease::new(lease.session_id, lease.generation, lease.expires_at, origin, lease.closing);
             let index = self.push_lease(slot, restored);
             self.set_metadata(index, &lease.metadata);
         }
-        if self.users[slot as usize].online && self.users[slot as usize].first_lease == NIL {
-            // Online at the checkpoint with nothing to hold it: its OFFLINE is due now.
-            let mut ignored = Vec::new();
-            self.after_removal(slot, now, &mut ignored);
+        if self.users[slot as usize].online() && self.users[slot as usize].first_lease() == NIL {
+            return Some(slot);
         }
         // Offline at the checkpoint: idle from the restore on (how long it had
         // been idle before is not stored, so its window starts again).
         self.arm_forget(slot, now);
+        None
+    }
+
+    /// Flips OFFLINE a restored user that [`Shard::restore_user`] found online
+    /// with nothing to hold it, if it still is (a user written twice may have
+    /// been restored again since). Nobody watches a store being restored, so
+    /// the change is not published; it only moves the version.
+    pub(crate) fn finish_restore(&mut self, now: Tick, slot: u32) {
+        let now = self.advance(now);
+        let user = &self.users[slot as usize];
+        if user.online() && user.first_lease() == NIL {
+            let mut unpublished = Vec::new();
+            self.after_removal(slot, now, &mut unpublished);
+        }
     }
 
     /// Moves the shard's time forward to `now` (never back) and counts the operation.
@@ -790,14 +851,7 @@ impl Shard {
             return slot;
         }
         let slot = u32::try_from(self.users.len()).expect("fewer than 2^32 users per shard");
-        self.users.push(User {
-            id: CompactString::from(user_id),
-            version: 0,
-            timer: None,
-            first_lease: NIL,
-            online: false,
-            status: None,
-        });
+        self.users.push(User::new(user_id));
         self.index.insert(self.hash(user_id), slot);
         slot
     }
@@ -812,8 +866,8 @@ impl Shard {
 
     /// The user's leases, as slab indices.
     fn lease_indices(&self, slot: u32) -> impl Iterator<Item = u32> + '_ {
-        std::iter::successors(Some(self.users[slot as usize].first_lease).filter(|&i| i != NIL), |&index| {
-            Some(self.lease(index).next).filter(|&next| next != NIL)
+        std::iter::successors(Some(self.users[slot as usize].first_lease()).filter(|&i| i != NIL), |&index| {
+            Some(self.lease(index).next()).filter(|&next| next != NIL)
         })
     }
 
@@ -832,10 +886,10 @@ impl Shard {
     /// Puts a lease at the front of the user's list and makes sure the user's
     /// timer fires by its deadline.
     fn push_lease(&mut self, slot: u32, mut lease: Lease) -> u32 {
-        lease.next = self.users[slot as usize].first_lease;
+        lease.link.set_index(self.users[slot as usize].first_lease());
         let deadline = lease.expires_at;
         let index = self.allocate_lease(lease);
-        self.users[slot as usize].first_lease = index;
+        self.users[slot as usize].link.set_index(index);
         self.schedule_no_later_than(slot, deadline);
         index
     }
@@ -848,27 +902,29 @@ impl Shard {
                 index
             }
             None => {
+                let index = u32::try_from(self.leases.len()).ok().filter(|&index| index < NIL);
+                let index = index.expect("fewer than 2^30 - 1 leases per shard");
                 self.leases.push(Some(lease));
-                u32::try_from(self.leases.len() - 1).expect("fewer than 2^32 leases per shard")
+                index
             }
         }
     }
 
     /// Takes a lease out of its user's list.
     fn unlink(&mut self, slot: u32, previous: u32, index: u32) {
-        let next = self.lease(index).next;
+        let next = self.lease(index).next();
         if previous == NIL {
-            self.users[slot as usize].first_lease = next;
+            self.users[slot as usize].link.set_index(next);
         } else {
-            self.lease_mut(previous).next = next;
+            self.lease_mut(previous).link.set_index(next);
         }
     }
 
-    /// Frees an unlinked lease's slot, gateway reference and metadata.
+    /// Frees an unlinked lease's slot, origin and metadata.
     fn free_lease(&mut self, index: u32) -> Lease {
         let lease = self.leases[index as usize].take().expect("a freed lease is occupied");
-        self.gateways.release(lease.gateway);
-        if lease.has_metadata {
+        self.origins.release(lease.origin);
+        if lease.has_metadata() {
             self.metadata.remove(&index);
         }
         self.free_leases.push(index);
@@ -880,10 +936,45 @@ impl Shard {
         let has_metadata = !entries.is_empty();
         if has_metadata {
             self.metadata.insert(index, entries.into());
-        } else if self.lease(index).has_metadata {
+        } else if self.lease(index).has_metadata() {
             self.metadata.remove(&index);
         }
-        self.lease_mut(index).has_metadata = has_metadata;
+        self.lease_mut(index).link.set_flag(HAS_METADATA, has_metadata);
+    }
+
+    /// When the lease was last written (registered, renewed; a linger keeps it).
+    fn last_heartbeat_at(&self, index: u32) -> Tick {
+        let lease = self.lease(index);
+        lease.expires_at - u64::from(self.origins.before_expiry(lease.origin))
+    }
+
+    /// Sets the lease's last write and deadline.
+    fn set_times(&mut self, index: u32, last_heartbeat_at: Tick, expires_at: Tick) {
+        let lease = self.leases[index as usize].as_mut().expect("a listed lease is occupied");
+        lease.expires_at = expires_at;
+        lease.origin = self.origins.with_before_expiry(lease.origin, before_expiry(last_heartbeat_at, expires_at));
+    }
+
+    /// The user's status, if it has one.
+    fn status(&self, slot: u32) -> Option<&Arc<Status>> {
+        if self.users[slot as usize].has_status() { self.statuses.get(&slot) } else { None }
+    }
+
+    fn status_deadline(&self, slot: u32) -> Option<Tick> {
+        self.status(slot).and_then(|status| status.expires_at)
+    }
+
+    fn set_user_status(&mut self, slot: u32, status: Option<Arc<Status>>) {
+        let user = &mut self.users[slot as usize];
+        user.link.set_flag(HAS_STATUS, status.is_some());
+        match status {
+            Some(status) => self.statuses.insert(slot, status),
+            None => self.statuses.remove(&slot),
+        };
+    }
+
+    fn view_of(&self, slot: u32) -> UserView {
+        UserView { presence: self.users[slot as usize].presence(), status: self.status(slot).cloned() }
     }
 
     /// Removes the user's leases that `doomed` picks; returns how many, and the
@@ -891,10 +982,10 @@ impl Shard {
     fn remove_leases_where(&mut self, slot: u32, doomed: impl Fn(&Lease) -> bool) -> (usize, Tick) {
         let (mut removed, mut latest_deadline) = (0, 0);
         let mut previous = NIL;
-        let mut index = self.users[slot as usize].first_lease;
+        let mut index = self.users[slot as usize].first_lease();
         while index != NIL {
             let lease = self.lease(index);
-            let next = lease.next;
+            let next = lease.next();
             if doomed(lease) {
                 latest_deadline = latest_deadline.max(lease.expires_at);
                 self.unlink(slot, previous, index);
@@ -913,15 +1004,15 @@ impl Shard {
     /// (one version) for whatever of the two happened.
     fn settle(&mut self, slot: u32, now: Tick, changes: &mut Changes) {
         let (removed, last_deadline) = self.remove_leases_where(slot, |lease| lease.expires_at <= now);
-        let user = &mut self.users[slot as usize];
-        let status_expired = user.status_deadline().is_some_and(|deadline| deadline <= now);
+        let status_expired = self.status_deadline(slot).is_some_and(|deadline| deadline <= now);
         if status_expired {
-            user.status = None;
+            self.set_user_status(slot, None);
         }
-        let goes_offline = removed > 0 && user.first_lease == NIL && user.online;
+        let user = &self.users[slot as usize];
+        let goes_offline = removed > 0 && user.first_lease() == NIL && user.online();
         // Only when something ran out: an idle user's timer is its forget
         // entry, which a mere read must leave alone.
-        if (removed > 0 || status_expired) && user.first_lease == NIL && user.status_deadline().is_none() {
+        if (removed > 0 || status_expired) && user.first_lease() == NIL && self.status_deadline(slot).is_none() {
             self.cancel_timer(slot);
         }
         if goes_offline {
@@ -941,7 +1032,7 @@ impl Shard {
     fn end_hold_once_every_session_closed(&mut self, slot: u32) {
         let open = self.lease_indices(slot).any(|index| {
             let lease = self.lease(index);
-            !lease.is_restart_hold() && !lease.closing
+            !lease.is_restart_hold() && !lease.closing()
         });
         if !open {
             self.remove_leases_where(slot, Lease::is_restart_hold);
@@ -949,13 +1040,13 @@ impl Shard {
     }
 
     fn after_removal(&mut self, slot: u32, now: Tick, changes: &mut Changes) -> bool {
-        if self.users[slot as usize].first_lease != NIL {
+        if self.users[slot as usize].first_lease() != NIL {
             return false;
         }
-        if self.users[slot as usize].status_deadline().is_none() {
+        if self.status_deadline(slot).is_none() {
             self.cancel_timer(slot);
         }
-        let flips = self.users[slot as usize].online;
+        let flips = self.users[slot as usize].online();
         if flips {
             self.flip(slot, State::Offline, now, None, changes);
         }
@@ -964,8 +1055,8 @@ impl Shard {
 
     fn flip(&mut self, slot: u32, state: State, now: Tick, deadline: Option<Tick>, changes: &mut Changes) {
         let user = &mut self.users[slot as usize];
-        debug_assert_ne!(user.online, state == State::Online, "a flip changes the state");
-        user.online = state == State::Online;
+        debug_assert_ne!(user.online(), state == State::Online, "a flip changes the state");
+        user.link.set_flag(ONLINE, state == State::Online);
         match state {
             State::Online => self.online += 1,
             State::Offline => self.online -= 1,
@@ -996,7 +1087,7 @@ impl Shard {
             user_id: user.id.clone(),
             kind,
             presence: user.presence(),
-            status: user.status.clone(),
+            status: self.status(slot).cloned(),
             at: now,
             deadline,
         });
@@ -1013,15 +1104,13 @@ impl Shard {
         // A deadline the wheel has already passed (a caller whose clock read lagged
         // the driver's) fires on the next tick instead.
         let deadline = deadline.max(self.wheel.elapsed() + 1);
-        let user = &mut self.users[slot as usize];
-        if let Some(key) = user.timer {
-            if self.wheel.deadline(key) <= deadline {
+        if let Some(current) = self.wheel.deadline(slot) {
+            if current <= deadline {
                 return;
             }
-            self.wheel.remove(key);
+            self.wheel.remove(slot);
         }
-        let key = self.wheel.insert(deadline, slot).unwrap_or_else(|_| unreachable!("deadline is after elapsed"));
-        user.timer = Some(key);
+        self.wheel.insert(slot, deadline).unwrap_or_else(|_| unreachable!("deadline is after elapsed"));
         self.earliest_new_timer = Some(self.earliest_new_timer.map_or(deadline, |earliest| earliest.min(deadline)));
     }
 
@@ -1030,7 +1119,7 @@ impl Shard {
     /// stamp clock makes unnecessary (M4).
     fn is_idle(&self, slot: u32) -> bool {
         let user = &self.users[slot as usize];
-        !user.online && user.first_lease == NIL && user.status.is_none()
+        !user.online() && user.first_lease() == NIL && !user.has_status()
     }
 
     /// If the user is idle, replaces its timer with its forget entry, a whole
@@ -1048,7 +1137,7 @@ impl Shard {
     /// whose slot the last user takes (the vector stays dense). Its wheel
     /// entry has just fired, and it has no lease and no status.
     fn forget(&mut self, slot: u32, now: Tick) {
-        debug_assert!(self.is_idle(slot) && self.users[slot as usize].timer.is_none());
+        debug_assert!(self.is_idle(slot) && self.wheel.deadline(slot).is_none());
         let last = self.users.len() - 1;
         if let Some(cursor) = self.checkpoint_cursor
             && (slot as usize) < cursor
@@ -1065,12 +1154,18 @@ impl Shard {
         if let Some(moved) = self.users.get(slot as usize) {
             let hash = self.hash(&moved.id);
             self.index.relocate(hash, last as u32, slot);
-            if let Some(key) = moved.timer {
-                *self.wheel.item_mut(key) = slot;
+            self.wheel.relocate(last as u32, slot);
+            if moved.has_status() {
+                let status = self.statuses.remove(&(last as u32)).expect("a user with a status has an entry");
+                self.statuses.insert(slot, status);
             }
         }
+        self.wheel.truncate(self.users.len());
         if mostly_empty(self.users.len(), self.users.capacity()) {
             self.users.shrink_to(self.users.len() * 2);
+        }
+        if mostly_empty(self.users.len(), self.wheel.capacity()) {
+            self.wheel.shrink_to(self.users.len() * 2);
         }
         self.forgotten_since_tidy += 1;
         self.forgotten += 1;
@@ -1087,26 +1182,21 @@ impl Shard {
         self.forgotten_since_tidy = 0;
         self.users.shrink_to(tidy_size(self.users.len()));
         self.index.shrink_to_fit();
-        if self.wheel.slab_len() > tidy_size(self.wheel.len()) {
-            let users = &mut self.users;
-            self.wheel.compact(|&slot, key| users[slot as usize].timer = Some(key));
-        }
+        self.wheel.shrink_to(tidy_size(self.users.len()));
         if self.leases.len() > tidy_size(self.sessions) {
             self.compact_leases();
         }
         self.free_leases.shrink_to_fit();
         self.metadata.shrink_to_fit();
+        self.statuses.shrink_to_fit();
     }
 
-    /// Gives back the memory of the lease slab and the wheel when they are
-    /// mostly empty. Each pass is O(size), but only after the size fell to a
-    /// quarter, and it leaves the container half used, so it costs O(1) per
+    /// Gives back the memory of the lease slab when it is mostly empty (the
+    /// wheel's, keyed by user slot, shrinks with the users in
+    /// [`Shard::forget`]). Each pass is O(size), but only after the size fell
+    /// to a quarter, and it leaves the slab half used, so it costs O(1) per
     /// removal amortised.
     fn shrink_if_mostly_empty(&mut self) {
-        if mostly_empty(self.wheel.len(), self.wheel.slab_len()) {
-            let users = &mut self.users;
-            self.wheel.compact(|&slot, key| users[slot as usize].timer = Some(key));
-        }
         if mostly_empty(self.sessions, self.leases.len()) {
             self.compact_leases();
         }
@@ -1119,21 +1209,21 @@ impl Shard {
         let mut old = std::mem::replace(&mut self.leases, Vec::with_capacity(tidy_size(self.sessions)));
         let mut old_metadata = std::mem::take(&mut self.metadata);
         for user in &mut self.users {
-            let mut index = user.first_lease;
+            let mut index = user.first_lease();
             let mut previous = NIL;
             while index != NIL {
                 let lease = old[index as usize].take().expect("a listed lease is occupied");
-                let next = lease.next;
-                let new_index = u32::try_from(self.leases.len()).expect("fewer than 2^32 leases per shard");
-                if lease.has_metadata
+                let next = lease.next();
+                let new_index = u32::try_from(self.leases.len()).expect("fewer leases than before");
+                if lease.has_metadata()
                     && let Some(entries) = old_metadata.remove(&index)
                 {
                     self.metadata.insert(new_index, entries);
                 }
                 self.leases.push(Some(lease));
                 match previous {
-                    NIL => user.first_lease = new_index,
-                    previous => self.leases[previous as usize].as_mut().expect("just pushed").next = new_index,
+                    NIL => user.link.set_index(new_index),
+                    previous => self.leases[previous as usize].as_mut().expect("just pushed").link.set_index(new_index),
                 }
                 previous = new_index;
                 index = next;
@@ -1144,9 +1234,7 @@ impl Shard {
     }
 
     fn cancel_timer(&mut self, slot: u32) {
-        if let Some(key) = self.users[slot as usize].timer.take() {
-            self.wheel.remove(key);
-        }
+        self.wheel.remove(slot);
     }
 }
 
@@ -1185,7 +1273,7 @@ mod tests {
         let kept = register_many(&mut shard, T0, (0..100).map(|i| format!("kept-{i}")));
         let passing = register_many(&mut shard, T0, (0..20_000).map(|i| format!("passing-{i}")));
         let (users, index, wheel, leases) =
-            (shard.users.capacity(), shard.index.capacity(), shard.wheel.slab_len(), shard.leases.len());
+            (shard.users.capacity(), shard.index.capacity(), shard.wheel.capacity(), shard.leases.len());
         for (id, generation) in &passing {
             shard.unregister(T0 + 1, id, "s", *generation, 0, &mut changes);
         }
@@ -1203,13 +1291,13 @@ mod tests {
         assert_eq!(shard.online_users(), 100);
         assert!(shard.users.capacity() * 16 < users, "records: {} of {users}", shard.users.capacity());
         assert!(shard.index.capacity() * 16 < index, "index: {} of {index}", shard.index.capacity());
-        assert!(shard.wheel.slab_len() * 16 < wheel, "wheel: {} of {wheel}", shard.wheel.slab_len());
+        assert!(shard.wheel.capacity() * 16 < wheel, "wheel: {} of {wheel}", shard.wheel.capacity());
         assert!(shard.leases.len() * 16 < leases, "leases: {} of {leases}", shard.leases.len());
         // Tidied once the wave was over: what is held and an eighth more, not
         // the quarter-to-half use the shrinking during the wave stops at.
         assert!(shard.users.capacity() <= tidy_size(100), "records: {}", shard.users.capacity());
-        assert_eq!(shard.index.capacity(), 256, "the smallest table at most three quarters full");
-        assert!(shard.wheel.slab_len() <= tidy_size(100), "wheel: {}", shard.wheel.slab_len());
+        assert_eq!(shard.index.capacity(), 134, "the smallest table at most three quarters full");
+        assert!(shard.wheel.capacity() <= tidy_size(100), "wheel: {}", shard.wheel.capacity());
         assert!(shard.leases.len() <= tidy_size(100), "leases: {}", shard.leases.len());
         // The users left were moved around and are all still found, with their leases.
         for (id, generation) in &kept {
@@ -1263,11 +1351,65 @@ mod tests {
         assert_eq!(shard.users(), 300);
     }
 
+    /// A lease's gateway and last write live in the shard's origins: what a
+    /// lease reports of them follows every write, and once the leases are gone
+    /// no origin or gateway id is left behind.
+    #[test]
+    fn a_leases_origin_follows_its_writes_and_goes_with_it() {
+        let mut shard = Shard::new(T0, 0, FORGET_AFTER);
+        let mut changes = Vec::new();
+        let registration = |session_id, gateway_id| Registration {
+            user_id: "u",
+            session_id,
+            gateway_id,
+            ttl_ms: 45_000,
+            metadata: &[],
+        };
+        let a = shard.register(T0, &registration("a", "gw-1"), 45_000, &mut changes).generation;
+        let b = shard.register(T0, &registration("b", "gw-1"), 45_000, &mut changes).generation;
+        assert_eq!(shard.origins.len(), (1, 1), "two leases of one gateway at one TTL share one origin");
+        // Renewed at another TTL, then lingering: each write is reported exactly.
+        let renewal = Renewal { user_id: "u", session_id: "a", generation: a, ttl_ms: 20_000 };
+        shard.renew(T0 + 100, &renewal, &mut changes).unwrap();
+        shard.unregister(T0 + 200, "u", "b", b, 7_000, &mut changes);
+        let views = shard.leases(T0 + 300, "u", &mut changes);
+        let times: Vec<_> =
+            views.iter().map(|view| (view.session_id.as_str(), view.last_heartbeat_at, view.expires_at)).collect();
+        assert_eq!(times, [("b", T0, T0 + 7_200), ("a", T0 + 100, T0 + 20_100)]);
+        assert!(views.iter().all(|view| view.gateway_id == "gw-1"));
+        assert_eq!(shard.origins.len(), (1, 2), "the lingering lease has its own origin, the same gateway");
+        // A reconnect through another gateway takes the lease to that gateway's origin.
+        shard.register(T0 + 400, &registration("a", "gw-2"), 30_000, &mut changes);
+        let views = shard.leases(T0 + 400, "u", &mut changes);
+        assert_eq!((views[1].gateway_id.as_str(), views[1].last_heartbeat_at), ("gw-2", T0 + 400));
+        shard.revoke(T0 + 500, "u", None, &mut changes);
+        assert_eq!(shard.origins.len(), (0, 0));
+    }
+
+    /// B6 with S1: a user's status is kept by slot, and moves with the user
+    /// when a forgotten user's slot is given to it.
+    #[test]
+    fn b6_a_status_moves_with_its_user_when_the_user_fills_a_forgotten_slot() {
+        let mut shard = Shard::new(T0, 0, FORGET_AFTER);
+        let mut changes = Vec::new();
+        let leaving = register_many(&mut shard, T0, (0..3).map(|i| format!("leaving-{i}")));
+        let status = Status { availability: crate::Availability::Away, text: "lunch".into(), expires_at: None };
+        shard.set_status(T0, "kept", Some(status.clone()), &mut changes);
+        for (id, generation) in &leaving {
+            shard.unregister(T0 + 1, id, "s", *generation, 0, &mut changes);
+        }
+        expire_all(&mut shard, T0 + 1 + FORGET_AFTER);
+        assert_eq!(shard.users(), 1, "the leaving users were forgotten, the last user took a freed slot");
+        let view = shard.view(T0 + 2 + FORGET_AFTER, "kept", &mut changes);
+        assert_eq!(view.status.as_deref(), Some(&status));
+        assert_eq!(shard.statuses.len(), 1);
+    }
+
     /// The per-session memory budget rests on these sizes; a field added
     /// carelessly shows up here first.
     #[test]
     fn records_stay_small() {
-        assert_eq!(std::mem::size_of::<Option<Lease>>(), 56);
-        assert_eq!(std::mem::size_of::<User>(), 56);
+        assert_eq!(std::mem::size_of::<Option<Lease>>(), 48);
+        assert_eq!(std::mem::size_of::<User>(), 40);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use presence_core::wheel::{Tick, TimerKey, TimerWheel};
+use presence_core::wheel::{Tick, TimerWheel};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -43,14 +43,15 @@ fn start() -> impl Strategy<Value = Tick> {
     prop_oneof![Just(0u64), 0..1_000_000u64, ((1u64 << 36) - 10_000)..((1u64 << 36) + 10_000), 0..(1u64 << 50),]
 }
 
-/// The reference: live entries ordered by (deadline, id), plus each id's key.
+/// The reference: live entries ordered by (deadline, key), plus each key's deadline. Every
+/// insert takes a key never used before.
 struct Model {
-    wheel: TimerWheel<u64>,
-    order: BTreeMap<(Tick, u64), ()>,
-    keys: HashMap<u64, (TimerKey, Tick)>,
-    /// Live ids, for picking a random one to remove.
-    live: Vec<u64>,
-    next_id: u64,
+    wheel: TimerWheel,
+    order: BTreeMap<(Tick, u32), ()>,
+    keys: HashMap<u32, Tick>,
+    /// Live keys, for picking a random one to remove.
+    live: Vec<u32>,
+    next_id: u32,
     /// Deadline of the last entry handed out: output is non-decreasing over the whole run.
     last_out: Tick,
 }
@@ -71,7 +72,7 @@ impl Model {
         self.order.keys().next().map(|&(d, _)| d)
     }
 
-    fn forget(&mut self, id: u64, deadline: Tick) {
+    fn forget(&mut self, id: u32, deadline: Tick) {
         self.order.remove(&(deadline, id)).expect("id in order");
         self.keys.remove(&id).expect("id in keys");
         let pos = self.live.iter().position(|&x| x == id).expect("id live");
@@ -82,15 +83,16 @@ impl Model {
         let id = self.next_id;
         self.next_id += 1;
         let elapsed = self.wheel.elapsed();
-        match self.wheel.insert(deadline, id) {
-            Ok(key) => {
+        match self.wheel.insert(id, deadline) {
+            Ok(()) => {
                 prop_assert!(deadline > elapsed, "accepted already-due {deadline} <= {elapsed}");
                 self.order.insert((deadline, id), ());
-                self.keys.insert(id, (key, deadline));
+                self.keys.insert(id, deadline);
                 self.live.push(id);
             }
             Err(back) => {
-                prop_assert_eq!(back, id, "a different item came back");
+                prop_assert_eq!(back, id, "a different key came back");
+                prop_assert_eq!(self.wheel.deadline(id), None, "a refused key is not scheduled");
                 prop_assert!(deadline <= elapsed, "refused future {deadline} > {elapsed}");
             }
         }
@@ -102,8 +104,9 @@ impl Model {
             return Ok(());
         }
         let id = self.live[pick % self.live.len()];
-        let (key, deadline) = self.keys[&id];
-        prop_assert_eq!(self.wheel.remove(key), (deadline, id));
+        let deadline = self.keys[&id];
+        prop_assert_eq!(self.wheel.remove(id), Some(deadline));
+        prop_assert_eq!(self.wheel.remove(id), None, "removed twice");
         self.forget(id, deadline);
         Ok(())
     }
@@ -119,7 +122,8 @@ impl Model {
                     prop_assert!(deadline <= now.max(before), "early: {deadline} > {now}");
                     prop_assert_eq!(Some(deadline), self.min_deadline(), "not the earliest");
                     prop_assert!(deadline >= self.last_out, "out of order");
-                    prop_assert_eq!(self.keys.get(&id).map(|k| k.1), Some(deadline));
+                    prop_assert_eq!(self.keys.get(&id).copied(), Some(deadline));
+                    prop_assert_eq!(self.wheel.deadline(id), None, "a polled key is no longer scheduled");
                     self.last_out = deadline;
                     self.forget(id, deadline);
                 }
@@ -147,8 +151,8 @@ impl Model {
             }
             (next, min) => prop_assert!(false, "next_deadline {next:?} vs earliest {min:?}"),
         }
-        for (&id, &(key, deadline)) in &self.keys {
-            prop_assert_eq!(self.wheel.deadline(key), deadline, "deadline of {}", id);
+        for (&id, &deadline) in &self.keys {
+            prop_assert_eq!(self.wheel.deadline(id), Some(deadline), "deadline of {}", id);
         }
         Ok(())
     }

@@ -106,13 +106,14 @@ impl PreparedServer {
     pub(crate) fn restore(self) -> Result<Restored, ServeError> {
         let PreparedServer { config, clock, auth, data_dir, durable, stored } = self;
         let started = clock.now();
-        let restored = data_dir.as_ref().and_then(DataDir::load_checkpoint);
         let grace = config.restart_grace.unwrap_or(Duration::from_millis(u64::from(config.store.default_ttl_ms)));
-        let store = match &restored {
-            Some(checkpoint) => {
-                let hold_until = started + u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-                Store::restore(config.store.clone(), started, checkpoint, hold_until)?
-            }
+        let hold_until = started.saturating_add(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX));
+        let restored = match &data_dir {
+            Some(dir) => dir.load_store(&config.store, started, hold_until)?,
+            None => None,
+        };
+        let store = match restored {
+            Some(store) => store,
             None => Store::new(config.store.clone(), started)?,
         };
         let expiry_wake = Arc::new(Notify::new());

@@ -14,17 +14,20 @@
 //! the new one or the one before it.
 
 use std::fs::{self, File};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use presence_core::checkpoint::{self, Checkpoint, CheckpointWriter};
-use presence_core::{Store, Tick};
+use presence_core::checkpoint::{CheckpointError, CheckpointWriter, StoreLoader};
+use presence_core::{ConfigError, Store, StoreConfig, Tick};
 
 const CHECKPOINT: &str = "leases.checkpoint";
 const PREVIOUS: &str = "leases.checkpoint.prev";
 const WRITING: &str = "leases.checkpoint.tmp";
 const DURABLE: &str = "durable.redb";
+/// How much of a checkpoint file is read at a time while loading: large
+/// enough that reading costs little per byte, small beside the store it fills.
+const READ_PIECE: usize = 1 << 20;
 
 /// What writing a checkpoint took.
 #[derive(Debug, Clone, Copy)]
@@ -50,37 +53,49 @@ impl DataDir {
         self.path.join(DURABLE)
     }
 
-    /// The latest checkpoint that is intact, falling back to the one before it.
-    /// Every unusable file is reported in one line; `None` means start empty.
-    pub(crate) fn load_checkpoint(&self) -> Option<Checkpoint> {
+    /// A store restored from the latest checkpoint that is intact, falling
+    /// back to the one before it (see [`Store::restore`] for `now` and
+    /// `hold_until`). Every unusable file is reported in one line; `None`
+    /// means start empty. The file is read a piece at a time into the new
+    /// store, never whole, and a store is handed out only from a checkpoint
+    /// that proved intact to its last byte.
+    pub(crate) fn load_store(
+        &self,
+        config: &StoreConfig,
+        now: Tick,
+        hold_until: Tick,
+    ) -> Result<Option<Store>, ConfigError> {
         for name in [CHECKPOINT, PREVIOUS] {
             let path = self.path.join(name);
-            let bytes = match fs::read(&path) {
-                Ok(bytes) => bytes,
+            let file = match File::open(&path) {
+                Ok(file) => file,
                 Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
                 Err(err) => {
                     tracing::error!("checkpoint {} cannot be read ({err}); trying the previous one", path.display());
                     continue;
                 }
             };
-            match checkpoint::decode(&bytes) {
-                Ok(checkpoint) => {
-                    let sessions: usize = checkpoint.users.iter().map(|user| user.leases.len()).sum();
+            match load(file, StoreLoader::new(config.clone(), now, hold_until)?) {
+                Ok(store) => {
+                    let stats = store.stats();
                     tracing::info!(
                         path = %path.display(),
-                        users = checkpoint.users.len(),
-                        sessions,
+                        users = stats.users,
+                        sessions = stats.sessions,
                         "loaded checkpoint"
                     );
-                    return Some(checkpoint);
+                    return Ok(Some(store));
                 }
-                Err(err) => {
+                Err(Unusable::Read(err)) => {
+                    tracing::error!("checkpoint {} cannot be read ({err}); trying the previous one", path.display())
+                }
+                Err(Unusable::Refused(err)) => {
                     tracing::error!("checkpoint {} is unusable ({err}); trying the previous one", path.display())
                 }
             }
         }
         tracing::info!(dir = %self.path.display(), "no usable checkpoint: starting empty");
-        None
+        Ok(None)
     }
 
     /// Writes a checkpoint of `store` taken at `now` and makes it the latest.
@@ -113,6 +128,27 @@ impl DataDir {
     }
 }
 
+/// Why a checkpoint file was not loaded.
+enum Unusable {
+    Read(io::Error),
+    Refused(CheckpointError),
+}
+
+/// Reads `file` through `loader`, a piece at a time.
+fn load(mut file: File, mut loader: StoreLoader) -> Result<Store, Unusable> {
+    let mut piece = vec![0; READ_PIECE];
+    loop {
+        let read = match file.read(&mut piece) {
+            Ok(0) => break,
+            Ok(read) => read,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => return Err(Unusable::Read(err)),
+        };
+        loader.feed(&piece[..read]).map_err(Unusable::Refused)?;
+    }
+    loader.finish().map_err(Unusable::Refused)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,24 +175,25 @@ mod tests {
     #[test]
     fn a_damaged_latest_checkpoint_falls_back_to_the_previous_one() {
         let dir = scratch("fallback");
-        assert!(dir.load_checkpoint().is_none(), "an empty directory starts empty");
+        let load = |dir: &DataDir| dir.load_store(&StoreConfig::default(), 4_000, 4_000).unwrap();
+        assert!(load(&dir).is_none(), "an empty directory starts empty");
         dir.write_checkpoint(&store_with(3), 2_000).unwrap();
         dir.write_checkpoint(&store_with(5), 3_000).unwrap();
-        assert_eq!(dir.load_checkpoint().unwrap().users.len(), 5);
+        assert_eq!(load(&dir).unwrap().stats().users, 5);
 
         // Cut the latest short, as a crash in the middle of a copy would.
         let latest = dir.path.join(CHECKPOINT);
         let bytes = fs::read(&latest).unwrap();
         fs::write(&latest, &bytes[..bytes.len() / 2]).unwrap();
-        let loaded = dir.load_checkpoint().expect("the previous checkpoint");
-        assert_eq!((loaded.written_at, loaded.users.len()), (2_000, 3));
+        let loaded = load(&dir).expect("the previous checkpoint");
+        assert_eq!(loaded.stats().users, 3, "the store of the checkpoint written at 2,000");
 
         // Both damaged: start empty rather than from garbage.
         let previous = dir.path.join(PREVIOUS);
         let mut bytes = fs::read(&previous).unwrap();
         bytes[20] ^= 0xff;
         fs::write(&previous, &bytes).unwrap();
-        assert!(dir.load_checkpoint().is_none());
+        assert!(load(&dir).is_none());
         fs::remove_dir_all(&dir.path).unwrap();
     }
 }
