@@ -314,7 +314,7 @@ impl ServeArgs {
         if let Some(workers) = args.lease_workers {
             server.lease_workers = at_least_one("lease-workers", workers)?;
         }
-        let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+        let cpus = presence_server::cpus();
         let worker_threads = at_least_one("worker-threads", args.worker_threads.unwrap_or(cpus))?;
         if server.last_seen_granularity.is_zero() {
             return Err(SettingsError::Invalid("last-seen-granularity-ms must be at least 1".into()));
@@ -542,8 +542,7 @@ mod tests {
 
     #[test]
     fn connection_threads_come_from_the_flag_or_the_file_and_default_to_one_per_cpu() {
-        let cpus = std::thread::available_parallelism().map_or(2, usize::from);
-        assert_eq!(resolve(&[]).unwrap().server.connection_threads, cpus);
+        assert_eq!(resolve(&[]).unwrap().server.connection_threads, presence_server::cpus());
         assert_eq!(resolve(&["--connection-threads", "0"]).unwrap().server.connection_threads, 0);
         assert_eq!(resolve(&["--connection-threads", "2"]).unwrap().server.connection_threads, 2);
         let file = ConfigFile::new("threads", "connection_threads = 3\n");

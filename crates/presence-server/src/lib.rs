@@ -113,6 +113,12 @@ pub struct ServerConfig {
     pub max_streams_per_connection: u32,
 }
 
+/// The CPUs this process may use (2 when the system cannot tell): the
+/// default of every setting that scales with the cores.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(2, usize::from)
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
@@ -121,8 +127,8 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(5),
             watch_buffer: 4_096,
             lease_queue: 256,
-            lease_workers: std::thread::available_parallelism().map_or(2, usize::from),
-            connection_threads: std::thread::available_parallelism().map_or(2, usize::from),
+            lease_workers: cpus(),
+            connection_threads: cpus(),
             data_dir: None,
             checkpoint_interval: Duration::from_secs(5),
             restart_grace: None,
