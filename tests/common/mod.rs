@@ -85,6 +85,8 @@ pub struct Viewer {
     pub resyncs: usize,
     /// `updates` events (batches) received, and the updates of the last one not yet stepped through.
     pub batches: Vec<usize>,
+    /// The users of each `added` event received, in order.
+    pub added: Vec<Vec<String>>,
     batched: std::collections::VecDeque<pb::UserPresence>,
 }
 
@@ -107,6 +109,7 @@ impl Viewer {
             updates: Vec::new(),
             resyncs: 0,
             batches: Vec::new(),
+            added: Vec::new(),
             batched: Default::default(),
         };
         match viewer.next_event().await {
@@ -151,6 +154,14 @@ impl Viewer {
                 None
             }
             watch_event::Event::Update(update) => Some(self.apply_update(update)),
+            watch_event::Event::Added(added) => {
+                // Added users replace nothing else the viewer holds.
+                self.added.push(added.users.iter().map(|p| p.user_id.clone()).collect());
+                for p in &added.users {
+                    self.held.insert(p.user_id.clone(), (state_of(p), p.version));
+                }
+                None
+            }
             watch_event::Event::Updates(batch) => {
                 assert!(!batch.users.is_empty(), "an updates event carries at least one update");
                 self.batches.push(batch.users.len());

@@ -222,6 +222,9 @@ fn wrong_result(op: &str, result: &lease_result::Result) -> Status {
         lease_result::Result::Register(_) => "register",
         lease_result::Result::Renew(_) => "renew",
         lease_result::Result::Unregister(_) => "unregister",
+        lease_result::Result::Join(_) => "join",
+        lease_result::Result::Leave(_) => "leave",
+        lease_result::Result::Signal(_) => "signal",
     };
     Status::internal(format!("presenced answered a {op} item with a {got} result"))
 }

@@ -210,6 +210,14 @@ impl Watcher {
                         }
                     }
                 }
+                Ok(Some(pb::WatchEvent { event: Some(watch_event::Event::Added(added)), .. })) => {
+                    // Only this client's own UpdateWatch adds users, and it does not call it yet.
+                    for update in added.users {
+                        if self.store.apply_update(&update) {
+                            self.unreported.push_back(update);
+                        }
+                    }
+                }
                 Ok(Some(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)), .. })) => {
                     self.store.apply_snapshot(&snapshot.users);
                     return Some(WatcherEvent::Resynced);

@@ -172,6 +172,7 @@ async fn run(secured: bool) -> Figures {
                             held.insert(u.user_id, (u.state, u.version));
                         }
                         watch_event::Event::Updates(_) => unreachable!("this watch asked for no batch window"),
+                        watch_event::Event::Added(_) => unreachable!("this watch is never changed"),
                     }
                 }
                 (updates, last, held)

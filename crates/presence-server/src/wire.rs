@@ -333,7 +333,7 @@ pub(crate) fn lease_refused(err: &ServiceError) -> pb::LeaseResult {
 
 /// The opening snapshot of a Watch, or a resync.
 pub(crate) fn snapshot_event(users: Vec<pb::UserPresence>) -> pb::WatchEvent {
-    pb::WatchEvent { event: Some(watch_event::Event::Snapshot(pb::Snapshot { users })) }
+    pb::WatchEvent { event: Some(watch_event::Event::Snapshot(pb::Snapshot { users, ..Default::default() })) }
 }
 
 /// The events that carry `updates`: one each, or all in one batch.
