@@ -6,37 +6,18 @@ mod common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::auth::{self, SECRET, SERVICE, viewer_token};
 use common::daemon::{Daemon, scratch_dir};
 use common::*;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
-use presence_server::{AuthConfig, ServerConfig};
+use presence_server::ServerConfig;
 use prost::Message;
 use tonic::Code;
 use tonic::transport::Channel;
 
-const SERVICE: &str = "service-token-for-tests";
-const SECRET: &str = "a-test-only-hs256-secret-of-at-least-32-bytes";
-
-fn unix_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
-}
-
-/// A viewer's JWT, signed with the test secret, valid for a minute (or expired).
-fn viewer_token(subject: &str, expired: bool) -> String {
-    let exp = if expired { unix_secs() - 3_600 } else { unix_secs() + 60 };
-    let claims = serde_json::json!({ "sub": subject, "exp": exp });
-    let key = jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()).unwrap();
-    jsonwebtoken::encode(&jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256), &claims, &key).unwrap()
-}
-
 fn secured_config() -> ServerConfig {
-    let mut config = fast_config();
-    config.auth = AuthConfig {
-        service_tokens: vec![SERVICE.into()],
-        viewer_jwt_hs256_secret: Some(SECRET.into()),
-        ..AuthConfig::default()
-    };
+    let mut config = auth::secured_config();
     config.last_seen_granularity = Duration::from_secs(300);
     config
 }
@@ -225,7 +206,7 @@ async fn p1_each_credential_case_gets_its_answer() {
     malformed.metadata_mut().insert("authorization", "Basic dXNlcjpwYXNz".parse().unwrap());
     assert_eq!(client.snapshot(malformed).await.unwrap_err().code(), Code::Unauthenticated);
     let forged = {
-        let claims = serde_json::json!({ "sub": "viewer", "exp": unix_secs() + 60 });
+        let claims = serde_json::json!({ "sub": "viewer", "exp": auth::unix_secs() + 60 });
         let key = jsonwebtoken::EncodingKey::from_secret(b"another-secret-another-secret-another").unwrap();
         jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap()
     };

@@ -4,6 +4,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod auth;
 pub mod daemon;
 
 use std::collections::HashMap;
@@ -87,6 +88,8 @@ pub struct Viewer {
     pub batches: Vec<usize>,
     /// The users of each `added` event received, in order.
     pub added: Vec<Vec<String>>,
+    /// The `watch_id` of the opening snapshot, for UpdateWatch.
+    pub watch_id: String,
     batched: std::collections::VecDeque<pb::UserPresence>,
 }
 
@@ -110,10 +113,15 @@ impl Viewer {
             resyncs: 0,
             batches: Vec::new(),
             added: Vec::new(),
+            watch_id: String::new(),
             batched: Default::default(),
         };
         match viewer.next_event().await {
-            watch_event::Event::Snapshot(snapshot) => viewer.apply_snapshot(snapshot),
+            watch_event::Event::Snapshot(snapshot) => {
+                assert!(!snapshot.watch_id.is_empty(), "the opening snapshot names the watch");
+                viewer.watch_id = snapshot.watch_id.clone();
+                viewer.apply_snapshot(snapshot);
+            }
             other => panic!("a watch must open with a snapshot, got {other:?}"),
         }
         viewer

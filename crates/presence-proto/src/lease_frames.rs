@@ -38,7 +38,7 @@ pub struct LeaseBatchFrame {
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct LeaseItemFrame {
     /// What the item asks.
-    #[prost(oneof = "LeaseOpFrame", tags = "1, 2, 3")]
+    #[prost(oneof = "LeaseOpFrame", tags = "1, 2, 3, 4, 5, 6")]
     pub op: Option<LeaseOpFrame>,
 }
 
@@ -54,6 +54,15 @@ pub enum LeaseOpFrame {
     /// An unregister.
     #[prost(message, tag = "3")]
     Unregister(UnregisterFrame),
+    /// A session joining a room.
+    #[prost(message, tag = "4")]
+    Join(JoinFrame),
+    /// A session leaving a room.
+    #[prost(message, tag = "5")]
+    Leave(LeaveFrame),
+    /// A session's signal into a room.
+    #[prost(message, tag = "6")]
+    Signal(SignalFrame),
 }
 
 /// `RegisterRequest` with its text as received.
@@ -118,6 +127,66 @@ pub struct RenewFrame {
     pub generation: u64,
     /// The TTL asked for (0: the server default).
     #[prost(uint32, tag = "4")]
+    pub ttl_ms: u32,
+}
+
+/// `JoinRequest` with its text as received.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct JoinFrame {
+    /// `user_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "1")]
+    pub user_id: Bytes,
+    /// `session_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "2")]
+    pub session_id: Bytes,
+    /// The generation the gateway holds.
+    #[prost(uint64, tag = "3")]
+    pub generation: u64,
+    /// `room_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "4")]
+    pub room_id: Bytes,
+    /// `metadata`'s entries in the order received (a later entry for a key replaces an earlier one).
+    #[prost(message, repeated, tag = "5")]
+    pub metadata: Vec<MetadataEntryFrame>,
+}
+
+/// `LeaveRequest` with its text as received.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LeaveFrame {
+    /// `user_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "1")]
+    pub user_id: Bytes,
+    /// `session_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "2")]
+    pub session_id: Bytes,
+    /// The generation the gateway holds.
+    #[prost(uint64, tag = "3")]
+    pub generation: u64,
+    /// `room_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "4")]
+    pub room_id: Bytes,
+}
+
+/// `SignalRequest` with its text as received.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SignalFrame {
+    /// `user_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "1")]
+    pub user_id: Bytes,
+    /// `session_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "2")]
+    pub session_id: Bytes,
+    /// The generation the gateway holds.
+    #[prost(uint64, tag = "3")]
+    pub generation: u64,
+    /// `room_id`'s bytes.
+    #[prost(bytes = "bytes", tag = "4")]
+    pub room_id: Bytes,
+    /// `kind`'s bytes.
+    #[prost(bytes = "bytes", tag = "5")]
+    pub kind: Bytes,
+    /// How long the signal lasts (0: clear it).
+    #[prost(uint32, tag = "6")]
     pub ttl_ms: u32,
 }
 

@@ -6,7 +6,8 @@
 //! frame type: the frame must decode it and encode it back byte for byte.
 
 use presence_proto::lease_frames::{
-    LeaseBatchFrame, LeaseItemFrame, MetadataEntryFrame, RegisterFrame, RenewFrame, UnregisterFrame,
+    JoinFrame, LeaseBatchFrame, LeaseItemFrame, LeaveFrame, MetadataEntryFrame, RegisterFrame, RenewFrame, SignalFrame,
+    UnregisterFrame,
 };
 use presence_proto::v1 as pb;
 use prost::Message;
@@ -30,6 +31,10 @@ const MIRRORS: &[(&str, RoundTrip, RoundTrip)] = &[
     ("presence.v1.RegisterRequest.MetadataEntry", round_trip::<MetadataEntryFrame>, metadata_entry),
     ("presence.v1.RenewRequest", round_trip::<RenewFrame>, round_trip::<pb::RenewRequest>),
     ("presence.v1.UnregisterRequest", round_trip::<UnregisterFrame>, round_trip::<pb::UnregisterRequest>),
+    ("presence.v1.JoinRequest", round_trip::<JoinFrame>, round_trip::<pb::JoinRequest>),
+    ("presence.v1.JoinRequest.MetadataEntry", round_trip::<MetadataEntryFrame>, metadata_entry),
+    ("presence.v1.LeaveRequest", round_trip::<LeaveFrame>, round_trip::<pb::LeaveRequest>),
+    ("presence.v1.SignalRequest", round_trip::<SignalFrame>, round_trip::<pb::SignalRequest>),
 ];
 
 /// A map entry has no generated type of its own; its encoding is two fields.

@@ -22,6 +22,7 @@ use crate::metrics::Metrics;
 use crate::privacy::{Privacy, Shown};
 use crate::publish::Publisher;
 use crate::settings::Settings;
+use crate::watch::Watches;
 use crate::wire;
 
 /// The shared state of one running server.
@@ -38,6 +39,8 @@ pub(crate) struct Context {
     pub(crate) settings: Settings,
     /// Most distinct users a viewer's mailbox holds before the viewer is resynced (E4).
     pub(crate) watch_buffer: usize,
+    /// The open Watch streams, for `UpdateWatch` (E7).
+    pub(crate) watches: Watches,
     /// Cancelled when the server shuts down: ends Watch and Leases streams.
     pub(crate) stopping: CancellationToken,
 }
@@ -68,6 +71,7 @@ impl Context {
                 None => Settings::Memory(Default::default()),
             },
             watch_buffer: config.watch_buffer,
+            watches: Watches::default(),
             stopping,
         }
     }

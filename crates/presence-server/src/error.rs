@@ -10,7 +10,7 @@
 
 use std::borrow::Cow;
 
-use presence_core::LeaseError;
+use presence_core::{CompactString, LeaseError};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -52,6 +52,16 @@ pub(crate) enum ServiceError {
     /// The durable store failed; nothing was acknowledged (B4).
     #[error("{0}; nothing was changed, retry")]
     Durable(#[from] DurableError),
+    /// No open Watch of this caller has this id (E7): it ended, it never
+    /// existed, or another caller opened it, which reads the same.
+    #[error("watch_id: no open watch {watch_id:?} of this caller")]
+    WatchNotFound {
+        /// The id asked for.
+        watch_id: CompactString,
+    },
+    /// A part of the API this server does not serve yet.
+    #[error("{0} are not served yet")]
+    Unimplemented(&'static str),
     /// The server is shutting down; the client reconnects.
     #[error("presenced is shutting down; reconnect")]
     ShuttingDown,
@@ -67,12 +77,13 @@ impl ServiceError {
     pub(crate) fn code(&self) -> Code {
         match self {
             ServiceError::InvalidArgument { .. } => Code::InvalidArgument,
-            ServiceError::Lease(LeaseError::NotFound { .. }) => Code::NotFound,
+            ServiceError::Lease(LeaseError::NotFound { .. }) | ServiceError::WatchNotFound { .. } => Code::NotFound,
             ServiceError::Lease(LeaseError::StaleGeneration { .. }) => Code::FailedPrecondition,
             ServiceError::Lease(LeaseError::InvalidArgument { .. }) => Code::InvalidArgument,
             ServiceError::PermissionDenied { .. } => Code::PermissionDenied,
             ServiceError::Unauthenticated(_) => Code::Unauthenticated,
             ServiceError::RenewalShed => Code::ResourceExhausted,
+            ServiceError::Unimplemented(_) => Code::Unimplemented,
             ServiceError::Durable(_) | ServiceError::ShuttingDown => Code::Unavailable,
         }
     }

@@ -126,7 +126,7 @@ mod tests {
             deadline = renewed.expires_at;
         }
         let Delivery::Changes(online) = viewer.mailbox().take() else { panic!("no resync expected") };
-        assert_eq!(online.values().map(|p| p.presence.state).collect::<Vec<_>>(), [State::Online]);
+        assert_eq!(online.iter().map(|(_, p)| p.presence.state).collect::<Vec<_>>(), [State::Online]);
 
         // The network drops now: nothing renews any more.
         let offline = loop {
@@ -138,7 +138,7 @@ mod tests {
             }
         };
         assert_eq!(context.now(), deadline, "published at the deadline, not a millisecond later or earlier");
-        let offline: Vec<_> = offline.values().map(|p| (p.presence.state, p.presence.version)).collect();
+        let offline: Vec<_> = offline.iter().map(|(_, p)| (p.presence.state, p.presence.version)).collect();
         assert_eq!(offline.len(), 1, "one event for the expiry: {offline:?}");
         assert_eq!(offline[0].0, State::Offline);
         assert!(offline[0].1 > registered.presence.version);

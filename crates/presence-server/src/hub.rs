@@ -2,20 +2,29 @@
 //! privacy filter in front of every viewer (P3, P4).
 //!
 //! The hub keeps one topic per watched user, however many viewers watch it,
-//! and each topic lists the mailboxes of the viewers that watch the user. A
-//! publisher (a request handler or the expiry driver) drops a change into each
-//! mailbox and moves on: it never waits for a viewer (E4). A mailbox holds at
-//! most one pending change per user, the newest, and at most `capacity` users:
-//! when a viewer falls so far behind that more users than that have changed,
-//! the mailbox drops what it holds and marks the viewer for a resync, a fresh
-//! snapshot that replaces everything it shows. A slow viewer therefore costs a
-//! bounded amount of memory and never a silent gap.
+//! and each topic lists the mailboxes of the viewers that watch the user, each
+//! with the user's slot in that mailbox. A publisher (a request handler or the
+//! expiry driver) drops a change into each mailbox and moves on: it never
+//! waits for a viewer (E4). A slot holds the version its viewer already has
+//! and at most one pending change, the newest, so posting a change is an index
+//! and a comparison, not a lookup; and a mailbox holds at most `capacity`
+//! pending users: when a viewer falls so far behind that more users than that
+//! have changed, the mailbox drops what it holds and marks the viewer for a
+//! resync, a fresh snapshot that replaces everything it shows. A slow viewer
+//! therefore costs a bounded amount of memory and never a silent gap.
 //!
 //! Each mailbox also knows its viewer and which of its watched users that
 //! viewer may not see: a change of a hidden user never enters the mailbox.
 //! When relations change, [`Hub::reconcile`] finds the mailboxes whose view
 //! changed and tells each, as an ordinary update with a new version, that a
 //! user now looks offline (hidden) or what it really is (revealed).
+//!
+//! The watched set of a mailbox can change while it is open (E7): an added
+//! user takes a free slot and joins its topic; a removed one leaves its topic
+//! first, so no publisher can reach its slot any more, and then frees the slot.
+//! A post names the user as well as the slot and is dropped when they no
+//! longer match, so a slot reused for another user never takes a change meant
+//! for the one before.
 //!
 //! Topics appear with their first subscriber and disappear with their last:
 //! a [`Subscription`] unsubscribes in `Drop`, so a viewer that goes away for
@@ -25,8 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
-use hashbrown::HashSet;
-use indexmap::IndexMap;
+use hashbrown::{HashMap, HashSet};
 use parking_lot::Mutex;
 use presence_core::{CompactString, Presence, PresenceChange, Status};
 use tokio::sync::Notify;
@@ -34,11 +42,18 @@ use tokio::sync::Notify;
 /// The topics of one process.
 #[derive(Debug, Default)]
 pub struct Hub {
-    /// Viewers' mailboxes by watched user.
-    topics: DashMap<CompactString, Vec<Arc<Mailbox>>>,
+    /// Viewers' mailboxes (and the user's slot in each) by watched user.
+    topics: DashMap<CompactString, Vec<Watcher>>,
     /// Mailboxes by viewer, for changes of what a viewer may see.
     viewers: DashMap<CompactString, Vec<Arc<Mailbox>>>,
     next_mailbox_id: AtomicU64,
+}
+
+/// One mailbox watching a user, and the user's slot in it.
+#[derive(Debug, Clone)]
+struct Watcher {
+    mailbox: Arc<Mailbox>,
+    slot: u32,
 }
 
 /// One change waiting in a mailbox.
@@ -53,42 +68,56 @@ pub struct Pending {
     pub hidden: bool,
 }
 
-/// One viewer's pending changes, conflated per user, in the order their users
-/// first changed (so a viewer sees changes in publication order, less the ones
-/// a newer change of the same user replaced).
+/// One viewer's watched users and their pending changes, conflated per user,
+/// in the order their users first changed (so a viewer sees changes in
+/// publication order, less the ones a newer change of the same user replaced).
 #[derive(Debug)]
 pub struct Mailbox {
     id: u64,
     /// The viewer the mailbox serves; `None` sees everyone.
     viewer: Option<CompactString>,
-    /// The distinct users watched, in order of first mention.
-    users: Vec<CompactString>,
     state: Mutex<MailboxState>,
-    /// Most users `changes` may hold before the viewer is resynced instead.
+    /// Most users with a pending change before the viewer is resynced instead.
     capacity: usize,
     /// Wakes the viewer's stream; a permit is kept when it is not waiting, so no change is missed.
     ready: Notify,
 }
 
-/// Pending changes by user, in the order the users first changed. A fast
-/// hasher: every change to every viewer is hashed here, and user ids are not
-/// chosen by an attacker who could aim at collisions of one viewer's map.
-pub(crate) type PendingChanges = IndexMap<CompactString, Pending, hashbrown::DefaultHashBuilder>;
-
 #[derive(Debug, Default)]
 struct MailboxState {
-    /// The newest undelivered change of each user.
-    changes: PendingChanges,
-    /// The viewer fell too far behind: it gets a fresh snapshot instead of `changes`.
+    /// Watched users by slot; a removed user's slot is empty until reused.
+    slots: Vec<Slot>,
+    /// Slot of each watched user.
+    index: HashMap<CompactString, u32>,
+    /// Empty slots, reused first.
+    free: Vec<u32>,
+    /// Slots with a pending change, in the order they first changed.
+    queue: Vec<u32>,
+    /// The viewer fell too far behind: it gets a fresh snapshot instead of `queue`.
     resync: bool,
-    /// Watched users this viewer may not see.
-    hidden: HashSet<CompactString>,
 }
+
+#[derive(Debug, Default)]
+struct Slot {
+    /// The watched user; `None` for an empty slot.
+    user_id: Option<CompactString>,
+    /// The viewer may not see the user.
+    hidden: bool,
+    /// The version the viewer holds (0 for hidden users, as for users never seen):
+    /// a change not newer than it is never delivered.
+    held: u64,
+    /// The newest undelivered change.
+    pending: Option<Pending>,
+}
+
+/// Changes taken from a mailbox: each user's newest, oldest first.
+pub(crate) type PendingChanges = Vec<(CompactString, Pending)>;
 
 /// What a viewer's stream takes from its mailbox.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Delivery {
-    /// Changes to send, oldest first.
+    /// Changes to send, oldest first, each newer than what the viewer holds;
+    /// taking them records their versions as held.
     Changes(PendingChanges),
     /// Too much was missed: send a fresh snapshot of every watched user.
     Resync,
@@ -103,26 +132,36 @@ pub(crate) struct Transition {
 }
 
 impl Mailbox {
-    /// Returns whether the change was kept (false when the user is hidden from
-    /// this viewer, conflated away, or covered by a coming resync).
-    fn post(&self, user_id: &CompactString, change: Pending, even_if_hidden: bool) -> bool {
+    /// Returns whether the change was kept (false when the user is no longer
+    /// in `slot`, hidden from this viewer, conflated away, not newer than what
+    /// the viewer holds, or covered by a coming resync).
+    fn post(&self, slot: u32, user_id: &str, change: Pending, even_if_hidden: bool) -> bool {
         {
             let mut state = self.state.lock();
-            if state.resync || (!even_if_hidden && state.hidden.contains(user_id)) {
+            let MailboxState { slots, queue, resync, .. } = &mut *state;
+            if *resync {
                 return false;
             }
-            let full = state.changes.len() >= self.capacity;
-            match state.changes.entry(user_id.clone()) {
-                indexmap::map::Entry::Occupied(held) if held.get().presence.version >= change.presence.version => {
-                    return false;
+            let Some(held) = slots.get_mut(slot as usize) else { return false };
+            if held.user_id.as_deref() != Some(user_id) || (held.hidden && !even_if_hidden) {
+                return false;
+            }
+            let version = change.presence.version;
+            if version <= held.held {
+                return false;
+            }
+            match &mut held.pending {
+                Some(pending) if pending.presence.version >= version => return false,
+                Some(pending) => *pending = change,
+                None if queue.len() >= self.capacity => {
+                    for slot in queue.drain(..) {
+                        slots[slot as usize].pending = None;
+                    }
+                    *resync = true;
                 }
-                indexmap::map::Entry::Occupied(mut held) => *held.get_mut() = change,
-                indexmap::map::Entry::Vacant(_) if full => {
-                    state.changes = PendingChanges::default();
-                    state.resync = true;
-                }
-                indexmap::map::Entry::Vacant(slot) => {
-                    slot.insert(change);
+                None => {
+                    held.pending = Some(change);
+                    queue.push(slot);
                 }
             }
         }
@@ -130,15 +169,35 @@ impl Mailbox {
         true
     }
 
-    /// Takes what is pending.
+    /// Takes what is pending, and records the versions taken as held.
     pub fn take(&self) -> Delivery {
         let mut state = self.state.lock();
         if std::mem::take(&mut state.resync) {
-            Delivery::Resync
-        } else {
-            // Sized for as many as last time, so a busy viewer's map does not grow step by step again.
-            let sized = PendingChanges::with_capacity_and_hasher(state.changes.len(), Default::default());
-            Delivery::Changes(std::mem::replace(&mut state.changes, sized))
+            return Delivery::Resync;
+        }
+        let MailboxState { slots, queue, .. } = &mut *state;
+        let mut changes = Vec::with_capacity(queue.len());
+        for slot in queue.drain(..) {
+            let slot = &mut slots[slot as usize];
+            let (Some(pending), Some(user_id)) = (slot.pending.take(), &slot.user_id) else { continue };
+            // A change posted before the viewer's snapshot was read may be older than it.
+            if pending.presence.version > slot.held {
+                slot.held = pending.presence.version;
+                changes.push((user_id.clone(), pending));
+            }
+        }
+        Delivery::Changes(changes)
+    }
+
+    /// Records what a snapshot just showed the viewer: for each of `users`, the
+    /// version it now holds. Pending changes not newer than it will be dropped.
+    pub(crate) fn hold(&self, users: &[CompactString], versions: impl IntoIterator<Item = u64>) {
+        let mut state = self.state.lock();
+        let MailboxState { slots, index, .. } = &mut *state;
+        for (user_id, version) in users.iter().zip(versions) {
+            if let Some(&slot) = index.get(user_id) {
+                slots[slot as usize].held = version;
+            }
         }
     }
 
@@ -152,24 +211,96 @@ impl Mailbox {
         self.viewer.as_deref()
     }
 
-    /// Whether `user_id` is hidden from this viewer.
+    /// Whether `user_id` is watched here and hidden from this viewer.
     pub fn is_hidden(&self, user_id: &str) -> bool {
-        self.state.lock().hidden.contains(user_id)
+        let state = self.state.lock();
+        state.index.get(user_id).is_some_and(|&slot| state.slots[slot as usize].hidden)
     }
 
-    pub(crate) fn set_hidden(&self, user_id: &CompactString, hidden: bool) {
+    /// The watched users, by slot.
+    pub fn users(&self) -> Vec<CompactString> {
+        self.state.lock().slots.iter().filter_map(|slot| slot.user_id.clone()).collect()
+    }
+
+    /// How many users are watched.
+    pub fn len(&self) -> usize {
+        self.state.lock().index.len()
+    }
+
+    /// How many distinct users of `users` are not watched.
+    pub fn unwatched(&self, users: &[CompactString]) -> usize {
+        let state = self.state.lock();
+        let mut seen = HashSet::new();
+        users.iter().filter(|user_id| !state.index.contains_key(*user_id) && seen.insert(*user_id)).count()
+    }
+
+    /// Whether no user is watched.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn set_hidden(&self, user_id: &str, hidden: bool) {
         let mut state = self.state.lock();
-        if hidden {
-            state.hidden.insert(user_id.clone());
-        } else {
-            state.hidden.remove(user_id);
+        if let Some(&slot) = state.index.get(user_id) {
+            state.slots[slot as usize].hidden = hidden;
         }
     }
 
     /// Delivers a change that relations made (a user hidden or revealed),
     /// whether or not the user is hidden from the viewer.
-    pub(crate) fn post_transition(&self, user_id: &CompactString, change: Pending) {
-        self.post(user_id, change, true);
+    pub(crate) fn post_transition(&self, user_id: &str, change: Pending) {
+        let slot = self.state.lock().index.get(user_id).copied();
+        if let Some(slot) = slot {
+            self.post(slot, user_id, change, true);
+        }
+    }
+
+    /// Takes a slot for each of `users` not yet watched, marked hidden as
+    /// `hidden` says; returns the users added, with their slots.
+    fn add(&self, users: &[CompactString], hidden: &impl Fn(&str) -> bool) -> Vec<(CompactString, u32)> {
+        let mut state = self.state.lock();
+        let mut added = Vec::new();
+        for user_id in users {
+            if state.index.contains_key(user_id) {
+                continue;
+            }
+            let slot = match state.free.pop() {
+                Some(slot) => slot,
+                None => {
+                    state.slots.push(Slot::default());
+                    u32::try_from(state.slots.len() - 1).expect("a watch holds far fewer than 2^32 users")
+                }
+            };
+            state.slots[slot as usize] =
+                Slot { user_id: Some(user_id.clone()), hidden: hidden(user_id), held: 0, pending: None };
+            state.index.insert(user_id.clone(), slot);
+            added.push((user_id.clone(), slot));
+        }
+        added
+    }
+
+    /// Empties the slots of `users` (already out of their topics) for reuse.
+    fn remove(&self, users: &[(CompactString, u32)]) {
+        let mut state = self.state.lock();
+        let MailboxState { slots, index, free, queue, .. } = &mut *state;
+        for (user_id, slot) in users {
+            index.remove(user_id);
+            if slots[*slot as usize].pending.is_some() {
+                queue.retain(|queued| queued != slot);
+            }
+            slots[*slot as usize] = Slot::default();
+            free.push(*slot);
+        }
+    }
+
+    /// The slots of those of `users` that are watched.
+    fn slots_of(&self, users: &[CompactString]) -> Vec<(CompactString, u32)> {
+        let state = self.state.lock();
+        let mut slots: Vec<(CompactString, u32)> =
+            users.iter().filter_map(|user_id| state.index.get(user_id).map(|&slot| (user_id.clone(), slot))).collect();
+        slots.sort_unstable_by_key(|(_, slot)| *slot);
+        slots.dedup_by_key(|(_, slot)| *slot);
+        slots
     }
 }
 
@@ -185,33 +316,31 @@ impl Hub {
         viewer: Option<CompactString>,
         hidden: impl Fn(&str) -> bool,
     ) -> Subscription {
-        let mut seen = HashSet::new();
-        let users: Vec<CompactString> = user_ids.into_iter().filter(|user_id| seen.insert(user_id.clone())).collect();
-        let hidden = users.iter().filter(|user_id| hidden(user_id)).cloned().collect();
         let mailbox = Arc::new(Mailbox {
             id: self.next_mailbox_id.fetch_add(1, Ordering::Relaxed),
             viewer: viewer.clone(),
-            users,
-            state: Mutex::new(MailboxState { hidden, ..MailboxState::default() }),
+            state: Mutex::new(MailboxState::default()),
             capacity: capacity.max(1),
             ready: Notify::new(),
         });
-        for user_id in &mailbox.users {
-            self.topics.entry(user_id.clone()).or_default().push(Arc::clone(&mailbox));
-        }
+        let subscription = Subscription { hub: Arc::clone(self), mailbox };
+        subscription.add(user_ids, hidden);
         if let Some(viewer) = viewer {
-            self.viewers.entry(viewer).or_default().push(Arc::clone(&mailbox));
+            self.viewers.entry(viewer).or_default().push(Arc::clone(&subscription.mailbox));
         }
-        Subscription { hub: Arc::clone(self), mailbox }
+        subscription
     }
 
     /// Delivers a change to every mailbox subscribed to its user whose viewer
     /// may see it; returns how many took it.
     pub fn publish(&self, change: &PresenceChange) -> usize {
         match self.topics.get(&change.user_id) {
-            Some(mailboxes) => {
+            Some(watchers) => {
                 let pending = Pending { presence: change.presence, status: change.status.clone(), hidden: false };
-                mailboxes.iter().filter(|mailbox| mailbox.post(&change.user_id, pending.clone(), false)).count()
+                watchers
+                    .iter()
+                    .filter(|watcher| watcher.mailbox.post(watcher.slot, &change.user_id, pending.clone(), false))
+                    .count()
             }
             None => 0,
         }
@@ -224,7 +353,7 @@ impl Hub {
 
     /// After a change of relations: the mailboxes whose view of a user no longer
     /// matches `can_see`, among those watching `users` and those of `viewers`
-    /// (for every user they watch). Hidden sets are not changed here: the
+    /// (for every user they watch). Hidden marks are not changed here: the
     /// caller orders that against the version bump (see privacy notes in watch.rs).
     pub(crate) fn reconcile(
         &self,
@@ -240,14 +369,14 @@ impl Hub {
             }
         };
         for user_id in users {
-            if let Some(mailboxes) = self.topics.get(user_id) {
-                mailboxes.iter().for_each(|mailbox| check(mailbox, user_id));
+            if let Some(watchers) = self.topics.get(user_id) {
+                watchers.iter().for_each(|watcher| check(&watcher.mailbox, user_id));
             }
         }
         for viewer in viewers {
             let Some(mailboxes) = self.viewers.get(viewer).map(|entry| entry.value().clone()) else { continue };
             for mailbox in &mailboxes {
-                mailbox.users.iter().for_each(|user_id| check(mailbox, user_id));
+                mailbox.users().iter().for_each(|user_id| check(mailbox, user_id));
             }
         }
         // A mailbox reached both as a watcher of a user and as its viewer's must change once.
@@ -256,15 +385,20 @@ impl Hub {
         transitions
     }
 
-    fn unsubscribe(&self, mailbox: &Mailbox) {
-        for user_id in &mailbox.users {
+    fn leave_topics(&self, mailbox: &Mailbox, users: &[(CompactString, u32)]) {
+        for (user_id, _) in users {
             if let dashmap::Entry::Occupied(mut topic) = self.topics.entry(user_id.clone()) {
-                topic.get_mut().retain(|other| other.id != mailbox.id);
+                topic.get_mut().retain(|other| other.mailbox.id != mailbox.id);
                 if topic.get().is_empty() {
                     topic.remove();
                 }
             }
         }
+    }
+
+    fn unsubscribe(&self, mailbox: &Mailbox) {
+        let users = mailbox.slots_of(&mailbox.users());
+        self.leave_topics(mailbox, &users);
         if let Some(viewer) = &mailbox.viewer
             && let dashmap::Entry::Occupied(mut mailboxes) = self.viewers.entry(viewer.clone())
         {
@@ -289,9 +423,39 @@ impl Subscription {
         &self.mailbox
     }
 
-    /// The distinct users subscribed to, in order of first mention.
-    pub fn users(&self) -> &[CompactString] {
-        &self.mailbox.users
+    /// The users watched, by slot (for a subscription never changed: the
+    /// distinct users subscribed to, in order of first mention).
+    pub fn users(&self) -> Vec<CompactString> {
+        self.mailbox.users()
+    }
+
+    /// Starts watching those of `user_ids` not yet watched (repeats ignored),
+    /// `hidden` saying which the viewer may not see; changes published from
+    /// now on reach the mailbox. Returns the users added, in order.
+    pub fn add(
+        &self,
+        user_ids: impl IntoIterator<Item = CompactString>,
+        hidden: impl Fn(&str) -> bool,
+    ) -> Vec<CompactString> {
+        let mut seen = HashSet::new();
+        let users: Vec<CompactString> = user_ids.into_iter().filter(|user_id| seen.insert(user_id.clone())).collect();
+        let added = self.mailbox.add(&users, &hidden);
+        for (user_id, slot) in &added {
+            let watcher = Watcher { mailbox: Arc::clone(&self.mailbox), slot: *slot };
+            self.hub.topics.entry(user_id.clone()).or_default().push(watcher);
+        }
+        added.into_iter().map(|(user_id, _)| user_id).collect()
+    }
+
+    /// Stops watching those of `user_ids` that are watched: nothing more of
+    /// them reaches the mailbox, and what of them was pending is dropped.
+    /// Returns how many were removed.
+    pub fn remove(&self, user_ids: &[CompactString]) -> usize {
+        let users = self.mailbox.slots_of(user_ids);
+        // Out of the topics first: once a topic no longer lists the slot, no publisher can post to it.
+        self.hub.leave_topics(&self.mailbox, &users);
+        self.mailbox.remove(&users);
+        users.len()
     }
 }
 
@@ -304,6 +468,7 @@ impl Drop for Subscription {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use indexmap::IndexMap;
     use presence_core::State;
 
     fn changes(viewer: &Subscription) -> IndexMap<CompactString, Presence> {
@@ -413,5 +578,48 @@ mod tests {
         // After the resync the mailbox works as before.
         hub.publish(&change("u0", State::Offline, 20));
         assert_eq!(changes(&slow)["u0"].version, 20);
+    }
+
+    #[test]
+    fn e7_added_users_get_changes_removed_ones_none_and_the_others_lose_nothing() {
+        let hub = Arc::new(Hub::default());
+        let viewer = watch(&hub, vec!["a".into(), "b".into()], 16);
+        hub.publish(&change("a", State::Online, 1));
+        assert_eq!(viewer.add(["b".into(), "c".into(), "c".into()], |_| false), ["c"], "only new users are added");
+        hub.publish(&change("c", State::Online, 2));
+        assert_eq!(viewer.remove(&["b".into(), "b".into()]), 1);
+        hub.publish(&change("b", State::Online, 3));
+        let pending: Vec<_> = changes(&viewer).into_iter().map(|(user, p)| (user, p.version)).collect();
+        assert_eq!(pending, [("a".into(), 1), ("c".into(), 2)], "a's change survived the update; b sent nothing");
+        assert_eq!(hub.topics(), 2, "b's topic left with its only watcher");
+        assert_eq!(viewer.users(), ["a", "c"]);
+    }
+
+    #[test]
+    fn e7_a_reused_slot_never_takes_a_change_of_the_user_before() {
+        let hub = Arc::new(Hub::default());
+        let viewer = watch(&hub, vec!["a".into(), "b".into()], 16);
+        hub.publish(&change("b", State::Online, 5));
+        viewer.remove(&["b".into()]);
+        viewer.add(["c".into()], |_| false);
+        assert_eq!(viewer.users(), ["a", "c"], "c took b's slot");
+        // A relation transition computed for b before its removal arrives late.
+        viewer.mailbox().post(1, "b", Pending { presence: Presence::UNKNOWN, status: None, hidden: true }, true);
+        assert!(changes(&viewer).is_empty(), "b's pending change left with it, and the late one found c's slot");
+        hub.publish(&change("c", State::Online, 6));
+        assert_eq!(changes(&viewer)["c"].version, 6);
+    }
+
+    #[test]
+    fn e3_changes_not_newer_than_the_snapshot_are_dropped_whenever_they_arrive() {
+        let hub = Arc::new(Hub::default());
+        let viewer = watch(&hub, vec!["a".into(), "b".into()], 16);
+        // Published after the subscription, before the snapshot was read: already in it.
+        hub.publish(&change("a", State::Online, 4));
+        viewer.mailbox().hold(&["a".into(), "b".into()], [4, 9]);
+        assert_eq!(hub.publish(&change("b", State::Offline, 8)), 0, "older than the snapshot: never posted");
+        assert!(changes(&viewer).is_empty(), "the change already in the snapshot is not sent again");
+        hub.publish(&change("a", State::Offline, 5));
+        assert_eq!(changes(&viewer)["a"].version, 5);
     }
 }

@@ -163,6 +163,9 @@ fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bool) -> pb::
                     ),
                     Err(refusal) => wire::lease_refused(&refusal),
                 },
+                Some(LeaseOpFrame::Join(_) | LeaseOpFrame::Leave(_) | LeaseOpFrame::Signal(_)) => {
+                    wire::lease_refused(&ServiceError::Unimplemented("room items"))
+                }
                 None => wire::lease_refused(&ServiceError::invalid("items", "an item names no operation")),
             };
             results.push(result);

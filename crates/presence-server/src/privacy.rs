@@ -285,24 +285,40 @@ impl Privacy {
         let relations = self.relations.read();
         let lens = relations.lens(viewer.as_deref());
         let subscription = self.publisher.hub.subscribe(user_ids, capacity, viewer.clone(), |user| !lens.can_see(user));
-        let shown = self.reread(&subscription)?;
+        let shown = self.reread(&subscription, &subscription.users())?;
         Ok((subscription, shown))
     }
 
     /// Reads the watched users again for a resync, as the mailbox's viewer may
-    /// see them now.
-    pub(crate) fn resync(&self, subscription: &Subscription) -> Result<Vec<Shown>, ServiceError> {
+    /// see them now; returns them with how each is shown.
+    pub(crate) fn resync(&self, subscription: &Subscription) -> Result<(Vec<CompactString>, Vec<Shown>), ServiceError> {
         let _relations = self.relations.read();
-        self.reread(subscription)
+        let users = subscription.users();
+        let shown = self.reread(subscription, &users)?;
+        Ok((users, shown))
     }
 
-    /// Reads a subscription's users; the caller holds the relations lock, so
-    /// the mailbox's hidden set is current.
-    fn reread(&self, subscription: &Subscription) -> Result<Vec<Shown>, ServiceError> {
-        let views = self.publisher.apply(|store, now, changes| store.view(now, subscription.users(), changes))?;
+    /// Adds users to an open subscription (E7), hidden from its viewer as the
+    /// relations say, and reads them: the users added (those not yet watched,
+    /// in order) and how each is shown.
+    pub(crate) fn add(
+        &self,
+        subscription: &Subscription,
+        user_ids: Vec<CompactString>,
+    ) -> Result<(Vec<CompactString>, Vec<Shown>), ServiceError> {
+        let relations = self.relations.read();
+        let lens = relations.lens(subscription.mailbox().viewer());
+        let added = subscription.add(user_ids, |user| !lens.can_see(user));
+        let shown = self.reread(subscription, &added)?;
+        Ok((added, shown))
+    }
+
+    /// Reads `users` of a subscription; the caller holds the relations lock, so
+    /// the mailbox's hidden marks are current.
+    fn reread(&self, subscription: &Subscription, users: &[CompactString]) -> Result<Vec<Shown>, ServiceError> {
+        let views = self.publisher.apply(|store, now, changes| store.view(now, users, changes))?;
         let mailbox = subscription.mailbox();
-        Ok(subscription
-            .users()
+        Ok(users
             .iter()
             .zip(views)
             .map(|(user_id, view)| Shown { visible: !mailbox.is_hidden(user_id), view })

@@ -143,14 +143,23 @@ impl PresenceApi for PresenceService {
         let request = request.get_ref();
         let user_ids = wire::user_ids("user_ids", &request.user_ids)?;
         let batch_window = wire::batch_window(request.batch_window_ms)?;
-        Ok(Response::new(watch::open(Arc::clone(&self.context), user_ids, viewer, batch_window).await?))
+        let known_versions = wire::known_versions(&request.known_versions)?;
+        let options = watch::WatchOptions { viewer, batch_window, known_versions };
+        Ok(Response::new(watch::open(Arc::clone(&self.context), user_ids, options).await?))
     }
 
-    // Rooms, signals and UpdateWatch are being built; until each lands it is refused as not implemented.
-    async fn update_watch(&self, _request: Request<pb::UpdateWatchRequest>) -> Answer<pb::UpdateWatchResponse> {
-        Err(Status::unimplemented("UpdateWatch is not implemented yet"))
+    async fn update_watch(&self, request: Request<pb::UpdateWatchRequest>) -> Answer<pb::UpdateWatchResponse> {
+        let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id)?;
+        let request = request.get_ref();
+        let update = watch::WatchUpdate {
+            add: wire::user_ids("add_user_ids", &request.add_user_ids)?,
+            remove: wire::user_ids("remove_user_ids", &request.remove_user_ids)?,
+        };
+        self.context.watches.update(&request.watch_id, viewer.as_deref(), update).await?;
+        Ok(Response::new(pb::UpdateWatchResponse {}))
     }
 
+    // Rooms and signals are being built; until each lands it is refused as not implemented.
     async fn join(&self, _request: Request<pb::JoinRequest>) -> Answer<pb::JoinResponse> {
         Err(Status::unimplemented("Join is not implemented yet"))
     }

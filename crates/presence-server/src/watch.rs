@@ -1,4 +1,4 @@
-//! One viewer's Watch stream (E3, E4, P3, P4).
+//! One viewer's Watch stream (E3, E4, E7, E8, P3, P4).
 //!
 //! Order of operations is what makes the stream gap-free: subscribe first,
 //! then read the snapshot, then forward only changes newer than what the
@@ -6,7 +6,20 @@
 //! delivery is dropped as not newer); a change made after it is published
 //! after the subscription existed, so it reaches the mailbox. A resync repeats
 //! the same steps on the live subscription: the mailbox was emptied before the
-//! fresh snapshot is read, so again nothing falls between them.
+//! fresh snapshot is read, so again nothing falls between them. The versions
+//! the viewer holds live in its mailbox, which drops what is not newer.
+//!
+//! Changing the watched set (E7) follows the same order, for the added users
+//! only, and is done by the stream's own task: `UpdateWatch` hands it the
+//! change and waits for it, so the `added` event goes out after every update
+//! taken before the change and before any update of an added user. Removed
+//! users leave their topics before their slots empty, so nothing of them
+//! arrives afterwards; users that stay keep their slots and lose nothing.
+//!
+//! Resume (E8): with `known_versions`, the opening snapshot leaves out every
+//! user whose version, as this viewer may see it, is the one the viewer says
+//! it holds. A hidden user is seen at version 0, exactly as a user never seen
+//! (P3), so leaving it out or sending it tells nothing a user never seen would not.
 //!
 //! Batching: with a batch window, the stream waits that long after a change
 //! becomes pending before it takes the mailbox, and sends what it took as one
@@ -18,44 +31,139 @@
 //! hidden in the snapshot; from then on the mailbox keeps hidden users'
 //! changes out, and changes of relations arrive as ordinary updates.
 
+use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use dashmap::DashMap;
 use hashbrown::HashMap;
 use presence_core::{CompactString, State};
 use presence_proto::v1::{UserPresence, WatchEvent};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 use crate::context::Context;
 use crate::error::ServiceError;
 use crate::hub::{Delivery, Pending, PendingChanges, Subscription};
 use crate::privacy::Shown;
-use crate::wire;
+use crate::wire::{self, MAX_USERS_PER_REQUEST};
 
 /// Items the gRPC layer has not yet sent; the viewer's mailbox conflates the rest.
 const STREAM_BUFFER: usize = 64;
 
+/// `UpdateWatch` calls one stream may have waiting for its task; more wait to hand theirs over.
+const PENDING_UPDATES: usize = 4;
+
 /// The stream type the Watch RPC returns.
 pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<WatchEvent, Status>>;
 
-/// Opens a watch of `user_ids` for `viewer` (`None`: a service acting for no
-/// viewer) and spawns the task that feeds it; with a `batch_window`, changes
-/// go out in batches gathered over that window.
+/// What a Watch is opened with.
+#[derive(Debug)]
+pub(crate) struct WatchOptions {
+    /// Who it is for; `None`: a service acting for no viewer.
+    pub(crate) viewer: Option<CompactString>,
+    /// With a window, changes go out in batches gathered over it.
+    pub(crate) batch_window: Option<Duration>,
+    /// The versions the viewer holds (E8).
+    pub(crate) known_versions: HashMap<CompactString, u64>,
+}
+
+/// A change of a Watch's users (E7), validated.
+#[derive(Debug)]
+pub(crate) struct WatchUpdate {
+    pub(crate) add: Vec<CompactString>,
+    pub(crate) remove: Vec<CompactString>,
+}
+
+/// The open Watch streams of one server, by `watch_id`, for `UpdateWatch`.
+#[derive(Debug)]
+pub(crate) struct Watches {
+    open: Arc<DashMap<CompactString, WatchHandle>>,
+    /// Differs from one process to the next, so a watch id names one stream of one run.
+    run: u64,
+    next: AtomicU64,
+}
+
+/// A change handed to a Watch's task, and where to answer it.
+type UpdateRequest = (WatchUpdate, oneshot::Sender<Result<(), ServiceError>>);
+
+#[derive(Debug)]
+struct WatchHandle {
+    /// The viewer the Watch belongs to (`None`: a service's, for no viewer).
+    owner: Option<CompactString>,
+    updates: mpsc::Sender<UpdateRequest>,
+}
+
+impl Default for Watches {
+    fn default() -> Self {
+        Watches {
+            open: Arc::default(),
+            run: std::collections::hash_map::RandomState::new().hash_one(0u8),
+            next: AtomicU64::new(1),
+        }
+    }
+}
+
+impl Watches {
+    /// Hands `update` to the Watch `watch_id` of `caller` and waits until it
+    /// is applied. A watch of another caller is answered exactly as one that
+    /// does not exist.
+    pub(crate) async fn update(
+        &self,
+        watch_id: &str,
+        caller: Option<&str>,
+        update: WatchUpdate,
+    ) -> Result<(), ServiceError> {
+        let not_found = || ServiceError::WatchNotFound { watch_id: watch_id.into() };
+        let updates = match self.open.get(watch_id) {
+            Some(handle) if handle.owner.as_deref() == caller => handle.updates.clone(),
+            _ => return Err(not_found()),
+        };
+        let (reply, applied) = oneshot::channel();
+        updates.send((update, reply)).await.map_err(|_| not_found())?;
+        applied.await.map_err(|_| not_found())?
+    }
+
+    fn register(&self, owner: Option<CompactString>) -> (WatchRegistration, mpsc::Receiver<UpdateRequest>) {
+        let id = CompactString::from(format!("{:016x}{:x}", self.run, self.next.fetch_add(1, Ordering::Relaxed)));
+        let (updates, received) = mpsc::channel(PENDING_UPDATES);
+        self.open.insert(id.clone(), WatchHandle { owner, updates });
+        (WatchRegistration { open: Arc::clone(&self.open), id }, received)
+    }
+}
+
+/// A Watch's entry among the open ones; leaves when dropped.
+struct WatchRegistration {
+    open: Arc<DashMap<CompactString, WatchHandle>>,
+    id: CompactString,
+}
+
+impl Drop for WatchRegistration {
+    fn drop(&mut self) {
+        self.open.remove(&self.id);
+    }
+}
+
+/// Opens a watch of `user_ids` and spawns the task that feeds it.
 pub(crate) async fn open(
     context: Arc<Context>,
     user_ids: Vec<CompactString>,
-    viewer: Option<CompactString>,
-    batch_window: Option<Duration>,
+    options: WatchOptions,
 ) -> Result<WatchStream, ServiceError> {
+    let WatchOptions { viewer, batch_window, known_versions } = options;
     let (subscription, shown) = context.privacy.subscribe(user_ids, context.watch_buffer, viewer.clone())?;
     let exact_activity = viewer.is_none();
-    let (held, first) = snapshot_event(&context, &subscription, &shown, exact_activity).await?;
+    let (registration, updates) = context.watches.register(viewer);
+    let users = subscription.users();
+    let mut first = snapshot_event(&context, &subscription, &users, &shown, exact_activity, &known_versions).await?;
+    wire::set_watch_id(&mut first, &registration.id);
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tx.try_send(Ok(first)).expect("a new channel has room");
     tokio::spawn(async move {
         let _viewer = ViewerGauge::open(&context);
-        forward(&context, &subscription, held, &tx, exact_activity, batch_window).await;
+        let stream = Stream { context: &context, subscription: &subscription, tx: &tx, exact_activity, batch_window };
+        stream.forward(updates, &registration.id).await;
     });
     Ok(WatchStream::new(rx))
 }
@@ -78,137 +186,199 @@ impl Drop for ViewerGauge {
     }
 }
 
-/// The snapshot event, and the versions the viewer holds once it has it
-/// (0 for hidden users, as for users never seen).
+/// A snapshot event of `users` (shown as `shown`), leaving out those whose
+/// version as shown is the one `known` gives; the mailbox records what the
+/// viewer then holds (0 for hidden users, as for users never seen).
 async fn snapshot_event(
     context: &Context,
     subscription: &Subscription,
+    users: &[CompactString],
     shown: &[Shown],
     exact_activity: bool,
-) -> Result<(HashMap<CompactString, u64>, WatchEvent), ServiceError> {
-    let held = subscription
-        .users()
+    known: &HashMap<CompactString, u64>,
+) -> Result<WatchEvent, ServiceError> {
+    let seen = |shown: &Shown| if shown.visible { shown.view.presence.version } else { 0 };
+    subscription.mailbox().hold(users, shown.iter().map(seen));
+    let (sent_users, sent): (Vec<CompactString>, Vec<Shown>) = users
         .iter()
         .zip(shown)
-        .map(|(user_id, shown)| (user_id.clone(), if shown.visible { shown.view.presence.version } else { 0 }))
-        .collect();
-    let users = context.released(subscription.users(), shown, exact_activity).await?;
-    Ok((held, wire::snapshot_event(users)))
+        .filter(|(user_id, shown)| known.get(*user_id) != Some(&seen(shown)))
+        .map(|(user_id, shown)| (user_id.clone(), shown.clone()))
+        .unzip();
+    let partial = sent_users.len() < users.len();
+    let released = context.released(&sent_users, &sent, exact_activity).await?;
+    Ok(wire::snapshot_event(released, partial))
 }
 
-/// The updates for changes taken from the mailbox, newer than what the viewer holds.
-async fn updates(
-    context: &Context,
-    changes: PendingChanges,
-    held: &mut HashMap<CompactString, u64>,
-) -> Vec<UserPresence> {
-    let fresh: Vec<(CompactString, Pending)> = changes
-        .into_iter()
-        .filter(|(user_id, pending)| {
-            let version = pending.presence.version;
-            match held.get_mut(user_id) {
-                // Already delivered, or older than the snapshot.
-                Some(shown) if version <= *shown => false,
-                Some(shown) => {
-                    *shown = version;
-                    true
-                }
-                None => {
-                    held.insert(user_id.clone(), version);
-                    true
-                }
-            }
-        })
-        .collect();
+/// The updates for changes taken from the mailbox.
+async fn updates(context: &Context, changes: PendingChanges) -> Vec<UserPresence> {
     // Last seen travels with OFFLINE updates of users the viewer may see.
-    let offline: Vec<&str> = fresh
+    let offline: Vec<&str> = changes
         .iter()
         .filter(|(_, pending)| !pending.hidden && pending.presence.state == State::Offline)
         .map(|(user_id, _)| user_id.as_str())
         .collect();
-    let active: HashMap<&str, u64> = match context.activity.last_active_at(&offline).await {
-        Ok(active) => offline.iter().copied().zip(active).collect(),
-        Err(err) => {
-            tracing::warn!(%err, "cannot read activity; the updates go out without last seen");
-            HashMap::new()
+    let active: HashMap<&str, u64> = if offline.is_empty() {
+        HashMap::new()
+    } else {
+        match context.activity.last_active_at(&offline).await {
+            Ok(active) => offline.iter().copied().zip(active).collect(),
+            Err(err) => {
+                tracing::warn!(%err, "cannot read activity; the updates go out without last seen");
+                HashMap::new()
+            }
         }
     };
-    fresh
+    changes
         .iter()
         .map(|(user_id, pending)| {
             if pending.hidden {
                 return wire::presence(user_id, pending.presence);
             }
-            let shown = Shown {
-                view: presence_core::UserView { presence: pending.presence, status: pending.status.clone() },
-                visible: true,
-            };
             let last_active_at = active.get(user_id.as_str()).copied().unwrap_or(0);
-            wire::released(user_id, &context.privacy.release(&shown, last_active_at, false))
+            wire::released(user_id, &context.privacy.release(&shown(pending), last_active_at, false))
         })
         .collect()
 }
 
-/// Forwards the mailbox to the stream until the viewer leaves or the server shuts down.
-async fn forward(
-    context: &Context,
-    subscription: &Subscription,
-    mut held: HashMap<CompactString, u64>,
-    tx: &mpsc::Sender<Result<WatchEvent, Status>>,
+/// A visible user's pending change, as shown.
+fn shown(pending: &Pending) -> Shown {
+    Shown {
+        view: presence_core::UserView { presence: pending.presence, status: pending.status.clone() },
+        visible: true,
+    }
+}
+
+/// What feeds one Watch stream.
+struct Stream<'a> {
+    context: &'a Context,
+    subscription: &'a Subscription,
+    tx: &'a mpsc::Sender<Result<WatchEvent, Status>>,
     exact_activity: bool,
     batch_window: Option<Duration>,
-) {
-    'stream: loop {
-        tokio::select! {
-            () = subscription.mailbox().ready() => {}
-            () = tx.closed() => return,
-            () = context.stopping.cancelled() => break 'stream,
-        }
-        if let Some(window) = batch_window {
-            // Let the batch gather; changes that come meanwhile join it (the
-            // mailbox keeps the wake-up permit, so nothing is lost by not waiting on it).
+}
+
+/// Why a stream's task stops.
+enum End {
+    /// The viewer left.
+    Gone,
+    /// The server is shutting down: the viewer is told so.
+    Stopping,
+}
+
+impl Stream<'_> {
+    /// Forwards the mailbox (and applies `UpdateWatch` changes) until the
+    /// viewer leaves or the server shuts down.
+    async fn forward(&self, mut updates: mpsc::Receiver<UpdateRequest>, watch_id: &str) {
+        let end = loop {
             tokio::select! {
-                () = tokio::time::sleep(window) => {}
-                () = tx.closed() => return,
-                () = context.stopping.cancelled() => break 'stream,
+                () = self.subscription.mailbox().ready() => {}
+                Some((update, reply)) = updates.recv() => match self.change(update, reply).await {
+                    Ok(()) => continue,
+                    Err(end) => break end,
+                },
+                () = self.tx.closed() => break End::Gone,
+                () = self.context.stopping.cancelled() => break End::Stopping,
             }
+            if let Some(window) = self.batch_window {
+                // Let the batch gather; changes that come meanwhile join it (the
+                // mailbox keeps the wake-up permit, so nothing is lost by not waiting on it).
+                tokio::select! {
+                    () = tokio::time::sleep(window) => {}
+                    () = self.tx.closed() => break End::Gone,
+                    () = self.context.stopping.cancelled() => break End::Stopping,
+                }
+            }
+            if let Err(end) = self.deliver(watch_id).await {
+                break end;
+            }
+        };
+        if let End::Stopping = end {
+            let _ = self.tx.try_send(Err(ServiceError::ShuttingDown.into()));
         }
+    }
+
+    /// Sends what the mailbox holds: changes, or a resync.
+    async fn deliver(&self, watch_id: &str) -> Result<(), End> {
+        let context = self.context;
         let mut delivered = 0;
-        let events: Vec<WatchEvent> = match subscription.mailbox().take() {
-            Delivery::Resync => match resync(context, subscription, exact_activity).await {
-                Ok((fresh, event)) => {
+        let events: Vec<WatchEvent> = match self.subscription.mailbox().take() {
+            Delivery::Resync => match self.resync(watch_id).await {
+                Ok(event) => {
                     context.metrics().resyncs.increment(1);
-                    held = fresh;
                     vec![event]
                 }
                 Err(err) => {
-                    let _ = tx.send(Err(err.into())).await;
-                    return;
+                    let _ = self.tx.send(Err(err.into())).await;
+                    return Err(End::Gone);
                 }
             },
+            Delivery::Changes(changes) if changes.is_empty() => return Ok(()),
             Delivery::Changes(changes) => {
-                let updates = updates(context, changes, &mut held).await;
+                let updates = updates(context, changes).await;
                 delivered = updates.len() as u64;
-                wire::update_events(updates, batch_window.is_some())
+                wire::update_events(updates, self.batch_window.is_some())
             }
         };
         for event in events {
-            tokio::select! {
-                sent = tx.send(Ok(event)) => if sent.is_err() { return },
-                () = context.stopping.cancelled() => break 'stream,
-            }
+            self.send(event).await?;
         }
         context.metrics().watch_updates.increment(delivered);
+        Ok(())
     }
-    let _ = tx.try_send(Err(ServiceError::ShuttingDown.into()));
-}
 
-/// A fresh snapshot for a viewer that fell behind (E4).
-async fn resync(
-    context: &Context,
-    subscription: &Subscription,
-    exact_activity: bool,
-) -> Result<(HashMap<CompactString, u64>, WatchEvent), ServiceError> {
-    let shown = context.privacy.resync(subscription)?;
-    snapshot_event(context, subscription, &shown, exact_activity).await
+    async fn send(&self, event: WatchEvent) -> Result<(), End> {
+        tokio::select! {
+            sent = self.tx.send(Ok(event)) => sent.map_err(|_| End::Gone),
+            () = self.context.stopping.cancelled() => Err(End::Stopping),
+        }
+    }
+
+    /// A fresh snapshot for a viewer that fell behind (E4).
+    async fn resync(&self, watch_id: &str) -> Result<WatchEvent, ServiceError> {
+        let (users, shown) = self.context.privacy.resync(self.subscription)?;
+        let mut event =
+            snapshot_event(self.context, self.subscription, &users, &shown, self.exact_activity, &HashMap::new())
+                .await?;
+        wire::set_watch_id(&mut event, watch_id);
+        Ok(event)
+    }
+
+    /// Applies one `UpdateWatch` (E7) and answers it: removals first, then
+    /// additions, whose current presence goes out as one `added` event.
+    async fn change(&self, update: WatchUpdate, reply: oneshot::Sender<Result<(), ServiceError>>) -> Result<(), End> {
+        let subscription = self.subscription;
+        subscription.remove(&update.remove);
+        let watched = subscription.mailbox().len();
+        let new = subscription.mailbox().unwatched(&update.add);
+        if watched + new > MAX_USERS_PER_REQUEST {
+            let reason = format!(
+                "the watch would follow {} users, more than the limit of {MAX_USERS_PER_REQUEST}",
+                watched + new
+            );
+            let _ = reply.send(Err(ServiceError::invalid("add_user_ids", reason)));
+            return Ok(());
+        }
+        let added = match self.context.privacy.add(subscription, update.add) {
+            Ok(added) => added,
+            Err(err) => {
+                let _ = reply.send(Err(err));
+                return Ok(());
+            }
+        };
+        let (users, shown) = added;
+        if !users.is_empty() {
+            match snapshot_event(self.context, subscription, &users, &shown, self.exact_activity, &HashMap::new()).await
+            {
+                Ok(event) => self.send(wire::added_event(event)).await?,
+                Err(err) => {
+                    // The users stay watched; their changes reach the viewer from now on.
+                    let _ = reply.send(Err(err));
+                    return Ok(());
+                }
+            }
+        }
+        let _ = reply.send(Ok(()));
+        Ok(())
+    }
 }

@@ -175,6 +175,30 @@ pub(crate) fn user_ids(field: &'static str, ids: &[String]) -> Result<Vec<Compac
         .collect()
 }
 
+/// `WatchRequest.known_versions` (E8): at most [`MAX_USERS_PER_REQUEST`]
+/// entries, each keyed by a valid id.
+pub(crate) fn known_versions(
+    known: &std::collections::HashMap<String, u64>,
+) -> Result<hashbrown::HashMap<CompactString, u64>, ServiceError> {
+    const FIELD: &str = "known_versions";
+    if known.len() > MAX_USERS_PER_REQUEST {
+        return Err(ServiceError::invalid(
+            FIELD,
+            format!("{} entries, more than the limit of {MAX_USERS_PER_REQUEST} per request", known.len()),
+        ));
+    }
+    known
+        .iter()
+        .map(|(user_id, version)| {
+            presence_core::validate_id(FIELD, user_id).map_err(|err| match ServiceError::from(err) {
+                ServiceError::InvalidArgument { reason, .. } => ServiceError::invalid(FIELD, format!("key {reason}")),
+                other => other,
+            })?;
+            Ok((CompactString::from(user_id.as_str()), *version))
+        })
+        .collect()
+}
+
 /// A list of ids a change applies to: like [`user_ids`], and not empty.
 pub(crate) fn nonempty_ids(field: &'static str, ids: &[String]) -> Result<Vec<CompactString>, ServiceError> {
     if ids.is_empty() {
@@ -332,8 +356,27 @@ pub(crate) fn lease_refused(err: &ServiceError) -> pb::LeaseResult {
 }
 
 /// The opening snapshot of a Watch, or a resync.
-pub(crate) fn snapshot_event(users: Vec<pb::UserPresence>) -> pb::WatchEvent {
-    pb::WatchEvent { event: Some(watch_event::Event::Snapshot(pb::Snapshot { users, ..Default::default() })) }
+pub(crate) fn snapshot_event(users: Vec<pb::UserPresence>, partial: bool) -> pb::WatchEvent {
+    pb::WatchEvent {
+        event: Some(watch_event::Event::Snapshot(pb::Snapshot { users, partial, watch_id: String::new() })),
+    }
+}
+
+/// Names the stream in a snapshot event, for `UpdateWatch`.
+pub(crate) fn set_watch_id(event: &mut pb::WatchEvent, watch_id: &str) {
+    if let Some(watch_event::Event::Snapshot(snapshot)) = &mut event.event {
+        snapshot.watch_id = watch_id.to_owned();
+    }
+}
+
+/// A snapshot event of users just added to a watch, as the `added` event.
+pub(crate) fn added_event(snapshot: pb::WatchEvent) -> pb::WatchEvent {
+    match snapshot.event {
+        Some(watch_event::Event::Snapshot(pb::Snapshot { users, .. })) => {
+            pb::WatchEvent { event: Some(watch_event::Event::Added(pb::Snapshot { users, ..Default::default() })) }
+        }
+        other => pb::WatchEvent { event: other },
+    }
 }
 
 /// The events that carry `updates`: one each, or all in one batch.
