@@ -47,7 +47,7 @@ EXPIRY_SCALE_GATEWAY_SESSIONS=${EXPIRY_SCALE_GATEWAY_SESSIONS:-10000}  # renewed
 EXPIRY_SCALE_GATEWAY_RATE=${EXPIRY_SCALE_GATEWAY_RATE:-1000}          # renewals/s, steady
 EXPIRY_SCALE_REDIS_USERS=${EXPIRY_SCALE_REDIS_USERS:-0}  # 0 = no Redis run (see expiry-scale below)
 H2LOAD_THREADS=${H2LOAD_THREADS:-2}           # h2load -t: one per core, as the generator's default
-SCENARIOS=${SCENARIOS:-load unary-defaults h2load pinned batches memory expiry expiry-scale fanout fanout-million}
+SCENARIOS=${SCENARIOS:-load unary-defaults h2load pinned batches memory expiry expiry-scale fanout fanout-million resume}
 RESULTS=${RESULTS:-target/compare/$(date -u +%Y%m%dT%H%M%SZ)}
 REDIS_PORT=${REDIS_PORT:-$((20000 + RANDOM % 20000))}
 METRICS_PORT=${METRICS_PORT:-$((40000 + RANDOM % 20000))}   # presenced --metrics-listen (h2load)
@@ -283,6 +283,12 @@ for scenario in $SCENARIOS; do
                 --mode leases --batch 100 --concurrency 16 --connections 2
         done
         ;;
+    resume)
+        # presenced only (the Redis design has no resume): 1,000 viewers x 500 of 5,000 users
+        # reopen their Watch at once after nothing changed, without and with known_versions (E8).
+        fresh_servers
+        run resume-presenced presenced resume --viewers 1000 --watch 500 --population 5000
+        ;;
     memory)
         first=${MEMORY_SESSIONS%% *}
         for n in $MEMORY_SESSIONS; do
@@ -338,7 +344,7 @@ for scenario in $SCENARIOS; do
                 --stalled-viewer --mode unary --concurrency 16 --connections 2
         done
         ;;
-    *) echo "unknown scenario $scenario (load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million)" >&2; exit 2 ;;
+    *) echo "unknown scenario $scenario (load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume)" >&2; exit 2 ;;
     esac
 done
 stop_servers
@@ -471,6 +477,14 @@ for name, label in (("fanout-million-presenced", "fanout 1000 x 500 of 5,000, ba
     row(label, "gateway renew p99 ms", ms(g(p, "scenario", "phase_plain", "gateway_renew", "p99_ns")), None, "{:.3f}")
     row(label + " + stalled viewer", "gateway renew p99 ms", ms(g(p, "scenario", "phase_stalled", "gateway_renew", "p99_ns")), None, "{:.3f}")
     row(label + " + stalled viewer", "events/s", g(p, "scenario", "phase_stalled", "events_per_s"), None)
+p = rep("resume-presenced")
+if p:
+    for storm, label in (("storm_whole", "reconnect storm 1000 x 500, whole snapshots"),
+                         ("storm_resumed", "reconnect storm 1000 x 500, known_versions")):
+        row(label, "snapshot bytes", g(p, "scenario", storm, "response_bytes"), None)
+        row(label, "request bytes", g(p, "scenario", storm, "request_bytes"), None)
+        row(label, "all reopened, ms", g(p, "scenario", storm, "elapsed_ms"), None, "{:.1f}")
+    row("reconnect storm: snapshot bytes, whole / resumed", "ratio (target >= 20)", g(p, "scenario", "response_bytes_ratio"), None, "{:.1f}")
 w = [max(len(x[i]) for x in rows + [("scenario", "unit", "presenced", "redis", "ratio")]) for i in range(5)]
 line = lambda x: "  ".join(s.ljust(w[i]) if i < 2 else s.rjust(w[i]) for i, s in enumerate(x))
 out = [line(("scenario", "unit", "presenced", "redis", "ratio")), line(tuple("-" * n for n in w))] + [line(x) for x in rows]

@@ -5,7 +5,11 @@
 //! delayed or duplicate one and is dropped, and a snapshot is a resync that
 //! replaces everything. [`Watcher`] feeds a store from a `Watch` stream and,
 //! when the stream ends, reopens it with backoff and jitter and resyncs from
-//! the fresh snapshot instead of trying to replay what it missed.
+//! the fresh snapshot instead of trying to replay what it missed. A reopen
+//! says which version it holds of each user (E8), so the server sends only the
+//! users that changed meanwhile: a reconnect storm of viewers that missed
+//! nothing costs almost nothing. [`Watcher::update`] changes the watched users
+//! of the open stream (E7) and of every reopen after it.
 
 use std::collections::VecDeque;
 
@@ -59,6 +63,29 @@ impl ViewerStore {
         }
     }
 
+    /// Applies a resumed snapshot (`partial`: it left out users whose version
+    /// the viewer said it holds): the users sent replace what is held of them,
+    /// the others held and still in `watched` stay, the rest are forgotten.
+    pub fn apply_partial_snapshot(&mut self, users: &[pb::UserPresence], watched: &[String]) {
+        let watched: hashbrown::HashSet<&str> = watched.iter().map(String::as_str).collect();
+        self.users.retain(|user_id, _| watched.contains(user_id.as_str()));
+        for user in users {
+            self.users.insert(user.user_id.clone(), user.clone());
+        }
+    }
+
+    /// Forgets users no longer watched.
+    pub fn remove(&mut self, user_ids: &[String]) {
+        for user_id in user_ids {
+            self.users.remove(user_id);
+        }
+    }
+
+    /// The version held of each of `user_ids` that is held.
+    pub fn versions(&self, user_ids: &[String]) -> std::collections::HashMap<String, u64> {
+        user_ids.iter().filter_map(|user_id| self.users.get(user_id).map(|p| (user_id.clone(), p.version))).collect()
+    }
+
     /// The newest presence held for `user_id`.
     pub fn get(&self, user_id: &str) -> Option<&pb::UserPresence> {
         self.users.get(user_id)
@@ -109,6 +136,10 @@ pub struct Watcher {
     authorization: Option<tonic::metadata::AsciiMetadataValue>,
     /// Updates of a batch already applied to the store and not yet reported.
     unreported: VecDeque<pb::UserPresence>,
+    /// The open stream's name for `UpdateWatch`.
+    watch_id: String,
+    /// Whether a reopen sends the versions held (E8); on unless turned off.
+    resume: bool,
 }
 
 impl Watcher {
@@ -160,6 +191,8 @@ impl Watcher {
             failed: None,
             authorization,
             unreported: VecDeque::new(),
+            watch_id: String::new(),
+            resume: true,
         };
         watcher.reopen().await?;
         Ok(watcher)
@@ -211,7 +244,7 @@ impl Watcher {
                     }
                 }
                 Ok(Some(pb::WatchEvent { event: Some(watch_event::Event::Added(added)), .. })) => {
-                    // Only this client's own UpdateWatch adds users, and it does not call it yet.
+                    // Users this client's `update` added, with their presence.
                     for update in added.users {
                         if self.store.apply_update(&update) {
                             self.unreported.push_back(update);
@@ -219,7 +252,7 @@ impl Watcher {
                     }
                 }
                 Ok(Some(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)), .. })) => {
-                    self.store.apply_snapshot(&snapshot.users);
+                    self.apply_snapshot(snapshot);
                     return Some(WatcherEvent::Resynced);
                 }
                 Ok(Some(pb::WatchEvent { event: None, .. })) => {}
@@ -250,16 +283,72 @@ impl Watcher {
         self.failed.as_ref()
     }
 
+    /// Sets whether a reopen says which versions the viewer holds (E8; on by default).
+    pub fn set_resume(&mut self, resume: bool) {
+        self.resume = resume;
+    }
+
+    /// Adds users to the watch and removes others (E7), without reopening it:
+    /// added users arrive (as updates from [`next`](Self::next)) with their
+    /// presence, removed ones are forgotten and send nothing more, and no
+    /// change of the others is lost. Every later reopen watches the new set.
+    /// While the stream is broken only the set for the next reopen changes.
+    pub async fn update(&mut self, add: Vec<String>, remove: Vec<String>) -> Result<(), Status> {
+        if self.stream.is_some() {
+            let mut request = tonic::Request::new(pb::UpdateWatchRequest {
+                watch_id: self.watch_id.clone(),
+                add_user_ids: add.clone(),
+                remove_user_ids: remove.clone(),
+                viewer_id: self.request.viewer_id.clone(),
+            });
+            if let Some(authorization) = &self.authorization {
+                request.metadata_mut().insert("authorization", authorization.clone());
+            }
+            match self.client.update_watch(request).await {
+                Ok(_) => {}
+                // The stream ended meanwhile; the reopen watches the new set.
+                Err(status) if status.code() == Code::NotFound => self.stream = None,
+                Err(status) => return Err(status),
+            }
+        }
+        let removed: hashbrown::HashSet<&String> = remove.iter().collect();
+        self.request.user_ids.retain(|user_id| !removed.contains(user_id));
+        for user_id in add {
+            if !removed.contains(&user_id) && !self.request.user_ids.contains(&user_id) {
+                self.request.user_ids.push(user_id);
+            }
+        }
+        self.store.remove(&remove);
+        Ok(())
+    }
+
+    /// Applies a snapshot of the stream: a whole one replaces the store, a
+    /// resumed (`partial`) one only the users it carries.
+    fn apply_snapshot(&mut self, snapshot: pb::Snapshot) {
+        if !snapshot.watch_id.is_empty() {
+            self.watch_id = snapshot.watch_id;
+        }
+        if snapshot.partial {
+            self.store.apply_partial_snapshot(&snapshot.users, &self.request.user_ids);
+        } else {
+            self.store.apply_snapshot(&snapshot.users);
+        }
+    }
+
     /// Opens a stream and applies its first item, which must be a snapshot.
     async fn reopen(&mut self) -> Result<(), Status> {
-        let mut request = tonic::Request::new(self.request.clone());
+        let mut request = self.request.clone();
+        if self.resume {
+            request.known_versions = self.store.versions(&request.user_ids);
+        }
+        let mut request = tonic::Request::new(request);
         if let Some(authorization) = &self.authorization {
             request.metadata_mut().insert("authorization", authorization.clone());
         }
         let mut stream = self.client.watch(request).await?.into_inner();
         match stream.message().await? {
             Some(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)), .. }) => {
-                self.store.apply_snapshot(&snapshot.users);
+                self.apply_snapshot(snapshot);
                 self.stream = Some(stream);
                 self.attempt = 0;
                 Ok(())
@@ -374,6 +463,24 @@ mod tests {
         assert_eq!(store.iter().count(), 1);
         store.apply_snapshot(&[]);
         assert!(store.is_empty());
+    }
+
+    #[test]
+    fn e8_a_resumed_snapshot_replaces_only_the_users_it_carries() {
+        let mut store = ViewerStore::new();
+        store.apply_snapshot(&[presence("a", pb::State::Online, 7), presence("b", pb::State::Online, 3)]);
+        store.apply_update(&presence("gone", pb::State::Online, 1));
+        let watched = ["a".to_string(), "b".to_string(), "c".to_string()];
+        assert_eq!(store.versions(&watched), [("a".to_string(), 7), ("b".to_string(), 3)].into());
+        // b changed while the viewer was away; a did not; c is new; "gone" is no longer watched.
+        store.apply_partial_snapshot(
+            &[presence("b", pb::State::Offline, 4), presence("c", pb::State::Online, 2)],
+            &watched,
+        );
+        assert_eq!(held(&store, "a"), Some((pb::State::Online, 7)), "kept: the server left it out as unchanged");
+        assert_eq!(held(&store, "b"), Some((pb::State::Offline, 4)));
+        assert_eq!(held(&store, "c"), Some((pb::State::Online, 2)));
+        assert_eq!(store.get("gone"), None);
     }
 
     #[test]

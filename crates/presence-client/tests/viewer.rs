@@ -86,3 +86,32 @@ async fn a_batched_watcher_reports_each_update_of_a_batch_in_order() {
     assert_eq!(reported, users, "every update of the batch, in the order the users changed");
     assert!(users.iter().all(|user| held(&watcher, user) == Some(pb::State::Online)));
 }
+
+#[tokio::test]
+async fn e7_e8_watcher_changes_its_users_in_place_and_resumes_with_the_versions_it_holds() {
+    let server = TestServer::start(fast_config()).await;
+    let addr = server.addr;
+    let mut client = server.client().await;
+    client.register(register("a", "s", 60_000)).await.unwrap();
+    client.register(register("c", "s", 60_000)).await.unwrap();
+    let reconnect = Backoff { initial: Duration::from_millis(20), max: Duration::from_millis(200), factor: 2.0 };
+    let mut watcher = Watcher::open(client.clone(), vec!["a".into(), "b".into()], reconnect).await.unwrap();
+
+    watcher.update(vec!["c".into()], vec!["b".into()]).await.unwrap();
+    let event = within(PATIENCE, "c added", watcher.next()).await.unwrap();
+    let WatcherEvent::Update(added) = event else { panic!("the added user, got {event:?}") };
+    assert_eq!((added.user_id.as_str(), state_of(&added)), ("c", pb::State::Online));
+    assert_eq!(watcher.user_ids(), ["a", "c"]);
+    assert!(watcher.store().get("b").is_none(), "a removed user is forgotten");
+
+    // The server restarts keeping nothing; c's lease goes with it, a comes back.
+    server.stop().await;
+    let server = TestServer::start_on(addr, fast_config()).await;
+    let mut client = server.client().await;
+    client.register(register("a", "s", 60_000)).await.unwrap();
+    assert_eq!(within(PATIENCE, "a resync", watcher.next()).await.unwrap(), WatcherEvent::Resynced);
+    assert_eq!(held(&watcher, "a"), Some(pb::State::Online), "a's new version differed: sent");
+    assert_eq!(held(&watcher, "c"), Some(pb::State::Offline), "c's did: sent as it is now");
+    assert!(watcher.store().get("b").is_none(), "the reopen watched the changed set");
+    assert_eq!(watcher.store().len(), 2);
+}

@@ -28,6 +28,8 @@ pub(crate) enum Command {
     Expiry(ExpiryArgs),
     /// V viewers watching W users each while users flip; events/s, and gateway p99 with a stalled viewer.
     Fanout(FanoutArgs),
+    /// A reconnect storm (presenced): V viewers reopen their Watch at once, without and with `known_versions`.
+    Resume(ResumeArgs),
     /// Register one session on presenced and write its Renew as a gRPC frame, for `h2load -d FILE`.
     H2loadPrepare(H2loadPrepareArgs),
     /// Make a report of an h2load run: its output, its --log-file, presenced's metrics before and after.
@@ -42,6 +44,7 @@ impl Command {
             Command::Memory(a) => &a.common,
             Command::Expiry(a) => &a.common,
             Command::Fanout(a) => &a.common,
+            Command::Resume(a) => &a.common,
             Command::H2loadPrepare(a) => &a.common,
             Command::H2loadReport(a) => &a.common,
         }
@@ -317,6 +320,28 @@ pub(crate) struct FanoutArgs {
     #[arg(long, default_value_t = 2_000.0)]
     pub(crate) gateway_rate: f64,
     /// Viewer streams per HTTP/2 connection (presenced).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) viewers_per_connection: u64,
+    /// Lease TTL, ms.
+    #[arg(long, default_value_t = 600_000)]
+    pub(crate) ttl_ms: u32,
+}
+
+/// `resume` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ResumeArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    /// Viewers (V), one Watch stream each.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) viewers: u64,
+    /// Users each viewer watches (W), drawn from the population.
+    #[arg(long, default_value_t = 500)]
+    pub(crate) watch: u64,
+    /// Users that can be watched; every other one is ONLINE.
+    #[arg(long, default_value_t = 5_000)]
+    pub(crate) population: u64,
+    /// Viewer streams per HTTP/2 connection.
     #[arg(long, default_value_t = 100)]
     pub(crate) viewers_per_connection: u64,
     /// Lease TTL, ms.

@@ -5,7 +5,8 @@
 //! Scenarios (subcommands): `load` (register U×S sessions, then heartbeats for a
 //! duration), `memory` (resident memory per session), `expiry` (lag from lease deadline
 //! to the OFFLINE a viewer receives), `fanout` (events per second to many viewers, and
-//! gateway renewal latency with and without a stalled viewer), and `h2load-prepare` /
+//! gateway renewal latency with and without a stalled viewer), `resume` (a reconnect storm of
+//! viewers with and without `known_versions`), and `h2load-prepare` /
 //! `h2load-report` around an h2load run (an outside client's view of unary `Renew`). `--help` on each
 //! subcommand lists its flags; `benches/compare.sh` runs them all against both targets.
 
@@ -22,6 +23,7 @@ mod phase;
 mod progress;
 mod redis_seed;
 mod report;
+mod resume;
 mod server_cpu;
 mod stats;
 
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
             Command::Memory(args) => memory::run(args, progress).await,
             Command::Expiry(args) => expiry::run(args, progress).await,
             Command::Fanout(args) => fanout::run(args, progress).await,
+            Command::Resume(args) => resume::run(args, progress).await,
             Command::H2loadPrepare(args) => h2load::prepare(args).await,
             Command::H2loadReport(args) => h2load::report(args),
         }
