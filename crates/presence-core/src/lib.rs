@@ -23,7 +23,9 @@ mod validate;
 pub mod wheel;
 
 pub use compact_str::CompactString;
-pub use config::{ConfigError, MAX_FORGET_OFFLINE_AFTER_MS, MIN_FORGET_OFFLINE_AFTER_MS, StoreConfig};
+pub use config::{
+    ConfigError, MAX_FORGET_OFFLINE_AFTER_MS, MAX_OFFLINE_GRACE_MS, MIN_FORGET_OFFLINE_AFTER_MS, StoreConfig,
+};
 pub use error::LeaseError;
 pub use shard::LeaseView;
 pub use store::Store;

@@ -51,6 +51,7 @@ use std::hash::BuildHasher;
 use std::hint::black_box;
 
 use crate::checkpoint::{CheckpointWriter, UserRecord};
+use crate::config::StoreConfig;
 use crate::error::LeaseError;
 use crate::interner::{OriginRef, Origins};
 use crate::stamp::StampClock;
@@ -128,10 +129,15 @@ impl Link {
     }
 }
 
-/// The session id of a restart hold (see [`Lease::restart_hold`]), and of its
-/// gateway: empty, which no client's id can be. Checkpoints store holds under
-/// it, so it is part of the checkpoint format.
+/// The session id of a hold (see [`Lease::restart_hold`] and
+/// [`Lease::grace_hold`]), and of its gateway: empty, which no client's id can
+/// be. Checkpoints store restart holds under it, so it is part of the
+/// checkpoint format.
 const RESTART_HOLD_SESSION_ID: &str = "";
+
+/// The generation of a [`Lease::grace_hold`]; a restart hold's is 0. Stamps
+/// are far above both, and no checkpoint holds a grace hold.
+const GRACE_HOLD_GENERATION: u64 = 1;
 
 /// One session's lease (M1). 48 bytes: the layout is the memory budget (see
 /// the size test at the bottom).
@@ -176,9 +182,32 @@ impl Lease {
         Lease::new(RESTART_HOLD_SESSION_ID, 0, until, origin, true)
     }
 
-    /// Whether this is a [`Lease::restart_hold`] rather than a session's lease.
-    fn is_restart_hold(&self) -> bool {
+    /// A grace hold: keeps a user whose last lease ended by expiry or
+    /// unregister ONLINE until `until`, the end of its flap-damping window
+    /// (E6). Like a restart hold it is a lease nobody can name, so that it
+    /// costs no field in every user record and expires through the same
+    /// settling as any lease: when it runs out the user flips OFFLINE with the
+    /// window's end as the deadline, and a register before then removes it
+    /// and publishes nothing.
+    fn grace_hold(origin: OriginRef, until: Tick) -> Lease {
+        let mut hold = Lease::restart_hold(origin, until);
+        hold.generation = GRACE_HOLD_GENERATION;
+        hold
+    }
+
+    /// Whether this is a hold of either kind rather than a session's lease.
+    fn is_hold(&self) -> bool {
         self.session_id == RESTART_HOLD_SESSION_ID
+    }
+
+    /// Whether this is a [`Lease::restart_hold`].
+    fn is_restart_hold(&self) -> bool {
+        self.is_hold() && self.generation != GRACE_HOLD_GENERATION
+    }
+
+    /// Whether this is a [`Lease::grace_hold`].
+    fn is_grace_hold(&self) -> bool {
+        self.is_hold() && self.generation == GRACE_HOLD_GENERATION
     }
 
     fn next(&self) -> u32 {
@@ -290,8 +319,14 @@ pub(crate) struct Shard {
     origins: Origins,
     /// The status of each user that has one ([`User::has_status`]), by slot.
     statuses: HashMap<u32, Arc<Status>>,
-    /// Leases held.
+    /// Leases held, holds included.
     sessions: usize,
+    /// Grace holds among them (E6): not sessions, so not counted as ones.
+    grace_holds: usize,
+    /// How long a user whose last lease ended stays ONLINE (E6); 0: not at all.
+    offline_grace_ms: u64,
+    /// Flips hidden by damping since the start: registers that found a grace hold.
+    suppressed_flaps: u64,
     /// Users online.
     online: usize,
     /// Operations applied, for per-shard load metrics.
@@ -313,7 +348,7 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    pub(crate) fn new(now: Tick, min_renew_interval_ms: u32, forget_offline_after_ms: u64) -> Self {
+    pub(crate) fn new(now: Tick, config: &StoreConfig) -> Self {
         Shard {
             now,
             users: Vec::new(),
@@ -327,10 +362,13 @@ impl Shard {
             origins: Origins::default(),
             statuses: HashMap::new(),
             sessions: 0,
+            grace_holds: 0,
+            offline_grace_ms: config.offline_grace_ms,
+            suppressed_flaps: 0,
             online: 0,
             operations: 0,
-            min_renew_interval_ms,
-            forget_offline_after_ms,
+            min_renew_interval_ms: config.min_renew_interval_ms,
+            forget_offline_after_ms: config.forget_offline_after_ms,
             forgotten_since_tidy: 0,
             forgotten: 0,
             checkpoint_cursor: None,
@@ -348,6 +386,11 @@ impl Shard {
         let now = self.advance(now);
         let slot = self.find_or_insert(registration.user_id);
         self.settle(slot, now, changes);
+        // A register within the damping window: the flip it would have
+        // undone never happened (E6).
+        if self.remove_leases_where(slot, Lease::is_grace_hold).0 > 0 {
+            self.suppressed_flaps += 1;
+        }
 
         let generation = self.stamps.next(now);
         let expires_at = now + u64::from(ttl_ms);
@@ -542,7 +585,7 @@ impl Shard {
         self.unlink(slot, previous, index);
         self.free_lease(index);
         self.end_hold_once_every_session_closed(slot);
-        let changed = self.after_removal(slot, now, changes);
+        let changed = !self.hold_for_grace(slot, now + self.offline_grace_ms) && self.after_removal(slot, now, changes);
         Unregistered { outcome: UnregisterOutcome::Removed, changed, presence: self.users[slot as usize].presence() }
     }
 
@@ -560,12 +603,14 @@ impl Shard {
         self.settle(slot, now, changes);
         // A restart hold is no session: it is not revoked by id nor counted,
         // but it ends once no open session is left (see below).
-        let doomed = |lease: &Lease| !lease.is_restart_hold() && session_id.is_none_or(|id| lease.session_id == id);
+        let doomed = |lease: &Lease| !lease.is_hold() && session_id.is_none_or(|id| lease.session_id == id);
         let count = self.remove_leases_where(slot, doomed).0;
         if count > 0 {
             self.end_hold_once_every_session_closed(slot);
         }
-        let changed = count > 0 && self.after_removal(slot, now, changes);
+        // Revoke is never damped, and ends a damping already holding the user (E6).
+        let undamped = self.remove_leases_where(slot, Lease::is_grace_hold).0 > 0;
+        let changed = (count > 0 || undamped) && self.after_removal(slot, now, changes);
         Revoked {
             count: u32::try_from(count).unwrap_or(u32::MAX),
             changed,
@@ -651,7 +696,7 @@ impl Shard {
         let Some(slot) = self.find(user_id) else { return Vec::new() };
         self.settle(slot, now, changes);
         self.lease_indices(slot)
-            .filter(|&index| !self.lease(index).is_restart_hold()) // a hold is no session
+            .filter(|&index| !self.lease(index).is_hold()) // a hold is no session
             .map(|index| {
                 let lease = self.lease(index);
                 LeaseView {
@@ -709,7 +754,11 @@ impl Shard {
     }
 
     pub(crate) fn sessions(&self) -> usize {
-        self.sessions
+        self.sessions - self.grace_holds
+    }
+
+    pub(crate) fn suppressed_flaps(&self) -> u64 {
+        self.suppressed_flaps
     }
 
     pub(crate) fn online_users(&self) -> usize {
@@ -741,7 +790,10 @@ impl Shard {
         }
         let end = from.saturating_add(budget).min(self.users.len());
         for (slot, user) in self.users.iter().enumerate().take(end).skip(from) {
-            let leases: Vec<u32> = self.lease_indices(slot as u32).collect();
+            // A damped user is written with no lease for its grace hold: it
+            // restores as any online user with no lease does (E6, B3).
+            let leases: Vec<u32> =
+                self.lease_indices(slot as u32).filter(|&index| !self.lease(index).is_grace_hold()).collect();
             writer.user(&user.id, user.version, user.online(), u16::try_from(leases.len()).unwrap_or(u16::MAX));
             for index in leases.into_iter().take(usize::from(u16::MAX)) {
                 let lease = self.lease(index);
@@ -801,7 +853,11 @@ impl Shard {
         for lease in user.leases.iter().rev() {
             let last_heartbeat_at = lease.last_heartbeat_at.min(lease.expires_at);
             let origin = self.origins.acquire(lease.gateway_id, before_expiry(last_heartbeat_at, lease.expires_at));
-            let restored = Lease::new(lease.session_id, lease.generation, lease.expires_at, origin, lease.closing);
+            let mut restored = Lease::new(lease.session_id, lease.generation, lease.expires_at, origin, lease.closing);
+            if restored.is_hold() {
+                // Only restart holds are written; whatever a damaged file says, it is one.
+                restored.generation = 0;
+            }
             let index = self.push_lease(slot, restored);
             self.set_metadata(index, &lease.metadata);
         }
@@ -923,6 +979,9 @@ impl Shard {
     /// Frees an unlinked lease's slot, origin and metadata.
     fn free_lease(&mut self, index: u32) -> Lease {
         let lease = self.leases[index as usize].take().expect("a freed lease is occupied");
+        if lease.is_grace_hold() {
+            self.grace_holds -= 1;
+        }
         self.origins.release(lease.origin);
         if lease.has_metadata() {
             self.metadata.remove(&index);
@@ -1003,6 +1062,8 @@ impl Shard {
     /// when none is left, and clears its status if that expired: one change
     /// (one version) for whatever of the two happened.
     fn settle(&mut self, slot: u32, now: Tick, changes: &mut Changes) {
+        let first = self.users[slot as usize].first_lease();
+        let damped = first != NIL && self.lease(first).is_grace_hold();
         let (removed, last_deadline) = self.remove_leases_where(slot, |lease| lease.expires_at <= now);
         let status_expired = self.status_deadline(slot).is_some_and(|deadline| deadline <= now);
         if status_expired {
@@ -1015,8 +1076,12 @@ impl Shard {
         if (removed > 0 || status_expired) && user.first_lease() == NIL && self.status_deadline(slot).is_none() {
             self.cancel_timer(slot);
         }
-        if goes_offline {
-            self.flip(slot, State::Offline, now, Some(last_deadline), changes);
+        // The window starts when the last lease ended, at its deadline, so a
+        // user settled late (nobody touched it, the driver lagged) goes
+        // OFFLINE exactly when it would have on time (E6).
+        let grace_end = if damped { last_deadline } else { last_deadline + self.offline_grace_ms };
+        if goes_offline && !(grace_end > last_deadline && self.hold_for_grace(slot, grace_end)) {
+            self.flip(slot, State::Offline, now, Some(grace_end), changes);
         } else if status_expired {
             self.announce(slot, now, changes);
             self.arm_forget(slot, now);
@@ -1037,6 +1102,20 @@ impl Shard {
         if !open {
             self.remove_leases_where(slot, Lease::is_restart_hold);
         }
+    }
+
+    /// Flap damping (E6): if the user is ONLINE with no lease left and `until`
+    /// is still ahead, holds it ONLINE until then with a [`Lease::grace_hold`]
+    /// instead of flipping it, and says so; publishes nothing either way.
+    fn hold_for_grace(&mut self, slot: u32, until: Tick) -> bool {
+        let user = &self.users[slot as usize];
+        if self.offline_grace_ms == 0 || !user.online() || user.first_lease() != NIL || until <= self.now {
+            return false;
+        }
+        let origin = self.origins.acquire(RESTART_HOLD_SESSION_ID, before_expiry(self.now, until));
+        self.push_lease(slot, Lease::grace_hold(origin, until));
+        self.grace_holds += 1;
+        true
     }
 
     fn after_removal(&mut self, slot: u32, now: Tick, changes: &mut Changes) -> bool {
@@ -1245,6 +1324,10 @@ mod tests {
     const T0: Tick = 1_700_000_000_000;
     const FORGET_AFTER: u64 = 10_000;
 
+    fn shard_config() -> StoreConfig {
+        StoreConfig { min_renew_interval_ms: 0, forget_offline_after_ms: FORGET_AFTER, ..StoreConfig::default() }
+    }
+
     fn registration(user_id: &str) -> Registration<'_> {
         Registration { user_id, session_id: "s", gateway_id: "gw", ttl_ms: 1_000, metadata: &[] }
     }
@@ -1268,7 +1351,7 @@ mod tests {
     /// and the lease slab are small again, and what is left still works.
     #[test]
     fn b6_containers_shrink_when_most_users_are_forgotten() {
-        let mut shard = Shard::new(T0, 0, FORGET_AFTER);
+        let mut shard = Shard::new(T0, &shard_config());
         let mut changes = Vec::new();
         let kept = register_many(&mut shard, T0, (0..100).map(|i| format!("kept-{i}")));
         let passing = register_many(&mut shard, T0, (0..20_000).map(|i| format!("passing-{i}")));
@@ -1316,7 +1399,7 @@ mod tests {
     /// shard do not make it miss, or repeat, a user that is not forgotten.
     #[test]
     fn b6_forgetting_during_a_checkpoint_never_drops_an_unwritten_user() {
-        let mut shard = Shard::new(T0, 0, FORGET_AFTER);
+        let mut shard = Shard::new(T0, &shard_config());
         let mut changes = Vec::new();
         // The first 300 users go offline at once; the last 300 are online when
         // the first ones' window ends.
@@ -1356,7 +1439,7 @@ mod tests {
     /// no origin or gateway id is left behind.
     #[test]
     fn a_leases_origin_follows_its_writes_and_goes_with_it() {
-        let mut shard = Shard::new(T0, 0, FORGET_AFTER);
+        let mut shard = Shard::new(T0, &shard_config());
         let mut changes = Vec::new();
         let registration = |session_id, gateway_id| Registration {
             user_id: "u",
@@ -1390,7 +1473,7 @@ mod tests {
     /// when a forgotten user's slot is given to it.
     #[test]
     fn b6_a_status_moves_with_its_user_when_the_user_fills_a_forgotten_slot() {
-        let mut shard = Shard::new(T0, 0, FORGET_AFTER);
+        let mut shard = Shard::new(T0, &shard_config());
         let mut changes = Vec::new();
         let leaving = register_many(&mut shard, T0, (0..3).map(|i| format!("leaving-{i}")));
         let status = Status { availability: crate::Availability::Away, text: "lunch".into(), expires_at: None };

@@ -57,9 +57,7 @@ impl Store {
     /// A store with no leases whose clock starts at `now`.
     pub fn new(config: StoreConfig, now: Tick) -> Result<Self, ConfigError> {
         config.validate()?;
-        let shards = (0..config.shards)
-            .map(|_| Mutex::new(Shard::new(now, config.min_renew_interval_ms, config.forget_offline_after_ms)))
-            .collect();
+        let shards = (0..config.shards).map(|_| Mutex::new(Shard::new(now, &config))).collect();
         Ok(Store {
             config,
             shards,
@@ -324,6 +322,7 @@ impl Store {
             stats.sessions += shard.sessions();
             stats.online_users += shard.online_users();
             stats.users += shard.users();
+            stats.suppressed_flaps += shard.suppressed_flaps();
         }
         stats
     }

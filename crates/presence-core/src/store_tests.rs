@@ -69,7 +69,7 @@ fn drain(store: &Store, now: Tick, budget: usize) -> Changes {
 fn assert_only_forgets_left(store: &Store, now: Tick, last_idle: Tick) {
     let window = store.config().forget_offline_after_ms;
     assert!(drive(store, now, last_idle + window).is_empty(), "only forgetting was left");
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0, ..StoreStats::default() });
     assert_eq!(store.next_deadline(), None, "no timer is left behind");
 }
 
@@ -190,7 +190,7 @@ fn seed000_t2_silent_death_of_last_device_gives_exactly_one_offline_from_expire(
     }
     // The phone lease ran out at 60 s and the driver collected it without publishing anything
     // (stats do not settle, so this shows the timer did the work, not a read).
-    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 1 });
+    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 1, ..StoreStats::default() });
     assert_eq!(published.len(), 1, "{published:?}");
 
     // Silence from 95 s: nothing happens up to one tick before the deadline.
@@ -212,12 +212,12 @@ fn seed000_t2_silent_death_of_last_device_gives_exactly_one_offline_from_expire(
     at(&store, sec(700), &mut published);
     assert_eq!(published.len(), 2);
     assert_eq!(presence(&store, sec(700), "42"), offline_change.presence);
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 1 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 1, ..StoreStats::default() });
     // Ten minutes after going offline the user is forgotten (B6), silently.
     at(&store, sec(1_000), &mut published);
     assert_eq!(published.len(), 2);
     assert_eq!(presence(&store, sec(1_000), "42"), Presence::UNKNOWN);
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0, ..StoreStats::default() });
     assert_eq!(store.next_deadline(), None);
 }
 
@@ -288,7 +288,7 @@ fn seed000_t4_renewal_after_revoke_is_not_found_and_revives_nothing() {
     assert_eq!(published.len(), 2, "{published:?}");
     assert_eq!(presence(&store, sec(11), "42"), revoked.presence);
     assert!(leases(&store, sec(11), "42").is_empty());
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 1 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 1, ..StoreStats::default() });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -772,7 +772,7 @@ fn l6_revoke_all_deletes_every_lease_flips_offline_once_and_blocks_renewals() {
     let unknown = store.revoke(T0 + 4, "nobody", None, &mut changes).unwrap();
     assert_eq!(unknown, Revoked { count: 0, changed: false, presence: Presence::UNKNOWN });
     assert_eq!(changes.len(), 1);
-    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 2 });
+    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 2, ..StoreStats::default() });
     assert!(drive(&store, T0 + 4, T0 + 50).is_empty(), "no timer of u left to fire");
     assert_eq!(presence(&store, T0 + 50, "bystander").state, State::Online);
 }
@@ -886,7 +886,7 @@ fn e1_one_event_per_flip_when_many_users_expire_at_once_with_budget_one() {
     assert_eq!(store.stats().online_users, 10);
     let last = drain(&store, T0 + 100, 1);
     assert_eq!(last.len(), 10);
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 50 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 50, ..StoreStats::default() });
 }
 
 /// E1: an expiry racing a request on one user publishes one OFFLINE, whichever runs first.
@@ -1281,7 +1281,10 @@ fn l4_mass_expiry_of_10_000_users_at_one_ms_drains_fully_with_a_small_budget() {
         register(&store, T0, reg(&format!("user-{i}"), "s", "gw-a", 1_000), &mut changes);
     }
     assert_eq!(changes.len(), USERS);
-    assert_eq!(store.stats(), StoreStats { sessions: USERS, online_users: USERS, users: USERS });
+    assert_eq!(
+        store.stats(),
+        StoreStats { sessions: USERS, online_users: USERS, users: USERS, ..StoreStats::default() }
+    );
     assert!(drain(&store, T0 + 999, BUDGET).is_empty());
 
     let mut expired = Vec::new();
@@ -1308,7 +1311,7 @@ fn l4_mass_expiry_of_10_000_users_at_one_ms_drains_fully_with_a_small_budget() {
         assert_eq!(change.deadline, Some(T0 + 1_000), "{change:?}");
         assert_eq!(change.at, T0 + 1_000);
     }
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: USERS });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: USERS, ..StoreStats::default() });
     assert!(store.next_deadline().is_some_and(|next| next > T0 + 2_000), "only forget entries are left");
     assert!(drain(&store, T0 + 2_000, BUDGET).is_empty());
     assert_only_forgets_left(&store, T0 + 2_000, T0 + 1_000);
@@ -1346,26 +1349,34 @@ fn stats_count_sessions_online_users_and_known_users() {
     register(&store, T0, reg("b", "phone", "gw-a", 10), &mut changes);
     let c = register(&store, T0, reg("c", "phone", "gw-c", 200), &mut changes);
     register(&store, T0, reg("c", "phone", "gw-a", 200), &mut changes); // a reconnect adds no lease
-    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3 });
+    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3, ..StoreStats::default() });
 
     store.unregister(T0 + 1, "a", "phone", a.generation, 5, &mut changes).unwrap();
-    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3 }, "a lingering lease counts");
+    assert_eq!(
+        store.stats(),
+        StoreStats { sessions: 4, online_users: 3, users: 3, ..StoreStats::default() },
+        "a lingering lease counts"
+    );
     let _ = store.unregister(T0 + 1, "c", "phone", c.generation, 0, &mut changes);
-    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3 }, "stale close");
+    assert_eq!(
+        store.stats(),
+        StoreStats { sessions: 4, online_users: 3, users: 3, ..StoreStats::default() },
+        "stale close"
+    );
 
     // Expired but not yet collected leases still count, until something settles them.
-    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3 });
+    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3, ..StoreStats::default() });
     drain(&store, T0 + 10, 1);
-    assert_eq!(store.stats(), StoreStats { sessions: 2, online_users: 2, users: 3 });
+    assert_eq!(store.stats(), StoreStats { sessions: 2, online_users: 2, users: 3, ..StoreStats::default() });
     store.revoke(T0 + 11, "c", None, &mut changes).unwrap();
-    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 3 });
+    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 3, ..StoreStats::default() });
     let _ = store.snapshot(T0 + 11, &["x", "y"], &mut changes);
     let _ = store.renew(T0 + 11, "z", "s", 1, 0, &mut changes);
     let _ = store.unregister(T0 + 11, "z", "s", 1, 0, &mut changes);
     let _ = store.revoke(T0 + 11, "z", None, &mut changes);
     assert_eq!(store.stats().users, 3, "requests about unknown users create no records");
     drain(&store, T0 + 100, 1);
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 3 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 3, ..StoreStats::default() });
 }
 
 /// L7: renewals within the minimum interval are acknowledged without a write.
@@ -1659,7 +1670,7 @@ fn b6_m4_a_forgotten_user_that_comes_back_gets_a_version_above_any_it_had() {
     assert!(drive(&store, T0 + 11, T0 + 11 + FORGET_AFTER - 1).is_empty());
     assert_eq!(store.stats().users, 1);
     assert!(drive(&store, T0 + 11 + FORGET_AFTER - 1, T0 + 11 + FORGET_AFTER).is_empty());
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0, ..StoreStats::default() });
     assert_eq!(store.forgotten_users(), 1);
     assert_eq!(store.next_deadline(), None, "nothing is left of it, not even a timer");
     // It comes back, in the same millisecond as another user's flip in its shard
@@ -1821,4 +1832,119 @@ fn b6_a_pending_forget_rechecks_on_firing_and_a_status_cleared_later_starts_a_ne
     assert_eq!(store.stats().users, 1, "forgotten before a whole window had passed since the status was cleared");
     assert!(drive(&store, cleared + FORGET_AFTER - 1, cleared + FORGET_AFTER).is_empty());
     assert_eq!(store.stats().users, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// E6 Flap damping.
+
+/// A grace window of 1 s; small TTLs as in `small_store`.
+const GRACE: Tick = 1_000;
+
+fn damping_store() -> Store {
+    Store::new(StoreConfig { offline_grace_ms: GRACE, ..small_config() }, T0).expect("valid config")
+}
+
+/// E6: a lease that runs out, and one closed by unregister, then a register
+/// within the window: nothing is published, the version does not move, the
+/// register reports no change, and the flap is counted.
+#[test]
+fn e6_a_register_within_the_window_hides_the_flap_and_keeps_the_version() {
+    for close in ["expiry", "unregister", "linger"] {
+        let store = damping_store();
+        let mut changes = Vec::new();
+        let first = register(&store, T0, reg("u", "s", "gw-a", 100), &mut changes);
+        assert_eq!(changes.len(), 1);
+        let ended = match close {
+            "expiry" => T0 + 100,
+            "unregister" => {
+                let closed = store.unregister(T0 + 40, "u", "s", first.generation, 0, &mut changes).unwrap();
+                assert!(!closed.changed, "{close}: damped, so no flip");
+                assert_eq!(closed.presence, first.presence, "{close}");
+                T0 + 40
+            }
+            _ => {
+                store.unregister(T0 + 40, "u", "s", first.generation, 20, &mut changes).unwrap();
+                T0 + 60
+            }
+        };
+        let quiet = drive(&store, T0 + 40, ended + GRACE - 1);
+        assert!(quiet.is_empty() && changes.len() == 1, "{close}: a damped flap leaked: {quiet:?} {changes:?}");
+        assert_eq!(presence(&store, ended + GRACE - 1, "u"), first.presence, "{close}: still ONLINE, same version");
+        assert!(leases(&store, ended + GRACE - 1, "u").is_empty(), "{close}: the hold is no session");
+        assert_eq!(store.stats().sessions, 0, "{close}");
+        let again = register(&store, ended + GRACE - 1, reg("u", "s2", "gw-a", 100), &mut changes);
+        assert!(!again.changed, "{close}");
+        assert_eq!(again.presence, first.presence, "{close}: the version did not move");
+        assert_eq!(changes.len(), 1, "{close}: nothing published: {changes:?}");
+        assert_eq!(store.stats().suppressed_flaps, 1, "{close}");
+        // And once it really goes, one OFFLINE.
+        let gone = drive(&store, ended + GRACE - 1, ended + GRACE + 100 + GRACE);
+        assert_eq!(gone.len(), 1, "{close}: {gone:?}");
+    }
+}
+
+/// E6: without a register, OFFLINE comes at the end of the window, through
+/// the wheel, with the window's end as its deadline; never before.
+#[test]
+fn e6_without_a_register_offline_comes_at_the_end_of_the_window_through_the_wheel() {
+    let store = damping_store();
+    let mut changes = Vec::new();
+    register(&store, T0, reg("u", "s", "gw-a", 100), &mut changes);
+    assert!(drive(&store, T0, T0 + 100 + GRACE - 1).is_empty());
+    assert_eq!(presence(&store, T0 + 100 + GRACE - 1, "u").state, State::Online);
+    let published = drive(&store, T0 + 100 + GRACE - 1, T0 + 100 + GRACE);
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert_flip(&published[0], "u", State::Offline, T0 + 100 + GRACE, Some(T0 + 100 + GRACE));
+    assert_eq!(store.stats().suppressed_flaps, 0);
+    // Settled late by a read rather than on time by the driver: the same answer.
+    let late = damping_store();
+    register(&late, T0, reg("u", "s", "gw-a", 100), &mut changes);
+    let mut read = Vec::new();
+    let seen = late.snapshot(T0 + 10 * GRACE, &["u"], &mut read).unwrap()[0];
+    assert_eq!(seen.state, State::Offline);
+    assert_eq!(read.len(), 1);
+    assert_eq!(read[0].deadline, Some(T0 + 100 + GRACE), "the window started when the lease ended");
+}
+
+/// E6: revoke is never damped, and a revoke of a user held by damping flips
+/// it OFFLINE at once.
+#[test]
+fn e6_revoke_is_never_damped_and_ends_a_damping_hold_at_once() {
+    let store = damping_store();
+    let mut changes = Vec::new();
+    register(&store, T0, reg("u", "s", "gw-a", 100), &mut changes);
+    let revoked = store.revoke(T0 + 10, "u", None, &mut changes).unwrap();
+    assert_eq!((revoked.count, revoked.changed, revoked.presence.state), (1, true, State::Offline));
+    assert_eq!(changes.len(), 2);
+    assert_flip(&changes[1], "u", State::Offline, T0 + 10, None);
+
+    for session in [None, Some("s"), Some("other")] {
+        let store = damping_store();
+        let mut changes = Vec::new();
+        let first = register(&store, T0, reg("u", "s", "gw-a", 100), &mut changes);
+        store.unregister(T0 + 10, "u", "s", first.generation, 0, &mut changes).unwrap();
+        assert_eq!(changes.len(), 1, "damped");
+        let revoked = store.revoke(T0 + 20, "u", session, &mut changes).unwrap();
+        assert_eq!((revoked.count, revoked.changed), (0, true), "{session:?}: the hold is no session, but ends");
+        assert_eq!(changes.len(), 2, "{session:?}");
+        assert_flip(&changes[1], "u", State::Offline, T0 + 20, None);
+        assert!(drive(&store, T0 + 20, T0 + 20 + 2 * GRACE).is_empty(), "{session:?}: nothing at the window's end");
+    }
+}
+
+/// E6 with L3: closing one of two devices starts no window; the window
+/// starts when the last lease ends.
+#[test]
+fn e6_damping_only_starts_when_the_last_lease_ends() {
+    let store = damping_store();
+    let mut changes = Vec::new();
+    let phone = register(&store, T0, reg("u", "phone", "gw-a", 50), &mut changes);
+    register(&store, T0, reg("u", "laptop", "gw-a", 200), &mut changes);
+    store.unregister(T0 + 1, "u", "phone", phone.generation, 0, &mut changes).unwrap();
+    // The laptop ends at T0 + 200; the window after it, not after the phone.
+    assert!(drive(&store, T0 + 1, T0 + 200 + GRACE - 1).is_empty());
+    let published = drive(&store, T0 + 200 + GRACE - 1, T0 + 200 + GRACE);
+    assert_eq!(published.len(), 1);
+    assert_eq!(published[0].deadline, Some(T0 + 200 + GRACE));
+    assert_eq!(changes.len(), 1);
 }

@@ -201,4 +201,8 @@ pub struct StoreStats {
     /// Users the store holds a record for: online, or offline and not yet
     /// forgotten (see [`crate::StoreConfig::forget_offline_after_ms`]).
     pub users: usize,
+    /// Flips hidden by flap damping since the start (E6): registers that came
+    /// within a user's grace window, so that neither its OFFLINE nor the
+    /// ONLINE after it was published. A running total, for a metric.
+    pub suppressed_flaps: u64,
 }

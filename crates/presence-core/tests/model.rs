@@ -49,6 +49,7 @@ fn config() -> StoreConfig {
         max_ttl_ms: MAX_TTL,
         min_renew_interval_ms: 0,
         forget_offline_after_ms: FORGET_AFTER,
+        offline_grace_ms: 0,
     }
 }
 
@@ -583,6 +584,7 @@ impl Harness {
             sessions: self.total_leases(),
             online_users: self.users.values().filter(|u| u.online).count(),
             users: self.users.len(),
+            ..StoreStats::default()
         };
         // After a drain the model holds no expired lease, so this is also L4: the store has none
         // left either (stats count leases nobody has settled yet).
@@ -709,7 +711,7 @@ proptest! {
         let online = harness.users.values().filter(|u| u.online).count();
         let versions: BTreeMap<usize, u64> = harness.users.iter().map(|(&user, u)| (user, u.version)).collect();
         harness.run(&Step::Advance { by: u64::from(MAX_TTL) + 1, budget: 1 })?;
-        prop_assert_eq!(harness.store.stats(), StoreStats { sessions: 0, online_users: 0, users: harness.users.len() });
+        prop_assert_eq!(harness.store.stats(), StoreStats { sessions: 0, online_users: 0, users: harness.users.len(), ..StoreStats::default() });
         // (Users offline long enough are forgotten by this advance; those that flip are not.)
         let moved = versions.iter().filter(|&(user, v)| harness.users.get(user).is_some_and(|u| u.version != *v)).count();
         prop_assert_eq!(moved, online);
