@@ -377,7 +377,7 @@ impl Harness {
     /// the store acts at (`issued`, or later if a shard's clock is already past it).
     fn apply(&mut self, op: &Op, issued: Tick) -> TestResult {
         let now = self.now;
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let mut flips = Vec::new();
         match *op {
             Op::Register { target, gateway, ttl, with_metadata } => {
@@ -432,7 +432,7 @@ impl Harness {
                 prop_assert_eq!(registered.expires_at, expires_at);
                 prop_assert_eq!(registered.changed, changed);
                 prop_assert_eq!(registered.replaced, replaced);
-                self.take_changes(flips, &changes, true)?;
+                self.take_changes(flips, &changes.users, true)?;
                 prop_assert_eq!(registered.presence, self.presence(user));
             }
             Op::Renew { target, generation, ttl } => {
@@ -463,7 +463,7 @@ impl Harness {
                     }
                 };
                 prop_assert_eq!(result.map(|renewed| renewed.expires_at), expected);
-                self.take_changes(flips, &changes, true)?;
+                self.take_changes(flips, &changes.users, true)?;
             }
             Op::Unregister { target, generation, linger } => {
                 let (user, session) = self.resolve(target);
@@ -499,7 +499,7 @@ impl Harness {
                         }
                     },
                 };
-                self.take_changes(flips, &changes, true)?;
+                self.take_changes(flips, &changes.users, true)?;
                 prop_assert_eq!(result, Unregistered { outcome, changed, presence: self.presence(user) });
             }
             Op::Revoke { target, all } => {
@@ -526,7 +526,7 @@ impl Harness {
                         (count as u32, changed)
                     }
                 };
-                self.take_changes(flips, &changes, true)?;
+                self.take_changes(flips, &changes.users, true)?;
                 prop_assert_eq!(result, Revoked { count, changed, presence: self.presence(user) });
             }
             Op::Snapshot { ref users } => {
@@ -539,7 +539,7 @@ impl Harness {
                 for &user in users {
                     self.settle(user, &mut flips);
                 }
-                self.take_changes(flips, &changes, true)?;
+                self.take_changes(flips, &changes.users, true)?;
                 let expected: Vec<Presence> = users.iter().map(|&u| self.presence(u)).collect();
                 prop_assert_eq!(result, expected, "E2: snapshot of {:?}", ids);
             }
@@ -549,7 +549,7 @@ impl Harness {
 
     /// The expiry driver: drains `expire(now)` with a budget; every due user is settled.
     fn drain(&mut self, budget: usize) -> TestResult {
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let mut calls = 0;
         while self.store.expire(self.now, budget, &mut changes) {
             calls += 1;
@@ -563,7 +563,7 @@ impl Harness {
         for user in users {
             self.settle(user, &mut flips);
         }
-        self.take_changes(flips, &changes, false)?;
+        self.take_changes(flips, &changes.users, false)?;
         // B6: the driver forgot every user whose window ended by now, and only those.
         let now = self.now;
         self.users.retain(|_, u| u.forget_at().is_none_or(|at| at > now));
@@ -604,16 +604,16 @@ impl Harness {
         // Snapshot of everyone, plus an unknown user.
         let mut ids: Vec<&str> = USERS.to_vec();
         ids.push(UNKNOWN_USER);
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let snapshot = self.store.snapshot(now, &ids, &mut changes).unwrap();
         if drained {
-            prop_assert!(changes.is_empty(), "a read after draining settled something: {:?}", changes);
+            prop_assert!(changes.users.is_empty(), "a read after draining settled something: {:?}", changes);
         }
         let mut flips = Vec::new();
         for user in 0..USERS.len() {
             self.settle(user, &mut flips);
         }
-        self.take_changes(flips, &changes, true)?;
+        self.take_changes(flips, &changes.users, true)?;
         for (user, presence) in snapshot.iter().enumerate() {
             prop_assert_eq!(*presence, self.presence(user), "snapshot of {}", ids[user]);
         }
@@ -621,9 +621,9 @@ impl Harness {
         // M2: online iff a live lease, and the leases are the model's.
         let mut total = 0;
         for (user, id) in USERS.iter().enumerate() {
-            let mut changes = Vec::new();
+            let mut changes = Changes::default();
             let mut leases = self.store.leases(now, id, &mut changes).unwrap();
-            prop_assert!(changes.is_empty(), "listing leases after a snapshot settled something: {:?}", changes);
+            prop_assert!(changes.users.is_empty(), "listing leases after a snapshot settled something: {:?}", changes);
             leases.sort_by(|a, b| a.session_id.cmp(&b.session_id));
             let mut expected: Vec<LeaseView> = self
                 .users
@@ -694,7 +694,7 @@ type TestResult = Result<(), TestCaseError>;
 /// A request with a TTL outside the bounds is refused naming `ttl_ms`, and settles nothing.
 fn refused_for_ttl<T: std::fmt::Debug>(result: &Result<T, LeaseError>, changes: &Changes) -> TestResult {
     prop_assert!(matches!(result, Err(LeaseError::InvalidArgument { field: "ttl_ms", .. })), "{:?}", result);
-    prop_assert!(changes.is_empty(), "a refused request settled something: {:?}", changes);
+    prop_assert!(changes.users.is_empty(), "a refused request settled something: {:?}", changes);
     Ok(())
 }
 

@@ -68,7 +68,10 @@ impl ServiceError {
         match self {
             ServiceError::InvalidArgument { .. } => Code::InvalidArgument,
             ServiceError::Lease(LeaseError::NotFound { .. }) => Code::NotFound,
-            ServiceError::Lease(LeaseError::StaleGeneration { .. }) => Code::FailedPrecondition,
+            ServiceError::Lease(LeaseError::StaleGeneration { .. } | LeaseError::NotInRoom { .. }) => {
+                Code::FailedPrecondition
+            }
+            ServiceError::Lease(LeaseError::SignalRateExceeded { .. }) => Code::ResourceExhausted,
             ServiceError::Lease(LeaseError::InvalidArgument { .. }) => Code::InvalidArgument,
             ServiceError::PermissionDenied { .. } => Code::PermissionDenied,
             ServiceError::Unauthenticated(_) => Code::Unauthenticated,
