@@ -450,6 +450,8 @@ mod tests {
             max_ttl_ms: 5,
             min_renew_interval_ms: 6,
             forget_offline_after_ms: 7,
+            // Not a flag yet.
+            offline_grace_ms: 0,
         };
         ServerConfig {
             store,

@@ -26,7 +26,7 @@
 
 use std::time::Instant;
 
-use presence_core::{Registration, Store, StoreConfig, Tick};
+use presence_core::{Changes, Registration, Store, StoreConfig, Tick};
 
 /// Users online throughout: about what a small deployment holds at any time.
 const BASE: usize = 100_000;
@@ -53,9 +53,9 @@ fn mib(bytes: u64) -> f64 {
 }
 
 fn drain(store: &Store, now: Tick) {
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     while store.expire(now, EXPIRY_BATCH, &mut changes) {
-        changes.clear();
+        changes.users.clear();
     }
 }
 
@@ -67,7 +67,7 @@ fn main() {
     let forget_after = config.forget_offline_after_ms;
     let max_ttl = config.max_ttl_ms;
     let store = Store::new(config, T0).expect("the default configuration is valid");
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let mut id = String::new();
     let mut user_id = |prefix: &str, i: usize| {
         use std::fmt::Write;
@@ -83,7 +83,7 @@ fn main() {
             Registration { user_id: &user, session_id: "tab-1", gateway_id: "gw-1", ttl_ms: max_ttl, metadata: &[] };
         store.register(T0, &registration, &mut changes).expect("register");
     }
-    changes.clear();
+    changes.users.clear();
     drain(&store, T0);
     let start = rss_bytes();
 
@@ -103,7 +103,7 @@ fn main() {
             Registration { user_id: &user, session_id: "tab-1", gateway_id: "gw-1", ttl_ms: 0, metadata: &[] };
         let registered = store.register(now, &registration, &mut changes).expect("register");
         store.unregister(now, &user, "tab-1", registered.generation, 0, &mut changes).expect("unregister");
-        changes.clear();
+        changes.users.clear();
     }
     let passed = began.elapsed();
     let peak_users = store.stats().users;

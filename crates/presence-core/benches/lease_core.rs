@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use presence_core::{Registration, Renewal, Store, StoreConfig, Tick};
+use presence_core::{Changes, Registration, Renewal, Store, StoreConfig, Tick};
 
 const SIZES: [usize; 3] = [1_000, 100_000, 1_000_000];
 const START: Tick = 1_700_000_000_000;
@@ -34,7 +34,7 @@ fn loaded(size: usize) -> Loaded {
     let store = Store::new(StoreConfig { min_renew_interval_ms: 0, ..StoreConfig::default() }, START).unwrap();
     let users: Vec<String> = (0..size).map(user_id).collect();
     let sessions: Vec<String> = (0..size).map(session_id).collect();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let generations = (0..size)
         .map(|i| {
             let registration = Registration {
@@ -44,7 +44,7 @@ fn loaded(size: usize) -> Loaded {
                 ttl_ms: TTL_MS,
                 metadata: &[],
             };
-            changes.clear();
+            changes.users.clear();
             store.register(START, &registration, &mut changes).unwrap().generation
         })
         .collect();
@@ -62,7 +62,7 @@ fn register(c: &mut Criterion) {
         group.sample_size(sample_size(size));
         let loaded = loaded(size);
         let mut next = size;
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         group.bench_function(BenchmarkId::from_parameter(size), |b| {
             b.iter_custom(|iters| {
                 let ids: Vec<(String, String)> =
@@ -77,7 +77,7 @@ fn register(c: &mut Criterion) {
                         ttl_ms: TTL_MS,
                         metadata: &[],
                     };
-                    changes.clear();
+                    changes.users.clear();
                     black_box(loaded.store.register(START + 1, &registration, &mut changes).unwrap());
                 }
                 start.elapsed()
@@ -116,7 +116,7 @@ fn renewals(c: &mut Criterion, name: &str, batch: usize) {
                 ttl_ms: TTL_MS,
             }
         };
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         group.bench_function(BenchmarkId::from_parameter(size), |b| {
             b.iter(|| {
                 if batch == 1 {
@@ -141,7 +141,7 @@ fn unregister(c: &mut Criterion) {
         group.sample_size(sample_size(size));
         let mut loaded = loaded(size);
         let mut cursor = 0usize;
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         group.bench_function(BenchmarkId::from_parameter(size), |b| {
             b.iter_custom(|iters| {
                 let mut timed = Duration::ZERO;
@@ -177,7 +177,7 @@ fn unregister(c: &mut Criterion) {
                         loaded.generations[i] =
                             loaded.store.register(START + 2_000, &registration, &mut changes).unwrap().generation;
                     }
-                    changes.clear();
+                    changes.users.clear();
                     cursor = (cursor + chunk) % size;
                     left -= chunk;
                 }
@@ -198,9 +198,9 @@ fn expire_due_batch(c: &mut Criterion) {
                 || loaded(size).store,
                 |store| {
                     // Every lease ran out at the same millisecond: drain them as the server's driver does.
-                    let mut changes = Vec::with_capacity(size / 2);
+                    let mut changes = Changes { users: Vec::with_capacity(size / 2), ..Changes::default() };
                     while store.expire(START + u64::from(TTL_MS), 1_024, &mut changes) {}
-                    assert_eq!(changes.len(), size / 2);
+                    assert_eq!(changes.users.len(), size / 2);
                     store
                 },
                 BatchSize::PerIteration,

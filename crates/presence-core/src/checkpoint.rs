@@ -13,14 +13,20 @@
 //! checksum at the end has matched.
 //!
 //! ```text
-//! header   "PRESENCD" | format u32 = 1 | written_at u64 (store ms)
-//! clock    0x01 | last stamp u64                                      (one per shard)
+//! header   "PRESENCD" | format u32 = 2 | written_at u64 (store ms)
+//! clock    0x01 | last stamp u64                     (one per user shard and one per room shard)
 //! user     0x02 | id str | version u64 | online u8 | leases u16 | lease*
 //! lease    session str | gateway str | generation u64 | last heartbeat u64
 //!          | expires_at u64 | closing u8 | metadata u8 | (key str, value str)*
+//!          | rooms u16 | membership*                                  (format 2)
+//! membership  room str | order u64 | metadata u8 | (key str, value str)*
+//! room     0x03 | id str | access u8 (1: public)   (rooms with non-default access; format 2)
 //! end      0x00 | records u64 | crc32 u32
 //! str      length u16 | UTF-8 bytes
 //! ```
+//!
+//! Format 1 is format 2 without memberships and room records; it is still
+//! read. Signals are never written (S3): they are gone after a restart.
 
 use std::borrow::Cow;
 
@@ -28,13 +34,17 @@ use thiserror::Error;
 
 use crate::config::{ConfigError, StoreConfig};
 use crate::store::Store;
+use crate::types::RoomAccess;
 use crate::wheel::Tick;
 
 const MAGIC: &[u8; 8] = b"PRESENCD";
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
+/// The first format, before rooms: still read.
+const FORMAT_1: u32 = 1;
 const TAG_END: u8 = 0;
 const TAG_CLOCK: u8 = 1;
 const TAG_USER: u8 = 2;
+const TAG_ROOM: u8 = 3;
 /// How a flag (`online`, `closing`) is stored. The format's own codes, written
 /// out rather than taken from `bool as u8`, so that what is on disk is spelled
 /// here and nowhere else.
@@ -49,7 +59,7 @@ pub enum CheckpointError {
     #[error("not a presenced checkpoint (bad magic bytes)")]
     NotACheckpoint,
     /// Written by a format this build does not know.
-    #[error("checkpoint format {0} is not supported (this build reads format {FORMAT})")]
+    #[error("checkpoint format {0} is not supported (this build reads formats {FORMAT_1} and {FORMAT})")]
     UnsupportedFormat(u32),
     /// The bytes end before the end record: the write was cut short.
     #[error("checkpoint is truncated at byte {0}")]
@@ -89,6 +99,28 @@ pub struct CheckpointLease {
     pub closing: bool,
     /// Its metadata.
     pub metadata: Vec<(String, String)>,
+    /// The rooms the session is in, most recently joined first (none in format 1).
+    pub rooms: Vec<CheckpointMembership>,
+}
+
+/// One session's membership of one room, as checkpointed (R1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointMembership {
+    /// The room.
+    pub room_id: String,
+    /// The stamp of its join or last update: the most recent session's metadata is shown.
+    pub order: u64,
+    /// The session's metadata in the room.
+    pub metadata: Vec<(String, String)>,
+}
+
+/// A room whose access is not the default, as checkpointed (R4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointRoom {
+    /// The room.
+    pub room_id: String,
+    /// Who may see it.
+    pub access: RoomAccess,
 }
 
 /// One user as checkpointed.
@@ -113,7 +145,12 @@ pub struct Checkpoint {
     pub last_stamp: u64,
     /// Every user with a lease or a version.
     pub users: Vec<CheckpointUser>,
+    /// Every room with non-default access.
+    pub rooms: Vec<CheckpointRoom>,
 }
+
+/// A membership as the writer takes it: room id, order, metadata.
+pub(crate) type MembershipOut<'a> = (&'a str, u64, &'a [(String, String)]);
 
 /// Builds a checkpoint's bytes: a header, then records, then the end record.
 /// The bytes can be taken out as they are made, so that a large checkpoint is
@@ -162,6 +199,7 @@ impl CheckpointWriter {
         expires_at: Tick,
         closing: bool,
         metadata: &[(String, String)],
+        rooms: &[MembershipOut<'_>],
     ) {
         self.str(session_id);
         self.str(gateway_id);
@@ -169,6 +207,24 @@ impl CheckpointWriter {
         self.u64(last_heartbeat_at);
         self.u64(expires_at);
         self.flag(closing);
+        self.metadata(metadata);
+        let count = u16::try_from(rooms.len()).expect("a session is in far fewer than 65536 rooms");
+        self.bytes.extend_from_slice(&count.to_le_bytes());
+        for &(room_id, order, metadata) in rooms {
+            self.str(room_id);
+            self.u64(order);
+            self.metadata(metadata);
+        }
+    }
+
+    pub(crate) fn room(&mut self, room_id: &str, access: RoomAccess) {
+        self.bytes.push(TAG_ROOM);
+        self.str(room_id);
+        self.flag(access == RoomAccess::Public);
+        self.records += 1;
+    }
+
+    fn metadata(&mut self, metadata: &[(String, String)]) {
         self.bytes.push(u8::try_from(metadata.len()).expect("metadata is bounded well below 256 entries"));
         for (key, value) in metadata {
             self.str(key);
@@ -218,6 +274,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
     decoder.feed(bytes, &mut |item| match item {
         Item::Clock(stamp) => checkpoint.last_stamp = checkpoint.last_stamp.max(stamp),
         Item::User(user) => checkpoint.users.push(user.to_owned()),
+        Item::Room(room_id, access) => checkpoint.rooms.push(CheckpointRoom { room_id: room_id.to_owned(), access }),
     })?;
     checkpoint.written_at = decoder.finish()?;
     Ok(checkpoint)
@@ -269,6 +326,7 @@ impl StoreLoader {
         decoder.feed(bytes, &mut |item| match item {
             Item::Clock(stamp) => store.restore_clock(stamp),
             Item::User(user) => offline_due.extend(store.restore_user(*now, user, *hold_until)),
+            Item::Room(room_id, access) => store.restore_room(room_id, access),
         })
     }
 
@@ -301,6 +359,15 @@ pub(crate) struct LeaseRecord<'a> {
     pub(crate) expires_at: Tick,
     pub(crate) closing: bool,
     pub(crate) metadata: Cow<'a, [(String, String)]>,
+    pub(crate) rooms: Vec<MembershipRecord<'a>>,
+}
+
+/// One membership record, borrowed like its [`LeaseRecord`].
+#[derive(Debug)]
+pub(crate) struct MembershipRecord<'a> {
+    pub(crate) room_id: &'a str,
+    pub(crate) order: u64,
+    pub(crate) metadata: Cow<'a, [(String, String)]>,
 }
 
 impl UserRecord<'_> {
@@ -320,6 +387,15 @@ impl UserRecord<'_> {
                     expires_at: lease.expires_at,
                     closing: lease.closing,
                     metadata: lease.metadata.to_vec(),
+                    rooms: lease
+                        .rooms
+                        .iter()
+                        .map(|room| CheckpointMembership {
+                            room_id: room.room_id.to_owned(),
+                            order: room.order,
+                            metadata: room.metadata.to_vec(),
+                        })
+                        .collect(),
                 })
                 .collect(),
         }
@@ -344,6 +420,15 @@ impl CheckpointUser {
                     expires_at: lease.expires_at,
                     closing: lease.closing,
                     metadata: Cow::Borrowed(&lease.metadata),
+                    rooms: lease
+                        .rooms
+                        .iter()
+                        .map(|room| MembershipRecord {
+                            room_id: &room.room_id,
+                            order: room.order,
+                            metadata: Cow::Borrowed(&room.metadata),
+                        })
+                        .collect(),
                 })
                 .collect(),
         }
@@ -355,6 +440,8 @@ enum Item<'r, 'a> {
     /// A shard's last stamp.
     Clock(u64),
     User(&'r UserRecord<'a>),
+    /// A room with non-default access.
+    Room(&'a str, RoomAccess),
 }
 
 /// How much of a piece is first added to the bytes of a record the previous
@@ -384,6 +471,8 @@ struct Decoder {
     crc: crc32fast::Hasher,
     /// From the header, once it is read.
     written_at: Option<Tick>,
+    /// The header's format: 1 or 2.
+    format: u32,
     /// Records read, to check against the end record's count.
     records: u64,
     end: Option<End>,
@@ -465,9 +554,10 @@ impl Decoder {
             return Err(CheckpointError::Truncated(reader.base + reader.bytes.len()));
         }
         let format = reader.u32()?;
-        if format != FORMAT {
+        if format != FORMAT && format != FORMAT_1 {
             return Err(CheckpointError::UnsupportedFormat(format));
         }
+        self.format = format;
         self.written_at = Some(reader.u64()?);
         Ok(true)
     }
@@ -513,20 +603,29 @@ impl Decoder {
                         last_heartbeat_at: reader.u64()?,
                         expires_at: reader.u64()?,
                         closing: reader.bool()?,
-                        metadata: match reader.u8()? {
-                            // Most leases: no iterator, no allocation.
-                            0 => Cow::Owned(Vec::new()),
-                            entries => Cow::Owned(
-                                (0..entries)
-                                    .map(|_| Ok((reader.str()?.to_owned(), reader.str()?.to_owned())))
-                                    .collect::<Result<Vec<_>, _>>()?,
-                            ),
+                        metadata: reader.metadata()?,
+                        rooms: match self.format {
+                            FORMAT_1 => Vec::new(),
+                            _ => (0..reader.u16()?)
+                                .map(|_| {
+                                    Ok(MembershipRecord {
+                                        room_id: reader.str()?,
+                                        order: reader.u64()?,
+                                        metadata: reader.metadata()?,
+                                    })
+                                })
+                                .collect::<Result<Vec<_>, _>>()?,
                         },
                     });
                 }
                 let user = UserRecord { user_id, version, online, leases: std::mem::take(leases) };
                 sink(Item::User(&user));
                 *leases = user.leases;
+            }
+            TAG_ROOM if self.format != FORMAT_1 => {
+                let room_id = reader.str()?;
+                let access = if reader.bool()? { RoomAccess::Public } else { RoomAccess::Members };
+                sink(Item::Room(room_id, access));
             }
             _ => return Err(CheckpointError::Corrupt { offset, reason: "unknown record tag" }),
         }
@@ -591,6 +690,19 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("eight bytes")))
     }
 
+    /// Metadata entries: a count, then each key and value.
+    fn metadata(&mut self) -> Result<Cow<'a, [(String, String)]>, CheckpointError> {
+        Ok(match self.u8()? {
+            // Most leases: no iterator, no allocation.
+            0 => Cow::Owned(Vec::new()),
+            entries => Cow::Owned(
+                (0..entries)
+                    .map(|_| Ok((self.str()?.to_owned(), self.str()?.to_owned())))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        })
+    }
+
     fn str(&mut self) -> Result<&'a str, CheckpointError> {
         let offset = self.base + self.at;
         let len = usize::from(self.u16()?);
@@ -602,7 +714,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Registration, State, Store, StoreConfig};
+    use crate::{Changes, Registration, State, Store, StoreConfig};
 
     const T0: Tick = 1_700_000_000_000;
 
@@ -628,7 +740,7 @@ mod tests {
     /// A store with online, offline and multi-device users, a lingering lease and metadata.
     fn populated() -> (Store, Vec<u64>) {
         let store = Store::new(config(), T0).unwrap();
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let metadata = vec![("device".to_string(), "phone".to_string())];
         let mut generations = Vec::new();
         for user in 0..50 {
@@ -650,7 +762,7 @@ mod tests {
     }
 
     fn view(store: &Store, now: Tick, users: usize) -> Vec<(crate::Presence, Vec<crate::LeaseView>)> {
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         (0..users)
             .map(|user| {
                 let id = format!("u{user}");
@@ -676,7 +788,7 @@ mod tests {
     fn b3_a_shard_written_in_several_lock_holds_holds_every_user_once() {
         let config = StoreConfig { shards: 1, ..config() };
         let store = Store::new(config.clone(), T0).unwrap();
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let users = crate::store::CHECKPOINT_USERS_PER_LOCK * 2 + 7;
         for user in 0..users {
             let id = format!("u{user}");
@@ -699,16 +811,16 @@ mod tests {
         let (store, generations) = populated();
         let checkpoint = decode(&write(&store, T0 + 2)).unwrap();
         let restored = Store::restore(config(), T0 + 10_000, &checkpoint, T0 + 10_000).unwrap();
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let renewed = restored.renew(T0 + 10_000, "u0", "s0", generations[0], 45_000, &mut changes).unwrap();
         assert_eq!(renewed.expires_at, T0 + 55_000);
-        assert!(changes.is_empty(), "a renewing gateway sees nothing happen: {changes:?}");
+        assert!(changes.users.is_empty(), "a renewing gateway sees nothing happen: {changes:?}");
     }
 
     #[test]
     fn m4_stamps_after_a_restore_exceed_every_stamp_before_it_even_with_a_clock_behind() {
         let (store, generations) = populated();
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         // Many stamps in one millisecond push the clock's counter past its wall-clock floor.
         for _ in 0..100 {
             let g = store
@@ -720,22 +832,22 @@ mod tests {
                 .unwrap();
             store.unregister(T0 + 1, "hot", "s", g.generation, 0, &mut changes).unwrap();
         }
-        let highest = changes.iter().map(|c| c.presence.version).chain(generations).max().unwrap();
+        let highest = changes.users.iter().map(|c| c.presence.version).chain(generations).max().unwrap();
         let checkpoint = decode(&write(&store, T0 + 1)).unwrap();
         // The restored clock reads *earlier* than the checkpoint (a clock that stepped back).
         let restored = Store::restore(config(), T0, &checkpoint, T0).unwrap();
-        let mut after = Vec::new();
+        let mut after = Changes::default();
         let registration =
             Registration { user_id: "hot", session_id: "s", gateway_id: "g", ttl_ms: 45_000, metadata: &[] };
         let registered = restored.register(T0, &registration, &mut after).unwrap();
         assert!(registered.generation > highest);
-        assert!(after.iter().all(|change| change.presence.version > highest));
+        assert!(after.users.iter().all(|change| change.presence.version > highest));
     }
 
     #[test]
     fn b3_online_users_are_held_until_the_grace_ends_and_then_go_offline_normally() {
         let store = Store::new(config(), T0).unwrap();
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let registration =
             |user, ttl_ms| Registration { user_id: user, session_id: "s", gateway_id: "g", ttl_ms, metadata: &[] };
         let kept = store.register(T0, &registration("kept", 10_000), &mut changes).unwrap();
@@ -744,19 +856,19 @@ mod tests {
         // Down for 20 s: both leases ran out meanwhile. Grace for 45 s after the start.
         let start = T0 + 20_000;
         let restored = Store::restore(config(), start, &checkpoint, start + 45_000).unwrap();
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         assert!(!restored.expire(start, 1_000, &mut changes));
-        assert!(changes.is_empty(), "nobody flips at start: {changes:?}");
+        assert!(changes.users.is_empty(), "nobody flips at start: {changes:?}");
         // The lease itself is gone (its deadline passed): the gateway re-registers, no flip.
         let refused = restored.renew(start, "kept", "s", kept.generation, 0, &mut changes);
         assert!(matches!(refused, Err(crate::LeaseError::NotFound { .. })), "{refused:?}");
         let again = restored.register(start, &registration("kept", 60_000), &mut changes).unwrap();
         assert!(!again.changed);
-        assert!(changes.is_empty());
+        assert!(changes.users.is_empty());
         // At the end of the grace, the user nobody re-registered goes OFFLINE, once.
         while restored.expire(start + 45_000, 1_000, &mut changes) {}
-        assert_eq!(changes.len(), 1);
-        assert_eq!((changes[0].user_id.as_str(), changes[0].presence.state), ("silent", State::Offline));
+        assert_eq!(changes.users.len(), 1);
+        assert_eq!((changes.users[0].user_id.as_str(), changes.users[0].presence.state), ("silent", State::Offline));
         assert!(restored.leases(start, "kept", &mut changes).unwrap().iter().all(|l| !l.session_id.is_empty()));
     }
 
@@ -766,7 +878,7 @@ mod tests {
         let store = Store::new(config(), T0).unwrap();
         let registration =
             Registration { user_id: "u", session_id: "s", gateway_id: "g", ttl_ms: 60_000, metadata: &[] };
-        let registered = store.register(T0, &registration, &mut Vec::new()).unwrap();
+        let registered = store.register(T0, &registration, &mut Changes::default()).unwrap();
         let checkpoint = decode(&write(&store, T0)).unwrap();
         let start = T0 + 1_000;
         (Store::restore(config(), start, &checkpoint, start + 45_000).unwrap(), registered.generation, start)
@@ -775,38 +887,38 @@ mod tests {
     #[test]
     fn b3_an_explicit_close_of_the_last_session_ends_the_hold_at_once() {
         let (store, generation, start) = restored_with_a_live_session_and_a_hold();
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let closed = store.unregister(start + 10, "u", "s", generation, 0, &mut changes).unwrap();
         assert!(closed.changed, "the gateway closed the user's last session: OFFLINE now, not at the grace's end");
-        assert_eq!((closed.presence.state, changes.len()), (State::Offline, 1));
+        assert_eq!((closed.presence.state, changes.users.len()), (State::Offline, 1));
         while store.expire(start + 45_000, 1_000, &mut changes) {}
-        assert_eq!(changes.len(), 1, "nothing more at the end of the grace: {changes:?}");
+        assert_eq!(changes.users.len(), 1, "nothing more at the end of the grace: {changes:?}");
 
         let (store, _, start) = restored_with_a_live_session_and_a_hold();
-        let revoked = store.revoke(start + 10, "u", Some("s"), &mut Vec::new()).unwrap();
+        let revoked = store.revoke(start + 10, "u", Some("s"), &mut Changes::default()).unwrap();
         assert!(revoked.changed, "revoking the last session by id flips too");
         let (store, _, start) = restored_with_a_live_session_and_a_hold();
-        let revoked = store.revoke(start + 10, "u", None, &mut Vec::new()).unwrap();
+        let revoked = store.revoke(start + 10, "u", None, &mut Changes::default()).unwrap();
         assert_eq!((revoked.count, revoked.changed), (1, true), "the hold is not a session: not counted");
     }
 
     #[test]
     fn b3_a_lingering_close_of_the_last_session_ends_with_its_linger_not_the_grace() {
         let (store, generation, start) = restored_with_a_live_session_and_a_hold();
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let closing = store.unregister(start + 10, "u", "s", generation, 2_000, &mut changes).unwrap();
-        assert!(!closing.changed && changes.is_empty(), "lingering: still online");
+        assert!(!closing.changed && changes.users.is_empty(), "lingering: still online");
         while store.expire(start + 2_009, 1_000, &mut changes) {}
-        assert!(changes.is_empty(), "not before the linger ends: {changes:?}");
+        assert!(changes.users.is_empty(), "not before the linger ends: {changes:?}");
         while store.expire(start + 2_010, 1_000, &mut changes) {}
-        assert_eq!(changes.len(), 1);
-        assert_eq!(changes[0].presence.state, State::Offline);
+        assert_eq!(changes.users.len(), 1);
+        assert_eq!(changes.users[0].presence.state, State::Offline);
     }
 
     #[test]
     fn b3_a_restart_during_a_restart_hold_keeps_holding_until_the_same_deadline() {
         let store = Store::new(config(), T0).unwrap();
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let registration =
             Registration { user_id: "held", session_id: "s", gateway_id: "g", ttl_ms: 10_000, metadata: &[] };
         store.register(T0, &registration, &mut changes).unwrap();
@@ -816,15 +928,15 @@ mod tests {
         let second = decode(&write(&restored, T0 + 30_000)).unwrap();
         // Restarted again, this time with no grace of its own: the first hold still holds.
         let again = Store::restore(config(), T0 + 40_000, &second, T0 + 40_000).unwrap();
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         while again.expire(T0 + 64_999, 1_000, &mut changes) {}
-        assert!(changes.is_empty(), "nobody flips before the first hold's deadline: {changes:?}");
+        assert!(changes.users.is_empty(), "nobody flips before the first hold's deadline: {changes:?}");
         let presence = again.snapshot(T0 + 64_999, &["held"], &mut changes).unwrap()[0];
         assert_eq!(presence.state, State::Online);
         assert!(again.leases(T0 + 64_999, "held", &mut changes).unwrap().is_empty(), "a hold is no session");
         while again.expire(T0 + 65_000, 1_000, &mut changes) {}
-        assert_eq!(changes.len(), 1);
-        assert_eq!((changes[0].user_id.as_str(), changes[0].presence.state), ("held", State::Offline));
+        assert_eq!(changes.users.len(), 1);
+        assert_eq!((changes.users[0].user_id.as_str(), changes.users[0].presence.state), ("held", State::Offline));
     }
 
     /// Feeds `bytes` to a loader `piece` bytes at a time.
@@ -847,9 +959,9 @@ mod tests {
             assert_eq!(view(&loaded, T0 + 3, 50), view(&whole, T0 + 3, 50), "pieces of {piece} bytes");
             assert_eq!(loaded.stats(), whole.stats(), "pieces of {piece} bytes");
             // The holds are restored too: nobody flips before the grace ends.
-            let mut changes = Vec::new();
+            let mut changes = Changes::default();
             while loaded.expire(T0 + 29_999, 1_000, &mut changes) {}
-            assert!(changes.iter().all(|change| change.user_id == "u8"), "only the lingering user: {changes:?}");
+            assert!(changes.users.iter().all(|change| change.user_id == "u8"), "only the lingering user: {changes:?}");
         }
         // A checkpoint the loader writes out again is the same checkpoint.
         let loaded = load(&bytes, 4_096, T0 + 3, T0 + 30_000).unwrap();
@@ -871,11 +983,11 @@ mod tests {
                 ttl_ms: 45_000,
                 metadata: &metadata,
             };
-            store.register(T0, &registration, &mut Vec::new()).unwrap();
+            store.register(T0, &registration, &mut Changes::default()).unwrap();
         }
         let bytes = write(&store, T0);
         assert!(bytes.len() > 30_000);
-        let leases = |store: &Store| store.leases(T0 + 1, "big", &mut Vec::new()).unwrap();
+        let leases = |store: &Store| store.leases(T0 + 1, "big", &mut Changes::default()).unwrap();
         for piece in [1_000, 4_096, 5_000, 40_000] {
             let loaded = load(&bytes, piece, T0 + 1, T0 + 1).unwrap();
             assert_eq!(leases(&loaded), leases(&store), "pieces of {piece} bytes");
@@ -931,7 +1043,7 @@ mod tests {
             load(&bytes, 1, T0 + 1, T0 + 1).unwrap(),
             Store::restore(config(), T0 + 1, &decode(&bytes).unwrap(), T0 + 1).unwrap(),
         ] {
-            let presence = restored.snapshot(T0 + 1, &["u"], &mut Vec::new()).unwrap()[0];
+            let presence = restored.snapshot(T0 + 1, &["u"], &mut Changes::default()).unwrap()[0];
             assert_eq!(presence.state, State::Offline);
             assert!(presence.version > ahead, "{} is not above {ahead}", presence.version);
         }

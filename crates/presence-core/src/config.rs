@@ -24,7 +24,16 @@ pub struct StoreConfig {
     /// least [`MIN_FORGET_OFFLINE_AFTER_MS`] and at most
     /// [`MAX_FORGET_OFFLINE_AFTER_MS`].
     pub forget_offline_after_ms: u64,
+    /// Flap damping (E6): when a user's last lease ends by expiry or
+    /// unregister, the user stays ONLINE this much longer, and a register
+    /// within that window hides the flip altogether. 0 turns damping off; at
+    /// most [`MAX_OFFLINE_GRACE_MS`].
+    pub offline_grace_ms: u64,
 }
+
+/// The longest flap-damping window (E6): longer, and a user who closed its
+/// last session would look present for too long to be called present.
+pub const MAX_OFFLINE_GRACE_MS: u64 = 30_000;
 
 /// The shortest forget window: below a second a user that flaps would be
 /// forgotten and made again over and over, costing work for no memory, and a
@@ -49,6 +58,8 @@ impl Default for StoreConfig {
             // over lunch keeps its record; short enough that a day's distinct
             // users do not pile up (B6).
             forget_offline_after_ms: 600_000,
+            // Off: OFFLINE is shown as soon as it is true (E6).
+            offline_grace_ms: 0,
         }
     }
 }
@@ -75,6 +86,9 @@ pub enum ConfigError {
          {MAX_FORGET_OFFLINE_AFTER_MS}, got {0}"
     )]
     ForgetOfflineAfter(u64),
+    /// The flap-damping window is longer than [`MAX_OFFLINE_GRACE_MS`].
+    #[error("offline-grace-ms (offline_grace_ms) must be at most {MAX_OFFLINE_GRACE_MS}, got {0}")]
+    OfflineGrace(u64),
 }
 
 impl StoreConfig {
@@ -91,6 +105,9 @@ impl StoreConfig {
         if forget != 0 && !(MIN_FORGET_OFFLINE_AFTER_MS..=MAX_FORGET_OFFLINE_AFTER_MS).contains(&forget) {
             return Err(ConfigError::ForgetOfflineAfter(forget));
         }
+        if self.offline_grace_ms > MAX_OFFLINE_GRACE_MS {
+            return Err(ConfigError::OfflineGrace(self.offline_grace_ms));
+        }
         Ok(())
     }
 }
@@ -105,6 +122,20 @@ mod tests {
         assert_eq!(config.validate(), Ok(()));
         assert_eq!((config.min_ttl_ms, config.default_ttl_ms, config.max_ttl_ms), (1_000, 45_000, 3_600_000));
         assert_eq!(config.forget_offline_after_ms, 600_000);
+        assert_eq!(config.offline_grace_ms, 0, "flap damping is off by default (E6)");
+    }
+
+    #[test]
+    fn e6_a_grace_above_30000_is_refused_naming_offline_grace_ms() {
+        let base = StoreConfig::default();
+        for grace in [0, 1, 5_000, MAX_OFFLINE_GRACE_MS] {
+            assert_eq!(StoreConfig { offline_grace_ms: grace, ..base.clone() }.validate(), Ok(()));
+        }
+        for grace in [MAX_OFFLINE_GRACE_MS + 1, u64::MAX] {
+            let refused = StoreConfig { offline_grace_ms: grace, ..base.clone() }.validate();
+            assert_eq!(refused, Err(ConfigError::OfflineGrace(grace)));
+            assert!(refused.unwrap_err().to_string().contains("offline_grace_ms"));
+        }
     }
 
     #[test]

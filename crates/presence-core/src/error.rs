@@ -39,6 +39,28 @@ pub enum LeaseError {
         /// The session's current generation.
         current: u64,
     },
+    /// The session named is not in the room: it never joined, left, or the
+    /// lease it joined with was replaced (R6, S3).
+    #[error("session {session_id:?} of user {user_id:?} is not in room {room_id:?}")]
+    NotInRoom {
+        /// The user named in the request.
+        user_id: CompactString,
+        /// The session named in the request.
+        session_id: CompactString,
+        /// The room named in the request.
+        room_id: CompactString,
+    },
+    /// The session changed signal sets more often than
+    /// [`SIGNAL_CHANGES_PER_SECOND`](crate::SIGNAL_CHANGES_PER_SECOND) allows (S3).
+    #[error("session {session_id:?} of user {user_id:?} changed signals more than {per_second} times in a second")]
+    SignalRateExceeded {
+        /// The user named in the request.
+        user_id: CompactString,
+        /// The session named in the request.
+        session_id: CompactString,
+        /// The bound it ran into.
+        per_second: u32,
+    },
 }
 
 impl LeaseError {

@@ -14,6 +14,7 @@ pub mod checkpoint;
 mod config;
 mod error;
 mod interner;
+mod rooms;
 mod shard;
 pub mod stamp;
 mod store;
@@ -23,17 +24,21 @@ mod validate;
 pub mod wheel;
 
 pub use compact_str::CompactString;
-pub use config::{ConfigError, MAX_FORGET_OFFLINE_AFTER_MS, MIN_FORGET_OFFLINE_AFTER_MS, StoreConfig};
+pub use config::{
+    ConfigError, MAX_FORGET_OFFLINE_AFTER_MS, MAX_OFFLINE_GRACE_MS, MIN_FORGET_OFFLINE_AFTER_MS, StoreConfig,
+};
 pub use error::LeaseError;
-pub use shard::LeaseView;
+pub use shard::{LeaseView, MAX_ROOMS_PER_SESSION, SIGNAL_CHANGES_PER_SECOND};
 pub use store::Store;
 pub use types::{
-    Availability, ChangeKind, Changes, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked,
-    State, Status, StoreStats, UnregisterOutcome, Unregistered, UserView,
+    Availability, ChangeKind, Changes, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal,
+    Renewed, Revoked, RoomAccess, RoomChange, RoomChangeKind, RoomEventBody, RoomMember, RoomMetadata, RoomRef,
+    RoomView, SIGNAL_SET_CAP, Signalled, State, Status, StoreStats, UnregisterOutcome, Unregistered, UserView,
 };
 pub use validate::{
-    MAX_ID_BYTES, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES, MAX_STATUS_TEXT_CHARS,
-    id as validate_id, status_text as validate_status_text, user_ids as validate_user_ids,
+    MAX_ID_BYTES, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES, MAX_SIGNAL_KIND_BYTES,
+    MAX_SIGNAL_TTL_MS, MAX_STATUS_TEXT_CHARS, id as validate_id, status_text as validate_status_text,
+    user_ids as validate_user_ids,
 };
 pub use wheel::Tick;
 

@@ -50,14 +50,20 @@ use hashbrown::{DefaultHashBuilder, HashMap};
 use std::hash::BuildHasher;
 use std::hint::black_box;
 
-use crate::checkpoint::{CheckpointWriter, UserRecord};
+use crate::checkpoint::{CheckpointWriter, MembershipOut, UserRecord};
+use crate::config::StoreConfig;
 use crate::error::LeaseError;
 use crate::interner::{OriginRef, Origins};
+use crate::rooms::RoomFact;
 use crate::stamp::StampClock;
 use crate::types::{
-    ChangeKind, Changes, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, State, Status,
-    UnregisterOutcome, Unregistered, UserView,
+    ChangeKind, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomMetadata, RoomRef,
+    State, Status, UnregisterOutcome, Unregistered, UserView,
 };
+
+/// What a shard operation appends its users' changes to; the room changes
+/// its facts cause are the store's to make.
+type Changes = Vec<PresenceChange>;
 use crate::user_index::UserIndex;
 use crate::wheel::{Tick, TimerWheel};
 
@@ -87,14 +93,14 @@ fn tidy_size(len: usize) -> usize {
 const RENEWALS_IN_FLIGHT: usize = 16;
 
 /// Bits of a [`Link`] (a lease's `next`, a user's first lease) that hold a slab
-/// index; the two above hold flags of the record the link is in, so that the
+/// index; the three above hold flags of the record the link is in, so that the
 /// flags cost no byte of their own.
-const INDEX_BITS: u32 = 30;
+const INDEX_BITS: u32 = 29;
 
 /// "No lease" in the intrusive lists: the largest index a link can hold.
 const NIL: u32 = (1 << INDEX_BITS) - 1;
 
-/// A slab index (or `NIL`) and the two flags of the record it is in, in 32 bits.
+/// A slab index (or `NIL`) and the three flags of the record it is in, in 32 bits.
 #[derive(Debug, Clone, Copy)]
 struct Link(u32);
 
@@ -102,6 +108,7 @@ impl Link {
     /// The two flag bits.
     const FLAG_A: u32 = 1 << INDEX_BITS;
     const FLAG_B: u32 = 1 << (INDEX_BITS + 1);
+    const FLAG_C: u32 = 1 << (INDEX_BITS + 2);
 
     /// `NIL`, no flag set.
     const NONE: Link = Link(NIL);
@@ -128,10 +135,15 @@ impl Link {
     }
 }
 
-/// The session id of a restart hold (see [`Lease::restart_hold`]), and of its
-/// gateway: empty, which no client's id can be. Checkpoints store holds under
-/// it, so it is part of the checkpoint format.
+/// The session id of a hold (see [`Lease::restart_hold`] and
+/// [`Lease::grace_hold`]), and of its gateway: empty, which no client's id can
+/// be. Checkpoints store restart holds under it, so it is part of the
+/// checkpoint format.
 const RESTART_HOLD_SESSION_ID: &str = "";
+
+/// The generation of a [`Lease::grace_hold`]; a restart hold's is 0. Stamps
+/// are far above both, and no checkpoint holds a grace hold.
+const GRACE_HOLD_GENERATION: u64 = 1;
 
 /// One session's lease (M1). 48 bytes: the layout is the memory budget (see
 /// the size test at the bottom).
@@ -146,7 +158,7 @@ struct Lease {
     /// written, which the shard's [`Origins`] hold for all its leases.
     origin: OriginRef,
     /// The next lease of the same user (or `NIL`), and the flags
-    /// [`Lease::closing`] and [`Lease::has_metadata`].
+    /// [`Lease::closing`], [`Lease::has_metadata`] and [`Lease::has_rooms`].
     link: Link,
 }
 
@@ -155,6 +167,9 @@ struct Lease {
 const CLOSING: u32 = Link::FLAG_A;
 /// The shard's metadata table holds an entry for this lease.
 const HAS_METADATA: u32 = Link::FLAG_B;
+/// The session is in at least one room: the shard's `lease_rooms` table holds
+/// its first membership (R1), so that a session in no room costs nothing more.
+const HAS_ROOMS: u32 = Link::FLAG_C;
 
 impl Lease {
     /// A lease of `origin` until `expires_at`, on no list yet.
@@ -176,9 +191,32 @@ impl Lease {
         Lease::new(RESTART_HOLD_SESSION_ID, 0, until, origin, true)
     }
 
-    /// Whether this is a [`Lease::restart_hold`] rather than a session's lease.
-    fn is_restart_hold(&self) -> bool {
+    /// A grace hold: keeps a user whose last lease ended by expiry or
+    /// unregister ONLINE until `until`, the end of its flap-damping window
+    /// (E6). Like a restart hold it is a lease nobody can name, so that it
+    /// costs no field in every user record and expires through the same
+    /// settling as any lease: when it runs out the user flips OFFLINE with the
+    /// window's end as the deadline, and a register before then removes it
+    /// and publishes nothing.
+    fn grace_hold(origin: OriginRef, until: Tick) -> Lease {
+        let mut hold = Lease::restart_hold(origin, until);
+        hold.generation = GRACE_HOLD_GENERATION;
+        hold
+    }
+
+    /// Whether this is a hold of either kind rather than a session's lease.
+    fn is_hold(&self) -> bool {
         self.session_id == RESTART_HOLD_SESSION_ID
+    }
+
+    /// Whether this is a [`Lease::restart_hold`].
+    fn is_restart_hold(&self) -> bool {
+        self.is_hold() && self.generation != GRACE_HOLD_GENERATION
+    }
+
+    /// Whether this is a [`Lease::grace_hold`].
+    fn is_grace_hold(&self) -> bool {
+        self.is_hold() && self.generation == GRACE_HOLD_GENERATION
     }
 
     fn next(&self) -> u32 {
@@ -192,6 +230,71 @@ impl Lease {
     fn has_metadata(&self) -> bool {
         self.link.flag(HAS_METADATA)
     }
+
+    fn has_rooms(&self) -> bool {
+        self.link.flag(HAS_ROOMS)
+    }
+}
+
+/// The most rooms one session may be in at once, so that no client can grow
+/// a session's memberships without bound.
+pub const MAX_ROOMS_PER_SESSION: usize = 256;
+
+/// Set changes one session may cause per second of store time (S3): a
+/// typing indicator changes a few times a second at most; beyond this a
+/// signal is refused (`SignalRateExceeded`). Counted in fixed windows of a
+/// second, each starting at the first change after the last one ended.
+pub const SIGNAL_CHANGES_PER_SECOND: u32 = 10;
+
+/// One session's membership of one room (R1), kept on the sessions' side so
+/// that it ends with the lease. 48 bytes.
+#[derive(Debug)]
+struct Membership {
+    room_id: CompactString,
+    /// The session's own metadata in the room; the user shows its most recent session's.
+    metadata: RoomMetadata,
+    /// A stamp of the join or last update, which says which session is the most recent (R6).
+    order: u64,
+    /// The lease's next membership, or `NIL`.
+    next: u32,
+}
+
+/// A signal one session sends into a room it is in (S3).
+#[derive(Debug)]
+struct ActiveSignal {
+    room_id: CompactString,
+    kind: CompactString,
+    /// Ends here, through the wheel.
+    deadline: Tick,
+}
+
+/// The signals of one session, and its rate window (S3).
+#[derive(Debug)]
+struct SessionSignals {
+    /// When the current one-second window started.
+    window_start: Tick,
+    /// Set changes caused in it.
+    window_changes: u32,
+    active: Vec<ActiveSignal>,
+}
+
+/// The metadata of a session that joined with none: one allocation shared by all.
+fn no_room_metadata() -> RoomMetadata {
+    static EMPTY: std::sync::LazyLock<RoomMetadata> = std::sync::LazyLock::new(|| Arc::from(Vec::new()));
+    EMPTY.clone()
+}
+
+/// The first index of an intrusive list that `is` picks, with the one before
+/// it in the list (or `NIL`), so that it can be unlinked.
+fn find_in_list(list: impl Iterator<Item = u32>, mut is: impl FnMut(u32) -> bool) -> Option<(u32, u32)> {
+    let mut previous = NIL;
+    for index in list {
+        if is(index) {
+            return Some((previous, index));
+        }
+        previous = index;
+    }
+    None
 }
 
 /// How long before `expires_at` a lease written at `last_heartbeat_at` was
@@ -290,8 +393,14 @@ pub(crate) struct Shard {
     origins: Origins,
     /// The status of each user that has one ([`User::has_status`]), by slot.
     statuses: HashMap<u32, Arc<Status>>,
-    /// Leases held.
+    /// Leases held, holds included.
     sessions: usize,
+    /// Grace holds among them (E6): not sessions, so not counted as ones.
+    grace_holds: usize,
+    /// How long a user whose last lease ended stays ONLINE (E6); 0: not at all.
+    offline_grace_ms: u64,
+    /// Flips hidden by damping since the start: registers that found a grace hold.
+    suppressed_flaps: u64,
     /// Users online.
     online: usize,
     /// Operations applied, for per-shard load metrics.
@@ -310,10 +419,22 @@ pub(crate) struct Shard {
     /// The earliest timer scheduled since the store last asked, so the store
     /// can wake the expiry driver when a new deadline is earlier than its alarm.
     earliest_new_timer: Option<Tick>,
+    /// Every room membership of the shard's sessions; `None` slots are free
+    /// and listed in `free_memberships`. A lease's memberships are a list
+    /// through [`Membership::next`], most recently joined first.
+    memberships: Vec<Option<Membership>>,
+    free_memberships: Vec<u32>,
+    /// The first membership of each lease that is in a room ([`Lease::has_rooms`]), by lease slot.
+    lease_rooms: HashMap<u32, u32>,
+    /// The signals and rate window of each session that signalled, by lease slot (only leases in a room).
+    signals: HashMap<u32, SessionSignals>,
+    /// Facts about this shard's users for the room side, made under this
+    /// shard's lock; the store hands them on before releasing it (see `rooms.rs`).
+    facts: Vec<RoomFact>,
 }
 
 impl Shard {
-    pub(crate) fn new(now: Tick, min_renew_interval_ms: u32, forget_offline_after_ms: u64) -> Self {
+    pub(crate) fn new(now: Tick, config: &StoreConfig) -> Self {
         Shard {
             now,
             users: Vec::new(),
@@ -327,14 +448,22 @@ impl Shard {
             origins: Origins::default(),
             statuses: HashMap::new(),
             sessions: 0,
+            grace_holds: 0,
+            offline_grace_ms: config.offline_grace_ms,
+            suppressed_flaps: 0,
             online: 0,
             operations: 0,
-            min_renew_interval_ms,
-            forget_offline_after_ms,
+            min_renew_interval_ms: config.min_renew_interval_ms,
+            forget_offline_after_ms: config.forget_offline_after_ms,
             forgotten_since_tidy: 0,
             forgotten: 0,
             checkpoint_cursor: None,
             earliest_new_timer: None,
+            memberships: Vec::new(),
+            free_memberships: Vec::new(),
+            lease_rooms: HashMap::new(),
+            signals: HashMap::new(),
+            facts: Vec::new(),
         }
     }
 
@@ -348,6 +477,11 @@ impl Shard {
         let now = self.advance(now);
         let slot = self.find_or_insert(registration.user_id);
         self.settle(slot, now, changes);
+        // A register within the damping window: the flip it would have
+        // undone never happened (E6).
+        if self.remove_leases_where(slot, Lease::is_grace_hold).0 > 0 {
+            self.suppressed_flaps += 1;
+        }
 
         let generation = self.stamps.next(now);
         let expires_at = now + u64::from(ttl_ms);
@@ -363,6 +497,8 @@ impl Shard {
                 lease.link.set_flag(CLOSING, false);
                 self.origins.release(previous_origin);
                 self.set_metadata(index, registration.metadata);
+                // The new connection joins again (R6).
+                self.drop_rooms(slot, index);
                 true
             }
             None => {
@@ -455,30 +591,10 @@ impl Shard {
     ) -> Result<Renewed, LeaseError> {
         let &Renewal { user_id, session_id, generation, ttl_ms } = renewal;
         let now = self.advance(now);
-        let not_found = || LeaseError::NotFound { user_id: user_id.into(), session_id: session_id.into() };
-        let slot = slot.ok_or_else(not_found)?;
-        // An expired lease is removed here, so the renewal cannot revive it (L2).
-        self.settle(slot, now, changes);
-        let (_, index) = self.find_lease(slot, session_id).ok_or_else(not_found)?;
+        let (slot, index) = self.named_lease(now, slot, user_id, session_id, generation, changes)?;
         let min_renew_interval_ms = self.min_renew_interval_ms;
         let last_heartbeat_at = self.last_heartbeat_at(index);
         let lease = self.lease(index);
-        if lease.closing() {
-            return Err(not_found());
-        }
-        if generation < lease.generation {
-            return Err(LeaseError::StaleGeneration {
-                user_id: user_id.into(),
-                session_id: session_id.into(),
-                given: generation,
-                current: lease.generation,
-            });
-        }
-        if generation > lease.generation {
-            // Never issued for this lease (for instance, issued before a restart
-            // that lost it): there is no lease with that generation.
-            return Err(not_found());
-        }
         // L7: a renewal soon after the previous write carries no news, so it is
         // acknowledged without one. The window is capped at half the TTL, so a
         // throttled lease always has at least half its TTL left.
@@ -497,6 +613,218 @@ impl Shard {
             self.schedule_no_later_than(slot, expires_at);
         }
         Ok(Renewed { expires_at, throttled: false })
+    }
+
+    /// The live lease that a request names by session and generation, as a
+    /// renewal or a room operation does (L2, R6), with its user's slot. The
+    /// user is settled first, so an expired lease is never revived.
+    fn named_lease(
+        &mut self,
+        now: Tick,
+        slot: Option<u32>,
+        user_id: &str,
+        session_id: &str,
+        generation: u64,
+        changes: &mut Changes,
+    ) -> Result<(u32, u32), LeaseError> {
+        let not_found = || LeaseError::NotFound { user_id: user_id.into(), session_id: session_id.into() };
+        let slot = slot.ok_or_else(not_found)?;
+        self.settle(slot, now, changes);
+        let (_, index) = self.find_lease(slot, session_id).ok_or_else(not_found)?;
+        let lease = self.lease(index);
+        if lease.closing() {
+            return Err(not_found());
+        }
+        if generation < lease.generation {
+            return Err(LeaseError::StaleGeneration {
+                user_id: user_id.into(),
+                session_id: session_id.into(),
+                given: generation,
+                current: lease.generation,
+            });
+        }
+        if generation > lease.generation {
+            // Never issued for this lease (for instance, issued before a restart
+            // that lost it): there is no lease with that generation.
+            return Err(not_found());
+        }
+        Ok((slot, index))
+    }
+
+    /// Puts the session in the room, or updates its metadata there if it is
+    /// in already (R1). Returns whether the user joined (none of its sessions
+    /// was in the room).
+    pub(crate) fn join(
+        &mut self,
+        now: Tick,
+        room: &RoomRef<'_>,
+        metadata: &[(String, String)],
+        changes: &mut Changes,
+    ) -> Result<bool, LeaseError> {
+        let now = self.advance(now);
+        let user = self.find(room.user_id);
+        let (slot, index) = self.named_lease(now, user, room.user_id, room.session_id, room.generation, changes)?;
+        let found = self.find_membership(index, room.room_id);
+        if found.is_none() && self.membership_indices(index).count() >= MAX_ROOMS_PER_SESSION {
+            return Err(LeaseError::invalid(
+                "room_id",
+                format!("the session is in {MAX_ROOMS_PER_SESSION} rooms already, the most one may be in"),
+            ));
+        }
+        let joined = self.user_in_room(slot, room.room_id).0 == 0;
+        let metadata = if metadata.is_empty() { no_room_metadata() } else { Arc::from(metadata) };
+        let order = self.stamps.next(now);
+        match found {
+            Some((_, at)) => {
+                let membership = self.membership_mut(at);
+                membership.metadata = metadata;
+                membership.order = order;
+            }
+            None => self.push_membership(index, CompactString::from(room.room_id), metadata, order),
+        }
+        self.report_member(slot, room.room_id);
+        Ok(joined)
+    }
+
+    /// Takes the session out of the room, ending its signals there (R1, S3).
+    /// Returns whether it was in the room, and whether the user left it.
+    pub(crate) fn leave(
+        &mut self,
+        now: Tick,
+        room: &RoomRef<'_>,
+        changes: &mut Changes,
+    ) -> Result<(bool, bool), LeaseError> {
+        let now = self.advance(now);
+        let user = self.find(room.user_id);
+        let (slot, index) = self.named_lease(now, user, room.user_id, room.session_id, room.generation, changes)?;
+        let Some((previous, at)) = self.find_membership(index, room.room_id) else { return Ok((false, false)) };
+        self.end_signals(slot, index, Some(room.room_id));
+        let next = self.membership(at).next;
+        match previous {
+            NIL if next == NIL => {
+                self.lease_rooms.remove(&index);
+                self.lease_mut(index).link.set_flag(HAS_ROOMS, false);
+                self.signals.remove(&index);
+            }
+            NIL => {
+                self.lease_rooms.insert(index, next);
+            }
+            previous => self.membership_mut(previous).next = next,
+        }
+        self.free_membership(at);
+        self.report_member(slot, room.room_id);
+        Ok((true, self.user_in_room(slot, room.room_id).0 == 0))
+    }
+
+    /// Sets, extends (`ttl_ms > 0`) or clears (0) the session's signal of
+    /// `kind` in a room it is in (S3). Returns whether the room's set of
+    /// users signalling that kind changed.
+    pub(crate) fn signal(
+        &mut self,
+        now: Tick,
+        room: &RoomRef<'_>,
+        kind: &str,
+        ttl_ms: u32,
+        changes: &mut Changes,
+    ) -> Result<bool, LeaseError> {
+        let now = self.advance(now);
+        let user = self.find(room.user_id);
+        let (slot, index) = self.named_lease(now, user, room.user_id, room.session_id, room.generation, changes)?;
+        if self.find_membership(index, room.room_id).is_none() {
+            return Err(LeaseError::NotInRoom {
+                user_id: room.user_id.into(),
+                session_id: room.session_id.into(),
+                room_id: room.room_id.into(),
+            });
+        }
+        let own = self.signals.get(&index).and_then(|signals| {
+            signals.active.iter().position(|signal| signal.room_id == room.room_id && signal.kind == kind)
+        });
+        let deadline = now + u64::from(ttl_ms);
+        match (own, ttl_ms) {
+            (Some(at), 1..) => {
+                // A renewal of a signal already set: a longer life, nothing to publish.
+                self.signals.get_mut(&index).expect("found above").active[at].deadline = deadline;
+                self.schedule_no_later_than(slot, deadline);
+                return Ok(false);
+            }
+            (None, 0) => return Ok(false),
+            _ => {}
+        }
+        // Setting a signal no other session of the user sends, or clearing
+        // the last one, changes the room's set: that is what is rationed.
+        let others = self.user_signals(slot, index, room.room_id, kind);
+        if !others {
+            self.spend_signal_change(index, now, room)?;
+        }
+        let signals = self.signals.entry(index).or_insert_with(|| SessionSignals {
+            window_start: now,
+            window_changes: 0,
+            active: Vec::new(),
+        });
+        match own {
+            Some(at) => {
+                signals.active.swap_remove(at);
+            }
+            None => {
+                signals.active.push(ActiveSignal { room_id: room.room_id.into(), kind: kind.into(), deadline });
+                self.schedule_no_later_than(slot, deadline);
+            }
+        }
+        if !others {
+            self.facts.push(RoomFact::Signal {
+                room_id: room.room_id.into(),
+                user_id: self.users[slot as usize].id.clone(),
+                kind: kind.into(),
+                on: own.is_none(),
+            });
+        }
+        Ok(!others)
+    }
+
+    /// Counts one set change against the session's rate (S3), or refuses it.
+    fn spend_signal_change(&mut self, index: u32, now: Tick, room: &RoomRef<'_>) -> Result<(), LeaseError> {
+        let signals = self.signals.entry(index).or_insert_with(|| SessionSignals {
+            window_start: now,
+            window_changes: 0,
+            active: Vec::new(),
+        });
+        if now >= signals.window_start + 1_000 {
+            signals.window_start = now;
+            signals.window_changes = 0;
+        }
+        if signals.window_changes >= SIGNAL_CHANGES_PER_SECOND {
+            return Err(LeaseError::SignalRateExceeded {
+                user_id: room.user_id.into(),
+                session_id: room.session_id.into(),
+                per_second: SIGNAL_CHANGES_PER_SECOND,
+            });
+        }
+        signals.window_changes += 1;
+        Ok(())
+    }
+
+    /// The rooms the user's sessions are in, each once, in no particular order.
+    pub(crate) fn rooms_of(&self, user_id: &str) -> Vec<CompactString> {
+        let Some(slot) = self.find(user_id) else { return Vec::new() };
+        let mut rooms: Vec<CompactString> = self
+            .lease_indices(slot)
+            .flat_map(|index| self.membership_indices(index))
+            .map(|at| self.membership(at).room_id.clone())
+            .collect();
+        rooms.sort_unstable();
+        rooms.dedup();
+        rooms
+    }
+
+    /// Hands over the facts made for the room side since the last call.
+    pub(crate) fn take_facts(&mut self) -> Vec<RoomFact> {
+        std::mem::take(&mut self.facts)
+    }
+
+    /// The shard's time: the latest any operation brought.
+    pub(crate) fn now(&self) -> Tick {
+        self.now
     }
 
     pub(crate) fn unregister(
@@ -540,9 +868,9 @@ impl Shard {
             return unchanged(self, UnregisterOutcome::Lingering { until });
         }
         self.unlink(slot, previous, index);
-        self.free_lease(index);
+        self.free_lease(slot, index);
         self.end_hold_once_every_session_closed(slot);
-        let changed = self.after_removal(slot, now, changes);
+        let changed = !self.hold_for_grace(slot, now + self.offline_grace_ms) && self.after_removal(slot, now, changes);
         Unregistered { outcome: UnregisterOutcome::Removed, changed, presence: self.users[slot as usize].presence() }
     }
 
@@ -560,12 +888,14 @@ impl Shard {
         self.settle(slot, now, changes);
         // A restart hold is no session: it is not revoked by id nor counted,
         // but it ends once no open session is left (see below).
-        let doomed = |lease: &Lease| !lease.is_restart_hold() && session_id.is_none_or(|id| lease.session_id == id);
+        let doomed = |lease: &Lease| !lease.is_hold() && session_id.is_none_or(|id| lease.session_id == id);
         let count = self.remove_leases_where(slot, doomed).0;
         if count > 0 {
             self.end_hold_once_every_session_closed(slot);
         }
-        let changed = count > 0 && self.after_removal(slot, now, changes);
+        // Revoke is never damped, and ends a damping already holding the user (E6).
+        let undamped = self.remove_leases_where(slot, Lease::is_grace_hold).0 > 0;
+        let changed = (count > 0 || undamped) && self.after_removal(slot, now, changes);
         Revoked {
             count: u32::try_from(count).unwrap_or(u32::MAX),
             changed,
@@ -651,7 +981,7 @@ impl Shard {
         let Some(slot) = self.find(user_id) else { return Vec::new() };
         self.settle(slot, now, changes);
         self.lease_indices(slot)
-            .filter(|&index| !self.lease(index).is_restart_hold()) // a hold is no session
+            .filter(|&index| !self.lease(index).is_hold()) // a hold is no session
             .map(|index| {
                 let lease = self.lease(index);
                 LeaseView {
@@ -680,7 +1010,8 @@ impl Shard {
             };
             self.settle(slot, now, changes);
             let leases = self.lease_indices(slot).map(|index| self.lease(index).expires_at);
-            if let Some(earliest) = leases.chain(self.status_deadline(slot)).min() {
+            let earliest = leases.chain(self.status_deadline(slot)).chain(self.signal_deadlines(slot)).min();
+            if let Some(earliest) = earliest {
                 self.schedule_no_later_than(slot, earliest);
             } else if self.forget_offline_after_ms > 0 && self.wheel.deadline(slot).is_none() && self.is_idle(slot) {
                 // Idle before the entry fired (settling made nothing idle, or it
@@ -709,7 +1040,11 @@ impl Shard {
     }
 
     pub(crate) fn sessions(&self) -> usize {
-        self.sessions
+        self.sessions - self.grace_holds
+    }
+
+    pub(crate) fn suppressed_flaps(&self) -> u64 {
+        self.suppressed_flaps
     }
 
     pub(crate) fn online_users(&self) -> usize {
@@ -741,11 +1076,21 @@ impl Shard {
         }
         let end = from.saturating_add(budget).min(self.users.len());
         for (slot, user) in self.users.iter().enumerate().take(end).skip(from) {
-            let leases: Vec<u32> = self.lease_indices(slot as u32).collect();
+            // A damped user is written with no lease for its grace hold: it
+            // restores as any online user with no lease does (E6, B3).
+            let leases: Vec<u32> =
+                self.lease_indices(slot as u32).filter(|&index| !self.lease(index).is_grace_hold()).collect();
             writer.user(&user.id, user.version, user.online(), u16::try_from(leases.len()).unwrap_or(u16::MAX));
             for index in leases.into_iter().take(usize::from(u16::MAX)) {
                 let lease = self.lease(index);
                 let metadata = self.metadata.get(&index).map_or(&[][..], |entries| &entries[..]);
+                let rooms: Vec<MembershipOut<'_>> = self
+                    .membership_indices(index)
+                    .map(|at| {
+                        let membership = self.membership(at);
+                        (membership.room_id.as_str(), membership.order, &membership.metadata[..])
+                    })
+                    .collect();
                 writer.lease(
                     &lease.session_id,
                     self.origins.gateway_id(lease.origin),
@@ -754,6 +1099,7 @@ impl Shard {
                     lease.expires_at,
                     lease.closing(),
                     metadata,
+                    &rooms,
                 );
             }
         }
@@ -801,9 +1147,26 @@ impl Shard {
         for lease in user.leases.iter().rev() {
             let last_heartbeat_at = lease.last_heartbeat_at.min(lease.expires_at);
             let origin = self.origins.acquire(lease.gateway_id, before_expiry(last_heartbeat_at, lease.expires_at));
-            let restored = Lease::new(lease.session_id, lease.generation, lease.expires_at, origin, lease.closing);
+            let mut restored = Lease::new(lease.session_id, lease.generation, lease.expires_at, origin, lease.closing);
+            if restored.is_hold() {
+                // Only restart holds are written; whatever a damaged file says, it is one.
+                restored.generation = 0;
+            }
             let index = self.push_lease(slot, restored);
             self.set_metadata(index, &lease.metadata);
+            // Prepended too, last first, so that the list keeps its order.
+            for room in lease.rooms.iter().rev() {
+                let metadata =
+                    if room.metadata.is_empty() { no_room_metadata() } else { Arc::from(&room.metadata[..]) };
+                self.push_membership(index, room.room_id.into(), metadata, room.order);
+            }
+        }
+        let mut rooms: Vec<&str> =
+            user.leases.iter().flat_map(|lease| lease.rooms.iter().map(|room| room.room_id)).collect();
+        rooms.sort_unstable();
+        rooms.dedup();
+        for room_id in rooms {
+            self.report_member(slot, room_id);
         }
         if self.users[slot as usize].online() && self.users[slot as usize].first_lease() == NIL {
             return Some(slot);
@@ -873,14 +1236,7 @@ impl Shard {
 
     /// The user's lease of `session_id`, with the lease before it in the user's list (or `NIL`).
     fn find_lease(&self, slot: u32, session_id: &str) -> Option<(u32, u32)> {
-        let mut previous = NIL;
-        for index in self.lease_indices(slot) {
-            if self.lease(index).session_id == session_id {
-                return Some((previous, index));
-            }
-            previous = index;
-        }
-        None
+        find_in_list(self.lease_indices(slot), |index| self.lease(index).session_id == session_id)
     }
 
     /// Puts a lease at the front of the user's list and makes sure the user's
@@ -920,9 +1276,13 @@ impl Shard {
         }
     }
 
-    /// Frees an unlinked lease's slot, origin and metadata.
-    fn free_lease(&mut self, index: u32) -> Lease {
+    /// Frees an unlinked lease's slot, origin, metadata and rooms.
+    fn free_lease(&mut self, slot: u32, index: u32) -> Lease {
+        self.drop_rooms(slot, index);
         let lease = self.leases[index as usize].take().expect("a freed lease is occupied");
+        if lease.is_grace_hold() {
+            self.grace_holds -= 1;
+        }
         self.origins.release(lease.origin);
         if lease.has_metadata() {
             self.metadata.remove(&index);
@@ -953,6 +1313,180 @@ impl Shard {
         let lease = self.leases[index as usize].as_mut().expect("a listed lease is occupied");
         lease.expires_at = expires_at;
         lease.origin = self.origins.with_before_expiry(lease.origin, before_expiry(last_heartbeat_at, expires_at));
+    }
+
+    /// The lease's room memberships, as slab indices, most recently joined first.
+    fn membership_indices(&self, index: u32) -> impl Iterator<Item = u32> + '_ {
+        let first = if self.lease(index).has_rooms() { self.lease_rooms[&index] } else { NIL };
+        std::iter::successors(Some(first).filter(|&at| at != NIL), |&at| {
+            Some(self.membership(at).next).filter(|&next| next != NIL)
+        })
+    }
+
+    fn membership(&self, at: u32) -> &Membership {
+        self.memberships[at as usize].as_ref().expect("a listed membership is occupied")
+    }
+
+    fn membership_mut(&mut self, at: u32) -> &mut Membership {
+        self.memberships[at as usize].as_mut().expect("a listed membership is occupied")
+    }
+
+    /// The lease's membership of the room, with the one before it in the lease's list (or `NIL`).
+    fn find_membership(&self, index: u32, room_id: &str) -> Option<(u32, u32)> {
+        find_in_list(self.membership_indices(index), |at| self.membership(at).room_id == room_id)
+    }
+
+    /// Puts a membership at the front of the lease's list.
+    fn push_membership(&mut self, index: u32, room_id: CompactString, metadata: RoomMetadata, order: u64) {
+        let next = if self.lease(index).has_rooms() { self.lease_rooms[&index] } else { NIL };
+        let membership = Membership { room_id, metadata, order, next };
+        let at = match self.free_memberships.pop() {
+            Some(at) => {
+                self.memberships[at as usize] = Some(membership);
+                at
+            }
+            None => {
+                self.memberships.push(Some(membership));
+                u32::try_from(self.memberships.len() - 1).expect("fewer than 2^32 memberships per shard")
+            }
+        };
+        self.lease_rooms.insert(index, at);
+        self.lease_mut(index).link.set_flag(HAS_ROOMS, true);
+    }
+
+    fn free_membership(&mut self, at: u32) -> Membership {
+        let membership = self.memberships[at as usize].take().expect("a freed membership is occupied");
+        self.free_memberships.push(at);
+        if mostly_empty(self.memberships.len() - self.free_memberships.len(), self.memberships.len())
+            && self.memberships.last().is_some_and(Option::is_none)
+        {
+            // Only free slots at the end can go without renumbering anything.
+            while self.memberships.last().is_some_and(Option::is_none) {
+                self.memberships.pop();
+            }
+            let len = self.memberships.len() as u32;
+            self.free_memberships.retain(|&free| free < len);
+            self.memberships.shrink_to(self.memberships.len() * 2);
+        }
+        membership
+    }
+
+    /// How many of the user's sessions are in the room, and the metadata of
+    /// the one that joined or updated last, which the user shows (R6).
+    fn user_in_room(&self, slot: u32, room_id: &str) -> (u32, Option<&RoomMetadata>) {
+        let mut sessions = 0;
+        let mut shown: Option<&Membership> = None;
+        for index in self.lease_indices(slot) {
+            for at in self.membership_indices(index) {
+                let membership = self.membership(at);
+                if membership.room_id == room_id {
+                    sessions += 1;
+                    if shown.is_none_or(|shown| shown.order < membership.order) {
+                        shown = Some(membership);
+                    }
+                }
+            }
+        }
+        (sessions, shown.map(|membership| &membership.metadata))
+    }
+
+    /// Tells the room side where the user stands in the room now.
+    fn report_member(&mut self, slot: u32, room_id: &str) {
+        let user_id = self.users[slot as usize].id.clone();
+        let fact = match self.user_in_room(slot, room_id) {
+            (0, _) => RoomFact::Left { room_id: room_id.into(), user_id },
+            (sessions, shown) => RoomFact::Member {
+                room_id: room_id.into(),
+                user_id,
+                sessions,
+                metadata: shown.cloned().unwrap_or_else(no_room_metadata),
+            },
+        };
+        self.facts.push(fact);
+    }
+
+    /// Whether a session of the user other than lease `except` signals `kind` in the room.
+    fn user_signals(&self, slot: u32, except: u32, room_id: &str, kind: &str) -> bool {
+        self.lease_indices(slot).filter(|&index| index != except && self.lease(index).has_rooms()).any(|index| {
+            self.signals.get(&index).is_some_and(|signals| {
+                signals.active.iter().any(|signal| signal.room_id == room_id && signal.kind == kind)
+            })
+        })
+    }
+
+    /// Ends the lease's signals in the room (all of them with `None`), and
+    /// tells the room side of every kind the user no longer signals there.
+    fn end_signals(&mut self, slot: u32, index: u32, room_id: Option<&str>) {
+        let Some(signals) = self.signals.get_mut(&index) else { return };
+        let mut ended = Vec::new();
+        signals.active.retain(|signal| {
+            let ends = room_id.is_none_or(|room_id| signal.room_id == room_id);
+            if ends {
+                ended.push((signal.room_id.clone(), signal.kind.clone()));
+            }
+            !ends
+        });
+        self.report_signals_ended(slot, index, ended);
+    }
+
+    /// For each signal of lease `index` that ended, tells the room side if no
+    /// other session of the user sends it.
+    fn report_signals_ended(&mut self, slot: u32, index: u32, ended: Vec<(CompactString, CompactString)>) {
+        for (room_id, kind) in ended {
+            if !self.user_signals(slot, index, &room_id, &kind) {
+                let user_id = self.users[slot as usize].id.clone();
+                self.facts.push(RoomFact::Signal { room_id, user_id, kind, on: false });
+            }
+        }
+    }
+
+    /// Ends every membership and signal of the lease (it ends, or a new
+    /// generation replaces it), telling the room side (R1, R6, S3).
+    fn drop_rooms(&mut self, slot: u32, index: u32) {
+        if !self.lease(index).has_rooms() {
+            return;
+        }
+        self.end_signals(slot, index, None);
+        self.signals.remove(&index);
+        let mut at = self.lease_rooms.remove(&index).expect("a lease with rooms has an entry");
+        self.lease_mut(index).link.set_flag(HAS_ROOMS, false);
+        let mut rooms = Vec::new();
+        while at != NIL {
+            let membership = self.free_membership(at);
+            at = membership.next;
+            rooms.push(membership.room_id);
+        }
+        for room_id in rooms {
+            self.report_member(slot, &room_id);
+        }
+    }
+
+    /// Ends the user's signals whose deadline has passed (S3).
+    fn settle_signals(&mut self, slot: u32, now: Tick) {
+        let leases: Vec<u32> = self.lease_indices(slot).filter(|&index| self.lease(index).has_rooms()).collect();
+        for index in leases {
+            let Some(signals) = self.signals.get_mut(&index) else { continue };
+            if signals.active.iter().all(|signal| signal.deadline > now) {
+                continue;
+            }
+            let mut ended = Vec::new();
+            signals.active.retain(|signal| {
+                let ends = signal.deadline <= now;
+                if ends {
+                    ended.push((signal.room_id.clone(), signal.kind.clone()));
+                }
+                !ends
+            });
+            self.report_signals_ended(slot, index, ended);
+        }
+    }
+
+    /// The deadlines of the user's signals.
+    fn signal_deadlines(&self, slot: u32) -> impl Iterator<Item = Tick> + '_ {
+        self.lease_indices(slot)
+            .filter(|&index| self.lease(index).has_rooms())
+            .filter_map(|index| self.signals.get(&index))
+            .flat_map(|signals| signals.active.iter().map(|signal| signal.deadline))
     }
 
     /// The user's status, if it has one.
@@ -989,7 +1523,7 @@ impl Shard {
             if doomed(lease) {
                 latest_deadline = latest_deadline.max(lease.expires_at);
                 self.unlink(slot, previous, index);
-                self.free_lease(index);
+                self.free_lease(slot, index);
                 removed += 1;
             } else {
                 previous = index;
@@ -1003,7 +1537,10 @@ impl Shard {
     /// when none is left, and clears its status if that expired: one change
     /// (one version) for whatever of the two happened.
     fn settle(&mut self, slot: u32, now: Tick, changes: &mut Changes) {
+        let first = self.users[slot as usize].first_lease();
+        let damped = first != NIL && self.lease(first).is_grace_hold();
         let (removed, last_deadline) = self.remove_leases_where(slot, |lease| lease.expires_at <= now);
+        self.settle_signals(slot, now);
         let status_expired = self.status_deadline(slot).is_some_and(|deadline| deadline <= now);
         if status_expired {
             self.set_user_status(slot, None);
@@ -1015,8 +1552,12 @@ impl Shard {
         if (removed > 0 || status_expired) && user.first_lease() == NIL && self.status_deadline(slot).is_none() {
             self.cancel_timer(slot);
         }
-        if goes_offline {
-            self.flip(slot, State::Offline, now, Some(last_deadline), changes);
+        // The window starts when the last lease ended, at its deadline, so a
+        // user settled late (nobody touched it, the driver lagged) goes
+        // OFFLINE exactly when it would have on time (E6).
+        let grace_end = if damped { last_deadline } else { last_deadline + self.offline_grace_ms };
+        if goes_offline && !(grace_end > last_deadline && self.hold_for_grace(slot, grace_end)) {
+            self.flip(slot, State::Offline, now, Some(grace_end), changes);
         } else if status_expired {
             self.announce(slot, now, changes);
             self.arm_forget(slot, now);
@@ -1037,6 +1578,20 @@ impl Shard {
         if !open {
             self.remove_leases_where(slot, Lease::is_restart_hold);
         }
+    }
+
+    /// Flap damping (E6): if the user is ONLINE with no lease left and `until`
+    /// is still ahead, holds it ONLINE until then with a [`Lease::grace_hold`]
+    /// instead of flipping it, and says so; publishes nothing either way.
+    fn hold_for_grace(&mut self, slot: u32, until: Tick) -> bool {
+        let user = &self.users[slot as usize];
+        if self.offline_grace_ms == 0 || !user.online() || user.first_lease() != NIL || until <= self.now {
+            return false;
+        }
+        let origin = self.origins.acquire(RESTART_HOLD_SESSION_ID, before_expiry(self.now, until));
+        self.push_lease(slot, Lease::grace_hold(origin, until));
+        self.grace_holds += 1;
+        true
     }
 
     fn after_removal(&mut self, slot: u32, now: Tick, changes: &mut Changes) -> bool {
@@ -1208,6 +1763,8 @@ impl Shard {
     fn compact_leases(&mut self) {
         let mut old = std::mem::replace(&mut self.leases, Vec::with_capacity(tidy_size(self.sessions)));
         let mut old_metadata = std::mem::take(&mut self.metadata);
+        let mut old_rooms = std::mem::take(&mut self.lease_rooms);
+        let mut old_signals = std::mem::take(&mut self.signals);
         for user in &mut self.users {
             let mut index = user.first_lease();
             let mut previous = NIL;
@@ -1219,6 +1776,13 @@ impl Shard {
                     && let Some(entries) = old_metadata.remove(&index)
                 {
                     self.metadata.insert(new_index, entries);
+                }
+                if lease.has_rooms() {
+                    self.lease_rooms
+                        .insert(new_index, old_rooms.remove(&index).expect("a lease with rooms has an entry"));
+                    if let Some(signals) = old_signals.remove(&index) {
+                        self.signals.insert(new_index, signals);
+                    }
                 }
                 self.leases.push(Some(lease));
                 match previous {
@@ -1245,6 +1809,10 @@ mod tests {
     const T0: Tick = 1_700_000_000_000;
     const FORGET_AFTER: u64 = 10_000;
 
+    fn shard_config() -> StoreConfig {
+        StoreConfig { min_renew_interval_ms: 0, forget_offline_after_ms: FORGET_AFTER, ..StoreConfig::default() }
+    }
+
     fn registration(user_id: &str) -> Registration<'_> {
         Registration { user_id, session_id: "s", gateway_id: "gw", ttl_ms: 1_000, metadata: &[] }
     }
@@ -1268,7 +1836,7 @@ mod tests {
     /// and the lease slab are small again, and what is left still works.
     #[test]
     fn b6_containers_shrink_when_most_users_are_forgotten() {
-        let mut shard = Shard::new(T0, 0, FORGET_AFTER);
+        let mut shard = Shard::new(T0, &shard_config());
         let mut changes = Vec::new();
         let kept = register_many(&mut shard, T0, (0..100).map(|i| format!("kept-{i}")));
         let passing = register_many(&mut shard, T0, (0..20_000).map(|i| format!("passing-{i}")));
@@ -1316,7 +1884,7 @@ mod tests {
     /// shard do not make it miss, or repeat, a user that is not forgotten.
     #[test]
     fn b6_forgetting_during_a_checkpoint_never_drops_an_unwritten_user() {
-        let mut shard = Shard::new(T0, 0, FORGET_AFTER);
+        let mut shard = Shard::new(T0, &shard_config());
         let mut changes = Vec::new();
         // The first 300 users go offline at once; the last 300 are online when
         // the first ones' window ends.
@@ -1356,7 +1924,7 @@ mod tests {
     /// no origin or gateway id is left behind.
     #[test]
     fn a_leases_origin_follows_its_writes_and_goes_with_it() {
-        let mut shard = Shard::new(T0, 0, FORGET_AFTER);
+        let mut shard = Shard::new(T0, &shard_config());
         let mut changes = Vec::new();
         let registration = |session_id, gateway_id| Registration {
             user_id: "u",
@@ -1390,7 +1958,7 @@ mod tests {
     /// when a forgotten user's slot is given to it.
     #[test]
     fn b6_a_status_moves_with_its_user_when_the_user_fills_a_forgotten_slot() {
-        let mut shard = Shard::new(T0, 0, FORGET_AFTER);
+        let mut shard = Shard::new(T0, &shard_config());
         let mut changes = Vec::new();
         let leaving = register_many(&mut shard, T0, (0..3).map(|i| format!("leaving-{i}")));
         let status = Status { availability: crate::Availability::Away, text: "lunch".into(), expires_at: None };

@@ -11,12 +11,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use compact_str::CompactString;
+
 use crate::checkpoint::{Checkpoint, CheckpointWriter, UserRecord};
 use crate::config::{ConfigError, StoreConfig};
 use crate::error::LeaseError;
+use crate::rooms::RoomShard;
 use crate::shard::{LeaseView, Shard};
 use crate::types::{
-    Changes, Presence, Registered, Registration, Renewal, Renewed, Revoked, Status, StoreStats, Unregistered, UserView,
+    Changes, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomAccess,
+    RoomChange, RoomRef, RoomView, Signalled, Status, StoreStats, Unregistered, UserView,
 };
 use crate::validate;
 use crate::wheel::Tick;
@@ -34,8 +38,13 @@ type ExpiryWaker = Box<dyn Fn() + Send + Sync>;
 /// caller to publish.
 pub struct Store {
     config: StoreConfig,
-    /// Lock order: one shard at a time; no method holds two shard locks.
+    /// Lock order: one shard at a time; no method holds two shard locks. A
+    /// user shard's lock may be held while one room shard's is taken, never
+    /// the reverse.
     shards: Box<[Mutex<Shard>]>,
+    /// The rooms, by a hash of the room id (see `rooms.rs`): fed facts by the
+    /// user shards, under the user shard's lock, one room shard at a time.
+    rooms: Box<[Mutex<RoomShard>]>,
     /// Independent of the shards' own table hashers, so that the bits that pick
     /// a shard do not also cluster the users inside it.
     shard_hasher: foldhash::fast::FixedState,
@@ -57,12 +66,12 @@ impl Store {
     /// A store with no leases whose clock starts at `now`.
     pub fn new(config: StoreConfig, now: Tick) -> Result<Self, ConfigError> {
         config.validate()?;
-        let shards = (0..config.shards)
-            .map(|_| Mutex::new(Shard::new(now, config.min_renew_interval_ms, config.forget_offline_after_ms)))
-            .collect();
+        let shards = (0..config.shards).map(|_| Mutex::new(Shard::new(now, &config))).collect();
+        let rooms = (0..config.shards).map(|_| Mutex::new(RoomShard::new(now))).collect();
         Ok(Store {
             config,
             shards,
+            rooms,
             shard_hasher: foldhash::fast::FixedState::with_seed(0x7072_6573_656e_6365),
             alarm: AtomicU64::new(u64::MAX),
             waker: None,
@@ -93,7 +102,9 @@ impl Store {
         validate::id("gateway_id", registration.gateway_id)?;
         let ttl_ms = validate::ttl(&self.config, registration.ttl_ms)?;
         validate::metadata(registration.metadata)?;
-        Ok(self.with_shard(registration.user_id, |shard| shard.register(now, registration, ttl_ms, changes)))
+        Ok(self.with_shard(registration.user_id, changes, |shard, changes| {
+            shard.register(now, registration, ttl_ms, changes)
+        }))
     }
 
     /// Extends a live lease held at the current generation (L2), or, within the
@@ -109,7 +120,7 @@ impl Store {
         changes: &mut Changes,
     ) -> Result<Renewed, LeaseError> {
         let renewal = self.validate_renewal(&Renewal { user_id, session_id, generation, ttl_ms })?;
-        self.with_shard(user_id, |shard| shard.renew(now, &renewal, changes))
+        self.with_shard(user_id, changes, |shard, changes| shard.renew(now, &renewal, changes))
     }
 
     /// Applies many renewals at one `now` and answers each as [`Store::renew`]
@@ -163,7 +174,9 @@ impl Store {
         for shard in 0..self.shards.len() {
             let picked = &picks[per_shard[shard] as usize..per_shard[shard + 1] as usize];
             if !picked.is_empty() {
-                self.with_shard_at(shard, |locked| locked.renew_picked(now, &checked, picked, &mut answers, changes));
+                self.with_shard_at(shard, changes, |locked, changes| {
+                    locked.renew_picked(now, &checked, picked, &mut answers, changes)
+                });
             }
         }
         answers.into_iter().map(|answer| answer.expect("every renewal is answered")).collect()
@@ -189,7 +202,9 @@ impl Store {
     ) -> Result<Unregistered, LeaseError> {
         validate::id("user_id", user_id)?;
         validate::id("session_id", session_id)?;
-        Ok(self.with_shard(user_id, |shard| shard.unregister(now, user_id, session_id, generation, linger_ms, changes)))
+        Ok(self.with_shard(user_id, changes, |shard, changes| {
+            shard.unregister(now, user_id, session_id, generation, linger_ms, changes)
+        }))
     }
 
     /// Deletes one session's lease, or all of the user's with `session_id: None` (L6).
@@ -204,7 +219,7 @@ impl Store {
         if let Some(session_id) = session_id {
             validate::id("session_id", session_id)?;
         }
-        Ok(self.with_shard(user_id, |shard| shard.revoke(now, user_id, session_id, changes)))
+        Ok(self.with_shard(user_id, changes, |shard, changes| shard.revoke(now, user_id, session_id, changes)))
     }
 
     /// The presence of each user, in order; O(k) in the number of users (E2).
@@ -220,7 +235,7 @@ impl Store {
             .iter()
             .map(|user_id| {
                 let user_id = user_id.as_ref();
-                self.with_shard(user_id, |shard| shard.presence(now, user_id, changes))
+                self.with_shard(user_id, changes, |shard, changes| shard.presence(now, user_id, changes))
             })
             .collect())
     }
@@ -238,7 +253,7 @@ impl Store {
             .iter()
             .map(|user_id| {
                 let user_id = user_id.as_ref();
-                self.with_shard(user_id, |shard| shard.view(now, user_id, changes))
+                self.with_shard(user_id, changes, |shard, changes| shard.view(now, user_id, changes))
             })
             .collect())
     }
@@ -259,13 +274,13 @@ impl Store {
                 return Err(LeaseError::invalid("expires_at_ms", "must be in the future"));
             }
         }
-        Ok(self.with_shard(user_id, |shard| shard.set_status(now, user_id, status, changes)))
+        Ok(self.with_shard(user_id, changes, |shard, changes| shard.set_status(now, user_id, status, changes)))
     }
 
     /// Puts back a status kept elsewhere, after a restart: no change, no new version.
     pub fn restore_status(&self, now: Tick, user_id: &str, status: Status) -> Result<(), LeaseError> {
         validate::id("user_id", user_id)?;
-        self.with_shard(user_id, |shard| shard.restore_status(now, user_id, status));
+        self.with_shard(user_id, &mut Changes::default(), |shard, _| shard.restore_status(now, user_id, status));
         Ok(())
     }
 
@@ -273,13 +288,13 @@ impl Store {
     /// the store that some viewers see (a change of its audience).
     pub fn bump_version(&self, now: Tick, user_id: &str, changes: &mut Changes) -> Result<UserView, LeaseError> {
         validate::id("user_id", user_id)?;
-        Ok(self.with_shard(user_id, |shard| shard.bump_version(now, user_id, changes)))
+        Ok(self.with_shard(user_id, changes, |shard, changes| shard.bump_version(now, user_id, changes)))
     }
 
     /// The leases a user holds at `now`.
     pub fn leases(&self, now: Tick, user_id: &str, changes: &mut Changes) -> Result<Vec<LeaseView>, LeaseError> {
         validate::id("user_id", user_id)?;
-        Ok(self.with_shard(user_id, |shard| shard.leases(now, user_id, changes)))
+        Ok(self.with_shard(user_id, changes, |shard, changes| shard.leases(now, user_id, changes)))
     }
 
     /// Expires the leases due at `now`, and forgets the users whose forget
@@ -292,13 +307,114 @@ impl Store {
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             let forgotten = shard.forgotten();
-            more |= shard.expire(now, budget.max(1), changes);
+            more |= shard.expire(now, budget.max(1), &mut changes.users);
+            self.hand_facts_on(&mut shard, &mut changes.rooms);
             self.forgotten.fetch_add(shard.forgotten() - forgotten, Ordering::Relaxed);
             // The driver computes its next wake-up itself after this call, so
             // the timers it rescheduled here must not wake it again later.
             shard.take_earliest_new_timer();
         }
         more
+    }
+
+    /// Puts the session in the room, or updates its metadata there if it is
+    /// in already (R1, R6). A second session of a user already in the room
+    /// changes only the room's session count.
+    pub fn join(
+        &self,
+        now: Tick,
+        room: &RoomRef<'_>,
+        metadata: &[(String, String)],
+        changes: &mut Changes,
+    ) -> Result<Joined, LeaseError> {
+        validate_room_ref(room)?;
+        validate::metadata(metadata)?;
+        let from = changes.rooms.len();
+        let changed =
+            self.with_shard(room.user_id, changes, |shard, changes| shard.join(now, room, metadata, changes))?;
+        Ok(Joined { changed, room_version: self.room_version(room.room_id, changes, from) })
+    }
+
+    /// Takes the session out of the room and ends its signals there (R1, R6).
+    pub fn leave(&self, now: Tick, room: &RoomRef<'_>, changes: &mut Changes) -> Result<Left, LeaseError> {
+        validate_room_ref(room)?;
+        let from = changes.rooms.len();
+        let (removed, changed) =
+            self.with_shard(room.user_id, changes, |shard, changes| shard.leave(now, room, changes))?;
+        Ok(Left { removed, changed, room_version: self.room_version(room.room_id, changes, from) })
+    }
+
+    /// Sets or extends (`ttl_ms` 1 to 10000) or clears (0) the session's
+    /// signal of `kind` in a room it is in (S3). Only a change of the room's
+    /// set of signalling users is published, and those are bounded per
+    /// session ([`SIGNAL_CHANGES_PER_SECOND`](crate::SIGNAL_CHANGES_PER_SECOND)).
+    pub fn signal(
+        &self,
+        now: Tick,
+        room: &RoomRef<'_>,
+        kind: &str,
+        ttl_ms: u32,
+        changes: &mut Changes,
+    ) -> Result<Signalled, LeaseError> {
+        validate_room_ref(room)?;
+        validate::signal(kind, ttl_ms)?;
+        let from = changes.rooms.len();
+        let changed =
+            self.with_shard(room.user_id, changes, |shard, changes| shard.signal(now, room, kind, ttl_ms, changes))?;
+        Ok(Signalled { changed, room_version: self.room_version(room.room_id, changes, from) })
+    }
+
+    /// The room as it is: version, counts, access, signals, and its members
+    /// unless there are more than `member_cap`. An unknown room is empty at
+    /// version 0 with the default access.
+    pub fn room(&self, room_id: &str, member_cap: usize) -> RoomView {
+        self.room_shard(room_id).lock().view(room_id, member_cap)
+    }
+
+    /// Sets who may see the room (R4); a room with non-default access is kept while empty.
+    pub fn set_room_access(&self, room_id: &str, access: RoomAccess) -> Result<(), LeaseError> {
+        validate::id("room_id", room_id)?;
+        self.room_shard(room_id).lock().set_access(room_id, access);
+        Ok(())
+    }
+
+    /// Whether the user has a session in the room.
+    pub fn is_member(&self, room_id: &str, user_id: &str) -> bool {
+        self.room_shard(room_id).lock().is_member(room_id, user_id)
+    }
+
+    /// The rooms the user's sessions are in, sorted (as of the last
+    /// operation on the user: this reads no clock and settles nothing).
+    pub fn rooms_of(&self, user_id: &str) -> Vec<CompactString> {
+        self.shards[self.shard_of(user_id)].lock().rooms_of(user_id)
+    }
+
+    /// The room's version after an operation that appended its room changes
+    /// to `changes` from `from` on: its last change's (the room may have been
+    /// dropped since, empty), or the room's own if it did not change.
+    fn room_version(&self, room_id: &str, changes: &Changes, from: usize) -> u64 {
+        match changes.rooms[from..].iter().rev().find(|change| change.room_id == room_id) {
+            Some(change) => change.version,
+            None => self.room_shard(room_id).lock().version(room_id),
+        }
+    }
+
+    fn room_shard(&self, room_id: &str) -> &Mutex<RoomShard> {
+        &self.rooms[self.room_shard_of(room_id)]
+    }
+
+    /// Which room shard a room lives in: the same hash as users', on the room id (C1).
+    fn room_shard_of(&self, room_id: &str) -> usize {
+        (self.shard_hasher.hash_one(room_id) >> 32) as usize & (self.rooms.len() - 1)
+    }
+
+    /// Applies the facts the user shard made to the room shards, one room
+    /// shard lock at a time, while the caller still holds the user shard's.
+    fn hand_facts_on(&self, shard: &mut Shard, changes: &mut Vec<RoomChange>) {
+        let now = shard.now();
+        for fact in shard.take_facts() {
+            self.rooms[self.room_shard_of(fact.room_id())].lock().apply(now, fact, changes);
+        }
     }
 
     /// A time at or before the earliest deadline (a lease's, a status's, or the
@@ -324,6 +440,7 @@ impl Store {
             stats.sessions += shard.sessions();
             stats.online_users += shard.online_users();
             stats.users += shard.users();
+            stats.suppressed_flaps += shard.suppressed_flaps();
         }
         stats
     }
@@ -347,12 +464,16 @@ impl Store {
     /// Appends shard `index`'s users and leases to a checkpoint, taking the
     /// shard's lock for at most [`CHECKPOINT_USERS_PER_LOCK`] users at a time,
     /// so that requests to the shard wait for a short slice, never for the
-    /// whole shard. Each user is captured whole, under one lock hold.
+    /// whole shard. Each user is captured whole, under one lock hold, with
+    /// its sessions' room memberships. Then room shard `index`'s clock and
+    /// access settings, under its own lock (there are as many room shards as
+    /// user shards).
     pub fn checkpoint_shard(&self, index: usize, writer: &mut CheckpointWriter) {
         let mut from = 0;
         while let Some(next) = self.shards[index].lock().checkpoint(writer, from, CHECKPOINT_USERS_PER_LOCK) {
             from = next;
         }
+        self.rooms[index].lock().checkpoint(writer);
     }
 
     /// A store holding what `checkpoint` held (B3): leases keep their
@@ -374,6 +495,9 @@ impl Store {
         store.restore_clock(checkpoint.last_stamp);
         let offline_due: Vec<_> =
             checkpoint.users.iter().filter_map(|user| store.restore_user(now, &user.as_record(), hold_until)).collect();
+        for room in &checkpoint.rooms {
+            store.restore_room(&room.room_id, room.access);
+        }
         Ok(store.finish_restore(now, &offline_due))
     }
 
@@ -387,6 +511,17 @@ impl Store {
         for shard in self.shards.iter_mut() {
             shard.get_mut().restore_clock(last_stamp);
         }
+        // Room versions are stamps of the room shards' clocks, checkpointed
+        // in the same records: a floor for both is a floor for each.
+        for rooms in self.rooms.iter_mut() {
+            rooms.get_mut().restore_clock(last_stamp);
+        }
+    }
+
+    /// Puts back a room's access setting (R4).
+    pub(crate) fn restore_room(&mut self, room_id: &str, access: RoomAccess) {
+        let index = self.room_shard_of(room_id);
+        self.rooms[index].get_mut().set_access(room_id, access);
     }
 
     /// Puts back one checkpointed user (see [`Store::restore`]). A user that
@@ -396,14 +531,24 @@ impl Store {
     /// [`Store::finish_restore`] instead.
     pub(crate) fn restore_user(&mut self, now: Tick, user: &UserRecord<'_>, hold_until: Tick) -> Option<(u32, u32)> {
         let shard = self.shard_of(user.user_id);
-        let slot = self.shards[shard].get_mut().restore_user(now, user, hold_until)?;
-        Some((shard as u32, slot))
+        let locked = self.shards[shard].get_mut();
+        let slot = locked.restore_user(now, user, hold_until);
+        // Its sessions' memberships, for the rooms; nobody watches a store
+        // being restored, so what changes in them is not published.
+        for fact in locked.take_facts() {
+            let index = self.room_shard_of(fact.room_id());
+            self.rooms[index].get_mut().apply(now, fact, &mut Vec::new());
+        }
+        Some((shard as u32, slot?))
     }
 
     /// Ends a restore: flips OFFLINE the users [`Store::restore_user`] left due.
     pub(crate) fn finish_restore(mut self, now: Tick, offline_due: &[(u32, u32)]) -> Self {
         for &(shard, slot) in offline_due {
             self.shards[shard as usize].get_mut().finish_restore(now, slot);
+        }
+        for rooms in self.rooms.iter_mut() {
+            rooms.get_mut().finish_restore(now);
         }
         self
     }
@@ -416,14 +561,25 @@ impl Store {
 
     /// Runs `op` on the user's shard under its lock, then wakes the expiry
     /// driver, with the lock released, if `op` scheduled an earlier deadline.
-    fn with_shard<R>(&self, user_id: &str, op: impl FnOnce(&mut Shard) -> R) -> R {
-        self.with_shard_at(self.shard_of(user_id), op)
+    fn with_shard<R>(
+        &self,
+        user_id: &str,
+        changes: &mut Changes,
+        op: impl FnOnce(&mut Shard, &mut Vec<PresenceChange>) -> R,
+    ) -> R {
+        self.with_shard_at(self.shard_of(user_id), changes, op)
     }
 
     /// [`Store::with_shard`] by shard index.
-    fn with_shard_at<R>(&self, index: usize, op: impl FnOnce(&mut Shard) -> R) -> R {
+    fn with_shard_at<R>(
+        &self,
+        index: usize,
+        changes: &mut Changes,
+        op: impl FnOnce(&mut Shard, &mut Vec<PresenceChange>) -> R,
+    ) -> R {
         let mut shard = self.shards[index].lock();
-        let result = op(&mut shard);
+        let result = op(&mut shard, &mut changes.users);
+        self.hand_facts_on(&mut shard, &mut changes.rooms);
         let earliest_new_timer = shard.take_earliest_new_timer();
         drop(shard);
         if let (Some(deadline), Some(waker)) = (earliest_new_timer, &self.waker)
@@ -433,4 +589,11 @@ impl Store {
         }
         result
     }
+}
+
+/// A room operation's ids are valid (B1).
+fn validate_room_ref(room: &RoomRef<'_>) -> Result<(), LeaseError> {
+    validate::id("user_id", room.user_id)?;
+    validate::id("session_id", room.session_id)?;
+    validate::id("room_id", room.room_id)
 }

@@ -54,7 +54,7 @@ fn register(store: &Store, now: Tick, registration: Registration<'_>, changes: &
 
 /// Drains every expiry due at `now` with the given budget; panics if it never stops.
 fn drain(store: &Store, now: Tick, budget: usize) -> Changes {
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let mut calls = 0;
     while store.expire(now, budget, &mut changes) {
         calls += 1;
@@ -69,17 +69,19 @@ fn drain(store: &Store, now: Tick, budget: usize) -> Changes {
 fn assert_only_forgets_left(store: &Store, now: Tick, last_idle: Tick) {
     let window = store.config().forget_offline_after_ms;
     assert!(drive(store, now, last_idle + window).is_empty(), "only forgetting was left");
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0, ..StoreStats::default() });
     assert_eq!(store.next_deadline(), None, "no timer is left behind");
 }
 
 /// Plays the expiry driver from `from` to `until`: drain at the current time, sleep to the next
 /// deadline the store reports, repeat. Returns what it would have published.
 fn drive(store: &Store, from: Tick, until: Tick) -> Changes {
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let mut now = from;
     loop {
-        changes.extend(drain(store, now, 64));
+        let drained = drain(store, now, 64);
+        changes.users.extend(drained.users);
+        changes.rooms.extend(drained.rooms);
         match store.next_deadline() {
             Some(next) if next <= until => {
                 assert!(next > now, "after draining at {now}, next_deadline {next} is not in the future");
@@ -91,16 +93,16 @@ fn drive(store: &Store, from: Tick, until: Tick) -> Changes {
 }
 
 fn presence(store: &Store, now: Tick, user_id: &str) -> Presence {
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let presence = store.snapshot(now, &[user_id], &mut changes).expect("valid id")[0];
-    assert!(changes.is_empty(), "reading {user_id} at {now} settled something: {changes:?}");
+    assert!(changes.users.is_empty(), "reading {user_id} at {now} settled something: {changes:?}");
     presence
 }
 
 fn leases(store: &Store, now: Tick, user_id: &str) -> Vec<LeaseView> {
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let mut leases = store.leases(now, user_id, &mut changes).expect("valid id");
-    assert!(changes.is_empty(), "listing {user_id} at {now} settled something: {changes:?}");
+    assert!(changes.users.is_empty(), "listing {user_id} at {now} settled something: {changes:?}");
     leases.sort_by(|a, b| a.session_id.cmp(&b.session_id));
     leases
 }
@@ -137,14 +139,14 @@ fn field_of<T: std::fmt::Debug>(result: Result<T, LeaseError>) -> &'static str {
 #[test]
 fn seed000_t1_closing_one_of_two_devices_changes_nothing_visible() {
     let store = store();
-    let mut published = Vec::new();
+    let mut published = Changes::default();
 
     let phone = register(&store, sec(0), reg("42", "phone", "gw-a", 0), &mut published);
     assert!(phone.changed && !phone.replaced);
     assert_eq!(phone.presence.state, State::Online);
-    assert_eq!(published.len(), 1);
-    assert_flip(&published[0], "42", State::Online, sec(0), None);
-    assert_eq!(published[0].presence, phone.presence);
+    assert_eq!(published.users.len(), 1);
+    assert_flip(&published.users[0], "42", State::Online, sec(0), None);
+    assert_eq!(published.users[0].presence, phone.presence);
 
     let laptop = register(&store, sec(5), reg("42", "laptop", "gw-b", 0), &mut published);
     assert!(!laptop.changed && !laptop.replaced);
@@ -153,7 +155,7 @@ fn seed000_t1_closing_one_of_two_devices_changes_nothing_visible() {
     let closed = store.unregister(sec(10), "42", "phone", phone.generation, 0, &mut published).unwrap();
     assert_eq!(closed, Unregistered { outcome: UnregisterOutcome::Removed, changed: false, presence: phone.presence });
 
-    assert_eq!(published.len(), 1, "only the first ONLINE is visible: {published:?}");
+    assert_eq!(published.users.len(), 1, "only the first ONLINE is visible: {published:?}");
     assert_eq!(presence(&store, sec(10), "42"), phone.presence);
     let left = leases(&store, sec(10), "42");
     assert_eq!(left.len(), 1);
@@ -169,10 +171,10 @@ fn seed000_t1_closing_one_of_two_devices_changes_nothing_visible() {
 #[test]
 fn seed000_t2_silent_death_of_last_device_gives_exactly_one_offline_from_expire() {
     let store = store();
-    let mut published = Vec::new();
+    let mut published = Changes::default();
     let mut now = sec(0);
     let mut at = |store: &Store, t: Tick, published: &mut Changes| {
-        published.extend(drive(store, now, t));
+        published.users.extend(drive(store, now, t).users);
         now = t;
     };
 
@@ -190,34 +192,34 @@ fn seed000_t2_silent_death_of_last_device_gives_exactly_one_offline_from_expire(
     }
     // The phone lease ran out at 60 s and the driver collected it without publishing anything
     // (stats do not settle, so this shows the timer did the work, not a read).
-    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 1 });
-    assert_eq!(published.len(), 1, "{published:?}");
+    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 1, ..StoreStats::default() });
+    assert_eq!(published.users.len(), 1, "{published:?}");
 
     // Silence from 95 s: nothing happens up to one tick before the deadline.
     at(&store, sec(140) - 1, &mut published);
-    assert_eq!(published.len(), 1, "OFFLINE published before the deadline: {published:?}");
+    assert_eq!(published.users.len(), 1, "OFFLINE published before the deadline: {published:?}");
     assert_eq!(store.stats().online_users, 1);
     assert!(store.next_deadline().is_some_and(|next| next <= sec(140)), "the driver would sleep past the deadline");
 
     at(&store, sec(140) + 1, &mut published);
-    assert_eq!(published.len(), 2, "{published:?}");
-    let offline_change = published[1].clone();
+    assert_eq!(published.users.len(), 2, "{published:?}");
+    let offline_change = published.users[1].clone();
     assert_eq!(offline_change.user_id, "42");
     assert_eq!(offline_change.presence.state, State::Offline);
     assert_eq!(offline_change.deadline, Some(sec(140)));
     assert!((sec(140)..=sec(140) + 1).contains(&offline_change.at), "lag too large: {offline_change:?}");
-    assert!(offline_change.presence.version > published[0].presence.version);
+    assert!(offline_change.presence.version > published.users[0].presence.version);
 
     // Two events for two devices and a dozen lease operations; nothing more later.
     at(&store, sec(700), &mut published);
-    assert_eq!(published.len(), 2);
+    assert_eq!(published.users.len(), 2);
     assert_eq!(presence(&store, sec(700), "42"), offline_change.presence);
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 1 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 1, ..StoreStats::default() });
     // Ten minutes after going offline the user is forgotten (B6), silently.
     at(&store, sec(1_000), &mut published);
-    assert_eq!(published.len(), 2);
+    assert_eq!(published.users.len(), 2);
     assert_eq!(presence(&store, sec(1_000), "42"), Presence::UNKNOWN);
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0, ..StoreStats::default() });
     assert_eq!(store.next_deadline(), None);
 }
 
@@ -228,7 +230,7 @@ fn seed000_t2_silent_death_of_last_device_gives_exactly_one_offline_from_expire(
 fn seed000_t3_l3_late_close_after_reconnect_changes_nothing() {
     for linger_ms in [0, 5_000] {
         let store = store();
-        let mut published = Vec::new();
+        let mut published = Changes::default();
         let old = register(&store, sec(0), reg("42", "phone", "gw-a", 0), &mut published);
         let new = register(&store, sec(1), reg("42", "phone", "gw-b", 0), &mut published);
         assert!(new.generation > old.generation, "L1");
@@ -256,14 +258,14 @@ fn seed000_t3_l3_late_close_after_reconnect_changes_nothing() {
             })
         );
 
-        assert_eq!(published.len(), 1, "only the first ONLINE: {published:?}");
+        assert_eq!(published.users.len(), 1, "only the first ONLINE: {published:?}");
         assert_eq!(presence(&store, sec(21), "42"), new.presence);
         let lease = &leases(&store, sec(21), "42")[0];
         assert_eq!((lease.gateway_id.as_str(), lease.generation), ("gw-b", new.generation));
         assert_eq!((lease.expires_at, lease.closing, lease.last_heartbeat_at), (sec(46), false, sec(1)));
         // The new socket still works.
         assert!(store.renew(sec(30), "42", "phone", new.generation, 0, &mut published).is_ok());
-        assert_eq!(published.len(), 1);
+        assert_eq!(published.users.len(), 1);
     }
 }
 
@@ -272,23 +274,23 @@ fn seed000_t3_l3_late_close_after_reconnect_changes_nothing() {
 #[test]
 fn seed000_t4_renewal_after_revoke_is_not_found_and_revives_nothing() {
     let store = store();
-    let mut published = Vec::new();
+    let mut published = Changes::default();
     let phone = register(&store, sec(0), reg("42", "phone", "gw-a", 0), &mut published);
     let revoked = store.revoke(sec(10), "42", Some("phone"), &mut published).unwrap();
     assert_eq!(revoked.count, 1);
     assert!(revoked.changed);
     assert_eq!(revoked.presence.state, State::Offline);
     assert!(revoked.presence.version > phone.presence.version);
-    assert_eq!(published.len(), 2);
-    assert_flip(&published[1], "42", State::Offline, sec(10), None);
-    assert_eq!(published[1].presence, revoked.presence);
+    assert_eq!(published.users.len(), 2);
+    assert_flip(&published.users[1], "42", State::Offline, sec(10), None);
+    assert_eq!(published.users[1].presence, revoked.presence);
 
     let renewal = store.renew(sec(11), "42", "phone", phone.generation, 0, &mut published);
     assert_eq!(renewal, Err(LeaseError::NotFound { user_id: "42".into(), session_id: "phone".into() }));
-    assert_eq!(published.len(), 2, "{published:?}");
+    assert_eq!(published.users.len(), 2, "{published:?}");
     assert_eq!(presence(&store, sec(11), "42"), revoked.presence);
     assert!(leases(&store, sec(11), "42").is_empty());
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 1 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 1, ..StoreStats::default() });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -297,7 +299,7 @@ fn seed000_t4_renewal_after_revoke_is_not_found_and_revives_nothing() {
 #[test]
 fn l1_generations_strictly_increase_across_reconnects() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let mut last = 0;
     // Reconnects within one millisecond, across milliseconds, after a clean close, after a
     // revoke and after an expiry: every generation is greater than all before it.
@@ -329,7 +331,7 @@ fn l1_generations_strictly_increase_across_reconnects() {
 #[test]
 fn l1_generation_increases_even_when_a_callers_clock_lags() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let first = register(&store, T0 + 100, reg("u", "s", "gw-a", 0), &mut changes);
     // A second gateway read the clock earlier but took the lock later.
     let second = register(&store, T0 + 90, reg("u", "s", "gw-b", 0), &mut changes);
@@ -342,7 +344,7 @@ fn l1_generation_increases_even_when_a_callers_clock_lags() {
 #[test]
 fn l1_register_reports_changed_replaced_and_presence() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let a = register(&store, T0, reg("u", "a", "gw-a", 0), &mut changes);
     assert_eq!((a.changed, a.replaced, a.expires_at), (true, false, T0 + 50));
     let b = register(&store, T0 + 1, reg("u", "b", "gw-a", 10), &mut changes);
@@ -351,7 +353,7 @@ fn l1_register_reports_changed_replaced_and_presence() {
     assert_eq!((a2.changed, a2.replaced, a2.expires_at), (false, true, T0 + 202));
     assert_eq!(a.presence, b.presence);
     assert_eq!(a.presence, a2.presence);
-    assert_eq!(changes.len(), 1);
+    assert_eq!(changes.users.len(), 1);
 }
 
 /// L1, E1: a register that finds all of the user's leases expired (nobody ran the driver)
@@ -360,17 +362,17 @@ fn l1_register_reports_changed_replaced_and_presence() {
 #[test]
 fn l1_register_after_an_unnoticed_expiry_publishes_offline_then_online() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let first = register(&store, T0, reg("u", "s", "gw-a", 10), &mut changes);
-    changes.clear();
+    changes.users.clear();
     let again = register(&store, T0 + 30, reg("u", "s", "gw-b", 10), &mut changes);
     assert!(again.changed && !again.replaced);
-    assert_eq!(changes.len(), 2, "{changes:?}");
-    assert_flip(&changes[0], "u", State::Offline, T0 + 30, Some(T0 + 10));
-    assert_flip(&changes[1], "u", State::Online, T0 + 30, None);
-    assert!(first.presence.version < changes[0].presence.version);
-    assert!(changes[0].presence.version < changes[1].presence.version);
-    assert_eq!(again.presence, changes[1].presence);
+    assert_eq!(changes.users.len(), 2, "{changes:?}");
+    assert_flip(&changes.users[0], "u", State::Offline, T0 + 30, Some(T0 + 10));
+    assert_flip(&changes.users[1], "u", State::Online, T0 + 30, None);
+    assert!(first.presence.version < changes.users[0].presence.version);
+    assert!(changes.users[0].presence.version < changes.users[1].presence.version);
+    assert_eq!(again.presence, changes.users[1].presence);
     assert!(again.generation > first.generation);
 }
 
@@ -378,7 +380,7 @@ fn l1_register_after_an_unnoticed_expiry_publishes_offline_then_online() {
 #[test]
 fn m1_lease_view_shows_what_was_registered() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let metadata = vec![("device".to_string(), "phone".to_string()), ("app".to_string(), "1.2".to_string())];
     let r = store
         .register(
@@ -415,7 +417,7 @@ fn m1_lease_view_shows_what_was_registered() {
 #[test]
 fn l2_renewal_with_current_generation_moves_the_deadline() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let r = register(&store, T0, reg("u", "s", "gw-a", 0), &mut changes);
     for (t, ttl, expected) in [(T0 + 10, 0, T0 + 60), (T0 + 20, 200, T0 + 220), (T0 + 30, 10, T0 + 40)] {
         let renewed = store.renew(t, "u", "s", r.generation, ttl, &mut changes).unwrap();
@@ -423,7 +425,7 @@ fn l2_renewal_with_current_generation_moves_the_deadline() {
         let lease = &leases(&store, t, "u")[0];
         assert_eq!((lease.expires_at, lease.last_heartbeat_at, lease.generation), (expected, t, r.generation));
     }
-    assert_eq!(changes.len(), 1, "renewals publish nothing");
+    assert_eq!(changes.users.len(), 1, "renewals publish nothing");
 }
 
 /// L2, L4: a renewal with a TTL shorter than the time left moves the deadline earlier, and the
@@ -431,14 +433,14 @@ fn l2_renewal_with_current_generation_moves_the_deadline() {
 #[test]
 fn l2_renewal_with_a_shorter_ttl_expires_at_the_new_deadline() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let r = register(&store, T0, reg("u", "s", "gw-a", 200), &mut changes);
     store.renew(T0 + 1, "u", "s", r.generation, 10, &mut changes).unwrap();
     assert!(store.next_deadline().is_some_and(|next| next <= T0 + 11));
     assert!(drive(&store, T0 + 1, T0 + 10).is_empty());
     let published = drive(&store, T0 + 10, T0 + 11);
-    assert_eq!(published.len(), 1, "{published:?}");
-    assert_flip(&published[0], "u", State::Offline, T0 + 11, Some(T0 + 11));
+    assert_eq!(published.users.len(), 1, "{published:?}");
+    assert_flip(&published.users[0], "u", State::Offline, T0 + 11, Some(T0 + 11));
 }
 
 /// L2: the refusals for an unknown, expired, revoked, unregistered or never-issued lease
@@ -467,7 +469,7 @@ fn l2_expired_and_stale_renewals_are_told_apart_and_change_nothing() {
         ("zero generation", Setup::ZeroGeneration),
     ] {
         let store = small_store();
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let old = register(&store, T0, reg("u", "s", "gw-a", 50), &mut changes);
         let current = register(&store, T0 + 1, reg("u", "s", "gw-a", 50), &mut changes);
         // A second user in the same store must be untouched by all of this.
@@ -497,7 +499,7 @@ fn l2_expired_and_stale_renewals_are_told_apart_and_change_nothing() {
         let bystander_before = (presence(&store, before_at, "bystander"), leases(&store, before_at, "bystander"));
         let stats_before = store.stats();
 
-        changes.clear();
+        changes.users.clear();
         let result = store.renew(now, user, session, generation, 200, &mut changes);
         let expected = if stale {
             LeaseError::StaleGeneration {
@@ -514,13 +516,13 @@ fn l2_expired_and_stale_renewals_are_told_apart_and_change_nothing() {
         if expired {
             // The renewal found the lease expired: it settled it (one OFFLINE, stamped with the
             // deadline) and did not revive it.
-            assert_eq!(changes.len(), 1, "{name}: {changes:?}");
-            assert_flip(&changes[0], "u", State::Offline, now, Some(T0 + 51));
+            assert_eq!(changes.users.len(), 1, "{name}: {changes:?}");
+            assert_flip(&changes.users[0], "u", State::Offline, now, Some(T0 + 51));
             assert!(leases(&store, now, "u").is_empty(), "{name}");
-            assert_eq!(presence(&store, now, "u"), changes[0].presence, "{name}");
-            assert!(changes[0].presence.version > presence_before.version);
+            assert_eq!(presence(&store, now, "u"), changes.users[0].presence, "{name}");
+            assert!(changes.users[0].presence.version > presence_before.version);
         } else {
-            assert!(changes.is_empty(), "{name}: {changes:?}");
+            assert!(changes.users.is_empty(), "{name}: {changes:?}");
             assert_eq!(store.stats(), stats_before, "{name}");
             assert_eq!(presence(&store, now, "u"), presence_before, "{name}");
             assert_eq!(leases(&store, now, "u"), leases_before, "{name}");
@@ -535,19 +537,19 @@ fn l2_expired_and_stale_renewals_are_told_apart_and_change_nothing() {
 #[test]
 fn l3_unregister_of_the_last_lease_flips_offline_once() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let r = register(&store, T0, reg("u", "s", "gw-a", 0), &mut changes);
     let u = store.unregister(T0 + 5, "u", "s", r.generation, 0, &mut changes).unwrap();
     assert_eq!(u.outcome, UnregisterOutcome::Removed);
     assert!(u.changed);
     assert_eq!(u.presence.state, State::Offline);
-    assert_eq!(changes.len(), 2);
-    assert_flip(&changes[1], "u", State::Offline, T0 + 5, None);
-    assert_eq!(changes[1].presence, u.presence);
+    assert_eq!(changes.users.len(), 2);
+    assert_flip(&changes.users[1], "u", State::Offline, T0 + 5, None);
+    assert_eq!(changes.users[1].presence, u.presence);
     // The same close delivered twice: nothing more.
     let again = store.unregister(T0 + 6, "u", "s", r.generation, 0, &mut changes).unwrap();
     assert_eq!(again, Unregistered { outcome: UnregisterOutcome::NotFound, changed: false, presence: u.presence });
-    assert_eq!(changes.len(), 2);
+    assert_eq!(changes.users.len(), 2);
     assert!(drive(&store, T0 + 6, T0 + 1_000).is_empty(), "no timer left behind");
     assert_only_forgets_left(&store, T0 + 1_000, T0 + 5);
 }
@@ -555,7 +557,7 @@ fn l3_unregister_of_the_last_lease_flips_offline_once() {
 #[test]
 fn l3_unregister_with_an_unknown_or_newer_generation_is_not_found_and_changes_nothing() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let r = register(&store, T0, reg("u", "s", "gw-a", 0), &mut changes);
     let before = leases(&store, T0, "u");
     for (user, session, generation, expected_presence) in [
@@ -574,7 +576,7 @@ fn l3_unregister_with_an_unknown_or_newer_generation_is_not_found_and_changes_no
     }
     let stale = store.unregister(T0 + 1, "u", "s", 0, 20, &mut changes).unwrap();
     assert_eq!(stale.outcome, UnregisterOutcome::StaleGeneration { current: r.generation });
-    assert_eq!(changes.len(), 1);
+    assert_eq!(changes.users.len(), 1);
     assert_eq!(leases(&store, T0 + 1, "u"), before);
 }
 
@@ -583,7 +585,7 @@ fn l3_unregister_with_an_unknown_or_newer_generation_is_not_found_and_changes_no
 #[test]
 fn l3_reregister_within_linger_publishes_no_offline_online_pair() {
     let store = store();
-    let mut published = Vec::new();
+    let mut published = Changes::default();
     let first = register(&store, sec(0), reg("42", "tab", "gw-a", 0), &mut published);
     let closed = store.unregister(sec(10), "42", "tab", first.generation, 3_000, &mut published).unwrap();
     assert_eq!(
@@ -597,7 +599,7 @@ fn l3_reregister_within_linger_publishes_no_offline_online_pair() {
     let view = &leases(&store, sec(10), "42")[0];
     assert!(view.closing);
     assert_eq!(view.expires_at, sec(13));
-    published.extend(drive(&store, sec(10), sec(12)));
+    published.users.extend(drive(&store, sec(10), sec(12)).users);
     // The page reload comes back through another gateway within the linger.
     let back = register(&store, sec(12), reg("42", "tab", "gw-b", 0), &mut published);
     assert!(back.replaced && !back.changed);
@@ -606,11 +608,11 @@ fn l3_reregister_within_linger_publishes_no_offline_online_pair() {
     let view = &leases(&store, sec(12), "42")[0];
     assert!(!view.closing);
     assert_eq!(view.expires_at, sec(57));
-    published.extend(drive(&store, sec(12), sec(56)));
-    assert_eq!(published.len(), 1, "no OFFLINE/ONLINE pair: {published:?}");
+    published.users.extend(drive(&store, sec(12), sec(56)).users);
+    assert_eq!(published.users.len(), 1, "no OFFLINE/ONLINE pair: {published:?}");
     // And the new lease renews normally.
     assert!(store.renew(sec(56), "42", "tab", back.generation, 0, &mut published).is_ok());
-    assert_eq!(published.len(), 1);
+    assert_eq!(published.users.len(), 1);
 }
 
 /// L3: without a re-register, the lingering lease ends at `now + linger` and the driver
@@ -618,19 +620,19 @@ fn l3_reregister_within_linger_publishes_no_offline_online_pair() {
 #[test]
 fn l3_linger_without_reregister_gives_one_offline_at_now_plus_linger() {
     let store = store();
-    let mut published = Vec::new();
+    let mut published = Changes::default();
     let r = register(&store, sec(0), reg("42", "tab", "gw-a", 0), &mut published);
     store.unregister(sec(10), "42", "tab", r.generation, 3_000, &mut published).unwrap();
-    published.extend(drive(&store, sec(10), sec(13) - 1));
-    assert_eq!(published.len(), 1, "{published:?}");
+    published.users.extend(drive(&store, sec(10), sec(13) - 1).users);
+    assert_eq!(published.users.len(), 1, "{published:?}");
     assert_eq!(presence(&store, sec(13) - 1, "42"), r.presence);
-    published.extend(drive(&store, sec(13) - 1, sec(13) + 1));
-    assert_eq!(published.len(), 2, "{published:?}");
-    assert_eq!(published[1].presence.state, State::Offline);
-    assert_eq!(published[1].deadline, Some(sec(13)));
-    assert!((sec(13)..=sec(13) + 1).contains(&published[1].at));
-    published.extend(drive(&store, sec(13) + 1, sec(100)));
-    assert_eq!(published.len(), 2);
+    published.users.extend(drive(&store, sec(13) - 1, sec(13) + 1).users);
+    assert_eq!(published.users.len(), 2, "{published:?}");
+    assert_eq!(published.users[1].presence.state, State::Offline);
+    assert_eq!(published.users[1].deadline, Some(sec(13)));
+    assert!((sec(13)..=sec(13) + 1).contains(&published.users[1].at));
+    published.users.extend(drive(&store, sec(13) + 1, sec(100)).users);
+    assert_eq!(published.users.len(), 2);
 }
 
 /// L3, L2: a lingering lease accepts no renewal (NotFound, even with its own generation), and
@@ -638,7 +640,7 @@ fn l3_linger_without_reregister_gives_one_offline_at_now_plus_linger() {
 #[test]
 fn l3_renewal_of_a_lingering_lease_is_not_found() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let r = register(&store, T0, reg("u", "s", "gw-a", 0), &mut changes);
     store.unregister(T0 + 5, "u", "s", r.generation, 10, &mut changes).unwrap();
     for generation in [r.generation, 0, r.generation + 1] {
@@ -647,7 +649,7 @@ fn l3_renewal_of_a_lingering_lease_is_not_found() {
     }
     let view = &leases(&store, T0 + 6, "u")[0];
     assert_eq!((view.expires_at, view.closing, view.last_heartbeat_at), (T0 + 15, true, T0));
-    assert_eq!(changes.len(), 1);
+    assert_eq!(changes.users.len(), 1);
 }
 
 /// L3: linger only ever shortens a lease; a linger longer than the time left keeps the deadline,
@@ -655,7 +657,7 @@ fn l3_renewal_of_a_lingering_lease_is_not_found() {
 #[test]
 fn l3_linger_never_extends_a_lease() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let r = register(&store, T0, reg("u", "s", "gw-a", 20), &mut changes);
     let u = store.unregister(T0 + 5, "u", "s", r.generation, 1_000_000, &mut changes).unwrap();
     assert_eq!(u.outcome, UnregisterOutcome::Lingering { until: T0 + 20 });
@@ -665,7 +667,7 @@ fn l3_linger_never_extends_a_lease() {
     let u = store.unregister(T0 + 7, "u", "s", r.generation, 0, &mut changes).unwrap();
     assert_eq!(u.outcome, UnregisterOutcome::Removed);
     assert!(u.changed);
-    assert_eq!(changes.len(), 2);
+    assert_eq!(changes.users.len(), 2);
 }
 
 /// L3 with two devices: lingering the one device and then letting it run out changes nothing
@@ -673,16 +675,16 @@ fn l3_linger_never_extends_a_lease() {
 #[test]
 fn l3_lingering_lease_of_one_device_runs_out_silently_while_another_is_live() {
     let store = small_store();
-    let mut published = Vec::new();
+    let mut published = Changes::default();
     let a = register(&store, T0, reg("u", "a", "gw-a", 200), &mut published);
     register(&store, T0, reg("u", "b", "gw-b", 200), &mut published);
     store.unregister(T0 + 10, "u", "a", a.generation, 5, &mut published).unwrap();
-    published.extend(drive(&store, T0 + 10, T0 + 199));
-    assert_eq!(published.len(), 1);
+    published.users.extend(drive(&store, T0 + 10, T0 + 199).users);
+    assert_eq!(published.users.len(), 1);
     assert_eq!(store.stats().sessions, 1, "the lingering lease was collected at T0 + 15");
-    published.extend(drive(&store, T0 + 199, T0 + 201));
-    assert_eq!(published.len(), 2);
-    assert_eq!(published[1].deadline, Some(T0 + 200));
+    published.users.extend(drive(&store, T0 + 199, T0 + 201).users);
+    assert_eq!(published.users.len(), 2);
+    assert_eq!(published.users[1].deadline, Some(T0 + 200));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -691,7 +693,7 @@ fn l3_lingering_lease_of_one_device_runs_out_silently_while_another_is_live() {
 #[test]
 fn l5_ttl_zero_takes_the_default_and_bounds_are_inclusive() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let mut now = T0;
     for (ttl, expected) in [(0, 50), (10, 10), (200, 200), (123, 123)] {
         let r = register(&store, now, reg("u", "s", "gw-a", ttl), &mut changes);
@@ -705,16 +707,16 @@ fn l5_ttl_zero_takes_the_default_and_bounds_are_inclusive() {
 #[test]
 fn l5_ttl_outside_bounds_is_invalid_ttl_ms_and_changes_nothing() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let r = register(&store, T0, reg("u", "s", "gw-a", 0), &mut changes);
-    changes.clear();
+    changes.users.clear();
     let before = (store.stats(), leases(&store, T0, "u"));
     for ttl in [1, 9, 201, 45_000, u32::MAX] {
         assert_eq!(field_of(store.register(T0 + 1, &reg("u", "s", "gw-b", ttl), &mut changes)), "ttl_ms");
         assert_eq!(field_of(store.register(T0 + 1, &reg("new", "s", "gw-b", ttl), &mut changes)), "ttl_ms");
         assert_eq!(field_of(store.renew(T0 + 1, "u", "s", r.generation, ttl, &mut changes)), "ttl_ms");
     }
-    assert!(changes.is_empty());
+    assert!(changes.users.is_empty());
     assert_eq!((store.stats(), leases(&store, T0 + 1, "u")), before);
     assert_eq!(presence(&store, T0 + 1, "new"), Presence::UNKNOWN);
 }
@@ -725,12 +727,12 @@ fn l5_ttl_outside_bounds_is_invalid_ttl_ms_and_changes_nothing() {
 #[test]
 fn l6_revoke_one_session_keeps_the_user_online() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let phone = register(&store, T0, reg("u", "phone", "gw-a", 0), &mut changes);
     let laptop = register(&store, T0, reg("u", "laptop", "gw-b", 0), &mut changes);
     let revoked = store.revoke(T0 + 1, "u", Some("phone"), &mut changes).unwrap();
     assert_eq!(revoked, Revoked { count: 1, changed: false, presence: phone.presence });
-    assert_eq!(changes.len(), 1);
+    assert_eq!(changes.users.len(), 1);
     let renewal = store.renew(T0 + 2, "u", "phone", phone.generation, 0, &mut changes);
     assert!(matches!(renewal, Err(LeaseError::NotFound { .. })), "{renewal:?}");
     assert!(store.renew(T0 + 2, "u", "laptop", laptop.generation, 0, &mut changes).is_ok());
@@ -740,13 +742,13 @@ fn l6_revoke_one_session_keeps_the_user_online() {
     // Revoking a session that is not there changes nothing.
     let none = store.revoke(T0 + 3, "u", Some("phone"), &mut changes).unwrap();
     assert_eq!(none, Revoked { count: 0, changed: false, presence: phone.presence });
-    assert_eq!(changes.len(), 1);
+    assert_eq!(changes.users.len(), 1);
 }
 
 #[test]
 fn l6_revoke_all_deletes_every_lease_flips_offline_once_and_blocks_renewals() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let sessions = ["phone", "laptop", "tab-1"];
     let generations: Vec<u64> = sessions
         .iter()
@@ -755,14 +757,14 @@ fn l6_revoke_all_deletes_every_lease_flips_offline_once_and_blocks_renewals() {
     // One of them lingering still counts as a lease to revoke.
     store.unregister(T0 + 1, "u", "tab-1", generations[2], 30, &mut changes).unwrap();
     register(&store, T0 + 1, reg("bystander", "phone", "gw-a", 0), &mut changes);
-    changes.clear();
+    changes.users.clear();
 
     let revoked = store.revoke(T0 + 2, "u", None, &mut changes).unwrap();
     assert_eq!(revoked.count, 3);
     assert!(revoked.changed);
-    assert_eq!(changes.len(), 1, "one OFFLINE for three leases: {changes:?}");
-    assert_flip(&changes[0], "u", State::Offline, T0 + 2, None);
-    assert_eq!(changes[0].presence, revoked.presence);
+    assert_eq!(changes.users.len(), 1, "one OFFLINE for three leases: {changes:?}");
+    assert_flip(&changes.users[0], "u", State::Offline, T0 + 2, None);
+    assert_eq!(changes.users[0].presence, revoked.presence);
     for (session, generation) in sessions.iter().zip(&generations) {
         let renewal = store.renew(T0 + 3, "u", session, *generation, 0, &mut changes);
         assert!(matches!(renewal, Err(LeaseError::NotFound { .. })), "{session}: {renewal:?}");
@@ -771,8 +773,8 @@ fn l6_revoke_all_deletes_every_lease_flips_offline_once_and_blocks_renewals() {
     assert_eq!(again, Revoked { count: 0, changed: false, presence: revoked.presence });
     let unknown = store.revoke(T0 + 4, "nobody", None, &mut changes).unwrap();
     assert_eq!(unknown, Revoked { count: 0, changed: false, presence: Presence::UNKNOWN });
-    assert_eq!(changes.len(), 1);
-    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 2 });
+    assert_eq!(changes.users.len(), 1);
+    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 2, ..StoreStats::default() });
     assert!(drive(&store, T0 + 4, T0 + 50).is_empty(), "no timer of u left to fire");
     assert_eq!(presence(&store, T0 + 50, "bystander").state, State::Online);
 }
@@ -782,13 +784,13 @@ fn l6_revoke_all_deletes_every_lease_flips_offline_once_and_blocks_renewals() {
 #[test]
 fn l6_revoke_after_an_unnoticed_expiry_counts_nothing_and_publishes_one_offline() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     register(&store, T0, reg("u", "s", "gw-a", 10), &mut changes);
-    changes.clear();
+    changes.users.clear();
     let revoked = store.revoke(T0 + 20, "u", None, &mut changes).unwrap();
-    assert_eq!(changes.len(), 1);
-    assert_flip(&changes[0], "u", State::Offline, T0 + 20, Some(T0 + 10));
-    assert_eq!(revoked, Revoked { count: 0, changed: false, presence: changes[0].presence });
+    assert_eq!(changes.users.len(), 1);
+    assert_flip(&changes.users[0], "u", State::Offline, T0 + 20, Some(T0 + 10));
+    assert_eq!(revoked, Revoked { count: 0, changed: false, presence: changes.users[0].presence });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -797,7 +799,7 @@ fn l6_revoke_after_an_unnoticed_expiry_counts_nothing_and_publishes_one_offline(
 #[test]
 fn m3_version_moves_only_on_flips() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let a = register(&store, T0, reg("u", "a", "gw-a", 0), &mut changes);
     let v1 = a.presence.version;
     assert!(v1 > 0);
@@ -815,7 +817,7 @@ fn m3_version_moves_only_on_flips() {
     assert_eq!(presence(&store, T0 + 15, "u").version, v1, "lingering lease ran out, another is live");
     let revoke_missing = store.revoke(T0 + 16, "u", Some("b"), &mut changes).unwrap();
     assert_eq!(revoke_missing.presence.version, v1);
-    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes.users.len(), 1, "{changes:?}");
 
     let gone = store.unregister(T0 + 20, "u", "a", a2.generation, 0, &mut changes).unwrap();
     assert!(gone.changed);
@@ -824,10 +826,10 @@ fn m3_version_moves_only_on_flips() {
     let back = register(&store, T0 + 20, reg("u", "a", "gw-a", 0), &mut changes);
     let v3 = back.presence.version;
     assert!(v3 > v2, "a flip in the same millisecond still moves the version");
-    assert_eq!(changes.iter().map(|c| c.presence.version).collect::<Vec<_>>(), vec![v1, v2, v3]);
+    assert_eq!(changes.users.iter().map(|c| c.presence.version).collect::<Vec<_>>(), vec![v1, v2, v3]);
     // Offline users keep their version.
     store.revoke(T0 + 21, "u", None, &mut changes).unwrap();
-    let v4 = changes.last().unwrap().presence.version;
+    let v4 = changes.users.last().unwrap().presence.version;
     assert!(v4 > v3);
     drain(&store, T0 + 1_000, 1);
     assert_eq!(presence(&store, T0 + 1_000, "u"), offline(v4));
@@ -841,7 +843,7 @@ fn m3_version_moves_only_on_flips() {
 #[test]
 fn e1_one_event_per_flip_when_many_users_expire_at_once_with_budget_one() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let users: Vec<String> = (0..50).map(|i| format!("user-{i}")).collect();
     for (i, user) in users.iter().enumerate() {
         register(&store, T0, reg(user, "phone", "gw-a", 20), &mut changes);
@@ -855,27 +857,27 @@ fn e1_one_event_per_flip_when_many_users_expire_at_once_with_budget_one() {
         register(&store, T0 + 5, reg(user, "laptop", "gw-b", 15), &mut changes);
     }
     let expected: Vec<&String> = users.iter().enumerate().filter(|(i, _)| i % 5 != 0).map(|(_, u)| u).collect();
-    changes.clear();
+    changes.users.clear();
     let shards = store.config().shards;
     let mut calls = 0;
     loop {
-        let mut batch = Vec::new();
+        let mut batch = Changes::default();
         let more = store.expire(T0 + 20, 1, &mut batch);
         calls += 1;
-        assert!(batch.len() <= shards, "budget 1 per shard: call {calls} flipped {}", batch.len());
-        changes.extend(batch);
+        assert!(batch.users.len() <= shards, "budget 1 per shard: call {calls} flipped {}", batch.users.len());
+        changes.users.extend(batch.users);
         if !more {
             break;
         }
         assert!(calls <= 1_000);
     }
     assert!(calls >= expected.len() / shards, "{calls} calls");
-    let mut flipped: Vec<&str> = changes.iter().map(|c| c.user_id.as_str()).collect();
+    let mut flipped: Vec<&str> = changes.users.iter().map(|c| c.user_id.as_str()).collect();
     flipped.sort_unstable();
     let mut expected_sorted: Vec<&str> = expected.iter().map(|u| u.as_str()).collect();
     expected_sorted.sort_unstable();
     assert_eq!(flipped, expected_sorted);
-    for change in &changes {
+    for change in &changes.users {
         assert_eq!(change.presence.state, State::Offline);
         assert_eq!(change.at, T0 + 20);
         assert_eq!(change.deadline, Some(T0 + 20), "{change:?}");
@@ -884,9 +886,9 @@ fn e1_one_event_per_flip_when_many_users_expire_at_once_with_budget_one() {
     assert!(drain(&store, T0 + 20, 1).is_empty());
     assert!(drain(&store, T0 + 99, 1).is_empty());
     assert_eq!(store.stats().online_users, 10);
-    let last = drain(&store, T0 + 100, 1);
+    let last = drain(&store, T0 + 100, 1).users;
     assert_eq!(last.len(), 10);
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 50 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 50, ..StoreStats::default() });
 }
 
 /// E1: an expiry racing a request on one user publishes one OFFLINE, whichever runs first.
@@ -894,25 +896,25 @@ fn e1_one_event_per_flip_when_many_users_expire_at_once_with_budget_one() {
 fn e1_expiry_racing_a_request_on_one_user_publishes_one_offline() {
     for request_first in [true, false] {
         let store = small_store();
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let r = register(&store, T0, reg("u", "s", "gw-a", 10), &mut changes);
-        changes.clear();
+        changes.users.clear();
         let refused_renewal = |changes: &mut Changes| {
             let renewal = store.renew(T0 + 10, "u", "s", r.generation, 0, changes);
             assert!(matches!(renewal, Err(LeaseError::NotFound { .. })), "{renewal:?}");
         };
         if request_first {
             refused_renewal(&mut changes);
-            changes.extend(drain(&store, T0 + 10, 1));
+            changes.users.extend(drain(&store, T0 + 10, 1).users);
         } else {
-            changes.extend(drain(&store, T0 + 10, 1));
+            changes.users.extend(drain(&store, T0 + 10, 1).users);
             refused_renewal(&mut changes);
         }
-        let mut snapshot_changes = Vec::new();
+        let mut snapshot_changes = Changes::default();
         store.snapshot(T0 + 11, &["u", "u"], &mut snapshot_changes).unwrap();
-        assert!(snapshot_changes.is_empty());
-        assert_eq!(changes.len(), 1, "request first: {request_first}: {changes:?}");
-        assert_flip(&changes[0], "u", State::Offline, T0 + 10, Some(T0 + 10));
+        assert!(snapshot_changes.users.is_empty());
+        assert_eq!(changes.users.len(), 1, "request first: {request_first}: {changes:?}");
+        assert_flip(&changes.users[0], "u", State::Offline, T0 + 10, Some(T0 + 10));
     }
 }
 
@@ -920,11 +922,11 @@ fn e1_expiry_racing_a_request_on_one_user_publishes_one_offline() {
 #[test]
 fn e1_changes_are_appended_to_the_callers_vec() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     register(&store, T0, reg("a", "s", "gw-a", 0), &mut changes);
     register(&store, T0, reg("b", "s", "gw-a", 0), &mut changes);
     store.revoke(T0 + 1, "a", None, &mut changes).unwrap();
-    let users: Vec<(&str, State)> = changes.iter().map(|c| (c.user_id.as_str(), c.presence.state)).collect();
+    let users: Vec<(&str, State)> = changes.users.iter().map(|c| (c.user_id.as_str(), c.presence.state)).collect();
     assert_eq!(users, vec![("a", State::Online), ("b", State::Online), ("a", State::Offline)]);
 }
 
@@ -953,7 +955,7 @@ fn e1_racing_gateways_and_expiry_publish_each_flip_exactly_once() {
                     seed
                 };
                 let mut generations = std::collections::HashMap::new();
-                let mut published = Vec::new();
+                let mut published = Changes::default();
                 for _ in 0..3_000 {
                     let now = clock.fetch_add(random() % 2, Ordering::SeqCst);
                     let (user, session) = (USERS[random() as usize % 3], SESSIONS[random() as usize % 2]);
@@ -983,7 +985,7 @@ fn e1_racing_gateways_and_expiry_publish_each_flip_exactly_once() {
     let driver = {
         let (store, clock, stop) = (Arc::clone(&store), Arc::clone(&clock), Arc::clone(&stop));
         std::thread::spawn(move || {
-            let mut published = Vec::new();
+            let mut published = Changes::default();
             while !stop.load(Ordering::SeqCst) {
                 while store.expire(clock.load(Ordering::SeqCst), 2, &mut published) {}
                 std::thread::yield_now();
@@ -991,15 +993,17 @@ fn e1_racing_gateways_and_expiry_publish_each_flip_exactly_once() {
             published
         })
     };
-    let mut published: Changes = gateways.into_iter().flat_map(|gateway| gateway.join().unwrap()).collect();
+    let users = gateways.into_iter().flat_map(|gateway| gateway.join().unwrap().users).collect();
+    let mut published = Changes { users, ..Changes::default() };
     stop.store(true, Ordering::SeqCst);
-    published.extend(driver.join().unwrap());
+    published.users.extend(driver.join().unwrap().users);
     let end = clock.load(Ordering::SeqCst) + 1_000;
-    published.extend(drain(&store, end, 2));
+    published.users.extend(drain(&store, end, 2).users);
     assert_eq!(store.stats().online_users, 0);
 
     for user in USERS {
-        let mut flips: Vec<Presence> = published.iter().filter(|c| c.user_id == user).map(|c| c.presence).collect();
+        let mut flips: Vec<Presence> =
+            published.users.iter().filter(|c| c.user_id == user).map(|c| c.presence).collect();
         flips.sort_by_key(|presence| presence.version);
         assert!(flips.len() > 10, "{user}: too few flips to mean anything ({})", flips.len());
         for (index, pair) in flips.windows(2).enumerate() {
@@ -1017,22 +1021,22 @@ fn e1_racing_gateways_and_expiry_publish_each_flip_exactly_once() {
 #[test]
 fn e2_snapshot_answers_unknown_users_offline_version_zero_in_request_order() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let a = register(&store, T0, reg("a", "s", "gw-a", 0), &mut changes);
     let b = register(&store, T0, reg("b", "s", "gw-a", 10), &mut changes);
     let c = register(&store, T0, reg("c", "s", "gw-a", 0), &mut changes);
     store.revoke(T0 + 1, "c", None, &mut changes).unwrap();
-    let c_offline = changes.last().unwrap().presence;
+    let c_offline = changes.users.last().unwrap().presence;
     assert!(c_offline.version > c.presence.version);
-    changes.clear();
+    changes.users.clear();
     assert_eq!(Presence::UNKNOWN, offline(0));
 
     // At T0 + 10, b's lease has just run out and nobody has collected it: the snapshot settles it.
     let requested = ["nobody", "c", "a", "b", "a", "nobody-else", "b"];
     let snapshot = store.snapshot(T0 + 10, &requested, &mut changes).unwrap();
-    assert_eq!(changes.len(), 1, "{changes:?}");
-    assert_flip(&changes[0], "b", State::Offline, T0 + 10, Some(T0 + 10));
-    let b_offline = changes[0].presence;
+    assert_eq!(changes.users.len(), 1, "{changes:?}");
+    assert_flip(&changes.users[0], "b", State::Offline, T0 + 10, Some(T0 + 10));
+    let b_offline = changes.users[0].presence;
     assert!(b_offline.version > b.presence.version);
     assert_eq!(
         snapshot,
@@ -1063,7 +1067,7 @@ fn b1_invalid_ids_name_the_field_and_leave_all_earlier_state_intact() {
     let long_utf8 = "€".repeat(43); // 129 bytes, 43 characters
     assert_eq!(long_utf8.len(), 129);
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let r = register(&store, T0, reg("u", "s", "gw-a", 10), &mut changes);
     register(&store, T0, reg("v", "s", "gw-b", 200), &mut changes);
     let generation = r.generation;
@@ -1153,17 +1157,17 @@ fn b1_invalid_ids_name_the_field_and_leave_all_earlier_state_intact() {
     let before_stats = store.stats();
     let before_deadline = store.next_deadline();
     let observe = |s: &Store| {
-        let mut c = Vec::new();
+        let mut c = Changes::default();
         let snapshot = s.snapshot(T0 + 1, &["u", "v", "w"], &mut c).unwrap();
         let u = s.leases(T0 + 1, "u", &mut c).unwrap();
         let v = s.leases(T0 + 1, "v", &mut c).unwrap();
-        assert!(c.is_empty());
+        assert!(c.users.is_empty());
         (snapshot, u, v)
     };
     let state_before = observe(&store);
     for (name, field, op) in &cases {
         // Well past u's deadline (T0 + 10): a refusal must not settle it.
-        let mut op_changes = Vec::new();
+        let mut op_changes = Changes::default();
         let result = op(&store, T0 + 100, &mut op_changes);
         match result {
             Err(LeaseError::InvalidArgument { field: got, reason }) => {
@@ -1175,7 +1179,7 @@ fn b1_invalid_ids_name_the_field_and_leave_all_earlier_state_intact() {
             }
             other => panic!("{name}: expected InvalidArgument({field}), got {other:?}"),
         }
-        assert!(op_changes.is_empty(), "{name}: {op_changes:?}");
+        assert!(op_changes.users.is_empty(), "{name}: {op_changes:?}");
         assert_eq!(store.stats(), before_stats, "{name}");
         assert_eq!(store.next_deadline(), before_deadline, "{name}");
     }
@@ -1184,14 +1188,14 @@ fn b1_invalid_ids_name_the_field_and_leave_all_earlier_state_intact() {
     assert_eq!(state_before.0[2], Presence::UNKNOWN);
     // The refusals did not block anything: u's lease now expires normally.
     let published = drain(&store, T0 + 100, 1);
-    assert_eq!(published.len(), 1);
-    assert_flip(&published[0], "u", State::Offline, T0 + 100, Some(T0 + 10));
+    assert_eq!(published.users.len(), 1);
+    assert_flip(&published.users[0], "u", State::Offline, T0 + 100, Some(T0 + 10));
 }
 
 #[test]
 fn b1_ids_of_exactly_128_bytes_are_accepted() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let user = "u".repeat(128);
     let session = "é".repeat(64); // 128 bytes
     let gateway = "g".repeat(128);
@@ -1217,7 +1221,7 @@ fn l4_expiry_waker_is_called_only_for_deadlines_earlier_than_the_alarm() {
         counter.fetch_add(1, Ordering::SeqCst);
     });
     let woken = || wakes.load(Ordering::SeqCst);
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
 
     // No alarm set yet (u64::MAX): any new timer wakes the driver.
     let a = register(&store, T0, reg("a", "s", "gw-a", 100), &mut changes);
@@ -1255,7 +1259,7 @@ fn l4_expiry_waker_is_called_only_for_deadlines_earlier_than_the_alarm() {
 #[test]
 fn l4_next_deadline_is_none_without_leases_and_never_after_the_earliest_deadline() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     assert_eq!(store.next_deadline(), None);
     let r = register(&store, T0, reg("a", "s", "gw-a", 200), &mut changes);
     assert!(store.next_deadline().is_some_and(|next| next <= T0 + 200));
@@ -1276,22 +1280,25 @@ fn l4_mass_expiry_of_10_000_users_at_one_ms_drains_fully_with_a_small_budget() {
     const BUDGET: usize = 16;
     let store = store();
     let shards = store.config().shards;
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     for i in 0..USERS {
         register(&store, T0, reg(&format!("user-{i}"), "s", "gw-a", 1_000), &mut changes);
     }
-    assert_eq!(changes.len(), USERS);
-    assert_eq!(store.stats(), StoreStats { sessions: USERS, online_users: USERS, users: USERS });
+    assert_eq!(changes.users.len(), USERS);
+    assert_eq!(
+        store.stats(),
+        StoreStats { sessions: USERS, online_users: USERS, users: USERS, ..StoreStats::default() }
+    );
     assert!(drain(&store, T0 + 999, BUDGET).is_empty());
 
     let mut expired = Vec::new();
     let mut calls = 0;
     loop {
-        let mut batch = Vec::new();
+        let mut batch = Changes::default();
         let more = store.expire(T0 + 1_000, BUDGET, &mut batch);
         calls += 1;
-        assert!(batch.len() <= BUDGET * shards, "call {calls} did {} flips", batch.len());
-        expired.extend(batch);
+        assert!(batch.users.len() <= BUDGET * shards, "call {calls} did {} flips", batch.users.len());
+        expired.extend(batch.users);
         if !more {
             break;
         }
@@ -1308,7 +1315,7 @@ fn l4_mass_expiry_of_10_000_users_at_one_ms_drains_fully_with_a_small_budget() {
         assert_eq!(change.deadline, Some(T0 + 1_000), "{change:?}");
         assert_eq!(change.at, T0 + 1_000);
     }
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: USERS });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: USERS, ..StoreStats::default() });
     assert!(store.next_deadline().is_some_and(|next| next > T0 + 2_000), "only forget entries are left");
     assert!(drain(&store, T0 + 2_000, BUDGET).is_empty());
     assert_only_forgets_left(&store, T0 + 2_000, T0 + 1_000);
@@ -1319,18 +1326,18 @@ fn l4_mass_expiry_of_10_000_users_at_one_ms_drains_fully_with_a_small_budget() {
 #[test]
 fn l4_expiry_reschedules_the_timer_at_the_next_remaining_deadline() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let r = register(&store, T0, reg("u", "short", "gw-a", 10), &mut changes);
     register(&store, T0, reg("u", "long", "gw-a", 200), &mut changes);
     // Renewing the short lease past the long one leaves the timer at T0 + 10 (renewals do not
     // touch the wheel): the timer fires early, finds both live, and moves on.
     store.renew(T0 + 5, "u", "short", r.generation, 200, &mut changes).unwrap();
-    changes.clear();
+    changes.users.clear();
     assert!(drive(&store, T0 + 5, T0 + 199).is_empty());
     assert_eq!(store.stats().sessions, 2);
     let published = drive(&store, T0 + 199, T0 + 206);
-    assert_eq!(published.len(), 1, "{published:?}");
-    assert_flip(&published[0], "u", State::Offline, T0 + 205, Some(T0 + 205));
+    assert_eq!(published.users.len(), 1, "{published:?}");
+    assert_flip(&published.users[0], "u", State::Offline, T0 + 205, Some(T0 + 205));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1339,33 +1346,41 @@ fn l4_expiry_reschedules_the_timer_at_the_next_remaining_deadline() {
 #[test]
 fn stats_count_sessions_online_users_and_known_users() {
     let store = small_store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     assert_eq!(store.stats(), StoreStats::default());
     let a = register(&store, T0, reg("a", "phone", "gw-a", 10), &mut changes);
     register(&store, T0, reg("a", "laptop", "gw-b", 100), &mut changes);
     register(&store, T0, reg("b", "phone", "gw-a", 10), &mut changes);
     let c = register(&store, T0, reg("c", "phone", "gw-c", 200), &mut changes);
     register(&store, T0, reg("c", "phone", "gw-a", 200), &mut changes); // a reconnect adds no lease
-    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3 });
+    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3, ..StoreStats::default() });
 
     store.unregister(T0 + 1, "a", "phone", a.generation, 5, &mut changes).unwrap();
-    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3 }, "a lingering lease counts");
+    assert_eq!(
+        store.stats(),
+        StoreStats { sessions: 4, online_users: 3, users: 3, ..StoreStats::default() },
+        "a lingering lease counts"
+    );
     let _ = store.unregister(T0 + 1, "c", "phone", c.generation, 0, &mut changes);
-    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3 }, "stale close");
+    assert_eq!(
+        store.stats(),
+        StoreStats { sessions: 4, online_users: 3, users: 3, ..StoreStats::default() },
+        "stale close"
+    );
 
     // Expired but not yet collected leases still count, until something settles them.
-    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3 });
+    assert_eq!(store.stats(), StoreStats { sessions: 4, online_users: 3, users: 3, ..StoreStats::default() });
     drain(&store, T0 + 10, 1);
-    assert_eq!(store.stats(), StoreStats { sessions: 2, online_users: 2, users: 3 });
+    assert_eq!(store.stats(), StoreStats { sessions: 2, online_users: 2, users: 3, ..StoreStats::default() });
     store.revoke(T0 + 11, "c", None, &mut changes).unwrap();
-    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 3 });
+    assert_eq!(store.stats(), StoreStats { sessions: 1, online_users: 1, users: 3, ..StoreStats::default() });
     let _ = store.snapshot(T0 + 11, &["x", "y"], &mut changes);
     let _ = store.renew(T0 + 11, "z", "s", 1, 0, &mut changes);
     let _ = store.unregister(T0 + 11, "z", "s", 1, 0, &mut changes);
     let _ = store.revoke(T0 + 11, "z", None, &mut changes);
     assert_eq!(store.stats().users, 3, "requests about unknown users create no records");
     drain(&store, T0 + 100, 1);
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 3 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 3, ..StoreStats::default() });
 }
 
 /// L7: renewals within the minimum interval are acknowledged without a write.
@@ -1373,7 +1388,7 @@ fn stats_count_sessions_online_users_and_known_users() {
 fn l7_renewals_within_the_minimum_interval_are_acknowledged_without_a_write() {
     let config = StoreConfig { min_renew_interval_ms: 5_000, ..StoreConfig::default() };
     let store = Store::new(config, T0).unwrap();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let lease = register(&store, T0, reg("u42", "phone", "gw-a", 45_000), &mut changes);
 
     // A chatty client renews every second: only one renewal per 5 s reaches the lease.
@@ -1394,7 +1409,7 @@ fn l7_renewals_within_the_minimum_interval_are_acknowledged_without_a_write() {
     // The throttle never hides a rejection: a stale or unknown lease is refused as ever.
     let stale = store.renew(sec(6), "u42", "phone", lease.generation - 1, 45_000, &mut changes);
     assert!(matches!(stale, Err(LeaseError::StaleGeneration { .. })), "{stale:?}");
-    assert!(changes.iter().all(|change| change.presence.state == State::Online));
+    assert!(changes.users.iter().all(|change| change.presence.state == State::Online));
 }
 
 /// L7: the throttle window is capped at half the TTL, so a short-TTL lease is never starved.
@@ -1402,7 +1417,7 @@ fn l7_renewals_within_the_minimum_interval_are_acknowledged_without_a_write() {
 fn l7_the_throttle_window_is_at_most_half_the_ttl() {
     let config = StoreConfig { min_renew_interval_ms: 5_000, min_ttl_ms: 100, ..StoreConfig::default() };
     let store = Store::new(config, T0).unwrap();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let lease = register(&store, T0, reg("u42", "phone", "gw-a", 300), &mut changes);
     let soon = store.renew(T0 + 149, "u42", "phone", lease.generation, 300, &mut changes).unwrap();
     assert!(soon.throttled);
@@ -1416,7 +1431,7 @@ fn l7_the_throttle_window_is_at_most_half_the_ttl() {
         store.renew(now, "u42", "phone", lease.generation, 300, &mut changes).unwrap();
         assert_eq!(presence(&store, now, "u42").state, State::Online);
     }
-    assert_eq!(changes.len(), 1, "only the first ONLINE: {changes:?}");
+    assert_eq!(changes.users.len(), 1, "only the first ONLINE: {changes:?}");
 }
 
 fn status(availability: crate::Availability, text: &str, expires_at: Option<Tick>) -> crate::Status {
@@ -1427,34 +1442,34 @@ fn status(availability: crate::Availability, text: &str, expires_at: Option<Tick
 #[test]
 fn s1_setting_a_status_is_one_change_with_a_new_version_and_the_same_state() {
     let store = store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let registered = register(&store, T0, reg("u42", "phone", "gw-a", 0), &mut changes);
-    changes.clear();
+    changes.users.clear();
     let away = status(crate::Availability::Away, "lunch", None);
     let view = store.set_status(sec(1), "u42", Some(away.clone()), &mut changes).unwrap();
     assert_eq!(view.presence.state, State::Online);
     assert!(view.presence.version > registered.presence.version);
     assert_eq!(view.status.as_deref(), Some(&away));
-    assert_eq!(changes.len(), 1);
-    assert_eq!(changes[0].presence, view.presence);
-    assert_eq!(changes[0].status.as_deref(), Some(&away));
+    assert_eq!(changes.users.len(), 1);
+    assert_eq!(changes.users[0].presence, view.presence);
+    assert_eq!(changes.users[0].status.as_deref(), Some(&away));
     // Flips carry the status too.
-    let mut later = Vec::new();
+    let mut later = Changes::default();
     store.unregister(sec(2), "u42", "phone", registered.generation, 0, &mut later).unwrap();
-    assert_eq!(later[0].presence.state, State::Offline);
-    assert_eq!(later[0].status.as_deref(), Some(&away), "an offline user keeps its status");
+    assert_eq!(later.users[0].presence.state, State::Offline);
+    assert_eq!(later.users[0].status.as_deref(), Some(&away), "an offline user keeps its status");
 }
 
 /// S1: a status with an expiry clears itself through the wheel, on time, as one change.
 #[test]
 fn s1_a_status_expires_through_the_wheel_as_one_change() {
     let store = store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let dnd = status(crate::Availability::DoNotDisturb, "focus", Some(sec(30)));
     let set = store.set_status(T0, "u42", Some(dnd), &mut changes).unwrap();
     assert_eq!(set.presence.state, State::Offline, "an offline user may set a status");
     assert!(drive(&store, T0, sec(30) - 1).is_empty(), "nothing before the expiry");
-    let cleared = drive(&store, sec(30) - 1, sec(31));
+    let cleared = drive(&store, sec(30) - 1, sec(31)).users;
     assert_eq!(cleared.len(), 1);
     assert_eq!(cleared[0].status, None);
     assert!(cleared[0].presence.version > set.presence.version);
@@ -1466,10 +1481,10 @@ fn s1_a_status_expires_through_the_wheel_as_one_change() {
 #[test]
 fn s1_status_and_lease_expiring_together_are_one_change() {
     let store = store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     register(&store, T0, reg("u42", "phone", "gw-a", 45_000), &mut changes);
     store.set_status(T0, "u42", Some(status(crate::Availability::Away, "", Some(sec(45)))), &mut changes).unwrap();
-    let expired = drive(&store, T0, sec(46));
+    let expired = drive(&store, T0, sec(46)).users;
     assert_eq!(expired.len(), 1, "{expired:?}");
     assert_eq!((expired[0].presence.state, expired[0].status.clone()), (State::Offline, None));
 }
@@ -1478,7 +1493,7 @@ fn s1_status_and_lease_expiring_together_are_one_change() {
 #[test]
 fn s1_bad_status_text_and_past_expiry_are_refused() {
     let store = store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let long = status(crate::Availability::Away, &"x".repeat(129), None);
     assert!(matches!(
         store.set_status(T0, "u42", Some(long), &mut changes),
@@ -1489,7 +1504,7 @@ fn s1_bad_status_text_and_past_expiry_are_refused() {
         store.set_status(T0, "u42", Some(past), &mut changes),
         Err(LeaseError::InvalidArgument { field: "expires_at_ms", .. })
     ));
-    assert!(changes.is_empty());
+    assert!(changes.users.is_empty());
     assert_eq!(store.stats().users, 0);
 }
 
@@ -1497,17 +1512,17 @@ fn s1_bad_status_text_and_past_expiry_are_refused() {
 #[test]
 fn m3_bump_version_moves_the_version_without_a_change() {
     let store = store();
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let registered = register(&store, T0, reg("u42", "phone", "gw-a", 0), &mut changes);
-    changes.clear();
+    changes.users.clear();
     let bumped = store.bump_version(sec(1), "u42", &mut changes).unwrap();
     assert!(bumped.presence.version > registered.presence.version);
     assert_eq!(bumped.presence.state, State::Online);
-    assert!(changes.is_empty());
+    assert!(changes.users.is_empty());
     store.restore_status(sec(2), "u42", status(crate::Availability::Available, "back", None)).unwrap();
     let view = store.view(sec(2), &["u42"], &mut changes).unwrap();
     assert_eq!(view[0].presence.version, bumped.presence.version, "a restored status is no change");
-    assert!(changes.is_empty());
+    assert!(changes.users.is_empty());
 }
 
 mod renew_batch {
@@ -1586,7 +1601,7 @@ mod renew_batch {
                 now = T0 + step as u64;
                 let (user_id, session_id) = (user(u), session(s));
                 let registration = reg(&user_id, &session_id, "gw", ttl);
-                let (a, b) = (register(&batched, now, registration, &mut Vec::new()), register(&single, now, registration, &mut Vec::new()));
+                let (a, b) = (register(&batched, now, registration, &mut Changes::default()), register(&single, now, registration, &mut Changes::default()));
                 prop_assert_eq!(a, b);
                 generations.insert((u, s), a.generation);
             }
@@ -1604,22 +1619,22 @@ mod renew_batch {
                         Renewal { user_id, session_id, generation, ttl_ms: p.ttl }
                     })
                     .collect();
-                let (mut batch_changes, mut single_changes) = (Vec::new(), Vec::new());
+                let (mut batch_changes, mut single_changes) = (Changes::default(), Changes::default());
                 let answers = batched.renew_batch(now, &renewals, &mut batch_changes);
                 let one_by_one: Vec<_> = renewals
                     .iter()
                     .map(|r| single.renew(now, r.user_id, r.session_id, r.generation, r.ttl_ms, &mut single_changes))
                     .collect();
                 prop_assert_eq!(&answers, &one_by_one);
-                prop_assert_eq!(per_user(&batch_changes), per_user(&single_changes));
+                prop_assert_eq!(per_user(&batch_changes.users), per_user(&single_changes.users));
             }
             // And the stores ended alike: every user's presence and leases (reading settles what is due, alike too).
             let read = |store: &Store, user_id: &str| {
-                let mut changes = Vec::new();
+                let mut changes = Changes::default();
                 let presence = store.snapshot(now, &[user_id], &mut changes).expect("valid id")[0];
                 let mut leases = store.leases(now, user_id, &mut changes).expect("valid id");
                 leases.sort_by(|a, b| a.session_id.cmp(&b.session_id));
-                (presence, leases, changes)
+                (presence, leases, changes.users)
             };
             for u in 0..=USERS {
                 prop_assert_eq!(read(&batched, &user(u)), read(&single, &user(u)));
@@ -1640,10 +1655,10 @@ fn forgetting_store(forget_offline_after_ms: Tick) -> Store {
 
 /// One session comes and goes: the versions it made, and the register's generation.
 fn come_and_go(store: &Store, at: Tick, user_id: &str) -> (Vec<u64>, u64) {
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let registered = register(store, at, reg(user_id, "s", "gw-a", 0), &mut changes);
     store.unregister(at + 1, user_id, "s", registered.generation, 0, &mut changes).unwrap();
-    (changes.iter().map(|change| change.presence.version).collect(), registered.generation)
+    (changes.users.iter().map(|change| change.presence.version).collect(), registered.generation)
 }
 
 #[test]
@@ -1659,12 +1674,12 @@ fn b6_m4_a_forgotten_user_that_comes_back_gets_a_version_above_any_it_had() {
     assert!(drive(&store, T0 + 11, T0 + 11 + FORGET_AFTER - 1).is_empty());
     assert_eq!(store.stats().users, 1);
     assert!(drive(&store, T0 + 11 + FORGET_AFTER - 1, T0 + 11 + FORGET_AFTER).is_empty());
-    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0 });
+    assert_eq!(store.stats(), StoreStats { sessions: 0, online_users: 0, users: 0, ..StoreStats::default() });
     assert_eq!(store.forgotten_users(), 1);
     assert_eq!(store.next_deadline(), None, "nothing is left of it, not even a timer");
     // It comes back, in the same millisecond as another user's flip in its shard
     // (a bare per-user counter would restart at 1 here).
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     let now = T0 + 11 + FORGET_AFTER;
     let back = register(&store, now, reg("u", "s", "gw-a", 0), &mut changes);
     assert!(back.changed);
@@ -1684,7 +1699,7 @@ fn b6_p3_a_forgotten_user_is_answered_exactly_like_one_never_seen() {
     let now = T0 + 2 * FORGET_AFTER;
     // Every read and every refusal, asked of both stores at the same time.
     let answers = |store: &Store| {
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let answers = format!(
             "{:?} {:?} {:?} {:?} {:?} {:?}",
             store.snapshot(now, &["u"], &mut changes),
@@ -1694,7 +1709,7 @@ fn b6_p3_a_forgotten_user_is_answered_exactly_like_one_never_seen() {
             store.unregister(now, "u", "s", 1, 0, &mut changes),
             store.revoke(now, "u", None, &mut changes),
         );
-        assert!(changes.is_empty());
+        assert!(changes.users.is_empty());
         (answers, store.stats())
     };
     assert_eq!(answers(&forgot), answers(&never));
@@ -1721,7 +1736,7 @@ fn b6_a_user_that_comes_back_within_the_window_is_not_forgotten_by_the_old_deadl
 #[test]
 fn b6_a_user_with_a_lease_or_a_status_is_not_forgotten() {
     let store = forgetting_store(FORGET_AFTER);
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     // Online all along, renewed: never forgotten.
     let online = register(&store, T0, reg("online", "s", "gw-a", 200), &mut changes);
     // Offline with a status that does not expire: kept while the status is held.
@@ -1732,12 +1747,12 @@ fn b6_a_user_with_a_lease_or_a_status_is_not_forgotten() {
     store.set_status(T0, "dnd", Some(dnd), &mut changes).unwrap();
     let mut now = T0;
     while now < T0 + 3 * FORGET_AFTER {
-        changes.extend(drive(&store, now, now + 100));
+        changes.users.extend(drive(&store, now, now + 100).users);
         now += 100;
         store.renew(now, "online", "s", online.generation, 200, &mut changes).unwrap();
     }
     let ids = |store: &Store| {
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let views = store.view(now, &["online", "away", "dnd"], &mut changes).unwrap();
         views.iter().map(|view| view.presence != Presence::UNKNOWN).collect::<Vec<_>>()
     };
@@ -1745,7 +1760,7 @@ fn b6_a_user_with_a_lease_or_a_status_is_not_forgotten() {
     assert_eq!(store.stats().users, 2);
     // Clearing the status starts the window.
     store.set_status(now, "away", None, &mut changes).unwrap();
-    assert!(drive(&store, now, now + FORGET_AFTER - 1).iter().all(|change| change.user_id == "online"));
+    assert!(drive(&store, now, now + FORGET_AFTER - 1).users.iter().all(|change| change.user_id == "online"));
     assert_eq!(store.stats().users, 2);
     drive(&store, now + FORGET_AFTER - 1, now + FORGET_AFTER);
     assert_eq!(store.stats().users, 1);
@@ -1763,7 +1778,7 @@ fn b6_a_window_of_zero_never_forgets() {
 #[test]
 fn b6_a_restored_offline_user_is_forgotten_a_window_after_the_restore_and_a_held_one_after_its_hold() {
     let store = forgetting_store(FORGET_AFTER);
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     come_and_go(&store, T0, "offline");
     register(&store, T0, reg("online", "s", "gw-a", 200), &mut changes);
     let mut writer = crate::checkpoint::CheckpointWriter::new(T0 + 2);
@@ -1782,8 +1797,8 @@ fn b6_a_restored_offline_user_is_forgotten_a_window_after_the_restore_and_a_held
     assert_eq!(restored.stats().users, 1, "the offline user, a window after the restore");
     // The held user goes OFFLINE when the hold ends, and is forgotten a window after that.
     let offline = drive(&restored, start + FORGET_AFTER, hold_until + FORGET_AFTER - 1);
-    assert_eq!(offline.len(), 1);
-    assert_eq!((offline[0].user_id.as_str(), offline[0].at), ("online", hold_until));
+    assert_eq!(offline.users.len(), 1);
+    assert_eq!((offline.users[0].user_id.as_str(), offline.users[0].at), ("online", hold_until));
     assert_eq!(restored.stats().users, 1);
     drive(&restored, hold_until + FORGET_AFTER - 1, hold_until + FORGET_AFTER);
     assert_eq!(restored.stats(), StoreStats::default());
@@ -1792,7 +1807,7 @@ fn b6_a_restored_offline_user_is_forgotten_a_window_after_the_restore_and_a_held
 #[test]
 fn b6_a_pending_forget_rechecks_on_firing_and_a_status_cleared_later_starts_a_new_window() {
     let store = forgetting_store(FORGET_AFTER);
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     come_and_go(&store, T0, "u");
     come_and_go(&store, T0, "v");
     // Both idle from T0 + 1; half a window later both set a status that does
@@ -1821,4 +1836,366 @@ fn b6_a_pending_forget_rechecks_on_firing_and_a_status_cleared_later_starts_a_ne
     assert_eq!(store.stats().users, 1, "forgotten before a whole window had passed since the status was cleared");
     assert!(drive(&store, cleared + FORGET_AFTER - 1, cleared + FORGET_AFTER).is_empty());
     assert_eq!(store.stats().users, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// E6 Flap damping.
+
+/// A grace window of 1 s; small TTLs as in `small_store`.
+const GRACE: Tick = 1_000;
+
+fn damping_store() -> Store {
+    Store::new(StoreConfig { offline_grace_ms: GRACE, ..small_config() }, T0).expect("valid config")
+}
+
+/// E6: a lease that runs out, and one closed by unregister, then a register
+/// within the window: nothing is published, the version does not move, the
+/// register reports no change, and the flap is counted.
+#[test]
+fn e6_a_register_within_the_window_hides_the_flap_and_keeps_the_version() {
+    for close in ["expiry", "unregister", "linger"] {
+        let store = damping_store();
+        let mut changes = Changes::default();
+        let first = register(&store, T0, reg("u", "s", "gw-a", 100), &mut changes);
+        assert_eq!(changes.users.len(), 1);
+        let ended = match close {
+            "expiry" => T0 + 100,
+            "unregister" => {
+                let closed = store.unregister(T0 + 40, "u", "s", first.generation, 0, &mut changes).unwrap();
+                assert!(!closed.changed, "{close}: damped, so no flip");
+                assert_eq!(closed.presence, first.presence, "{close}");
+                T0 + 40
+            }
+            _ => {
+                store.unregister(T0 + 40, "u", "s", first.generation, 20, &mut changes).unwrap();
+                T0 + 60
+            }
+        };
+        let quiet = drive(&store, T0 + 40, ended + GRACE - 1);
+        assert!(quiet.is_empty() && changes.users.len() == 1, "{close}: a damped flap leaked: {quiet:?} {changes:?}");
+        assert_eq!(presence(&store, ended + GRACE - 1, "u"), first.presence, "{close}: still ONLINE, same version");
+        assert!(leases(&store, ended + GRACE - 1, "u").is_empty(), "{close}: the hold is no session");
+        assert_eq!(store.stats().sessions, 0, "{close}");
+        let again = register(&store, ended + GRACE - 1, reg("u", "s2", "gw-a", 100), &mut changes);
+        assert!(!again.changed, "{close}");
+        assert_eq!(again.presence, first.presence, "{close}: the version did not move");
+        assert_eq!(changes.users.len(), 1, "{close}: nothing published: {changes:?}");
+        assert_eq!(store.stats().suppressed_flaps, 1, "{close}");
+        // And once it really goes, one OFFLINE.
+        let gone = drive(&store, ended + GRACE - 1, ended + GRACE + 100 + GRACE).users;
+        assert_eq!(gone.len(), 1, "{close}: {gone:?}");
+    }
+}
+
+/// E6: without a register, OFFLINE comes at the end of the window, through
+/// the wheel, with the window's end as its deadline; never before.
+#[test]
+fn e6_without_a_register_offline_comes_at_the_end_of_the_window_through_the_wheel() {
+    let store = damping_store();
+    let mut changes = Changes::default();
+    register(&store, T0, reg("u", "s", "gw-a", 100), &mut changes);
+    assert!(drive(&store, T0, T0 + 100 + GRACE - 1).is_empty());
+    assert_eq!(presence(&store, T0 + 100 + GRACE - 1, "u").state, State::Online);
+    let published = drive(&store, T0 + 100 + GRACE - 1, T0 + 100 + GRACE);
+    assert_eq!(published.users.len(), 1, "{published:?}");
+    assert_flip(&published.users[0], "u", State::Offline, T0 + 100 + GRACE, Some(T0 + 100 + GRACE));
+    assert_eq!(store.stats().suppressed_flaps, 0);
+    // Settled late by a read rather than on time by the driver: the same answer.
+    let late = damping_store();
+    register(&late, T0, reg("u", "s", "gw-a", 100), &mut changes);
+    let mut read = Changes::default();
+    let seen = late.snapshot(T0 + 10 * GRACE, &["u"], &mut read).unwrap()[0];
+    assert_eq!(seen.state, State::Offline);
+    assert_eq!(read.users.len(), 1);
+    assert_eq!(read.users[0].deadline, Some(T0 + 100 + GRACE), "the window started when the lease ended");
+}
+
+/// E6: revoke is never damped, and a revoke of a user held by damping flips
+/// it OFFLINE at once.
+#[test]
+fn e6_revoke_is_never_damped_and_ends_a_damping_hold_at_once() {
+    let store = damping_store();
+    let mut changes = Changes::default();
+    register(&store, T0, reg("u", "s", "gw-a", 100), &mut changes);
+    let revoked = store.revoke(T0 + 10, "u", None, &mut changes).unwrap();
+    assert_eq!((revoked.count, revoked.changed, revoked.presence.state), (1, true, State::Offline));
+    assert_eq!(changes.users.len(), 2);
+    assert_flip(&changes.users[1], "u", State::Offline, T0 + 10, None);
+
+    for session in [None, Some("s"), Some("other")] {
+        let store = damping_store();
+        let mut changes = Changes::default();
+        let first = register(&store, T0, reg("u", "s", "gw-a", 100), &mut changes);
+        store.unregister(T0 + 10, "u", "s", first.generation, 0, &mut changes).unwrap();
+        assert_eq!(changes.users.len(), 1, "damped");
+        let revoked = store.revoke(T0 + 20, "u", session, &mut changes).unwrap();
+        assert_eq!((revoked.count, revoked.changed), (0, true), "{session:?}: the hold is no session, but ends");
+        assert_eq!(changes.users.len(), 2, "{session:?}");
+        assert_flip(&changes.users[1], "u", State::Offline, T0 + 20, None);
+        assert!(drive(&store, T0 + 20, T0 + 20 + 2 * GRACE).is_empty(), "{session:?}: nothing at the window's end");
+    }
+}
+
+/// E6 with L3: closing one of two devices starts no window; the window
+/// starts when the last lease ends.
+#[test]
+fn e6_damping_only_starts_when_the_last_lease_ends() {
+    let store = damping_store();
+    let mut changes = Changes::default();
+    let phone = register(&store, T0, reg("u", "phone", "gw-a", 50), &mut changes);
+    register(&store, T0, reg("u", "laptop", "gw-a", 200), &mut changes);
+    store.unregister(T0 + 1, "u", "phone", phone.generation, 0, &mut changes).unwrap();
+    // The laptop ends at T0 + 200; the window after it, not after the phone.
+    assert!(drive(&store, T0 + 1, T0 + 200 + GRACE - 1).is_empty());
+    let published = drive(&store, T0 + 200 + GRACE - 1, T0 + 200 + GRACE);
+    assert_eq!(published.users.len(), 1);
+    assert_eq!(published.users[0].deadline, Some(T0 + 200 + GRACE));
+    assert_eq!(changes.users.len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// R1, R2, R6 Rooms; S3 Signals.
+
+fn room<'a>(user_id: &'a str, session_id: &'a str, generation: u64, room_id: &'a str) -> crate::RoomRef<'a> {
+    crate::RoomRef { user_id, session_id, generation, room_id }
+}
+
+fn meta(value: &str) -> Vec<(String, String)> {
+    vec![("device".to_string(), value.to_string())]
+}
+
+/// What the room changes say, in order: (kind of body, user, metadata value, version).
+fn room_events(changes: &Changes) -> Vec<(String, u64)> {
+    changes
+        .rooms
+        .iter()
+        .map(|change| {
+            let what = match &change.body {
+                crate::RoomEventBody::Member { kind, member } => format!(
+                    "{kind:?} {} {}",
+                    member.user_id,
+                    member.metadata.first().map_or("-", |(_, value)| value.as_str())
+                ),
+                crate::RoomEventBody::Sessions => format!("Sessions {}", change.sessions),
+                crate::RoomEventBody::Signals { kind, user_ids, count } => {
+                    format!("Signals {kind} {user_ids:?} {count}")
+                }
+            };
+            (what, change.version)
+        })
+        .collect()
+}
+
+fn kinds(changes: &Changes) -> Vec<String> {
+    room_events(changes).into_iter().map(|(what, _)| what).collect()
+}
+
+/// R1: a member's lease that ends ends its membership with no further call:
+/// by expiry through the wheel, by unregister, by revoke, by a reconnect, and
+/// at once even while flap damping holds the user ONLINE.
+#[test]
+fn r1_a_membership_ends_with_its_lease_with_no_further_call() {
+    for end in ["expiry", "unregister", "revoke", "reconnect", "damped"] {
+        let store = if end == "damped" { damping_store() } else { small_store() };
+        let mut changes = Changes::default();
+        let lease = register(&store, T0, reg("u", "s", "gw-a", 100), &mut changes);
+        store.join(T0, &room("u", "s", lease.generation, "r"), &[], &mut changes).unwrap();
+        assert!(store.is_member("r", "u"));
+        changes = Changes::default();
+        match end {
+            "expiry" | "damped" => changes = drive(&store, T0, T0 + 100),
+            "unregister" => drop(store.unregister(T0 + 1, "u", "s", lease.generation, 0, &mut changes).unwrap()),
+            "revoke" => drop(store.revoke(T0 + 1, "u", None, &mut changes).unwrap()),
+            _ => drop(register(&store, T0 + 1, reg("u", "s", "gw-b", 100), &mut changes)),
+        }
+        assert_eq!(kinds(&changes), ["Left u -"], "{end}");
+        assert!(!store.is_member("r", "u"), "{end}: a member outlived its lease");
+        assert!(store.rooms_of("u").is_empty(), "{end}");
+        let view = store.room("r", 10);
+        assert_eq!((view.users, view.sessions, view.members.map(|m| m.len())), (0, 0, Some(0)), "{end}");
+        if end == "damped" {
+            assert_eq!(presence(&store, T0 + 100, "u").state, State::Online, "damping holds the user, not its rooms");
+        }
+    }
+}
+
+/// R2: a second tab of a member publishes nothing but a session count (no
+/// version move, `changed == false`); its leaving likewise, the last one's a leave.
+#[test]
+fn r2_a_second_tab_publishes_only_a_session_count() {
+    let store = small_store();
+    let mut changes = Changes::default();
+    let a = register(&store, T0, reg("u", "a", "gw-a", 200), &mut changes).generation;
+    let b = register(&store, T0, reg("u", "b", "gw-a", 200), &mut changes).generation;
+    let first = store.join(T0 + 1, &room("u", "a", a, "r"), &[], &mut changes).unwrap();
+    let second = store.join(T0 + 2, &room("u", "b", b, "r"), &[], &mut changes).unwrap();
+    assert!(first.changed && !second.changed);
+    assert_eq!(second.room_version, first.room_version, "a second tab moves no version");
+    assert_eq!(kinds(&changes), ["Joined u -", "Sessions 2"]);
+    let view = store.room("r", 10);
+    assert_eq!((view.users, view.sessions), (1, 2));
+    assert_eq!(view.members.unwrap()[0].sessions, 2);
+    let left = store.leave(T0 + 3, &room("u", "a", a, "r"), &mut changes).unwrap();
+    assert!(left.removed && !left.changed);
+    assert_eq!(left.room_version, first.room_version);
+    let left = store.leave(T0 + 4, &room("u", "b", b, "r"), &mut changes).unwrap();
+    assert!(left.removed && left.changed && left.room_version > first.room_version);
+    assert_eq!(kinds(&changes), ["Joined u -", "Sessions 2", "Sessions 1", "Left u -"]);
+}
+
+/// R2, R6: a change of shown metadata is one update, never a leave and a
+/// join: a session that joins again with other metadata, a second session
+/// that joins later (it is shown), and its leaving (the first one is shown again).
+#[test]
+fn r2_a_metadata_change_is_an_update_never_a_leave_and_a_join() {
+    let store = small_store();
+    let mut changes = Changes::default();
+    let a = register(&store, T0, reg("u", "a", "gw-a", 200), &mut changes).generation;
+    let b = register(&store, T0, reg("u", "b", "gw-a", 200), &mut changes).generation;
+    store.join(T0, &room("u", "a", a, "r"), &meta("phone"), &mut changes).unwrap();
+    let again = store.join(T0 + 1, &room("u", "a", a, "r"), &meta("tablet"), &mut changes).unwrap();
+    assert!(!again.changed);
+    store.join(T0 + 2, &room("u", "a", a, "r"), &meta("tablet"), &mut changes).unwrap();
+    store.join(T0 + 3, &room("u", "b", b, "r"), &meta("laptop"), &mut changes).unwrap();
+    store.leave(T0 + 4, &room("u", "b", b, "r"), &mut changes).unwrap();
+    assert_eq!(
+        kinds(&changes),
+        ["Joined u phone", "Updated u tablet", "Updated u laptop", "Updated u tablet"],
+        "the same metadata again changes nothing"
+    );
+    let versions: Vec<u64> = room_events(&changes).iter().map(|(_, version)| *version).collect();
+    assert!(versions.windows(2).all(|pair| pair[0] < pair[1]), "{versions:?}");
+    assert_eq!(store.room("r", 10).members.unwrap()[0].metadata[0].1, "tablet");
+}
+
+/// R2, R6: room versions strictly increase, also across a room that empties
+/// (and is dropped) and fills again; an unknown room is version 0.
+#[test]
+fn r2_room_versions_strictly_increase_also_when_a_room_empties_and_fills_again() {
+    let store = small_store();
+    let mut changes = Changes::default();
+    assert_eq!(store.room("r", 10).version, 0);
+    let g = register(&store, T0, reg("u", "s", "gw-a", 200), &mut changes).generation;
+    let mut last = 0;
+    for round in 0..3 {
+        let joined = store.join(T0 + round, &room("u", "s", g, "r"), &[], &mut changes).unwrap();
+        assert!(joined.room_version > last);
+        let left = store.leave(T0 + round, &room("u", "s", g, "r"), &mut changes).unwrap();
+        assert!(left.room_version > joined.room_version);
+        last = left.room_version;
+        assert_eq!(store.room("r", 10).version, 0, "an empty room with default access is dropped");
+    }
+    store.set_room_access("r", crate::RoomAccess::Public).unwrap();
+    assert_eq!(store.room("r", 10).access, crate::RoomAccess::Public, "kept while empty");
+}
+
+/// R6: room operations name a session like a renewal does: an older
+/// generation is refused and changes nothing, an unknown, expired or revoked
+/// session is not found; a leave of a session not in the room removes nothing.
+#[test]
+fn r6_stale_and_unknown_sessions_are_refused_and_change_nothing() {
+    let store = small_store();
+    let mut changes = Changes::default();
+    let old = register(&store, T0, reg("u", "s", "gw-a", 100), &mut changes).generation;
+    let new = register(&store, T0 + 1, reg("u", "s", "gw-a", 100), &mut changes).generation;
+    store.join(T0 + 1, &room("u", "s", new, "r"), &meta("phone"), &mut changes).unwrap();
+    let before = (store.room("r", 10), Changes::default());
+    let mut after = Changes::default();
+    let stale = store.join(T0 + 2, &room("u", "s", old, "r"), &meta("evil"), &mut after);
+    assert!(matches!(stale, Err(LeaseError::StaleGeneration { .. })), "{stale:?}");
+    let stale = store.leave(T0 + 2, &room("u", "s", old, "r"), &mut after);
+    assert!(matches!(stale, Err(LeaseError::StaleGeneration { .. })), "{stale:?}");
+    let stale = store.signal(T0 + 2, &room("u", "s", old, "r"), "typing", 1_000, &mut after);
+    assert!(matches!(stale, Err(LeaseError::StaleGeneration { .. })), "{stale:?}");
+    assert!(after.is_empty() && store.room("r", 10) == before.0, "a stale call changed something");
+    for (user, session) in [("u", "other"), ("nobody", "s")] {
+        let unknown = store.join(T0 + 2, &room(user, session, new, "r"), &[], &mut after);
+        assert!(matches!(unknown, Err(LeaseError::NotFound { .. })), "{unknown:?}");
+    }
+    let not_in = store.leave(T0 + 2, &room("u", "s", new, "elsewhere"), &mut after).unwrap();
+    assert!(!not_in.removed && !not_in.changed);
+    let not_in = store.signal(T0 + 2, &room("u", "s", new, "elsewhere"), "typing", 1_000, &mut after);
+    assert!(matches!(not_in, Err(LeaseError::NotInRoom { .. })), "{not_in:?}");
+    store.revoke(T0 + 3, "u", None, &mut after).unwrap();
+    let revoked = store.join(T0 + 4, &room("u", "s", new, "r"), &[], &mut after);
+    assert!(matches!(revoked, Err(LeaseError::NotFound { .. })), "{revoked:?}");
+    // Bad input names the field.
+    assert_eq!(field_of(store.join(T0, &room("u", "s", new, ""), &[], &mut after)), "room_id");
+    assert_eq!(field_of(store.join(T0, &room("u", "s", new, &"x".repeat(129)), &[], &mut after)), "room_id");
+    let too_much: Vec<(String, String)> = (0..17).map(|i| (format!("k{i}"), "v".to_string())).collect();
+    assert_eq!(field_of(store.join(T0, &room("u", "s", new, "r"), &too_much, &mut after)), "metadata");
+    assert_eq!(field_of(store.signal(T0, &room("u", "s", new, "r"), "", 1, &mut after)), "kind");
+    assert_eq!(field_of(store.signal(T0, &room("u", "s", new, "r"), &"k".repeat(65), 1, &mut after)), "kind");
+    assert_eq!(field_of(store.signal(T0, &room("u", "s", new, "r"), "typing", 10_001, &mut after)), "ttl_ms");
+}
+
+/// S3: a signal ends with its TTL, through the wheel, as one change of the
+/// room's set; a renewal of a set signal extends it and publishes nothing.
+#[test]
+fn s3_a_signal_expires_through_the_wheel_and_a_renewal_publishes_nothing() {
+    let store = small_store();
+    let mut changes = Changes::default();
+    let g = register(&store, T0, reg("u", "s", "gw-a", 200), &mut changes).generation;
+    store.join(T0, &room("u", "s", g, "r"), &[], &mut changes).unwrap();
+    changes = Changes::default();
+    let set = store.signal(T0, &room("u", "s", g, "r"), "typing", 50, &mut changes).unwrap();
+    assert!(set.changed);
+    let renewed = store.signal(T0 + 40, &room("u", "s", g, "r"), "typing", 50, &mut changes).unwrap();
+    assert!(!renewed.changed && renewed.room_version == set.room_version, "a renewal published");
+    assert_eq!(kinds(&changes), [r#"Signals typing ["u"] 1"#]);
+    assert!(drive(&store, T0 + 40, T0 + 89).is_empty(), "the renewal extended it to T0 + 90");
+    let ended = drive(&store, T0 + 89, T0 + 90);
+    assert_eq!(kinds(&ended), ["Signals typing [] 0"]);
+    assert!(ended.rooms[0].version > set.room_version);
+    assert!(store.room("r", 10).signals.is_empty());
+}
+
+/// S3: a signal ends with its session and with its membership; a second
+/// session of the user keeps the user in the set.
+#[test]
+fn s3_a_signal_ends_with_its_session_and_its_membership() {
+    for end in ["leave", "unregister", "expiry", "reconnect"] {
+        let store = small_store();
+        let mut changes = Changes::default();
+        let a = register(&store, T0, reg("u", "a", "gw-a", 100), &mut changes).generation;
+        let b = register(&store, T0, reg("u", "b", "gw-a", 200), &mut changes).generation;
+        for (session, generation) in [("a", a), ("b", b)] {
+            store.join(T0, &room("u", session, generation, "r"), &[], &mut changes).unwrap();
+            store.signal(T0, &room("u", session, generation, "r"), "typing", 10_000, &mut changes).unwrap();
+        }
+        changes = Changes::default();
+        let end_a = |changes: &mut Changes| match end {
+            "leave" => drop(store.leave(T0 + 1, &room("u", "a", a, "r"), changes).unwrap()),
+            "unregister" => drop(store.unregister(T0 + 1, "u", "a", a, 0, changes).unwrap()),
+            "expiry" => *changes = drive(&store, T0, T0 + 100),
+            _ => drop(register(&store, T0 + 1, reg("u", "a", "gw-a", 100), changes)),
+        };
+        end_a(&mut changes);
+        assert_eq!(kinds(&changes), ["Sessions 1"], "{end}: b still signals, so the set is the same");
+        store.leave(T0 + 101, &room("u", "b", b, "r"), &mut changes).unwrap();
+        assert_eq!(kinds(&changes), ["Sessions 1", "Signals typing [] 0", "Left u -"], "{end}");
+        assert!(drive(&store, T0 + 101, T0 + 20_000).rooms.is_empty(), "{end}: a signal outlived its session");
+    }
+}
+
+/// S3: set changes one session causes are bounded per second; the refused
+/// signal changes nothing, renewals are not counted, and the next second allows more.
+#[test]
+fn s3_set_changes_are_bounded_per_session_per_second() {
+    let store = store();
+    let mut changes = Changes::default();
+    let g = register(&store, T0, reg("u", "s", "gw-a", 0), &mut changes).generation;
+    store.join(T0, &room("u", "s", g, "r"), &[], &mut changes).unwrap();
+    let at = room("u", "s", g, "r");
+    for i in 0..crate::SIGNAL_CHANGES_PER_SECOND {
+        let ttl = if i % 2 == 0 { 5_000 } else { 0 };
+        assert!(store.signal(T0 + 1, &at, "typing", ttl, &mut changes).unwrap().changed, "change {i}");
+    }
+    // The last change cleared it: a renewal is not possible, a set is a change.
+    let before = store.room("r", 10);
+    let refused = store.signal(T0 + 2, &at, "typing", 5_000, &mut changes);
+    assert!(matches!(refused, Err(LeaseError::SignalRateExceeded { .. })), "{refused:?}");
+    assert_eq!(store.room("r", 10), before, "a refused signal changed something");
+    assert!(store.signal(T0 + 1_001, &at, "typing", 5_000, &mut changes).unwrap().changed, "a new second");
+    assert!(!store.signal(T0 + 1_002, &at, "typing", 5_000, &mut changes).unwrap().changed);
 }

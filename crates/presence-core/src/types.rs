@@ -90,10 +90,161 @@ pub struct PresenceChange {
     pub deadline: Option<Tick>,
 }
 
-/// Where a store operation puts the flips it caused. The caller publishes
-/// them after the operation returns, whatever the operation's own result: a
-/// refused renewal may still have found an expired lease and flipped its user.
-pub type Changes = Vec<PresenceChange>;
+/// Where a store operation puts the changes it caused: of users (flips and
+/// statuses) and of rooms. The caller publishes them after the operation
+/// returns, whatever the operation's own result: a refused renewal may still
+/// have found an expired lease and flipped its user, and ended its rooms.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Changes of users, in the order they were made.
+    pub users: Vec<PresenceChange>,
+    /// Changes of rooms, in the order they were made (each room's in version order).
+    pub rooms: Vec<RoomChange>,
+}
+
+impl Changes {
+    /// Whether the operation changed nothing anyone sees.
+    pub fn is_empty(&self) -> bool {
+        self.users.is_empty() && self.rooms.is_empty()
+    }
+}
+
+/// A session named in a room operation (R6), like a renewal names its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoomRef<'a> {
+    /// The session's user.
+    pub user_id: &'a str,
+    /// The session.
+    pub session_id: &'a str,
+    /// The generation the gateway holds: an older one is refused and changes nothing.
+    pub generation: u64,
+    /// 1 to 128 bytes.
+    pub room_id: &'a str,
+}
+
+/// The result of a join (R1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Joined {
+    /// Whether the user joined: none of its sessions was in the room before.
+    pub changed: bool,
+    /// The room's version after the join.
+    pub room_version: u64,
+}
+
+/// The result of a leave (R1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Left {
+    /// Whether the session was in the room.
+    pub removed: bool,
+    /// Whether the user left: it has no session in the room any more.
+    pub changed: bool,
+    /// The room's version after the leave.
+    pub room_version: u64,
+}
+
+/// The result of a signal (S3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Signalled {
+    /// Whether the room's set of users signalling that kind changed.
+    pub changed: bool,
+    /// The room's version after the signal.
+    pub room_version: u64,
+}
+
+/// Who may see a room (R4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RoomAccess {
+    /// Only its members and service callers.
+    #[default]
+    Members,
+    /// Any authenticated caller.
+    Public,
+}
+
+/// A member's metadata in a room, shared by whatever holds it.
+pub type RoomMetadata = Arc<[(String, String)]>;
+
+/// A user in a room, as listed (R1, R6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoomMember {
+    /// The member.
+    pub user_id: CompactString,
+    /// Its shown metadata: that of its session in the room that joined or updated last.
+    pub metadata: RoomMetadata,
+    /// How many of its sessions are in the room (0 in a `Left` change).
+    pub sessions: u32,
+}
+
+/// What kind of member change a room published (R2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoomChangeKind {
+    /// A user with no session in the room now has one.
+    Joined,
+    /// A user's last session in the room left it.
+    Left,
+    /// A member's shown metadata changed.
+    Updated,
+}
+
+/// What changed in a room.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoomEventBody {
+    /// A member joined, left (the member as it was, with 0 sessions) or was updated.
+    Member {
+        /// Which of the three.
+        kind: RoomChangeKind,
+        /// The member after the change.
+        member: RoomMember,
+    },
+    /// Only the session count changed (a second tab): no version move, for count watchers.
+    Sessions,
+    /// The set of users signalling `kind` changed (S3): the whole set now.
+    Signals {
+        /// The signal's kind.
+        kind: CompactString,
+        /// Who signals it, at most [`SIGNAL_SET_CAP`] of them.
+        user_ids: Vec<CompactString>,
+        /// How many signal it, exactly.
+        count: u32,
+    },
+}
+
+/// The most users a [`RoomEventBody::Signals`] or a [`RoomView`] lists per kind; its count is exact.
+pub const SIGNAL_SET_CAP: usize = 100;
+
+/// One change of one room that its watchers see (R2, S3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoomChange {
+    /// The room.
+    pub room_id: CompactString,
+    /// The room's version after the change (unchanged for [`RoomEventBody::Sessions`]).
+    pub version: u64,
+    /// Members after the change.
+    pub users: u32,
+    /// Sessions in the room after the change.
+    pub sessions: u32,
+    /// What changed.
+    pub body: RoomEventBody,
+}
+
+/// A room as read (R3, R6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoomView {
+    /// The room.
+    pub room_id: CompactString,
+    /// Its version; 0 for a room the store holds nothing about.
+    pub version: u64,
+    /// Members.
+    pub users: u32,
+    /// Sessions in the room.
+    pub sessions: u32,
+    /// Who may see it.
+    pub access: RoomAccess,
+    /// Every member, or `None` when there are more than the cap asked for.
+    pub members: Option<Vec<RoomMember>>,
+    /// Per signal kind: who signals it (at most [`SIGNAL_SET_CAP`]) and how many do.
+    pub signals: Vec<(CompactString, Vec<CompactString>, u32)>,
+}
 
 /// What to register (contract L1). Ids are borrowed; the store copies what it keeps.
 #[derive(Debug, Clone, Copy)]
@@ -201,4 +352,8 @@ pub struct StoreStats {
     /// Users the store holds a record for: online, or offline and not yet
     /// forgotten (see [`crate::StoreConfig::forget_offline_after_ms`]).
     pub users: usize,
+    /// Flips hidden by flap damping since the start (E6): registers that came
+    /// within a user's grace window, so that neither its OFFLINE nor the
+    /// ONLINE after it was published. A running total, for a metric.
+    pub suppressed_flaps: u64,
 }

@@ -40,6 +40,29 @@ pub fn user_ids<S: AsRef<str>>(user_ids: &[S]) -> Result<(), LeaseError> {
     Ok(())
 }
 
+/// Longest signal kind, in bytes (S3).
+pub const MAX_SIGNAL_KIND_BYTES: usize = 64;
+/// Longest signal TTL (S3): a signal is ephemeral.
+pub const MAX_SIGNAL_TTL_MS: u32 = 10_000;
+
+/// A signal kind is 1 to [`MAX_SIGNAL_KIND_BYTES`] bytes, its TTL at most
+/// [`MAX_SIGNAL_TTL_MS`] (0 clears the signal).
+pub(crate) fn signal(kind: &str, ttl_ms: u32) -> Result<(), LeaseError> {
+    if kind.is_empty() || kind.len() > MAX_SIGNAL_KIND_BYTES {
+        return Err(LeaseError::invalid(
+            "kind",
+            format!("must be 1 to {MAX_SIGNAL_KIND_BYTES} bytes, is {}", kind.len()),
+        ));
+    }
+    if ttl_ms > MAX_SIGNAL_TTL_MS {
+        return Err(LeaseError::invalid(
+            "ttl_ms",
+            format!("{ttl_ms} is above the longest signal TTL {MAX_SIGNAL_TTL_MS} (0 clears the signal)"),
+        ));
+    }
+    Ok(())
+}
+
 /// Longest status text, in characters.
 pub const MAX_STATUS_TEXT_CHARS: usize = 128;
 

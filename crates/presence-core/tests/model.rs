@@ -49,6 +49,7 @@ fn config() -> StoreConfig {
         max_ttl_ms: MAX_TTL,
         min_renew_interval_ms: 0,
         forget_offline_after_ms: FORGET_AFTER,
+        offline_grace_ms: 0,
     }
 }
 
@@ -376,7 +377,7 @@ impl Harness {
     /// the store acts at (`issued`, or later if a shard's clock is already past it).
     fn apply(&mut self, op: &Op, issued: Tick) -> TestResult {
         let now = self.now;
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let mut flips = Vec::new();
         match *op {
             Op::Register { target, gateway, ttl, with_metadata } => {
@@ -431,7 +432,7 @@ impl Harness {
                 prop_assert_eq!(registered.expires_at, expires_at);
                 prop_assert_eq!(registered.changed, changed);
                 prop_assert_eq!(registered.replaced, replaced);
-                self.take_changes(flips, &changes, true)?;
+                self.take_changes(flips, &changes.users, true)?;
                 prop_assert_eq!(registered.presence, self.presence(user));
             }
             Op::Renew { target, generation, ttl } => {
@@ -462,7 +463,7 @@ impl Harness {
                     }
                 };
                 prop_assert_eq!(result.map(|renewed| renewed.expires_at), expected);
-                self.take_changes(flips, &changes, true)?;
+                self.take_changes(flips, &changes.users, true)?;
             }
             Op::Unregister { target, generation, linger } => {
                 let (user, session) = self.resolve(target);
@@ -498,7 +499,7 @@ impl Harness {
                         }
                     },
                 };
-                self.take_changes(flips, &changes, true)?;
+                self.take_changes(flips, &changes.users, true)?;
                 prop_assert_eq!(result, Unregistered { outcome, changed, presence: self.presence(user) });
             }
             Op::Revoke { target, all } => {
@@ -525,7 +526,7 @@ impl Harness {
                         (count as u32, changed)
                     }
                 };
-                self.take_changes(flips, &changes, true)?;
+                self.take_changes(flips, &changes.users, true)?;
                 prop_assert_eq!(result, Revoked { count, changed, presence: self.presence(user) });
             }
             Op::Snapshot { ref users } => {
@@ -538,7 +539,7 @@ impl Harness {
                 for &user in users {
                     self.settle(user, &mut flips);
                 }
-                self.take_changes(flips, &changes, true)?;
+                self.take_changes(flips, &changes.users, true)?;
                 let expected: Vec<Presence> = users.iter().map(|&u| self.presence(u)).collect();
                 prop_assert_eq!(result, expected, "E2: snapshot of {:?}", ids);
             }
@@ -548,7 +549,7 @@ impl Harness {
 
     /// The expiry driver: drains `expire(now)` with a budget; every due user is settled.
     fn drain(&mut self, budget: usize) -> TestResult {
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let mut calls = 0;
         while self.store.expire(self.now, budget, &mut changes) {
             calls += 1;
@@ -562,7 +563,7 @@ impl Harness {
         for user in users {
             self.settle(user, &mut flips);
         }
-        self.take_changes(flips, &changes, false)?;
+        self.take_changes(flips, &changes.users, false)?;
         // B6: the driver forgot every user whose window ended by now, and only those.
         let now = self.now;
         self.users.retain(|_, u| u.forget_at().is_none_or(|at| at > now));
@@ -583,6 +584,7 @@ impl Harness {
             sessions: self.total_leases(),
             online_users: self.users.values().filter(|u| u.online).count(),
             users: self.users.len(),
+            ..StoreStats::default()
         };
         // After a drain the model holds no expired lease, so this is also L4: the store has none
         // left either (stats count leases nobody has settled yet).
@@ -602,16 +604,16 @@ impl Harness {
         // Snapshot of everyone, plus an unknown user.
         let mut ids: Vec<&str> = USERS.to_vec();
         ids.push(UNKNOWN_USER);
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let snapshot = self.store.snapshot(now, &ids, &mut changes).unwrap();
         if drained {
-            prop_assert!(changes.is_empty(), "a read after draining settled something: {:?}", changes);
+            prop_assert!(changes.users.is_empty(), "a read after draining settled something: {:?}", changes);
         }
         let mut flips = Vec::new();
         for user in 0..USERS.len() {
             self.settle(user, &mut flips);
         }
-        self.take_changes(flips, &changes, true)?;
+        self.take_changes(flips, &changes.users, true)?;
         for (user, presence) in snapshot.iter().enumerate() {
             prop_assert_eq!(*presence, self.presence(user), "snapshot of {}", ids[user]);
         }
@@ -619,9 +621,9 @@ impl Harness {
         // M2: online iff a live lease, and the leases are the model's.
         let mut total = 0;
         for (user, id) in USERS.iter().enumerate() {
-            let mut changes = Vec::new();
+            let mut changes = Changes::default();
             let mut leases = self.store.leases(now, id, &mut changes).unwrap();
-            prop_assert!(changes.is_empty(), "listing leases after a snapshot settled something: {:?}", changes);
+            prop_assert!(changes.users.is_empty(), "listing leases after a snapshot settled something: {:?}", changes);
             leases.sort_by(|a, b| a.session_id.cmp(&b.session_id));
             let mut expected: Vec<LeaseView> = self
                 .users
@@ -692,7 +694,7 @@ type TestResult = Result<(), TestCaseError>;
 /// A request with a TTL outside the bounds is refused naming `ttl_ms`, and settles nothing.
 fn refused_for_ttl<T: std::fmt::Debug>(result: &Result<T, LeaseError>, changes: &Changes) -> TestResult {
     prop_assert!(matches!(result, Err(LeaseError::InvalidArgument { field: "ttl_ms", .. })), "{:?}", result);
-    prop_assert!(changes.is_empty(), "a refused request settled something: {:?}", changes);
+    prop_assert!(changes.users.is_empty(), "a refused request settled something: {:?}", changes);
     Ok(())
 }
 
@@ -709,7 +711,7 @@ proptest! {
         let online = harness.users.values().filter(|u| u.online).count();
         let versions: BTreeMap<usize, u64> = harness.users.iter().map(|(&user, u)| (user, u.version)).collect();
         harness.run(&Step::Advance { by: u64::from(MAX_TTL) + 1, budget: 1 })?;
-        prop_assert_eq!(harness.store.stats(), StoreStats { sessions: 0, online_users: 0, users: harness.users.len() });
+        prop_assert_eq!(harness.store.stats(), StoreStats { sessions: 0, online_users: 0, users: harness.users.len(), ..StoreStats::default() });
         // (Users offline long enough are forgotten by this advance; those that flip are not.)
         let moved = versions.iter().filter(|&(user, v)| harness.users.get(user).is_some_and(|u| u.version != *v)).count();
         prop_assert_eq!(moved, online);

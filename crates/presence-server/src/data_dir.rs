@@ -162,7 +162,7 @@ mod tests {
 
     fn store_with(users: usize) -> Store {
         let store = Store::new(StoreConfig::default(), 1_000).unwrap();
-        let mut changes = Vec::new();
+        let mut changes = presence_core::Changes::default();
         for user in 0..users {
             let id = format!("u{user}");
             let registration =

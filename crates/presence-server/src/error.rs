@@ -78,7 +78,10 @@ impl ServiceError {
         match self {
             ServiceError::InvalidArgument { .. } => Code::InvalidArgument,
             ServiceError::Lease(LeaseError::NotFound { .. }) | ServiceError::WatchNotFound { .. } => Code::NotFound,
-            ServiceError::Lease(LeaseError::StaleGeneration { .. }) => Code::FailedPrecondition,
+            ServiceError::Lease(LeaseError::StaleGeneration { .. } | LeaseError::NotInRoom { .. }) => {
+                Code::FailedPrecondition
+            }
+            ServiceError::Lease(LeaseError::SignalRateExceeded { .. }) => Code::ResourceExhausted,
             ServiceError::Lease(LeaseError::InvalidArgument { .. }) => Code::InvalidArgument,
             ServiceError::PermissionDenied { .. } => Code::PermissionDenied,
             ServiceError::Unauthenticated(_) => Code::Unauthenticated,

@@ -341,7 +341,7 @@ mod tests {
         for (index, field) in [(1, "session_id:"), (2, "gateway_id:"), (4, "user_id:")] {
             assert!(results.results[index].message.starts_with(field), "{:?}", results.results[index]);
         }
-        let mut changes = Vec::new();
+        let mut changes = presence_core::Changes::default();
         let seen = context.store().snapshot(context.now(), &["b", "c"], &mut changes).unwrap();
         let states: Vec<presence_core::State> = seen.iter().map(|p| p.state).collect();
         assert_eq!(states, [presence_core::State::Offline, presence_core::State::Online], "only c registered");
@@ -382,7 +382,7 @@ mod tests {
         let mixed = mixed.await.unwrap().unwrap();
         assert_eq!(mixed.results[0].code, Code::ResourceExhausted as u32);
         assert_eq!(mixed.results[1].code, Code::Ok as u32);
-        let mut changes = Vec::new();
+        let mut changes = presence_core::Changes::default();
         let presences = context.store().snapshot(context.now(), &["a", "c"], &mut changes).unwrap();
         assert!(presences.iter().all(|p| p.state == presence_core::State::Online));
     }

@@ -42,6 +42,8 @@ pub(crate) fn renew_result(renewed: &Result<Renewed, LeaseError>) -> RenewResult
         Err(LeaseError::NotFound { .. }) => RenewResult::NotFound,
         Err(LeaseError::StaleGeneration { .. }) => RenewResult::StaleGeneration,
         Err(LeaseError::InvalidArgument { .. }) => RenewResult::Invalid,
+        // A renewal is refused for none of these.
+        Err(LeaseError::NotInRoom { .. } | LeaseError::SignalRateExceeded { .. }) => RenewResult::Invalid,
     }
 }
 

@@ -33,9 +33,9 @@ impl Publisher {
     /// Runs one store operation at the current tick and publishes the changes
     /// it caused, whatever it answers.
     pub(crate) fn apply<T>(&self, operation: impl FnOnce(&Store, u64, &mut Changes) -> T) -> T {
-        let mut changes = Vec::new();
+        let mut changes = Changes::default();
         let answer = operation(&self.store, self.clock.now(), &mut changes);
-        self.publish(&changes);
+        self.publish(&changes.users);
         answer
     }
 

@@ -1,7 +1,7 @@
 //! What the core benchmarks share: the seed-shaped population and the
 //! process's resident memory. Included with `#[path]`; not a bench itself.
 
-use presence_core::{Registration, Store, Tick};
+use presence_core::{Changes, Registration, Store, Tick};
 
 /// The store time every benchmark registers at.
 pub(crate) const START: Tick = 1_700_000_000_000;
@@ -9,7 +9,7 @@ pub(crate) const START: Tick = 1_700_000_000_000;
 /// Registers sessions `range` into `store`: ids like `sess_` plus 12 digits,
 /// 2.5 sessions per user (sessions 0 and 1, and every fifth one more, share a user).
 pub(crate) fn register_sessions(store: &Store, range: std::ops::Range<usize>) {
-    let mut changes = Vec::new();
+    let mut changes = Changes::default();
     for session in range {
         let user_id = format!("u{}", session * 2 / 5);
         let session_id = format!("sess_{session:012}");
@@ -21,7 +21,7 @@ pub(crate) fn register_sessions(store: &Store, range: std::ops::Range<usize>) {
             metadata: &[],
         };
         store.register(START, &registration, &mut changes).expect("valid registration");
-        changes.clear();
+        changes.users.clear();
     }
 }
 
