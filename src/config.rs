@@ -55,6 +55,15 @@ pub(crate) struct ServeArgs {
     /// remembered before it is forgotten (B6).
     #[arg(long, env = "PRESENCED_FORGET_OFFLINE_AFTER_MS", value_name = "MS")]
     forget_offline_after_ms: Option<u64>,
+    /// Flap damping (E6): when a user's last lease ends by expiry or
+    /// unregister, it stays ONLINE this long, and a new lease within it
+    /// publishes nothing; 0 (the default) is off, 30000 the most.
+    #[arg(long, env = "PRESENCED_OFFLINE_GRACE_MS", value_name = "MS")]
+    offline_grace_ms: Option<u64>,
+    /// The most members a member-mode room snapshot or watch lists; larger
+    /// rooms are watched in count mode. [default: 1000]
+    #[arg(long, env = "PRESENCED_ROOM_MEMBER_CAP", value_name = "N")]
+    room_member_cap: Option<usize>,
     /// Lease store shards, a power of two.
     #[arg(long, env = "PRESENCED_SHARDS", value_name = "N")]
     shards: Option<usize>,
@@ -232,6 +241,8 @@ fields_of_server_config! {
     max_ttl_ms => store.max_ttl_ms;
     min_renew_interval_ms => store.min_renew_interval_ms;
     forget_offline_after_ms => store.forget_offline_after_ms;
+    offline_grace_ms => store.offline_grace_ms;
+    room_member_cap => room_member_cap;
     shards => store.shards;
     expiry_batch => expiry_batch;
     shutdown_grace_ms => shutdown_grace;
@@ -305,6 +316,7 @@ impl ServeArgs {
         };
         at_least_one("expiry-batch", server.expiry_batch)?;
         at_least_one("watch-buffer", server.watch_buffer)?;
+        at_least_one("room-member-cap", server.room_member_cap)?;
         at_least_one("lease-queue", server.lease_queue)?;
         at_least_one("max-connections", server.max_connections)?;
         at_least_one("max-streams-per-connection", server.max_streams_per_connection as usize)?;

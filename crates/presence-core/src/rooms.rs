@@ -261,7 +261,17 @@ impl RoomShard {
     }
 
     pub(crate) fn is_member(&self, room_id: &str, user_id: &str) -> bool {
-        self.rooms.get(room_id).is_some_and(|room| room.members.contains_key(user_id))
+        self.member_sessions(room_id, user_id) > 0
+    }
+
+    /// Who may read the room (the default for a room this shard holds nothing about).
+    pub(crate) fn access(&self, room_id: &str) -> RoomAccess {
+        self.rooms.get(room_id).map_or(RoomAccess::default(), |room| room.access)
+    }
+
+    /// How many of the user's sessions are in the room (0: it is not a member).
+    pub(crate) fn member_sessions(&self, room_id: &str, user_id: &str) -> u32 {
+        self.rooms.get(room_id).and_then(|room| room.members.get(user_id)).map_or(0, |member| member.sessions)
     }
 
     /// Writes the shard's clock, the floor of every room version to come, and

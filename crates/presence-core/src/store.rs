@@ -383,6 +383,16 @@ impl Store {
         self.room_shard(room_id).lock().is_member(room_id, user_id)
     }
 
+    /// Who may read the room (R4).
+    pub fn room_access(&self, room_id: &str) -> RoomAccess {
+        self.room_shard(room_id).lock().access(room_id)
+    }
+
+    /// How many of the user's sessions are in the room (0: it is not a member).
+    pub fn member_sessions(&self, room_id: &str, user_id: &str) -> u32 {
+        self.room_shard(room_id).lock().member_sessions(room_id, user_id)
+    }
+
     /// The rooms the user's sessions are in, sorted (as of the last
     /// operation on the user: this reads no clock and settles nothing).
     pub fn rooms_of(&self, user_id: &str) -> Vec<CompactString> {

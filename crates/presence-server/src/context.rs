@@ -21,6 +21,7 @@ use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::privacy::{Privacy, Shown};
 use crate::publish::Publisher;
+use crate::rooms::RoomHub;
 use crate::settings::Settings;
 use crate::watch::Watches;
 use crate::wire;
@@ -41,6 +42,8 @@ pub(crate) struct Context {
     pub(crate) watch_buffer: usize,
     /// The open Watch streams, for `UpdateWatch` (E7).
     pub(crate) watches: Watches,
+    /// Most members a member-mode room snapshot or watch lists (R6).
+    pub(crate) room_member_cap: usize,
     /// Cancelled when the server shuts down: ends Watch and Leases streams.
     pub(crate) stopping: CancellationToken,
 }
@@ -56,7 +59,8 @@ impl Context {
         config: &ServerConfig,
         stopping: CancellationToken,
     ) -> Self {
-        let publisher = Publisher { store, hub: Arc::new(Hub::default()), clock, metrics: Metrics::new() };
+        let publisher =
+            Publisher { store, hub: Arc::new(Hub::default()), rooms: Arc::default(), clock, metrics: Metrics::new() };
         let granularity_ms = u64::try_from(config.last_seen_granularity.as_millis()).unwrap_or(u64::MAX);
         Context {
             privacy: Privacy::new(config.default_visibility, durable.clone(), publisher.clone(), granularity_ms),
@@ -72,6 +76,7 @@ impl Context {
             },
             watch_buffer: config.watch_buffer,
             watches: Watches::default(),
+            room_member_cap: config.room_member_cap,
             stopping,
         }
     }
@@ -79,6 +84,11 @@ impl Context {
     /// The lease store.
     pub(crate) fn store(&self) -> &Arc<Store> {
         &self.publisher.store
+    }
+
+    /// The room watchers' topics.
+    pub(crate) fn rooms(&self) -> &Arc<RoomHub> {
+        &self.publisher.rooms
     }
 
     /// The metrics handles.

@@ -59,9 +59,22 @@ pub(crate) enum ServiceError {
         /// The id asked for.
         watch_id: CompactString,
     },
-    /// A part of the API this server does not serve yet.
-    #[error("{0} are not served yet")]
-    Unimplemented(&'static str),
+    /// The room does not exist or the caller may not read it (R4): the two read alike.
+    #[error("room_id: no room {room_id:?} this caller may read")]
+    RoomNotFound {
+        /// The room asked for.
+        room_id: CompactString,
+    },
+    /// A member list of a room past the member cap (R6).
+    #[error(
+        "room {room_id:?} has more than {cap} members (--room-member-cap): watch it in count mode (ROOM_WATCH_COUNT)"
+    )]
+    RoomTooLarge {
+        /// The room asked for.
+        room_id: CompactString,
+        /// The server's member cap.
+        cap: usize,
+    },
     /// The server is shutting down; the client reconnects.
     #[error("presenced is shutting down; reconnect")]
     ShuttingDown,
@@ -86,7 +99,8 @@ impl ServiceError {
             ServiceError::PermissionDenied { .. } => Code::PermissionDenied,
             ServiceError::Unauthenticated(_) => Code::Unauthenticated,
             ServiceError::RenewalShed => Code::ResourceExhausted,
-            ServiceError::Unimplemented(_) => Code::Unimplemented,
+            ServiceError::RoomNotFound { .. } => Code::NotFound,
+            ServiceError::RoomTooLarge { .. } => Code::FailedPrecondition,
             ServiceError::Durable(_) | ServiceError::ShuttingDown => Code::Unavailable,
         }
     }

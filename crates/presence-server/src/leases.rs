@@ -163,9 +163,18 @@ fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bool) -> pb::
                     ),
                     Err(refusal) => wire::lease_refused(&refusal),
                 },
-                Some(LeaseOpFrame::Join(_) | LeaseOpFrame::Leave(_) | LeaseOpFrame::Signal(_)) => {
-                    wire::lease_refused(&ServiceError::Unimplemented("room items"))
-                }
+                Some(LeaseOpFrame::Join(frame)) => wire::lease_result(
+                    wire::join_frame(frame).and_then(|input| ops::join(store, metrics, now, &input, changes)),
+                    lease_result::Result::Join,
+                ),
+                Some(LeaseOpFrame::Leave(frame)) => wire::lease_result(
+                    wire::leave_frame(frame).and_then(|room| ops::leave(store, now, &room, changes)),
+                    lease_result::Result::Leave,
+                ),
+                Some(LeaseOpFrame::Signal(frame)) => wire::lease_result(
+                    wire::signal_frame(frame).and_then(|input| ops::signal(store, metrics, now, &input, changes)),
+                    lease_result::Result::Signal,
+                ),
                 None => wire::lease_refused(&ServiceError::invalid("items", "an item names no operation")),
             };
             results.push(result);

@@ -22,6 +22,7 @@ pub mod metrics;
 mod ops;
 pub mod privacy;
 mod publish;
+mod rooms;
 mod service;
 mod settings;
 #[cfg(feature = "testing")]
@@ -70,6 +71,9 @@ pub struct ServerConfig {
     /// Most distinct users with undelivered changes a viewer may have before it
     /// is sent a fresh snapshot instead (E4).
     pub watch_buffer: usize,
+    /// Most members a member-mode room snapshot or watch lists (R6); larger
+    /// rooms are watched in count mode.
+    pub room_member_cap: usize,
     /// Lease batches that may wait for a worker; beyond it renewals are shed (B2).
     pub lease_queue: usize,
     /// Tasks applying lease batches.
@@ -126,6 +130,7 @@ impl Default for ServerConfig {
             expiry_batch: 1_024,
             shutdown_grace: Duration::from_secs(5),
             watch_buffer: 4_096,
+            room_member_cap: 1_000,
             lease_queue: 256,
             lease_workers: cpus(),
             connection_threads: cpus(),

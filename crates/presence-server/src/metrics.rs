@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
-use presence_core::{ChangeKind, PresenceChange, State, Store};
+use presence_core::{ChangeKind, PresenceChange, RoomChange, RoomChangeKind, RoomEventBody, State, Store};
 use tokio_util::sync::CancellationToken;
 
 /// Every metric name, for documentation and for the exporter's bucket settings.
@@ -57,6 +57,20 @@ pub mod names {
     pub const CONNECTIONS_REFUSED: &str = "presenced_connections_refused_total";
     /// Connections closed for not completing the HTTP/2 handshake in time (counter).
     pub const HANDSHAKE_TIMEOUTS: &str = "presenced_handshake_timeouts_total";
+    /// Accepted joins of a session to a room (counter).
+    pub const ROOM_JOINS: &str = "presenced_room_joins_total";
+    /// Accepted signals: set, extended or cleared (counter).
+    pub const SIGNALS: &str = "presenced_signals_total";
+    /// Room changes published by the store, by `kind`: joined, left, updated, sessions, signals (counter).
+    pub const ROOM_CHANGES: &str = "presenced_room_changes_total";
+    /// Room changes delivered into room watchers' mailboxes (counter).
+    pub const ROOM_FANNED_OUT: &str = "presenced_room_events_fanned_out_total";
+    /// Count frames sent to count-mode room watchers (counter).
+    pub const ROOM_COUNT_FRAMES: &str = "presenced_room_count_frames_total";
+    /// Open WatchRoom streams (gauge).
+    pub const ROOM_WATCHERS: &str = "presenced_room_watchers";
+    /// Flips to OFFLINE that flap damping suppressed: a new lease came within the grace window (gauge of a running count).
+    pub const SUPPRESSED_FLAPS: &str = "presenced_suppressed_flaps";
 }
 
 /// Buckets for the latency histograms, in seconds: 50 µs to 5 s.
@@ -112,6 +126,12 @@ pub(crate) struct Metrics {
     pub(crate) watch_updates: Counter,
     pub(crate) viewers: Gauge,
     pub(crate) resyncs: Counter,
+    pub(crate) room_joins: Counter,
+    pub(crate) signals: Counter,
+    room_changes: [Counter; 5],
+    pub(crate) room_fanned_out: Counter,
+    pub(crate) room_count_frames: Counter,
+    pub(crate) room_watchers: Gauge,
 }
 
 impl Metrics {
@@ -146,7 +166,26 @@ impl Metrics {
             watch_updates: counter!(names::WATCH_UPDATES),
             viewers: gauge!(names::VIEWERS),
             resyncs: counter!(names::RESYNCS),
+            room_joins: counter!(names::ROOM_JOINS),
+            signals: counter!(names::SIGNALS),
+            room_changes: ["joined", "left", "updated", "sessions", "signals"]
+                .map(|kind| counter!(names::ROOM_CHANGES, "kind" => kind)),
+            room_fanned_out: counter!(names::ROOM_FANNED_OUT),
+            room_count_frames: counter!(names::ROOM_COUNT_FRAMES),
+            room_watchers: gauge!(names::ROOM_WATCHERS),
         }
+    }
+
+    /// Counts a room change the store published.
+    pub(crate) fn room_change(&self, change: &RoomChange) {
+        let index = match &change.body {
+            RoomEventBody::Member { kind: RoomChangeKind::Joined, .. } => 0,
+            RoomEventBody::Member { kind: RoomChangeKind::Left, .. } => 1,
+            RoomEventBody::Member { kind: RoomChangeKind::Updated, .. } => 2,
+            RoomEventBody::Sessions => 3,
+            RoomEventBody::Signals { .. } => 4,
+        };
+        self.room_changes[index].increment(1);
     }
 
     pub(crate) fn renewals(&self, result: RenewResult, count: u64) {
@@ -170,10 +209,28 @@ impl Metrics {
     }
 }
 
+/// Counts something open (a stream) in a gauge for as long as it lives, so
+/// that a task dropped at runtime shutdown is counted out too.
+pub(crate) struct OpenGauge(Gauge);
+
+impl OpenGauge {
+    pub(crate) fn open(gauge: &Gauge) -> Self {
+        gauge.increment(1.0);
+        OpenGauge(gauge.clone())
+    }
+}
+
+impl Drop for OpenGauge {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
 /// Copies the store's own counts into gauges once a second until `stop`.
 pub(crate) async fn export_store_counts(store: Arc<Store>, stop: CancellationToken) {
     let sessions = gauge!(names::SESSIONS);
     let online = gauge!(names::ONLINE_USERS);
+    let suppressed_flaps = gauge!(names::SUPPRESSED_FLAPS);
     let shards: Vec<Gauge> =
         (0..store.config().shards).map(|shard| gauge!(names::SHARD_OPERATIONS, "shard" => shard.to_string())).collect();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -185,6 +242,7 @@ pub(crate) async fn export_store_counts(store: Arc<Store>, stop: CancellationTok
         let stats = store.stats();
         sessions.set(stats.sessions as f64);
         online.set(stats.online_users as f64);
+        suppressed_flaps.set(stats.suppressed_flaps as f64);
         for (gauge, operations) in shards.iter().zip(store.shard_operations()) {
             gauge.set(operations as f64);
         }

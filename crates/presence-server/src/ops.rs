@@ -6,11 +6,12 @@
 //! `changes` (the caller publishes them, whatever the result) and counts the
 //! outcome.
 
-use presence_core::{Changes, LeaseError, Registered, Renewed, Store, UnregisterOutcome, Unregistered};
+use presence_core::{Changes, LeaseError, Registered, Renewed, RoomRef, Store, UnregisterOutcome, Unregistered};
+use presence_proto::v1 as pb;
 
 use crate::error::ServiceError;
 use crate::metrics::{Metrics, RenewResult};
-use crate::wire::{RegisterInput, UnregisterInput};
+use crate::wire::{self, JoinInput, RegisterInput, SignalInput, UnregisterInput};
 
 pub(crate) fn register(
     store: &Store,
@@ -64,4 +65,40 @@ pub(crate) fn unregister(
     };
     counter.increment(1);
     Ok(unregistered)
+}
+
+/// Puts a session in a room (R1), answered as the wire says.
+pub(crate) fn join(
+    store: &Store,
+    metrics: &Metrics,
+    now: u64,
+    input: &JoinInput<'_>,
+    changes: &mut Changes,
+) -> Result<pb::JoinResponse, ServiceError> {
+    let joined = store.join(now, &input.room, &input.metadata, changes)?;
+    metrics.room_joins.increment(1);
+    Ok(wire::join_response(&joined))
+}
+
+/// Takes a session out of a room.
+pub(crate) fn leave(
+    store: &Store,
+    now: u64,
+    room: &RoomRef<'_>,
+    changes: &mut Changes,
+) -> Result<pb::LeaveResponse, ServiceError> {
+    Ok(wire::leave_response(&store.leave(now, room, changes)?))
+}
+
+/// Sets, extends or clears a session's signal in a room (S3).
+pub(crate) fn signal(
+    store: &Store,
+    metrics: &Metrics,
+    now: u64,
+    input: &SignalInput<'_>,
+    changes: &mut Changes,
+) -> Result<pb::SignalResponse, ServiceError> {
+    let signalled = store.signal(now, &input.room, input.kind, input.ttl_ms, changes)?;
+    metrics.signals.increment(1);
+    Ok(wire::signal_response(&signalled))
 }

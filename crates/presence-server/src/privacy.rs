@@ -88,6 +88,8 @@ pub(crate) struct Relations {
     users: HashMap<CompactString, UserRelations>,
     /// group -> its members.
     members: HashMap<CompactString, HashSet<CompactString>>,
+    /// Users whose own visibility is nobody.
+    invisible: HashSet<CompactString>,
 }
 
 /// A viewer's view of the relations, for checking many users: the viewer's
@@ -127,7 +129,7 @@ impl ViewerLens<'_> {
 
 impl Relations {
     fn new(default_visibility: Visibility) -> Self {
-        Relations { default_visibility, users: HashMap::new(), members: HashMap::new() }
+        Relations { default_visibility, users: HashMap::new(), members: HashMap::new(), invisible: HashSet::new() }
     }
 
     /// The relations as `viewer` sees them; `None` is a service caller acting for no viewer.
@@ -145,6 +147,11 @@ impl Relations {
         match change {
             RelationChange::Visibility { user, visibility } => {
                 self.users.entry(user.clone()).or_default().visibility = Some(*visibility);
+                if *visibility == Visibility::Nobody {
+                    self.invisible.insert(user.clone());
+                } else {
+                    self.invisible.remove(user);
+                }
             }
             RelationChange::Audience { user, viewers, grant: true } => {
                 self.users.entry(user.clone()).or_default().granted.extend(viewers.iter().cloned());
@@ -180,6 +187,12 @@ impl Relations {
                 }
             }
         }
+    }
+
+    /// Whether no viewer but itself may see `user`.
+    fn is_invisible(&self, user: &str) -> bool {
+        let own = self.users.get(user).and_then(|record| record.visibility);
+        own.unwrap_or(self.default_visibility) == Visibility::Nobody
     }
 
     fn forget_if_empty(&mut self, user: &str) {
@@ -358,6 +371,40 @@ impl Privacy {
         }
     }
 
+    /// Whether `viewer` may see `user` now.
+    pub(crate) fn can_see(&self, viewer: Option<&str>, user: &str) -> bool {
+        self.relations.read().can_see(viewer, user)
+    }
+
+    /// Those of `items` whose user `viewer` may see, in order.
+    pub(crate) fn visible<T>(&self, viewer: Option<&str>, items: Vec<T>, user: impl Fn(&T) -> &str) -> Vec<T> {
+        if viewer.is_none() {
+            return items;
+        }
+        let relations = self.relations.read();
+        let lens = relations.lens(viewer);
+        items.into_iter().filter(|item| lens.can_see(user(item))).collect()
+    }
+
+    /// A room's counts of users and sessions with its invisible members left
+    /// out: an invisible member is counted by nobody (R4).
+    pub(crate) fn counted(&self, store: &Store, room_id: &str, users: u32, sessions: u32) -> (u32, u32) {
+        let relations = self.relations.read();
+        if relations.default_visibility == Visibility::Nobody {
+            // Everyone without a visibility of their own is invisible: count those who chose to be seen.
+            let view = store.room(room_id, usize::MAX);
+            let members = view.members.unwrap_or_default();
+            let seen = members.iter().filter(|member| !relations.is_invisible(&member.user_id));
+            return seen.fold((0, 0), |(users, sessions), member| (users + 1, sessions + member.sessions));
+        }
+        relations.invisible.iter().fold((users, sessions), |(users, sessions), user_id| {
+            match store.member_sessions(room_id, user_id) {
+                0 => (users, sessions),
+                in_room => (users.saturating_sub(1), sessions.saturating_sub(in_room)),
+            }
+        })
+    }
+
     /// Applies a change of relations: on disk first (synced), then in memory,
     /// then to the open streams whose view it changes (P4).
     pub(crate) async fn change(&self, change: RelationChange) -> Result<(), ServiceError> {
@@ -372,6 +419,10 @@ impl Privacy {
         let transitions =
             self.publisher.hub.reconcile(&users, &viewers, |viewer, user| relations.can_see(viewer, user));
         self.apply_transitions(transitions);
+        drop(relations);
+        // Room watchers that may see these users differently start over from a fresh snapshot.
+        let rooms: Vec<CompactString> = users.iter().flat_map(|user| self.store().rooms_of(user)).collect();
+        self.publisher.rooms.relations_changed(&rooms, &viewers);
         Ok(())
     }
 

@@ -8,13 +8,14 @@
 
 use std::sync::Arc;
 
-use presence_core::{Changes, PresenceChange, Store};
+use presence_core::{Changes, PresenceChange, RoomChange, Store};
 
 use crate::clock::StoreClock;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 #[cfg(test)]
 use crate::metrics::names;
+use crate::rooms::RoomHub;
 
 /// Publishes changes to the viewers of this process.
 #[derive(Debug, Clone)]
@@ -23,6 +24,8 @@ pub(crate) struct Publisher {
     pub(crate) store: Arc<Store>,
     /// The viewers' mailboxes.
     pub(crate) hub: Arc<Hub>,
+    /// The room watchers' mailboxes.
+    pub(crate) rooms: Arc<RoomHub>,
     /// Reads `now` for every operation.
     pub(crate) clock: StoreClock,
     /// Counts what was published.
@@ -36,7 +39,17 @@ impl Publisher {
         let mut changes = Changes::default();
         let answer = operation(&self.store, self.clock.now(), &mut changes);
         self.publish(&changes.users);
+        self.publish_rooms(&changes.rooms);
         answer
+    }
+
+    /// Publishes room changes to the room watchers of this process, in order, and counts them.
+    pub(crate) fn publish_rooms(&self, changes: &[RoomChange]) {
+        for change in changes {
+            let delivered = self.rooms.publish(change);
+            self.metrics.room_fanned_out.increment(delivered as u64);
+            self.metrics.room_change(change);
+        }
     }
 
     /// Publishes changes to the viewers of this process, in order, and counts them.
@@ -83,7 +96,13 @@ mod tests {
         metrics::with_local_recorder(&recorder, || {
             let clock = StoreClock::start();
             let store = Arc::new(Store::new(StoreConfig::default(), clock.now()).unwrap());
-            let publisher = Publisher { store, hub: Arc::new(Hub::default()), clock, metrics: Metrics::new() };
+            let publisher = Publisher {
+                store,
+                hub: Arc::new(Hub::default()),
+                rooms: Arc::default(),
+                clock,
+                metrics: Metrics::new(),
+            };
             let registration =
                 Registration { user_id: "u", session_id: "s", gateway_id: "gw", ttl_ms: 0, metadata: &[] };
             publisher.apply(|store, now, changes| store.register(now, &registration, changes)).unwrap();

@@ -21,6 +21,7 @@ use crate::leases::{self, LeaseQueue, LeasesStream};
 use crate::metrics::RenewResult;
 use crate::ops;
 use crate::privacy::{RelationChange, Shown};
+use crate::rooms::{self, RoomStream};
 use crate::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES};
 use crate::watch::{self, WatchStream};
 use crate::wire;
@@ -57,6 +58,19 @@ impl PresenceService {
             Some(viewer) => Ok(Some(wire::id("viewer_id", &viewer)?)),
             None => Ok(None),
         }
+    }
+}
+
+impl PresenceService {
+    /// Who reads a room, and which.
+    fn room_request<T>(
+        &self,
+        request: &Request<T>,
+        room_id: &str,
+        viewer_id: &str,
+    ) -> Result<rooms::RoomRequest, ServiceError> {
+        let viewer = self.acting_viewer(request, viewer_id)?;
+        Ok(rooms::RoomRequest { room_id: wire::id("room_id", room_id)?, viewer })
     }
 }
 
@@ -159,31 +173,54 @@ impl PresenceApi for PresenceService {
         Ok(Response::new(pb::UpdateWatchResponse {}))
     }
 
-    // Rooms and signals are being built; until each lands it is refused as not implemented.
-    async fn join(&self, _request: Request<pb::JoinRequest>) -> Answer<pb::JoinResponse> {
-        Err(Status::unimplemented("Join is not implemented yet"))
+    async fn join(&self, request: Request<pb::JoinRequest>) -> Answer<pb::JoinResponse> {
+        answer((|| {
+            self.service_only(&request, "Join")?;
+            let input = wire::join_request(request.get_ref());
+            let metrics = self.context.metrics();
+            self.context.apply(|store, now, changes| ops::join(store, metrics, now, &input, changes))
+        })())
     }
 
-    async fn leave(&self, _request: Request<pb::LeaveRequest>) -> Answer<pb::LeaveResponse> {
-        Err(Status::unimplemented("Leave is not implemented yet"))
+    async fn leave(&self, request: Request<pb::LeaveRequest>) -> Answer<pb::LeaveResponse> {
+        answer((|| {
+            self.service_only(&request, "Leave")?;
+            let room = wire::leave_request(request.get_ref());
+            self.context.apply(|store, now, changes| ops::leave(store, now, &room, changes))
+        })())
     }
 
-    async fn signal(&self, _request: Request<pb::SignalRequest>) -> Answer<pb::SignalResponse> {
-        Err(Status::unimplemented("Signal is not implemented yet"))
+    async fn signal(&self, request: Request<pb::SignalRequest>) -> Answer<pb::SignalResponse> {
+        answer((|| {
+            self.service_only(&request, "Signal")?;
+            let input = wire::signal_request(request.get_ref());
+            let metrics = self.context.metrics();
+            self.context.apply(|store, now, changes| ops::signal(store, metrics, now, &input, changes))
+        })())
     }
 
-    async fn room_snapshot(&self, _request: Request<pb::RoomSnapshotRequest>) -> Answer<pb::RoomSnapshot> {
-        Err(Status::unimplemented("RoomSnapshot is not implemented yet"))
+    async fn room_snapshot(&self, request: Request<pb::RoomSnapshotRequest>) -> Answer<pb::RoomSnapshot> {
+        let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
+        answer(rooms::snapshot(&self.context, &room))
     }
 
-    type WatchRoomStream = tokio_stream::wrappers::ReceiverStream<Result<pb::RoomEvent, Status>>;
+    type WatchRoomStream = RoomStream;
 
-    async fn watch_room(&self, _request: Request<pb::WatchRoomRequest>) -> Answer<Self::WatchRoomStream> {
-        Err(Status::unimplemented("WatchRoom is not implemented yet"))
+    async fn watch_room(&self, request: Request<pb::WatchRoomRequest>) -> Answer<Self::WatchRoomStream> {
+        let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
+        let count_interval = wire::room_watch_mode(request.get_ref().mode, request.get_ref().count_interval_ms)?;
+        Ok(Response::new(rooms::watch(Arc::clone(&self.context), room, count_interval).await?))
     }
 
-    async fn set_room_access(&self, _request: Request<pb::SetRoomAccessRequest>) -> Answer<pb::SetRoomAccessResponse> {
-        Err(Status::unimplemented("SetRoomAccess is not implemented yet"))
+    async fn set_room_access(&self, request: Request<pb::SetRoomAccessRequest>) -> Answer<pb::SetRoomAccessResponse> {
+        answer((|| {
+            self.service_only(&request, "SetRoomAccess")?;
+            let request = request.get_ref();
+            let access = wire::room_access(request.access)?;
+            self.context.store().set_room_access(&request.room_id, access)?;
+            self.context.rooms().access_changed(&request.room_id);
+            Ok(pb::SetRoomAccessResponse {})
+        })())
     }
 
     async fn set_status(&self, request: Request<pb::SetStatusRequest>) -> Answer<pb::SetStatusResponse> {

@@ -46,6 +46,7 @@ use tonic::Status;
 use crate::context::Context;
 use crate::error::ServiceError;
 use crate::hub::{Delivery, Pending, PendingChanges, Subscription};
+use crate::metrics::OpenGauge;
 use crate::privacy::Shown;
 use crate::wire::{self, MAX_USERS_PER_REQUEST};
 
@@ -161,29 +162,11 @@ pub(crate) async fn open(
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tx.try_send(Ok(first)).expect("a new channel has room");
     tokio::spawn(async move {
-        let _viewer = ViewerGauge::open(&context);
+        let _viewer = OpenGauge::open(&context.metrics().viewers);
         let stream = Stream { context: &context, subscription: &subscription, tx: &tx, exact_activity, batch_window };
         stream.forward(updates, &registration.id).await;
     });
     Ok(WatchStream::new(rx))
-}
-
-/// Counts an open Watch in the viewers gauge for as long as its task lives,
-/// so a task dropped at runtime shutdown is counted out too.
-struct ViewerGauge(metrics::Gauge);
-
-impl ViewerGauge {
-    fn open(context: &Context) -> Self {
-        let gauge = context.metrics().viewers.clone();
-        gauge.increment(1.0);
-        ViewerGauge(gauge)
-    }
-}
-
-impl Drop for ViewerGauge {
-    fn drop(&mut self) {
-        self.0.decrement(1.0);
-    }
 }
 
 /// A snapshot event of `users` (shown as `shown`), leaving out those whose

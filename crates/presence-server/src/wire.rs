@@ -12,10 +12,12 @@
 use std::time::Duration;
 
 use presence_core::{
-    Availability, CompactString, Presence, Registered, Registration, Renewal, Renewed, Revoked, State,
-    UnregisterOutcome, Unregistered,
+    Availability, CompactString, Joined, Left, Presence, Registered, Registration, Renewal, Renewed, Revoked,
+    RoomAccess, RoomMember, RoomRef, Signalled, State, UnregisterOutcome, Unregistered,
 };
-use presence_proto::lease_frames::{RegisterFrame, RenewFrame, UnregisterFrame};
+use presence_proto::lease_frames::{
+    JoinFrame, LeaveFrame, MetadataEntryFrame, RegisterFrame, RenewFrame, SignalFrame, UnregisterFrame,
+};
 use presence_proto::v1::{self as pb, lease_result, watch_event};
 use tonic::Code;
 
@@ -85,15 +87,7 @@ pub(crate) fn register_request(request: &pb::RegisterRequest) -> RegisterInput<'
 
 /// A register item of a batch; text that is not UTF-8 refuses the item alone.
 pub(crate) fn register_frame(frame: &RegisterFrame) -> Result<RegisterInput<'_>, ServiceError> {
-    // A map, not a search per entry: the entry count is the client's, and
-    // the core's limit on it is checked only after this.
-    let mut entries: hashbrown::HashMap<&str, &str> = hashbrown::HashMap::with_capacity(frame.metadata.len());
-    for entry in &frame.metadata {
-        entries.insert(utf8("metadata", &entry.key)?, utf8("metadata", &entry.value)?);
-    }
-    let mut metadata: Vec<(String, String)> =
-        entries.into_iter().map(|(key, value)| (key.to_owned(), value.to_owned())).collect();
-    metadata.sort_unstable();
+    let metadata = metadata_frame(&frame.metadata)?;
     Ok(RegisterInput {
         user_id: utf8("user_id", &frame.user_id)?,
         session_id: utf8("session_id", &frame.session_id)?,
@@ -139,6 +133,148 @@ pub(crate) fn unregister_frame(frame: &UnregisterFrame) -> Result<UnregisterInpu
         generation: frame.generation,
         linger_ms: frame.linger_ms,
     })
+}
+
+/// A join as the store takes it: the session's room and its metadata there.
+#[derive(Debug, Clone)]
+pub(crate) struct JoinInput<'a> {
+    pub(crate) room: RoomRef<'a>,
+    pub(crate) metadata: Vec<(String, String)>,
+}
+
+/// A signal as the store takes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SignalInput<'a> {
+    pub(crate) room: RoomRef<'a>,
+    pub(crate) kind: &'a str,
+    pub(crate) ttl_ms: u32,
+}
+
+pub(crate) fn join_request(request: &pb::JoinRequest) -> JoinInput<'_> {
+    let mut metadata: Vec<(String, String)> =
+        request.metadata.iter().map(|(key, value)| (key.clone(), value.clone())).collect();
+    metadata.sort_unstable();
+    let room = RoomRef {
+        user_id: &request.user_id,
+        session_id: &request.session_id,
+        generation: request.generation,
+        room_id: &request.room_id,
+    };
+    JoinInput { room, metadata }
+}
+
+/// A join item of a batch; text that is not UTF-8 refuses the item alone.
+pub(crate) fn join_frame(frame: &JoinFrame) -> Result<JoinInput<'_>, ServiceError> {
+    let metadata = metadata_frame(&frame.metadata)?;
+    let room = room_frame(&frame.user_id, &frame.session_id, frame.generation, &frame.room_id)?;
+    Ok(JoinInput { room, metadata })
+}
+
+pub(crate) fn leave_request(request: &pb::LeaveRequest) -> RoomRef<'_> {
+    RoomRef {
+        user_id: &request.user_id,
+        session_id: &request.session_id,
+        generation: request.generation,
+        room_id: &request.room_id,
+    }
+}
+
+pub(crate) fn leave_frame(frame: &LeaveFrame) -> Result<RoomRef<'_>, ServiceError> {
+    room_frame(&frame.user_id, &frame.session_id, frame.generation, &frame.room_id)
+}
+
+pub(crate) fn signal_request(request: &pb::SignalRequest) -> SignalInput<'_> {
+    let room = RoomRef {
+        user_id: &request.user_id,
+        session_id: &request.session_id,
+        generation: request.generation,
+        room_id: &request.room_id,
+    };
+    SignalInput { room, kind: &request.kind, ttl_ms: request.ttl_ms }
+}
+
+pub(crate) fn signal_frame(frame: &SignalFrame) -> Result<SignalInput<'_>, ServiceError> {
+    let room = room_frame(&frame.user_id, &frame.session_id, frame.generation, &frame.room_id)?;
+    Ok(SignalInput { room, kind: utf8("kind", &frame.kind)?, ttl_ms: frame.ttl_ms })
+}
+
+/// Metadata entries as received: a later entry for a key replaces an earlier one.
+fn metadata_frame(entries: &[MetadataEntryFrame]) -> Result<Vec<(String, String)>, ServiceError> {
+    // A map, not a search per entry: the entry count is the client's, and
+    // the core's limit on it is checked only after this.
+    let mut unique: hashbrown::HashMap<&str, &str> = hashbrown::HashMap::with_capacity(entries.len());
+    for entry in entries {
+        unique.insert(utf8("metadata", &entry.key)?, utf8("metadata", &entry.value)?);
+    }
+    let mut metadata: Vec<(String, String)> =
+        unique.into_iter().map(|(key, value)| (key.to_owned(), value.to_owned())).collect();
+    metadata.sort_unstable();
+    Ok(metadata)
+}
+
+fn room_frame<'a>(
+    user_id: &'a [u8],
+    session_id: &'a [u8],
+    generation: u64,
+    room_id: &'a [u8],
+) -> Result<RoomRef<'a>, ServiceError> {
+    Ok(RoomRef {
+        user_id: utf8("user_id", user_id)?,
+        session_id: utf8("session_id", session_id)?,
+        generation,
+        room_id: utf8("room_id", room_id)?,
+    })
+}
+
+pub(crate) fn join_response(joined: &Joined) -> pb::JoinResponse {
+    pb::JoinResponse { changed: joined.changed, room_version: joined.room_version }
+}
+
+pub(crate) fn leave_response(left: &Left) -> pb::LeaveResponse {
+    pb::LeaveResponse { removed: left.removed, changed: left.changed, room_version: left.room_version }
+}
+
+pub(crate) fn signal_response(signalled: &Signalled) -> pb::SignalResponse {
+    pb::SignalResponse { changed: signalled.changed, room_version: signalled.room_version }
+}
+
+/// A member as shown on the wire.
+pub(crate) fn room_member(member: &RoomMember) -> pb::RoomMember {
+    pb::RoomMember {
+        user_id: member.user_id.to_string(),
+        metadata: member.metadata.iter().cloned().collect(),
+        sessions: member.sessions,
+    }
+}
+
+/// A WatchRoom's mode: `None` for member mode, the count interval for count mode (R3, R6).
+pub(crate) fn room_watch_mode(mode: i32, count_interval_ms: u32) -> Result<Option<Duration>, ServiceError> {
+    match pb::RoomWatchMode::try_from(mode) {
+        Ok(pb::RoomWatchMode::RoomWatchUnspecified | pb::RoomWatchMode::RoomWatchMembers) => Ok(None),
+        Ok(pb::RoomWatchMode::RoomWatchCount) => match count_interval_ms {
+            0 => Ok(Some(Duration::from_millis(1_000))),
+            100..=60_000 => Ok(Some(Duration::from_millis(u64::from(count_interval_ms)))),
+            other => {
+                Err(ServiceError::invalid("count_interval_ms", format!("{other} is outside 100 to 60000 (0 = 1000)")))
+            }
+        },
+        Err(_) => Err(ServiceError::invalid(
+            "mode",
+            format!("{mode} is not a room watch mode (ROOM_WATCH_MEMBERS = 1 or ROOM_WATCH_COUNT = 2)"),
+        )),
+    }
+}
+
+/// The wire form of a room's access setting.
+pub(crate) fn room_access(access: i32) -> Result<RoomAccess, ServiceError> {
+    match pb::RoomAccess::try_from(access) {
+        Ok(pb::RoomAccess::Members) => Ok(RoomAccess::Members),
+        Ok(pb::RoomAccess::Public) => Ok(RoomAccess::Public),
+        _ => Err(ServiceError::invalid(
+            "access",
+            format!("{access} is not a room access (ROOM_ACCESS_MEMBERS = 1 or ROOM_ACCESS_PUBLIC = 2)"),
+        )),
+    }
 }
 
 fn utf8<'a>(field: &'static str, bytes: &'a [u8]) -> Result<&'a str, ServiceError> {

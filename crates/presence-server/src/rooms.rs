@@ -1,0 +1,554 @@
+//! Room watchers (R3, R4, R5, S3): one topic per watched room in this
+//! process, however many watch it, and the two ways of watching one.
+//!
+//! Member mode: a WatchRoom stream opens with the room's snapshot and then
+//! gets each member change and signal set the store publishes, with the room
+//! version. As for users, the stream subscribes before it reads the snapshot
+//! and drops what is not newer than it, so nothing falls between them. A
+//! publisher drops each change into the watchers' mailboxes and moves on; a
+//! mailbox conflates per member (the newest change, a join followed by an
+//! update staying a join, a join followed by a leave cancelling out) and per
+//! signal kind, and keeps changes in version order. A watcher with more than
+//! its capacity pending is resynced with a fresh snapshot, and never slows a
+//! gateway.
+//!
+//! Count mode needs no subscription: the stream reads the room's counts once
+//! per `count_interval_ms` (O(1) plus the invisible users, who are counted by
+//! nobody) and sends them only when they changed.
+//!
+//! Privacy is applied where data leaves: a member hidden from the viewer is
+//! not listed, and none of its changes or signals reach it (R4). A change of
+//! relations resyncs the member watchers it may concern. Who may read a room
+//! at all is checked on open and again on every change of its access or of
+//! the viewer's own membership; a stream that may no longer read it ends with
+//! the status an unknown room gets.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use hashbrown::HashMap;
+use parking_lot::Mutex;
+use presence_core::{CompactString, RoomAccess, RoomChange, RoomChangeKind, RoomEventBody};
+use presence_proto::v1::{self as pb, room_event};
+use tokio::sync::{Notify, mpsc};
+use tonic::Status;
+
+use crate::context::Context;
+use crate::error::ServiceError;
+use crate::metrics::OpenGauge;
+use crate::wire;
+
+/// Items the gRPC layer has not yet sent; the mailbox conflates the rest.
+const STREAM_BUFFER: usize = 64;
+
+/// The stream type the WatchRoom RPC returns.
+pub(crate) type RoomStream = tokio_stream::wrappers::ReceiverStream<Result<pb::RoomEvent, Status>>;
+
+/// The room topics of one process.
+#[derive(Debug, Default)]
+pub(crate) struct RoomHub {
+    topics: DashMap<CompactString, Vec<Arc<RoomMailbox>>>,
+    next_id: AtomicU64,
+}
+
+/// One member-mode watcher's pending room changes.
+#[derive(Debug)]
+pub(crate) struct RoomMailbox {
+    id: u64,
+    /// The viewer it serves; `None`: a service acting for no viewer.
+    viewer: Option<CompactString>,
+    state: Mutex<RoomPending>,
+    capacity: usize,
+    ready: Notify,
+}
+
+#[derive(Debug, Default)]
+struct RoomPending {
+    /// In publication order; a conflated-away change leaves a `None`.
+    changes: Vec<Option<RoomChange>>,
+    /// Live entries of `changes`.
+    live: usize,
+    /// The position in `changes` of each member's or signal kind's pending change.
+    positions: HashMap<Key, usize>,
+    /// The version of the last change delivered for each member or kind:
+    /// publishers race after the store's lock, so a change may arrive after
+    /// a newer one of the same member and must then be dropped.
+    delivered: HashMap<Key, u64>,
+    /// The version of the snapshot the watcher holds: anything not newer is in it.
+    floor: u64,
+    /// Too much is pending: the watcher gets a fresh snapshot instead.
+    resync: bool,
+    /// Who may read the room may have changed: check before sending more.
+    recheck: bool,
+}
+
+/// What a member watcher takes from its mailbox.
+enum RoomDelivery {
+    /// In version order.
+    Changes(Vec<RoomChange>),
+    Resync,
+}
+
+/// What conflates: one member's changes, or one kind's signal sets.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Member(CompactString),
+    Signal(CompactString),
+}
+
+impl Key {
+    fn of(change: &RoomChange) -> Option<Key> {
+        match &change.body {
+            // Member mode shows sessions only in snapshots.
+            RoomEventBody::Sessions => None,
+            RoomEventBody::Member { member, .. } => Some(Key::Member(member.user_id.clone())),
+            RoomEventBody::Signals { kind, .. } => Some(Key::Signal(kind.clone())),
+        }
+    }
+}
+
+impl RoomPending {
+    /// Starts over: nothing pending, nothing delivered.
+    fn reset(&mut self, resync: bool) {
+        let recheck = self.recheck;
+        *self = RoomPending { resync, recheck, ..RoomPending::default() };
+    }
+}
+
+impl RoomMailbox {
+    /// Keeps the change (conflated) and wakes the stream; false if it was dropped.
+    fn post(&self, change: &RoomChange) -> bool {
+        let Some(key) = Key::of(change) else { return false };
+        let wake = {
+            let mut pending = self.state.lock();
+            let newest = pending.delivered.get(&key).copied().unwrap_or(0).max(pending.floor);
+            if pending.resync || change.version <= newest {
+                return false;
+            }
+            let mut change = change.clone();
+            if let Some(&at) = pending.positions.get(&key) {
+                let held = pending.changes[at].as_ref().expect("positions point at live entries");
+                if held.version >= change.version {
+                    return false;
+                }
+                let earlier = pending.changes[at].take().expect("positions point at live entries");
+                pending.positions.remove(&key);
+                pending.live -= 1;
+                if let (
+                    RoomEventBody::Member { kind: RoomChangeKind::Joined, .. },
+                    RoomEventBody::Member { kind: later, .. },
+                ) = (&earlier.body, &mut change.body)
+                {
+                    match later {
+                        // The watcher never saw the join: nothing to tell.
+                        RoomChangeKind::Left => return false,
+                        RoomChangeKind::Updated => *later = RoomChangeKind::Joined,
+                        RoomChangeKind::Joined => {}
+                    }
+                }
+            }
+            if pending.live >= self.capacity {
+                pending.reset(true);
+            } else {
+                let at = pending.changes.len();
+                pending.changes.push(Some(change));
+                pending.live += 1;
+                pending.positions.insert(key, at);
+            }
+            pending.live == 1 || pending.resync
+        };
+        if wake {
+            self.ready.notify_one();
+        }
+        true
+    }
+
+    /// Takes what is pending (and whether to check the right to read first).
+    fn take(&self) -> (RoomDelivery, bool) {
+        let mut pending = self.state.lock();
+        let recheck = std::mem::take(&mut pending.recheck);
+        if pending.resync {
+            pending.reset(false);
+            return (RoomDelivery::Resync, recheck);
+        }
+        let floor = pending.floor;
+        let mut changes: Vec<RoomChange> = std::mem::take(&mut pending.changes)
+            .into_iter()
+            .flatten()
+            .filter(|change| change.version > floor)
+            .collect();
+        pending.positions.clear();
+        pending.live = 0;
+        changes.sort_unstable_by_key(|change| change.version);
+        for change in &changes {
+            if let Some(key) = Key::of(change) {
+                pending.delivered.insert(key, change.version);
+            }
+        }
+        (RoomDelivery::Changes(changes), recheck)
+    }
+
+    /// The watcher now holds a snapshot of `version`.
+    fn hold(&self, version: u64) {
+        let mut pending = self.state.lock();
+        pending.delivered.clear();
+        pending.floor = version;
+    }
+
+    fn mark(&self, resync: bool) {
+        {
+            let mut pending = self.state.lock();
+            if resync {
+                pending.reset(true);
+            }
+            pending.recheck = true;
+        }
+        self.ready.notify_one();
+    }
+}
+
+/// A member watcher's place in its room's topic; leaves it when dropped.
+struct RoomSubscription {
+    hub: Arc<RoomHub>,
+    room_id: CompactString,
+    mailbox: Arc<RoomMailbox>,
+}
+
+impl Drop for RoomSubscription {
+    fn drop(&mut self) {
+        if let dashmap::Entry::Occupied(mut topic) = self.hub.topics.entry(self.room_id.clone()) {
+            topic.get_mut().retain(|other| other.id != self.mailbox.id);
+            if topic.get().is_empty() {
+                topic.remove();
+            }
+        }
+    }
+}
+
+impl RoomHub {
+    fn subscribe(
+        self: &Arc<Self>,
+        room_id: &CompactString,
+        viewer: Option<CompactString>,
+        capacity: usize,
+    ) -> RoomSubscription {
+        let mailbox = Arc::new(RoomMailbox {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            viewer,
+            state: Mutex::default(),
+            capacity: capacity.max(1),
+            ready: Notify::new(),
+        });
+        self.topics.entry(room_id.clone()).or_default().push(Arc::clone(&mailbox));
+        RoomSubscription { hub: Arc::clone(self), room_id: room_id.clone(), mailbox }
+    }
+
+    /// Delivers a room change to the room's member watchers; returns how many took it.
+    pub(crate) fn publish(&self, change: &RoomChange) -> usize {
+        let Some(watchers) = self.topics.get(&change.room_id) else { return 0 };
+        // A member leaving may end a viewer's right to read the room.
+        let leaving = match &change.body {
+            RoomEventBody::Member { kind: RoomChangeKind::Left, member } => Some(&member.user_id),
+            _ => None,
+        };
+        let mut delivered = 0;
+        for mailbox in watchers.iter() {
+            if leaving.is_some() && mailbox.viewer.as_ref() == leaving {
+                mailbox.mark(false);
+            }
+            delivered += usize::from(mailbox.post(change));
+        }
+        delivered
+    }
+
+    /// The room's access changed: its watchers check whether they may still read it.
+    pub(crate) fn access_changed(&self, room_id: &str) {
+        if let Some(watchers) = self.topics.get(room_id) {
+            watchers.iter().for_each(|mailbox| mailbox.mark(false));
+        }
+    }
+
+    /// Relations changed for these users and viewers: the member watchers of
+    /// the users' rooms, and the viewers' own, resync (what they may be shown changed).
+    pub(crate) fn relations_changed(&self, rooms: &[CompactString], viewers: &[CompactString]) {
+        for room_id in rooms {
+            if let Some(watchers) = self.topics.get(room_id) {
+                watchers.iter().filter(|mailbox| mailbox.viewer.is_some()).for_each(|mailbox| mailbox.mark(true));
+            }
+        }
+        if viewers.is_empty() {
+            return;
+        }
+        for topic in self.topics.iter() {
+            for mailbox in topic.value() {
+                if mailbox.viewer.as_ref().is_some_and(|viewer| viewers.contains(viewer)) {
+                    mailbox.mark(true);
+                }
+            }
+        }
+    }
+}
+
+/// What a WatchRoom or RoomSnapshot is for.
+#[derive(Debug, Clone)]
+pub(crate) struct RoomRequest {
+    pub(crate) room_id: CompactString,
+    /// `None`: a service acting for no viewer, who sees every member.
+    pub(crate) viewer: Option<CompactString>,
+}
+
+/// The refusal for a room the caller may not read, the same as for a room that does not exist.
+fn not_visible(room_id: &str) -> ServiceError {
+    ServiceError::RoomNotFound { room_id: room_id.into() }
+}
+
+/// Whether the caller may read the room (R4): a service acting for no
+/// viewer always; a viewer when the room is public or it is a member.
+fn may_read(context: &Context, request: &RoomRequest) -> bool {
+    let Some(viewer) = &request.viewer else { return true };
+    let store = context.store();
+    store.room_access(&request.room_id) == RoomAccess::Public || store.is_member(&request.room_id, viewer)
+}
+
+/// The room as `request`'s caller may see it (R4, R6): hidden members left
+/// out; past `member_cap` members, only the counts.
+pub(crate) fn snapshot(context: &Context, request: &RoomRequest) -> Result<pb::RoomSnapshot, ServiceError> {
+    if !may_read(context, request) {
+        return Err(not_visible(&request.room_id));
+    }
+    let view = context.store().room(&request.room_id, context.room_member_cap);
+    let Some(members) = view.members else {
+        let (users, sessions) = context.privacy.counted(context.store(), &request.room_id, view.users, view.sessions);
+        return Ok(pb::RoomSnapshot {
+            room_id: view.room_id.to_string(),
+            version: view.version,
+            users,
+            sessions,
+            members_omitted: true,
+            signals: signal_sets(context, request, &view.room_id, view.version, view.signals),
+            ..Default::default()
+        });
+    };
+    let listed: Vec<pb::RoomMember> = context
+        .privacy
+        .visible(request.viewer.as_deref(), members, |member| &member.user_id)
+        .iter()
+        .map(wire::room_member)
+        .collect();
+    Ok(pb::RoomSnapshot {
+        room_id: view.room_id.to_string(),
+        version: view.version,
+        users: listed.len() as u32,
+        sessions: listed.iter().map(|member| member.sessions).sum(),
+        members: listed,
+        members_omitted: false,
+        signals: signal_sets(context, request, &view.room_id, view.version, view.signals),
+    })
+}
+
+fn signal_sets(
+    context: &Context,
+    request: &RoomRequest,
+    room_id: &str,
+    version: u64,
+    signals: Vec<(CompactString, Vec<CompactString>, u32)>,
+) -> Vec<pb::SignalSet> {
+    signals
+        .into_iter()
+        .map(|(kind, user_ids, count)| signal_set(context, request, room_id, version, &kind, user_ids, count))
+        .collect()
+}
+
+/// A signal set as the viewer may see it: hidden users left out of the list and the count.
+fn signal_set(
+    context: &Context,
+    request: &RoomRequest,
+    room_id: &str,
+    version: u64,
+    kind: &str,
+    user_ids: Vec<CompactString>,
+    count: u32,
+) -> pb::SignalSet {
+    let listed = user_ids.len() as u32;
+    let shown = context.privacy.visible(request.viewer.as_deref(), user_ids, |user_id| user_id);
+    pb::SignalSet {
+        room_id: room_id.to_owned(),
+        version,
+        kind: kind.to_owned(),
+        count: count - (listed - shown.len() as u32),
+        user_ids: shown.into_iter().map(String::from).collect(),
+    }
+}
+
+/// Opens a WatchRoom stream.
+pub(crate) async fn watch(
+    context: Arc<Context>,
+    request: RoomRequest,
+    count_interval: Option<Duration>,
+) -> Result<RoomStream, ServiceError> {
+    if !may_read(&context, &request) {
+        return Err(not_visible(&request.room_id));
+    }
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    match count_interval {
+        Some(interval) => {
+            tokio::spawn(async move {
+                let _watcher = OpenGauge::open(&context.metrics().room_watchers);
+                if let Err(err) = counts(&context, &request, interval, &tx).await {
+                    let _ = tx.send(Err(err.into())).await;
+                }
+            });
+        }
+        None => {
+            // Subscribed before the snapshot is read, so no change falls between them.
+            let subscription =
+                context.rooms().subscribe(&request.room_id, request.viewer.clone(), context.watch_buffer);
+            let first = member_snapshot(&context, &request)?;
+            subscription.mailbox.hold(first.version);
+            tx.try_send(Ok(room_event(room_event::Event::Snapshot(first)))).expect("a new channel has room");
+            tokio::spawn(async move {
+                let _watcher = OpenGauge::open(&context.metrics().room_watchers);
+                if let Err(err) = members(&context, &request, &subscription.mailbox, &tx).await {
+                    let _ = tx.send(Err(err.into())).await;
+                }
+            });
+        }
+    }
+    Ok(RoomStream::new(rx))
+}
+
+/// Member mode's snapshot: refused past the member cap, naming count mode.
+fn member_snapshot(context: &Context, request: &RoomRequest) -> Result<pb::RoomSnapshot, ServiceError> {
+    let snapshot = snapshot(context, request)?;
+    if snapshot.members_omitted {
+        return Err(ServiceError::RoomTooLarge { room_id: request.room_id.clone(), cap: context.room_member_cap });
+    }
+    Ok(snapshot)
+}
+
+fn room_event(event: room_event::Event) -> pb::RoomEvent {
+    pb::RoomEvent { event: Some(event) }
+}
+
+/// Feeds a member-mode stream until the viewer leaves, may no longer read
+/// the room, or the server stops.
+async fn members(
+    context: &Context,
+    request: &RoomRequest,
+    mailbox: &RoomMailbox,
+    tx: &mpsc::Sender<Result<pb::RoomEvent, Status>>,
+) -> Result<(), ServiceError> {
+    loop {
+        tokio::select! {
+            () = mailbox.ready.notified() => {}
+            () = tx.closed() => return Ok(()),
+            () = context.stopping.cancelled() => return Err(ServiceError::ShuttingDown),
+        }
+        let (delivery, recheck) = mailbox.take();
+        if recheck && !may_read(context, request) {
+            return Err(not_visible(&request.room_id));
+        }
+        let events = match delivery {
+            RoomDelivery::Resync => {
+                let fresh = member_snapshot(context, request)?;
+                mailbox.hold(fresh.version);
+                vec![room_event(room_event::Event::Snapshot(fresh))]
+            }
+            RoomDelivery::Changes(changes) => {
+                let mut events = Vec::with_capacity(changes.len());
+                for change in changes {
+                    if change.users as usize > context.room_member_cap {
+                        return Err(ServiceError::RoomTooLarge {
+                            room_id: request.room_id.clone(),
+                            cap: context.room_member_cap,
+                        });
+                    }
+                    if let Some(event) = member_event(context, request, change) {
+                        events.push(event);
+                    }
+                }
+                events
+            }
+        };
+        context.metrics().room_fanned_out.increment(events.len() as u64);
+        for event in events {
+            tokio::select! {
+                sent = tx.send(Ok(event)) => if sent.is_err() { return Ok(()) },
+                () = context.stopping.cancelled() => return Err(ServiceError::ShuttingDown),
+            }
+        }
+    }
+}
+
+/// A room change as the viewer may see it; `None` for a hidden member's.
+fn member_event(context: &Context, request: &RoomRequest, change: RoomChange) -> Option<pb::RoomEvent> {
+    match change.body {
+        RoomEventBody::Member { kind, member } => {
+            if !context.privacy.can_see(request.viewer.as_deref(), &member.user_id) {
+                return None;
+            }
+            let kind = match kind {
+                RoomChangeKind::Joined => pb::RoomChangeKind::RoomChangeJoined,
+                RoomChangeKind::Left => pb::RoomChangeKind::RoomChangeLeft,
+                RoomChangeKind::Updated => pb::RoomChangeKind::RoomChangeUpdated,
+            };
+            Some(room_event(room_event::Event::Change(pb::RoomMemberChange {
+                room_id: change.room_id.to_string(),
+                version: change.version,
+                kind: kind as i32,
+                member: Some(wire::room_member(&member)),
+            })))
+        }
+        RoomEventBody::Signals { kind, user_ids, count } => Some(room_event(room_event::Event::Signals(signal_set(
+            context,
+            request,
+            &change.room_id,
+            change.version,
+            &kind,
+            user_ids,
+            count,
+        )))),
+        RoomEventBody::Sessions => None,
+    }
+}
+
+/// Feeds a count-mode stream: the counts at once, then whenever they changed,
+/// at most once per `interval`.
+async fn counts(
+    context: &Context,
+    request: &RoomRequest,
+    interval: Duration,
+    tx: &mpsc::Sender<Result<pb::RoomEvent, Status>>,
+) -> Result<(), ServiceError> {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sent = None;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = tx.closed() => return Ok(()),
+            () = context.stopping.cancelled() => return Err(ServiceError::ShuttingDown),
+        }
+        if !may_read(context, request) {
+            return Err(not_visible(&request.room_id));
+        }
+        let view = context.store().room(&request.room_id, 0);
+        let counts = context.privacy.counted(context.store(), &request.room_id, view.users, view.sessions);
+        if sent == Some(counts) {
+            continue;
+        }
+        sent = Some(counts);
+        let count = pb::RoomCount {
+            room_id: request.room_id.to_string(),
+            version: view.version,
+            users: counts.0,
+            sessions: counts.1,
+        };
+        context.metrics().room_count_frames.increment(1);
+        if tx.send(Ok(room_event(room_event::Event::Count(count)))).await.is_err() {
+            return Ok(());
+        }
+    }
+}
