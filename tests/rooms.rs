@@ -404,3 +404,29 @@ async fn e6_a_flap_within_the_grace_window_reaches_no_viewer() {
     assert!(gone.elapsed() >= Duration::from_millis(350), "OFFLINE came before the window ended");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn r4_a_change_of_relations_shows_or_hides_a_member_on_open_room_watches() {
+    let server = TestServer::start(secured_config()).await;
+    let mut client = server.client().await;
+    for user in ["alice", "carol"] {
+        let generation =
+            client.register(service(register(user, "s", "gw", 60_000))).await.unwrap().into_inner().generation;
+        client.join(service(join(user, "s", generation, "team", &[]))).await.unwrap();
+    }
+    let alice = viewer_token("alice", false);
+    let (mut watcher, first) = RoomViewer::open(&mut client, with_token(members_of("team"), Some(&alice))).await;
+    let listed = |event: &room_event::Event| match event {
+        room_event::Event::Snapshot(snapshot) => snapshot.members.iter().map(|m| m.user_id.clone()).collect::<Vec<_>>(),
+        other => panic!("expected a snapshot, got {other:?}"),
+    };
+    assert_eq!(listed(&first.event.unwrap()), ["alice"], "carol is hidden from alice");
+    let grant = pb::AudienceRequest { user_id: "carol".into(), viewer_ids: vec!["alice".into()] };
+    client.grant_audience(service(grant.clone())).await.unwrap();
+    let mut shown = listed(&watcher.next().await);
+    shown.sort();
+    assert_eq!(shown, ["alice", "carol"], "shown at once, as a fresh snapshot");
+    client.revoke_audience(service(grant)).await.unwrap();
+    assert_eq!(listed(&watcher.next().await), ["alice"], "hidden again at once");
+    server.stop().await;
+}

@@ -264,6 +264,11 @@ impl RoomShard {
         self.member_sessions(room_id, user_id) > 0
     }
 
+    /// Rooms held, and users in them counted once per room.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        (self.rooms.len(), self.rooms.values().map(|room| room.members.len()).sum())
+    }
+
     /// Who may read the room (the default for a room this shard holds nothing about).
     pub(crate) fn access(&self, room_id: &str) -> RoomAccess {
         self.rooms.get(room_id).map_or(RoomAccess::default(), |room| room.access)

@@ -452,6 +452,11 @@ impl Store {
             stats.users += shard.users();
             stats.suppressed_flaps += shard.suppressed_flaps();
         }
+        for rooms in self.rooms.iter() {
+            let (held, memberships) = rooms.lock().counts();
+            stats.rooms += held;
+            stats.room_memberships += memberships;
+        }
         stats
     }
 

@@ -356,4 +356,8 @@ pub struct StoreStats {
     /// within a user's grace window, so that neither its OFFLINE nor the
     /// ONLINE after it was published. A running total, for a metric.
     pub suppressed_flaps: u64,
+    /// Rooms held: with at least one member, or with non-default access.
+    pub rooms: usize,
+    /// Users in rooms, counted once per room they are in.
+    pub room_memberships: usize,
 }

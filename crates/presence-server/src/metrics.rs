@@ -67,6 +67,10 @@ pub mod names {
     pub const ROOM_FANNED_OUT: &str = "presenced_room_events_fanned_out_total";
     /// Count frames sent to count-mode room watchers (counter).
     pub const ROOM_COUNT_FRAMES: &str = "presenced_room_count_frames_total";
+    /// Rooms held: with a member, or with non-default access (gauge).
+    pub const ROOMS: &str = "presenced_rooms";
+    /// Users in rooms, once per room (gauge).
+    pub const ROOM_MEMBERSHIPS: &str = "presenced_room_memberships";
     /// Open WatchRoom streams (gauge).
     pub const ROOM_WATCHERS: &str = "presenced_room_watchers";
     /// Flips to OFFLINE that flap damping suppressed: a new lease came within the grace window (gauge of a running count).
@@ -231,6 +235,7 @@ pub(crate) async fn export_store_counts(store: Arc<Store>, stop: CancellationTok
     let sessions = gauge!(names::SESSIONS);
     let online = gauge!(names::ONLINE_USERS);
     let suppressed_flaps = gauge!(names::SUPPRESSED_FLAPS);
+    let (rooms, memberships) = (gauge!(names::ROOMS), gauge!(names::ROOM_MEMBERSHIPS));
     let shards: Vec<Gauge> =
         (0..store.config().shards).map(|shard| gauge!(names::SHARD_OPERATIONS, "shard" => shard.to_string())).collect();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -243,6 +248,8 @@ pub(crate) async fn export_store_counts(store: Arc<Store>, stop: CancellationTok
         sessions.set(stats.sessions as f64);
         online.set(stats.online_users as f64);
         suppressed_flaps.set(stats.suppressed_flaps as f64);
+        rooms.set(stats.rooms as f64);
+        memberships.set(stats.room_memberships as f64);
         for (gauge, operations) in shards.iter().zip(store.shard_operations()) {
             gauge.set(operations as f64);
         }
