@@ -552,3 +552,72 @@ async fn counts(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use presence_core::RoomMember;
+
+    fn member_change(user: &str, kind: RoomChangeKind, version: u64, tab: &str) -> RoomChange {
+        let metadata: presence_core::RoomMetadata = vec![("tab".to_string(), tab.to_string())].into();
+        RoomChange {
+            room_id: "room".into(),
+            version,
+            users: 1,
+            sessions: 1,
+            body: RoomEventBody::Member { kind, member: RoomMember { user_id: user.into(), metadata, sessions: 1 } },
+        }
+    }
+
+    fn mailbox(capacity: usize) -> RoomMailbox {
+        RoomMailbox { id: 0, viewer: None, state: Mutex::default(), capacity, ready: Notify::new() }
+    }
+
+    fn taken(mailbox: &RoomMailbox) -> Vec<(String, RoomChangeKind, u64)> {
+        let (RoomDelivery::Changes(changes), _) = mailbox.take() else { panic!("unexpected resync") };
+        changes
+            .into_iter()
+            .map(|change| match change.body {
+                RoomEventBody::Member { kind, member } => (member.user_id.to_string(), kind, change.version),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn r3_a_slow_watcher_gets_each_members_newest_change_in_version_order() {
+        let mailbox = mailbox(16);
+        mailbox.post(&member_change("a", RoomChangeKind::Joined, 10, "one"));
+        mailbox.post(&member_change("b", RoomChangeKind::Joined, 11, "one"));
+        mailbox.post(&member_change("a", RoomChangeKind::Updated, 12, "two"));
+        mailbox.post(&member_change("c", RoomChangeKind::Joined, 13, "one"));
+        mailbox.post(&member_change("c", RoomChangeKind::Left, 14, "one"));
+        // A publisher that lost the race delivers an older change of b late.
+        mailbox.post(&member_change("b", RoomChangeKind::Updated, 9, "old"));
+        let changes = taken(&mailbox);
+        assert_eq!(
+            changes,
+            [("b".into(), RoomChangeKind::Joined, 11), ("a".into(), RoomChangeKind::Joined, 12)],
+            "a joined and updated: still a join (with the new metadata); c joined and left: nothing"
+        );
+        // Delivered versions hold: an older change arriving after them is dropped.
+        assert!(!mailbox.post(&member_change("a", RoomChangeKind::Updated, 11, "stale")));
+        assert!(taken(&mailbox).is_empty());
+    }
+
+    #[test]
+    fn r3_nothing_not_newer_than_the_snapshot_is_sent_and_a_full_mailbox_resyncs() {
+        let mailbox = mailbox(2);
+        mailbox.post(&member_change("a", RoomChangeKind::Joined, 5, "one"));
+        mailbox.hold(6);
+        assert!(!mailbox.post(&member_change("b", RoomChangeKind::Joined, 6, "one")), "in the snapshot already");
+        assert!(taken(&mailbox).is_empty(), "a change posted before the snapshot was read is in it");
+        for (version, user) in [(7, "a"), (8, "b"), (9, "c")] {
+            mailbox.post(&member_change(user, RoomChangeKind::Joined, version, "one"));
+        }
+        assert!(matches!(mailbox.take().0, RoomDelivery::Resync), "a third member past a capacity of 2");
+        mailbox.hold(9);
+        mailbox.post(&member_change("d", RoomChangeKind::Joined, 10, "one"));
+        assert_eq!(taken(&mailbox), [("d".into(), RoomChangeKind::Joined, 10)]);
+    }
+}
