@@ -353,3 +353,50 @@ async fn b3_a_damaged_checkpoint_is_reported_in_one_line_and_never_loaded() {
     daemon.stop().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test]
+async fn b3_room_memberships_and_access_survive_a_graceful_restart_and_signals_do_not() {
+    let dir = scratch_dir("rooms-data");
+    let data_dir = dir.to_str().unwrap();
+    let args = ["--data-dir", data_dir];
+    let daemon = Daemon::start(&args, &[]);
+    let mut client = connect(&daemon).await;
+    let registered = client.register(register("u1", "s", "gw", 60_000)).await.unwrap().into_inner();
+    let metadata = [("tab".to_string(), "one".to_string())].into();
+    let join = pb::JoinRequest {
+        user_id: "u1".into(),
+        session_id: "s".into(),
+        generation: registered.generation,
+        room_id: "doc".into(),
+        metadata,
+    };
+    let joined = client.join(join).await.unwrap().into_inner();
+    let signal = pb::SignalRequest {
+        user_id: "u1".into(),
+        session_id: "s".into(),
+        generation: registered.generation,
+        room_id: "doc".into(),
+        kind: "typing".into(),
+        ttl_ms: 10_000,
+    };
+    assert!(client.signal(signal).await.unwrap().into_inner().changed);
+    let public = pb::SetRoomAccessRequest { room_id: "lobby".into(), access: pb::RoomAccess::Public as i32 };
+    client.set_room_access(public).await.unwrap();
+    daemon.stop().await;
+
+    let daemon = Daemon::start(&args, &[]);
+    let mut client = connect(&daemon).await;
+    let room = client.room_snapshot(pb::RoomSnapshotRequest { room_id: "doc".into(), ..Default::default() }).await;
+    let room = room.unwrap().into_inner();
+    assert_eq!(room.members.len(), 1, "the member came back with its session's lease");
+    assert_eq!(room.members[0].metadata.get("tab").map(String::as_str), Some("one"));
+    assert!(room.signals.is_empty(), "signals are never written to a checkpoint");
+    assert!(room.version > joined.room_version, "room versions go on above the checkpointed ones");
+    // An empty room is held only for a non-default access; one never held reads as version 0.
+    let lobby = client.room_snapshot(pb::RoomSnapshotRequest { room_id: "lobby".into(), ..Default::default() });
+    assert!(lobby.await.unwrap().into_inner().version > 0, "the public lobby's access came back");
+    let never = client.room_snapshot(pb::RoomSnapshotRequest { room_id: "never".into(), ..Default::default() });
+    assert_eq!(never.await.unwrap().into_inner().version, 0);
+    daemon.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
