@@ -42,6 +42,7 @@
 #![allow(clippy::needless_update)]
 
 mod backoff;
+mod call;
 mod error;
 mod lease_channel;
 mod session;
