@@ -16,6 +16,15 @@
 //!   events are dropped by version, a snapshot replaces everything.
 //! - [`Watcher`]: a `Watch` that reconnects with backoff and jitter and resyncs
 //!   from a fresh snapshot.
+//! - [`RoomView`]: one room's members (by user, with the shown metadata), the
+//!   users signalling each kind, and the room version; a change of a member or
+//!   kind is applied only if newer than the last one applied for it, a
+//!   snapshot replaces everything.
+//! - [`RoomWatcher`]: a member-mode `WatchRoom` feeding a [`RoomView`], with
+//!   the same reconnects and resyncs; [`RoomCountWatcher`]: a count-mode one,
+//!   for rooms past the server's member cap. `NOT_FOUND` (the room is not
+//!   readable) and `FAILED_PRECONDITION` (past the member cap: count instead)
+//!   end them, with the status in `last_error`.
 //!
 //! This crate does not own the wire types: they are `presence-proto`'s,
 //! re-exported as [`pb`]. Answers from the server stay [`tonic::Status`] with the
@@ -45,12 +54,14 @@ mod backoff;
 mod call;
 mod error;
 mod lease_channel;
+mod room;
 mod session;
 mod viewer;
 
 pub use backoff::Backoff;
 pub use error::ClientError;
 pub use lease_channel::{LeaseChannel, LeaseChannelConfig, LeaseChannelStats, lease_result};
+pub use room::{RoomCountWatcher, RoomView, RoomWatcher, RoomWatcherEvent};
 pub use session::{Session, SessionConfig, SessionState};
 pub use viewer::{ViewerStore, Watcher, WatcherEvent};
 
