@@ -89,7 +89,8 @@ pub struct LeaseChannelStats {
 /// Batching, pipelined access to the Leases stream. Cheap to clone; all clones share one stream.
 ///
 /// Items submitted one at a time ([`register`](Self::register), [`renew`](Self::renew),
-/// [`unregister`](Self::unregister)) are coalesced into batches by a background task,
+/// [`unregister`](Self::unregister), [`join`](Self::join), [`leave`](Self::leave),
+/// [`signal`](Self::signal)) are coalesced into batches by a background task,
 /// which is spawned on the current Tokio runtime and stops when the last clone is dropped.
 #[derive(Clone)]
 pub struct LeaseChannel {
@@ -182,6 +183,31 @@ impl LeaseChannel {
         match self.submit_item(lease_item::Op::Unregister(request)).await? {
             lease_result::Result::Unregister(response) => Ok(response),
             other => Err(wrong_result("unregister", &other)),
+        }
+    }
+
+    /// Puts a session in a room (R1) as one item of a batch: `NOT_FOUND` when
+    /// the lease is gone, `FAILED_PRECONDITION` for an older generation.
+    pub async fn join(&self, request: pb::JoinRequest) -> Result<pb::JoinResponse, Status> {
+        match self.submit_item(lease_item::Op::Join(request)).await? {
+            lease_result::Result::Join(response) => Ok(response),
+            other => Err(wrong_result("join", &other)),
+        }
+    }
+
+    /// Takes a session out of a room as one item of a batch.
+    pub async fn leave(&self, request: pb::LeaveRequest) -> Result<pb::LeaveResponse, Status> {
+        match self.submit_item(lease_item::Op::Leave(request)).await? {
+            lease_result::Result::Leave(response) => Ok(response),
+            other => Err(wrong_result("leave", &other)),
+        }
+    }
+
+    /// Sets or clears a session's signal in a room (S3) as one item of a batch.
+    pub async fn signal(&self, request: pb::SignalRequest) -> Result<pb::SignalResponse, Status> {
+        match self.submit_item(lease_item::Op::Signal(request)).await? {
+            lease_result::Result::Signal(response) => Ok(response),
+            other => Err(wrong_result("signal", &other)),
         }
     }
 

@@ -11,11 +11,32 @@
 //!   stopped when a newer connection owns it (`FAILED_PRECONDITION`), and
 //!   unregistered on drop.
 //!
+//! Rooms and signals, gateway side: a [`Session`] joins a room with its
+//! metadata there ([`Session::join`], again to change the metadata),
+//! leaves it ([`Session::leave`]) and sets or clears ephemeral signals such as
+//! "typing" in it ([`Session::signal`]; a TTL of at most 10 s, 0 clears). They
+//! travel as items of the same [`LeaseChannel`] as the renewals, named by the
+//! session's current generation, and the answers are the wire's
+//! [`pb::JoinResponse`], [`pb::LeaveResponse`] and [`pb::SignalResponse`].
+//! Membership ends with the lease, and a re-register (a new generation) starts
+//! in no room (R6): the session remembers the rooms it joined and joins them
+//! again, with the same metadata, before it reports
+//! [`SessionState::Reregistered`]. Signals are not remembered.
+//!
 //! Viewer side:
 //! - [`ViewerStore`]: per user the newest presence seen; stale and duplicate
 //!   events are dropped by version, a snapshot replaces everything.
 //! - [`Watcher`]: a `Watch` that reconnects with backoff and jitter and resyncs
 //!   from a fresh snapshot.
+//! - [`RoomView`]: one room's members (by user, with the shown metadata), the
+//!   users signalling each kind, and the room version; a change of a member or
+//!   kind is applied only if newer than the last one applied for it, a
+//!   snapshot replaces everything.
+//! - [`RoomWatcher`]: a member-mode `WatchRoom` feeding a [`RoomView`], with
+//!   the same reconnects and resyncs; [`RoomCountWatcher`]: a count-mode one,
+//!   for rooms past the server's member cap. `NOT_FOUND` (the room is not
+//!   readable) and `FAILED_PRECONDITION` (past the member cap: count instead)
+//!   end them, with the status in `last_error`.
 //!
 //! This crate does not own the wire types: they are `presence-proto`'s,
 //! re-exported as [`pb`]. Answers from the server stay [`tonic::Status`] with the
@@ -36,20 +57,50 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! A room, from both sides:
+//!
+//! ```no_run
+//! # async fn room(session: presence_client::Session) -> Result<(), Box<dyn std::error::Error>> {
+//! use presence_client::{Backoff, RoomWatcher, RoomWatcherEvent, pb};
+//!
+//! // The gateway: its user opened document 7 in this tab, and types.
+//! let metadata = [("cursor".to_string(), "p3".to_string())].into();
+//! let joined = session.join("doc-7", metadata).await?;
+//! session.signal("doc-7", "typing", 3_000).await?;
+//!
+//! // A viewer of the room (a service acting for a viewer names it in `viewer_id`).
+//! let client = pb::presence_client::PresenceClient::connect("http://127.0.0.1:50051").await?;
+//! let mut watcher = RoomWatcher::open(client, "doc-7", Backoff::default()).await?;
+//! while let Some(event) = watcher.next().await {
+//!     match event {
+//!         RoomWatcherEvent::Change(change) => { /* one member joined, left or changed its metadata */ }
+//!         RoomWatcherEvent::Signals(set) => { /* who is typing now: set.user_ids */ }
+//!         RoomWatcherEvent::Resynced => { /* re-render watcher.view() whole */ }
+//!     }
+//! }
+//! // Ended: watcher.last_error() says why.
+//! # let _ = joined;
+//! # Ok(())
+//! # }
+//! ```
 
 // Protobuf messages gain fields as the API grows: every literal of one ends in
 // `..Default::default()`, so that it keeps compiling, even where it names every field today.
 #![allow(clippy::needless_update)]
 
 mod backoff;
+mod call;
 mod error;
 mod lease_channel;
+mod room;
 mod session;
 mod viewer;
 
 pub use backoff::Backoff;
 pub use error::ClientError;
 pub use lease_channel::{LeaseChannel, LeaseChannelConfig, LeaseChannelStats, lease_result};
+pub use room::{RoomCountWatcher, RoomView, RoomWatcher, RoomWatcherEvent};
 pub use session::{Session, SessionConfig, SessionState};
 pub use viewer::{ViewerStore, Watcher, WatcherEvent};
 

@@ -13,12 +13,20 @@
 //! backoff and jitter, never waiting longer than one heartbeat, while the lease
 //! may still be alive.
 //!
+//! A session also joins and leaves rooms and sends signals into them
+//! ([`Session::join`], [`Session::leave`], [`Session::signal`]), as items of
+//! the same channel, named by its current generation. It remembers the rooms
+//! it joined, with its metadata in each: a re-register starts a new
+//! generation, which the server puts in no room (R6), so the task joins them
+//! all again before it reports [`SessionState::Reregistered`].
+//!
 //! The handle unregisters in `Drop` (best effort, through the task, which still
 //! holds the channel), or explicitly with [`Session::close`].
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use presence_proto::v1 as pb;
@@ -27,7 +35,7 @@ use tokio::time::Instant;
 use tonic::{Code, Status};
 
 use crate::backoff::jitter;
-use crate::lease_channel::LeaseChannel;
+use crate::lease_channel::{LeaseChannel, lease_result};
 
 /// How a [`Session`] keeps its lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +75,8 @@ pub enum SessionState {
         generation: u64,
     },
     /// The server had lost the lease (`NOT_FOUND`: expired, revoked, or a
-    /// restart without it), and the session registered again.
+    /// restart without it), and the session registered again, and joined its
+    /// rooms again with the new generation.
     Reregistered {
         /// The new generation.
         generation: u64,
@@ -126,6 +135,8 @@ impl Session {
             generation: AtomicU64::new(registered.generation),
             touched: Notify::new(),
             state,
+            rooms: Mutex::default(),
+            room_calls: tokio::sync::Mutex::new(()),
         });
         let (close, closing) = oneshot::channel();
         tokio::spawn(heartbeat(Arc::clone(&shared), channel.clone(), closing));
@@ -164,6 +175,66 @@ impl Session {
     /// Changes of the lease's state: `Live`, `Reregistered`, `Superseded`, `Lost`.
     pub fn events(&self) -> watch::Receiver<SessionState> {
         self.shared.state.subscribe()
+    }
+
+    /// Puts this session in `room_id` with its `metadata` there (R1), or
+    /// replaces its metadata when it is in already. The answer says whether
+    /// the user joined (`changed`; false for a second session of a member) and
+    /// the room's version.
+    ///
+    /// The session remembers the room: after a re-register it joins it again
+    /// with this metadata (see [`SessionState::Reregistered`]). A join the
+    /// server refuses is forgotten, except `NOT_FOUND`: the lease is gone, the
+    /// session registers again at its next beat and joins the room then.
+    pub async fn join(
+        &self,
+        room_id: impl Into<String>,
+        metadata: HashMap<String, String>,
+    ) -> Result<pb::JoinResponse, Status> {
+        let room_id = room_id.into();
+        let _turn = self.shared.room_calls.lock().await;
+        let earlier = self.shared.remember(&room_id, Some(metadata.clone()));
+        let identity = &self.shared.identity;
+        let join = |generation| identity.join_request(&room_id, generation, &metadata);
+        let answer = self.shared.with_generation(|generation| self.channel.join(join(generation))).await;
+        if let Err(status) = &answer
+            && status.code() != Code::NotFound
+        {
+            self.shared.remember(&room_id, earlier);
+        }
+        answer
+    }
+
+    /// Takes this session out of `room_id`, and forgets the room. `removed` is
+    /// false when the session was not in it; `changed` says whether the user
+    /// left (its last session in the room did).
+    pub async fn leave(&self, room_id: &str) -> Result<pb::LeaveResponse, Status> {
+        let _turn = self.shared.room_calls.lock().await;
+        self.shared.remember(room_id, None);
+        let identity = &self.shared.identity;
+        self.shared.with_generation(|generation| self.channel.leave(identity.leave_request(room_id, generation))).await
+    }
+
+    /// Sets (`ttl_ms` 1 to 10000, extending one already set) or clears
+    /// (`ttl_ms` 0) this session's signal of `kind` ("typing", "speaking") in
+    /// `room_id`, a room it is in (S3). `changed` says whether the room's set
+    /// of users signalling `kind` changed. `FAILED_PRECONDITION` when the
+    /// session is not in the room, `RESOURCE_EXHAUSTED` past the server's rate
+    /// of signal changes. Signals are not remembered: they end with the
+    /// generation that set them.
+    pub async fn signal(&self, room_id: &str, kind: &str, ttl_ms: u32) -> Result<pb::SignalResponse, Status> {
+        let _turn = self.shared.room_calls.lock().await;
+        let identity = &self.shared.identity;
+        let signal = |generation| identity.signal_request(room_id, generation, kind, ttl_ms);
+        self.shared.with_generation(|generation| self.channel.signal(signal(generation))).await
+    }
+
+    /// The rooms the session is in, as it joined them, sorted: those it joins
+    /// again after a re-register.
+    pub fn rooms(&self) -> Vec<String> {
+        let mut rooms: Vec<String> = self.shared.rooms().keys().cloned().collect();
+        rooms.sort_unstable();
+        rooms
     }
 
     /// Stops renewing and unregisters (compare-and-delete on the current
@@ -210,6 +281,36 @@ impl Identity {
             ..Default::default()
         }
     }
+
+    // The room calls name the session as a renewal does: user, session and generation.
+
+    fn join_request(&self, room_id: &str, generation: u64, metadata: &HashMap<String, String>) -> pb::JoinRequest {
+        let (user_id, session_id, room_id) = self.room_call(room_id);
+        pb::JoinRequest { user_id, session_id, generation, room_id, metadata: metadata.clone(), ..Default::default() }
+    }
+
+    fn leave_request(&self, room_id: &str, generation: u64) -> pb::LeaveRequest {
+        let (user_id, session_id, room_id) = self.room_call(room_id);
+        pb::LeaveRequest { user_id, session_id, generation, room_id, ..Default::default() }
+    }
+
+    fn signal_request(&self, room_id: &str, generation: u64, kind: &str, ttl_ms: u32) -> pb::SignalRequest {
+        let (user_id, session_id, room_id) = self.room_call(room_id);
+        pb::SignalRequest {
+            user_id,
+            session_id,
+            generation,
+            room_id,
+            kind: kind.to_owned(),
+            ttl_ms,
+            ..Default::default()
+        }
+    }
+
+    /// The user, session and room ids a room call carries.
+    fn room_call(&self, room_id: &str) -> (String, String, String) {
+        (self.user_id.clone(), self.session_id.clone(), room_id.to_owned())
+    }
 }
 
 /// What the handle and its heartbeat task share.
@@ -225,11 +326,54 @@ struct SessionShared {
     touched: Notify,
     /// The lease's state; the task writes it, `events()` subscribes to it.
     state: watch::Sender<SessionState>,
+    /// The rooms the session is in, with its metadata in each, by room id: what
+    /// the task joins again after a re-register. Locked only to read or write
+    /// it, never across a call.
+    rooms: Mutex<HashMap<String, HashMap<String, String>>>,
+    /// Held for the whole of a room call or of a rejoin, so that the server
+    /// gets one session's room calls one at a time, in the order they were
+    /// made, and a rejoin never crosses a leave.
+    room_calls: tokio::sync::Mutex<()>,
 }
 
 impl SessionShared {
     fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    fn rooms(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, String>>> {
+        // Nothing panics under the lock, and a map is valid whatever happened.
+        self.rooms.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records the session in `room_id` with `metadata`, or out of it for
+    /// `None`; returns what was recorded before.
+    fn remember(&self, room_id: &str, metadata: Option<HashMap<String, String>>) -> Option<HashMap<String, String>> {
+        let mut rooms = self.rooms();
+        match metadata {
+            Some(metadata) => rooms.insert(room_id.to_owned(), metadata),
+            None => rooms.remove(room_id),
+        }
+    }
+
+    /// `call` with the current generation; once more with the new one when it
+    /// was refused as from a lost or older lease while a re-register moved the
+    /// generation on (the call raced the re-register, not the lease's end).
+    async fn with_generation<T, F, Fut>(&self, call: F) -> Result<T, Status>
+    where
+        F: Fn(u64) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let generation = self.generation();
+        match call(generation).await {
+            Err(status)
+                if matches!(status.code(), Code::NotFound | Code::FailedPrecondition)
+                    && self.generation() != generation =>
+            {
+                call(self.generation()).await
+            }
+            answered => answered,
+        }
     }
 
     fn set_state(&self, state: SessionState) {
@@ -313,6 +457,8 @@ async fn heartbeat(shared: Arc<SessionShared>, channel: LeaseChannel, mut closin
     let mut next_beat = Instant::now() + jitter(heartbeat);
     // Consecutive failed attempts, for the backoff.
     let mut failures = 0u32;
+    // Rooms are still to be joined again after a re-register (the rejoin could not be sent).
+    let mut rejoin_pending = false;
     let retry_delay = |failures: u32| backoff.delay(failures).min(heartbeat);
     loop {
         if let Wake::Close(request) = wait(&shared, next_beat, true, &mut closing).await {
@@ -331,6 +477,9 @@ async fn heartbeat(shared: Arc<SessionShared>, channel: LeaseChannel, mut closin
         match channel.renew(renewal).await {
             Ok(_) => {
                 failures = 0;
+                if rejoin_pending {
+                    rejoin_pending = !rejoin(&shared, &channel).await;
+                }
                 if *shared.state.borrow() == SessionState::Lost {
                     shared.set_state(SessionState::Live { generation });
                 }
@@ -345,6 +494,7 @@ async fn heartbeat(shared: Arc<SessionShared>, channel: LeaseChannel, mut closin
                         Ok(registered) => {
                             shared.throttle.mark(started);
                             shared.generation.store(registered.generation, Ordering::Release);
+                            rejoin_pending = !rejoin(&shared, &channel).await;
                             shared.set_state(SessionState::Reregistered { generation: registered.generation });
                             failures = 0;
                             next_beat = started + heartbeat;
@@ -382,6 +532,43 @@ async fn heartbeat(shared: Arc<SessionShared>, channel: LeaseChannel, mut closin
             }
         }
     }
+}
+
+/// Joins every room the session remembers again, with the current generation
+/// (R6: a new generation is in no room). False when some join could not be
+/// sent or was shed, so that it is tried again after the next renewal; a
+/// join refused because the lease is gone or superseded is left to the
+/// renewals, which find the same.
+async fn rejoin(shared: &SessionShared, channel: &LeaseChannel) -> bool {
+    let _turn = shared.room_calls.lock().await;
+    let generation = shared.generation();
+    let items: Vec<pb::LeaseItem> = shared
+        .rooms()
+        .iter()
+        .map(|(room_id, metadata)| pb::LeaseItem {
+            op: Some(pb::lease_item::Op::Join(shared.identity.join_request(room_id, generation, metadata))),
+            ..Default::default()
+        })
+        .collect();
+    let mut done = true;
+    for batch in items.chunks(channel.config().max_batch) {
+        let results = match channel.submit_batch(batch.to_vec()).await {
+            Ok(results) => results,
+            Err(status) => {
+                tracing::debug!(user_id = %shared.identity.user_id, %status, "rejoining rooms failed; retrying after the next renewal");
+                done = false;
+                continue;
+            }
+        };
+        for (item, result) in batch.iter().zip(results) {
+            if let Err(status) = lease_result(result) {
+                let Some(pb::lease_item::Op::Join(join)) = &item.op else { unreachable!("only joins are sent") };
+                tracing::debug!(user_id = %shared.identity.user_id, room_id = %join.room_id, %status, "rejoining a room was refused");
+                done &= !matches!(status.code(), Code::Unavailable | Code::ResourceExhausted);
+            }
+        }
+    }
+    done
 }
 
 /// The task's last act: unregister, and answer `close` if it asked.

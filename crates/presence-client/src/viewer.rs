@@ -21,6 +21,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
 use crate::backoff::Backoff;
+use crate::call::{authorized, bearer, is_permanent};
 
 /// What a viewer holds: per user, the newest presence seen.
 #[derive(Debug, Clone, Default)]
@@ -173,14 +174,7 @@ impl Watcher {
         reconnect: Backoff,
         bearer_token: Option<&str>,
     ) -> Result<Watcher, Status> {
-        let authorization = match bearer_token {
-            Some(token) => Some(
-                format!("Bearer {token}")
-                    .parse()
-                    .map_err(|_| Status::invalid_argument("bearer token: not valid metadata"))?,
-            ),
-            None => None,
-        };
+        let authorization = bearer(bearer_token)?;
         let mut watcher = Watcher {
             client,
             request,
@@ -295,15 +289,13 @@ impl Watcher {
     /// While the stream is broken only the set for the next reopen changes.
     pub async fn update(&mut self, add: Vec<String>, remove: Vec<String>) -> Result<(), Status> {
         if self.stream.is_some() {
-            let mut request = tonic::Request::new(pb::UpdateWatchRequest {
+            let update = pb::UpdateWatchRequest {
                 watch_id: self.watch_id.clone(),
                 add_user_ids: add.clone(),
                 remove_user_ids: remove.clone(),
                 viewer_id: self.request.viewer_id.clone(),
-            });
-            if let Some(authorization) = &self.authorization {
-                request.metadata_mut().insert("authorization", authorization.clone());
-            }
+            };
+            let request = authorized(update, self.authorization.as_ref());
             match self.client.update_watch(request).await {
                 Ok(_) => {}
                 // The stream ended meanwhile; the reopen watches the new set.
@@ -341,10 +333,7 @@ impl Watcher {
         if self.resume {
             request.known_versions = self.store.versions(&request.user_ids);
         }
-        let mut request = tonic::Request::new(request);
-        if let Some(authorization) = &self.authorization {
-            request.metadata_mut().insert("authorization", authorization.clone());
-        }
+        let request = authorized(request, self.authorization.as_ref());
         let mut stream = self.client.watch(request).await?.into_inner();
         match stream.message().await? {
             Some(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)), .. }) => {
@@ -357,21 +346,6 @@ impl Watcher {
             None => Err(Status::unavailable("the watch ended before its snapshot")),
         }
     }
-}
-
-/// Codes a retry cannot fix: the request or the caller is refused as such.
-fn is_permanent(code: Code) -> bool {
-    matches!(
-        code,
-        Code::InvalidArgument
-            | Code::Unauthenticated
-            | Code::PermissionDenied
-            | Code::Unimplemented
-            | Code::NotFound
-            | Code::FailedPrecondition
-            | Code::OutOfRange
-            | Code::AlreadyExists
-    )
 }
 
 #[cfg(test)]
@@ -481,15 +455,5 @@ mod tests {
         assert_eq!(held(&store, "b"), Some((pb::State::Offline, 4)));
         assert_eq!(held(&store, "c"), Some((pb::State::Online, 2)));
         assert_eq!(store.get("gone"), None);
-    }
-
-    #[test]
-    fn permanent_codes_stop_the_watcher_and_transient_ones_do_not() {
-        assert!(is_permanent(Code::PermissionDenied));
-        assert!(is_permanent(Code::InvalidArgument));
-        assert!(!is_permanent(Code::Unavailable));
-        assert!(!is_permanent(Code::Unknown));
-        assert!(!is_permanent(Code::Internal));
-        assert!(!is_permanent(Code::ResourceExhausted));
     }
 }
