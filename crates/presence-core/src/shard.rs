@@ -1443,6 +1443,15 @@ impl Shard {
     /// Ends every membership and signal of the lease (it ends, or a new
     /// generation replaces it), telling the room side (R1, R6, S3).
     fn drop_rooms(&mut self, slot: u32, index: u32) {
+        let mut rooms = Vec::new();
+        self.end_rooms(slot, index, &mut rooms);
+        self.report_members(slot, rooms);
+    }
+
+    /// [`Shard::drop_rooms`], but for the member facts: the rooms the lease
+    /// was in are appended to `rooms`, for the caller to report once every
+    /// lease it ends is gone (its signals are reported at once).
+    fn end_rooms(&mut self, slot: u32, index: u32, rooms: &mut Vec<CompactString>) {
         if !self.lease(index).has_rooms() {
             return;
         }
@@ -1450,12 +1459,17 @@ impl Shard {
         self.signals.remove(&index);
         let mut at = self.lease_rooms.remove(&index).expect("a lease with rooms has an entry");
         self.lease_mut(index).link.set_flag(HAS_ROOMS, false);
-        let mut rooms = Vec::new();
         while at != NIL {
             let membership = self.free_membership(at);
             at = membership.next;
             rooms.push(membership.room_id);
         }
+    }
+
+    /// Tells the room side where the user stands in each of `rooms` now, once per room.
+    fn report_members(&mut self, slot: u32, mut rooms: Vec<CompactString>) {
+        rooms.sort_unstable();
+        rooms.dedup();
         for room_id in rooms {
             self.report_member(slot, &room_id);
         }
@@ -1512,9 +1526,12 @@ impl Shard {
     }
 
     /// Removes the user's leases that `doomed` picks; returns how many, and the
-    /// latest deadline among them.
+    /// latest deadline among them. The rooms they were in are reported once
+    /// all are gone: two sessions of a member ending together are one leave,
+    /// not an update to the other one's metadata and then a leave (R2).
     fn remove_leases_where(&mut self, slot: u32, doomed: impl Fn(&Lease) -> bool) -> (usize, Tick) {
         let (mut removed, mut latest_deadline) = (0, 0);
+        let mut rooms = Vec::new();
         let mut previous = NIL;
         let mut index = self.users[slot as usize].first_lease();
         while index != NIL {
@@ -1522,6 +1539,7 @@ impl Shard {
             let next = lease.next();
             if doomed(lease) {
                 latest_deadline = latest_deadline.max(lease.expires_at);
+                self.end_rooms(slot, index, &mut rooms);
                 self.unlink(slot, previous, index);
                 self.free_lease(slot, index);
                 removed += 1;
@@ -1530,6 +1548,7 @@ impl Shard {
             }
             index = next;
         }
+        self.report_members(slot, rooms);
         (removed, latest_deadline)
     }
 

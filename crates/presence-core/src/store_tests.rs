@@ -2019,6 +2019,26 @@ fn r1_a_membership_ends_with_its_lease_with_no_further_call() {
     }
 }
 
+/// R2: sessions of a member that end together (by expiry, or a revoke of
+/// all) are one leave, not an update to another one's metadata first.
+#[test]
+fn r2_sessions_of_a_member_ending_together_are_one_leave() {
+    for end in ["expiry", "revoke"] {
+        let store = small_store();
+        let mut changes = Changes::default();
+        for (session, device) in [("a", "phone"), ("b", "laptop")] {
+            let generation = register(&store, T0, reg("u", session, "gw-a", 100), &mut changes).generation;
+            store.join(T0, &room("u", session, generation, "r"), &meta(device), &mut changes).unwrap();
+        }
+        changes = Changes::default();
+        match end {
+            "expiry" => changes = drive(&store, T0, T0 + 100),
+            _ => drop(store.revoke(T0 + 1, "u", None, &mut changes).unwrap()),
+        }
+        assert_eq!(kinds(&changes), ["Left u laptop"], "{end}");
+    }
+}
+
 /// R2: a second tab of a member publishes nothing but a session count (no
 /// version move, `changed == false`); its leaving likewise, the last one's a leave.
 #[test]
