@@ -116,6 +116,9 @@ enum Target {
     Held(usize),
     /// Indices into USERS and SESSIONS.
     Any(usize, usize),
+    /// A held session whose user has another session in a room, picked by index (a second
+    /// tab); any held one when there is none.
+    Tab(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -149,22 +152,32 @@ enum Op {
     Join {
         target: Target,
         generation: Gen,
-        room: usize,
+        room: RoomPick,
         metadata: usize,
     },
     Leave {
         target: Target,
         generation: Gen,
-        room: usize,
+        room: RoomPick,
     },
     /// Sets or extends (`ttl` 1 to 10000) or clears (0) a signal of KINDS[kind].
     Signal {
         target: Target,
         generation: Gen,
-        room: usize,
+        room: RoomPick,
         kind: usize,
         ttl: u32,
     },
+}
+
+/// Which room a room operation names.
+#[derive(Clone, Copy, Debug)]
+enum RoomPick {
+    /// An index into ROOMS.
+    Any(usize),
+    /// One the target's user is in, picked by index (any room when it is in none): keeps
+    /// second tabs, updates, leaves and signals of members common.
+    Users(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -182,6 +195,14 @@ enum Step {
         by: Tick,
         lag: Tick,
         op: Op,
+    },
+    /// A session sets and clears a signal `times` times in a row, at one time, as a client
+    /// flapping its typing indicator does: past the rate bound they are refused (S3).
+    SignalFlap {
+        target: Target,
+        room: RoomPick,
+        kind: usize,
+        times: u32,
     },
 }
 
@@ -226,20 +247,46 @@ fn signal_ttl() -> impl Strategy<Value = u32> {
     ]
 }
 
-fn room_op() -> impl Strategy<Value = Op> {
+/// Mostly the current generation: room operations are about rooms, the refusals are few.
+fn room_generation() -> impl Strategy<Value = Gen> {
+    prop_oneof![12 => Just(Gen::Current), 1 => generation()]
+}
+
+/// A room the user is in, `users` times in 5.
+fn room_pick(users: u32) -> impl Strategy<Value = RoomPick> {
     prop_oneof![
-        4 => (target(9), generation(), 0..ROOMS.len(), prop_oneof![3 => Just(0usize), 3 => 1..ROOM_METADATA.len()])
+        5 - users => (0..ROOMS.len()).prop_map(RoomPick::Any),
+        users => any::<usize>().prop_map(RoomPick::Users),
+    ]
+}
+
+/// Half of the joins carry no metadata, the common case.
+fn room_metadata_pick() -> impl Strategy<Value = usize> {
+    prop_oneof![3 => Just(0usize), 3 => 1..ROOM_METADATA.len()]
+}
+
+fn room_op() -> BoxedStrategy<Op> {
+    prop_oneof![
+        3 => (target(9), room_generation(), room_pick(2), room_metadata_pick())
             .prop_map(|(target, generation, room, metadata)| Op::Join { target, generation, room, metadata }),
-        2 => (target(9), generation(), 0..ROOMS.len())
+        // A second tab joining where its user is, mostly with the same (no) metadata: a count.
+        2 => (any::<usize>(), any::<usize>(), prop_oneof![3 => Just(0usize), 1 => 1..ROOM_METADATA.len()]).prop_map(|(tab, room, metadata)| Op::Join {
+            target: Target::Tab(tab),
+            generation: Gen::Current,
+            room: RoomPick::Users(room),
+            metadata
+        }),
+        2 => (target(9), room_generation(), room_pick(4))
             .prop_map(|(target, generation, room)| Op::Leave { target, generation, room }),
-        4 => (target(9), generation(), 0..ROOMS.len(), 0..KINDS.len(), signal_ttl())
+        6 => (target(9), room_generation(), room_pick(4), 0..KINDS.len(), signal_ttl())
             .prop_map(|(target, generation, room, kind, ttl)| Op::Signal { target, generation, room, kind, ttl }),
     ]
+    .boxed()
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => room_op(),
+        10 => room_op(),
         6 => (target(4), 0..GATEWAYS.len(), ttl(), prop::bool::weighted(0.2)).prop_map(
             |(target, gateway, ttl, with_metadata)| Op::Register { target, gateway, ttl, with_metadata }
         ),
@@ -280,6 +327,8 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(by, budget)| Step::Advance { by, budget }),
         2 => (advance(), prop_oneof![3 => Just(0u64), 1 => 1..100u64], op())
             .prop_map(|(by, lag, op)| Step::AdvanceThen { by, lag, op }),
+        1 => (target(9), room_pick(4), 0..KINDS.len(), 2..=14u32)
+            .prop_map(|(target, room, kind, times)| Step::SignalFlap { target, room, kind, times }),
     ]
 }
 
@@ -716,6 +765,22 @@ impl Harness {
                     held[index % held.len()]
                 }
             }
+            Target::Tab(index) => {
+                let tabs: Vec<(usize, usize)> = self
+                    .users
+                    .iter()
+                    .flat_map(|(&user, u)| {
+                        let others_in_a_room = |session: usize| {
+                            u.leases.iter().any(|(&other, lease)| other != session && !lease.rooms.is_empty())
+                        };
+                        u.leases
+                            .keys()
+                            .filter(move |&&session| others_in_a_room(session))
+                            .map(move |&session| (user, session))
+                    })
+                    .collect();
+                if tabs.is_empty() { self.resolve(Target::Held(index)) } else { tabs[index % tabs.len()] }
+            }
         }
     }
 
@@ -913,7 +978,7 @@ impl Harness {
                 prop_assert_eq!(result, expected, "E2: snapshot of {:?}", ids);
             }
             Op::Join { target, generation, room, metadata } => {
-                let (user, session, given, at) = self.room_ref(target, generation, room);
+                let (user, session, given, room, at) = self.room_ref(target, generation, room);
                 let result = self.store.join(issued, &at, &room_metadata(metadata), changes);
                 self.settle_touched(user, &mut flips);
                 let joined = !self.in_room(user, room);
@@ -927,7 +992,7 @@ impl Harness {
                 return room_answer(result.map(|joined| (joined.changed, joined.room_version)), expected, room);
             }
             Op::Leave { target, generation, room } => {
-                let (user, session, given, at) = self.room_ref(target, generation, room);
+                let (user, session, given, room, at) = self.room_ref(target, generation, room);
                 let result = self.store.leave(issued, &at, changes);
                 self.settle_touched(user, &mut flips);
                 let removed = self.named(user, session, given).map(|lease| {
@@ -947,7 +1012,7 @@ impl Harness {
                 );
             }
             Op::Signal { target, generation, room, kind, ttl } => {
-                let (user, session, given, at) = self.room_ref(target, generation, room);
+                let (user, session, given, room, at) = self.room_ref(target, generation, room);
                 let result = self.store.signal(issued, &at, KINDS[kind], ttl, changes);
                 if ttl > presence_core::MAX_SIGNAL_TTL_MS {
                     return refused_for_ttl(&result, changes).map(|()| None);
@@ -962,13 +1027,25 @@ impl Harness {
         Ok(None)
     }
 
-    /// The session a room operation names, the generation it carries, and the reference.
-    fn room_ref(&self, target: Target, generation: Gen, room: usize) -> (usize, usize, u64, RoomRef<'static>) {
+    /// The session a room operation names, the generation it carries, the room, and the reference.
+    fn room_ref(
+        &self,
+        target: Target,
+        generation: Gen,
+        room: RoomPick,
+    ) -> (usize, usize, u64, usize, RoomRef<'static>) {
         let (user, session) = self.resolve(target);
+        let room = match room {
+            RoomPick::Any(room) => room,
+            RoomPick::Users(index) => {
+                let rooms: Vec<usize> = (0..ROOMS.len()).filter(|&room| self.in_room(user, room)).collect();
+                if rooms.is_empty() { index % ROOMS.len() } else { rooms[index % rooms.len()] }
+            }
+        };
         let given = self.pick_generation(user, session, generation);
         let at =
             RoomRef { user_id: USERS[user], session_id: SESSIONS[session], generation: given, room_id: ROOMS[room] };
-        (user, session, given, at)
+        (user, session, given, room, at)
     }
 
     /// The model's signal, on a settled user: whether the room's set changed, or why it is refused.
@@ -1173,6 +1250,13 @@ impl Harness {
                 let result = self.apply(op, issued);
                 self.now = latest;
                 result?;
+                false
+            }
+            &Step::SignalFlap { target, room, kind, times } => {
+                for time in 0..times {
+                    let ttl = if time % 2 == 0 { 5_000 } else { 0 };
+                    self.apply(&Op::Signal { target, generation: Gen::Current, room, kind, ttl }, self.now)?;
+                }
                 false
             }
         };
