@@ -15,9 +15,19 @@
 //! Every fact costs O(1) whatever the room's size (a signal fact O(users
 //! signalling that kind)): members are a table by user id, counts are kept
 //! as they change, and nothing scans the members on a change.
+//!
+//! Memory is sized by members (R5): a member is 40 bytes in a dense vector
+//! (its id, kept once, an 8-byte metadata handle that is null for none, and
+//! its session count), found through a table of 4-byte positions keyed by a
+//! hash of the id, rather than a map whose every bucket holds a key and a
+//! value. The vector grows by a quarter at a time, which keeps a room's slack
+//! small where doubling would leave up to half of it unused.
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use compact_str::CompactString;
-use hashbrown::HashMap;
+use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 
 use crate::checkpoint::CheckpointWriter;
 use crate::stamp::StampClock;
@@ -26,11 +36,42 @@ use crate::types::{
 };
 use crate::wheel::Tick;
 
+/// A session's or a member's room metadata in 8 bytes: `None` for none, the
+/// common case, which then costs nothing more; otherwise one allocation,
+/// shared by the sessions' side and the room's, holding the [`RoomMetadata`]
+/// that changes and views hand out, so that handing it out copies nothing.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MemberMetadata(Option<Arc<RoomMetadata>>);
+
+impl MemberMetadata {
+    pub(crate) fn new(entries: &[(String, String)]) -> Self {
+        MemberMetadata((!entries.is_empty()).then(|| Arc::new(Arc::from(entries))))
+    }
+
+    pub(crate) fn entries(&self) -> &[(String, String)] {
+        self.0.as_deref().map_or(&[], |entries| entries)
+    }
+
+    /// The metadata as the public types carry it.
+    pub(crate) fn shared(&self) -> RoomMetadata {
+        static NONE: std::sync::LazyLock<RoomMetadata> = std::sync::LazyLock::new(|| Arc::from(Vec::new()));
+        self.0.as_deref().unwrap_or(&NONE).clone()
+    }
+}
+
+impl PartialEq for MemberMetadata {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries() == other.entries()
+    }
+}
+
+impl Eq for MemberMetadata {}
+
 /// What a user's shard tells the room side about one of its users.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RoomFact {
     /// The user has `sessions` sessions in the room (at least one) and shows `metadata`.
-    Member { room_id: CompactString, user_id: CompactString, sessions: u32, metadata: RoomMetadata },
+    Member { room_id: CompactString, user_id: CompactString, sessions: u32, metadata: MemberMetadata },
     /// The user has no session in the room any more.
     Left { room_id: CompactString, user_id: CompactString },
     /// At least one of the user's sessions signals `kind` in the room (`on`), or none does any more.
@@ -48,13 +89,21 @@ impl RoomFact {
     }
 }
 
-/// One member of a room.
+/// One member of a room. 40 bytes (see the size test).
 #[derive(Debug)]
 struct Member {
+    /// The room side's own copy of the id (R5: it never reads a user shard's).
+    user_id: CompactString,
     /// What the member shows: its most recent session's metadata.
-    metadata: RoomMetadata,
+    metadata: MemberMetadata,
     /// Its sessions in the room, for counts.
     sessions: u32,
+}
+
+impl Member {
+    fn listed(&self) -> RoomMember {
+        RoomMember { user_id: self.user_id.clone(), metadata: self.metadata.shared(), sessions: self.sessions }
+    }
 }
 
 /// The users signalling one kind in a room.
@@ -81,7 +130,10 @@ struct Room {
     sessions: u32,
     /// Who may see it; a room with non-default access is kept while empty.
     access: RoomAccess,
-    members: HashMap<CompactString, Member>,
+    /// Dense: a member that leaves is replaced by the last one.
+    members: Vec<Member>,
+    /// Positions in `members`, by the hash of the member's id.
+    index: HashTable<u32>,
     /// One set per kind with at least one user signalling it.
     signals: Vec<SignalSet>,
 }
@@ -90,6 +142,40 @@ impl Room {
     /// Whether the room holds nothing worth keeping: no member, default access.
     fn is_empty(&self) -> bool {
         self.members.is_empty() && self.signals.is_empty() && self.access == RoomAccess::default()
+    }
+
+    /// The member's position in `members`; `hash` is its id's.
+    fn find(&self, hash: u64, user_id: &str) -> Option<usize> {
+        let members = &self.members;
+        self.index.find(hash, |&at| members[at as usize].user_id == user_id).map(|&at| at as usize)
+    }
+
+    fn insert(&mut self, hasher: &DefaultHashBuilder, hash: u64, member: Member) {
+        if self.members.len() == self.members.capacity() {
+            // A quarter more (not double): O(1) amortised, with little slack.
+            self.members.reserve_exact((self.members.len() / 4).max(4));
+        }
+        let members = &self.members;
+        self.index.insert_unique(hash, members.len() as u32, |&at| hasher.hash_one(&members[at as usize].user_id));
+        self.members.push(member);
+    }
+
+    /// Takes the member at `at` out; the last member takes its position.
+    fn remove(&mut self, hasher: &DefaultHashBuilder, hash: u64, at: usize) -> Member {
+        let entry = self.index.find_entry(hash, |&position| position as usize == at);
+        entry.expect("a member is indexed").remove();
+        let member = self.members.swap_remove(at);
+        if let Some(moved) = self.members.get(at) {
+            let last = self.members.len() as u32;
+            let position = self.index.find_mut(hasher.hash_one(&moved.user_id), |&position| position == last);
+            *position.expect("a member is indexed") = at as u32;
+        }
+        if self.members.capacity() > 64 && self.members.len() * 4 < self.members.capacity() {
+            self.members.shrink_to(self.members.len() * 2);
+            let members = &self.members;
+            self.index.shrink_to(members.len(), |&at| hasher.hash_one(&members[at as usize].user_id));
+        }
+        member
     }
 }
 
@@ -102,11 +188,13 @@ pub(crate) struct RoomShard {
     /// and made again, so a room that empties and fills goes on with larger versions.
     stamps: StampClock,
     rooms: HashMap<CompactString, Room>,
+    /// Hashes the members' ids for every room's index.
+    hasher: DefaultHashBuilder,
 }
 
 impl RoomShard {
     pub(crate) fn new(now: Tick) -> Self {
-        RoomShard { now, stamps: StampClock::default(), rooms: HashMap::new() }
+        RoomShard { now, stamps: StampClock::default(), rooms: HashMap::new(), hasher: DefaultHashBuilder::default() }
     }
 
     /// Applies one user's fact, appending the change watchers see, if any.
@@ -116,14 +204,17 @@ impl RoomShard {
         match fact {
             RoomFact::Member { room_id, user_id, sessions, metadata } => {
                 let room = self.rooms.entry_ref(room_id.as_str()).or_default();
-                let body = match room.members.get_mut(&user_id) {
+                let hash = self.hasher.hash_one(&user_id);
+                let body = match room.find(hash, &user_id) {
                     None => {
                         room.sessions += sessions;
-                        room.members.insert(user_id.clone(), Member { metadata: metadata.clone(), sessions });
+                        let member = Member { user_id: user_id.clone(), metadata: metadata.clone(), sessions };
+                        room.insert(&self.hasher, hash, member);
                         room.version = self.stamps.next(now);
                         Some(RoomChangeKind::Joined)
                     }
-                    Some(member) => {
+                    Some(at) => {
+                        let member = &mut room.members[at];
                         room.sessions = room.sessions - member.sessions + sessions;
                         let counted = std::mem::replace(&mut member.sessions, sessions);
                         if member.metadata != metadata {
@@ -138,14 +229,19 @@ impl RoomShard {
                     }
                 };
                 let body = match body {
-                    Some(kind) => RoomEventBody::Member { kind, member: RoomMember { user_id, metadata, sessions } },
+                    Some(kind) => RoomEventBody::Member {
+                        kind,
+                        member: RoomMember { user_id, metadata: metadata.shared(), sessions },
+                    },
                     None => RoomEventBody::Sessions,
                 };
                 changes.push(change(room_id, room, body));
             }
             RoomFact::Left { room_id, user_id } => {
                 let Some(room) = self.rooms.get_mut(room_id.as_str()) else { return };
-                let Some(member) = room.members.remove(&user_id) else { return };
+                let hash = self.hasher.hash_one(&user_id);
+                let Some(at) = room.find(hash, &user_id) else { return };
+                let member = room.remove(&self.hasher, hash, at);
                 room.sessions -= member.sessions;
                 // The sessions' side ends a member's signals before it leaves;
                 // a set that still names it is mended here all the same.
@@ -167,7 +263,7 @@ impl RoomShard {
                     }
                 }
                 room.version = self.stamps.next(now);
-                let member = RoomMember { user_id, metadata: member.metadata, sessions: 0 };
+                let member = RoomMember { sessions: 0, ..member.listed() };
                 let body = RoomEventBody::Member { kind: RoomChangeKind::Left, member };
                 changes.push(change(room_id.clone(), room, body));
                 if room.is_empty() {
@@ -222,16 +318,7 @@ impl RoomShard {
                 signals: Vec::new(),
             };
         };
-        let members = (room.members.len() <= member_cap).then(|| {
-            room.members
-                .iter()
-                .map(|(user_id, member)| RoomMember {
-                    user_id: user_id.clone(),
-                    metadata: member.metadata.clone(),
-                    sessions: member.sessions,
-                })
-                .collect()
-        });
+        let members = (room.members.len() <= member_cap).then(|| room.members.iter().map(Member::listed).collect());
         let signals = room
             .signals
             .iter()
@@ -261,7 +348,7 @@ impl RoomShard {
     }
 
     pub(crate) fn is_member(&self, room_id: &str, user_id: &str) -> bool {
-        self.rooms.get(room_id).is_some_and(|room| room.members.contains_key(user_id))
+        self.rooms.get(room_id).is_some_and(|room| room.find(self.hasher.hash_one(user_id), user_id).is_some())
     }
 
     /// Writes the shard's clock, the floor of every room version to come, and
@@ -294,4 +381,16 @@ impl RoomShard {
 
 fn change(room_id: CompactString, room: &Room, body: RoomEventBody) -> RoomChange {
     RoomChange { room_id, version: room.version, users: room.members.len() as u32, sessions: room.sessions, body }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The memory per membership rests on these sizes (see the module docs).
+    #[test]
+    fn members_stay_small() {
+        assert_eq!(std::mem::size_of::<Member>(), 40);
+        assert_eq!(std::mem::size_of::<MemberMetadata>(), 8);
+    }
 }

@@ -54,11 +54,11 @@ use crate::checkpoint::{CheckpointWriter, MembershipOut, UserRecord};
 use crate::config::StoreConfig;
 use crate::error::LeaseError;
 use crate::interner::{OriginRef, Origins};
-use crate::rooms::RoomFact;
+use crate::rooms::{MemberMetadata, RoomFact};
 use crate::stamp::StampClock;
 use crate::types::{
-    ChangeKind, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomMetadata, RoomRef,
-    State, Status, UnregisterOutcome, Unregistered, UserView,
+    ChangeKind, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomRef, State, Status,
+    UnregisterOutcome, Unregistered, UserView,
 };
 
 /// What a shard operation appends its users' changes to; the room changes
@@ -252,7 +252,7 @@ pub const SIGNAL_CHANGES_PER_SECOND: u32 = 10;
 struct Membership {
     room_id: CompactString,
     /// The session's own metadata in the room; the user shows its most recent session's.
-    metadata: RoomMetadata,
+    metadata: MemberMetadata,
     /// A stamp of the join or last update, which says which session is the most recent (R6).
     order: u64,
     /// The lease's next membership, or `NIL`.
@@ -276,12 +276,6 @@ struct SessionSignals {
     /// Set changes caused in it.
     window_changes: u32,
     active: Vec<ActiveSignal>,
-}
-
-/// The metadata of a session that joined with none: one allocation shared by all.
-fn no_room_metadata() -> RoomMetadata {
-    static EMPTY: std::sync::LazyLock<RoomMetadata> = std::sync::LazyLock::new(|| Arc::from(Vec::new()));
-    EMPTY.clone()
 }
 
 /// The first index of an intrusive list that `is` picks, with the one before
@@ -672,7 +666,7 @@ impl Shard {
             ));
         }
         let joined = self.user_in_room(slot, room.room_id).0 == 0;
-        let metadata = if metadata.is_empty() { no_room_metadata() } else { Arc::from(metadata) };
+        let metadata = MemberMetadata::new(metadata);
         let order = self.stamps.next(now);
         match found {
             Some((_, at)) => {
@@ -1088,7 +1082,7 @@ impl Shard {
                     .membership_indices(index)
                     .map(|at| {
                         let membership = self.membership(at);
-                        (membership.room_id.as_str(), membership.order, &membership.metadata[..])
+                        (membership.room_id.as_str(), membership.order, membership.metadata.entries())
                     })
                     .collect();
                 writer.lease(
@@ -1156,9 +1150,7 @@ impl Shard {
             self.set_metadata(index, &lease.metadata);
             // Prepended too, last first, so that the list keeps its order.
             for room in lease.rooms.iter().rev() {
-                let metadata =
-                    if room.metadata.is_empty() { no_room_metadata() } else { Arc::from(&room.metadata[..]) };
-                self.push_membership(index, room.room_id.into(), metadata, room.order);
+                self.push_membership(index, room.room_id.into(), MemberMetadata::new(&room.metadata), room.order);
             }
         }
         let mut rooms: Vec<&str> =
@@ -1337,7 +1329,7 @@ impl Shard {
     }
 
     /// Puts a membership at the front of the lease's list.
-    fn push_membership(&mut self, index: u32, room_id: CompactString, metadata: RoomMetadata, order: u64) {
+    fn push_membership(&mut self, index: u32, room_id: CompactString, metadata: MemberMetadata, order: u64) {
         let next = if self.lease(index).has_rooms() { self.lease_rooms[&index] } else { NIL };
         let membership = Membership { room_id, metadata, order, next };
         let at = match self.free_memberships.pop() {
@@ -1373,7 +1365,7 @@ impl Shard {
 
     /// How many of the user's sessions are in the room, and the metadata of
     /// the one that joined or updated last, which the user shows (R6).
-    fn user_in_room(&self, slot: u32, room_id: &str) -> (u32, Option<&RoomMetadata>) {
+    fn user_in_room(&self, slot: u32, room_id: &str) -> (u32, Option<&MemberMetadata>) {
         let mut sessions = 0;
         let mut shown: Option<&Membership> = None;
         for index in self.lease_indices(slot) {
@@ -1399,7 +1391,7 @@ impl Shard {
                 room_id: room_id.into(),
                 user_id,
                 sessions,
-                metadata: shown.cloned().unwrap_or_else(no_room_metadata),
+                metadata: shown.cloned().unwrap_or_default(),
             },
         };
         self.facts.push(fact);
