@@ -167,8 +167,8 @@ struct Lease {
 const CLOSING: u32 = Link::FLAG_A;
 /// The shard's metadata table holds an entry for this lease.
 const HAS_METADATA: u32 = Link::FLAG_B;
-/// The session is in at least one room: the shard's `lease_rooms` table holds
-/// its first membership (R1), so that a session in no room costs nothing more.
+/// The session is in at least one room (R1): its user's list of memberships
+/// holds some of its own, which a session in no room need not look for.
 const HAS_ROOMS: u32 = Link::FLAG_C;
 
 impl Lease {
@@ -247,7 +247,10 @@ pub const MAX_ROOMS_PER_SESSION: usize = 256;
 pub const SIGNAL_CHANGES_PER_SECOND: u32 = 10;
 
 /// One session's membership of one room (R1), kept on the sessions' side so
-/// that it ends with the lease. 48 bytes.
+/// that it ends with the lease. 48 bytes (see the size test). A user's
+/// memberships, of all its sessions, are one list from [`User::rooms`]: the
+/// list's head fills what was padding in the user record, so that no table
+/// keyed by lease is needed to find a session's memberships.
 #[derive(Debug)]
 struct Membership {
     room_id: CompactString,
@@ -255,8 +258,10 @@ struct Membership {
     metadata: MemberMetadata,
     /// A stamp of the join or last update, which says which session is the most recent (R6).
     order: u64,
-    /// The lease's next membership, or `NIL`.
+    /// The user's next membership, or `NIL`.
     next: u32,
+    /// The lease (slab index) whose membership this is.
+    lease: u32,
 }
 
 /// A signal one session sends into a room it is in (S3).
@@ -308,6 +313,8 @@ struct User {
     /// The user's first lease in the slab (or `NIL`), and the flags
     /// [`User::online`] and [`User::has_status`].
     link: Link,
+    /// The first of its sessions' room memberships (or `NIL`), the most recently joined.
+    rooms: u32,
 }
 
 /// The user is ONLINE.
@@ -318,7 +325,7 @@ const HAS_STATUS: u32 = Link::FLAG_B;
 
 impl User {
     fn new(id: &str) -> User {
-        User { id: CompactString::from(id), version: 0, link: Link::NONE }
+        User { id: CompactString::from(id), version: 0, link: Link::NONE, rooms: NIL }
     }
 
     fn first_lease(&self) -> u32 {
@@ -414,12 +421,10 @@ pub(crate) struct Shard {
     /// can wake the expiry driver when a new deadline is earlier than its alarm.
     earliest_new_timer: Option<Tick>,
     /// Every room membership of the shard's sessions; `None` slots are free
-    /// and listed in `free_memberships`. A lease's memberships are a list
-    /// through [`Membership::next`], most recently joined first.
+    /// and listed in `free_memberships`. A user's memberships are a list
+    /// from [`User::rooms`] through [`Membership::next`], most recently joined first.
     memberships: Vec<Option<Membership>>,
     free_memberships: Vec<u32>,
-    /// The first membership of each lease that is in a room ([`Lease::has_rooms`]), by lease slot.
-    lease_rooms: HashMap<u32, u32>,
     /// The signals and rate window of each session that signalled, by lease slot (only leases in a room).
     signals: HashMap<u32, SessionSignals>,
     /// Facts about this shard's users for the room side, made under this
@@ -455,7 +460,6 @@ impl Shard {
             earliest_new_timer: None,
             memberships: Vec::new(),
             free_memberships: Vec::new(),
-            lease_rooms: HashMap::new(),
             signals: HashMap::new(),
             facts: Vec::new(),
         }
@@ -658,8 +662,8 @@ impl Shard {
         let now = self.advance(now);
         let user = self.find(room.user_id);
         let (slot, index) = self.named_lease(now, user, room.user_id, room.session_id, room.generation, changes)?;
-        let found = self.find_membership(index, room.room_id);
-        if found.is_none() && self.membership_indices(index).count() >= MAX_ROOMS_PER_SESSION {
+        let found = self.find_membership(slot, index, room.room_id);
+        if found.is_none() && self.membership_indices(slot, index).count() >= MAX_ROOMS_PER_SESSION {
             return Err(LeaseError::invalid(
                 "room_id",
                 format!("the session is in {MAX_ROOMS_PER_SESSION} rooms already, the most one may be in"),
@@ -674,7 +678,7 @@ impl Shard {
                 membership.metadata = metadata;
                 membership.order = order;
             }
-            None => self.push_membership(index, CompactString::from(room.room_id), metadata, order),
+            None => self.push_membership(slot, index, CompactString::from(room.room_id), metadata, order),
         }
         self.report_member(slot, room.room_id);
         Ok(joined)
@@ -691,21 +695,14 @@ impl Shard {
         let now = self.advance(now);
         let user = self.find(room.user_id);
         let (slot, index) = self.named_lease(now, user, room.user_id, room.session_id, room.generation, changes)?;
-        let Some((previous, at)) = self.find_membership(index, room.room_id) else { return Ok((false, false)) };
+        let Some((previous, at)) = self.find_membership(slot, index, room.room_id) else { return Ok((false, false)) };
         self.end_signals(slot, index, Some(room.room_id));
-        let next = self.membership(at).next;
-        match previous {
-            NIL if next == NIL => {
-                self.lease_rooms.remove(&index);
-                self.lease_mut(index).link.set_flag(HAS_ROOMS, false);
-                self.signals.remove(&index);
-            }
-            NIL => {
-                self.lease_rooms.insert(index, next);
-            }
-            previous => self.membership_mut(previous).next = next,
-        }
+        self.unlink_membership(slot, previous, at);
         self.free_membership(at);
+        if self.membership_indices(slot, index).next().is_none() {
+            self.lease_mut(index).link.set_flag(HAS_ROOMS, false);
+            self.signals.remove(&index);
+        }
         self.report_member(slot, room.room_id);
         Ok((true, self.user_in_room(slot, room.room_id).0 == 0))
     }
@@ -724,7 +721,7 @@ impl Shard {
         let now = self.advance(now);
         let user = self.find(room.user_id);
         let (slot, index) = self.named_lease(now, user, room.user_id, room.session_id, room.generation, changes)?;
-        if self.find_membership(index, room.room_id).is_none() {
+        if self.find_membership(slot, index, room.room_id).is_none() {
             return Err(LeaseError::NotInRoom {
                 user_id: room.user_id.into(),
                 session_id: room.session_id.into(),
@@ -801,11 +798,8 @@ impl Shard {
     /// The rooms the user's sessions are in, each once, in no particular order.
     pub(crate) fn rooms_of(&self, user_id: &str) -> Vec<CompactString> {
         let Some(slot) = self.find(user_id) else { return Vec::new() };
-        let mut rooms: Vec<CompactString> = self
-            .lease_indices(slot)
-            .flat_map(|index| self.membership_indices(index))
-            .map(|at| self.membership(at).room_id.clone())
-            .collect();
+        let mut rooms: Vec<CompactString> =
+            self.user_memberships(slot).map(|at| self.membership(at).room_id.clone()).collect();
         rooms.sort_unstable();
         rooms.dedup();
         rooms
@@ -1079,7 +1073,7 @@ impl Shard {
                 let lease = self.lease(index);
                 let metadata = self.metadata.get(&index).map_or(&[][..], |entries| &entries[..]);
                 let rooms: Vec<MembershipOut<'_>> = self
-                    .membership_indices(index)
+                    .membership_indices(slot as u32, index)
                     .map(|at| {
                         let membership = self.membership(at);
                         (membership.room_id.as_str(), membership.order, membership.metadata.entries())
@@ -1150,7 +1144,8 @@ impl Shard {
             self.set_metadata(index, &lease.metadata);
             // Prepended too, last first, so that the list keeps its order.
             for room in lease.rooms.iter().rev() {
-                self.push_membership(index, room.room_id.into(), MemberMetadata::new(&room.metadata), room.order);
+                let metadata = MemberMetadata::new(&room.metadata);
+                self.push_membership(slot, index, room.room_id.into(), metadata, room.order);
             }
         }
         let mut rooms: Vec<&str> =
@@ -1307,12 +1302,17 @@ impl Shard {
         lease.origin = self.origins.with_before_expiry(lease.origin, before_expiry(last_heartbeat_at, expires_at));
     }
 
-    /// The lease's room memberships, as slab indices, most recently joined first.
-    fn membership_indices(&self, index: u32) -> impl Iterator<Item = u32> + '_ {
-        let first = if self.lease(index).has_rooms() { self.lease_rooms[&index] } else { NIL };
-        std::iter::successors(Some(first).filter(|&at| at != NIL), |&at| {
+    /// The room memberships of all the user's sessions, as slab indices, most recently joined first.
+    fn user_memberships(&self, slot: u32) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors(Some(self.users[slot as usize].rooms).filter(|&at| at != NIL), |&at| {
             Some(self.membership(at).next).filter(|&next| next != NIL)
         })
+    }
+
+    /// The room memberships of the user's lease `index`, most recently joined first.
+    fn membership_indices(&self, slot: u32, index: u32) -> impl Iterator<Item = u32> + '_ {
+        let has_rooms = self.lease(index).has_rooms();
+        self.user_memberships(slot).filter(move |&at| has_rooms && self.membership(at).lease == index)
     }
 
     fn membership(&self, at: u32) -> &Membership {
@@ -1323,15 +1323,30 @@ impl Shard {
         self.memberships[at as usize].as_mut().expect("a listed membership is occupied")
     }
 
-    /// The lease's membership of the room, with the one before it in the lease's list (or `NIL`).
-    fn find_membership(&self, index: u32, room_id: &str) -> Option<(u32, u32)> {
-        find_in_list(self.membership_indices(index), |at| self.membership(at).room_id == room_id)
+    /// The lease's membership of the room, with the one before it in the user's list (or `NIL`).
+    fn find_membership(&self, slot: u32, index: u32, room_id: &str) -> Option<(u32, u32)> {
+        if !self.lease(index).has_rooms() {
+            return None;
+        }
+        find_in_list(self.user_memberships(slot), |at| {
+            let membership = self.membership(at);
+            membership.lease == index && membership.room_id == room_id
+        })
     }
 
-    /// Puts a membership at the front of the lease's list.
-    fn push_membership(&mut self, index: u32, room_id: CompactString, metadata: MemberMetadata, order: u64) {
-        let next = if self.lease(index).has_rooms() { self.lease_rooms[&index] } else { NIL };
-        let membership = Membership { room_id, metadata, order, next };
+    /// Takes a membership out of its user's list, `previous` being the one before it (or `NIL`).
+    fn unlink_membership(&mut self, slot: u32, previous: u32, at: u32) {
+        let next = self.membership(at).next;
+        match previous {
+            NIL => self.users[slot as usize].rooms = next,
+            previous => self.membership_mut(previous).next = next,
+        }
+    }
+
+    /// Puts a membership of lease `index` at the front of its user's list.
+    fn push_membership(&mut self, slot: u32, index: u32, room_id: CompactString, metadata: MemberMetadata, order: u64) {
+        let next = self.users[slot as usize].rooms;
+        let membership = Membership { room_id, metadata, order, next, lease: index };
         let at = match self.free_memberships.pop() {
             Some(at) => {
                 self.memberships[at as usize] = Some(membership);
@@ -1342,7 +1357,7 @@ impl Shard {
                 u32::try_from(self.memberships.len() - 1).expect("fewer than 2^32 memberships per shard")
             }
         };
-        self.lease_rooms.insert(index, at);
+        self.users[slot as usize].rooms = at;
         self.lease_mut(index).link.set_flag(HAS_ROOMS, true);
     }
 
@@ -1368,14 +1383,12 @@ impl Shard {
     fn user_in_room(&self, slot: u32, room_id: &str) -> (u32, Option<&MemberMetadata>) {
         let mut sessions = 0;
         let mut shown: Option<&Membership> = None;
-        for index in self.lease_indices(slot) {
-            for at in self.membership_indices(index) {
-                let membership = self.membership(at);
-                if membership.room_id == room_id {
-                    sessions += 1;
-                    if shown.is_none_or(|shown| shown.order < membership.order) {
-                        shown = Some(membership);
-                    }
+        for at in self.user_memberships(slot) {
+            let membership = self.membership(at);
+            if membership.room_id == room_id {
+                sessions += 1;
+                if shown.is_none_or(|shown| shown.order < membership.order) {
+                    shown = Some(membership);
                 }
             }
         }
@@ -1449,12 +1462,17 @@ impl Shard {
         }
         self.end_signals(slot, index, None);
         self.signals.remove(&index);
-        let mut at = self.lease_rooms.remove(&index).expect("a lease with rooms has an entry");
         self.lease_mut(index).link.set_flag(HAS_ROOMS, false);
+        let (mut previous, mut at) = (NIL, self.users[slot as usize].rooms);
         while at != NIL {
-            let membership = self.free_membership(at);
-            at = membership.next;
-            rooms.push(membership.room_id);
+            let next = self.membership(at).next;
+            if self.membership(at).lease == index {
+                self.unlink_membership(slot, previous, at);
+                rooms.push(self.free_membership(at).room_id);
+            } else {
+                previous = at;
+            }
+            at = next;
         }
     }
 
@@ -1774,8 +1792,9 @@ impl Shard {
     fn compact_leases(&mut self) {
         let mut old = std::mem::replace(&mut self.leases, Vec::with_capacity(tidy_size(self.sessions)));
         let mut old_metadata = std::mem::take(&mut self.metadata);
-        let mut old_rooms = std::mem::take(&mut self.lease_rooms);
         let mut old_signals = std::mem::take(&mut self.signals);
+        // The leases in rooms of the user being moved, by old and new index.
+        let mut moved = Vec::new();
         for user in &mut self.users {
             let mut index = user.first_lease();
             let mut previous = NIL;
@@ -1789,8 +1808,7 @@ impl Shard {
                     self.metadata.insert(new_index, entries);
                 }
                 if lease.has_rooms() {
-                    self.lease_rooms
-                        .insert(new_index, old_rooms.remove(&index).expect("a lease with rooms has an entry"));
+                    moved.push((index, new_index));
                     if let Some(signals) = old_signals.remove(&index) {
                         self.signals.insert(new_index, signals);
                     }
@@ -1803,6 +1821,15 @@ impl Shard {
                 previous = new_index;
                 index = next;
             }
+            let mut at = user.rooms;
+            while at != NIL {
+                let membership = self.memberships[at as usize].as_mut().expect("a listed membership is occupied");
+                let &(_, new_index) =
+                    moved.iter().find(|&&(old, _)| old == membership.lease).expect("a lease in rooms");
+                membership.lease = new_index;
+                at = membership.next;
+            }
+            moved.clear();
         }
         debug_assert_eq!(self.leases.len(), self.sessions, "every lease is on its user's list");
         self.free_leases = Vec::new();
@@ -1984,11 +2011,39 @@ mod tests {
         assert_eq!(shard.statuses.len(), 1);
     }
 
+    /// Compacting the lease slab renumbers leases: the memberships of the
+    /// leases left follow them (they name their lease by slab index).
+    #[test]
+    fn memberships_follow_their_leases_when_the_slab_is_compacted() {
+        let mut shard = Shard::new(T0, &shard_config());
+        let mut changes = Vec::new();
+        let passing = register_many(&mut shard, T0, (0..1_000).map(|i| format!("passing-{i}")));
+        let kept = register_many(&mut shard, T0, (0..10).map(|i| format!("kept-{i}")));
+        let at = |user_id, generation, room_id| RoomRef { user_id, session_id: "s", generation, room_id };
+        for (id, generation) in passing.iter().chain(&kept) {
+            for room_id in ["r1", "r2"] {
+                shard.join(T0, &at(id, *generation, room_id), &[], &mut changes).unwrap();
+            }
+        }
+        for (id, generation) in &passing {
+            shard.unregister(T0 + 1, id, "s", *generation, 0, &mut changes);
+        }
+        let slab = shard.leases.len();
+        expire_all(&mut shard, T0 + 2);
+        assert!(shard.leases.len() * 4 < slab, "compacted: {} of {slab}", shard.leases.len());
+        for (id, generation) in &kept {
+            assert_eq!(shard.rooms_of(id), ["r1", "r2"]);
+            assert_eq!(shard.leave(T0 + 3, &at(id, *generation, "r2"), &mut changes).unwrap(), (true, true));
+            assert_eq!(shard.rooms_of(id), ["r1"]);
+        }
+    }
+
     /// The per-session memory budget rests on these sizes; a field added
     /// carelessly shows up here first.
     #[test]
     fn records_stay_small() {
         assert_eq!(std::mem::size_of::<Option<Lease>>(), 48);
         assert_eq!(std::mem::size_of::<User>(), 40);
+        assert_eq!(std::mem::size_of::<Option<Membership>>(), 48);
     }
 }
