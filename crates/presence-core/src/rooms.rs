@@ -16,12 +16,13 @@
 //! signalling that kind)): members are a table by user id, counts are kept
 //! as they change, and nothing scans the members on a change.
 //!
-//! Memory is sized by members (R5): a member is 40 bytes in a dense vector
-//! (its id, kept once, an 8-byte metadata handle that is null for none, and
-//! its session count), found through a table of 4-byte positions keyed by a
-//! hash of the id, rather than a map whose every bucket holds a key and a
-//! value. The vector grows by a quarter at a time, which keeps a room's slack
-//! small where doubling would leave up to half of it unused.
+//! Memory is sized by members (R5): a member is 24 bytes in a dense vector
+//! (its id, kept once and inline up to 14 bytes, the slot of its shown
+//! metadata in the room's side table, where a member showing none costs
+//! nothing, and its session count), found through a table of 4-byte
+//! positions keyed by a hash of the id, rather than a map whose every bucket
+//! holds a key and a value. The vector grows by a quarter at a time, which
+//! keeps a room's slack small where doubling would leave up to half of it unused.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -89,21 +90,55 @@ impl RoomFact {
     }
 }
 
-/// One member of a room. 40 bytes (see the size test).
+/// A member's id in 16 bytes: inline up to 14 bytes, as most ids are, else boxed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum MemberId {
+    Inline { len: u8, bytes: [u8; 14] },
+    Boxed(Box<CompactString>),
+}
+
+impl MemberId {
+    fn new(id: &str) -> Self {
+        let mut bytes = [0; 14];
+        match bytes.get_mut(..id.len()) {
+            Some(inline) => {
+                inline.copy_from_slice(id.as_bytes());
+                MemberId::Inline { len: id.len() as u8, bytes }
+            }
+            None => MemberId::Boxed(Box::new(id.into())),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            MemberId::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).expect("made from a str")
+            }
+            MemberId::Boxed(id) => id,
+        }
+    }
+
+    fn is(&self, id: &str) -> bool {
+        match self {
+            MemberId::Inline { len, bytes } => &bytes[..usize::from(*len)] == id.as_bytes(),
+            MemberId::Boxed(boxed) => *boxed.as_str() == *id,
+        }
+    }
+}
+
+/// `Member::metadata` of a member that shows none.
+const NO_METADATA: u32 = u32::MAX;
+
+/// One member of a room. 24 bytes (see the size test).
 #[derive(Debug)]
 struct Member {
     /// The room side's own copy of the id (R5: it never reads a user shard's).
-    user_id: CompactString,
-    /// What the member shows: its most recent session's metadata.
-    metadata: MemberMetadata,
+    user_id: MemberId,
+    /// What the member shows, its most recent session's metadata: a slot in
+    /// [`Room::metadata`], or [`NO_METADATA`].
+    metadata: u32,
     /// Its sessions in the room, for counts.
     sessions: u32,
-}
-
-impl Member {
-    fn listed(&self) -> RoomMember {
-        RoomMember { user_id: self.user_id.clone(), metadata: self.metadata.shared(), sessions: self.sessions }
-    }
 }
 
 /// The users signalling one kind in a room.
@@ -134,6 +169,10 @@ struct Room {
     members: Vec<Member>,
     /// Positions in `members`, by the hash of the member's id.
     index: HashTable<u32>,
+    /// The shown metadata of the members that show any, by slot; the free
+    /// slots hold none and are listed in `free_metadata`.
+    metadata: Vec<MemberMetadata>,
+    free_metadata: Vec<u32>,
     /// One set per kind with at least one user signalling it.
     signals: Vec<SignalSet>,
 }
@@ -147,35 +186,83 @@ impl Room {
     /// The member's position in `members`; `hash` is its id's.
     fn find(&self, hash: u64, user_id: &str) -> Option<usize> {
         let members = &self.members;
-        self.index.find(hash, |&at| members[at as usize].user_id == user_id).map(|&at| at as usize)
+        self.index.find(hash, |&at| members[at as usize].user_id.is(user_id)).map(|&at| at as usize)
     }
 
-    fn insert(&mut self, hasher: &DefaultHashBuilder, hash: u64, member: Member) {
+    /// Adds a member (not in the room yet) with no metadata.
+    fn insert(&mut self, hasher: &DefaultHashBuilder, hash: u64, user_id: &str, sessions: u32) -> usize {
         if self.members.len() == self.members.capacity() {
             // A quarter more (not double): O(1) amortised, with little slack.
             self.members.reserve_exact((self.members.len() / 4).max(4));
         }
         let members = &self.members;
-        self.index.insert_unique(hash, members.len() as u32, |&at| hasher.hash_one(&members[at as usize].user_id));
-        self.members.push(member);
+        let at = members.len();
+        self.index.insert_unique(hash, at as u32, |&at| hasher.hash_one(members[at as usize].user_id.as_str()));
+        self.members.push(Member { user_id: MemberId::new(user_id), metadata: NO_METADATA, sessions });
+        at
     }
 
-    /// Takes the member at `at` out; the last member takes its position.
-    fn remove(&mut self, hasher: &DefaultHashBuilder, hash: u64, at: usize) -> Member {
+    /// Takes the member at `at` out, with its metadata; the last member takes its position.
+    fn remove(&mut self, hasher: &DefaultHashBuilder, hash: u64, at: usize) -> (Member, MemberMetadata) {
         let entry = self.index.find_entry(hash, |&position| position as usize == at);
         entry.expect("a member is indexed").remove();
+        let metadata = self.set_metadata(at, MemberMetadata::default());
         let member = self.members.swap_remove(at);
         if let Some(moved) = self.members.get(at) {
             let last = self.members.len() as u32;
-            let position = self.index.find_mut(hasher.hash_one(&moved.user_id), |&position| position == last);
+            let position = self.index.find_mut(hasher.hash_one(moved.user_id.as_str()), |&position| position == last);
             *position.expect("a member is indexed") = at as u32;
         }
         if self.members.capacity() > 64 && self.members.len() * 4 < self.members.capacity() {
             self.members.shrink_to(self.members.len() * 2);
             let members = &self.members;
-            self.index.shrink_to(members.len(), |&at| hasher.hash_one(&members[at as usize].user_id));
+            self.index.shrink_to(members.len(), |&at| hasher.hash_one(members[at as usize].user_id.as_str()));
         }
-        member
+        (member, metadata)
+    }
+
+    /// What the member at `at` shows.
+    fn metadata(&self, at: usize) -> &MemberMetadata {
+        const NONE: &MemberMetadata = &MemberMetadata(None);
+        self.metadata.get(self.members[at].metadata as usize).unwrap_or(NONE)
+    }
+
+    /// Makes the member at `at` show `metadata`; returns what it showed.
+    fn set_metadata(&mut self, at: usize, metadata: MemberMetadata) -> MemberMetadata {
+        let slot = self.members[at].metadata;
+        match (slot, metadata.0.is_some()) {
+            (NO_METADATA, false) => metadata,
+            (NO_METADATA, true) => {
+                let slot = match self.free_metadata.pop() {
+                    Some(slot) => {
+                        self.metadata[slot as usize] = metadata;
+                        slot
+                    }
+                    None => {
+                        self.metadata.push(metadata);
+                        u32::try_from(self.metadata.len() - 1).expect("fewer than 2^32 - 1 members per room")
+                    }
+                };
+                self.members[at].metadata = slot;
+                MemberMetadata::default()
+            }
+            (slot, true) => std::mem::replace(&mut self.metadata[slot as usize], metadata),
+            (slot, false) => {
+                self.members[at].metadata = NO_METADATA;
+                self.free_metadata.push(slot);
+                std::mem::take(&mut self.metadata[slot as usize])
+            }
+        }
+    }
+
+    /// The member at `at` as listed.
+    fn listed(&self, at: usize) -> RoomMember {
+        let member = &self.members[at];
+        RoomMember {
+            user_id: member.user_id.as_str().into(),
+            metadata: self.metadata(at).shared(),
+            sessions: member.sessions,
+        }
     }
 }
 
@@ -208,8 +295,8 @@ impl RoomShard {
                 let body = match room.find(hash, &user_id) {
                     None => {
                         room.sessions += sessions;
-                        let member = Member { user_id: user_id.clone(), metadata: metadata.clone(), sessions };
-                        room.insert(&self.hasher, hash, member);
+                        let at = room.insert(&self.hasher, hash, &user_id, sessions);
+                        room.set_metadata(at, metadata.clone());
                         room.version = self.stamps.next(now);
                         Some(RoomChangeKind::Joined)
                     }
@@ -217,8 +304,8 @@ impl RoomShard {
                         let member = &mut room.members[at];
                         room.sessions = room.sessions - member.sessions + sessions;
                         let counted = std::mem::replace(&mut member.sessions, sessions);
-                        if member.metadata != metadata {
-                            member.metadata = metadata.clone();
+                        if *room.metadata(at) != metadata {
+                            room.set_metadata(at, metadata.clone());
                             room.version = self.stamps.next(now);
                             Some(RoomChangeKind::Updated)
                         } else if counted == sessions {
@@ -241,7 +328,7 @@ impl RoomShard {
                 let Some(room) = self.rooms.get_mut(room_id.as_str()) else { return };
                 let hash = self.hasher.hash_one(&user_id);
                 let Some(at) = room.find(hash, &user_id) else { return };
-                let member = room.remove(&self.hasher, hash, at);
+                let (member, metadata) = room.remove(&self.hasher, hash, at);
                 room.sessions -= member.sessions;
                 // The sessions' side ends a member's signals before it leaves;
                 // a set that still names it is mended here all the same.
@@ -263,7 +350,7 @@ impl RoomShard {
                     }
                 }
                 room.version = self.stamps.next(now);
-                let member = RoomMember { sessions: 0, ..member.listed() };
+                let member = RoomMember { user_id, metadata: metadata.shared(), sessions: 0 };
                 let body = RoomEventBody::Member { kind: RoomChangeKind::Left, member };
                 changes.push(change(room_id.clone(), room, body));
                 if room.is_empty() {
@@ -318,7 +405,8 @@ impl RoomShard {
                 signals: Vec::new(),
             };
         };
-        let members = (room.members.len() <= member_cap).then(|| room.members.iter().map(Member::listed).collect());
+        let members =
+            (room.members.len() <= member_cap).then(|| (0..room.members.len()).map(|at| room.listed(at)).collect());
         let signals = room
             .signals
             .iter()
@@ -387,10 +475,23 @@ fn change(room_id: CompactString, room: &Room, body: RoomEventBody) -> RoomChang
 mod tests {
     use super::*;
 
+    /// An id is kept inline up to 14 bytes, boxed beyond, and is the same id either way.
+    #[test]
+    fn member_ids_of_every_length_read_back() {
+        for len in [1, 13, 14, 15, 24, 25, 128] {
+            let id = "é".repeat(len / 2) + &"x".repeat(len % 2);
+            let member = MemberId::new(&id);
+            assert_eq!(member.as_str(), id);
+            assert!(member.is(&id) && !member.is(&format!("{id}!")));
+            assert_eq!(matches!(member, MemberId::Inline { .. }), id.len() <= 14, "{len}");
+        }
+    }
+
     /// The memory per membership rests on these sizes (see the module docs).
     #[test]
     fn members_stay_small() {
-        assert_eq!(std::mem::size_of::<Member>(), 40);
+        assert_eq!(std::mem::size_of::<Member>(), 24);
+        assert_eq!(std::mem::size_of::<MemberId>(), 16);
         assert_eq!(std::mem::size_of::<MemberMetadata>(), 8);
     }
 }
