@@ -45,6 +45,9 @@ use crate::wheel::Tick;
 pub(crate) struct MemberMetadata(Option<Arc<RoomMetadata>>);
 
 impl MemberMetadata {
+    /// No metadata.
+    pub(crate) const NONE: MemberMetadata = MemberMetadata(None);
+
     pub(crate) fn new(entries: &[(String, String)]) -> Self {
         MemberMetadata((!entries.is_empty()).then(|| Arc::new(Arc::from(entries))))
     }
@@ -68,24 +71,38 @@ impl PartialEq for MemberMetadata {
 
 impl Eq for MemberMetadata {}
 
-/// What a user's shard tells the room side about one of its users.
+/// What a user's shard tells the room side about one of its users. A user
+/// shard names the room by its [`RoomName`](crate::room_names::RoomName),
+/// which the store turns into the room's id before the room side sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RoomFact {
+pub(crate) enum RoomFact<R = CompactString> {
     /// The user has `sessions` sessions in the room (at least one) and shows `metadata`.
-    Member { room_id: CompactString, user_id: CompactString, sessions: u32, metadata: MemberMetadata },
+    Member { room_id: R, user_id: CompactString, sessions: u32, metadata: MemberMetadata },
     /// The user has no session in the room any more.
-    Left { room_id: CompactString, user_id: CompactString },
+    Left { room_id: R, user_id: CompactString },
     /// At least one of the user's sessions signals `kind` in the room (`on`), or none does any more.
-    Signal { room_id: CompactString, user_id: CompactString, kind: CompactString, on: bool },
+    Signal { room_id: R, user_id: CompactString, kind: CompactString, on: bool },
 }
 
-impl RoomFact {
-    /// The room the fact is about, which picks its room shard.
-    pub(crate) fn room_id(&self) -> &str {
+impl<R> RoomFact<R> {
+    /// The room the fact is about.
+    pub(crate) fn room_id(&self) -> &R {
         match self {
             RoomFact::Member { room_id, .. } | RoomFact::Left { room_id, .. } | RoomFact::Signal { room_id, .. } => {
                 room_id
             }
+        }
+    }
+
+    /// The same fact, its room named by `name(room)`.
+    pub(crate) fn naming<S>(self, name: impl FnOnce(&R) -> S) -> RoomFact<S> {
+        let room_id = name(self.room_id());
+        match self {
+            RoomFact::Member { user_id, sessions, metadata, .. } => {
+                RoomFact::Member { room_id, user_id, sessions, metadata }
+            }
+            RoomFact::Left { user_id, .. } => RoomFact::Left { room_id, user_id },
+            RoomFact::Signal { user_id, kind, on, .. } => RoomFact::Signal { room_id, user_id, kind, on },
         }
     }
 }
@@ -223,8 +240,7 @@ impl Room {
 
     /// What the member at `at` shows.
     fn metadata(&self, at: usize) -> &MemberMetadata {
-        const NONE: &MemberMetadata = &MemberMetadata(None);
-        self.metadata.get(self.members[at].metadata as usize).unwrap_or(NONE)
+        self.metadata.get(self.members[at].metadata as usize).unwrap_or(&MemberMetadata::NONE)
     }
 
     /// Makes the member at `at` show `metadata`; returns what it showed.
