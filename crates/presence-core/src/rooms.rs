@@ -63,6 +63,57 @@ impl MemberMetadata {
     }
 }
 
+/// Metadata of members or memberships that have any, by 4-byte slot: a
+/// record with none holds [`NO_METADATA`] and costs nothing here.
+#[derive(Debug, Default)]
+pub(crate) struct MetadataSlots {
+    /// Free slots hold none and are listed in `free`.
+    slots: Vec<MemberMetadata>,
+    free: Vec<u32>,
+}
+
+/// The slot of a record with no metadata.
+pub(crate) const NO_METADATA: u32 = u32::MAX;
+
+impl MetadataSlots {
+    /// What the record whose slot is `slot` has.
+    pub(crate) fn get(&self, slot: u32) -> &MemberMetadata {
+        self.slots.get(slot as usize).unwrap_or(&MemberMetadata::NONE)
+    }
+
+    /// Gives the record whose slot is `*slot` `metadata`, taking or freeing
+    /// a slot as needed; returns what it had.
+    pub(crate) fn set(&mut self, slot: &mut u32, metadata: MemberMetadata) -> MemberMetadata {
+        match (*slot, metadata.0.is_some()) {
+            (NO_METADATA, false) => metadata,
+            (NO_METADATA, true) => {
+                *slot = match self.free.pop() {
+                    Some(free) => {
+                        self.slots[free as usize] = metadata;
+                        free
+                    }
+                    None => {
+                        self.slots.push(metadata);
+                        u32::try_from(self.slots.len() - 1).ok().filter(|&at| at != NO_METADATA).expect("fewer slots")
+                    }
+                };
+                MemberMetadata::NONE
+            }
+            (at, true) => std::mem::replace(&mut self.slots[at as usize], metadata),
+            (at, false) => {
+                *slot = NO_METADATA;
+                let had = std::mem::take(&mut self.slots[at as usize]);
+                self.free.push(at);
+                if self.free.len() == self.slots.len() {
+                    // None left: the memory goes back.
+                    (self.slots, self.free) = (Vec::new(), Vec::new());
+                }
+                had
+            }
+        }
+    }
+}
+
 impl PartialEq for MemberMetadata {
     fn eq(&self, other: &Self) -> bool {
         self.entries() == other.entries()
@@ -143,16 +194,13 @@ impl MemberId {
     }
 }
 
-/// `Member::metadata` of a member that shows none.
-const NO_METADATA: u32 = u32::MAX;
-
 /// One member of a room. 24 bytes (see the size test).
 #[derive(Debug)]
 struct Member {
     /// The room side's own copy of the id (R5: it never reads a user shard's).
     user_id: MemberId,
     /// What the member shows, its most recent session's metadata: a slot in
-    /// [`Room::metadata`], or [`NO_METADATA`].
+    /// [`Room::metadata`].
     metadata: u32,
     /// Its sessions in the room, for counts.
     sessions: u32,
@@ -186,10 +234,8 @@ struct Room {
     members: Vec<Member>,
     /// Positions in `members`, by the hash of the member's id.
     index: HashTable<u32>,
-    /// The shown metadata of the members that show any, by slot; the free
-    /// slots hold none and are listed in `free_metadata`.
-    metadata: Vec<MemberMetadata>,
-    free_metadata: Vec<u32>,
+    /// The shown metadata of the members that show any.
+    metadata: MetadataSlots,
     /// One set per kind with at least one user signalling it.
     signals: Vec<SignalSet>,
 }
@@ -240,35 +286,12 @@ impl Room {
 
     /// What the member at `at` shows.
     fn metadata(&self, at: usize) -> &MemberMetadata {
-        self.metadata.get(self.members[at].metadata as usize).unwrap_or(&MemberMetadata::NONE)
+        self.metadata.get(self.members[at].metadata)
     }
 
     /// Makes the member at `at` show `metadata`; returns what it showed.
     fn set_metadata(&mut self, at: usize, metadata: MemberMetadata) -> MemberMetadata {
-        let slot = self.members[at].metadata;
-        match (slot, metadata.0.is_some()) {
-            (NO_METADATA, false) => metadata,
-            (NO_METADATA, true) => {
-                let slot = match self.free_metadata.pop() {
-                    Some(slot) => {
-                        self.metadata[slot as usize] = metadata;
-                        slot
-                    }
-                    None => {
-                        self.metadata.push(metadata);
-                        u32::try_from(self.metadata.len() - 1).expect("fewer than 2^32 - 1 members per room")
-                    }
-                };
-                self.members[at].metadata = slot;
-                MemberMetadata::default()
-            }
-            (slot, true) => std::mem::replace(&mut self.metadata[slot as usize], metadata),
-            (slot, false) => {
-                self.members[at].metadata = NO_METADATA;
-                self.free_metadata.push(slot);
-                std::mem::take(&mut self.metadata[slot as usize])
-            }
-        }
+        self.metadata.set(&mut self.members[at].metadata, metadata)
     }
 
     /// The member at `at` as listed.

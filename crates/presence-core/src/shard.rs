@@ -55,7 +55,7 @@ use crate::config::StoreConfig;
 use crate::error::LeaseError;
 use crate::interner::{OriginRef, Origins};
 use crate::room_names::{RoomName, RoomNames};
-use crate::rooms::{MemberMetadata, RoomFact};
+use crate::rooms::{MemberMetadata, MetadataSlots, NO_METADATA, RoomFact};
 use crate::stamp::StampClock;
 use crate::types::{
     ChangeKind, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomRef, State, Status,
@@ -248,7 +248,7 @@ pub const MAX_ROOMS_PER_SESSION: usize = 256;
 pub const SIGNAL_CHANGES_PER_SECOND: u32 = 10;
 
 /// One session's membership of one room (R1), kept on the sessions' side so
-/// that it ends with the lease. 32 bytes (see the size test). A user's
+/// that it ends with the lease. 24 bytes (see the size test). A user's
 /// memberships, of all its sessions, are one list from [`User::rooms`]: the
 /// list's head fills what was padding in the user record, so that no table
 /// keyed by lease is needed to find a session's memberships.
@@ -256,8 +256,9 @@ pub const SIGNAL_CHANGES_PER_SECOND: u32 = 10;
 struct Membership {
     /// The room; the membership holds a reference to the name.
     room: RoomName,
-    /// The session's own metadata in the room; the user shows its most recent session's.
-    metadata: MemberMetadata,
+    /// The session's own metadata in the room, a slot in [`Shard::room_metadata`];
+    /// the user shows its most recent session's.
+    metadata: u32,
     /// A stamp of the join or last update, which says which session is the most recent (R6).
     order: u64,
     /// The user's next membership, or `NIL`.
@@ -272,7 +273,7 @@ const FREE: u32 = u32::MAX;
 impl Membership {
     /// What a free slot holds.
     const FREE: Membership =
-        Membership { room: RoomName::NONE, metadata: MemberMetadata::NONE, order: 0, next: NIL, lease: FREE };
+        Membership { room: RoomName::NONE, metadata: NO_METADATA, order: 0, next: NIL, lease: FREE };
 
     fn is_free(&self) -> bool {
         self.lease == FREE
@@ -441,6 +442,8 @@ pub(crate) struct Shard {
     /// [`User::rooms`] through [`Membership::next`], most recently joined first.
     memberships: Vec<Membership>,
     free_memberships: Vec<u32>,
+    /// The metadata of the memberships that have any (most have none).
+    room_metadata: MetadataSlots,
     /// References to room names that memberships held, or that a join did not
     /// keep, since the store last took them (see `room_names.rs`).
     released: Vec<RoomName>,
@@ -479,6 +482,7 @@ impl Shard {
             earliest_new_timer: None,
             memberships: Vec::new(),
             free_memberships: Vec::new(),
+            room_metadata: MetadataSlots::default(),
             released: Vec::new(),
             signals: HashMap::new(),
             facts: Vec::new(),
@@ -698,8 +702,8 @@ impl Shard {
         let order = self.stamps.next(now);
         match found {
             Some((_, at)) => {
-                let membership = self.membership_mut(at);
-                membership.metadata = metadata;
+                let membership = &mut self.memberships[at as usize];
+                self.room_metadata.set(&mut membership.metadata, metadata);
                 membership.order = order;
                 // The membership holds a reference already.
                 self.released.push(name);
@@ -1122,7 +1126,7 @@ impl Shard {
                     .zip(&room_ids)
                     .map(|(at, room_id)| {
                         let membership = self.membership(at);
-                        (room_id.as_str(), membership.order, membership.metadata.entries())
+                        (room_id.as_str(), membership.order, self.room_metadata.get(membership.metadata).entries())
                     })
                     .collect();
                 writer.lease(
@@ -1397,7 +1401,8 @@ impl Shard {
     /// Puts a membership of lease `index` at the front of its user's list.
     fn push_membership(&mut self, slot: u32, index: u32, room: RoomName, metadata: MemberMetadata, order: u64) {
         let next = self.users[slot as usize].rooms;
-        let membership = Membership { room, metadata, order, next, lease: index };
+        let mut membership = Membership { room, metadata: NO_METADATA, order, next, lease: index };
+        self.room_metadata.set(&mut membership.metadata, metadata);
         let at = match self.free_memberships.pop() {
             Some(at) => {
                 self.memberships[at as usize] = membership;
@@ -1414,8 +1419,9 @@ impl Shard {
 
     /// Frees a membership's slot; the reference to its room's name is released.
     fn free_membership(&mut self, at: u32) -> Membership {
-        let membership = std::mem::replace(&mut self.memberships[at as usize], Membership::FREE);
+        let mut membership = std::mem::replace(&mut self.memberships[at as usize], Membership::FREE);
         debug_assert!(!membership.is_free(), "a freed membership is occupied");
+        self.room_metadata.set(&mut membership.metadata, MemberMetadata::NONE);
         self.released.push(membership.room);
         self.free_memberships.push(at);
         if mostly_empty(self.memberships.len() - self.free_memberships.len(), self.memberships.len())
@@ -1446,7 +1452,7 @@ impl Shard {
                 }
             }
         }
-        (sessions, shown.map(|membership| &membership.metadata))
+        (sessions, shown.map(|membership| self.room_metadata.get(membership.metadata)))
     }
 
     /// Tells the room side where the user stands in the room now.
@@ -2102,6 +2108,6 @@ mod tests {
     fn records_stay_small() {
         assert_eq!(std::mem::size_of::<Option<Lease>>(), 48);
         assert_eq!(std::mem::size_of::<User>(), 40);
-        assert_eq!(std::mem::size_of::<Membership>(), 32);
+        assert_eq!(std::mem::size_of::<Membership>(), 24);
     }
 }
