@@ -90,7 +90,8 @@ impl RoomNames {
             }
         };
         part.ids[slot as usize].1 += 1;
-        debug_assert!(slot < u32::MAX >> self.part_bits, "fewer than 2^(32 - part bits) rooms per part");
+        // Also keeps every name below RoomName::NONE.
+        assert!(slot < u32::MAX >> self.part_bits, "fewer than 2^(32 - part bits) - 1 rooms per part");
         RoomName(slot << self.part_bits | part_index as u32)
     }
 

@@ -40,8 +40,8 @@ type ExpiryWaker = Box<dyn Fn() + Send + Sync>;
 pub struct Store {
     config: StoreConfig,
     /// Lock order: one shard at a time; no method holds two shard locks. A
-    /// user shard's lock may be held while one room shard's is taken, never
-    /// the reverse.
+    /// user shard's lock may be held while one room shard's, or one part of
+    /// `names`, is taken, never the reverse nor both at once.
     shards: Box<[Mutex<Shard>]>,
     /// The rooms, by a hash of the room id (see `rooms.rs`): fed facts by the
     /// user shards, under the user shard's lock, one room shard at a time.
