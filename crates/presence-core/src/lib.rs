@@ -14,6 +14,7 @@ pub mod checkpoint;
 mod config;
 mod error;
 mod interner;
+mod room_names;
 mod rooms;
 mod shard;
 pub mod stamp;

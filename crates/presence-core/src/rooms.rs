@@ -15,9 +15,20 @@
 //! Every fact costs O(1) whatever the room's size (a signal fact O(users
 //! signalling that kind)): members are a table by user id, counts are kept
 //! as they change, and nothing scans the members on a change.
+//!
+//! Memory is sized by members (R5): a member is 24 bytes in a dense vector
+//! (its id, kept once and inline up to 14 bytes, the slot of its shown
+//! metadata in the room's side table, where a member showing none costs
+//! nothing, and its session count), found through a table of 4-byte
+//! positions keyed by a hash of the id, rather than a map whose every bucket
+//! holds a key and a value. The vector grows by a quarter at a time, which
+//! keeps a room's slack small where doubling would leave up to half of it unused.
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use compact_str::CompactString;
-use hashbrown::HashMap;
+use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 
 use crate::checkpoint::CheckpointWriter;
 use crate::stamp::StampClock;
@@ -26,33 +37,171 @@ use crate::types::{
 };
 use crate::wheel::Tick;
 
-/// What a user's shard tells the room side about one of its users.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RoomFact {
-    /// The user has `sessions` sessions in the room (at least one) and shows `metadata`.
-    Member { room_id: CompactString, user_id: CompactString, sessions: u32, metadata: RoomMetadata },
-    /// The user has no session in the room any more.
-    Left { room_id: CompactString, user_id: CompactString },
-    /// At least one of the user's sessions signals `kind` in the room (`on`), or none does any more.
-    Signal { room_id: CompactString, user_id: CompactString, kind: CompactString, on: bool },
+/// A session's or a member's room metadata in 8 bytes: `None` for none, the
+/// common case, which then costs nothing more; otherwise one allocation,
+/// shared by the sessions' side and the room's, holding the [`RoomMetadata`]
+/// that changes and views hand out, so that handing it out copies nothing.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MemberMetadata(Option<Arc<RoomMetadata>>);
+
+impl MemberMetadata {
+    /// No metadata.
+    pub(crate) const NONE: MemberMetadata = MemberMetadata(None);
+
+    pub(crate) fn new(entries: &[(String, String)]) -> Self {
+        MemberMetadata((!entries.is_empty()).then(|| Arc::new(Arc::from(entries))))
+    }
+
+    pub(crate) fn entries(&self) -> &[(String, String)] {
+        self.0.as_deref().map_or(&[], |entries| entries)
+    }
+
+    /// The metadata as the public types carry it.
+    pub(crate) fn shared(&self) -> RoomMetadata {
+        static NONE: std::sync::LazyLock<RoomMetadata> = std::sync::LazyLock::new(|| Arc::from(Vec::new()));
+        self.0.as_deref().unwrap_or(&NONE).clone()
+    }
 }
 
-impl RoomFact {
-    /// The room the fact is about, which picks its room shard.
-    pub(crate) fn room_id(&self) -> &str {
+/// Metadata of members or memberships that have any, by 4-byte slot: a
+/// record with none holds [`NO_METADATA`] and costs nothing here.
+#[derive(Debug, Default)]
+pub(crate) struct MetadataSlots {
+    /// Free slots hold none and are listed in `free`.
+    slots: Vec<MemberMetadata>,
+    free: Vec<u32>,
+}
+
+/// The slot of a record with no metadata.
+pub(crate) const NO_METADATA: u32 = u32::MAX;
+
+impl MetadataSlots {
+    /// What the record whose slot is `slot` has.
+    pub(crate) fn get(&self, slot: u32) -> &MemberMetadata {
+        self.slots.get(slot as usize).unwrap_or(&MemberMetadata::NONE)
+    }
+
+    /// Gives the record whose slot is `*slot` `metadata`, taking or freeing
+    /// a slot as needed; returns what it had.
+    pub(crate) fn set(&mut self, slot: &mut u32, metadata: MemberMetadata) -> MemberMetadata {
+        match (*slot, metadata.0.is_some()) {
+            (NO_METADATA, false) => metadata,
+            (NO_METADATA, true) => {
+                *slot = match self.free.pop() {
+                    Some(free) => {
+                        self.slots[free as usize] = metadata;
+                        free
+                    }
+                    None => {
+                        self.slots.push(metadata);
+                        u32::try_from(self.slots.len() - 1).ok().filter(|&at| at != NO_METADATA).expect("fewer slots")
+                    }
+                };
+                MemberMetadata::NONE
+            }
+            (at, true) => std::mem::replace(&mut self.slots[at as usize], metadata),
+            (at, false) => {
+                *slot = NO_METADATA;
+                let had = std::mem::take(&mut self.slots[at as usize]);
+                self.free.push(at);
+                if self.free.len() == self.slots.len() {
+                    // None left: the memory goes back.
+                    (self.slots, self.free) = (Vec::new(), Vec::new());
+                }
+                had
+            }
+        }
+    }
+}
+
+impl PartialEq for MemberMetadata {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries() == other.entries()
+    }
+}
+
+impl Eq for MemberMetadata {}
+
+/// What a user's shard tells the room side about one of its users. A user
+/// shard names the room by its [`RoomName`](crate::room_names::RoomName),
+/// which the store turns into the room's id before the room side sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RoomFact<R = CompactString> {
+    /// The user has `sessions` sessions in the room (at least one) and shows `metadata`.
+    Member { room_id: R, user_id: CompactString, sessions: u32, metadata: MemberMetadata },
+    /// The user has no session in the room any more.
+    Left { room_id: R, user_id: CompactString },
+    /// At least one of the user's sessions signals `kind` in the room (`on`), or none does any more.
+    Signal { room_id: R, user_id: CompactString, kind: CompactString, on: bool },
+}
+
+impl<R> RoomFact<R> {
+    /// The room the fact is about.
+    pub(crate) fn room_id(&self) -> &R {
         match self {
             RoomFact::Member { room_id, .. } | RoomFact::Left { room_id, .. } | RoomFact::Signal { room_id, .. } => {
                 room_id
             }
         }
     }
+
+    /// The same fact, its room named by `name(room)`.
+    pub(crate) fn naming<S>(self, name: impl FnOnce(&R) -> S) -> RoomFact<S> {
+        let room_id = name(self.room_id());
+        match self {
+            RoomFact::Member { user_id, sessions, metadata, .. } => {
+                RoomFact::Member { room_id, user_id, sessions, metadata }
+            }
+            RoomFact::Left { user_id, .. } => RoomFact::Left { room_id, user_id },
+            RoomFact::Signal { user_id, kind, on, .. } => RoomFact::Signal { room_id, user_id, kind, on },
+        }
+    }
 }
 
-/// One member of a room.
+/// A member's id in 16 bytes: inline up to 14 bytes, as most ids are, else boxed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum MemberId {
+    Inline { len: u8, bytes: [u8; 14] },
+    Boxed(Box<CompactString>),
+}
+
+impl MemberId {
+    fn new(id: &str) -> Self {
+        let mut bytes = [0; 14];
+        match bytes.get_mut(..id.len()) {
+            Some(inline) => {
+                inline.copy_from_slice(id.as_bytes());
+                MemberId::Inline { len: id.len() as u8, bytes }
+            }
+            None => MemberId::Boxed(Box::new(id.into())),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            MemberId::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).expect("made from a str")
+            }
+            MemberId::Boxed(id) => id,
+        }
+    }
+
+    fn is(&self, id: &str) -> bool {
+        match self {
+            MemberId::Inline { len, bytes } => &bytes[..usize::from(*len)] == id.as_bytes(),
+            MemberId::Boxed(boxed) => *boxed.as_str() == *id,
+        }
+    }
+}
+
+/// One member of a room. 24 bytes (see the size test).
 #[derive(Debug)]
 struct Member {
-    /// What the member shows: its most recent session's metadata.
-    metadata: RoomMetadata,
+    /// The room side's own copy of the id (R5: it never reads a user shard's).
+    user_id: MemberId,
+    /// What the member shows, its most recent session's metadata: a slot in
+    /// [`Room::metadata`].
+    metadata: u32,
     /// Its sessions in the room, for counts.
     sessions: u32,
 }
@@ -81,7 +230,12 @@ struct Room {
     sessions: u32,
     /// Who may see it; a room with non-default access is kept while empty.
     access: RoomAccess,
-    members: HashMap<CompactString, Member>,
+    /// Dense: a member that leaves is replaced by the last one.
+    members: Vec<Member>,
+    /// Positions in `members`, by the hash of the member's id.
+    index: HashTable<u32>,
+    /// The shown metadata of the members that show any.
+    metadata: MetadataSlots,
     /// One set per kind with at least one user signalling it.
     signals: Vec<SignalSet>,
 }
@@ -90,6 +244,64 @@ impl Room {
     /// Whether the room holds nothing worth keeping: no member, default access.
     fn is_empty(&self) -> bool {
         self.members.is_empty() && self.signals.is_empty() && self.access == RoomAccess::default()
+    }
+
+    /// The member's position in `members`; `hash` is its id's.
+    fn find(&self, hash: u64, user_id: &str) -> Option<usize> {
+        let members = &self.members;
+        self.index.find(hash, |&at| members[at as usize].user_id.is(user_id)).map(|&at| at as usize)
+    }
+
+    /// Adds a member (not in the room yet) with no metadata.
+    fn insert(&mut self, hasher: &DefaultHashBuilder, hash: u64, user_id: &str, sessions: u32) -> usize {
+        if self.members.len() == self.members.capacity() {
+            // A quarter more (not double): O(1) amortised, with little slack.
+            self.members.reserve_exact((self.members.len() / 4).max(4));
+        }
+        let members = &self.members;
+        let at = members.len();
+        self.index.insert_unique(hash, at as u32, |&at| hasher.hash_one(members[at as usize].user_id.as_str()));
+        self.members.push(Member { user_id: MemberId::new(user_id), metadata: NO_METADATA, sessions });
+        at
+    }
+
+    /// Takes the member at `at` out, with its metadata; the last member takes its position.
+    fn remove(&mut self, hasher: &DefaultHashBuilder, hash: u64, at: usize) -> (Member, MemberMetadata) {
+        let entry = self.index.find_entry(hash, |&position| position as usize == at);
+        entry.expect("a member is indexed").remove();
+        let metadata = self.set_metadata(at, MemberMetadata::default());
+        let member = self.members.swap_remove(at);
+        if let Some(moved) = self.members.get(at) {
+            let last = self.members.len() as u32;
+            let position = self.index.find_mut(hasher.hash_one(moved.user_id.as_str()), |&position| position == last);
+            *position.expect("a member is indexed") = at as u32;
+        }
+        if self.members.capacity() > 64 && self.members.len() * 4 < self.members.capacity() {
+            self.members.shrink_to(self.members.len() * 2);
+            let members = &self.members;
+            self.index.shrink_to(members.len(), |&at| hasher.hash_one(members[at as usize].user_id.as_str()));
+        }
+        (member, metadata)
+    }
+
+    /// What the member at `at` shows.
+    fn metadata(&self, at: usize) -> &MemberMetadata {
+        self.metadata.get(self.members[at].metadata)
+    }
+
+    /// Makes the member at `at` show `metadata`; returns what it showed.
+    fn set_metadata(&mut self, at: usize, metadata: MemberMetadata) -> MemberMetadata {
+        self.metadata.set(&mut self.members[at].metadata, metadata)
+    }
+
+    /// The member at `at` as listed.
+    fn listed(&self, at: usize) -> RoomMember {
+        let member = &self.members[at];
+        RoomMember {
+            user_id: member.user_id.as_str().into(),
+            metadata: self.metadata(at).shared(),
+            sessions: member.sessions,
+        }
     }
 }
 
@@ -102,11 +314,13 @@ pub(crate) struct RoomShard {
     /// and made again, so a room that empties and fills goes on with larger versions.
     stamps: StampClock,
     rooms: HashMap<CompactString, Room>,
+    /// Hashes the members' ids for every room's index.
+    hasher: DefaultHashBuilder,
 }
 
 impl RoomShard {
     pub(crate) fn new(now: Tick) -> Self {
-        RoomShard { now, stamps: StampClock::default(), rooms: HashMap::new() }
+        RoomShard { now, stamps: StampClock::default(), rooms: HashMap::new(), hasher: DefaultHashBuilder::default() }
     }
 
     /// Applies one user's fact, appending the change watchers see, if any.
@@ -116,18 +330,21 @@ impl RoomShard {
         match fact {
             RoomFact::Member { room_id, user_id, sessions, metadata } => {
                 let room = self.rooms.entry_ref(room_id.as_str()).or_default();
-                let body = match room.members.get_mut(&user_id) {
+                let hash = self.hasher.hash_one(&user_id);
+                let body = match room.find(hash, &user_id) {
                     None => {
                         room.sessions += sessions;
-                        room.members.insert(user_id.clone(), Member { metadata: metadata.clone(), sessions });
+                        let at = room.insert(&self.hasher, hash, &user_id, sessions);
+                        room.set_metadata(at, metadata.clone());
                         room.version = self.stamps.next(now);
                         Some(RoomChangeKind::Joined)
                     }
-                    Some(member) => {
+                    Some(at) => {
+                        let member = &mut room.members[at];
                         room.sessions = room.sessions - member.sessions + sessions;
                         let counted = std::mem::replace(&mut member.sessions, sessions);
-                        if member.metadata != metadata {
-                            member.metadata = metadata.clone();
+                        if *room.metadata(at) != metadata {
+                            room.set_metadata(at, metadata.clone());
                             room.version = self.stamps.next(now);
                             Some(RoomChangeKind::Updated)
                         } else if counted == sessions {
@@ -138,14 +355,19 @@ impl RoomShard {
                     }
                 };
                 let body = match body {
-                    Some(kind) => RoomEventBody::Member { kind, member: RoomMember { user_id, metadata, sessions } },
+                    Some(kind) => RoomEventBody::Member {
+                        kind,
+                        member: RoomMember { user_id, metadata: metadata.shared(), sessions },
+                    },
                     None => RoomEventBody::Sessions,
                 };
                 changes.push(change(room_id, room, body));
             }
             RoomFact::Left { room_id, user_id } => {
                 let Some(room) = self.rooms.get_mut(room_id.as_str()) else { return };
-                let Some(member) = room.members.remove(&user_id) else { return };
+                let hash = self.hasher.hash_one(&user_id);
+                let Some(at) = room.find(hash, &user_id) else { return };
+                let (member, metadata) = room.remove(&self.hasher, hash, at);
                 room.sessions -= member.sessions;
                 // The sessions' side ends a member's signals before it leaves;
                 // a set that still names it is mended here all the same.
@@ -167,7 +389,7 @@ impl RoomShard {
                     }
                 }
                 room.version = self.stamps.next(now);
-                let member = RoomMember { user_id, metadata: member.metadata, sessions: 0 };
+                let member = RoomMember { user_id, metadata: metadata.shared(), sessions: 0 };
                 let body = RoomEventBody::Member { kind: RoomChangeKind::Left, member };
                 changes.push(change(room_id.clone(), room, body));
                 if room.is_empty() {
@@ -222,16 +444,8 @@ impl RoomShard {
                 signals: Vec::new(),
             };
         };
-        let members = (room.members.len() <= member_cap).then(|| {
-            room.members
-                .iter()
-                .map(|(user_id, member)| RoomMember {
-                    user_id: user_id.clone(),
-                    metadata: member.metadata.clone(),
-                    sessions: member.sessions,
-                })
-                .collect()
-        });
+        let members =
+            (room.members.len() <= member_cap).then(|| (0..room.members.len()).map(|at| room.listed(at)).collect());
         let signals = room
             .signals
             .iter()
@@ -276,7 +490,8 @@ impl RoomShard {
 
     /// How many of the user's sessions are in the room (0: it is not a member).
     pub(crate) fn member_sessions(&self, room_id: &str, user_id: &str) -> u32 {
-        self.rooms.get(room_id).and_then(|room| room.members.get(user_id)).map_or(0, |member| member.sessions)
+        let Some(room) = self.rooms.get(room_id) else { return 0 };
+        room.find(self.hasher.hash_one(user_id), user_id).map_or(0, |at| room.members[at].sessions)
     }
 
     /// Writes the shard's clock, the floor of every room version to come, and
@@ -309,4 +524,29 @@ impl RoomShard {
 
 fn change(room_id: CompactString, room: &Room, body: RoomEventBody) -> RoomChange {
     RoomChange { room_id, version: room.version, users: room.members.len() as u32, sessions: room.sessions, body }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An id is kept inline up to 14 bytes, boxed beyond, and is the same id either way.
+    #[test]
+    fn member_ids_of_every_length_read_back() {
+        for len in [1, 13, 14, 15, 24, 25, 128] {
+            let id = "é".repeat(len / 2) + &"x".repeat(len % 2);
+            let member = MemberId::new(&id);
+            assert_eq!(member.as_str(), id);
+            assert!(member.is(&id) && !member.is(&format!("{id}!")));
+            assert_eq!(matches!(member, MemberId::Inline { .. }), id.len() <= 14, "{len}");
+        }
+    }
+
+    /// The memory per membership rests on these sizes (see the module docs).
+    #[test]
+    fn members_stay_small() {
+        assert_eq!(std::mem::size_of::<Member>(), 24);
+        assert_eq!(std::mem::size_of::<MemberId>(), 16);
+        assert_eq!(std::mem::size_of::<MemberMetadata>(), 8);
+    }
 }

@@ -54,11 +54,12 @@ use crate::checkpoint::{CheckpointWriter, MembershipOut, UserRecord};
 use crate::config::StoreConfig;
 use crate::error::LeaseError;
 use crate::interner::{OriginRef, Origins};
-use crate::rooms::RoomFact;
+use crate::room_names::{RoomName, RoomNames};
+use crate::rooms::{MemberMetadata, MetadataSlots, NO_METADATA, RoomFact};
 use crate::stamp::StampClock;
 use crate::types::{
-    ChangeKind, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomMetadata, RoomRef,
-    State, Status, UnregisterOutcome, Unregistered, UserView,
+    ChangeKind, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomRef, State, Status,
+    UnregisterOutcome, Unregistered, UserView,
 };
 
 /// What a shard operation appends its users' changes to; the room changes
@@ -167,8 +168,8 @@ struct Lease {
 const CLOSING: u32 = Link::FLAG_A;
 /// The shard's metadata table holds an entry for this lease.
 const HAS_METADATA: u32 = Link::FLAG_B;
-/// The session is in at least one room: the shard's `lease_rooms` table holds
-/// its first membership (R1), so that a session in no room costs nothing more.
+/// The session is in at least one room (R1): its user's list of memberships
+/// holds some of its own, which a session in no room need not look for.
 const HAS_ROOMS: u32 = Link::FLAG_C;
 
 impl Lease {
@@ -247,22 +248,43 @@ pub const MAX_ROOMS_PER_SESSION: usize = 256;
 pub const SIGNAL_CHANGES_PER_SECOND: u32 = 10;
 
 /// One session's membership of one room (R1), kept on the sessions' side so
-/// that it ends with the lease. 48 bytes.
+/// that it ends with the lease. 24 bytes (see the size test). A user's
+/// memberships, of all its sessions, are one list from [`User::rooms`]: the
+/// list's head fills what was padding in the user record, so that no table
+/// keyed by lease is needed to find a session's memberships.
 #[derive(Debug)]
 struct Membership {
-    room_id: CompactString,
-    /// The session's own metadata in the room; the user shows its most recent session's.
-    metadata: RoomMetadata,
+    /// The room; the membership holds a reference to the name.
+    room: RoomName,
+    /// The session's own metadata in the room, a slot in [`Shard::room_metadata`];
+    /// the user shows its most recent session's.
+    metadata: u32,
     /// A stamp of the join or last update, which says which session is the most recent (R6).
     order: u64,
-    /// The lease's next membership, or `NIL`.
+    /// The user's next membership, or `NIL`.
     next: u32,
+    /// The lease (slab index) whose membership this is; [`FREE`] in a free slot.
+    lease: u32,
+}
+
+/// The `lease` of a free slot of the membership slab.
+const FREE: u32 = u32::MAX;
+
+impl Membership {
+    /// What a free slot holds.
+    const FREE: Membership =
+        Membership { room: RoomName::NONE, metadata: NO_METADATA, order: 0, next: NIL, lease: FREE };
+
+    fn is_free(&self) -> bool {
+        self.lease == FREE
+    }
 }
 
 /// A signal one session sends into a room it is in (S3).
 #[derive(Debug)]
 struct ActiveSignal {
-    room_id: CompactString,
+    /// Held by the session's membership of the room, which the signal never outlives.
+    room: RoomName,
     kind: CompactString,
     /// Ends here, through the wheel.
     deadline: Tick,
@@ -276,12 +298,6 @@ struct SessionSignals {
     /// Set changes caused in it.
     window_changes: u32,
     active: Vec<ActiveSignal>,
-}
-
-/// The metadata of a session that joined with none: one allocation shared by all.
-fn no_room_metadata() -> RoomMetadata {
-    static EMPTY: std::sync::LazyLock<RoomMetadata> = std::sync::LazyLock::new(|| Arc::from(Vec::new()));
-    EMPTY.clone()
 }
 
 /// The first index of an intrusive list that `is` picks, with the one before
@@ -314,6 +330,8 @@ struct User {
     /// The user's first lease in the slab (or `NIL`), and the flags
     /// [`User::online`] and [`User::has_status`].
     link: Link,
+    /// The first of its sessions' room memberships (or `NIL`), the most recently joined.
+    rooms: u32,
 }
 
 /// The user is ONLINE.
@@ -324,7 +342,7 @@ const HAS_STATUS: u32 = Link::FLAG_B;
 
 impl User {
     fn new(id: &str) -> User {
-        User { id: CompactString::from(id), version: 0, link: Link::NONE }
+        User { id: CompactString::from(id), version: 0, link: Link::NONE, rooms: NIL }
     }
 
     fn first_lease(&self) -> u32 {
@@ -419,18 +437,21 @@ pub(crate) struct Shard {
     /// The earliest timer scheduled since the store last asked, so the store
     /// can wake the expiry driver when a new deadline is earlier than its alarm.
     earliest_new_timer: Option<Tick>,
-    /// Every room membership of the shard's sessions; `None` slots are free
-    /// and listed in `free_memberships`. A lease's memberships are a list
-    /// through [`Membership::next`], most recently joined first.
-    memberships: Vec<Option<Membership>>,
+    /// Every room membership of the shard's sessions; free slots are listed
+    /// in `free_memberships`. A user's memberships are a list from
+    /// [`User::rooms`] through [`Membership::next`], most recently joined first.
+    memberships: Vec<Membership>,
     free_memberships: Vec<u32>,
-    /// The first membership of each lease that is in a room ([`Lease::has_rooms`]), by lease slot.
-    lease_rooms: HashMap<u32, u32>,
+    /// The metadata of the memberships that have any (most have none).
+    room_metadata: MetadataSlots,
+    /// References to room names that memberships held, or that a join did not
+    /// keep, since the store last took them (see `room_names.rs`).
+    released: Vec<RoomName>,
     /// The signals and rate window of each session that signalled, by lease slot (only leases in a room).
     signals: HashMap<u32, SessionSignals>,
     /// Facts about this shard's users for the room side, made under this
     /// shard's lock; the store hands them on before releasing it (see `rooms.rs`).
-    facts: Vec<RoomFact>,
+    facts: Vec<RoomFact<RoomName>>,
 }
 
 impl Shard {
@@ -461,7 +482,8 @@ impl Shard {
             earliest_new_timer: None,
             memberships: Vec::new(),
             free_memberships: Vec::new(),
-            lease_rooms: HashMap::new(),
+            room_metadata: MetadataSlots::default(),
+            released: Vec::new(),
             signals: HashMap::new(),
             facts: Vec::new(),
         }
@@ -653,76 +675,80 @@ impl Shard {
 
     /// Puts the session in the room, or updates its metadata there if it is
     /// in already (R1). Returns whether the user joined (none of its sessions
-    /// was in the room).
+    /// was in the room). `name` is the room's, with a reference that a new
+    /// membership keeps; otherwise it is handed back with the released ones.
     pub(crate) fn join(
         &mut self,
         now: Tick,
         room: &RoomRef<'_>,
+        name: RoomName,
         metadata: &[(String, String)],
         changes: &mut Changes,
     ) -> Result<bool, LeaseError> {
         let now = self.advance(now);
         let user = self.find(room.user_id);
-        let (slot, index) = self.named_lease(now, user, room.user_id, room.session_id, room.generation, changes)?;
-        let found = self.find_membership(index, room.room_id);
-        if found.is_none() && self.membership_indices(index).count() >= MAX_ROOMS_PER_SESSION {
+        let named = self.named_lease(now, user, room.user_id, room.session_id, room.generation, changes);
+        let (slot, index) = named.inspect_err(|_| self.released.push(name))?;
+        let found = self.find_membership(slot, index, name);
+        if found.is_none() && self.membership_indices(slot, index).count() >= MAX_ROOMS_PER_SESSION {
+            self.released.push(name);
             return Err(LeaseError::invalid(
                 "room_id",
                 format!("the session is in {MAX_ROOMS_PER_SESSION} rooms already, the most one may be in"),
             ));
         }
-        let joined = self.user_in_room(slot, room.room_id).0 == 0;
-        let metadata = if metadata.is_empty() { no_room_metadata() } else { Arc::from(metadata) };
+        let joined = self.user_in_room(slot, name).0 == 0;
+        let metadata = MemberMetadata::new(metadata);
         let order = self.stamps.next(now);
         match found {
             Some((_, at)) => {
-                let membership = self.membership_mut(at);
-                membership.metadata = metadata;
+                let membership = &mut self.memberships[at as usize];
+                self.room_metadata.set(&mut membership.metadata, metadata);
                 membership.order = order;
+                // The membership holds a reference already.
+                self.released.push(name);
             }
-            None => self.push_membership(index, CompactString::from(room.room_id), metadata, order),
+            None => self.push_membership(slot, index, name, metadata, order),
         }
-        self.report_member(slot, room.room_id);
+        self.report_member(slot, name);
         Ok(joined)
     }
 
     /// Takes the session out of the room, ending its signals there (R1, S3).
     /// Returns whether it was in the room, and whether the user left it.
+    /// `name` is the room's, if any session is in it.
     pub(crate) fn leave(
         &mut self,
         now: Tick,
         room: &RoomRef<'_>,
+        name: Option<RoomName>,
         changes: &mut Changes,
     ) -> Result<(bool, bool), LeaseError> {
         let now = self.advance(now);
         let user = self.find(room.user_id);
         let (slot, index) = self.named_lease(now, user, room.user_id, room.session_id, room.generation, changes)?;
-        let Some((previous, at)) = self.find_membership(index, room.room_id) else { return Ok((false, false)) };
-        self.end_signals(slot, index, Some(room.room_id));
-        let next = self.membership(at).next;
-        match previous {
-            NIL if next == NIL => {
-                self.lease_rooms.remove(&index);
-                self.lease_mut(index).link.set_flag(HAS_ROOMS, false);
-                self.signals.remove(&index);
-            }
-            NIL => {
-                self.lease_rooms.insert(index, next);
-            }
-            previous => self.membership_mut(previous).next = next,
-        }
+        let found = name.and_then(|name| Some((name, self.find_membership(slot, index, name)?)));
+        let Some((name, (previous, at))) = found else { return Ok((false, false)) };
+        self.end_signals(slot, index, Some(name));
+        self.unlink_membership(slot, previous, at);
         self.free_membership(at);
-        self.report_member(slot, room.room_id);
-        Ok((true, self.user_in_room(slot, room.room_id).0 == 0))
+        if self.membership_indices(slot, index).next().is_none() {
+            self.lease_mut(index).link.set_flag(HAS_ROOMS, false);
+            self.signals.remove(&index);
+        }
+        self.report_member(slot, name);
+        Ok((true, self.user_in_room(slot, name).0 == 0))
     }
 
     /// Sets, extends (`ttl_ms > 0`) or clears (0) the session's signal of
     /// `kind` in a room it is in (S3). Returns whether the room's set of
     /// users signalling that kind changed.
+    /// `name` is the room's, if any session is in it.
     pub(crate) fn signal(
         &mut self,
         now: Tick,
         room: &RoomRef<'_>,
+        name: Option<RoomName>,
         kind: &str,
         ttl_ms: u32,
         changes: &mut Changes,
@@ -730,16 +756,17 @@ impl Shard {
         let now = self.advance(now);
         let user = self.find(room.user_id);
         let (slot, index) = self.named_lease(now, user, room.user_id, room.session_id, room.generation, changes)?;
-        if self.find_membership(index, room.room_id).is_none() {
+        let Some(name) = name.filter(|&name| self.find_membership(slot, index, name).is_some()) else {
             return Err(LeaseError::NotInRoom {
                 user_id: room.user_id.into(),
                 session_id: room.session_id.into(),
                 room_id: room.room_id.into(),
             });
-        }
-        let own = self.signals.get(&index).and_then(|signals| {
-            signals.active.iter().position(|signal| signal.room_id == room.room_id && signal.kind == kind)
-        });
+        };
+        let own = self
+            .signals
+            .get(&index)
+            .and_then(|signals| signals.active.iter().position(|signal| signal.room == name && signal.kind == kind));
         let deadline = now + u64::from(ttl_ms);
         match (own, ttl_ms) {
             (Some(at), 1..) => {
@@ -753,7 +780,7 @@ impl Shard {
         }
         // Setting a signal no other session of the user sends, or clearing
         // the last one, changes the room's set: that is what is rationed.
-        let others = self.user_signals(slot, index, room.room_id, kind);
+        let others = self.user_signals(slot, index, name, kind);
         if !others {
             self.spend_signal_change(index, now, room)?;
         }
@@ -767,13 +794,13 @@ impl Shard {
                 signals.active.swap_remove(at);
             }
             None => {
-                signals.active.push(ActiveSignal { room_id: room.room_id.into(), kind: kind.into(), deadline });
+                signals.active.push(ActiveSignal { room: name, kind: kind.into(), deadline });
                 self.schedule_no_later_than(slot, deadline);
             }
         }
         if !others {
             self.facts.push(RoomFact::Signal {
-                room_id: room.room_id.into(),
+                room_id: name,
                 user_id: self.users[slot as usize].id.clone(),
                 kind: kind.into(),
                 on: own.is_none(),
@@ -805,21 +832,23 @@ impl Shard {
     }
 
     /// The rooms the user's sessions are in, each once, in no particular order.
-    pub(crate) fn rooms_of(&self, user_id: &str) -> Vec<CompactString> {
+    pub(crate) fn rooms_of(&self, user_id: &str) -> Vec<RoomName> {
         let Some(slot) = self.find(user_id) else { return Vec::new() };
-        let mut rooms: Vec<CompactString> = self
-            .lease_indices(slot)
-            .flat_map(|index| self.membership_indices(index))
-            .map(|at| self.membership(at).room_id.clone())
-            .collect();
+        let mut rooms: Vec<RoomName> = self.user_memberships(slot).map(|at| self.membership(at).room).collect();
         rooms.sort_unstable();
         rooms.dedup();
         rooms
     }
 
     /// Hands over the facts made for the room side since the last call.
-    pub(crate) fn take_facts(&mut self) -> Vec<RoomFact> {
+    pub(crate) fn take_facts(&mut self) -> Vec<RoomFact<RoomName>> {
         std::mem::take(&mut self.facts)
+    }
+
+    /// Hands over the references to room names released since the last call,
+    /// which the store drops once it has handed the facts on.
+    pub(crate) fn take_released(&mut self) -> Vec<RoomName> {
+        std::mem::take(&mut self.released)
     }
 
     /// The shard's time: the latest any operation brought.
@@ -1070,7 +1099,13 @@ impl Shard {
     /// user is forgotten (the last user fills its slot), and while a
     /// checkpoint is part-way through, a forget that would move an unwritten
     /// user into the written part waits (see [`Shard::forget`]).
-    pub(crate) fn checkpoint(&mut self, writer: &mut CheckpointWriter, from: usize, budget: usize) -> Option<usize> {
+    pub(crate) fn checkpoint(
+        &mut self,
+        writer: &mut CheckpointWriter,
+        from: usize,
+        budget: usize,
+        names: &RoomNames,
+    ) -> Option<usize> {
         if from == 0 {
             writer.clock(self.stamps.last());
         }
@@ -1084,11 +1119,14 @@ impl Shard {
             for index in leases.into_iter().take(usize::from(u16::MAX)) {
                 let lease = self.lease(index);
                 let metadata = self.metadata.get(&index).map_or(&[][..], |entries| &entries[..]);
+                let room_ids: Vec<CompactString> =
+                    self.membership_indices(slot as u32, index).map(|at| names.id(self.membership(at).room)).collect();
                 let rooms: Vec<MembershipOut<'_>> = self
-                    .membership_indices(index)
-                    .map(|at| {
+                    .membership_indices(slot as u32, index)
+                    .zip(&room_ids)
+                    .map(|(at, room_id)| {
                         let membership = self.membership(at);
-                        (membership.room_id.as_str(), membership.order, &membership.metadata[..])
+                        (room_id.as_str(), membership.order, self.room_metadata.get(membership.metadata).entries())
                     })
                     .collect();
                 writer.lease(
@@ -1119,7 +1157,13 @@ impl Shard {
     /// deadline passed meanwhile expire through the wheel. Returns the user's
     /// slot if it was online with nothing to hold it: its OFFLINE is due now,
     /// by [`Shard::finish_restore`] once every clock is restored.
-    pub(crate) fn restore_user(&mut self, now: Tick, user: &UserRecord<'_>, hold_until: Tick) -> Option<u32> {
+    pub(crate) fn restore_user(
+        &mut self,
+        now: Tick,
+        user: &UserRecord<'_>,
+        hold_until: Tick,
+        names: &RoomNames,
+    ) -> Option<u32> {
         let now = self.advance(now);
         let slot = self.find_or_insert(user.user_id);
         // A user written twice (forgotten and back while the checkpoint was
@@ -1156,18 +1200,12 @@ impl Shard {
             self.set_metadata(index, &lease.metadata);
             // Prepended too, last first, so that the list keeps its order.
             for room in lease.rooms.iter().rev() {
-                let metadata =
-                    if room.metadata.is_empty() { no_room_metadata() } else { Arc::from(&room.metadata[..]) };
-                self.push_membership(index, room.room_id.into(), metadata, room.order);
+                let metadata = MemberMetadata::new(&room.metadata);
+                self.push_membership(slot, index, names.acquire(room.room_id), metadata, room.order);
             }
         }
-        let mut rooms: Vec<&str> =
-            user.leases.iter().flat_map(|lease| lease.rooms.iter().map(|room| room.room_id)).collect();
-        rooms.sort_unstable();
-        rooms.dedup();
-        for room_id in rooms {
-            self.report_member(slot, room_id);
-        }
+        let rooms = self.user_memberships(slot).map(|at| self.membership(at).room).collect();
+        self.report_members(slot, rooms);
         if self.users[slot as usize].online() && self.users[slot as usize].first_lease() == NIL {
             return Some(slot);
         }
@@ -1315,53 +1353,82 @@ impl Shard {
         lease.origin = self.origins.with_before_expiry(lease.origin, before_expiry(last_heartbeat_at, expires_at));
     }
 
-    /// The lease's room memberships, as slab indices, most recently joined first.
-    fn membership_indices(&self, index: u32) -> impl Iterator<Item = u32> + '_ {
-        let first = if self.lease(index).has_rooms() { self.lease_rooms[&index] } else { NIL };
-        std::iter::successors(Some(first).filter(|&at| at != NIL), |&at| {
+    /// The room memberships of all the user's sessions, as slab indices, most recently joined first.
+    fn user_memberships(&self, slot: u32) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors(Some(self.users[slot as usize].rooms).filter(|&at| at != NIL), |&at| {
             Some(self.membership(at).next).filter(|&next| next != NIL)
         })
     }
 
+    /// The room memberships of the user's lease `index`, most recently joined first.
+    fn membership_indices(&self, slot: u32, index: u32) -> impl Iterator<Item = u32> + '_ {
+        let has_rooms = self.lease(index).has_rooms();
+        self.user_memberships(slot).filter(move |&at| has_rooms && self.membership(at).lease == index)
+    }
+
     fn membership(&self, at: u32) -> &Membership {
-        self.memberships[at as usize].as_ref().expect("a listed membership is occupied")
+        let membership = &self.memberships[at as usize];
+        debug_assert!(!membership.is_free(), "a listed membership is occupied");
+        membership
     }
 
     fn membership_mut(&mut self, at: u32) -> &mut Membership {
-        self.memberships[at as usize].as_mut().expect("a listed membership is occupied")
+        let membership = &mut self.memberships[at as usize];
+        debug_assert!(!membership.is_free(), "a listed membership is occupied");
+        membership
     }
 
-    /// The lease's membership of the room, with the one before it in the lease's list (or `NIL`).
-    fn find_membership(&self, index: u32, room_id: &str) -> Option<(u32, u32)> {
-        find_in_list(self.membership_indices(index), |at| self.membership(at).room_id == room_id)
+    /// The lease's membership of the room, with the one before it in the user's list (or `NIL`).
+    fn find_membership(&self, slot: u32, index: u32, room: RoomName) -> Option<(u32, u32)> {
+        if !self.lease(index).has_rooms() {
+            return None;
+        }
+        find_in_list(self.user_memberships(slot), |at| {
+            let membership = self.membership(at);
+            membership.lease == index && membership.room == room
+        })
     }
 
-    /// Puts a membership at the front of the lease's list.
-    fn push_membership(&mut self, index: u32, room_id: CompactString, metadata: RoomMetadata, order: u64) {
-        let next = if self.lease(index).has_rooms() { self.lease_rooms[&index] } else { NIL };
-        let membership = Membership { room_id, metadata, order, next };
+    /// Takes a membership out of its user's list, `previous` being the one before it (or `NIL`).
+    fn unlink_membership(&mut self, slot: u32, previous: u32, at: u32) {
+        let next = self.membership(at).next;
+        match previous {
+            NIL => self.users[slot as usize].rooms = next,
+            previous => self.membership_mut(previous).next = next,
+        }
+    }
+
+    /// Puts a membership of lease `index` at the front of its user's list.
+    fn push_membership(&mut self, slot: u32, index: u32, room: RoomName, metadata: MemberMetadata, order: u64) {
+        let next = self.users[slot as usize].rooms;
+        let mut membership = Membership { room, metadata: NO_METADATA, order, next, lease: index };
+        self.room_metadata.set(&mut membership.metadata, metadata);
         let at = match self.free_memberships.pop() {
             Some(at) => {
-                self.memberships[at as usize] = Some(membership);
+                self.memberships[at as usize] = membership;
                 at
             }
             None => {
-                self.memberships.push(Some(membership));
+                self.memberships.push(membership);
                 u32::try_from(self.memberships.len() - 1).expect("fewer than 2^32 memberships per shard")
             }
         };
-        self.lease_rooms.insert(index, at);
+        self.users[slot as usize].rooms = at;
         self.lease_mut(index).link.set_flag(HAS_ROOMS, true);
     }
 
+    /// Frees a membership's slot; the reference to its room's name is released.
     fn free_membership(&mut self, at: u32) -> Membership {
-        let membership = self.memberships[at as usize].take().expect("a freed membership is occupied");
+        let mut membership = std::mem::replace(&mut self.memberships[at as usize], Membership::FREE);
+        debug_assert!(!membership.is_free(), "a freed membership is occupied");
+        self.room_metadata.set(&mut membership.metadata, MemberMetadata::NONE);
+        self.released.push(membership.room);
         self.free_memberships.push(at);
         if mostly_empty(self.memberships.len() - self.free_memberships.len(), self.memberships.len())
-            && self.memberships.last().is_some_and(Option::is_none)
+            && self.memberships.last().is_some_and(Membership::is_free)
         {
             // Only free slots at the end can go without renumbering anything.
-            while self.memberships.last().is_some_and(Option::is_none) {
+            while self.memberships.last().is_some_and(Membership::is_free) {
                 self.memberships.pop();
             }
             let len = self.memberships.len() as u32;
@@ -1373,56 +1440,51 @@ impl Shard {
 
     /// How many of the user's sessions are in the room, and the metadata of
     /// the one that joined or updated last, which the user shows (R6).
-    fn user_in_room(&self, slot: u32, room_id: &str) -> (u32, Option<&RoomMetadata>) {
+    fn user_in_room(&self, slot: u32, room: RoomName) -> (u32, Option<&MemberMetadata>) {
         let mut sessions = 0;
         let mut shown: Option<&Membership> = None;
-        for index in self.lease_indices(slot) {
-            for at in self.membership_indices(index) {
-                let membership = self.membership(at);
-                if membership.room_id == room_id {
-                    sessions += 1;
-                    if shown.is_none_or(|shown| shown.order < membership.order) {
-                        shown = Some(membership);
-                    }
+        for at in self.user_memberships(slot) {
+            let membership = self.membership(at);
+            if membership.room == room {
+                sessions += 1;
+                if shown.is_none_or(|shown| shown.order < membership.order) {
+                    shown = Some(membership);
                 }
             }
         }
-        (sessions, shown.map(|membership| &membership.metadata))
+        (sessions, shown.map(|membership| self.room_metadata.get(membership.metadata)))
     }
 
     /// Tells the room side where the user stands in the room now.
-    fn report_member(&mut self, slot: u32, room_id: &str) {
+    fn report_member(&mut self, slot: u32, room: RoomName) {
         let user_id = self.users[slot as usize].id.clone();
-        let fact = match self.user_in_room(slot, room_id) {
-            (0, _) => RoomFact::Left { room_id: room_id.into(), user_id },
-            (sessions, shown) => RoomFact::Member {
-                room_id: room_id.into(),
-                user_id,
-                sessions,
-                metadata: shown.cloned().unwrap_or_else(no_room_metadata),
-            },
+        let fact = match self.user_in_room(slot, room) {
+            (0, _) => RoomFact::Left { room_id: room, user_id },
+            (sessions, shown) => {
+                RoomFact::Member { room_id: room, user_id, sessions, metadata: shown.cloned().unwrap_or_default() }
+            }
         };
         self.facts.push(fact);
     }
 
     /// Whether a session of the user other than lease `except` signals `kind` in the room.
-    fn user_signals(&self, slot: u32, except: u32, room_id: &str, kind: &str) -> bool {
+    fn user_signals(&self, slot: u32, except: u32, room: RoomName, kind: &str) -> bool {
         self.lease_indices(slot).filter(|&index| index != except && self.lease(index).has_rooms()).any(|index| {
-            self.signals.get(&index).is_some_and(|signals| {
-                signals.active.iter().any(|signal| signal.room_id == room_id && signal.kind == kind)
-            })
+            self.signals
+                .get(&index)
+                .is_some_and(|signals| signals.active.iter().any(|signal| signal.room == room && signal.kind == kind))
         })
     }
 
     /// Ends the lease's signals in the room (all of them with `None`), and
     /// tells the room side of every kind the user no longer signals there.
-    fn end_signals(&mut self, slot: u32, index: u32, room_id: Option<&str>) {
+    fn end_signals(&mut self, slot: u32, index: u32, room: Option<RoomName>) {
         let Some(signals) = self.signals.get_mut(&index) else { return };
         let mut ended = Vec::new();
         signals.active.retain(|signal| {
-            let ends = room_id.is_none_or(|room_id| signal.room_id == room_id);
+            let ends = room.is_none_or(|room| signal.room == room);
             if ends {
-                ended.push((signal.room_id.clone(), signal.kind.clone()));
+                ended.push((signal.room, signal.kind.clone()));
             }
             !ends
         });
@@ -1431,11 +1493,11 @@ impl Shard {
 
     /// For each signal of lease `index` that ended, tells the room side if no
     /// other session of the user sends it.
-    fn report_signals_ended(&mut self, slot: u32, index: u32, ended: Vec<(CompactString, CompactString)>) {
-        for (room_id, kind) in ended {
-            if !self.user_signals(slot, index, &room_id, &kind) {
+    fn report_signals_ended(&mut self, slot: u32, index: u32, ended: Vec<(RoomName, CompactString)>) {
+        for (room, kind) in ended {
+            if !self.user_signals(slot, index, room, &kind) {
                 let user_id = self.users[slot as usize].id.clone();
-                self.facts.push(RoomFact::Signal { room_id, user_id, kind, on: false });
+                self.facts.push(RoomFact::Signal { room_id: room, user_id, kind, on: false });
             }
         }
     }
@@ -1443,21 +1505,40 @@ impl Shard {
     /// Ends every membership and signal of the lease (it ends, or a new
     /// generation replaces it), telling the room side (R1, R6, S3).
     fn drop_rooms(&mut self, slot: u32, index: u32) {
+        let mut rooms = Vec::new();
+        self.end_rooms(slot, index, &mut rooms);
+        self.report_members(slot, rooms);
+    }
+
+    /// [`Shard::drop_rooms`], but for the member facts: the rooms the lease
+    /// was in are appended to `rooms`, for the caller to report once every
+    /// lease it ends is gone (its signals are reported at once).
+    fn end_rooms(&mut self, slot: u32, index: u32, rooms: &mut Vec<RoomName>) {
         if !self.lease(index).has_rooms() {
             return;
         }
         self.end_signals(slot, index, None);
         self.signals.remove(&index);
-        let mut at = self.lease_rooms.remove(&index).expect("a lease with rooms has an entry");
         self.lease_mut(index).link.set_flag(HAS_ROOMS, false);
-        let mut rooms = Vec::new();
+        let (mut previous, mut at) = (NIL, self.users[slot as usize].rooms);
         while at != NIL {
-            let membership = self.free_membership(at);
-            at = membership.next;
-            rooms.push(membership.room_id);
+            let next = self.membership(at).next;
+            if self.membership(at).lease == index {
+                self.unlink_membership(slot, previous, at);
+                rooms.push(self.free_membership(at).room);
+            } else {
+                previous = at;
+            }
+            at = next;
         }
-        for room_id in rooms {
-            self.report_member(slot, &room_id);
+    }
+
+    /// Tells the room side where the user stands in each of `rooms` now, once per room.
+    fn report_members(&mut self, slot: u32, mut rooms: Vec<RoomName>) {
+        rooms.sort_unstable();
+        rooms.dedup();
+        for room in rooms {
+            self.report_member(slot, room);
         }
     }
 
@@ -1473,7 +1554,7 @@ impl Shard {
             signals.active.retain(|signal| {
                 let ends = signal.deadline <= now;
                 if ends {
-                    ended.push((signal.room_id.clone(), signal.kind.clone()));
+                    ended.push((signal.room, signal.kind.clone()));
                 }
                 !ends
             });
@@ -1512,9 +1593,12 @@ impl Shard {
     }
 
     /// Removes the user's leases that `doomed` picks; returns how many, and the
-    /// latest deadline among them.
+    /// latest deadline among them. The rooms they were in are reported once
+    /// all are gone: two sessions of a member ending together are one leave,
+    /// not an update to the other one's metadata and then a leave (R2).
     fn remove_leases_where(&mut self, slot: u32, doomed: impl Fn(&Lease) -> bool) -> (usize, Tick) {
         let (mut removed, mut latest_deadline) = (0, 0);
+        let mut rooms = Vec::new();
         let mut previous = NIL;
         let mut index = self.users[slot as usize].first_lease();
         while index != NIL {
@@ -1522,6 +1606,7 @@ impl Shard {
             let next = lease.next();
             if doomed(lease) {
                 latest_deadline = latest_deadline.max(lease.expires_at);
+                self.end_rooms(slot, index, &mut rooms);
                 self.unlink(slot, previous, index);
                 self.free_lease(slot, index);
                 removed += 1;
@@ -1530,6 +1615,7 @@ impl Shard {
             }
             index = next;
         }
+        self.report_members(slot, rooms);
         (removed, latest_deadline)
     }
 
@@ -1763,8 +1849,9 @@ impl Shard {
     fn compact_leases(&mut self) {
         let mut old = std::mem::replace(&mut self.leases, Vec::with_capacity(tidy_size(self.sessions)));
         let mut old_metadata = std::mem::take(&mut self.metadata);
-        let mut old_rooms = std::mem::take(&mut self.lease_rooms);
         let mut old_signals = std::mem::take(&mut self.signals);
+        // The leases in rooms of the user being moved, by old and new index.
+        let mut moved = Vec::new();
         for user in &mut self.users {
             let mut index = user.first_lease();
             let mut previous = NIL;
@@ -1778,8 +1865,7 @@ impl Shard {
                     self.metadata.insert(new_index, entries);
                 }
                 if lease.has_rooms() {
-                    self.lease_rooms
-                        .insert(new_index, old_rooms.remove(&index).expect("a lease with rooms has an entry"));
+                    moved.push((index, new_index));
                     if let Some(signals) = old_signals.remove(&index) {
                         self.signals.insert(new_index, signals);
                     }
@@ -1792,6 +1878,15 @@ impl Shard {
                 previous = new_index;
                 index = next;
             }
+            let mut at = user.rooms;
+            while at != NIL {
+                let membership = &mut self.memberships[at as usize];
+                let &(_, new_index) =
+                    moved.iter().find(|&&(old, _)| old == membership.lease).expect("a lease in rooms");
+                membership.lease = new_index;
+                at = membership.next;
+            }
+            moved.clear();
         }
         debug_assert_eq!(self.leases.len(), self.sessions, "every lease is on its user's list");
         self.free_leases = Vec::new();
@@ -1898,9 +1993,10 @@ mod tests {
         let mut bytes = Vec::new();
         let mut from = 0;
         // One slice written, then the forget deadline of the leaving users passes, then the rest.
-        from = shard.checkpoint(&mut writer, from, 100).unwrap();
+        let names = RoomNames::new(1);
+        from = shard.checkpoint(&mut writer, from, 100, &names).unwrap();
         expire_all(&mut shard, now);
-        while let Some(next) = shard.checkpoint(&mut writer, from, 100) {
+        while let Some(next) = shard.checkpoint(&mut writer, from, 100, &names) {
             from = next;
             expire_all(&mut shard, now);
         }
@@ -1973,11 +2069,45 @@ mod tests {
         assert_eq!(shard.statuses.len(), 1);
     }
 
+    /// Compacting the lease slab renumbers leases: the memberships of the
+    /// leases left follow them (they name their lease by slab index).
+    #[test]
+    fn memberships_follow_their_leases_when_the_slab_is_compacted() {
+        let mut shard = Shard::new(T0, &shard_config());
+        let mut changes = Vec::new();
+        let passing = register_many(&mut shard, T0, (0..1_000).map(|i| format!("passing-{i}")));
+        let kept = register_many(&mut shard, T0, (0..10).map(|i| format!("kept-{i}")));
+        let names = RoomNames::new(1);
+        let at = |user_id, generation, room_id| RoomRef { user_id, session_id: "s", generation, room_id };
+        for (id, generation) in passing.iter().chain(&kept) {
+            for room_id in ["r1", "r2"] {
+                shard.join(T0, &at(id, *generation, room_id), names.acquire(room_id), &[], &mut changes).unwrap();
+            }
+        }
+        let rooms_of =
+            |shard: &Shard, id| -> Vec<_> { shard.rooms_of(id).into_iter().map(|name| names.id(name)).collect() };
+        for (id, generation) in &passing {
+            shard.unregister(T0 + 1, id, "s", *generation, 0, &mut changes);
+        }
+        let slab = shard.leases.len();
+        expire_all(&mut shard, T0 + 2);
+        assert!(shard.leases.len() * 4 < slab, "compacted: {} of {slab}", shard.leases.len());
+        for (id, generation) in &kept {
+            let mut rooms = rooms_of(&shard, id);
+            rooms.sort_unstable();
+            assert_eq!(rooms, ["r1", "r2"]);
+            let r2 = names.find("r2");
+            assert_eq!(shard.leave(T0 + 3, &at(id, *generation, "r2"), r2, &mut changes).unwrap(), (true, true));
+            assert_eq!(rooms_of(&shard, id), ["r1"]);
+        }
+    }
+
     /// The per-session memory budget rests on these sizes; a field added
     /// carelessly shows up here first.
     #[test]
     fn records_stay_small() {
         assert_eq!(std::mem::size_of::<Option<Lease>>(), 48);
         assert_eq!(std::mem::size_of::<User>(), 40);
+        assert_eq!(std::mem::size_of::<Membership>(), 24);
     }
 }

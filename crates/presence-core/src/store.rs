@@ -16,6 +16,7 @@ use compact_str::CompactString;
 use crate::checkpoint::{Checkpoint, CheckpointWriter, UserRecord};
 use crate::config::{ConfigError, StoreConfig};
 use crate::error::LeaseError;
+use crate::room_names::RoomNames;
 use crate::rooms::RoomShard;
 use crate::shard::{LeaseView, Shard};
 use crate::types::{
@@ -39,12 +40,16 @@ type ExpiryWaker = Box<dyn Fn() + Send + Sync>;
 pub struct Store {
     config: StoreConfig,
     /// Lock order: one shard at a time; no method holds two shard locks. A
-    /// user shard's lock may be held while one room shard's is taken, never
-    /// the reverse.
+    /// user shard's lock may be held while one room shard's, or one part of
+    /// `names`, is taken, never the reverse nor both at once.
     shards: Box<[Mutex<Shard>]>,
     /// The rooms, by a hash of the room id (see `rooms.rs`): fed facts by the
     /// user shards, under the user shard's lock, one room shard at a time.
     rooms: Box<[Mutex<RoomShard>]>,
+    /// The ids of the rooms the user shards' sessions are in, which they hold
+    /// as 4-byte names (see `room_names.rs`); its locks come after a user
+    /// shard's, never with a room shard's.
+    names: RoomNames,
     /// Independent of the shards' own table hashers, so that the bits that pick
     /// a shard do not also cluster the users inside it.
     shard_hasher: foldhash::fast::FixedState,
@@ -69,6 +74,7 @@ impl Store {
         let shards = (0..config.shards).map(|_| Mutex::new(Shard::new(now, &config))).collect();
         let rooms = (0..config.shards).map(|_| Mutex::new(RoomShard::new(now))).collect();
         Ok(Store {
+            names: RoomNames::new(config.shards),
             config,
             shards,
             rooms,
@@ -330,8 +336,9 @@ impl Store {
         validate_room_ref(room)?;
         validate::metadata(metadata)?;
         let from = changes.rooms.len();
-        let changed =
-            self.with_shard(room.user_id, changes, |shard, changes| shard.join(now, room, metadata, changes))?;
+        let changed = self.with_shard(room.user_id, changes, |shard, changes| {
+            shard.join(now, room, self.names.acquire(room.room_id), metadata, changes)
+        })?;
         Ok(Joined { changed, room_version: self.room_version(room.room_id, changes, from) })
     }
 
@@ -339,8 +346,9 @@ impl Store {
     pub fn leave(&self, now: Tick, room: &RoomRef<'_>, changes: &mut Changes) -> Result<Left, LeaseError> {
         validate_room_ref(room)?;
         let from = changes.rooms.len();
-        let (removed, changed) =
-            self.with_shard(room.user_id, changes, |shard, changes| shard.leave(now, room, changes))?;
+        let (removed, changed) = self.with_shard(room.user_id, changes, |shard, changes| {
+            shard.leave(now, room, self.names.find(room.room_id), changes)
+        })?;
         Ok(Left { removed, changed, room_version: self.room_version(room.room_id, changes, from) })
     }
 
@@ -359,8 +367,9 @@ impl Store {
         validate_room_ref(room)?;
         validate::signal(kind, ttl_ms)?;
         let from = changes.rooms.len();
-        let changed =
-            self.with_shard(room.user_id, changes, |shard, changes| shard.signal(now, room, kind, ttl_ms, changes))?;
+        let changed = self.with_shard(room.user_id, changes, |shard, changes| {
+            shard.signal(now, room, self.names.find(room.room_id), kind, ttl_ms, changes)
+        })?;
         Ok(Signalled { changed, room_version: self.room_version(room.room_id, changes, from) })
     }
 
@@ -396,7 +405,12 @@ impl Store {
     /// The rooms the user's sessions are in, sorted (as of the last
     /// operation on the user: this reads no clock and settles nothing).
     pub fn rooms_of(&self, user_id: &str) -> Vec<CompactString> {
-        self.shards[self.shard_of(user_id)].lock().rooms_of(user_id)
+        // Under the shard's lock, which keeps the names' references held.
+        let shard = self.shards[self.shard_of(user_id)].lock();
+        let mut rooms: Vec<CompactString> =
+            shard.rooms_of(user_id).into_iter().map(|name| self.names.id(name)).collect();
+        rooms.sort_unstable();
+        rooms
     }
 
     /// The room's version after an operation that appended its room changes
@@ -423,7 +437,13 @@ impl Store {
     fn hand_facts_on(&self, shard: &mut Shard, changes: &mut Vec<RoomChange>) {
         let now = shard.now();
         for fact in shard.take_facts() {
+            let fact = fact.naming(|&name| self.names.id(name));
             self.rooms[self.room_shard_of(fact.room_id())].lock().apply(now, fact, changes);
+        }
+        // Only now, with every fact named: a fact may name a room whose last
+        // reference its operation released.
+        for name in shard.take_released() {
+            self.names.release(name);
         }
     }
 
@@ -485,7 +505,9 @@ impl Store {
     /// user shards).
     pub fn checkpoint_shard(&self, index: usize, writer: &mut CheckpointWriter) {
         let mut from = 0;
-        while let Some(next) = self.shards[index].lock().checkpoint(writer, from, CHECKPOINT_USERS_PER_LOCK) {
+        while let Some(next) =
+            self.shards[index].lock().checkpoint(writer, from, CHECKPOINT_USERS_PER_LOCK, &self.names)
+        {
             from = next;
         }
         self.rooms[index].lock().checkpoint(writer);
@@ -547,12 +569,17 @@ impl Store {
     pub(crate) fn restore_user(&mut self, now: Tick, user: &UserRecord<'_>, hold_until: Tick) -> Option<(u32, u32)> {
         let shard = self.shard_of(user.user_id);
         let locked = self.shards[shard].get_mut();
-        let slot = locked.restore_user(now, user, hold_until);
+        let slot = locked.restore_user(now, user, hold_until, &self.names);
         // Its sessions' memberships, for the rooms; nobody watches a store
         // being restored, so what changes in them is not published.
-        for fact in locked.take_facts() {
+        let (facts, released) = (locked.take_facts(), locked.take_released());
+        for fact in facts {
+            let fact = fact.naming(|&name| self.names.id(name));
             let index = self.room_shard_of(fact.room_id());
             self.rooms[index].get_mut().apply(now, fact, &mut Vec::new());
+        }
+        for name in released {
+            self.names.release(name);
         }
         Some((shard as u32, slot?))
     }
@@ -566,6 +593,12 @@ impl Store {
             rooms.get_mut().finish_restore(now);
         }
         self
+    }
+
+    /// Room names in use, for tests of their lifetime.
+    #[cfg(test)]
+    pub(crate) fn room_names_in_use(&self) -> usize {
+        self.names.len()
     }
 
     /// Which shard a user lives in.

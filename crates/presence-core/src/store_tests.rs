@@ -2019,6 +2019,55 @@ fn r1_a_membership_ends_with_its_lease_with_no_further_call() {
     }
 }
 
+/// R2: sessions of a member that end together (by expiry, or a revoke of
+/// all) are one leave, not an update to another one's metadata first.
+#[test]
+fn r2_sessions_of_a_member_ending_together_are_one_leave() {
+    for end in ["expiry", "revoke"] {
+        let store = small_store();
+        let mut changes = Changes::default();
+        for (session, device) in [("a", "phone"), ("b", "laptop")] {
+            let generation = register(&store, T0, reg("u", session, "gw-a", 100), &mut changes).generation;
+            store.join(T0, &room("u", session, generation, "r"), &meta(device), &mut changes).unwrap();
+        }
+        changes = Changes::default();
+        match end {
+            "expiry" => changes = drive(&store, T0, T0 + 100),
+            _ => drop(store.revoke(T0 + 1, "u", None, &mut changes).unwrap()),
+        }
+        assert_eq!(kinds(&changes), ["Left u laptop"], "{end}");
+    }
+}
+
+/// R1, R5: a room's name lives as long as a session is in it, whatever ends
+/// the membership, and a refused join keeps none.
+#[test]
+fn r1_room_names_go_with_the_last_membership() {
+    let store = damping_store();
+    let mut changes = Changes::default();
+    let a = register(&store, T0, reg("u", "a", "gw-a", 100), &mut changes).generation;
+    let b = register(&store, T0, reg("u", "b", "gw-a", 150), &mut changes).generation;
+    let v = register(&store, T0, reg("v", "s", "gw-a", 200), &mut changes).generation;
+    for (user, session, generation, room_id) in
+        [("u", "a", a, "r1"), ("u", "a", a, "r2"), ("u", "b", b, "r1"), ("v", "s", v, "r3"), ("v", "s", v, "r1")]
+    {
+        store.join(T0, &room(user, session, generation, room_id), &meta("x"), &mut changes).unwrap();
+    }
+    store.signal(T0, &room("u", "a", a, "r2"), "typing", 10_000, &mut changes).unwrap();
+    assert!(store.join(T0, &room("u", "a", a - 1, "r4"), &[], &mut changes).is_err());
+    assert!(store.join(T0, &room("w", "s", 1, "r4"), &[], &mut changes).is_err());
+    assert_eq!(store.room_names_in_use(), 3, "r1, r2, r3: a refused join names nothing");
+    store.leave(T0 + 1, &room("v", "s", v, "r3"), &mut changes).unwrap();
+    assert_eq!(store.room_names_in_use(), 2);
+    // u's session a expires (r2 goes, r1 stays with b), then b reconnects, then v is revoked.
+    changes = drive(&store, T0, T0 + 100);
+    assert_eq!(store.room_names_in_use(), 1);
+    register(&store, T0 + 101, reg("u", "b", "gw-a", 150), &mut changes);
+    store.revoke(T0 + 102, "v", None, &mut changes).unwrap();
+    assert_eq!(store.room_names_in_use(), 0);
+    assert!(store.rooms_of("u").is_empty() && store.room("r1", 10).users == 0);
+}
+
 /// R2: a second tab of a member publishes nothing but a session count (no
 /// version move, `changed == false`); its leaving likewise, the last one's a leave.
 #[test]
