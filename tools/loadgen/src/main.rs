@@ -15,6 +15,7 @@ mod conn;
 mod direct;
 mod expiry;
 mod fanout;
+mod gateway;
 mod h2load;
 mod ids;
 mod load;
