@@ -6,7 +6,8 @@
 //! duration), `memory` (resident memory per session), `expiry` (lag from lease deadline
 //! to the OFFLINE a viewer receives), `fanout` (events per second to many viewers, and
 //! gateway renewal latency with and without a stalled viewer), `resume` (a reconnect storm of
-//! viewers with and without `known_versions`), and `h2load-prepare` /
+//! viewers with and without `known_versions`), `room-count`, `room-members` and `typing`
+//! (rooms and signals, see `rooms/`), and `h2load-prepare` /
 //! `h2load-report` around an h2load run (an outside client's view of unary `Renew`). `--help` on each
 //! subcommand lists its flags; `benches/compare.sh` runs them all against both targets.
 
@@ -25,6 +26,7 @@ mod progress;
 mod redis_seed;
 mod report;
 mod resume;
+mod rooms;
 mod server_cpu;
 mod stats;
 
@@ -63,6 +65,9 @@ fn main() -> ExitCode {
             Command::Expiry(args) => expiry::run(args, progress).await,
             Command::Fanout(args) => fanout::run(args, progress).await,
             Command::Resume(args) => resume::run(args, progress).await,
+            Command::RoomCount(args) => rooms::count::run(args, progress).await,
+            Command::RoomMembers(args) => rooms::members::run(args, progress).await,
+            Command::Typing(args) => rooms::typing::run(args, progress).await,
             Command::H2loadPrepare(args) => h2load::prepare(args).await,
             Command::H2loadReport(args) => h2load::report(args),
         }
