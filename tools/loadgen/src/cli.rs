@@ -39,6 +39,10 @@ pub(crate) enum Command {
     /// Typing signals in many small rooms (presenced only: the Redis design has no
     /// signals): signals accepted per second and signal sets delivered per second.
     Typing(TypingArgs),
+    /// Sessions that drop and come back within a window, watched (presenced only: the
+    /// Redis design has no damping): OFFLINE events viewers get; run it with and without
+    /// presenced's --offline-grace-ms.
+    Damping(DampingArgs),
     /// Register one session on presenced and write its Renew as a gRPC frame, for `h2load -d FILE`.
     H2loadPrepare(H2loadPrepareArgs),
     /// Make a report of an h2load run: its output, its --log-file, presenced's metrics before and after.
@@ -57,6 +61,7 @@ impl Command {
             Command::RoomCount(a) => &a.common,
             Command::RoomMembers(a) => &a.common,
             Command::Typing(a) => &a.common,
+            Command::Damping(a) => &a.common,
             Command::H2loadPrepare(a) => &a.common,
             Command::H2loadReport(a) => &a.common,
         }
@@ -506,6 +511,39 @@ pub(crate) struct TypingArgs {
     /// Items per signal batch.
     #[arg(long, default_value_t = 50)]
     pub(crate) signal_batch: u64,
+}
+
+/// `damping` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct DampingArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) drive: LeaseDrive,
+    /// Users (one session each) that flap, all watched.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) population: u64,
+    /// Viewers, each watching every user of the population (at most 10,000 on presenced).
+    #[arg(long, default_value_t = 10)]
+    pub(crate) viewers: u64,
+    /// Flaps (an unregister, and a register of the same session `--gap-ms` later) per second.
+    #[arg(long, default_value_t = 500.0)]
+    pub(crate) flap_rate: f64,
+    /// Time from a session's unregister to its register, ms.
+    #[arg(long, default_value_t = 200)]
+    pub(crate) gap_ms: u64,
+    /// Length of the flapping phase.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// presenced's metrics endpoint (`--metrics-listen`), to read `presenced_suppressed_flaps`.
+    #[arg(long)]
+    pub(crate) metrics_addr: Option<String>,
+    /// The server's --offline-grace-ms, as a label in the report (the generator cannot see it).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) grace_ms: u64,
+    /// Lease TTL, ms.
+    #[arg(long, default_value_t = 600_000)]
+    pub(crate) ttl_ms: u32,
 }
 
 /// `h2load-prepare` flags.

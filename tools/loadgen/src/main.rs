@@ -7,12 +7,14 @@
 //! to the OFFLINE a viewer receives), `fanout` (events per second to many viewers, and
 //! gateway renewal latency with and without a stalled viewer), `resume` (a reconnect storm of
 //! viewers with and without `known_versions`), `room-count`, `room-members` and `typing`
-//! (rooms and signals, see `rooms/`), and `h2load-prepare` /
+//! (rooms and signals, see `rooms/`), `damping` (flaps with and without the server's offline
+//! grace), and `h2load-prepare` /
 //! `h2load-report` around an h2load run (an outside client's view of unary `Renew`). `--help` on each
 //! subcommand lists its flags; `benches/compare.sh` runs them all against both targets.
 
 mod cli;
 mod conn;
+mod damping;
 mod direct;
 mod expiry;
 mod fanout;
@@ -68,6 +70,7 @@ fn main() -> ExitCode {
             Command::RoomCount(args) => rooms::count::run(args, progress).await,
             Command::RoomMembers(args) => rooms::members::run(args, progress).await,
             Command::Typing(args) => rooms::typing::run(args, progress).await,
+            Command::Damping(args) => damping::run(args, progress).await,
             Command::H2loadPrepare(args) => h2load::prepare(args).await,
             Command::H2loadReport(args) => h2load::report(args),
         }
