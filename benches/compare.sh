@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # presenced against the Redis + Lua baseline of seed 000, with the same workloads.
 #
-#   bash benches/compare.sh            # defaults: about 10 minutes on 2 cores
+#   bash benches/compare.sh            # defaults: about 12 minutes on 2 cores
 #   LOAD_USERS=1200000 EXPIRY_USERS=100000 bash benches/compare.sh   # the full sizes
 #   SCENARIOS="expiry-scale h2load" bash benches/compare.sh           # a subset
+#   SCENARIOS="room-count room-members typing damping" bash benches/compare.sh   # rooms, signals, damping (presenced only)
 #
 # What it does:
 #   1. builds target/release/presenced and target/release/presence-loadgen;
@@ -47,7 +48,15 @@ EXPIRY_SCALE_GATEWAY_SESSIONS=${EXPIRY_SCALE_GATEWAY_SESSIONS:-10000}  # renewed
 EXPIRY_SCALE_GATEWAY_RATE=${EXPIRY_SCALE_GATEWAY_RATE:-1000}          # renewals/s, steady
 EXPIRY_SCALE_REDIS_USERS=${EXPIRY_SCALE_REDIS_USERS:-0}  # 0 = no Redis run (see expiry-scale below)
 H2LOAD_THREADS=${H2LOAD_THREADS:-2}           # h2load -t: one per core, as the generator's default
-SCENARIOS=${SCENARIOS:-load unary-defaults h2load pinned batches memory expiry expiry-scale fanout fanout-million resume}
+ROOMS_DURATION=${ROOMS_DURATION:-10s}         # room-count, room-members, typing, damping: the measured phase
+ROOM_COUNT_MEMBERS=${ROOM_COUNT_MEMBERS:-100000}      # room-count: one room this big, 1,000 count watchers
+ROOM_COUNT_CHURN=${ROOM_COUNT_CHURN:-5000}            # room-count: joins + leaves/s
+ROOM_MEMBERS_ROOMS=${ROOM_MEMBERS_ROOMS:-10000}       # room-members: rooms of 50, 5 member watchers each
+ROOM_MEMBERS_WATCHERS_PER_ROOM=${ROOM_MEMBERS_WATCHERS_PER_ROOM:-5}
+ROOM_MEMBERS_CHURN=${ROOM_MEMBERS_CHURN:-2000}        # room-members: metadata updates/s
+TYPING_ROOMS=${TYPING_ROOMS:-10000}                   # typing: rooms of 3, one member watcher each
+DAMPING_GRACE_MS=${DAMPING_GRACE_MS:-1000}            # damping: the damped server's --offline-grace-ms
+SCENARIOS=${SCENARIOS:-load unary-defaults h2load pinned batches memory expiry expiry-scale fanout fanout-million resume room-count room-members typing damping}
 RESULTS=${RESULTS:-target/compare/$(date -u +%Y%m%dT%H%M%SZ)}
 REDIS_PORT=${REDIS_PORT:-$((20000 + RANDOM % 20000))}
 METRICS_PORT=${METRICS_PORT:-$((40000 + RANDOM % 20000))}   # presenced --metrics-listen (h2load)
@@ -289,6 +298,45 @@ for scenario in $SCENARIOS; do
         fresh_servers
         run resume-presenced presenced resume --viewers 1000 --watch 500 --population 5000
         ;;
+    room-count)
+        # presenced only (the Redis design has no rooms): one room of ROOM_COUNT_MEMBERS,
+        # 1,000 count-mode watchers (one frame a second at most), ROOM_COUNT_CHURN joins +
+        # leaves/s by 10,000 other sessions, and a gateway renewing 10,000 more at 2,000/s,
+        # quiet for 5 s and then through the churn (R3).
+        fresh_servers
+        run room-count-presenced presenced room-count --members "$ROOM_COUNT_MEMBERS" --watchers 1000 \
+            --churn-rate "$ROOM_COUNT_CHURN" --duration "$ROOMS_DURATION"
+        ;;
+    room-members)
+        # presenced only: ROOM_MEMBERS_ROOMS rooms x 50 members (distinct users), 5
+        # member-mode watchers per room, 100 streams per HTTP/2 connection, members updating
+        # their metadata (stamped with the send time) at ROOM_MEMBERS_CHURN/s.
+        fresh_servers
+        run room-members-presenced presenced room-members --rooms "$ROOM_MEMBERS_ROOMS" --members 50 \
+            --watchers-per-room "$ROOM_MEMBERS_WATCHERS_PER_ROOM" --churn-rate "$ROOM_MEMBERS_CHURN" \
+            --duration "$ROOMS_DURATION"
+        ;;
+    typing)
+        # presenced only: TYPING_ROOMS rooms x 3 members, every member signalling `typing`
+        # (ttl 5 s) every 3 s through Leases signal items, every third a clear; one member
+        # watcher per room (S3).
+        fresh_servers
+        run typing-presenced presenced typing --rooms "$TYPING_ROOMS" --members 3 --duration "$ROOMS_DURATION"
+        ;;
+    damping)
+        # presenced only (E6): 10,000 watched users flapping (unregister, register 200 ms
+        # later) at 500/s, once against a server as it is and once against one started with
+        # --offline-grace-ms DAMPING_GRACE_MS; presenced_suppressed_flaps read from its metrics.
+        for grace in 0 "$DAMPING_GRACE_MS"; do
+            PRESENCED_EXTRA=(--metrics-listen "127.0.0.1:$METRICS_PORT")
+            name=damping-off-presenced
+            if [[ $grace != 0 ]]; then PRESENCED_EXTRA+=(--offline-grace-ms "$grace"); name=damping-on-presenced; fi
+            fresh_servers
+            run "$name" presenced damping --population 10000 --viewers 10 --flap-rate 500 --gap-ms 200 \
+                --duration "$ROOMS_DURATION" --grace-ms "$grace" --metrics-addr "127.0.0.1:$METRICS_PORT"
+        done
+        PRESENCED_EXTRA=()
+        ;;
     memory)
         first=${MEMORY_SESSIONS%% *}
         for n in $MEMORY_SESSIONS; do
@@ -344,7 +392,7 @@ for scenario in $SCENARIOS; do
                 --stalled-viewer --mode unary --concurrency 16 --connections 2
         done
         ;;
-    *) echo "unknown scenario $scenario (load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume)" >&2; exit 2 ;;
+    *) echo "unknown scenario $scenario (load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-members, typing, damping)" >&2; exit 2 ;;
     esac
 done
 stop_servers
@@ -485,6 +533,40 @@ if p:
         row(label, "request bytes", g(p, "scenario", storm, "request_bytes"), None)
         row(label, "all reopened, ms", g(p, "scenario", storm, "elapsed_ms"), None, "{:.1f}")
     row("reconnect storm: snapshot bytes, whole / resumed", "ratio (target >= 20)", g(p, "scenario", "response_bytes_ratio"), None, "{:.1f}")
+p = rep("room-count-presenced")
+if p:
+    label = "room-count: 1 room of {:,}, {:,} count watchers".format(g(p, "scenario", "members") or 0, g(p, "scenario", "watchers_open") or 0)
+    row(label, "joins + leaves/s achieved", g(p, "scenario", "churn", "per_s"), None)
+    row(label, "frames/watcher/interval, mean", g(p, "scenario", "frames", "per_watcher_per_interval_mean"), None, "{:.3f}")
+    row(label, "frames/watcher/interval, max (rule <= 1)", g(p, "scenario", "frames", "per_watcher_per_interval_max"), None, "{:.3f}")
+    row(label, "most frames within one interval", g(p, "scenario", "frames", "most_within_one_interval"), None)
+    row(label, "shortest gap between frames ms", g(p, "scenario", "frames", "min_gap_ms"), None, "{:.1f}")
+    row(label, "gateway renew p99 ms, quiet", ms(g(p, "scenario", "gateway", "quiet", "p99_ns")), None, "{:.3f}")
+    row(label, "gateway renew p99 ms, during churn", ms(g(p, "scenario", "gateway", "during_churn", "p99_ns")), None, "{:.3f}")
+    row(label, "gateway p99 during / quiet (target <= 2)", g(p, "scenario", "gateway", "p99_during_over_quiet"), None, "{:.2f}")
+p = rep("room-members-presenced")
+if p:
+    label = "room-members: {:,} rooms x {}, {:,} member watchers".format(g(p, "scenario", "rooms") or 0, g(p, "scenario", "members_per_room") or 0, g(p, "scenario", "watchers_open") or 0)
+    row(label, "metadata updates/s achieved", g(p, "scenario", "updates", "per_s"), None)
+    row(label, "room changes delivered/s", g(p, "scenario", "events_per_s"), None)
+    row(label, "change -> watcher p50 ms", ms(g(p, "scenario", "delivery_p50_ns")), None, "{:.2f}")
+    row(label, "change -> watcher p99 ms", ms(g(p, "scenario", "delivery_p99_ns")), None, "{:.2f}")
+    row(label, "resyncs", g(p, "scenario", "resyncs"), None)
+p = rep("typing-presenced")
+if p:
+    label = "typing: {:,} rooms x {}, 1 watcher each".format(g(p, "scenario", "rooms") or 0, g(p, "scenario", "members_per_room") or 0)
+    row(label, "signals accepted/s", g(p, "scenario", "signals", "accepted_per_s"), None)
+    row(label, "signals refused", g(p, "scenario", "signals", "refused"), None)
+    row(label, "SignalSet deliveries/s", g(p, "scenario", "signal_sets_per_s"), None)
+for name, label in (("damping-off-presenced", "damping: flaps (200 ms gaps), no grace"),
+                    ("damping-on-presenced", "damping: flaps (200 ms gaps), --offline-grace-ms {}")):
+    p = rep(name)
+    if not p: continue
+    label = label.format(g(p, "scenario", "grace_ms"))
+    row(label, "flaps", g(p, "scenario", "flaps"), None)
+    row(label, "OFFLINE events to viewers", g(p, "scenario", "offline_events"), None)
+    row(label, "OFFLINE events per flap", g(p, "scenario", "offline_events_per_flap"), None, "{:.2f}")
+    row(label, "presenced_suppressed_flaps (moved)", g(p, "scenario", "suppressed_flaps"), None)
 w = [max(len(x[i]) for x in rows + [("scenario", "unit", "presenced", "redis", "ratio")]) for i in range(5)]
 line = lambda x: "  ".join(s.ljust(w[i]) if i < 2 else s.rjust(w[i]) for i, s in enumerate(x))
 out = [line(("scenario", "unit", "presenced", "redis", "ratio")), line(tuple("-" * n for n in w))] + [line(x) for x in rows]

@@ -30,6 +30,19 @@ pub(crate) enum Command {
     Fanout(FanoutArgs),
     /// A reconnect storm (presenced): V viewers reopen their Watch at once, without and with `known_versions`.
     Resume(ResumeArgs),
+    /// One huge room (presenced only: the Redis design has no rooms): count-mode watchers
+    /// under join/leave churn; frames per interval and a gateway's p99 quiet and during.
+    RoomCount(RoomCountArgs),
+    /// Many small rooms (presenced only: the Redis design has no rooms): member-mode
+    /// watchers while members update; changes delivered per second and change -> watcher p99.
+    RoomMembers(RoomMembersArgs),
+    /// Typing signals in many small rooms (presenced only: the Redis design has no
+    /// signals): signals accepted per second and signal sets delivered per second.
+    Typing(TypingArgs),
+    /// Sessions that drop and come back within a window, watched (presenced only: the
+    /// Redis design has no damping): OFFLINE events viewers get; run it with and without
+    /// presenced's --offline-grace-ms.
+    Damping(DampingArgs),
     /// Register one session on presenced and write its Renew as a gRPC frame, for `h2load -d FILE`.
     H2loadPrepare(H2loadPrepareArgs),
     /// Make a report of an h2load run: its output, its --log-file, presenced's metrics before and after.
@@ -45,6 +58,10 @@ impl Command {
             Command::Expiry(a) => &a.common,
             Command::Fanout(a) => &a.common,
             Command::Resume(a) => &a.common,
+            Command::RoomCount(a) => &a.common,
+            Command::RoomMembers(a) => &a.common,
+            Command::Typing(a) => &a.common,
+            Command::Damping(a) => &a.common,
             Command::H2loadPrepare(a) => &a.common,
             Command::H2loadReport(a) => &a.common,
         }
@@ -344,6 +361,186 @@ pub(crate) struct ResumeArgs {
     /// Viewer streams per HTTP/2 connection.
     #[arg(long, default_value_t = 100)]
     pub(crate) viewers_per_connection: u64,
+    /// Lease TTL, ms.
+    #[arg(long, default_value_t = 600_000)]
+    pub(crate) ttl_ms: u32,
+}
+
+/// How the room scenarios send their registers, joins, leaves and signals: explicit
+/// batches on presenced `Leases` streams.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct LeaseDrive {
+    /// Items per Leases batch.
+    #[arg(long, default_value_t = 500)]
+    pub(crate) batch: u64,
+    /// Batches in flight.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) concurrency: u64,
+    /// Leases streams (one HTTP/2 connection each) the batches share.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) connections: u64,
+}
+
+impl LeaseDrive {
+    /// The connection layout for `common`'s target, `batch` items per call.
+    pub(crate) fn conn_spec(&self, common: &Common, batch: u64) -> ConnSpec {
+        ConnSpec {
+            endpoints: common.endpoints(),
+            mode: Mode::Leases,
+            concurrency: self.concurrency,
+            connections: self.connections,
+            batch,
+            max_delay: Duration::from_millis(1),
+        }
+    }
+}
+
+/// What every room scenario is run with.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RoomRun {
+    /// Watcher streams per HTTP/2 connection.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) watchers_per_connection: u64,
+    /// Length of the measured phase (churn, updates, signals).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// Lease TTL, ms.
+    #[arg(long, default_value_t = 600_000)]
+    pub(crate) ttl_ms: u32,
+}
+
+/// A bystander gateway's flags (see `gateway.rs`).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct GatewayArgs {
+    /// Gateway sessions renewed throughout (other users, in no room), one unary Renew each.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) gateway_sessions: u64,
+    /// Gateway renewals per second.
+    #[arg(long, default_value_t = 2_000.0)]
+    pub(crate) gateway_rate: f64,
+    /// Gateway renewals in flight (they share one HTTP/2 connection).
+    #[arg(long, default_value_t = 8)]
+    pub(crate) gateway_concurrency: u64,
+    /// The quiet phase the gateway is measured in before the load starts.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub(crate) quiet_phase: Duration,
+}
+
+/// `room-count` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RoomCountArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) drive: LeaseDrive,
+    #[command(flatten)]
+    pub(crate) run: RoomRun,
+    #[command(flatten)]
+    pub(crate) gateway: GatewayArgs,
+    /// Members of the room (users with one session each), joined before the watchers open.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) members: u64,
+    /// Count-mode watchers of the room.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) watchers: u64,
+    /// The watchers' `count_interval_ms`.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) count_interval_ms: u32,
+    /// Sessions (of other users) that join and leave the room in turn.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) churn_sessions: u64,
+    /// Joins plus leaves per second.
+    #[arg(long, default_value_t = 5_000.0)]
+    pub(crate) churn_rate: f64,
+    /// Items per churn batch.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) churn_batch: u64,
+}
+
+/// `room-members` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RoomMembersArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) drive: LeaseDrive,
+    #[command(flatten)]
+    pub(crate) run: RoomRun,
+    /// Rooms.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) rooms: u64,
+    /// Members per room, each a distinct user with one session (session k is in room k mod rooms).
+    #[arg(long, default_value_t = 50)]
+    pub(crate) members: u64,
+    /// Member-mode watchers per room.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) watchers_per_room: u64,
+    /// Member metadata updates per second (a join of a member again, its send time in the metadata).
+    #[arg(long, default_value_t = 2_000.0)]
+    pub(crate) churn_rate: f64,
+    /// Items per churn batch.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) churn_batch: u64,
+}
+
+/// `typing` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct TypingArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) drive: LeaseDrive,
+    #[command(flatten)]
+    pub(crate) run: RoomRun,
+    /// Rooms.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) rooms: u64,
+    /// Members per room, each a distinct user with one session.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) members: u64,
+    /// The signal's TTL, ms.
+    #[arg(long, default_value_t = 5_000)]
+    pub(crate) signal_ttl_ms: u32,
+    /// Every member sends a signal this often, ms: sets it, or renews it before it runs out.
+    #[arg(long, default_value_t = 3_000)]
+    pub(crate) renew_every_ms: u64,
+    /// Every this many of a member's signals is a clear (ttl 0) instead: it stops typing
+    /// for a while and starts again; 0 = it never stops.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) pause_every: u64,
+    /// Items per signal batch.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) signal_batch: u64,
+}
+
+/// `damping` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct DampingArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) drive: LeaseDrive,
+    /// Users (one session each) that flap, all watched.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) population: u64,
+    /// Viewers, each watching every user of the population (at most 10,000 on presenced).
+    #[arg(long, default_value_t = 10)]
+    pub(crate) viewers: u64,
+    /// Flaps (an unregister, and a register of the same session `--gap-ms` later) per second.
+    #[arg(long, default_value_t = 500.0)]
+    pub(crate) flap_rate: f64,
+    /// Time from a session's unregister to its register, ms.
+    #[arg(long, default_value_t = 200)]
+    pub(crate) gap_ms: u64,
+    /// Length of the flapping phase.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// presenced's metrics endpoint (`--metrics-listen`), to read `presenced_suppressed_flaps`.
+    #[arg(long)]
+    pub(crate) metrics_addr: Option<String>,
+    /// The server's --offline-grace-ms, as a label in the report (the generator cannot see it).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) grace_ms: u64,
     /// Lease TTL, ms.
     #[arg(long, default_value_t = 600_000)]
     pub(crate) ttl_ms: u32,

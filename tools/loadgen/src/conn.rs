@@ -236,6 +236,48 @@ pub(crate) struct GenItem {
     pub(crate) ttl_ms: u32,
 }
 
+/// What a room item does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RoomOp {
+    /// Join the room (a session already in it updates its room metadata). With
+    /// `stamped`, the metadata carries the send time, Unix ns, under [`SENT_NS_KEY`],
+    /// so that a watcher can measure the change's latency.
+    Join {
+        /// Put the send time in the metadata.
+        stamped: bool,
+    },
+    /// Leave the room.
+    Leave,
+    /// Set (`ttl_ms` > 0) or clear (0) the `typing` signal in the room.
+    Typing {
+        /// The signal's TTL.
+        ttl_ms: u32,
+    },
+}
+
+/// The room metadata key that holds a join's send time (Unix ns, decimal).
+pub(crate) const SENT_NS_KEY: &str = "sent_ns";
+
+/// A room item to send for one session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RoomItem {
+    /// Session number.
+    pub(crate) session: u64,
+    /// The generation the gateway holds (filled in by the sender).
+    pub(crate) generation: u64,
+    /// Room number (see [`crate::ids::room_id`]).
+    pub(crate) room: u64,
+    /// What to do.
+    pub(crate) op: RoomOp,
+}
+
+/// A room item's answer.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RoomDone {
+    /// The room changed: the user joined or left it, or the signal set changed.
+    pub(crate) changed: bool,
+}
+
 /// A register's answer.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Registered {
@@ -337,6 +379,39 @@ fn renew_request(n: &Naming, item: &GenItem) -> pb::RenewRequest {
 fn unregister_request(n: &Naming, item: &GenItem) -> pb::UnregisterRequest {
     let (user_id, session_id) = n.ids(item.session);
     pb::UnregisterRequest { user_id, session_id, generation: item.generation, linger_ms: 0, ..Default::default() }
+}
+
+fn room_lease_item(n: &Naming, item: &RoomItem) -> lease_item::Op {
+    let (user_id, session_id) = n.ids(item.session);
+    let (generation, room_id) = (item.generation, crate::ids::room_id(item.room));
+    match item.op {
+        RoomOp::Join { stamped } => {
+            let metadata = if stamped {
+                [(SENT_NS_KEY.to_owned(), crate::expiry::unix_ns().to_string())].into_iter().collect()
+            } else {
+                Default::default()
+            };
+            lease_item::Op::Join(pb::JoinRequest { user_id, session_id, generation, room_id, metadata })
+        }
+        RoomOp::Leave => lease_item::Op::Leave(pb::LeaveRequest { user_id, session_id, generation, room_id }),
+        RoomOp::Typing { ttl_ms } => lease_item::Op::Signal(pb::SignalRequest {
+            user_id,
+            session_id,
+            generation,
+            room_id,
+            kind: "typing".into(),
+            ttl_ms,
+        }),
+    }
+}
+
+fn room_done(r: lease_result::Result) -> Option<RoomDone> {
+    match r {
+        lease_result::Result::Join(r) => Some(RoomDone { changed: r.changed }),
+        lease_result::Result::Leave(r) => Some(RoomDone { changed: r.changed }),
+        lease_result::Result::Signal(r) => Some(RoomDone { changed: r.changed }),
+        _ => None,
+    }
 }
 
 fn registered(r: &pb::RegisterResponse) -> Registered {
@@ -476,6 +551,19 @@ impl Conn {
                     .collect()
             }
             Conn::Redis(r) => r.unregister(n, items).await,
+        }
+    }
+
+    /// Sends room items (presenced over a `Leases` stream only: the Redis design has no rooms).
+    pub(crate) async fn rooms(&mut self, n: &Naming, items: &[RoomItem]) -> Vec<Result<RoomDone, ItemErr>> {
+        match self {
+            Conn::Leases(ch) | Conn::Coalesced(ch) => {
+                let batch = items.iter().map(|i| pb::LeaseItem { op: Some(room_lease_item(n, i)) }).collect();
+                batch_results(items.len(), ch.submit_batch(batch).await, room_done)
+            }
+            Conn::Unary(_) | Conn::Redis(_) => {
+                items.iter().map(|_| Err(ItemErr::internal("room items are sent as Leases items"))).collect()
+            }
         }
     }
 }

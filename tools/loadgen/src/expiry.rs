@@ -17,9 +17,9 @@
 //! registered in step 1, and once step 3 is done a gateway renews them with unary
 //! `Renew`s at `--gateway-rate` in two phases: *quiet*, from the end of step 3 to the
 //! first deadline (the window is moved `--quiet-ms` later to make room for it), and
-//! *expiry*, from the first deadline to the last. The ratio of their p99s says how much
-//! a wave of expiries costs the gateways that keep renewing through it. The gateway has
-//! a thread and a runtime of its own, apart from the viewer's.
+//! *expiry*, from the first deadline to the last (see [`crate::gateway`]). The ratio of
+//! their p99s says how much a wave of expiries costs the gateways that keep renewing
+//! through it.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,11 +33,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cli::ExpiryArgs;
-use crate::conn::{ConnSpec, Endpoints, Mode, Naming, TargetKind, open_conns};
-use crate::fanout::renew_summary;
+use crate::conn::{Endpoints, Naming, TargetKind};
+use crate::gateway::{self, GatewaySpec};
 use crate::ids::{Generations, Population, Slots, parse_user_id, user_id};
 use crate::load::phase_report;
-use crate::phase::{Bound, PhaseResult, PhaseSpec, Shared, TtlPlan, Work, register_everyone, run_phase};
+use crate::phase::{Bound, PhaseSpec, Shared, TtlPlan, Work, register_everyone, run_phase};
 use crate::progress::Progress;
 use crate::redis_seed::{self, OUT_PREFIX, Scripts};
 use crate::report::Report;
@@ -256,83 +256,6 @@ pub(crate) async fn start_sweeper(
     }))
 }
 
-/// The gateway's two phases.
-#[derive(Debug)]
-struct GatewayResult {
-    /// From the end of the arranging registers to the first deadline (`None` when the
-    /// registers ran past the first deadline and left no quiet time).
-    quiet: Option<PhaseResult>,
-    /// From the first deadline to the last.
-    expiry: PhaseResult,
-}
-
-/// p99 during the expiries over p99 in the quiet phase; `None` without samples in both.
-fn p99_ratio(quiet: &PhaseResult, expiry: &PhaseResult) -> Option<f64> {
-    let (q, e) = (quiet.rec.percentile_ns(99.0), expiry.rec.percentile_ns(99.0));
-    (quiet.rec.ok_count() > 0 && expiry.rec.ok_count() > 0 && q > 0).then(|| e as f64 / q as f64)
-}
-
-/// Starts the gateway: sessions `first..first + sessions` renewed one unary call each at
-/// `rate`, quiet until `first_deadline_ms`, then through the window up to `last_deadline_ms`.
-///
-/// It runs on a thread of its own with its own single-threaded runtime: on the
-/// generator's runtime its answers would wait behind the viewer tasks decoding the
-/// wave of OFFLINE events, and its p99 would measure the generator, not the server.
-fn start_gateway(
-    endpoints: &Endpoints,
-    shared: &Arc<Shared>,
-    args: &ExpiryArgs,
-    first: u64,
-    first_deadline_ms: i64,
-    last_deadline_ms: i64,
-) -> Result<JoinHandle<Result<GatewayResult, String>>, String> {
-    // Unary whatever --mode the expiry users were registered in: a gateway heartbeating
-    // one socket per call is the one whose latency a wave of expiries would show.
-    let spec = ConnSpec {
-        endpoints: endpoints.clone(),
-        mode: Mode::Unary,
-        concurrency: args.gateway_concurrency.max(1),
-        connections: 1,
-        batch: 1,
-        max_delay: Duration::from_millis(1),
-    };
-    let (shared, sessions, rate) = (Arc::clone(shared), args.gateway_sessions, args.gateway_rate);
-    let phase = move |title: &str, duration: Duration| PhaseSpec {
-        title: title.into(),
-        work: Work::Renew { ttl_ms: SETUP_TTL_MS },
-        items_per_call: 1,
-        bound: Bound::For { first, sessions, duration },
-        rate,
-    };
-    // Its phases run beside the expiry spinner: no bars of their own.
-    let hidden = Progress::new(true);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the gateway's runtime: {e}"))?;
-    let thread = std::thread::Builder::new().name("gateway".into()).spawn(move || {
-        // The connections belong to the runtime that opens them: open them here.
-        runtime.block_on(async move {
-            let conns = open_conns(&spec).await?;
-            let quiet_ms = first_deadline_ms - redis_seed::now_ms();
-            let (quiet, conns) = if quiet_ms > 0 {
-                let quiet = phase("gateway quiet", Duration::from_millis(quiet_ms as u64));
-                let (r, conns) = run_phase(conns, Arc::clone(&shared), quiet, hidden).await;
-                (Some(r), conns)
-            } else {
-                (None, conns)
-            };
-            let window_ms = (last_deadline_ms - redis_seed::now_ms()).max(1) as u64;
-            let (expiry, _conns) =
-                run_phase(conns, shared, phase("gateway expiry", Duration::from_millis(window_ms)), hidden).await;
-            Ok(GatewayResult { quiet, expiry })
-        })
-    });
-    let thread = thread.map_err(|e| format!("cannot start the gateway's thread: {e}"))?;
-    // Joined from a blocking task, so that waiting for it holds no runtime thread.
-    Ok(tokio::task::spawn_blocking(move || thread.join().unwrap_or_else(|_| Err("the gateway panicked".into()))))
-}
-
 /// Runs the scenario.
 pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, String> {
     let common = &args.common;
@@ -423,6 +346,14 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
     let min_deadline = deadlines.iter().copied().filter(|&d| d > 0).min().unwrap_or(first_deadline);
     let max_deadline = deadlines.iter().copied().max().unwrap_or(first_deadline);
     let give_up_ns = (max_deadline * 1_000_000).saturating_add(args.timeout.as_nanos() as i64);
+    let gateway_spec = GatewaySpec {
+        endpoints: endpoints.clone(),
+        first: n,
+        sessions: g,
+        rate: args.gateway_rate,
+        concurrency: args.gateway_concurrency,
+        ttl_ms: SETUP_TTL_MS,
+    };
     let gateway = if g > 0 {
         if redis_seed::now_ms() >= min_deadline {
             println!(
@@ -430,7 +361,7 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
                  (raise --quiet-ms)"
             );
         }
-        Some(start_gateway(&endpoints, &shared, &args, n, min_deadline, max_deadline)?)
+        Some(gateway::start(&gateway_spec, &shared, min_deadline, max_deadline)?)
     } else {
         None
     };
@@ -504,21 +435,7 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
     report.set("drain_after_last_deadline_ns", drain_after_last);
     report.set("register_phase", phase_report("register", &setup, "normal"));
     if let Some(gw) = &gateway {
-        let ratio = gw.quiet.as_ref().and_then(|q| p99_ratio(q, &gw.expiry));
-        report.set(
-            "gateway",
-            json!({
-                "sessions": g,
-                "rate": args.gateway_rate,
-                "concurrency": args.gateway_concurrency,
-                "mode": Mode::Unary.label(target),
-                "quiet": gw.quiet.as_ref().map(renew_summary),
-                "quiet_ms": gw.quiet.as_ref().map(|q| q.elapsed.as_millis() as u64),
-                "during_expiry": renew_summary(&gw.expiry),
-                "during_expiry_ms": gw.expiry.elapsed.as_millis() as u64,
-                "p99_during_over_quiet": ratio,
-            }),
-        );
+        report.set("gateway", gw.summary(&gateway_spec, "during_expiry"));
     }
     if target == TargetKind::Redis {
         report.set(
@@ -567,22 +484,7 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
         );
     }
     if let Some(gw) = &gateway {
-        let line = |p: &PhaseResult| {
-            format!(
-                "p50 {} p99 {} ({} renewals, {:.0}/s, {} errors)",
-                fmt_ns(p.rec.percentile_ns(50.0)),
-                fmt_ns(p.rec.percentile_ns(99.0)),
-                p.rec.count(),
-                p.rate(),
-                p.rec.count() - p.rec.ok_count()
-            )
-        };
-        let quiet = gw.quiet.as_ref().map_or_else(|| "none".into(), line);
-        let ratio = gw.quiet.as_ref().and_then(|q| p99_ratio(q, &gw.expiry));
-        println!("  gateway renew, quiet: {quiet}\n  gateway renew, during the expiries: {}", line(&gw.expiry));
-        if let Some(r) = ratio {
-            println!("  gateway renew p99 during / quiet: x{r:.2}");
-        }
+        gw.print("during the expiries");
     }
     Ok(report)
 }
@@ -610,29 +512,5 @@ mod tests {
         assert_eq!(c.unexpected.load(Ordering::Relaxed), 2);
         let lags = c.lags.lock().unwrap();
         assert_eq!(lags.slowest_ns(), 5_000_000);
-    }
-
-    #[test]
-    fn gateway_ratio_is_p99_during_over_quiet() {
-        let phase = |ms: &[u64]| {
-            let mut p = PhaseResult::default();
-            for &m in ms {
-                p.rec.ok(Duration::from_millis(m), 1);
-            }
-            p
-        };
-        // 100 samples each: p99 is the 99th smallest, so one outlier in 100 is above it.
-        let quiet: Vec<u64> = (1..=100).map(|i| if i == 100 { 50 } else { 1 }).collect();
-        let during: Vec<u64> = (1..=100).map(|i| if i == 100 { 80 } else { 1 }).collect();
-        assert_eq!(p99_ratio(&phase(&quiet), &phase(&during)), Some(1.0), "one outlier is above p99");
-        // Two are not.
-        let during: Vec<u64> = (1..=100).map(|i| if i >= 99 { 3 } else { 1 }).collect();
-        let ratio = p99_ratio(&phase(&quiet), &phase(&during)).unwrap();
-        assert!((ratio - 3.0).abs() < 0.01, "{ratio}");
-        assert_eq!(p99_ratio(&PhaseResult::default(), &phase(&during)), None, "no quiet samples, no ratio");
-        // Errors alone are no samples either.
-        let mut failed = PhaseResult::default();
-        failed.rec.err(Duration::from_millis(1), "NotFound", "gone");
-        assert_eq!(p99_ratio(&phase(&quiet), &failed), None);
     }
 }

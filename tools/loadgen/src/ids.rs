@@ -49,6 +49,11 @@ pub(crate) fn parse_user_id(id: &str) -> Option<u64> {
     id.strip_prefix('u')?.parse().ok()
 }
 
+/// The room id of room number `n`: `r<n>`.
+pub(crate) fn room_id(n: u64) -> String {
+    format!("r{n}")
+}
+
 const BASE36: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
 const SESSION_CHARS: usize = 12;
 const MASK62: u64 = (1 << 62) - 1;

@@ -6,15 +6,19 @@
 //! duration), `memory` (resident memory per session), `expiry` (lag from lease deadline
 //! to the OFFLINE a viewer receives), `fanout` (events per second to many viewers, and
 //! gateway renewal latency with and without a stalled viewer), `resume` (a reconnect storm of
-//! viewers with and without `known_versions`), and `h2load-prepare` /
+//! viewers with and without `known_versions`), `room-count`, `room-members` and `typing`
+//! (rooms and signals, see `rooms/`), `damping` (flaps with and without the server's offline
+//! grace), and `h2load-prepare` /
 //! `h2load-report` around an h2load run (an outside client's view of unary `Renew`). `--help` on each
 //! subcommand lists its flags; `benches/compare.sh` runs them all against both targets.
 
 mod cli;
 mod conn;
+mod damping;
 mod direct;
 mod expiry;
 mod fanout;
+mod gateway;
 mod h2load;
 mod ids;
 mod load;
@@ -24,6 +28,7 @@ mod progress;
 mod redis_seed;
 mod report;
 mod resume;
+mod rooms;
 mod server_cpu;
 mod stats;
 
@@ -62,6 +67,10 @@ fn main() -> ExitCode {
             Command::Expiry(args) => expiry::run(args, progress).await,
             Command::Fanout(args) => fanout::run(args, progress).await,
             Command::Resume(args) => resume::run(args, progress).await,
+            Command::RoomCount(args) => rooms::count::run(args, progress).await,
+            Command::RoomMembers(args) => rooms::members::run(args, progress).await,
+            Command::Typing(args) => rooms::typing::run(args, progress).await,
+            Command::Damping(args) => damping::run(args, progress).await,
             Command::H2loadPrepare(args) => h2load::prepare(args).await,
             Command::H2loadReport(args) => h2load::report(args),
         }

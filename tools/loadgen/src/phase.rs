@@ -12,14 +12,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::conn::{Conn, ConnSpec, GenItem, Naming, RegItem, open_conns};
+use crate::conn::{Conn, ConnSpec, GenItem, ItemErr, Naming, RegItem, RoomItem, open_conns};
 use crate::ids::{Generations, Slots};
 use crate::progress::{Progress, Ticker};
 use crate::redis_seed::now_ms;
 use crate::stats::Recorder;
 
 /// What the workers send.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) enum Work {
     /// Register each session; keep its generation (and deadline when `deadlines` is set).
     Register(TtlPlan),
@@ -28,6 +28,16 @@ pub(crate) enum Work {
         /// TTL sent with each renewal.
         ttl_ms: u32,
     },
+    /// Room items (joins, leaves, signals) as the plan says, with the generation kept
+    /// from each session's register.
+    Room(Arc<dyn RoomPlan>),
+}
+
+/// Which room item a session sends each time a phase reaches it.
+pub(crate) trait RoomPlan: std::fmt::Debug + Send + Sync {
+    /// The item for `session` the `pass`-th time the phase reaches it (0 the first
+    /// time; a phase bounded by a duration cycles over its sessions, each cycle a pass).
+    fn item(&self, session: u64, pass: u64) -> RoomItem;
 }
 
 /// The TTL of each register.
@@ -135,7 +145,7 @@ pub(crate) struct PhaseResult {
     pub(crate) elapsed: Duration,
     /// Renewals acknowledged without a store write.
     pub(crate) throttled: u64,
-    /// Registers that changed the user's state.
+    /// Registers that changed the user's state (room items: that changed the room).
     pub(crate) flips: u64,
     /// Arranged registers sent too late for their slot.
     pub(crate) late: u64,
@@ -256,8 +266,8 @@ async fn worker(
             }
         }
         let n = sessions.len() as u64;
-        match spec.work {
-            Work::Register(plan) => {
+        match &spec.work {
+            &Work::Register(plan) => {
                 let now = now_ms();
                 let items: Vec<RegItem> = sessions
                     .iter()
@@ -286,23 +296,26 @@ async fn worker(
                 }
                 out.rec.ok(latency, ok);
             }
-            Work::Renew { ttl_ms } => {
+            &Work::Renew { ttl_ms } => {
                 let items: Vec<GenItem> =
                     sessions.iter().map(|&s| GenItem { session: s, generation: shared.gens.get(s), ttl_ms }).collect();
                 let sent = Instant::now();
                 let results = conn.renew(&shared.naming, &items).await;
-                let latency = sent.elapsed();
-                let mut ok = 0;
-                for r in results {
-                    match r {
-                        Ok(r) => {
-                            ok += 1;
-                            out.throttled += u64::from(r.throttled);
-                        }
-                        Err(e) => out.rec.err(latency, e.status, &e.message),
-                    }
-                }
-                out.rec.ok(latency, ok);
+                tally(&mut out, sent.elapsed(), results, |out, r| out.throttled += u64::from(r.throttled));
+            }
+            Work::Room(plan) => {
+                let cycle = match &spec.bound {
+                    Bound::For { sessions: n, .. } => (*n).max(1),
+                    Bound::Sessions(_) => u64::MAX,
+                };
+                let items: Vec<RoomItem> = sessions
+                    .iter()
+                    .zip(ticket..)
+                    .map(|(&s, t)| RoomItem { generation: shared.gens.get(s), ..plan.item(s, t / cycle) })
+                    .collect();
+                let sent = Instant::now();
+                let results = conn.rooms(&shared.naming, &items).await;
+                tally(&mut out, sent.elapsed(), results, |out, r| out.flips += u64::from(r.changed));
             }
         }
         done.fetch_add(n, Ordering::Relaxed);
@@ -311,6 +324,27 @@ async fn worker(
         }
     }
     out
+}
+
+/// Records a call's item results, all at its round trip `latency`, and hands each
+/// success to `on_ok`.
+fn tally<T>(
+    out: &mut PhaseResult,
+    latency: Duration,
+    results: Vec<Result<T, ItemErr>>,
+    mut on_ok: impl FnMut(&mut PhaseResult, T),
+) {
+    let mut ok = 0;
+    for r in results {
+        match r {
+            Ok(r) => {
+                ok += 1;
+                on_ok(out, r);
+            }
+            Err(e) => out.rec.err(latency, e.status, &e.message),
+        }
+    }
+    out.rec.ok(latency, ok);
 }
 
 #[cfg(test)]
