@@ -431,6 +431,11 @@ impl RoomShard {
         self.rooms.get(room_id).map_or(0, |room| room.version)
     }
 
+    /// The room's version and its counts of users and sessions (all 0 for a room this shard holds nothing about).
+    pub(crate) fn tally(&self, room_id: &str) -> (u64, u32, u32) {
+        self.rooms.get(room_id).map_or((0, 0, 0), |room| (room.version, room.members.len() as u32, room.sessions))
+    }
+
     /// The room as it is, its members listed unless there are more than `member_cap`.
     pub(crate) fn view(&self, room_id: &str, member_cap: usize) -> RoomView {
         let Some(room) = self.rooms.get(room_id) else {

@@ -392,6 +392,12 @@ impl Store {
         self.room_shard(room_id).lock().is_member(room_id, user_id)
     }
 
+    /// The room's version and its counts of users and sessions, without
+    /// reading its members: what a count watcher needs, once per interval.
+    pub fn room_tally(&self, room_id: &str) -> (u64, u32, u32) {
+        self.room_shard(room_id).lock().tally(room_id)
+    }
+
     /// Who may read the room (R4).
     pub fn room_access(&self, room_id: &str) -> RoomAccess {
         self.room_shard(room_id).lock().access(room_id)

@@ -522,30 +522,33 @@ async fn counts(
     interval: Duration,
     tx: &mpsc::Sender<Result<pb::RoomEvent, Status>>,
 ) -> Result<(), ServiceError> {
-    let mut tick = tokio::time::interval(interval);
+    // The first count at once; the later ones at a phase of this watcher's
+    // own, so that watchers opened together do not all read and send at the
+    // same instant, each still at most once per interval.
+    let phase = interval.mul_f64(fastrand::f64() / 4.0);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval + phase, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sent = None;
+    let mut first = true;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = tx.closed() => return Ok(()),
-            () = context.stopping.cancelled() => return Err(ServiceError::ShuttingDown),
+        if !std::mem::take(&mut first) {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = tx.closed() => return Ok(()),
+                () = context.stopping.cancelled() => return Err(ServiceError::ShuttingDown),
+            }
         }
         if !may_read(context, request) {
             return Err(not_visible(&request.room_id));
         }
-        let view = context.store().room(&request.room_id, 0);
-        let counts = context.privacy.counted(context.store(), &request.room_id, view.users, view.sessions);
+        let (version, users, sessions) = context.store().room_tally(&request.room_id);
+        let counts = context.privacy.counted(context.store(), &request.room_id, users, sessions);
         if sent == Some(counts) {
             continue;
         }
         sent = Some(counts);
-        let count = pb::RoomCount {
-            room_id: request.room_id.to_string(),
-            version: view.version,
-            users: counts.0,
-            sessions: counts.1,
-        };
+        let count =
+            pb::RoomCount { room_id: request.room_id.to_string(), version, users: counts.0, sessions: counts.1 };
         context.metrics().room_count_frames.increment(1);
         if tx.send(Ok(room_event(room_event::Event::Count(count)))).await.is_err() {
             return Ok(());
