@@ -300,3 +300,58 @@ async fn b5_open_connections_and_refusals_are_counted_and_the_gauge_returns_to_z
     drop(clients);
     until_sample(&metrics_addr, "presenced_connections ", 0.0).await;
 }
+
+#[tokio::test]
+async fn o1_room_signal_and_damping_metrics_are_served() {
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let daemon = Daemon::start(&["--metrics-listen", &metrics_addr, "--offline-grace-ms", "5000"], &[]);
+    let mut client = PresenceClient::connect(daemon.url()).await.unwrap();
+    let watch = pb::WatchRoomRequest { room_id: "doc".into(), ..Default::default() };
+    let mut room = client.watch_room(watch).await.unwrap().into_inner();
+    room.message().await.unwrap().expect("the opening snapshot");
+    let session = client.register(register("u1", "s1", "gw", 0)).await.unwrap().into_inner();
+    let join = pb::JoinRequest {
+        user_id: "u1".into(),
+        session_id: "s1".into(),
+        generation: session.generation,
+        room_id: "doc".into(),
+        metadata: Default::default(),
+    };
+    client.join(join).await.unwrap();
+    let signal = pb::SignalRequest {
+        user_id: "u1".into(),
+        session_id: "s1".into(),
+        generation: session.generation,
+        room_id: "doc".into(),
+        kind: "typing".into(),
+        ttl_ms: 5_000,
+    };
+    client.signal(signal).await.unwrap();
+    // A flap that damping hides: the user never goes OFFLINE.
+    client.unregister(unregister("u1", "s1", session.generation, 0)).await.unwrap();
+    client.register(register("u1", "s1", "gw", 0)).await.unwrap();
+
+    let deadline = Instant::now() + PATIENCE;
+    let metrics = loop {
+        let metrics = scrape(&metrics_addr);
+        if sample(&metrics, "presenced_suppressed_flaps ") == Some(1.0) {
+            break metrics;
+        }
+        assert!(Instant::now() < deadline, "presenced_suppressed_flaps never reached 1:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(sample(&metrics, "presenced_room_joins_total "), Some(1.0));
+    assert_eq!(sample(&metrics, "presenced_signals_total "), Some(1.0));
+    assert_eq!(sample(&metrics, "presenced_room_changes_total{kind=\"joined\"} "), Some(1.0));
+    assert_eq!(
+        sample(&metrics, "presenced_room_changes_total{kind=\"signals\"} "),
+        Some(2.0),
+        "set, then ended with the lease"
+    );
+    assert_eq!(sample(&metrics, "presenced_room_changes_total{kind=\"left\"} "), Some(1.0));
+    // Joined, the signal set, and the leave (the signal's end conflated with it or not): at least 3.
+    assert!(sample(&metrics, "presenced_room_events_fanned_out_total ").is_some_and(|n| n >= 3.0), "{metrics}");
+    assert_eq!(sample(&metrics, "presenced_room_watchers "), Some(1.0));
+    assert_eq!(sample(&metrics, "presenced_rooms "), Some(0.0), "the room emptied with the lease");
+    assert_eq!(sample(&metrics, "presenced_room_memberships "), Some(0.0));
+}

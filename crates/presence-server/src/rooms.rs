@@ -472,7 +472,6 @@ async fn members(
                 events
             }
         };
-        context.metrics().room_fanned_out.increment(events.len() as u64);
         for event in events {
             tokio::select! {
                 sent = tx.send(Ok(event)) => if sent.is_err() { return Ok(()) },
