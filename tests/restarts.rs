@@ -122,6 +122,13 @@ async fn b3_a_graceful_restart_under_10000_renewing_sessions_shows_viewers_no_fl
     let renewed = Arc::new(AtomicUsize::new(0));
     let gateways =
         tokio::spawn(keep_renewing(daemon.url(), Arc::clone(&sessions), Arc::clone(&stop), Arc::clone(&renewed)));
+    // The gateways connect and renew on the old process before it stops (a
+    // connection attempted while it stops is reset, and the test is about renewing across it).
+    let deadline = Instant::now() + PATIENCE;
+    while renewed.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the gateways never renewed on the first process");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     daemon.stop().await;
     let ended = viewer.ended().await.expect_err("the watch is told to reconnect");
