@@ -141,6 +141,19 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
 }
 
+/// The metrics, scraped again until `series` reads `value` (store counts are exported once a second).
+async fn scrape_when(addr: &str, series: &str, value: f64) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let metrics = scrape(addr);
+        if sample(&metrics, series) == Some(value) {
+            return metrics;
+        }
+        assert!(Instant::now() < deadline, "{series}never reached {value}:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn o1_metrics_are_served_on_the_metrics_address() {
     let metrics_addr = format!("127.0.0.1:{}", free_port());
@@ -154,15 +167,7 @@ async fn o1_metrics_are_served_on_the_metrics_address() {
     viewer.until_state("u2", pb::State::Offline).await;
 
     // Store counts are exported once a second: wait for them rather than for a fixed time.
-    let deadline = Instant::now() + PATIENCE;
-    let metrics = loop {
-        let metrics = scrape(&metrics_addr);
-        if sample(&metrics, "presenced_sessions ") == Some(1.0) {
-            break metrics;
-        }
-        assert!(Instant::now() < deadline, "presenced_sessions never reached 1:\n{metrics}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let metrics = scrape_when(&metrics_addr, "presenced_sessions ", 1.0).await;
     assert_eq!(sample(&metrics, "presenced_online_users "), Some(1.0));
     assert_eq!(sample(&metrics, "presenced_reconnects_total "), Some(1.0));
     assert_eq!(sample(&metrics, "presenced_renewals_total{result=\"stale_generation\"} "), Some(1.0));
@@ -331,15 +336,7 @@ async fn o1_room_signal_and_damping_metrics_are_served() {
     client.unregister(unregister("u1", "s1", session.generation, 0)).await.unwrap();
     client.register(register("u1", "s1", "gw", 0)).await.unwrap();
 
-    let deadline = Instant::now() + PATIENCE;
-    let metrics = loop {
-        let metrics = scrape(&metrics_addr);
-        if sample(&metrics, "presenced_suppressed_flaps ") == Some(1.0) {
-            break metrics;
-        }
-        assert!(Instant::now() < deadline, "presenced_suppressed_flaps never reached 1:\n{metrics}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let metrics = scrape_when(&metrics_addr, "presenced_suppressed_flaps ", 1.0).await;
     assert_eq!(sample(&metrics, "presenced_room_joins_total "), Some(1.0));
     assert_eq!(sample(&metrics, "presenced_signals_total "), Some(1.0));
     assert_eq!(sample(&metrics, "presenced_room_changes_total{kind=\"joined\"} "), Some(1.0));

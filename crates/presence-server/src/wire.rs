@@ -154,12 +154,7 @@ pub(crate) fn join_request(request: &pb::JoinRequest) -> JoinInput<'_> {
     let mut metadata: Vec<(String, String)> =
         request.metadata.iter().map(|(key, value)| (key.clone(), value.clone())).collect();
     metadata.sort_unstable();
-    let room = RoomRef {
-        user_id: &request.user_id,
-        session_id: &request.session_id,
-        generation: request.generation,
-        room_id: &request.room_id,
-    };
+    let room = room_ref(&request.user_id, &request.session_id, request.generation, &request.room_id);
     JoinInput { room, metadata }
 }
 
@@ -171,12 +166,7 @@ pub(crate) fn join_frame(frame: &JoinFrame) -> Result<JoinInput<'_>, ServiceErro
 }
 
 pub(crate) fn leave_request(request: &pb::LeaveRequest) -> RoomRef<'_> {
-    RoomRef {
-        user_id: &request.user_id,
-        session_id: &request.session_id,
-        generation: request.generation,
-        room_id: &request.room_id,
-    }
+    room_ref(&request.user_id, &request.session_id, request.generation, &request.room_id)
 }
 
 pub(crate) fn leave_frame(frame: &LeaveFrame) -> Result<RoomRef<'_>, ServiceError> {
@@ -184,12 +174,7 @@ pub(crate) fn leave_frame(frame: &LeaveFrame) -> Result<RoomRef<'_>, ServiceErro
 }
 
 pub(crate) fn signal_request(request: &pb::SignalRequest) -> SignalInput<'_> {
-    let room = RoomRef {
-        user_id: &request.user_id,
-        session_id: &request.session_id,
-        generation: request.generation,
-        room_id: &request.room_id,
-    };
+    let room = room_ref(&request.user_id, &request.session_id, request.generation, &request.room_id);
     SignalInput { room, kind: &request.kind, ttl_ms: request.ttl_ms }
 }
 
@@ -212,18 +197,20 @@ fn metadata_frame(entries: &[MetadataEntryFrame]) -> Result<Vec<(String, String)
     Ok(metadata)
 }
 
+/// A session's room, as Join, Leave and Signal name it.
+fn room_ref<'a>(user_id: &'a str, session_id: &'a str, generation: u64, room_id: &'a str) -> RoomRef<'a> {
+    RoomRef { user_id, session_id, generation, room_id }
+}
+
+/// [`room_ref`] of a Leases item: text that is not UTF-8 refuses the item alone.
 fn room_frame<'a>(
     user_id: &'a [u8],
     session_id: &'a [u8],
     generation: u64,
     room_id: &'a [u8],
 ) -> Result<RoomRef<'a>, ServiceError> {
-    Ok(RoomRef {
-        user_id: utf8("user_id", user_id)?,
-        session_id: utf8("session_id", session_id)?,
-        generation,
-        room_id: utf8("room_id", room_id)?,
-    })
+    let (user_id, session_id) = (utf8("user_id", user_id)?, utf8("session_id", session_id)?);
+    Ok(room_ref(user_id, session_id, generation, utf8("room_id", room_id)?))
 }
 
 pub(crate) fn join_response(joined: &Joined) -> pb::JoinResponse {
