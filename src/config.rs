@@ -578,6 +578,13 @@ mod tests {
         }
         let err = resolve(&["--shards", "3"]).unwrap_err();
         assert!(err.to_string().contains("power of two"), "{err}");
+        // E6: more than 30 s of flap damping is refused at start; R6: a member cap of 0 too.
+        let err = resolve(&["--offline-grace-ms", "30001"]).unwrap_err();
+        assert!(err.to_string().contains("offline-grace-ms"), "{err}");
+        assert_eq!(resolve(&["--offline-grace-ms", "30000"]).unwrap().server.store.offline_grace_ms, 30_000);
+        let err = resolve(&["--room-member-cap", "0"]).unwrap_err();
+        assert!(err.to_string().contains("room-member-cap must be at least 1"), "{err}");
+        assert_eq!(resolve(&["--room-member-cap", "5"]).unwrap().server.room_member_cap, 5);
         let err = resolve(&["--config", "/nonexistent/presenced.toml"]).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/presenced.toml"), "{err}");
         let err = Harness::try_parse_from(["serve", "--default-visibility", "friends"]).unwrap_err();
