@@ -56,7 +56,7 @@ ROOM_MEMBERS_WATCHERS_PER_ROOM=${ROOM_MEMBERS_WATCHERS_PER_ROOM:-5}
 ROOM_MEMBERS_CHURN=${ROOM_MEMBERS_CHURN:-2000}        # room-members: metadata updates/s
 TYPING_ROOMS=${TYPING_ROOMS:-10000}                   # typing: rooms of 3, one member watcher each
 DAMPING_GRACE_MS=${DAMPING_GRACE_MS:-1000}            # damping: the damped server's --offline-grace-ms
-SCENARIOS=${SCENARIOS:-load unary-defaults h2load pinned batches memory expiry expiry-scale fanout fanout-million resume room-count room-members typing damping}
+SCENARIOS=${SCENARIOS:-load unary-defaults h2load pinned batches memory expiry expiry-scale fanout fanout-million resume room-count room-members typing damping room-memory}
 RESULTS=${RESULTS:-target/compare/$(date -u +%Y%m%dT%H%M%SZ)}
 REDIS_PORT=${REDIS_PORT:-$((20000 + RANDOM % 20000))}
 METRICS_PORT=${METRICS_PORT:-$((40000 + RANDOM % 20000))}   # presenced --metrics-listen (h2load)
@@ -292,6 +292,29 @@ for scenario in $SCENARIOS; do
                 --mode leases --batch 100 --concurrency 16 --connections 2
         done
         ;;
+    room-memory)
+        # Memory per room membership at 1M: presenced's store (the core's room_memory bench, a
+        # whole process holding 1M online users, then 20,000 rooms x 50 members) against the
+        # Redis design of seed 002 (one SET per room, SADD room user), resident growth of the
+        # redis-server process for the same 1M memberships.
+        log "room-memory: cargo bench -p presence-core --bench room_memory"
+        cargo bench -q -p presence-core --bench room_memory 2>/dev/null | tee "$RESULTS/room-memory-presenced.txt"
+        fresh_servers
+        rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+        before=$(rss_kb "$REDIS_PID")
+        python3 -c '
+import sys
+out = sys.stdout.buffer
+for room in range(20000):
+    for member in range(50):
+        key, user = b"room:r%d" % room, b"u%d" % (room * 50 + member)
+        out.write(b"*3\r\n$4\r\nSADD\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(key), key, len(user), user))
+' | redis-cli -p "$REDIS_PORT" --pipe >/dev/null
+        after=$(rss_kb "$REDIS_PID")
+        python3 -c 'import json, sys; b, a = int(sys.argv[1]), int(sys.argv[2]); json.dump({"memberships": 1000000, "rss_growth_bytes": (a - b) * 1024, "bytes_per_membership": (a - b) * 1024 / 1e6}, open(sys.argv[3], "w"))' \
+            "$before" "$after" "$RESULTS/room-memory-redis.json"
+        log "room-memory redis: $(cat "$RESULTS/room-memory-redis.json")"
+        ;;
     resume)
         # presenced only (the Redis design has no resume): 1,000 viewers x 500 of 5,000 users
         # reopen their Watch at once after nothing changed, without and with known_versions (E8).
@@ -392,14 +415,14 @@ for scenario in $SCENARIOS; do
                 --stalled-viewer --mode unary --concurrency 16 --connections 2
         done
         ;;
-    *) echo "unknown scenario $scenario (load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-members, typing, damping)" >&2; exit 2 ;;
+    *) echo "unknown scenario $scenario (load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-members, typing, damping, room-memory)" >&2; exit 2 ;;
     esac
 done
 stop_servers
 
 log "side by side (ratio = presenced / redis: xN = presenced N times larger, 1/N = N times smaller; larger is better for rates, smaller for latencies and sizes)"
 python3 - "$RESULTS" <<'PY'
-import json, os, sys
+import json, os, re, sys
 d = sys.argv[1]
 def rep(name):
     p = os.path.join(d, name + ".json")
@@ -525,6 +548,11 @@ for name, label in (("fanout-million-presenced", "fanout 1000 x 500 of 5,000, ba
     row(label, "gateway renew p99 ms", ms(g(p, "scenario", "phase_plain", "gateway_renew", "p99_ns")), None, "{:.3f}")
     row(label + " + stalled viewer", "gateway renew p99 ms", ms(g(p, "scenario", "phase_stalled", "gateway_renew", "p99_ns")), None, "{:.3f}")
     row(label + " + stalled viewer", "events/s", g(p, "scenario", "phase_stalled", "events_per_s"), None)
+text = os.path.join(d, "room-memory-presenced.txt")
+if os.path.exists(text):
+    m = re.search(r"([0-9.]+) bytes per membership", open(text).read())
+    r = rep("room-memory-redis")
+    row("room memberships, 1M in 20,000 rooms of 50", "bytes/membership (target <= 64)", float(m.group(1)) if m else None, g(r, "bytes_per_membership"), "{:.1f}")
 p = rep("resume-presenced")
 if p:
     for storm, label in (("storm_whole", "reconnect storm 1000 x 500, whole snapshots"),
