@@ -209,7 +209,10 @@ pub async fn run(
         call_timeout: Duration::from_millis(u64::from(plan.ttl_ms).max(1_000)),
     };
     let control = Arc::new(Control::default());
-    let (stop_tx, stop_rx) = watch::channel(false);
+    // Viewers stop first, at the check, while the gateways still renew: what
+    // they hold then is what must equal the fresh snapshot.
+    let (stop_viewers, viewers_stop) = watch::channel(false);
+    let (stop_gateways, gateways_stop) = watch::channel(false);
     let mut admin = PresenceClient::new(target.channel()?);
 
     let mut viewers = Vec::new();
@@ -223,7 +226,7 @@ pub async fn run(
             target.clone(),
             recorder.clone(),
             p,
-            stop_rx.clone(),
+            viewers_stop.clone(),
         )));
     }
     until(Duration::from_secs(30), "every viewer's first snapshot", || {
@@ -239,7 +242,7 @@ pub async fn run(
             target.clone(),
             recorder.clone(),
             Arc::clone(&control),
-            stop_rx.clone(),
+            gateways_stop.clone(),
         )));
     }
     let started = Instant::now();
@@ -291,7 +294,7 @@ pub async fn run(
     for (user, session) in control.held_now() {
         recorder.push(Record::Held { user, session });
     }
-    stop_tx.send(true).map_err(|e| e.to_string())?;
+    stop_viewers.send(true).map_err(|e| e.to_string())?;
     for (viewer, task) in viewers.into_iter().enumerate() {
         let view = task.await.map_err(|e| e.to_string())??;
         let mut users: Vec<Presence> =
@@ -299,6 +302,7 @@ pub async fn run(
         users.sort_by(|a, b| a.user.cmp(&b.user));
         recorder.push(Record::Final { viewer: Some(viewer), at_us, users });
     }
+    stop_gateways.send(true).map_err(|e| e.to_string())?;
     for task in gateways {
         task.await.map_err(|e| e.to_string())??;
     }
