@@ -68,6 +68,16 @@ impl Daemon {
         self.signal("-TERM");
     }
 
+    /// SIGSTOP: the process stops running, its sockets stay open.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`Daemon::pause`].
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
     /// `kill -9`: no shutdown at all.
     pub fn kill9(mut self) {
         self.signal("-KILL");

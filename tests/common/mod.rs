@@ -214,6 +214,15 @@ impl Viewer {
         }
     }
 
+    /// Receives until every one of `users` is shown in `state`.
+    pub async fn until_all_in_state(&mut self, users: &[&str], state: pb::State) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while users.iter().any(|user| self.held.get(*user).map(|held| held.0) != Some(state)) {
+            assert!(tokio::time::Instant::now() < deadline, "not all of {users:?} became {state:?}");
+            self.step().await;
+        }
+    }
+
     /// Receives until the viewer's view equals `expected`.
     pub async fn until_equal(&mut self, expected: &[pb::UserPresence]) {
         let want: HashMap<String, (pb::State, u64)> =
