@@ -3,12 +3,11 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::daemon::{Daemon, free_port, scratch_dir};
+use common::daemon::{Daemon, free_port, scratch_dir, until_checkpointed};
 use common::*;
 use presence_client::{LeaseChannel, LeaseChannelConfig};
 use presence_proto::v1 as pb;
@@ -52,21 +51,6 @@ async fn renew_all(client: &mut PresenceClient<Channel>, sessions: &[(String, St
         codes.extend(lease_batch(client, items).await.iter().map(|r| Code::from(r.code as i32)));
     }
     codes
-}
-
-/// Waits until the latest checkpoint in `dir` holds `user_id`.
-async fn until_checkpointed(dir: &Path, user_id: &str) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Ok(bytes) = std::fs::read(dir.join("leases.checkpoint"))
-            && let Ok(checkpoint) = presence_core::checkpoint::decode(&bytes)
-            && checkpoint.users.iter().any(|user| user.user_id == user_id)
-        {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no checkpoint ever held {user_id}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn versions(presences: &[pb::UserPresence]) -> Vec<(String, i32, u64)> {

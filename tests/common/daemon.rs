@@ -131,3 +131,18 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// Waits until the latest checkpoint in `dir` holds `user_id`.
+pub async fn until_checkpointed(dir: &Path, user_id: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(bytes) = std::fs::read(dir.join("leases.checkpoint"))
+            && let Ok(checkpoint) = presence_core::checkpoint::decode(&bytes)
+            && checkpoint.users.iter().any(|user| user.user_id == user_id)
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no checkpoint ever held {user_id}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
