@@ -6,7 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::daemon::{Daemon, scratch_dir, until_checkpointed};
+use common::daemon::{Daemon, free_port, scratch_dir, until_checkpointed};
+use common::scrape::scrape_until;
 use common::*;
 use presence_faults::{SlowDisk, SmallDisk};
 use presence_proto::v1 as pb;
@@ -27,9 +28,10 @@ async fn b3_a_full_disk_fails_checkpoints_keeps_serving_and_checkpoints_again_wh
     let data = disk.path().join("data");
     std::fs::create_dir(&data).unwrap();
     let stderr = scratch_dir("disk-full").join("stderr");
+    let metrics = format!("127.0.0.1:{}", free_port());
     let daemon = Daemon::start_on(
         "127.0.0.1:0",
-        &["--data-dir", data.to_str().unwrap(), "--checkpoint-interval-ms", "50"],
+        &["--data-dir", data.to_str().unwrap(), "--checkpoint-interval-ms", "50", "--metrics-listen", &metrics],
         &[],
         Some(&stderr),
     );
@@ -51,6 +53,9 @@ async fn b3_a_full_disk_fails_checkpoints_keeps_serving_and_checkpoints_again_wh
         .expect("the previous checkpoint is whole");
     let users: Vec<_> = kept.users.iter().map(|user| user.user_id.as_str()).collect();
     assert_eq!(users, ["before"], "the checkpoint kept is not the one from before the disk filled");
+
+    // And counted, for an alert.
+    scrape_until(&metrics, r#"presenced_checkpoints_total{result="failed"}"#, |failed| failed >= 1.0).await;
 
     disk.free().unwrap();
     until_checkpointed(&data, "during").await;

@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod daemon;
+pub mod scrape;
 
 use std::collections::HashMap;
 

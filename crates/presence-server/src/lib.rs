@@ -365,10 +365,17 @@ async fn checkpoint_periodically(
         let now = clock.now();
         match tokio::task::spawn_blocking(move || dir.write_checkpoint(&store, now)).await {
             Ok(Ok(written)) => {
+                metrics::checkpoint_written(true);
                 tracing::debug!(bytes = written.bytes, took_ms = written.took.as_millis() as u64, "checkpoint written")
             }
-            Ok(Err(err)) => tracing::error!(%err, "cannot write a checkpoint; the previous one stays"),
-            Err(err) => tracing::error!(%err, "the checkpoint task failed; the previous one stays"),
+            Ok(Err(err)) => {
+                metrics::checkpoint_written(false);
+                tracing::error!(%err, "cannot write a checkpoint; the previous one stays")
+            }
+            Err(err) => {
+                metrics::checkpoint_written(false);
+                tracing::error!(%err, "the checkpoint task failed; the previous one stays")
+            }
         }
     }
 }
