@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::daemon::{BINARY, Daemon, free_port};
+use common::scrape::{sample, scrape, scrape_when};
 use common::*;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
@@ -123,34 +124,6 @@ fn an_invalid_configuration_is_refused_in_one_line() {
         assert_ne!(code, Some(0), "{args:?}");
         assert_eq!(stderr.lines().count(), 1, "{args:?}: one line: {stderr:?}");
         assert!(stderr.starts_with("presenced: "), "{stderr:?}");
-    }
-}
-
-/// `GET /metrics` over plain HTTP/1.1.
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
-}
-
-/// The value of one sample line, `name{labels} value`.
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-}
-
-/// The metrics, scraped again until `series` reads `value` (store counts are exported once a second).
-async fn scrape_when(addr: &str, series: &str, value: f64) -> String {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let metrics = scrape(addr);
-        if sample(&metrics, series) == Some(value) {
-            return metrics;
-        }
-        assert!(Instant::now() < deadline, "{series}never reached {value}:\n{metrics}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

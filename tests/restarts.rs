@@ -3,12 +3,11 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::daemon::{Daemon, free_port, scratch_dir};
+use common::daemon::{Daemon, free_port, scratch_dir, until_checkpointed};
 use common::*;
 use presence_client::{LeaseChannel, LeaseChannelConfig};
 use presence_proto::v1 as pb;
@@ -52,21 +51,6 @@ async fn renew_all(client: &mut PresenceClient<Channel>, sessions: &[(String, St
         codes.extend(lease_batch(client, items).await.iter().map(|r| Code::from(r.code as i32)));
     }
     codes
-}
-
-/// Waits until the latest checkpoint in `dir` holds `user_id`.
-async fn until_checkpointed(dir: &Path, user_id: &str) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Ok(bytes) = std::fs::read(dir.join("leases.checkpoint"))
-            && let Ok(checkpoint) = presence_core::checkpoint::decode(&bytes)
-            && checkpoint.users.iter().any(|user| user.user_id == user_id)
-        {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no checkpoint ever held {user_id}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn versions(presences: &[pb::UserPresence]) -> Vec<(String, i32, u64)> {
@@ -205,6 +189,37 @@ async fn b3_after_kill_9_only_sessions_newer_than_the_checkpoint_flip_and_they_c
     assert!(after.iter().all(|p| state_of(p) == pb::State::Online), "everyone is back online");
     daemon.stop().await;
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// L4: a service stopped (SIGSTOP) for twice the TTL takes nobody offline whose
+/// gateway renews as soon as it runs again: the time it did not run does not
+/// count against leases. Sessions that stop renewing still expire a TTL later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l4_a_service_stopped_longer_than_a_ttl_takes_nobody_offline_whose_gateway_renews_after_it() {
+    let ttl = Duration::from_millis(2_000);
+    let daemon = Daemon::start(&["--default-ttl-ms", "2000", "--min-ttl-ms", "1000"], &[]);
+    let mut client = connect(&daemon).await;
+    let users = user_ids("paused", 200);
+    let sessions = register_all(&mut client, &users, 1).await;
+    let watched: Vec<&str> = users.iter().map(String::as_str).chain(["sentinel"]).collect();
+    let mut viewer = Viewer::open(&mut client, &watched).await;
+
+    daemon.pause();
+    tokio::time::sleep(ttl * 2).await;
+    daemon.resume();
+    let (renewing, stopped) = sessions.split_at(150);
+    let codes = renew_all(&mut client, renewing).await;
+    assert!(codes.iter().all(|code| *code == Code::Ok), "renewals after the stop: {:?}", &codes[..3]);
+    viewer.barrier(&mut client, "sentinel").await;
+    let flipped: Vec<&str> = viewer.updates.iter().map(|u| u.user_id.as_str()).filter(|u| *u != "sentinel").collect();
+    assert!(flipped.is_empty(), "nobody flips for the service's own stop: {flipped:?}");
+
+    // The 50 sessions that stopped renewing before the stop expire in a TTL of running time.
+    let expired_after = Instant::now();
+    let stopped: Vec<&str> = stopped.iter().map(|(user, _, _)| user.as_str()).collect();
+    viewer.until_all_in_state(&stopped, pb::State::Offline).await;
+    assert!(expired_after.elapsed() < ttl + Duration::from_secs(1), "took {:?}", expired_after.elapsed());
+    daemon.stop().await;
 }
 
 /// The highest generation and the highest version a user reached.

@@ -68,6 +68,16 @@ impl Daemon {
         self.signal("-TERM");
     }
 
+    /// SIGSTOP: the process stops running, its sockets stay open.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`Daemon::pause`].
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
     /// `kill -9`: no shutdown at all.
     pub fn kill9(mut self) {
         self.signal("-KILL");
@@ -120,4 +130,19 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Waits until the latest checkpoint in `dir` holds `user_id`.
+pub async fn until_checkpointed(dir: &Path, user_id: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(bytes) = std::fs::read(dir.join("leases.checkpoint"))
+            && let Ok(checkpoint) = presence_core::checkpoint::decode(&bytes)
+            && checkpoint.users.iter().any(|user| user.user_id == user_id)
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no checkpoint ever held {user_id}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod daemon;
+pub mod scrape;
 
 use std::collections::HashMap;
 
@@ -211,6 +212,15 @@ impl Viewer {
             if state_of(&update) == state {
                 return update;
             }
+        }
+    }
+
+    /// Receives until every one of `users` is shown in `state`.
+    pub async fn until_all_in_state(&mut self, users: &[&str], state: pb::State) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while users.iter().any(|user| self.held.get(*user).map(|held| held.0) != Some(state)) {
+            assert!(tokio::time::Instant::now() < deadline, "not all of {users:?} became {state:?}");
+            self.step().await;
         }
     }
 

@@ -1,5 +1,10 @@
 //! Property test: the lease store against a naive reference model, through its public API.
 //!
+//! Each `cargo test` run covers over a million store operations (the core and proptest are
+//! optimised in test builds for it); `PRESENCE_MODEL_CASES` sets the number of cases for a long
+//! run (see `docs/reliability.md`). A failure is shrunk to a minimal sequence, which is printed
+//! and saved in `proptest-regressions/model.txt` to be replayed first by every later run.
+//!
 //! The model keeps every user's leases in ordered maps and applies the documented semantics
 //! directly: every operation first settles the user it touches (drops the leases whose deadline
 //! has passed and flips the user OFFLINE if none is left), a lease is live while
@@ -42,6 +47,7 @@
 //! - the answers of join, leave and signal (errors, `changed`, `removed`, the room version)
 //!   are the model's, the signal rate bound included.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use presence_core::{
@@ -50,6 +56,7 @@ use presence_core::{
     Unregistered,
 };
 use proptest::prelude::*;
+use proptest::test_runner::{FileFailurePersistence, TestRunner};
 
 const USERS: [&str; 5] = ["alice", "bob", "carol", "dave", "erin"];
 /// Asked about in snapshots, never registered.
@@ -1325,31 +1332,99 @@ fn refused_for_ttl<T: std::fmt::Debug>(result: &Result<T, LeaseError>, changes: 
     Ok(())
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+/// Store operations one step stands for: a request, a drain of the expiry driver, or each
+/// signal of a flapping session.
+fn operations_in(step: &Step) -> u64 {
+    match step {
+        Step::Op(_) | Step::Advance { .. } | Step::AdvanceThen { .. } => 1,
+        Step::SignalFlap { times, .. } => u64::from(*times),
+    }
+}
 
-    #[test]
-    fn store_matches_reference_model(
-        start in start(),
-        grace in prop_oneof![2 => Just(0u64), 1 => 1..=60u64, 1 => Just(150u64)],
-        steps in prop::collection::vec(step(), 1..150),
-    ) {
-        let mut harness = Harness::new(start, grace);
-        for step in &steps {
-            harness.run(step)?;
+/// Runs one random sequence against a fresh store and model, then lets the driver alone take
+/// everyone offline and forget them.
+fn run_case(start: Tick, grace: Tick, steps: &[Step]) -> TestResult {
+    let mut harness = Harness::new(start, grace);
+    for step in steps {
+        harness.run(step)?;
+    }
+    // Finally, the driver alone takes everyone offline, one change per online user.
+    let online = harness.users.values().filter(|u| u.online).count();
+    let versions: BTreeMap<usize, u64> = harness.users.iter().map(|(&user, u)| (user, u.version)).collect();
+    harness.run(&Step::Advance { by: u64::from(MAX_TTL) + 1 + grace, budget: 1 })?;
+    prop_assert_eq!(
+        harness.store.stats(),
+        StoreStats {
+            sessions: 0,
+            online_users: 0,
+            users: harness.users.len(),
+            suppressed_flaps: harness.suppressed,
+            ..StoreStats::default()
         }
-        // Finally, the driver alone takes everyone offline, one change per online user.
-        let online = harness.users.values().filter(|u| u.online).count();
-        let versions: BTreeMap<usize, u64> = harness.users.iter().map(|(&user, u)| (user, u.version)).collect();
-        harness.run(&Step::Advance { by: u64::from(MAX_TTL) + 1 + grace, budget: 1 })?;
-        prop_assert_eq!(harness.store.stats(), StoreStats { sessions: 0, online_users: 0, users: harness.users.len(), suppressed_flaps: harness.suppressed, ..StoreStats::default() });
-        // (Users offline long enough are forgotten by this advance; those that flip are not.)
-        let moved = versions.iter().filter(|&(user, v)| harness.users.get(user).is_some_and(|u| u.version != *v)).count();
-        prop_assert_eq!(moved, online);
-        // And after the forget window, everyone is forgotten and no timer is left (B6).
-        harness.run(&Step::Advance { by: FORGET_AFTER, budget: 1 })?;
-        prop_assert_eq!(harness.store.stats(), StoreStats { suppressed_flaps: harness.suppressed, ..StoreStats::default() });
-        prop_assert_eq!(harness.store.next_deadline(), None);
-        prop_assert!(harness.rooms().iter().all(RefRoom::is_empty));
+    );
+    // (Users offline long enough are forgotten by this advance; those that flip are not.)
+    let moved = versions.iter().filter(|&(user, v)| harness.users.get(user).is_some_and(|u| u.version != *v)).count();
+    prop_assert_eq!(moved, online);
+    // And after the forget window, everyone is forgotten and no timer is left (B6).
+    harness.run(&Step::Advance { by: FORGET_AFTER, budget: 1 })?;
+    prop_assert_eq!(
+        harness.store.stats(),
+        StoreStats { suppressed_flaps: harness.suppressed, ..StoreStats::default() }
+    );
+    prop_assert_eq!(harness.store.next_deadline(), None);
+    prop_assert!(harness.rooms().iter().all(RefRoom::is_empty));
+    Ok(())
+}
+
+/// A whole number from the environment, or `default`.
+fn from_env(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(value) => value.parse().unwrap_or_else(|_| panic!("{name} must be a whole number, got {value:?}")),
+        Err(_) => default,
+    }
+}
+
+/// Cases of the default run: with up to [`DEFAULT_STEPS`] steps each, over a million operations.
+const DEFAULT_CASES: u64 = 3_200;
+/// The longest sequence of the default run.
+const DEFAULT_STEPS: u64 = 500;
+/// What every `cargo test` run must cover at least.
+const DEFAULT_MIN_OPERATIONS: u64 = 1_000_000;
+
+/// The store against the model over random sequences: `PRESENCE_MODEL_CASES` cases (3,200)
+/// of up to `PRESENCE_MODEL_STEPS` steps (500), over a million store operations in all by
+/// default; `PRESENCE_MODEL_CASES=300000` is the long mode of over 100 million. A failure is
+/// shrunk to a minimal sequence, printed in full, and saved in `proptest-regressions/` so that
+/// every later run replays it first.
+#[test]
+fn store_matches_reference_model() {
+    let cases = from_env("PRESENCE_MODEL_CASES", DEFAULT_CASES);
+    let max_steps = from_env("PRESENCE_MODEL_STEPS", DEFAULT_STEPS).max(2) as usize;
+    let config = ProptestConfig {
+        cases: u32::try_from(cases).expect("PRESENCE_MODEL_CASES fits in 32 bits"),
+        source_file: Some(file!()),
+        // Relative to the package, where `cargo test` runs the test: beside the other suites' files.
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/model.txt"))),
+        ..ProptestConfig::default()
+    };
+    let grace = prop_oneof![2 => Just(0u64), 1 => 1..=60u64, 1 => Just(150u64)];
+    let strategy = (start(), grace, prop::collection::vec(step(), 1..max_steps));
+    let operations = Cell::new(0u64);
+    let started = std::time::Instant::now();
+    let outcome = TestRunner::new(config).run(&strategy, |(start, grace, steps)| {
+        operations.set(operations.get() + steps.iter().map(operations_in).sum::<u64>());
+        run_case(start, grace, &steps)
+    });
+    if let Err(error) = outcome {
+        // The runner has shrunk the failure: print the minimal sequence whole.
+        panic!("the store and the model disagree.\n{error}");
+    }
+    let operations = operations.get();
+    eprintln!(
+        "model: {operations} store operations in {cases} cases of up to {max_steps} steps, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    if cases == DEFAULT_CASES && max_steps as u64 == DEFAULT_STEPS {
+        assert!(operations >= DEFAULT_MIN_OPERATIONS, "the default run covers {operations} operations only");
     }
 }

@@ -52,7 +52,7 @@ fn release_freed_memory() {
 /// Runs until the server stops.
 pub(crate) async fn run(context: Arc<Context>, wake: Arc<Notify>, batch: usize) {
     let store = context.store();
-    let clock = context.publisher.clock;
+    let clock = context.publisher.clock.clone();
     let mut trim = TrimAfterForgetting { at_last_trim: store.forgotten_users() };
     loop {
         let more = context.apply(|store, now, changes| store.expire(now, batch, changes));

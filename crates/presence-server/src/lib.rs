@@ -214,14 +214,16 @@ async fn serve_prepared(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let bootstrap::Restored { config, context, auth, expiry_wake, data_dir } = prepared.restore()?;
-    let (store, clock, stopping) = (Arc::clone(context.store()), context.publisher.clock, context.stopping.clone());
+    let (store, clock, stopping) =
+        (Arc::clone(context.store()), context.publisher.clock.clone(), context.stopping.clone());
+    tokio::spawn(clock::keep_reading(clock.clone(), stopping.clone()));
     let activity = Arc::clone(&context.activity);
-    let activity_flusher = tokio::spawn(activity::run_flusher(activity, clock, stopping.clone()));
+    let activity_flusher = tokio::spawn(activity::run_flusher(activity, clock.clone(), stopping.clone()));
     let checkpoints = data_dir.clone().map(|dir| {
         tokio::spawn(checkpoint_periodically(
             dir,
             Arc::clone(&store),
-            clock,
+            clock.clone(),
             config.checkpoint_interval,
             stopping.clone(),
         ))
@@ -363,10 +365,17 @@ async fn checkpoint_periodically(
         let now = clock.now();
         match tokio::task::spawn_blocking(move || dir.write_checkpoint(&store, now)).await {
             Ok(Ok(written)) => {
+                metrics::checkpoint_written(true);
                 tracing::debug!(bytes = written.bytes, took_ms = written.took.as_millis() as u64, "checkpoint written")
             }
-            Ok(Err(err)) => tracing::error!(%err, "cannot write a checkpoint; the previous one stays"),
-            Err(err) => tracing::error!(%err, "the checkpoint task failed; the previous one stays"),
+            Ok(Err(err)) => {
+                metrics::checkpoint_written(false);
+                tracing::error!(%err, "cannot write a checkpoint; the previous one stays")
+            }
+            Err(err) => {
+                metrics::checkpoint_written(false);
+                tracing::error!(%err, "the checkpoint task failed; the previous one stays")
+            }
         }
     }
 }

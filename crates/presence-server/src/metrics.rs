@@ -75,6 +75,17 @@ pub mod names {
     pub const ROOM_WATCHERS: &str = "presenced_room_watchers";
     /// Flips to OFFLINE that flap damping suppressed: a new lease came within the grace window (gauge of a running count).
     pub const SUPPRESSED_FLAPS: &str = "presenced_suppressed_flaps";
+    /// Times the process was found not to have run for over a second: stopped, paused or starved (counter).
+    pub const CLOCK_STALLS: &str = "presenced_clock_stalls_total";
+    /// Milliseconds of those stalls left out of store time, so not counted against leases (counter).
+    pub const CLOCK_STALLED_MS: &str = "presenced_clock_stalled_ms_total";
+    /// Periodic checkpoints by `result`: ok, failed (a failed one is retried at the next interval) (counter).
+    pub const CHECKPOINTS: &str = "presenced_checkpoints_total";
+}
+
+/// Counts a periodic checkpoint, written or not (B3).
+pub(crate) fn checkpoint_written(ok: bool) {
+    counter!(names::CHECKPOINTS, "result" => if ok { "ok" } else { "failed" }).increment(1);
 }
 
 /// Buckets for the latency histograms, in seconds: 50 µs to 5 s.
