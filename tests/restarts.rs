@@ -192,12 +192,15 @@ async fn b3_after_kill_9_only_sessions_newer_than_the_checkpoint_flip_and_they_c
 }
 
 /// L4: a service stopped (SIGSTOP) for twice the TTL takes nobody offline whose
-/// gateway renews as soon as it runs again: the time it did not run does not
-/// count against leases. Sessions that stop renewing still expire a TTL later.
+/// gateway renews once it runs again: the time it did not run does not count
+/// against leases, and online users are held for the restart grace, so a
+/// gateway that comes back too late for its lease registers it again without
+/// a flip. Users nobody renews go OFFLINE when the grace ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l4_a_service_stopped_longer_than_a_ttl_takes_nobody_offline_whose_gateway_renews_after_it() {
-    let ttl = Duration::from_millis(2_000);
-    let daemon = Daemon::start(&["--default-ttl-ms", "2000", "--min-ttl-ms", "1000"], &[]);
+    let (ttl, grace) = (Duration::from_millis(2_000), Duration::from_millis(6_000));
+    let args = ["--default-ttl-ms", "2000", "--min-ttl-ms", "1000", "--restart-grace-ms", "6000"];
+    let daemon = Daemon::start(&args, &[]);
     let mut client = connect(&daemon).await;
     let users = user_ids("paused", 200);
     let sessions = register_all(&mut client, &users, 1).await;
@@ -207,18 +210,29 @@ async fn l4_a_service_stopped_longer_than_a_ttl_takes_nobody_offline_whose_gatew
     daemon.pause();
     tokio::time::sleep(ttl * 2).await;
     daemon.resume();
-    let (renewing, stopped) = sessions.split_at(150);
+    let resumed = Instant::now();
+    let (renewing, rest) = sessions.split_at(100);
+    let (late, silent) = rest.split_at(50);
     let codes = renew_all(&mut client, renewing).await;
-    assert!(codes.iter().all(|code| *code == Code::Ok), "renewals after the stop: {:?}", &codes[..3]);
+    assert!(codes.iter().all(|code| *code == Code::Ok), "renewals right after the stop: {:?}", &codes[..3]);
+    // A gateway slower to come back than its lease (under a second was left of
+    // it): the lease is gone, the user is not, and registering again shows nothing.
+    tokio::time::sleep(ttl * 3 / 4).await;
+    let codes = renew_all(&mut client, late).await;
+    assert!(codes.iter().all(|code| *code == Code::NotFound), "late renewals: {:?}", &codes[..3]);
+    let late_users: Vec<String> = late.iter().map(|(user, _, _)| user.clone()).collect();
+    register_all(&mut client, &late_users, 1).await;
     viewer.barrier(&mut client, "sentinel").await;
     let flipped: Vec<&str> = viewer.updates.iter().map(|u| u.user_id.as_str()).filter(|u| *u != "sentinel").collect();
     assert!(flipped.is_empty(), "nobody flips for the service's own stop: {flipped:?}");
+    let online = snapshot(&mut client, &watched[..150]).await.iter().all(|p| state_of(p) == pb::State::Online);
+    assert!(online, "the renewed and the registered again are online");
 
-    // The 50 sessions that stopped renewing before the stop expire in a TTL of running time.
-    let expired_after = Instant::now();
-    let stopped: Vec<&str> = stopped.iter().map(|(user, _, _)| user.as_str()).collect();
-    viewer.until_all_in_state(&stopped, pb::State::Offline).await;
-    assert!(expired_after.elapsed() < ttl + Duration::from_secs(1), "took {:?}", expired_after.elapsed());
+    // The 50 sessions nobody renews go OFFLINE when the grace ends, not before.
+    let silent: Vec<&str> = silent.iter().map(|(user, _, _)| user.as_str()).collect();
+    viewer.until_all_in_state(&silent, pb::State::Offline).await;
+    let took = resumed.elapsed();
+    assert!(took >= grace - Duration::from_millis(100) && took < grace + Duration::from_secs(1), "took {took:?}");
     daemon.stop().await;
 }
 

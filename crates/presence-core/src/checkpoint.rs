@@ -939,6 +939,43 @@ mod tests {
         assert_eq!((changes.users[0].user_id.as_str(), changes.users[0].presence.state), ("held", State::Offline));
     }
 
+    #[test]
+    fn l4_a_hold_after_a_stall_keeps_online_users_online_until_it_ends_and_never_past_a_close() {
+        let store = Store::new(config(), T0).unwrap();
+        let mut changes = Changes::default();
+        let mut generations = Vec::new();
+        for (user, ttl_ms) in [("reconnects", 1_000), ("silent", 1_000), ("closes", 10_000), ("lingers", 1_000)] {
+            let registration = Registration { user_id: user, session_id: "s", gateway_id: "g", ttl_ms, metadata: &[] };
+            generations.push(store.register(T0, &registration, &mut changes).unwrap().generation);
+        }
+        let closed = store.unregister(T0 + 1, "lingers", "s", generations[3], 900, &mut changes).unwrap();
+        assert!(!closed.changed);
+        changes.users.clear();
+        // The service ran again at T0 + 500 after a stall: everyone with an open session is held.
+        assert_eq!(store.hold_online_users(T0 + 500, T0 + 3_000), 3, "not the lingering user, whose session is closed");
+        assert_eq!(store.hold_online_users(T0 + 501, T0 + 3_000), 0, "held already");
+        while store.expire(T0 + 2_000, 1_000, &mut changes) {}
+        let offline: Vec<&str> = changes.users.iter().map(|c| c.user_id.as_str()).collect();
+        assert_eq!(offline, ["lingers"], "only the closed session ends on time");
+        changes.users.clear();
+        // The gateway of `reconnects` finds its lease gone and registers again: no flip.
+        let renewal = store.renew(T0 + 2_000, "reconnects", "s", generations[0], 0, &mut changes);
+        assert!(matches!(renewal, Err(crate::LeaseError::NotFound { .. })), "{renewal:?}");
+        let registration =
+            Registration { user_id: "reconnects", session_id: "s", gateway_id: "g", ttl_ms: 10_000, metadata: &[] };
+        assert!(!store.register(T0 + 2_000, &registration, &mut changes).unwrap().changed);
+        // `closes` closes its last session, still alive: OFFLINE at once, not at the hold's end.
+        let closed = store.unregister(T0 + 2_100, "closes", "s", generations[2], 0, &mut changes).unwrap();
+        assert!(closed.changed && closed.presence.state == State::Offline);
+        while store.expire(T0 + 2_999, 1_000, &mut changes) {}
+        assert_eq!(changes.users.len(), 1, "nothing else before the hold ends: {changes:?}");
+        // `silent` is renewed by nobody: OFFLINE when the hold ends, once.
+        while store.expire(T0 + 3_000, 1_000, &mut changes) {}
+        let flips: Vec<(&str, State)> = changes.users.iter().map(|c| (c.user_id.as_str(), c.presence.state)).collect();
+        assert_eq!(flips, [("closes", State::Offline), ("silent", State::Offline)]);
+        assert_eq!(store.snapshot(T0 + 3_000, &["reconnects"], &mut changes).unwrap()[0].state, State::Online);
+    }
+
     /// Feeds `bytes` to a loader `piece` bytes at a time.
     fn load(bytes: &[u8], piece: usize, now: Tick, hold_until: Tick) -> Result<Store, CheckpointError> {
         let mut loader = StoreLoader::new(config(), now, hold_until).unwrap();

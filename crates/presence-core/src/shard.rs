@@ -1150,6 +1150,42 @@ impl Shard {
         self.stamps.raise_to(last_stamp);
     }
 
+    /// Holds the users from slot `from` on, at most `budget` of them, online
+    /// until `until` with a [`Lease::restart_hold`], as a restart does (B3):
+    /// after the service did not run for a while, so that nobody flips merely
+    /// because its gateway could not reach it meanwhile. Only users ONLINE
+    /// with a session not closed get one, so that the hold never outlives an
+    /// explicit close; a user already held as long is left alone. Publishes
+    /// nothing. Returns how many were held and the slot to go on from, if any.
+    pub(crate) fn hold_online_users(
+        &mut self,
+        now: Tick,
+        until: Tick,
+        from: u32,
+        budget: usize,
+    ) -> (usize, Option<u32>) {
+        let now = self.advance(now);
+        let end = (from as usize).saturating_add(budget).min(self.users.len());
+        let mut held = 0;
+        for slot in from..end as u32 {
+            if until <= now || !self.users[slot as usize].online() {
+                continue;
+            }
+            let (mut open, mut held_as_long) = (false, false);
+            for index in self.lease_indices(slot) {
+                let lease = self.lease(index);
+                open |= !lease.is_hold() && !lease.closing();
+                held_as_long |= lease.is_restart_hold() && lease.expires_at >= until;
+            }
+            if open && !held_as_long {
+                let origin = self.origins.acquire(RESTART_HOLD_SESSION_ID, before_expiry(now, until));
+                self.push_lease(slot, Lease::restart_hold(origin, until));
+                held += 1;
+            }
+        }
+        (held, (end < self.users.len()).then_some(end as u32))
+    }
+
     /// Puts back a checkpointed user, its version and its leases, keeping their
     /// generations and deadlines. A user that was online is held online until
     /// `hold_until` by a [`Lease::restart_hold`], so that it does not flip

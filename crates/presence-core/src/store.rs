@@ -468,6 +468,26 @@ impl Store {
         self.alarm.store(at, Ordering::SeqCst);
     }
 
+    /// Holds every user ONLINE now online until `until`, as a restart does
+    /// (B3), for a service that did not run for a while (stopped, paused,
+    /// starved): a user whose gateway could not renew meanwhile does not flip,
+    /// its gateway re-registers a session that ran out, and a user nobody
+    /// renews goes OFFLINE when the hold ends. At most
+    /// [`CHECKPOINT_USERS_PER_LOCK`] users per shard-lock hold. Publishes
+    /// nothing; returns how many users were held.
+    pub fn hold_online_users(&self, now: Tick, until: Tick) -> usize {
+        let mut held = 0;
+        for shard in self.shards.iter() {
+            let mut from = Some(0);
+            while let Some(slot) = from {
+                let (count, next) = shard.lock().hold_online_users(now, until, slot, CHECKPOINT_USERS_PER_LOCK);
+                held += count;
+                from = next;
+            }
+        }
+        held
+    }
+
     /// Counts over all shards.
     pub fn stats(&self) -> StoreStats {
         let mut stats = StoreStats::default();

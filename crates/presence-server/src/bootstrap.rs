@@ -12,7 +12,6 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use presence_core::Store;
 use tokio::sync::Notify;
@@ -106,8 +105,7 @@ impl PreparedServer {
     pub(crate) fn restore(self) -> Result<Restored, ServeError> {
         let PreparedServer { config, clock, auth, data_dir, durable, stored } = self;
         let started = clock.now();
-        let grace = config.restart_grace.unwrap_or(Duration::from_millis(u64::from(config.store.default_ttl_ms)));
-        let hold_until = started.saturating_add(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX));
+        let hold_until = started.saturating_add(config.restart_grace_ms());
         let restored = match &data_dir {
             Some(dir) => dir.load_store(&config.store, started, hold_until)?,
             None => None,

@@ -13,7 +13,9 @@
 //! every request reads it too), so a gap of more than [`STALL`] between two
 //! readings means the process was not running; the first reading after the
 //! gap takes all of it but [`STALL`] out of store time. Leases then carry on
-//! where they were and gateways renew as if nothing happened. The price: store
+//! where they were and gateways renew as if nothing happened; and the server
+//! holds online users for the restart grace, as after a restart, for gateways
+//! slower to come back than their leases (`keep_reading`'s `after_stall`). The price: store
 //! time (and so `last_seen_ms` and deadlines) runs behind the wall clock by the
 //! total excluded, which each stall logs and `presenced_clock_stalled_ms_total`
 //! counts; a restart reads the wall clock afresh.
@@ -55,6 +57,8 @@ struct Inner {
     excluded_ms: AtomicU64,
     /// Serialises taking a stall out, the only writer of `excluded_ms`.
     stall: Mutex<()>,
+    /// Stalls taken out so far.
+    stalls_seen: AtomicU64,
     stalls: Counter,
     stalled_ms: Counter,
 }
@@ -70,6 +74,7 @@ impl StoreClock {
                 last_read_ms: AtomicU64::new(0),
                 excluded_ms: AtomicU64::new(0),
                 stall: Mutex::new(()),
+                stalls_seen: AtomicU64::new(0),
                 stalls: counter!(crate::metrics::names::CLOCK_STALLS),
                 stalled_ms: counter!(crate::metrics::names::CLOCK_STALLED_MS),
             }),
@@ -107,6 +112,11 @@ impl StoreClock {
         self.inner.origin + Duration::from_millis(tick.saturating_sub(self.inner.origin_unix_ms) + excluded)
     }
 
+    /// Stalls taken out of store time so far.
+    pub fn stalls(&self) -> u64 {
+        self.inner.stalls_seen.load(Ordering::Acquire)
+    }
+
     /// Milliseconds left out of store time so far.
     pub fn excluded(&self) -> Duration {
         Duration::from_millis(self.inner.excluded_ms.load(Ordering::Acquire))
@@ -128,6 +138,7 @@ impl StoreClock {
         };
         inner.excluded_ms.fetch_add(stalled, Ordering::AcqRel);
         inner.last_read_ms.fetch_max(elapsed, Ordering::AcqRel);
+        inner.stalls_seen.fetch_add(1, Ordering::AcqRel);
         inner.stalls.increment(1);
         inner.stalled_ms.increment(stalled);
         tracing::warn!(
@@ -139,14 +150,23 @@ impl StoreClock {
     }
 }
 
-/// Reads the clock every [`KEEPALIVE`] until `stop`, so that only a real stall leaves a gap.
-pub(crate) async fn keep_reading(clock: StoreClock, stop: CancellationToken) {
+/// Reads the clock every [`KEEPALIVE`] until `stop`, so that only a real stall
+/// leaves a gap, and calls `after_stall` with the current tick once after each
+/// stall it finds taken out (by this reading or any other).
+pub(crate) async fn keep_reading(clock: StoreClock, stop: CancellationToken, after_stall: impl Fn(Tick)) {
     let mut every = tokio::time::interval(KEEPALIVE);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stalls_seen = clock.stalls();
     loop {
         tokio::select! {
-            _ = every.tick() => { clock.now(); }
+            _ = every.tick() => {}
             () = stop.cancelled() => return,
+        }
+        let now = clock.now();
+        let stalls = clock.stalls();
+        if stalls != stalls_seen {
+            stalls_seen = stalls;
+            after_stall(now);
         }
     }
 }
@@ -201,15 +221,26 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_keepalive_keeps_a_quiet_server_from_looking_stalled() {
+    async fn the_keepalive_keeps_a_quiet_server_from_looking_stalled_and_reports_a_real_stall_once() {
         let clock = StoreClock::start();
         let start = clock.now();
         let stop = CancellationToken::new();
-        let reader = tokio::spawn(keep_reading(clock.clone(), stop.clone()));
+        let stalls = Arc::new(AtomicU64::new(0));
+        let reader = tokio::spawn(keep_reading(clock.clone(), stop.clone(), {
+            let stalls = Arc::clone(&stalls);
+            move |_| {
+                stalls.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
         // Auto-advancing paused time: the keepalive's timer fires every 100 ms on the way.
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(clock.now(), start + 60_000);
         assert_eq!(clock.excluded(), Duration::ZERO);
+        assert_eq!(stalls.load(Ordering::Relaxed), 0);
+        // A real stall: the keepalive reports it once.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        tokio::time::sleep(KEEPALIVE * 3).await;
+        assert_eq!((clock.stalls(), stalls.load(Ordering::Relaxed)), (1, 1));
         stop.cancel();
         reader.await.unwrap();
     }

@@ -91,6 +91,7 @@ pub struct ServerConfig {
     pub checkpoint_interval: Duration,
     /// After a restart, how long users that were online at the checkpoint are
     /// held online while their gateways reconnect; `None` takes the default TTL.
+    /// The same hold follows a stall of the process (L4).
     pub restart_grace: Option<Duration>,
     /// How often at most a user's activity is written to disk.
     pub activity_write_interval: Duration,
@@ -121,6 +122,14 @@ pub struct ServerConfig {
 /// default of every setting that scales with the cores.
 pub fn cpus() -> usize {
     std::thread::available_parallelism().map_or(2, usize::from)
+}
+
+impl ServerConfig {
+    /// The restart grace in store milliseconds: as set, or the default TTL.
+    pub(crate) fn restart_grace_ms(&self) -> u64 {
+        self.restart_grace
+            .map_or(u64::from(self.store.default_ttl_ms), |grace| u64::try_from(grace.as_millis()).unwrap_or(u64::MAX))
+    }
 }
 
 impl Default for ServerConfig {
@@ -216,7 +225,10 @@ async fn serve_prepared(
     let bootstrap::Restored { config, context, auth, expiry_wake, data_dir } = prepared.restore()?;
     let (store, clock, stopping) =
         (Arc::clone(context.store()), context.publisher.clock.clone(), context.stopping.clone());
-    tokio::spawn(clock::keep_reading(clock.clone(), stopping.clone()));
+    tokio::spawn(clock::keep_reading(clock.clone(), stopping.clone(), {
+        let (store, grace_ms) = (Arc::clone(&store), config.restart_grace_ms());
+        move |now| hold_after_stall(&store, now, grace_ms)
+    }));
     let activity = Arc::clone(&context.activity);
     let activity_flusher = tokio::spawn(activity::run_flusher(activity, clock.clone(), stopping.clone()));
     let checkpoints = data_dir.clone().map(|dir| {
@@ -342,6 +354,18 @@ async fn serve_prepared(
     let stats = store.stats();
     tracing::info!(sessions = stats.sessions, online_users = stats.online_users, "stopped");
     served
+}
+
+/// After a stall of the process, holds every online user online for the
+/// restart grace, as a restart does (L4, B3): gateways that could not renew
+/// meanwhile and find their session gone register it again without a flip.
+/// On a blocking thread: it visits every user, a few shard-lock holds at a time.
+fn hold_after_stall(store: &Arc<Store>, now: presence_core::Tick, grace_ms: u64) {
+    let store = Arc::clone(store);
+    drop(tokio::task::spawn_blocking(move || {
+        let held = store.hold_online_users(now, now.saturating_add(grace_ms));
+        tracing::warn!(held, grace_ms, "after the stall, online users are held online for the restart grace");
+    }));
 }
 
 /// Writes a checkpoint every `interval` until `stop`. A failed write is logged
