@@ -28,6 +28,14 @@ impl StoreClock {
         StoreClock { origin: Instant::now(), origin_unix_ms: u64::try_from(unix.as_millis()).unwrap_or(u64::MAX) }
     }
 
+    /// A clock that reads `tick` now, for the concurrency checker, whose
+    /// store runs at ticks of the checker's choosing: the clock only moves
+    /// with the real time a schedule takes, far less than any TTL.
+    #[cfg(feature = "shuttle")]
+    pub(crate) fn starting_at(tick: Tick) -> Self {
+        StoreClock { origin: Instant::now(), origin_unix_ms: tick }
+    }
+
     /// The current tick. Rounds down, so a deadline tick has fully passed when `now()` reaches it.
     pub fn now(&self) -> Tick {
         self.tick_at(Instant::now())
