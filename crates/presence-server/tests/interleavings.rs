@@ -6,7 +6,8 @@
 //! Each test runs `INTERLEAVINGS_ITERATIONS` schedules (default 300) under the
 //! random scheduler and as many under PCT (depth 3), from the fixed seed
 //! `SHUTTLE_RANDOM_SEED` overrides. A failure prints the failing schedule;
-//! `INTERLEAVINGS_REPLAY=<schedule> cargo test ... <test name>` runs that one again.
+//! `INTERLEAVINGS_REPLAY='<schedule>' cargo test ... <test name>` runs that
+//! one again (the schedule as printed, quotes and line breaks included or not).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,6 +37,8 @@ const END: &str = "end";
 fn check(name: &str, test: impl Fn() + Send + Sync + 'static) -> usize {
     let test = Arc::new(test);
     if let Ok(schedule) = std::env::var("INTERLEAVINGS_REPLAY") {
+        // As printed, the schedule is quoted and wrapped over lines.
+        let schedule: String = schedule.chars().filter(|c| !c.is_whitespace() && *c != '"').collect();
         shuttle::replay(move || test(), &schedule);
         return 0;
     }
