@@ -19,6 +19,7 @@ mod rooms;
 mod shard;
 pub mod stamp;
 mod store;
+pub mod sync;
 mod types;
 mod user_index;
 mod validate;

@@ -18,7 +18,8 @@ use std::hash::BuildHasher;
 
 use compact_str::CompactString;
 use hashbrown::HashTable;
-use parking_lot::Mutex;
+
+use crate::sync::Mutex;
 
 /// A room id as the user shards hold it: the part of the table it is in
 /// (the low bits) and its slot there.

@@ -7,9 +7,6 @@
 //! never across an `.await`, never while waking anyone.
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use parking_lot::Mutex;
 
 use compact_str::CompactString;
 
@@ -19,6 +16,7 @@ use crate::error::LeaseError;
 use crate::room_names::RoomNames;
 use crate::rooms::RoomShard;
 use crate::shard::{LeaseView, Shard};
+use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::types::{
     Changes, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomAccess,
     RoomChange, RoomRef, RoomView, Signalled, Status, StoreStats, Unregistered, UserView,

@@ -67,10 +67,15 @@ impl StoreClock {
     /// A clock reading the wall clock now and the monotonic clock from then on.
     pub fn start() -> Self {
         let unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+        StoreClock::reading_now(u64::try_from(unix.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// A clock whose tick is `origin_unix_ms` now.
+    fn reading_now(origin_unix_ms: Tick) -> Self {
         StoreClock {
             inner: Arc::new(Inner {
                 origin: Instant::now(),
-                origin_unix_ms: u64::try_from(unix.as_millis()).unwrap_or(u64::MAX),
+                origin_unix_ms,
                 last_read_ms: AtomicU64::new(0),
                 excluded_ms: AtomicU64::new(0),
                 stall: Mutex::new(()),
@@ -79,6 +84,14 @@ impl StoreClock {
                 stalled_ms: counter!(crate::metrics::names::CLOCK_STALLED_MS),
             }),
         }
+    }
+
+    /// A clock that reads `tick` now, for the concurrency checker, whose
+    /// store runs at ticks of the checker's choosing: the clock only moves
+    /// with the real time a schedule takes, far less than any TTL.
+    #[cfg(feature = "shuttle")]
+    pub(crate) fn starting_at(tick: Tick) -> Self {
+        StoreClock::reading_now(tick)
     }
 
     /// The current tick. Rounds down, so a deadline tick has fully passed when `now()` reaches it.

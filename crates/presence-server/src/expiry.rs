@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use presence_core::{Store, Tick};
 use tokio::sync::Notify;
 
 use crate::context::Context;
@@ -49,6 +50,17 @@ fn release_freed_memory() {
     }));
 }
 
+/// Tells the store when the driver, about to sleep, will wake next, and
+/// returns that time (`None`: only when woken). Any deadline scheduled while
+/// it looks for the next one must wake it, hence the alarm set to wake on
+/// every new deadline first.
+pub(crate) fn arm(store: &Store) -> Option<Tick> {
+    store.set_alarm(u64::MAX);
+    let next = store.next_deadline();
+    store.set_alarm(next.unwrap_or(u64::MAX));
+    next
+}
+
 /// Runs until the server stops.
 pub(crate) async fn run(context: Arc<Context>, wake: Arc<Notify>, batch: usize) {
     let store = context.store();
@@ -64,10 +76,7 @@ pub(crate) async fn run(context: Arc<Context>, wake: Arc<Notify>, batch: usize) 
         if trim.due(store.forgotten_users()) {
             release_freed_memory();
         }
-        // Any deadline scheduled while we look for the next one must wake us.
-        store.set_alarm(u64::MAX);
-        let next = store.next_deadline();
-        store.set_alarm(next.unwrap_or(u64::MAX));
+        let next = arm(store);
         let sleep = async {
             match next {
                 Some(tick) => tokio::time::sleep_until(clock.instant_at(tick)).await,

@@ -31,13 +31,11 @@
 //! any reason leaves nothing behind.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use dashmap::DashMap;
 use hashbrown::{HashMap, HashSet};
-use parking_lot::Mutex;
 use presence_core::{CompactString, Presence, PresenceChange, Status};
-use tokio::sync::Notify;
+
+use crate::sync::{AtomicU64, DashMap, Entry, Mutex, Notify, Ordering};
 
 /// The topics of one process.
 #[derive(Debug, Default)]
@@ -398,7 +396,7 @@ impl Hub {
 
     fn leave_topics(&self, mailbox: &Mailbox, users: &[(CompactString, u32)]) {
         for (user_id, _) in users {
-            if let dashmap::Entry::Occupied(mut topic) = self.topics.entry(user_id.clone()) {
+            if let Entry::Occupied(mut topic) = self.topics.entry(user_id.clone()) {
                 topic.get_mut().retain(|other| other.mailbox.id != mailbox.id);
                 if topic.get().is_empty() {
                     topic.remove();
@@ -411,7 +409,7 @@ impl Hub {
         let users = mailbox.slots_of(&mailbox.users());
         self.leave_topics(mailbox, &users);
         if let Some(viewer) = &mailbox.viewer
-            && let dashmap::Entry::Occupied(mut mailboxes) = self.viewers.entry(viewer.clone())
+            && let Entry::Occupied(mut mailboxes) = self.viewers.entry(viewer.clone())
         {
             mailboxes.get_mut().retain(|other| other.id != mailbox.id);
             if mailboxes.get().is_empty() {

@@ -9,6 +9,8 @@
 mod activity;
 mod auth;
 mod bootstrap;
+#[cfg(feature = "shuttle")]
+pub mod checker;
 mod clock;
 mod connections;
 mod context;
@@ -25,6 +27,7 @@ mod publish;
 mod rooms;
 mod service;
 mod settings;
+mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod watch;

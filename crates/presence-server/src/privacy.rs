@@ -27,6 +27,7 @@ use crate::durable::{self, DurableStore, run_blocking};
 use crate::error::ServiceError;
 use crate::hub::{Pending, Subscription, Transition};
 use crate::publish::Publisher;
+use crate::sync::RwLock;
 
 /// A user's choice of who may see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,7 +227,7 @@ pub(crate) struct Released {
 #[derive(Debug)]
 pub(crate) struct Privacy {
     /// Lock order: relations, then hub mailboxes, then store shards.
-    relations: parking_lot::RwLock<Relations>,
+    relations: RwLock<Relations>,
     /// Held across a durable write and its application in memory, so that
     /// the order on disk is the order in memory.
     writer: tokio::sync::Mutex<()>,
@@ -246,7 +247,7 @@ impl Privacy {
         last_seen_granularity_ms: u64,
     ) -> Self {
         Privacy {
-            relations: parking_lot::RwLock::new(Relations::new(default_visibility)),
+            relations: RwLock::new(Relations::new(default_visibility)),
             writer: tokio::sync::Mutex::new(()),
             durable,
             publisher,

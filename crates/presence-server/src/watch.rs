@@ -180,8 +180,7 @@ async fn snapshot_event(
     exact_activity: bool,
     known: &HashMap<CompactString, u64>,
 ) -> Result<WatchEvent, ServiceError> {
-    let seen = |shown: &Shown| if shown.visible { shown.view.presence.version } else { 0 };
-    subscription.mailbox().hold(users, shown.iter().map(seen));
+    hold(subscription, users, shown);
     let (sent_users, sent): (Vec<CompactString>, Vec<Shown>) = users
         .iter()
         .zip(shown)
@@ -191,6 +190,19 @@ async fn snapshot_event(
     let partial = sent_users.len() < users.len();
     let released = context.released(&sent_users, &sent, exact_activity).await?;
     Ok(wire::snapshot_event(released, partial))
+}
+
+/// The version the viewer holds of a user shown as `shown`: 0 for a hidden
+/// user, as for a user never seen.
+fn seen(shown: &Shown) -> u64 {
+    if shown.visible { shown.view.presence.version } else { 0 }
+}
+
+/// Records in the mailbox what a snapshot of `users` (shown as `shown`) gives
+/// the viewer, before the snapshot goes out and before anything is taken from
+/// the mailbox: what it holds pending that is not newer is dropped (E3).
+pub(crate) fn hold(subscription: &Subscription, users: &[CompactString], shown: &[Shown]) {
+    subscription.mailbox().hold(users, shown.iter().map(seen));
 }
 
 /// The updates for changes taken from the mailbox.
