@@ -8,7 +8,7 @@
 #
 # What it does:
 #   1. builds target/release/presenced and target/release/presence-loadgen;
-#   2. installs redis-server (and, for the h2load scenario, h2load: nghttp2-client) from
+#   2. installs redis-server (and, for the h2load and overload scenarios, h2load: nghttp2-client) from
 #      the Debian packages when missing (needs root);
 #   3. for every scenario, starts a fresh redis-server (private loopback port, throwaway
 #      dir, no persistence) with the seed's 5 Lua scripts loaded (SCRIPT LOAD), and a fresh
@@ -56,6 +56,10 @@ ROOM_MEMBERS_WATCHERS_PER_ROOM=${ROOM_MEMBERS_WATCHERS_PER_ROOM:-5}
 ROOM_MEMBERS_CHURN=${ROOM_MEMBERS_CHURN:-2000}        # room-members: metadata updates/s
 TYPING_ROOMS=${TYPING_ROOMS:-10000}                   # typing: rooms of 3, one member watcher each
 DAMPING_GRACE_MS=${DAMPING_GRACE_MS:-1000}            # damping: the damped server's --offline-grace-ms
+SOAK_SESSIONS=${SOAK_SESSIONS:-3000000}               # soak (not in the defaults: 30 min and more)
+SOAK_DURATION=${SOAK_DURATION:-30m}
+SOAK_STORM_SESSIONS=${SOAK_STORM_SESSIONS:-1000000}
+OVERLOAD_PHASE=${OVERLOAD_PHASE:-20s}                 # overload (not in the defaults): quiet and shedding phases
 SCENARIOS=${SCENARIOS:-load unary-defaults h2load pinned batches memory expiry expiry-scale fanout fanout-million resume room-count room-members typing damping room-memory}
 RESULTS=${RESULTS:-target/compare/$(date -u +%Y%m%dT%H%M%SZ)}
 REDIS_PORT=${REDIS_PORT:-$((20000 + RANDOM % 20000))}
@@ -177,7 +181,7 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
     if [[ $(id -u) -ne 0 ]]; then echo "redis-server is missing and this is not root: install it first" >&2; exit 1; fi
     apt-get update && apt-get install -y redis-server
 fi
-if [[ " $SCENARIOS " == *" h2load "* ]] && ! command -v h2load >/dev/null; then
+if [[ " $SCENARIOS " == *" h2load "* || " $SCENARIOS " == *" overload "* ]] && ! command -v h2load >/dev/null; then
     log "installing h2load (Debian package nghttp2-client)"
     if [[ $(id -u) -ne 0 ]]; then echo "h2load is missing and this is not root: install nghttp2-client first" >&2; exit 1; fi
     apt-get update && apt-get install -y nghttp2-client
@@ -415,7 +419,29 @@ for room in range(20000):
                 --stalled-viewer --mode unary --concurrency 16 --connections 2
         done
         ;;
-    *) echo "unknown scenario $scenario (load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-members, typing, damping, room-memory)" >&2; exit 2 ;;
+    soak)
+        # presenced only, and long (SOAK_DURATION, then a reconnect storm of
+        # SOAK_STORM_SESSIONS): SOAK_SESSIONS renewing every 15 s +- 3 s, 1,000 expiring
+        # users a minute, 10,000 users watched; errors, false OFFLINE, resident memory,
+        # expiry lag and CPU per minute (docs/reliability.md, "Soak").
+        PRESENCED_EXTRA=(--metrics-listen "127.0.0.1:$METRICS_PORT")
+        fresh_servers
+        run soak-presenced presenced soak --sessions "$SOAK_SESSIONS" --duration "$SOAK_DURATION" \
+            --storm-sessions "$SOAK_STORM_SESSIONS" --server-pid "$PRESENCED_PID" \
+            --metrics-addr "127.0.0.1:$METRICS_PORT"
+        PRESENCED_EXTRA=()
+        ;;
+    overload)
+        # presenced only: renewals at twice the capacity a short ramp finds (sent by
+        # h2load), beside registers, unregisters and revokes, unary and in Leases batches;
+        # none of those may be lost (docs/reliability.md, "Overload at twice capacity").
+        PRESENCED_EXTRA=(--metrics-listen "127.0.0.1:$METRICS_PORT")
+        fresh_servers
+        run overload-presenced presenced overload --phase "$OVERLOAD_PHASE" --server-pid "$PRESENCED_PID" \
+            --metrics-addr "127.0.0.1:$METRICS_PORT"
+        PRESENCED_EXTRA=()
+        ;;
+    *) echo "unknown scenario $scenario (load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-members, typing, damping, room-memory; not by default: soak, overload)" >&2; exit 2 ;;
     esac
 done
 stop_servers

@@ -7,7 +7,11 @@
 //! batch's renewals are shed at once, each answered `RESOURCE_EXHAUSTED` (the
 //! next heartbeat carries the same information), while its registers and
 //! unregisters wait for room: they are never dropped, and the wait pushes back
-//! on the gateway through its stream.
+//! on the gateway through its stream. They wait in a queue of their own, which
+//! the workers drain first: in the main queue, a slot freed by a worker would
+//! go to whichever batch asked first, and under a flood of renewals that is
+//! almost always a renewal, so a register could wait for as long as the flood
+//! lasted.
 
 use std::sync::Arc;
 
@@ -37,21 +41,31 @@ struct Job {
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseQueue {
     jobs: async_channel::Sender<Job>,
+    /// Batches with registers or unregisters that found `jobs` full: applied first.
+    waiting: async_channel::Sender<Job>,
     context: Arc<Context>,
 }
 
+/// The workers' ends of the two queues.
+#[derive(Debug, Clone)]
+struct Receivers {
+    jobs: async_channel::Receiver<Job>,
+    waiting: async_channel::Receiver<Job>,
+}
+
 impl LeaseQueue {
-    /// A queue of `capacity` batches, without workers (see [`LeaseQueue::spawn_workers`]).
-    fn new(context: Arc<Context>, capacity: usize) -> (Self, async_channel::Receiver<Job>) {
-        let (jobs, receiver) = async_channel::bounded(capacity.max(1));
-        (LeaseQueue { jobs, context }, receiver)
+    /// A queue of `capacity` batches (and as many waiting ones), without workers.
+    fn new(context: Arc<Context>, capacity: usize) -> (Self, Receivers) {
+        let (jobs, jobs_receiver) = async_channel::bounded(capacity.max(1));
+        let (waiting, waiting_receiver) = async_channel::bounded(capacity.max(1));
+        (LeaseQueue { jobs, waiting, context }, Receivers { jobs: jobs_receiver, waiting: waiting_receiver })
     }
 
     /// A queue of `capacity` batches drained by `workers` tasks.
     pub(crate) fn start(context: Arc<Context>, capacity: usize, workers: usize) -> Self {
-        let (queue, receiver) = Self::new(context, capacity);
+        let (queue, receivers) = Self::new(context, capacity);
         for _ in 0..workers.max(1) {
-            tokio::spawn(work(Arc::clone(&queue.context), receiver.clone()));
+            tokio::spawn(work(Arc::clone(&queue.context), receivers.clone()));
         }
         queue
     }
@@ -75,13 +89,13 @@ impl LeaseQueue {
                     return Ok(apply(&self.context, job.batch, true));
                 }
                 tokio::select! {
-                    sent = self.jobs.send(job) => sent.map_err(|_| stopping())?,
+                    sent = self.waiting.send(job) => sent.map_err(|_| stopping())?,
                     () = self.context.stopping.cancelled() => return Err(stopping()),
                 }
             }
             Err(async_channel::TrySendError::Closed(_)) => return Err(stopping()),
         }
-        self.context.metrics().queue_depth.set(self.jobs.len() as f64);
+        self.context.metrics().queue_depth.set((self.jobs.len() + self.waiting.len()) as f64);
         // On shutdown the workers stop: a batch still queued is answered here.
         tokio::select! {
             results = results => results.map_err(|_| stopping()),
@@ -98,13 +112,20 @@ fn is_renewal(item: &LeaseItemFrame) -> bool {
     matches!(item.op, Some(LeaseOpFrame::Renew(_)))
 }
 
+/// The next batch to apply: a waiting one first (B2), else the oldest queued one;
+/// `None` once the queues close or the server stops.
+async fn next_job(queues: &Receivers, stopping: &tokio_util::sync::CancellationToken) -> Option<Job> {
+    tokio::select! {
+        biased;
+        () = stopping.cancelled() => None,
+        job = queues.waiting.recv() => job.ok(),
+        job = queues.jobs.recv() => job.ok(),
+    }
+}
+
 /// A worker: applies queued batches until the queue closes or the server stops.
-async fn work(context: Arc<Context>, jobs: async_channel::Receiver<Job>) {
-    loop {
-        let job = tokio::select! {
-            job = jobs.recv() => match job { Ok(job) => job, Err(_) => return },
-            () = context.stopping.cancelled() => return,
-        };
+async fn work(context: Arc<Context>, queues: Receivers) {
+    while let Some(job) = next_job(&queues, &context.stopping).await {
         let results = apply(&context, job.batch, job.shed_renewals);
         let _ = job.reply.send(results);
         // A batch is a burst of CPU work: let other tasks (readers, viewers) in between.
@@ -360,7 +381,7 @@ mod tests {
     async fn b2_a_full_queue_sheds_renewals_at_once_and_makes_registers_wait() {
         let context = context();
         // No workers yet: the queue (one batch) fills and stays full.
-        let (queue, jobs) = LeaseQueue::new(Arc::clone(&context), 1);
+        let (queue, queues) = LeaseQueue::new(Arc::clone(&context), 1);
         let first = tokio::spawn({
             let queue = queue.clone();
             async move { queue.run(batch(vec![register("a")])).await }
@@ -385,7 +406,7 @@ mod tests {
 
         // Workers start: everything queued is applied; the waiting batch's renewal was shed, its register applied.
         for _ in 0..2 {
-            tokio::spawn(work(Arc::clone(&context), jobs.clone()));
+            tokio::spawn(work(Arc::clone(&context), queues.clone()));
         }
         assert_eq!(first.await.unwrap().unwrap().results[0].code, Code::Ok as u32);
         let mixed = mixed.await.unwrap().unwrap();
@@ -394,5 +415,42 @@ mod tests {
         let mut changes = presence_core::Changes::default();
         let presences = context.store().snapshot(context.now(), &["a", "c"], &mut changes).unwrap();
         assert!(presences.iter().all(|p| p.state == presence_core::State::Online));
+    }
+
+    #[tokio::test]
+    async fn b2_a_waiting_register_batch_goes_before_renewals_that_find_room_after_it() {
+        let context = context();
+        let (queue, queues) = LeaseQueue::new(Arc::clone(&context), 1);
+        let with_id = |batch_id, items| LeaseBatchFrame::from(&pb::LeaseBatch { batch_id, items });
+        let first = tokio::spawn({
+            let queue = queue.clone();
+            let first = with_id(1, vec![register("a")]);
+            async move { queue.run(first).await }
+        });
+        while !queue.is_overloaded() {
+            tokio::task::yield_now().await;
+        }
+        let waiting = tokio::spawn({
+            let queue = queue.clone();
+            let waiting = with_id(2, vec![register("b")]);
+            async move { queue.run(waiting).await }
+        });
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished(), "the register batch waits for room");
+
+        // A worker takes a batch. If that gives the queue room, a batch of renewals finds
+        // it before the waiting batch's task runs again (under a flood of renewals, one
+        // always does). It must not be applied before the waiting register batch.
+        let mut taken = vec![next_job(&queues, &context.stopping).await.expect("a batch")];
+        let mut renewals = std::pin::pin!(queue.run(with_id(3, vec![renew("a", 1)])));
+        let _ = renewals.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        while !taken.iter().any(|job| job.batch.batch_id == 2) {
+            taken.push(next_job(&queues, &context.stopping).await.expect("a batch"));
+        }
+        let order: Vec<u64> = taken.iter().map(|job| job.batch.batch_id).collect();
+        assert!(!order.contains(&3), "renewals went before the waiting register batch: {order:?}");
+        drop((first, waiting, taken));
     }
 }

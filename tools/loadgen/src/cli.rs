@@ -43,6 +43,12 @@ pub(crate) enum Command {
     /// Redis design has no damping): OFFLINE events viewers get; run it with and without
     /// presenced's --offline-grace-ms.
     Damping(DampingArgs),
+    /// Sessions renewing every interval with jitter for a long time (presenced): errors, false
+    /// OFFLINE, resident memory, expiry lag and CPU per minute; then a reconnect storm.
+    Soak(SoakArgs),
+    /// Renewals at twice the server's capacity beside registers, unregisters and revokes
+    /// (presenced): only renewals may be shed, and none of the others may be lost.
+    Overload(OverloadArgs),
     /// Register one session on presenced and write its Renew as a gRPC frame, for `h2load -d FILE`.
     H2loadPrepare(H2loadPrepareArgs),
     /// Make a report of an h2load run: its output, its --log-file, presenced's metrics before and after.
@@ -62,6 +68,8 @@ impl Command {
             Command::RoomMembers(a) => &a.common,
             Command::Typing(a) => &a.common,
             Command::Damping(a) => &a.common,
+            Command::Soak(a) => &a.common,
+            Command::Overload(a) => &a.common,
             Command::H2loadPrepare(a) => &a.common,
             Command::H2loadReport(a) => &a.common,
         }
@@ -542,6 +550,142 @@ pub(crate) struct DampingArgs {
     #[arg(long, default_value_t = 0)]
     pub(crate) grace_ms: u64,
     /// Lease TTL, ms.
+    #[arg(long, default_value_t = 600_000)]
+    pub(crate) ttl_ms: u32,
+}
+
+/// The server a long scenario watches: started by it, or found at `--addr`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ServerArgs {
+    /// Start this presenced binary (`serve --listen 127.0.0.1:0 --metrics-listen ...`) and
+    /// stop it at the end; without it the scenario drives the server at `--addr`.
+    #[arg(long)]
+    pub(crate) server_bin: Option<PathBuf>,
+    /// With --server-bin: pin the server to these CPUs (`taskset -c`), e.g. `0`.
+    #[arg(long, requires = "server_bin")]
+    pub(crate) server_cpus: Option<String>,
+    /// With --server-bin: one more argument for `presenced serve` (repeat the flag).
+    #[arg(long, requires = "server_bin", allow_hyphen_values = true)]
+    pub(crate) server_arg: Vec<String>,
+    /// Without --server-bin: the server's process id, for its memory and CPU (/proc).
+    #[arg(long, conflicts_with = "server_bin")]
+    pub(crate) server_pid: Option<u32>,
+    /// Without --server-bin: the server's metrics endpoint (`--metrics-listen`).
+    #[arg(long, conflicts_with = "server_bin")]
+    pub(crate) metrics_addr: Option<String>,
+}
+
+/// `soak` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct SoakArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) server: ServerArgs,
+    /// Healthy sessions: registered, then renewed every interval until the end.
+    #[arg(long, default_value_t = 3_000_000)]
+    pub(crate) sessions: u64,
+    /// Sessions per user, on average.
+    #[arg(long, default_value_t = 2.5)]
+    pub(crate) sessions_per_user: f64,
+    /// Lease TTL of registers and renewals, ms.
+    #[arg(long, default_value_t = 45_000)]
+    pub(crate) ttl_ms: u32,
+    /// Each session renews this often, ms, from a phase of its own.
+    #[arg(long, default_value_t = 15_000)]
+    pub(crate) interval_ms: u64,
+    /// Each renewal comes up to this much earlier or later than the interval says, ms.
+    #[arg(long, default_value_t = 3_000)]
+    pub(crate) jitter_ms: u64,
+    /// Length of the renewal phase (before the storm).
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// The first part of the renewal phase, left out of the memory drift.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub(crate) warmup: Duration,
+    /// A report line this often.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub(crate) window: Duration,
+    /// Users watched (spread evenly over the healthy users): their OFFLINE events are false.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) watch_sample: u64,
+    /// Other users (one session each) registered per minute that never renew, so that leases
+    /// expire throughout and the expiry lag is measured; their OFFLINEs are expected.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) expiring_per_minute: u64,
+    /// TTL of those sessions, ms.
+    #[arg(long, default_value_t = 15_000)]
+    pub(crate) expiring_ttl_ms: u32,
+    /// Healthy sessions whose gateway dies after the renewal phase and which register again
+    /// (a new generation, same session id) as fast as they can; 0 = no storm.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub(crate) storm_sessions: u64,
+    /// Renewals go on this long after the storm before the end.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub(crate) after_storm: Duration,
+    /// Items per Leases batch (registers and renewals).
+    #[arg(long, default_value_t = 500)]
+    pub(crate) batch: u64,
+    /// Batches in flight.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) concurrency: u64,
+    /// Leases streams (one HTTP/2 connection each).
+    #[arg(long, default_value_t = 2)]
+    pub(crate) connections: u64,
+    /// Storm registers: batches in flight, over as many new Leases streams (the reconnected
+    /// gateways' connections).
+    #[arg(long, default_value_t = 8)]
+    pub(crate) storm_concurrency: u64,
+}
+
+/// `overload` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct OverloadArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) server: ServerArgs,
+    /// Sessions renewed (one user each), registered first with a long TTL: the flood renews
+    /// the first `--batch`, the unary Renews the others.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) renew_sessions: u64,
+    /// Renewal items per Leases batch of the flood.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) batch: u64,
+    /// The capacity ramp: batches in flight at each step (closed loop), `--ramp-step` each.
+    #[arg(long, default_value = "4,8,16,32,64", value_delimiter = ',')]
+    pub(crate) ramp: Vec<u64>,
+    /// Length of each ramp step.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub(crate) ramp_step: Duration,
+    /// Renewals offered in the shedding phase, as a multiple of the capacity found.
+    #[arg(long, default_value_t = 2.0)]
+    pub(crate) factor: f64,
+    /// h2load, which sends the ramp's and the flood's batches: one request (one `Leases`
+    /// stream) per batch, the same body each time, cheaply enough to outrun the server.
+    #[arg(long, default_value = "h2load")]
+    pub(crate) h2load: PathBuf,
+    /// Concurrent streams the flood may hold: more than the server's lease queue
+    /// (`--lease-queue`, 256) plus its workers, or the queue never fills.
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) flood_streams: u64,
+    /// HTTP/2 connections (h2load clients) those streams share.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) flood_connections: u64,
+    /// Unary Renews per second during the shedding phase (other sessions of the renewed set).
+    #[arg(long, default_value_t = 1_000.0)]
+    pub(crate) unary_renew_rate: f64,
+    /// Registers, unregisters and revokes per second, each, in both the quiet and the
+    /// shedding phase; half of the registers and unregisters unary, half in Leases batches.
+    #[arg(long, default_value_t = 400.0)]
+    pub(crate) ops_rate: f64,
+    /// Registers (and as many unregisters) per Leases batch; each batch carries a few renewals too.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) ops_batch: u64,
+    /// Length of the quiet phase and of the shedding phase.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    pub(crate) phase: Duration,
+    /// Lease TTL of every register, ms (long enough that nothing expires in the run).
     #[arg(long, default_value_t = 600_000)]
     pub(crate) ttl_ms: u32,
 }

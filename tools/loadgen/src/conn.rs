@@ -321,11 +321,21 @@ pub(crate) struct Naming {
 impl Naming {
     /// Names for the sessions of `pop`, registered by `gateway_id`.
     pub(crate) fn new(pop: Population, gateway_id: String) -> Naming {
-        let ids = (0..pop.sessions).map(|session| (user_id(pop.user_of(session)), session_id(session))).collect();
+        Naming::offset(pop, gateway_id, 0, 0)
+    }
+
+    /// Names for a second population beside a first one: session `k` is named as session
+    /// `first_session + k` of user `first_user + pop.user_of(k)`, so that the two share no
+    /// user and no session (a population of users that expire, beside one that never does).
+    pub(crate) fn offset(pop: Population, gateway_id: String, first_user: u64, first_session: u64) -> Naming {
+        let ids = (0..pop.sessions)
+            .map(|session| (user_id(first_user + pop.user_of(session)), session_id(first_session + session)))
+            .collect();
         Naming { pop, gateway_id, ids }
     }
 
-    fn ids(&self, session: u64) -> (String, String) {
+    /// Session `session`'s `(user id, session id)`.
+    pub(crate) fn ids(&self, session: u64) -> (String, String) {
         match self.ids.get(session as usize) {
             Some((user, session)) => (user.clone(), session.clone()),
             None => (user_id(self.pop.user_of(session)), session_id(session)),
@@ -356,7 +366,7 @@ pub(crate) struct RedisConn {
 
 // Requests gain fields as the API grows; the defaults are what the generator means.
 #[allow(clippy::needless_update)]
-fn register_request(n: &Naming, item: &RegItem) -> pb::RegisterRequest {
+pub(crate) fn register_request(n: &Naming, item: &RegItem) -> pb::RegisterRequest {
     let (user_id, session_id) = n.ids(item.session);
     pb::RegisterRequest {
         user_id,
@@ -369,14 +379,14 @@ fn register_request(n: &Naming, item: &RegItem) -> pb::RegisterRequest {
 
 // Requests gain fields as the API grows; the defaults are what the generator means.
 #[allow(clippy::needless_update)]
-fn renew_request(n: &Naming, item: &GenItem) -> pb::RenewRequest {
+pub(crate) fn renew_request(n: &Naming, item: &GenItem) -> pb::RenewRequest {
     let (user_id, session_id) = n.ids(item.session);
     pb::RenewRequest { user_id, session_id, generation: item.generation, ttl_ms: item.ttl_ms, ..Default::default() }
 }
 
 // Requests gain fields as the API grows; the defaults are what the generator means.
 #[allow(clippy::needless_update)]
-fn unregister_request(n: &Naming, item: &GenItem) -> pb::UnregisterRequest {
+pub(crate) fn unregister_request(n: &Naming, item: &GenItem) -> pb::UnregisterRequest {
     let (user_id, session_id) = n.ids(item.session);
     pb::UnregisterRequest { user_id, session_id, generation: item.generation, linger_ms: 0, ..Default::default() }
 }

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use presence_client::pb::{self, presence_client::PresenceClient};
 use presence_client::{Backoff, LeaseChannel, LeaseChannelConfig, Watcher, WatcherEvent};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinSet;
 
@@ -61,19 +60,8 @@ pub(crate) fn metric_value(text: &str, name: &str) -> Option<f64> {
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-/// `GET /metrics` from `addr` (HTTP/1.1, plain TCP: the endpoint is on this machine).
-async fn scrape(addr: &str) -> Result<String, String> {
-    let mut stream =
-        tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("cannot connect to metrics at {addr}: {e}"))?;
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.map_err(|e| format!("metrics request: {e}"))?;
-    let mut body = Vec::new();
-    stream.read_to_end(&mut body).await.map_err(|e| format!("metrics response: {e}"))?;
-    Ok(String::from_utf8_lossy(&body).into_owned())
-}
-
 async fn suppressed(addr: Option<&str>) -> Option<f64> {
-    let text = scrape(addr?).await.map_err(|e| println!("warning: {e}")).ok()?;
+    let text = crate::server::scrape(addr?).await.map_err(|e| println!("warning: {e}")).ok()?;
     metric_value(&text, SUPPRESSED_FLAPS)
 }
 

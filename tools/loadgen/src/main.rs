@@ -8,7 +8,8 @@
 //! gateway renewal latency with and without a stalled viewer), `resume` (a reconnect storm of
 //! viewers with and without `known_versions`), `room-count`, `room-members` and `typing`
 //! (rooms and signals, see `rooms/`), `damping` (flaps with and without the server's offline
-//! grace), and `h2load-prepare` /
+//! grace), `soak` (a long run of renewing sessions, then a reconnect storm), `overload`
+//! (renewals at twice capacity beside registers, unregisters and revokes), and `h2load-prepare` /
 //! `h2load-report` around an h2load run (an outside client's view of unary `Renew`). `--help` on each
 //! subcommand lists its flags; `benches/compare.sh` runs them all against both targets.
 
@@ -23,13 +24,16 @@ mod h2load;
 mod ids;
 mod load;
 mod memory;
+mod overload;
 mod phase;
 mod progress;
 mod redis_seed;
 mod report;
 mod resume;
 mod rooms;
+mod server;
 mod server_cpu;
+mod soak;
 mod stats;
 
 use std::process::ExitCode;
@@ -71,6 +75,8 @@ fn main() -> ExitCode {
             Command::RoomMembers(args) => rooms::members::run(args, progress).await,
             Command::Typing(args) => rooms::typing::run(args, progress).await,
             Command::Damping(args) => damping::run(args, progress).await,
+            Command::Soak(args) => soak::run(args, progress).await,
+            Command::Overload(args) => overload::run(args, progress).await,
             Command::H2loadPrepare(args) => h2load::prepare(args).await,
             Command::H2loadReport(args) => h2load::report(args),
         }
