@@ -28,6 +28,14 @@ impl StoreClock {
         StoreClock { origin: Instant::now(), origin_unix_ms: u64::try_from(unix.as_millis()).unwrap_or(u64::MAX) }
     }
 
+    /// A clock that stays at `unix_ms` (for a year: its origin is that far
+    /// ahead, and earlier instants count as the origin), so that a fuzzed
+    /// input meets the same ticks, and so the same generations, each time.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn frozen_at(unix_ms: u64) -> Self {
+        StoreClock { origin: Instant::now() + Duration::from_secs(365 * 86_400), origin_unix_ms: unix_ms }
+    }
+
     /// The current tick. Rounds down, so a deadline tick has fully passed when `now()` reaches it.
     pub fn now(&self) -> Tick {
         self.tick_at(Instant::now())
