@@ -25,6 +25,9 @@
 //! str      length u16 | UTF-8 bytes
 //! ```
 //!
+//! Versions, generations, membership orders and clock records are stamps
+//! (`stamp.rs`), at most `MAX_STAMP`: a file with a larger one is refused.
+//!
 //! Format 1 is format 2 without memberships and room records; it is still
 //! read. Signals are never written (S3): they are gone after a restart.
 
@@ -33,6 +36,7 @@ use std::borrow::Cow;
 use thiserror::Error;
 
 use crate::config::{ConfigError, StoreConfig};
+use crate::stamp::MAX_STAMP;
 use crate::store::Store;
 use crate::types::RoomAccess;
 use crate::wheel::Tick;
@@ -263,6 +267,20 @@ impl CheckpointWriter {
         self.bytes.extend_from_slice(&len.to_le_bytes());
         self.bytes.extend_from_slice(value.as_bytes());
     }
+}
+
+/// The whole checkpoint of `store` taken at `at`, in memory, written shard by
+/// shard as the server writes its file (which streams each shard's chunk to
+/// disk instead of keeping it).
+pub fn encode(store: &Store, at: Tick) -> Vec<u8> {
+    let mut writer = CheckpointWriter::new(at);
+    let mut bytes = Vec::new();
+    for shard in 0..store.shard_count() {
+        store.checkpoint_shard(shard, &mut writer);
+        bytes.extend(writer.take_chunk());
+    }
+    bytes.extend(writer.finish());
+    bytes
 }
 
 /// Decodes and checks a whole checkpoint held in memory. A server loading a
@@ -588,10 +606,10 @@ impl Decoder {
                 }
                 return Ok(false);
             }
-            TAG_CLOCK => sink(Item::Clock(reader.u64()?)),
+            TAG_CLOCK => sink(Item::Clock(reader.stamp()?)),
             TAG_USER => {
                 let user_id = reader.str()?;
-                let version = reader.u64()?;
+                let version = reader.stamp()?;
                 let online = reader.bool()?;
                 let count = reader.u16()?;
                 leases.clear();
@@ -599,7 +617,7 @@ impl Decoder {
                     leases.push(LeaseRecord {
                         session_id: reader.str()?,
                         gateway_id: reader.str()?,
-                        generation: reader.u64()?,
+                        generation: reader.stamp()?,
                         last_heartbeat_at: reader.u64()?,
                         expires_at: reader.u64()?,
                         closing: reader.bool()?,
@@ -610,7 +628,7 @@ impl Decoder {
                                 .map(|_| {
                                     Ok(MembershipRecord {
                                         room_id: reader.str()?,
-                                        order: reader.u64()?,
+                                        order: reader.stamp()?,
                                         metadata: reader.metadata()?,
                                     })
                                 })
@@ -690,6 +708,17 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("eight bytes")))
     }
 
+    /// A version, generation, membership order or a shard's last stamp: no
+    /// store issues one above [`MAX_STAMP`], and the stamps after a restore
+    /// count up from them (M4).
+    fn stamp(&mut self) -> Result<u64, CheckpointError> {
+        let offset = self.base + self.at;
+        match self.u64()? {
+            stamp if stamp <= MAX_STAMP => Ok(stamp),
+            _ => Err(CheckpointError::Corrupt { offset, reason: "a stamp is beyond any a store issues" }),
+        }
+    }
+
     /// Metadata entries: a count, then each key and value.
     fn metadata(&mut self) -> Result<Cow<'a, [(String, String)]>, CheckpointError> {
         Ok(match self.u8()? {
@@ -724,17 +753,6 @@ mod tests {
 
     fn config() -> StoreConfig {
         StoreConfig { shards: 4, min_renew_interval_ms: 0, ..StoreConfig::default() }
-    }
-
-    fn write(store: &Store, at: Tick) -> Vec<u8> {
-        let mut writer = CheckpointWriter::new(at);
-        let mut bytes = Vec::new();
-        for shard in 0..store.shard_count() {
-            store.checkpoint_shard(shard, &mut writer);
-            bytes.extend(writer.take_chunk()); // streamed, as the server does
-        }
-        bytes.extend(writer.finish());
-        bytes
     }
 
     /// A store with online, offline and multi-device users, a lingering lease and metadata.
@@ -775,7 +793,7 @@ mod tests {
     #[test]
     fn b3_a_restored_store_answers_exactly_as_the_checkpointed_one() {
         let (store, _) = populated();
-        let bytes = write(&store, T0 + 2);
+        let bytes = encode(&store, T0 + 2);
         let checkpoint = decode(&bytes).unwrap();
         assert_eq!(checkpoint.written_at, T0 + 2);
         let restored = Store::restore(config(), T0 + 3, &checkpoint, T0 + 3).unwrap();
@@ -796,7 +814,7 @@ mod tests {
                 Registration { user_id: &id, session_id: "s", gateway_id: "g", ttl_ms: 45_000, metadata: &[] };
             store.register(T0, &registration, &mut changes).unwrap();
         }
-        let checkpoint = decode(&write(&store, T0)).unwrap();
+        let checkpoint = decode(&encode(&store, T0)).unwrap();
         assert_eq!(checkpoint.users.len(), users);
         let mut ids: Vec<&str> = checkpoint.users.iter().map(|user| user.user_id.as_str()).collect();
         ids.sort_unstable();
@@ -809,7 +827,7 @@ mod tests {
     #[test]
     fn b3_gateways_carry_on_with_their_generations_after_a_restore() {
         let (store, generations) = populated();
-        let checkpoint = decode(&write(&store, T0 + 2)).unwrap();
+        let checkpoint = decode(&encode(&store, T0 + 2)).unwrap();
         let restored = Store::restore(config(), T0 + 10_000, &checkpoint, T0 + 10_000).unwrap();
         let mut changes = Changes::default();
         let renewed = restored.renew(T0 + 10_000, "u0", "s0", generations[0], 45_000, &mut changes).unwrap();
@@ -833,7 +851,7 @@ mod tests {
             store.unregister(T0 + 1, "hot", "s", g.generation, 0, &mut changes).unwrap();
         }
         let highest = changes.users.iter().map(|c| c.presence.version).chain(generations).max().unwrap();
-        let checkpoint = decode(&write(&store, T0 + 1)).unwrap();
+        let checkpoint = decode(&encode(&store, T0 + 1)).unwrap();
         // The restored clock reads *earlier* than the checkpoint (a clock that stepped back).
         let restored = Store::restore(config(), T0, &checkpoint, T0).unwrap();
         let mut after = Changes::default();
@@ -845,6 +863,68 @@ mod tests {
     }
 
     #[test]
+    fn m4_a_checkpoint_with_a_stamp_beyond_any_a_store_issues_is_refused() {
+        // Found by the checkpoint fuzz target: a clock record of u64::MAX made
+        // the next stamp overflow (a panic in a debug build, a stamp of 0,
+        // going back, in a release one).
+        let beyond = [u64::MAX, crate::stamp::MAX_STAMP + 1];
+        let records: [fn(&mut CheckpointWriter, u64); 4] = [
+            |writer, stamp| writer.clock(stamp),
+            |writer, stamp| writer.user("u", stamp, false, 0),
+            |writer, stamp| {
+                writer.user("u", 1, true, 1);
+                writer.lease("s", "g", stamp, T0, T0 + 45_000, false, &[], &[]);
+            },
+            |writer, stamp| {
+                writer.user("u", 1, true, 1);
+                writer.lease("s", "g", 1, T0, T0 + 45_000, false, &[], &[("room", stamp, &[])]);
+            },
+        ];
+        for (kind, record) in records.iter().enumerate() {
+            for stamp in beyond {
+                let mut writer = CheckpointWriter::new(T0);
+                record(&mut writer, stamp);
+                let refused = load(&writer.finish(), 7, T0, T0).map(|_| ());
+                let expected = "a stamp is beyond any a store issues";
+                assert!(
+                    matches!(refused, Err(CheckpointError::Corrupt { reason, .. }) if reason == expected),
+                    "record {kind}, stamp {stamp}: {refused:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn m4_stamps_after_a_restore_exceed_the_restored_ones_even_where_the_clock_records_say_less() {
+        // A damaged file whose clock records lag its own versions, generations and orders.
+        let high = stamp_at(T0 + 60_000);
+        let mut writer = CheckpointWriter::new(T0);
+        writer.clock(stamp_at(T0));
+        writer.user("versioned", high, false, 0);
+        writer.user("generation", 1, true, 1);
+        writer.lease("s", "g", high + 1, T0, T0 + 45_000, false, &[], &[]);
+        writer.user("ordered", 1, true, 1);
+        writer.lease("s", "g", 1, T0, T0 + 45_000, false, &[], &[("room", high + 2, &[])]);
+        let restored = load(&writer.finish(), 1 << 20, T0, T0).unwrap();
+        // Each user's shard counts on from that user's highest stamp.
+        for (user_id, restored_stamp) in [("versioned", high), ("generation", high + 1), ("ordered", high + 2)] {
+            let mut changes = Changes::default();
+            let registration =
+                Registration { user_id, session_id: "new", gateway_id: "g", ttl_ms: 45_000, metadata: &[] };
+            let registered = restored.register(T0, &registration, &mut changes).unwrap();
+            assert!(
+                registered.generation > restored_stamp,
+                "{user_id}: {} after {restored_stamp}",
+                registered.generation
+            );
+            if user_id == "versioned" {
+                // Offline to online: a new version, above the restored one.
+                assert!(registered.presence.version > high, "{registered:?}");
+            }
+        }
+    }
+
+    #[test]
     fn b3_online_users_are_held_until_the_grace_ends_and_then_go_offline_normally() {
         let store = Store::new(config(), T0).unwrap();
         let mut changes = Changes::default();
@@ -852,7 +932,7 @@ mod tests {
             |user, ttl_ms| Registration { user_id: user, session_id: "s", gateway_id: "g", ttl_ms, metadata: &[] };
         let kept = store.register(T0, &registration("kept", 10_000), &mut changes).unwrap();
         store.register(T0, &registration("silent", 10_000), &mut changes).unwrap();
-        let checkpoint = decode(&write(&store, T0)).unwrap();
+        let checkpoint = decode(&encode(&store, T0)).unwrap();
         // Down for 20 s: both leases ran out meanwhile. Grace for 45 s after the start.
         let start = T0 + 20_000;
         let restored = Store::restore(config(), start, &checkpoint, start + 45_000).unwrap();
@@ -879,7 +959,7 @@ mod tests {
         let registration =
             Registration { user_id: "u", session_id: "s", gateway_id: "g", ttl_ms: 60_000, metadata: &[] };
         let registered = store.register(T0, &registration, &mut Changes::default()).unwrap();
-        let checkpoint = decode(&write(&store, T0)).unwrap();
+        let checkpoint = decode(&encode(&store, T0)).unwrap();
         let start = T0 + 1_000;
         (Store::restore(config(), start, &checkpoint, start + 45_000).unwrap(), registered.generation, start)
     }
@@ -922,10 +1002,10 @@ mod tests {
         let registration =
             Registration { user_id: "held", session_id: "s", gateway_id: "g", ttl_ms: 10_000, metadata: &[] };
         store.register(T0, &registration, &mut changes).unwrap();
-        let first = decode(&write(&store, T0)).unwrap();
+        let first = decode(&encode(&store, T0)).unwrap();
         // Down for 20 s (the lease ran out meanwhile), then held until T0 + 65 s.
         let restored = Store::restore(config(), T0 + 20_000, &first, T0 + 65_000).unwrap();
-        let second = decode(&write(&restored, T0 + 30_000)).unwrap();
+        let second = decode(&encode(&restored, T0 + 30_000)).unwrap();
         // Restarted again, this time with no grace of its own: the first hold still holds.
         let again = Store::restore(config(), T0 + 40_000, &second, T0 + 40_000).unwrap();
         let mut changes = Changes::default();
@@ -988,7 +1068,7 @@ mod tests {
     #[test]
     fn b3_a_checkpoint_loaded_in_pieces_of_any_size_restores_what_decoding_it_whole_does() {
         let (store, _) = populated();
-        let bytes = write(&store, T0 + 2);
+        let bytes = encode(&store, T0 + 2);
         let whole = Store::restore(config(), T0 + 3, &decode(&bytes).unwrap(), T0 + 30_000).unwrap();
         // Pieces that end inside the header, inside strings, inside numbers and between records.
         for piece in [1, 2, 3, 7, 19, 20, 21, 64, 1_000, bytes.len()] {
@@ -1002,7 +1082,7 @@ mod tests {
         }
         // A checkpoint the loader writes out again is the same checkpoint.
         let loaded = load(&bytes, 4_096, T0 + 3, T0 + 30_000).unwrap();
-        assert_eq!(write(&loaded, T0 + 4), write(&whole, T0 + 4));
+        assert_eq!(encode(&loaded, T0 + 4), encode(&whole, T0 + 4));
     }
 
     #[test]
@@ -1022,7 +1102,7 @@ mod tests {
             };
             store.register(T0, &registration, &mut Changes::default()).unwrap();
         }
-        let bytes = write(&store, T0);
+        let bytes = encode(&store, T0);
         assert!(bytes.len() > 30_000);
         let leases = |store: &Store| store.leases(T0 + 1, "big", &mut Changes::default()).unwrap();
         for piece in [1_000, 4_096, 5_000, 40_000] {
@@ -1034,7 +1114,7 @@ mod tests {
     #[test]
     fn b3_the_loader_refuses_every_truncated_altered_or_extended_checkpoint_and_hands_out_no_store() {
         let (store, _) = populated();
-        let bytes = write(&store, T0 + 2);
+        let bytes = encode(&store, T0 + 2);
         for cut in [0, 5, 8, 20, 21, bytes.len() / 2, bytes.len() - 5, bytes.len() - 1] {
             for piece in [1, 13, bytes.len()] {
                 let result = load(&bytes[..cut], piece, T0 + 3, T0 + 3);
@@ -1089,7 +1169,7 @@ mod tests {
     #[test]
     fn b3_truncated_and_corrupted_checkpoints_are_refused() {
         let (store, _) = populated();
-        let bytes = write(&store, T0 + 2);
+        let bytes = encode(&store, T0 + 2);
         for cut in [0, 5, 8, 20, bytes.len() / 2, bytes.len() - 5, bytes.len() - 1] {
             let result = decode(&bytes[..cut]);
             assert!(

@@ -1212,6 +1212,9 @@ impl Shard {
             self.online -= 1;
         }
         record.version = user.version;
+        // The shard's clock records carry its last stamp; should a record
+        // carry a later one, later stamps still exceed it (M4).
+        self.stamps.raise_to(user.version);
         if user.online {
             record.link.set_flag(ONLINE, true);
             self.online += 1;
@@ -1227,6 +1230,7 @@ impl Shard {
         for lease in user.leases.iter().rev() {
             let last_heartbeat_at = lease.last_heartbeat_at.min(lease.expires_at);
             let origin = self.origins.acquire(lease.gateway_id, before_expiry(last_heartbeat_at, lease.expires_at));
+            self.stamps.raise_to(lease.generation);
             let mut restored = Lease::new(lease.session_id, lease.generation, lease.expires_at, origin, lease.closing);
             if restored.is_hold() {
                 // Only restart holds are written; whatever a damaged file says, it is one.
@@ -1236,6 +1240,7 @@ impl Shard {
             self.set_metadata(index, &lease.metadata);
             // Prepended too, last first, so that the list keeps its order.
             for room in lease.rooms.iter().rev() {
+                self.stamps.raise_to(room.order);
                 let metadata = MemberMetadata::new(&room.metadata);
                 self.push_membership(slot, index, names.acquire(room.room_id), metadata, room.order);
             }

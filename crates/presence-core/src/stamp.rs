@@ -19,6 +19,12 @@ pub const COUNTER_BITS: u32 = 20;
 /// The largest store time a stamp can carry (about the year 2248 in Unix ms).
 pub const MAX_TICK: Tick = u64::MAX >> (COUNTER_BITS + 1);
 
+/// The largest stamp a checkpoint may carry. Stamps of ticks up to
+/// [`MAX_TICK`] stay below it by 2^20 stamps per millisecond, and counting up
+/// from it cannot overflow: a restored stamp above it is damage, never a
+/// stamp this store issued.
+pub const MAX_STAMP: u64 = u64::MAX >> 1;
+
 /// Issues strictly increasing stamps.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct StampClock {
@@ -32,8 +38,10 @@ impl StampClock {
         self.last
     }
 
-    /// Makes every later stamp greater than `stamp` (a restored checkpoint's).
+    /// Makes every later stamp greater than `stamp` (a restored checkpoint's,
+    /// at most [`MAX_STAMP`]).
     pub(crate) fn raise_to(&mut self, stamp: u64) {
+        debug_assert!(stamp <= MAX_STAMP, "a restored stamp {stamp} beyond any a store issues");
         self.last = self.last.max(stamp);
     }
 

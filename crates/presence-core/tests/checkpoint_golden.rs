@@ -23,7 +23,7 @@
 use std::path::PathBuf;
 
 use presence_core::checkpoint::{
-    self, Checkpoint, CheckpointLease, CheckpointMembership, CheckpointRoom, CheckpointUser, CheckpointWriter,
+    self, Checkpoint, CheckpointLease, CheckpointMembership, CheckpointRoom, CheckpointUser,
 };
 use presence_core::stamp::COUNTER_BITS;
 use presence_core::{Changes, Registration, RoomAccess, RoomRef, Store, StoreConfig, Tick};
@@ -63,17 +63,6 @@ fn register(
     store.register(now, &registration, &mut Changes::default()).unwrap().generation
 }
 
-fn write(store: &Store, written_at: Tick) -> Vec<u8> {
-    let mut writer = CheckpointWriter::new(written_at);
-    let mut bytes = Vec::new();
-    for shard in 0..store.shard_count() {
-        store.checkpoint_shard(shard, &mut writer);
-        bytes.extend(writer.take_chunk());
-    }
-    bytes.extend(writer.finish());
-    bytes
-}
-
 fn phone_metadata() -> Vec<(String, String)> {
     vec![("device".to_string(), "phone".to_string()), ("app".to_string(), "web/2.1".to_string())]
 }
@@ -90,7 +79,7 @@ fn golden_store() -> Store {
     register(&first, T0, "dave", "d1", "gw-a", 10_000, &[]);
     let bob = register(&first, T0 + 1, "bob", "b1", "gw-a", 45_000, &[]);
     first.unregister(T0 + 2, "bob", "b1", bob, 0, &mut Changes::default()).unwrap();
-    let before = checkpoint::decode(&write(&first, T0 + 10)).unwrap();
+    let before = checkpoint::decode(&checkpoint::encode(&first, T0 + 10)).unwrap();
 
     let store = Store::restore(config(), T1, &before, HOLD_UNTIL).unwrap();
     // A restored lease that already ran out is due on the restored wheel's first tick.
@@ -226,7 +215,7 @@ fn b3_the_committed_format_2_checkpoint_decodes_to_what_it_holds() {
 
 #[test]
 fn b3_todays_writer_writes_the_committed_format_2_bytes() {
-    let bytes = write(&golden_store_with_rooms().0, WRITTEN_AT);
+    let bytes = checkpoint::encode(&golden_store_with_rooms().0, WRITTEN_AT);
     // The state itself is what the decoding test expects, so that a wrong
     // state cannot be blessed unnoticed.
     assert_eq!(sorted(checkpoint::decode(&bytes).unwrap()), expected_v2());

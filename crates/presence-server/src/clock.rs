@@ -67,14 +67,14 @@ impl StoreClock {
     /// A clock reading the wall clock now and the monotonic clock from then on.
     pub fn start() -> Self {
         let unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
-        StoreClock::reading_now(u64::try_from(unix.as_millis()).unwrap_or(u64::MAX))
+        StoreClock::from(Instant::now(), u64::try_from(unix.as_millis()).unwrap_or(u64::MAX))
     }
 
-    /// A clock whose tick is `origin_unix_ms` now.
-    fn reading_now(origin_unix_ms: Tick) -> Self {
+    /// A clock whose tick is `origin_unix_ms` at `origin`.
+    fn from(origin: Instant, origin_unix_ms: Tick) -> Self {
         StoreClock {
             inner: Arc::new(Inner {
-                origin: Instant::now(),
+                origin,
                 origin_unix_ms,
                 last_read_ms: AtomicU64::new(0),
                 excluded_ms: AtomicU64::new(0),
@@ -91,7 +91,15 @@ impl StoreClock {
     /// with the real time a schedule takes, far less than any TTL.
     #[cfg(feature = "shuttle")]
     pub(crate) fn starting_at(tick: Tick) -> Self {
-        StoreClock::reading_now(tick)
+        StoreClock::from(Instant::now(), tick)
+    }
+
+    /// A clock that stays at `unix_ms` (for a year: its origin is that far
+    /// ahead, and earlier instants count as the origin), so that a fuzzed
+    /// input meets the same ticks, and so the same generations, each time.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn frozen_at(unix_ms: u64) -> Self {
+        StoreClock::from(Instant::now() + Duration::from_secs(365 * 86_400), unix_ms)
     }
 
     /// The current tick. Rounds down, so a deadline tick has fully passed when `now()` reaches it.

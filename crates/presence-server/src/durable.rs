@@ -79,7 +79,7 @@ pub(crate) mod stored {
 }
 
 /// A status as the STATUS table stores it.
-fn encode_status(status: &Status) -> Vec<u8> {
+pub(crate) fn encode_status(status: &Status) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(9 + status.text.len());
     bytes.push(stored::availability_code(status.availability));
     bytes.extend_from_slice(&status.expires_at.unwrap_or(0).to_le_bytes());
@@ -88,7 +88,7 @@ fn encode_status(status: &Status) -> Vec<u8> {
 }
 
 /// A stored status; `None` for bytes this build did not write.
-fn decode_status(bytes: &[u8]) -> Option<Status> {
+pub(crate) fn decode_status(bytes: &[u8]) -> Option<Status> {
     let (&code, rest) = bytes.split_first()?;
     let (expires_at, text) = rest.split_at_checked(8)?;
     let expires_at = u64::from_le_bytes(expires_at.try_into().ok()?);

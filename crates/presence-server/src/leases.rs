@@ -30,7 +30,7 @@ pub const MAX_BATCH_ITEMS: usize = 10_000;
 
 /// What a worker is given.
 #[derive(Debug)]
-struct Job {
+pub(crate) struct Job {
     batch: LeaseBatchFrame,
     /// Answer the batch's renewals `RESOURCE_EXHAUSTED` instead of applying them.
     shed_renewals: bool,
@@ -48,14 +48,14 @@ pub(crate) struct LeaseQueue {
 
 /// The workers' ends of the two queues.
 #[derive(Debug, Clone)]
-struct Receivers {
+pub(crate) struct Receivers {
     jobs: async_channel::Receiver<Job>,
     waiting: async_channel::Receiver<Job>,
 }
 
 impl LeaseQueue {
     /// A queue of `capacity` batches (and as many waiting ones), without workers.
-    fn new(context: Arc<Context>, capacity: usize) -> (Self, Receivers) {
+    pub(crate) fn new(context: Arc<Context>, capacity: usize) -> (Self, Receivers) {
         let (jobs, jobs_receiver) = async_channel::bounded(capacity.max(1));
         let (waiting, waiting_receiver) = async_channel::bounded(capacity.max(1));
         (LeaseQueue { jobs, waiting, context }, Receivers { jobs: jobs_receiver, waiting: waiting_receiver })
@@ -138,7 +138,7 @@ async fn work(context: Arc<Context>, queues: Receivers) {
 /// Consecutive renewals go to the store together ([`presence_core::Store::renew_batch`]),
 /// which applies each user's in order; a register or unregister between them
 /// ends the run, so every item still sees exactly the items before it.
-fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bool) -> pb::LeaseResults {
+pub(crate) fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bool) -> pb::LeaseResults {
     let started = std::time::Instant::now();
     let metrics = context.metrics();
     let mut renewals = [0u64; RenewResult::COUNT];
@@ -230,6 +230,17 @@ fn apply_renewals(
     run.clear();
 }
 
+/// Whether a decoded batch may be applied: a larger one ends its stream.
+pub(crate) fn admit(batch: &LeaseBatchFrame) -> Result<(), ServiceError> {
+    if batch.items.len() > MAX_BATCH_ITEMS {
+        return Err(ServiceError::invalid(
+            "items",
+            format!("{} items, more than the limit of {MAX_BATCH_ITEMS} per batch", batch.items.len()),
+        ));
+    }
+    Ok(())
+}
+
 /// The stream type the Leases RPC returns.
 pub type LeasesStream = tokio_stream::wrappers::ReceiverStream<Result<pb::LeaseResults, Status>>;
 
@@ -257,11 +268,7 @@ pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>) -
                     return;
                 }
             };
-            if batch.items.len() > MAX_BATCH_ITEMS {
-                let refusal = ServiceError::invalid(
-                    "items",
-                    format!("{} items, more than the limit of {MAX_BATCH_ITEMS} per batch", batch.items.len()),
-                );
+            if let Err(refusal) = admit(&batch) {
                 let _ = tx.send(Err(refusal.into())).await;
                 return;
             }

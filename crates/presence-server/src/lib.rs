@@ -18,6 +18,8 @@ mod data_dir;
 mod durable;
 mod error;
 mod expiry;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod hub;
 mod leases;
 pub mod metrics;
