@@ -162,6 +162,7 @@ async fn l8_items_with_undecodable_text_are_refused_alone_and_the_stream_goes_on
                 register(text("l8a"), text("gw")),
                 register(text("l8b"), not_utf8.clone()),
             ],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -176,7 +177,11 @@ async fn l8_items_with_undecodable_text_are_refused_alone_and_the_stream_goes_on
 
     // The same stream goes on: a renewal with a bad id beside a good one.
     outbound
-        .send(LeaseBatchFrame { batch_id: 2, items: vec![renew(not_utf8, 1), renew(text("l8a"), l8a.generation)] })
+        .send(LeaseBatchFrame {
+            batch_id: 2,
+            items: vec![renew(not_utf8, 1), renew(text("l8a"), l8a.generation)],
+            ..Default::default()
+        })
         .await
         .unwrap();
     let second = results.message().await.expect("answered").expect("a batch of results");

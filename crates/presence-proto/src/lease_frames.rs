@@ -23,15 +23,80 @@ use prost::Message as _;
 
 use crate::v1::LeaseBatch;
 
+/// Most items one batch may carry; a batch with more is refused whole.
+pub const MAX_BATCH_ITEMS: usize = 10_000;
+
 /// `LeaseBatch`, as the server decodes it.
-#[derive(Clone, PartialEq, prost::Message)]
+///
+/// Decoding keeps at most [`MAX_BATCH_ITEMS`] items and only counts the rest:
+/// an empty item is two bytes on the wire but a hundred in memory, so a
+/// request of the largest size the server accepts, decoded whole, could cost
+/// hundreds of megabytes before the batch is refused for its size.
+#[derive(Clone, PartialEq, Default)]
 pub struct LeaseBatchFrame {
     /// Echoed in the results.
-    #[prost(uint64, tag = "1")]
     pub batch_id: u64,
-    /// The items, in order.
-    #[prost(message, repeated, tag = "2")]
+    /// The items, in order (the first [`MAX_BATCH_ITEMS`] of them).
     pub items: Vec<LeaseItemFrame>,
+    /// Items past [`MAX_BATCH_ITEMS`], skipped while decoding.
+    pub items_beyond_limit: usize,
+}
+
+impl LeaseBatchFrame {
+    /// The batch's items as sent, those skipped included.
+    pub fn items_sent(&self) -> usize {
+        self.items.len() + self.items_beyond_limit
+    }
+}
+
+impl std::fmt::Debug for LeaseBatchFrame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseBatchFrame")
+            .field("batch_id", &self.batch_id)
+            .field("items", &self.items)
+            .field("items_beyond_limit", &self.items_beyond_limit)
+            .finish()
+    }
+}
+
+impl prost::Message for LeaseBatchFrame {
+    fn encode_raw(&self, buf: &mut impl bytes::BufMut) {
+        if self.batch_id != 0 {
+            prost::encoding::uint64::encode(1, &self.batch_id, buf);
+        }
+        for item in &self.items {
+            prost::encoding::message::encode(2, item, buf);
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        match tag {
+            1 => prost::encoding::uint64::merge(wire_type, &mut self.batch_id, buf, ctx),
+            2 if self.items.len() < MAX_BATCH_ITEMS => {
+                prost::encoding::message::merge_repeated(wire_type, &mut self.items, buf, ctx)
+            }
+            2 => {
+                self.items_beyond_limit += 1;
+                prost::encoding::skip_field(wire_type, tag, buf, ctx)
+            }
+            _ => prost::encoding::skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        let batch_id = if self.batch_id != 0 { prost::encoding::uint64::encoded_len(1, &self.batch_id) } else { 0 };
+        batch_id + prost::encoding::message::encoded_len_repeated(2, &self.items)
+    }
+
+    fn clear(&mut self) {
+        *self = LeaseBatchFrame::default();
+    }
 }
 
 /// `LeaseItem`, as the server decodes it.
@@ -202,6 +267,19 @@ impl From<&LeaseBatch> for LeaseBatchFrame {
 mod tests {
     use super::*;
     use crate::v1::{LeaseItem, RegisterRequest, RenewRequest, UnregisterRequest, lease_item};
+
+    #[test]
+    fn b6_decoding_keeps_at_most_the_batch_limit_of_items_and_counts_the_rest() {
+        // A frame of the largest size the server accepts holds two million empty items.
+        let sent = 2 * 1024 * 1024 - 8;
+        let mut bytes = vec![0x08, 0x07]; // batch_id 7
+        bytes.extend(std::iter::repeat_n([0x12u8, 0x00], sent).flatten()); // field 2, empty message
+        let frame = LeaseBatchFrame::decode(bytes.as_slice()).unwrap();
+        assert_eq!(frame.batch_id, 7);
+        assert_eq!(frame.items.len(), MAX_BATCH_ITEMS, "no more items are held than a batch may carry");
+        assert_eq!(frame.items_sent(), sent, "the others are counted, for the refusal to say how many");
+        assert!(frame.items.capacity() < 2 * MAX_BATCH_ITEMS);
+    }
 
     #[test]
     fn a_batch_reads_the_same_as_the_generated_message_and_keeps_renewal_ids_in_the_buffer() {

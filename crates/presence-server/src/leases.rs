@@ -25,8 +25,7 @@ use crate::error::ServiceError;
 use crate::metrics::RenewResult;
 use crate::{ops, wire};
 
-/// Most items one batch may carry.
-pub const MAX_BATCH_ITEMS: usize = 10_000;
+pub use presence_proto::lease_frames::MAX_BATCH_ITEMS;
 
 /// What a worker is given.
 #[derive(Debug)]
@@ -232,10 +231,10 @@ fn apply_renewals(
 
 /// Whether a decoded batch may be applied: a larger one ends its stream.
 pub(crate) fn admit(batch: &LeaseBatchFrame) -> Result<(), ServiceError> {
-    if batch.items.len() > MAX_BATCH_ITEMS {
+    if batch.items_sent() > MAX_BATCH_ITEMS {
         return Err(ServiceError::invalid(
             "items",
-            format!("{} items, more than the limit of {MAX_BATCH_ITEMS} per batch", batch.items.len()),
+            format!("{} items, more than the limit of {MAX_BATCH_ITEMS} per batch", batch.items_sent()),
         ));
     }
     Ok(())
