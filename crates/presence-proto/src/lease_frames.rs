@@ -32,7 +32,7 @@ pub const MAX_BATCH_ITEMS: usize = 10_000;
 /// an empty item is two bytes on the wire but a hundred in memory, so a
 /// request of the largest size the server accepts, decoded whole, could cost
 /// hundreds of megabytes before the batch is refused for its size.
-#[derive(Clone, PartialEq, Default)]
+#[derive(Clone, PartialEq, Default, Debug)]
 pub struct LeaseBatchFrame {
     /// Echoed in the results.
     pub batch_id: u64,
@@ -46,16 +46,6 @@ impl LeaseBatchFrame {
     /// The batch's items as sent, those skipped included.
     pub fn items_sent(&self) -> usize {
         self.items.len() + self.items_beyond_limit
-    }
-}
-
-impl std::fmt::Debug for LeaseBatchFrame {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LeaseBatchFrame")
-            .field("batch_id", &self.batch_id)
-            .field("items", &self.items)
-            .field("items_beyond_limit", &self.items_beyond_limit)
-            .finish()
     }
 }
 
