@@ -70,10 +70,13 @@ fn gateway_of(client: &str) -> Option<usize> {
     client.strip_prefix("gw")?.parse().ok()
 }
 
+/// Per user, the sessions held: (session, gateway).
+type HeldSessions = HashMap<String, Vec<(String, usize)>>;
+
 /// The sessions held at `at_us` (an acknowledged register not followed by a
 /// close), by user: (session, gateway). A user with a close under way or
 /// unacknowledged at `at_us` is in the second set (its state is not known).
-fn held_at(a: &Analysis<'_>, at_us: u64) -> (HashMap<String, Vec<(String, usize)>>, HashSet<String>) {
+fn held_at(a: &Analysis<'_>, at_us: u64) -> (HeldSessions, HashSet<String>) {
     let mut held: HashMap<(String, String), usize> = HashMap::new();
     let mut unknown = HashSet::new();
     for record in a.records {
@@ -96,7 +99,7 @@ fn held_at(a: &Analysis<'_>, at_us: u64) -> (HashMap<String, Vec<(String, usize)
             _ => {}
         }
     }
-    let mut by_user: HashMap<String, Vec<(String, usize)>> = HashMap::new();
+    let mut by_user: HeldSessions = HashMap::new();
     for ((user, session), gateway) in held {
         by_user.entry(user).or_default().push((session, gateway));
     }
