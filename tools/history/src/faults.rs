@@ -14,8 +14,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::checker::{Allowances, Analysis, Expectation, Violation};
+use crate::clients::Target;
 use crate::history::{CheckpointedUser, Op, Outcome, Record, Recorder, SessionState};
 use crate::server::{Launch, Server};
+use crate::{diskfaults, netfaults};
 
 /// The run's shape, as the faults and the checker see it.
 #[derive(Debug, Clone)]
@@ -41,11 +43,13 @@ pub struct Plan {
 }
 
 impl Plan {
-    fn ttl(&self) -> Duration {
+    /// The TTL as a duration.
+    pub fn ttl(&self) -> Duration {
         Duration::from_millis(u64::from(self.ttl_ms))
     }
 
-    fn bound(&self) -> Duration {
+    /// The delivery bound as a duration.
+    pub fn bound(&self) -> Duration {
         Duration::from_millis(u64::from(self.delivery_bound_ms))
     }
 }
@@ -88,6 +92,16 @@ pub trait Fault: Allowances + Send {
     fn recovery(&self, plan: &Plan) -> Duration {
         plan.ttl() + plan.bound()
     }
+    /// Whether gateways churn (register, unregister) from `inject` until
+    /// just before `heal`, instead of only renewing.
+    fn churn_during(&self) -> bool {
+        false
+    }
+    /// Where `client` connects: the runner's target unless the fault
+    /// routes it (its own source address in a `NetLab`, a proxy).
+    fn route(&self, _client: Client, default: &Target) -> Target {
+        default.clone()
+    }
     /// Injects it.
     fn inject(&mut self, cx: &mut FaultCx<'_>) -> Result<(), String>;
     /// Ends it.
@@ -96,28 +110,46 @@ pub trait Fault: Allowances + Send {
     fn check(&self, analysis: &Analysis<'_>) -> Vec<Expectation>;
 }
 
+/// A client of the run, for [`Fault::route`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Client {
+    /// Gateway number n.
+    Gateway(usize),
+    /// Viewer number n.
+    Viewer(usize),
+    /// The runner's own calls: barriers and the final snapshot.
+    Admin,
+}
+
 /// The fault named `name`, if there is one.
 pub fn by_name(name: &str) -> Option<Box<dyn Fault>> {
     match name {
         "none" => Some(Box::new(NoFault)),
         "kill9" => Some(Box::new(Kill9::default())),
         "stop" => Some(Box::new(Stop)),
+        "loss" => Some(Box::new(netfaults::Loss::default())),
+        "partition-gateways" => Some(Box::new(netfaults::PartitionGateways::default())),
+        "partition-viewers" => Some(Box::new(netfaults::PartitionViewers::default())),
+        "delay" => Some(Box::new(netfaults::Delay::default())),
+        "disk-full" => Some(Box::new(diskfaults::DiskFull::default())),
+        "slow-disk" => Some(Box::new(diskfaults::SlowDiskFault::default())),
         _ => None,
     }
 }
 
 /// The names [`by_name`] knows.
-pub const NAMES: &[&str] = &["none", "kill9", "stop"];
+pub const NAMES: &[&str] =
+    &["none", "kill9", "stop", "loss", "partition-gateways", "partition-viewers", "delay", "disk-full", "slow-disk"];
 
 /// The changes first observed in the fault window, counted by state.
-fn window_changes(a: &Analysis<'_>) -> Vec<(String, crate::checker::Obs)> {
+pub(crate) fn window_changes(a: &Analysis<'_>) -> Vec<(String, crate::checker::Obs)> {
     match a.fault_window {
         Some((from, to)) => a.new_changes_between(from, to),
         None => Vec::new(),
     }
 }
 
-fn no_change_in_window(a: &Analysis<'_>, name: &str, statement: &str, offline_only: bool) -> Expectation {
+pub(crate) fn no_change_in_window(a: &Analysis<'_>, name: &str, statement: &str, offline_only: bool) -> Expectation {
     let mut e = Expectation::new(name, statement);
     let (from, to) = a.fault_window.unwrap_or_default();
     let changes = window_changes(a);
@@ -264,7 +296,7 @@ pub struct Kill9 {
     /// What the last checkpoint held when the process died, by user.
     checkpoint: HashMap<String, CheckpointedUser>,
     /// When it died and when it was back, on the history clock.
-    killed_at: u64,
+    pub(crate) killed_at: u64,
     restarted_at: u64,
 }
 
@@ -423,8 +455,13 @@ impl Kill9 {
                     let Some(&(checkpointed, deadline)) = leases.get(&key) else { continue };
                     // The re-register follows the NOT_FOUND by a round trip; a
                     // deadline more than a TTL ahead of it cannot have passed.
+                    // And the renewal refused was sent to the restarted
+                    // process: a deadline before the restart had passed while
+                    // the service was down (B3: such leases expire), which an
+                    // old checkpoint (one kept through a full disk) shows.
                     let ttl = a.config.ttl_ms * 1_000;
-                    if before != Some(checkpointed) || at_us.saturating_sub(ttl) + margin >= deadline {
+                    let passed_by = at_us.saturating_sub(ttl).max(self.restarted_at);
+                    if before != Some(checkpointed) || passed_by + margin >= deadline {
                         continue;
                     }
                     e.checked += 1;

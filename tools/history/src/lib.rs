@@ -17,7 +17,9 @@
 
 pub mod checker;
 pub mod clients;
+pub mod diskfaults;
 pub mod faults;
 pub mod history;
+pub mod netfaults;
 pub mod runner;
 pub mod server;

@@ -35,7 +35,7 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct Shape {
-    /// The fault: none, kill9, stop.
+    /// The fault: none, kill9, stop, loss, partition-gateways, partition-viewers, delay, disk-full, slow-disk.
     #[arg(long, default_value = "none")]
     fault: String,
     /// Seconds of churn, fault included (the settle comes after).

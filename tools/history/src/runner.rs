@@ -31,7 +31,7 @@ use tonic::transport::Channel;
 
 use crate::checker::{self, Analysis, CheckConfig, Expectation, Figures};
 use crate::clients::{self, Control, SENTINEL, Target, ViewerProgress, Workload};
-use crate::faults::{Fault, FaultCx, Plan};
+use crate::faults::{Client, Fault, FaultCx, Plan};
 use crate::history::{Presence, Record, Recorder, write_json_lines};
 use crate::server::{Launch, Server};
 
@@ -102,10 +102,11 @@ impl RunReport {
         for e in &self.expectations {
             let verdict = if e.held() { "HELD" } else { "VIOLATED" };
             out.push_str(&format!(
-                "{verdict:8} {} ({} checked, {} violations)\n",
+                "{verdict:8} {} ({} checked, {} violations): {}\n",
                 e.name,
                 e.checked,
-                e.violations.len()
+                e.violations.len(),
+                e.statement
             ));
             for v in e.violations.iter().take(3) {
                 out.push_str(&format!("    user {}: {}\n", v.user, v.what));
@@ -195,6 +196,7 @@ pub async fn run(
         None => server.url(),
     };
     let target = Target { url, bind: options.bind };
+    let route = |client: Client| fault.route(client, &target);
     say(&format!("server: {} (pid {:?})", server.launch().command_line().join(" "), server.pid()));
 
     let recorder = Recorder::new();
@@ -213,7 +215,7 @@ pub async fn run(
     // they hold then is what must equal the fresh snapshot.
     let (stop_viewers, viewers_stop) = watch::channel(false);
     let (stop_gateways, gateways_stop) = watch::channel(false);
-    let mut admin = PresenceClient::new(target.channel()?);
+    let mut admin = PresenceClient::new(route(Client::Admin).channel()?);
 
     let mut viewers = Vec::new();
     let mut progress = Vec::new();
@@ -223,7 +225,7 @@ pub async fn run(
         viewers.push(tokio::spawn(clients::run_viewer(
             viewer,
             workload.clone(),
-            target.clone(),
+            route(Client::Viewer(viewer)),
             recorder.clone(),
             p,
             viewers_stop.clone(),
@@ -239,7 +241,7 @@ pub async fn run(
         gateways.push(tokio::spawn(clients::run_gateway(
             gateway,
             workload.clone(),
-            target.clone(),
+            route(Client::Gateway(gateway)),
             recorder.clone(),
             Arc::clone(&control),
             gateways_stop.clone(),
@@ -263,7 +265,13 @@ pub async fn run(
     tokio::task::block_in_place(|| {
         fault.inject(&mut FaultCx { server: &mut server, recorder: &recorder, plan: &plan })
     })?;
+    if fault.churn_during() {
+        control.churn.store(true, Ordering::SeqCst);
+    }
     sleep(fault.lasts(&plan)).await;
+    if fault.churn_during() {
+        quiesce(&control).await?;
+    }
     tokio::task::block_in_place(|| fault.heal(&mut FaultCx { server: &mut server, recorder: &recorder, plan: &plan }))?;
     recorder.phase("heal");
     say(&format!(

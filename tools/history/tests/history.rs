@@ -1,4 +1,5 @@
-//! The history checker's short form: the `none` and `kill9` faults against
+//! The history checker's short form: the `none`, `kill9` and
+//! `partition-gateways` faults against
 //! the real binary with small numbers, and the checker failing on doctored
 //! histories, so that it is shown to be able to fail.
 
@@ -61,6 +62,16 @@ async fn kill9_and_a_restart_on_the_data_directory_keep_b3() {
     let checkpoint = report.records.iter().any(|r| matches!(r, Record::Checkpoint { users, .. } if !users.is_empty()));
     assert!(checkpoint, "the checkpoint the process died with was read");
     assert!(report.figures.streams > 3, "the viewers reconnected after the kill: {}", report.render());
+}
+
+// Needs root, `ip` and `nft` (.ci/install-fault-tools); CI runs as root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_gateways_lose_exactly_their_users_and_get_them_back() {
+    let report = run("partition-gateways", plan(14)).await;
+    assert!(report.passed(), "{}", report.render());
+    let checked = |name: &str| report.expectations.iter().find(|e| e.name == name).map(|e| e.checked).unwrap();
+    assert!(checked("partitioned-users-offline-once") > 0, "some users were cut off: {}", report.render());
+    assert!(report.figures.not_found > 0, "the healed gateways met NOT_FOUND: {}", report.render());
 }
 
 // A handmade history of one user `a`, watched by two viewers: registered
