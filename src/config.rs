@@ -35,7 +35,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "PRESENCED_CONFIG", value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
-    /// The gRPC address; port 0 picks a free port.
+    /// The service's address (gRPC, gRPC-Web and the console); port 0 picks
+    /// a free port.
     #[arg(long, env = "PRESENCED_LISTEN", value_name = "ADDR")]
     listen: Option<SocketAddr>,
     /// The shortest lease TTL a request may ask for.
@@ -132,17 +133,29 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "PRESENCED_LAST_SEEN_GRANULARITY_MS", value_name = "MS")]
     last_seen_granularity_ms: Option<u64>,
     /// Client connections open at once; more are refused with an HTTP/2
-    /// GOAWAY. Keep it below the file-descriptor limit.
+    /// GOAWAY (an HTTP/1 client: a 503). Keep it below the file-descriptor
+    /// limit.
     #[arg(long, env = "PRESENCED_MAX_CONNECTIONS", value_name = "N")]
     max_connections: Option<usize>,
-    /// A connection that has not sent the HTTP/2 preface and SETTINGS within
-    /// this is closed.
+    /// A connection that has not sent the HTTP/2 preface and SETTINGS (or,
+    /// over HTTP/1, a whole request head) within this is closed.
     #[arg(long, env = "PRESENCED_HANDSHAKE_TIMEOUT_MS", value_name = "MS")]
     handshake_timeout_ms: Option<u64>,
     /// Concurrent streams (calls, Watch and Leases streams) one connection may
     /// have open; more are refused with REFUSED_STREAM.
     #[arg(long, env = "PRESENCED_MAX_STREAMS_PER_CONNECTION", value_name = "N")]
     max_streams_per_connection: Option<u32>,
+    /// The origin (scheme://host[:port]) of a page served elsewhere that may
+    /// call the service over gRPC-Web; repeat it (or separate with commas in
+    /// the environment) for more. Without one, only pages served by presenced
+    /// itself (the console) can.
+    #[arg(long = "cors-origin", env = "PRESENCED_CORS_ORIGIN", value_name = "ORIGIN", value_delimiter = ',')]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    cors_origins: Vec<String>,
+    /// Serve the web console at http://LISTEN/console/ (its files are built
+    /// into the binary); false answers 404 there.
+    #[arg(long, env = "PRESENCED_CONSOLE", value_name = "BOOL")]
+    console: Option<bool>,
 }
 
 /// `--default-visibility`, as spelled on the command line and in the file.
@@ -256,6 +269,7 @@ fields_of_server_config! {
     max_connections => max_connections;
     handshake_timeout_ms => handshake_timeout;
     max_streams_per_connection => max_streams_per_connection;
+    console => console;
 }
 
 /// Everything `serve` needs, resolved.
@@ -333,6 +347,7 @@ impl ServeArgs {
         }
         server.restart_grace = args.restart_grace_ms.map(Duration::from_millis).or(server.restart_grace);
         server.data_dir = args.data_dir.or(server.data_dir);
+        server.cors_origins = args.cors_origins;
         let listen = args.listen.unwrap_or(DEFAULT_LISTEN);
         let viewer_jwt_public_key_pem = match args.viewer_jwt_public_key {
             Some(path) => Some(std::fs::read(&path).map_err(|source| SettingsError::ReadKey { path, source })?),
@@ -479,6 +494,7 @@ mod tests {
             max_connections: 16,
             handshake_timeout: Duration::from_millis(17),
             max_streams_per_connection: 18,
+            console: false,
             ..defaults
         }
     }
@@ -509,6 +525,7 @@ mod tests {
             ("--max-connections", server.max_connections.to_string()),
             ("--handshake-timeout-ms", server.handshake_timeout.as_millis().to_string()),
             ("--max-streams-per-connection", server.max_streams_per_connection.to_string()),
+            ("--console", server.console.to_string()),
         ] {
             let start = help.find(&format!("{flag} ")).unwrap_or_else(|| panic!("{flag} missing from help:\n{help}"));
             let entry = &help[start..];
@@ -589,6 +606,24 @@ mod tests {
         assert!(err.to_string().contains("/nonexistent/presenced.toml"), "{err}");
         let err = Harness::try_parse_from(["serve", "--default-visibility", "friends"]).unwrap_err();
         assert!(err.to_string().contains("friends") && err.to_string().contains("--default-visibility"), "{err}");
+    }
+
+    #[test]
+    fn cors_origins_and_the_console_come_from_flags_the_environment_form_and_the_file() {
+        let settings = resolve(&[]).unwrap().server;
+        assert_eq!((settings.cors_origins.len(), settings.console), (0, true));
+        let settings =
+            resolve(&["--cors-origin", "https://a.example", "--cors-origin", "http://localhost:3000"]).unwrap().server;
+        assert_eq!(settings.cors_origins, ["https://a.example", "http://localhost:3000"]);
+        // The environment's form: one value, separated by commas.
+        let settings = resolve(&["--cors-origin", "https://a.example,https://b.example"]).unwrap().server;
+        assert_eq!(settings.cors_origins, ["https://a.example", "https://b.example"]);
+        assert!(!resolve(&["--console", "false"]).unwrap().server.console);
+        let file = ConfigFile::new("web", "cors_origins = [\"https://c.example\"]\nconsole = false\n");
+        let settings = resolve(&["--config", file.path()]).unwrap().server;
+        assert_eq!((settings.cors_origins, settings.console), (vec!["https://c.example".to_owned()], false));
+        let err = Harness::try_parse_from(["serve", "--console", "maybe"]).unwrap_err();
+        assert!(err.to_string().contains("--console"), "{err}");
     }
 
     #[test]

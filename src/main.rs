@@ -110,6 +110,7 @@ fn refusal(err: presence_server::ServeError) -> String {
         ServeError::Auth(AuthConfigError::Hs256SecretTooShort { .. }) => "--viewer-jwt-hs256-secret",
         ServeError::Auth(AuthConfigError::PublicKey { .. }) => "--viewer-jwt-public-key",
         ServeError::DataDir { .. } => "--data-dir",
+        ServeError::CorsOrigin { .. } => "--cors-origin",
         _ => return err.to_string(),
     };
     format!("invalid {flag}: {err}")

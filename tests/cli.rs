@@ -228,6 +228,8 @@ fn b7_a_bad_configuration_is_refused_before_anything_is_announced() {
         (vec!["--metrics-listen".into(), taken.clone()], &taken),
         (vec!["--default-visibility".into(), "friends".into()], "--default-visibility"),
         (vec!["--forget-offline-after-ms".into(), "soon".into()], "--forget-offline-after-ms"),
+        (vec!["--cors-origin".into(), "https://app.example/".into()], "--cors-origin"),
+        (vec!["--console".into(), "maybe".into()], "--console"),
     ];
     for (args, setting) in cases {
         let argv: Vec<&str> =

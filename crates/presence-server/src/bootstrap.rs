@@ -13,6 +13,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use http::HeaderValue;
 use presence_core::Store;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +40,9 @@ pub struct PreparedServer {
     durable: Option<Arc<DurableStore>>,
     /// The relations and statuses read from `durable`, applied once the store exists.
     stored: Option<durable::Relations>,
+    /// `config.cors_origins` as browsers send them; read here because a bad
+    /// one refuses the configuration.
+    cors_origins: Vec<HeaderValue>,
 }
 
 impl std::fmt::Debug for PreparedServer {
@@ -60,6 +64,8 @@ pub(crate) struct Restored {
     pub(crate) expiry_wake: Arc<Notify>,
     /// Where checkpoints go, with a data directory.
     pub(crate) data_dir: Option<DataDir>,
+    /// The origins whose pages may call over gRPC-Web.
+    pub(crate) cors_origins: Vec<HeaderValue>,
 }
 
 impl PreparedServer {
@@ -82,6 +88,8 @@ impl PreparedServer {
                 return Err(ServeError::Setting { setting, reason: "must be more than 0" });
             }
         }
+        let cors_origins =
+            config.cors_origins.iter().map(|origin| crate::web::parse_cors_origin(origin)).collect::<Result<_, _>>()?;
         let data_dir_error = |path: &Path, message: String| ServeError::DataDir { path: path.to_owned(), message };
         let (data_dir, durable, stored) = match &config.data_dir {
             Some(path) => {
@@ -93,7 +101,7 @@ impl PreparedServer {
             }
             None => (None, None, None),
         };
-        Ok(PreparedServer { config, clock, auth, data_dir, durable, stored })
+        Ok(PreparedServer { config, clock, auth, data_dir, durable, stored, cors_origins })
     }
 
     /// Loads the last checkpoint and the stored relations into a new store
@@ -103,7 +111,7 @@ impl PreparedServer {
     /// reconnecting gateways wait in the listen backlog instead of being
     /// refused and backing off.
     pub(crate) fn restore(self) -> Result<Restored, ServeError> {
-        let PreparedServer { config, clock, auth, data_dir, durable, stored } = self;
+        let PreparedServer { config, clock, auth, data_dir, durable, stored, cors_origins } = self;
         let started = clock.now();
         let hold_until = started.saturating_add(config.restart_grace_ms());
         let restored = match &data_dir {
@@ -123,6 +131,6 @@ impl PreparedServer {
         if let Some(stored) = stored {
             context.privacy.load(stored, started);
         }
-        Ok(Restored { config, context, auth, expiry_wake, data_dir })
+        Ok(Restored { config, context, auth, expiry_wake, data_dir, cors_origins })
     }
 }

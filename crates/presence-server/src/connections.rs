@@ -26,17 +26,21 @@
 //! to the threads. Everything else (expiry, lease batch workers, checkpoints)
 //! also stays on the caller's runtime.
 //!
-//! Admission (contract B5), on both paths: at most `max_connections` are
-//! open at once, each holding a [`Semaphore`] permit that its IO object
+//! Admission (contract B5), on both paths and for both HTTP versions (gRPC
+//! over HTTP/2; gRPC-Web and the console over HTTP/1.1 too, which is what a
+//! browser speaks on plain http): at most `max_connections` are open at
+//! once, each holding a [`Semaphore`] permit that its IO object
 //! ([`Guarded`]) returns when hyper drops it. A connection beyond the cap is
-//! answered with an HTTP/2 GOAWAY and closed at once, counted, and logged at
-//! most once a second. A connection that has not sent the client preface and
-//! its first SETTINGS frame within `handshake_timeout` is closed: neither
-//! hyper nor tonic has such a deadline (hyper's `header_read_timeout` is
-//! HTTP/1 only, and HTTP/2 keep-alive pings start after the handshake), so
-//! `Guarded` carries it. The hand-off queue to each connection thread is
-//! bounded by its share of `max_connections`; when it is full the connection
-//! is refused the same way, never queued.
+//! refused in the client's own protocol, told by its first bytes (an HTTP/2
+//! GOAWAY, or an HTTP/1 503), closed, counted, and logged at most once a
+//! second. A connection that has not sent its opening within
+//! `handshake_timeout` is closed: for HTTP/2 the client preface and its first
+//! SETTINGS frame, for HTTP/1 a whole request head. Neither hyper nor tonic
+//! has such a deadline (hyper's `header_read_timeout` needs a timer tonic
+//! gives only its HTTP/2 side, and HTTP/2 keep-alive pings start after the
+//! handshake), so `Guarded` carries it. The hand-off queue to each
+//! connection thread is bounded by its share of `max_connections`; when it
+//! is full the connection is refused the same way, never queued.
 
 use std::io::Write as _;
 use std::pin::Pin;
@@ -46,7 +50,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, counter, gauge};
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -54,12 +58,14 @@ use tokio::time::{Instant, Sleep};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
-use tonic::service::Routes;
 use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 
 use crate::metrics::names;
+use crate::web;
 
 /// The HTTP/2 client connection preface (RFC 9113, 3.4).
+const PREFACE: &[u8; PREFACE_BYTES] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Its length.
 const PREFACE_BYTES: usize = 24;
 /// An HTTP/2 frame header: 3 bytes of length, type, flags, stream id.
 const FRAME_HEADER_BYTES: usize = 9;
@@ -81,6 +87,20 @@ fn refusal_frames() -> Vec<u8> {
     frames.extend_from_slice(&REFUSED_STREAM.to_be_bytes());
     frames.extend_from_slice(DEBUG);
     frames
+}
+
+/// What a client beyond the cap that speaks HTTP/1 (a browser) is answered
+/// with: a 503 that fetch reports as such, with the gRPC status a gRPC-Web
+/// client reads (UNAVAILABLE, which clients retry), and the close.
+fn http1_refusal() -> Vec<u8> {
+    const TEXT: &str = "presenced: too many connections (max-connections)\n";
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n\
+         content-length: {}\r\nretry-after: 1\r\ngrpc-status: 14\r\n\
+         grpc-message: too%20many%20connections\r\nconnection: close\r\n\r\n{TEXT}",
+        TEXT.len()
+    )
+    .into_bytes()
 }
 
 /// Decides which connections are served: the connection cap and the
@@ -112,10 +132,15 @@ pub(crate) struct Admission {
 }
 
 /// Refused connections kept open at once until their client has read the
-/// GOAWAY; beyond these, a refused connection is closed at once.
+/// refusal; beyond these, a refused connection is sent the GOAWAY and closed
+/// at once.
 const LINGERING_REFUSALS: usize = 64;
-/// How long a refused connection is kept open for its client to read the GOAWAY.
+/// How long a refused connection is kept open for its client to read the refusal.
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+/// How long a refused connection's first bytes are waited for, to answer in
+/// its protocol. The client speaks first in both, and a live one does so
+/// within a round trip; a silent one is sent the GOAWAY after this.
+const REFUSAL_SNIFF: Duration = Duration::from_millis(250);
 
 impl Admission {
     pub(crate) fn new(max_connections: usize, handshake_timeout: Duration) -> Self {
@@ -144,8 +169,8 @@ impl Admission {
         Instant::now() + self.handshake_timeout
     }
 
-    /// Tells the client it is refused (best effort: the socket is not
-    /// waited on) and closes the connection.
+    /// Tells the client it is refused, in its protocol where it can (best
+    /// effort: the socket is not waited on), and closes the connection.
     fn refuse(&self, stream: std::net::TcpStream, why: &'static str) {
         self.refused.increment(1);
         self.refused_unlogged.fetch_add(1, Ordering::Relaxed);
@@ -158,26 +183,51 @@ impl Admission {
                 tracing::warn!(max_connections = self.max_connections, refused, "refusing connections: {why}");
             }
         }
-        // The stream is non-blocking: a full send buffer only loses the GOAWAY.
-        let _ = (&stream).write_all(&refusal_frames());
-        let _ = stream.shutdown(std::net::Shutdown::Write);
-        // Closing a socket whose client's preface is still arriving makes the
-        // kernel answer with a reset, which can reach the client before it
-        // has read the GOAWAY; so the socket is kept, and what arrives read
-        // away, until the client closes or a second passes.
-        let Ok(place) = Arc::clone(&self.lingering).try_acquire_owned() else { return };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let lingering = Arc::clone(&self.lingering).try_acquire_owned().ok().and_then(|place| {
+            let runtime = tokio::runtime::Handle::try_current().ok()?;
+            Some((place, runtime))
+        });
+        let Some((place, runtime)) = lingering else {
+            // A flood: no task, and the answer most clients (gateways) read.
+            // The stream is non-blocking: a full send buffer only loses the GOAWAY.
+            let _ = (&stream).write_all(&refusal_frames());
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+            return;
+        };
         let Ok(stream) = TcpStream::from_std(stream) else { return };
         runtime.spawn(async move {
             let _place = place;
-            let mut stream = stream;
-            let mut discard = [0; 1024];
-            let _ = tokio::time::timeout(REFUSAL_LINGER, async {
-                while matches!(stream.read(&mut discard).await, Ok(n) if n > 0) {}
-            })
-            .await;
+            answer_refused(stream).await;
         });
     }
+}
+
+/// Answers a refused connection in the protocol its first bytes show, then
+/// keeps it open until its client closes or a second passes: closing a
+/// socket whose client's bytes are still arriving makes the kernel answer
+/// with a reset, which can reach the client before it has read the refusal.
+async fn answer_refused(mut stream: TcpStream) {
+    let mut first = [0; PREFACE_BYTES];
+    let mut received = 0;
+    // Two bytes tell the preface ("PR") from every HTTP/1 method ("PO", "PU", "GE", ...).
+    let _ = tokio::time::timeout(REFUSAL_SNIFF, async {
+        while received < 2 {
+            match stream.read(&mut first[received..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => received += read,
+            }
+        }
+    })
+    .await;
+    let http1 = received > 0 && !PREFACE.starts_with(&first[..received]);
+    let answer = if http1 { http1_refusal() } else { refusal_frames() };
+    let _ = tokio::time::timeout(REFUSAL_LINGER, async {
+        let _ = stream.write_all(&answer).await;
+        let _ = stream.shutdown().await;
+        let mut discard = [0; 1024];
+        while matches!(stream.read(&mut discard).await, Ok(read) if read > 0) {}
+    })
+    .await;
 }
 
 /// A connection's place under the cap: returned, and the gauge lowered,
@@ -199,50 +249,97 @@ impl Drop for Admitted {
 #[derive(Debug)]
 pub(crate) struct Guarded {
     inner: TcpStream,
-    /// `None` once the client has sent its preface and first frame.
+    /// `None` once the client has sent its opening (see [`Opening`]).
     handshake: Option<Handshake>,
     /// Counts a connection closed for its handshake.
     timeouts: Counter,
     _admitted: Admitted,
 }
 
-/// The client's first bytes, watched until they make the preface and the
-/// whole first frame (which must be SETTINGS; h2 checks both). HTTP/2 only:
-/// the server does not accept HTTP/1, and if it ever does (gRPC-Web), this
-/// must tell the two apart, or an HTTP/1 client would be read as a frame
-/// of arbitrary length and closed at the deadline.
+/// A connection's deadline for its opening, and how far the opening is.
 #[derive(Debug)]
 struct Handshake {
     deadline: Pin<Box<Sleep>>,
-    /// The preface and the first frame's header, to read the frame's length.
-    first: [u8; PREFACE_BYTES + FRAME_HEADER_BYTES],
-    /// Bytes received so far.
-    received: usize,
+    opening: Opening,
 }
 
-impl Handshake {
-    /// Takes note of `bytes`, just read; true once the handshake is complete.
-    fn received(&mut self, bytes: &[u8]) -> bool {
-        if let Some(room) = self.first.get_mut(self.received..) {
-            let copied = room.len().min(bytes.len());
-            room[..copied].copy_from_slice(&bytes[..copied]);
+/// The client's first bytes, followed until they make a complete opening:
+/// for HTTP/2, the preface and the whole first frame (which must be
+/// SETTINGS; h2 checks both); for HTTP/1, a whole request head. The two are
+/// told apart as hyper's server tells them apart: by whether the bytes are
+/// the preface's. Read byte by byte, but only until the opening is complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opening {
+    /// Every byte so far is the preface's; this many of them.
+    Preface(usize),
+    /// The preface is in; the first frame's header so far, and how much of it.
+    FrameHeader([u8; FRAME_HEADER_BYTES], usize),
+    /// The bytes of the first frame's payload still to come.
+    FramePayload(usize),
+    /// An HTTP/1 request head: line ends in a row so far (two end it; a
+    /// carriage return does not count, so that bare line feeds, which
+    /// hyper accepts, end it too).
+    Head(u8),
+    /// Complete.
+    Complete,
+}
+
+impl Opening {
+    /// How far the opening is after `bytes`, just read.
+    fn after(mut self, mut bytes: &[u8]) -> Opening {
+        while let Some((&byte, rest)) = bytes.split_first() {
+            self = match self {
+                Opening::Complete => return Opening::Complete,
+                Opening::FramePayload(left) => {
+                    let taken = left.min(bytes.len());
+                    bytes = &bytes[taken..];
+                    if taken == left { Opening::Complete } else { Opening::FramePayload(left - taken) }
+                }
+                state => {
+                    bytes = rest;
+                    state.step(byte)
+                }
+            };
         }
-        self.received += bytes.len();
-        if self.received < self.first.len() {
-            return false;
+        self
+    }
+
+    fn step(self, byte: u8) -> Opening {
+        match self {
+            Opening::Preface(matched) if byte == PREFACE[matched] => match matched + 1 {
+                PREFACE_BYTES => Opening::FrameHeader([0; FRAME_HEADER_BYTES], 0),
+                matched => Opening::Preface(matched),
+            },
+            // Not the preface: an HTTP/1 request head, which began with the
+            // bytes taken for the preface's so far.
+            Opening::Preface(matched) => {
+                PREFACE[..matched].iter().chain([&byte]).fold(Opening::Head(0), |head, &byte| head.step(byte))
+            }
+            Opening::FrameHeader(mut header, filled) => {
+                header[filled] = byte;
+                if filled + 1 < FRAME_HEADER_BYTES {
+                    return Opening::FrameHeader(header, filled + 1);
+                }
+                match u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize {
+                    0 => Opening::Complete,
+                    length => Opening::FramePayload(length),
+                }
+            }
+            Opening::Head(ends) => match byte {
+                b'\n' if ends >= 1 => Opening::Complete,
+                b'\n' => Opening::Head(1),
+                b'\r' => Opening::Head(ends),
+                _ => Opening::Head(0),
+            },
+            Opening::FramePayload(_) | Opening::Complete => self,
         }
-        let length = u32::from_be_bytes([0, self.first[24], self.first[25], self.first[26]]) as usize;
-        self.received >= self.first.len() + length
     }
 }
 
 impl Guarded {
     fn new(inner: TcpStream, admitted: Admitted, deadline: Instant, admission: &Admission) -> Self {
-        let handshake = Handshake {
-            deadline: Box::pin(tokio::time::sleep_until(deadline)),
-            first: [0; PREFACE_BYTES + FRAME_HEADER_BYTES],
-            received: 0,
-        };
+        let handshake =
+            Handshake { deadline: Box::pin(tokio::time::sleep_until(deadline)), opening: Opening::Preface(0) };
         Guarded {
             inner,
             handshake: Some(handshake),
@@ -255,9 +352,9 @@ impl Guarded {
 impl AsyncRead for Guarded {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        // Polling the deadline here registers this task's waker with it: h2
-        // reads until the preface is in, so the deadline's wake-up reaches
-        // this very call, and the error closes the connection.
+        // Polling the deadline here registers this task's waker with it:
+        // hyper reads until the opening is in, so the deadline's wake-up
+        // reaches this very call, and the error closes the connection.
         if let Some(handshake) = &mut this.handshake
             && handshake.deadline.as_mut().poll(cx).is_ready()
         {
@@ -265,15 +362,16 @@ impl AsyncRead for Guarded {
             this.timeouts.increment(1);
             return Poll::Ready(Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                "no HTTP/2 preface and SETTINGS within the handshake timeout",
+                "no HTTP/2 preface and SETTINGS, nor an HTTP/1 request head, within the handshake timeout",
             )));
         }
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Some(handshake) = &mut this.handshake
-            && handshake.received(&buf.filled()[before..])
-        {
-            this.handshake = None;
+        if let Some(handshake) = &mut this.handshake {
+            handshake.opening = handshake.opening.after(&buf.filled()[before..]);
+            if handshake.opening == Opening::Complete {
+                this.handshake = None;
+            }
         }
         polled
     }
@@ -338,11 +436,13 @@ pub(crate) fn admitted(
     })
 }
 
-/// The HTTP/2 server settings every connection is served with.
+/// The server settings every connection is served with.
 pub(crate) fn server(max_streams_per_connection: u32) -> tonic::transport::Server {
     // A client opening more concurrent streams than this gets REFUSED_STREAM
     // for the extra ones (well-behaved clients wait for a free one instead).
-    tonic::transport::Server::builder().max_concurrent_streams(max_streams_per_connection)
+    // HTTP/1 is for browsers on plain http (gRPC-Web, the console); hyper
+    // tells an HTTP/2 client by its preface, so gRPC clients see no change.
+    tonic::transport::Server::builder().max_concurrent_streams(max_streams_per_connection).accept_http1(true)
 }
 
 /// One connection on its way to a connection thread.
@@ -367,13 +467,13 @@ pub(crate) struct ConnectionThreads {
 }
 
 impl ConnectionThreads {
-    /// Starts `threads` threads, each serving `routes` with `server`'s
+    /// Starts `threads` threads, each serving `front` with `server`'s
     /// settings on the connections handed to it. They drain their
     /// connections gracefully once `stopping` is cancelled, and drop whatever
     /// is still open once `closing` is.
     pub(crate) fn start(
         threads: usize,
-        routes: &Routes,
+        front: &web::FrontService,
         server: &tonic::transport::Server,
         admission: Admission,
         stopping: &CancellationToken,
@@ -388,8 +488,8 @@ impl ConnectionThreads {
         for index in 0..threads {
             let (sender, receiver) = mpsc::channel::<Handoff>(queue);
             let (report, result) = oneshot::channel();
-            let (routes, stopping, closing) = (routes.clone(), stopping.clone(), closing.clone());
-            let (mut server, admission) = (server.clone(), admission.clone());
+            let (front, stopping, closing) = (front.clone(), stopping.clone(), closing.clone());
+            let (server, admission) = (server.clone(), admission.clone());
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             std::thread::Builder::new().name(format!("presenced-conn-{index}")).spawn(move || {
                 let served = runtime.block_on(async move {
@@ -404,8 +504,7 @@ impl ConnectionThreads {
                                 tracing::warn!(%err, "cannot take over a connection; it is closed");
                             })
                     });
-                    let serving =
-                        server.add_routes(routes).serve_with_incoming_shutdown(incoming, stopping.cancelled_owned());
+                    let serving = server.serve_with_incoming_shutdown(front, incoming, stopping.cancelled_owned());
                     tokio::select! {
                         served = serving => served,
                         () = closing.cancelled() => Ok(()),
@@ -571,22 +670,52 @@ mod tests {
         accepting.await.unwrap().unwrap();
     }
 
+    /// `bytes` read in two parts, split at every place: the opening is
+    /// incomplete before `complete_at` bytes and complete from there on.
+    fn assert_opening_completes_at(bytes: &[u8], complete_at: usize) {
+        for split in 0..=bytes.len() {
+            let first = Opening::Preface(0).after(&bytes[..split]);
+            assert_eq!(first == Opening::Complete, split >= complete_at, "after {split} of {:?}", bytes);
+            assert_eq!(first.after(&bytes[split..]), Opening::Complete, "after all, split at {split}");
+        }
+    }
+
     #[test]
     fn the_handshake_is_complete_with_the_preface_and_the_whole_first_frame() {
-        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        let mut bytes = PREFACE.to_vec();
         bytes.extend_from_slice(&[0, 0, 6, 0x4, 0, 0, 0, 0, 0]); // SETTINGS with one parameter
         bytes.extend_from_slice(&[0, 3, 0, 0, 0, 100]);
-        for split in 0..bytes.len() {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
-            let _entered = runtime.enter();
-            let mut handshake = Handshake {
-                deadline: Box::pin(tokio::time::sleep(Duration::from_secs(1))),
-                first: [0; PREFACE_BYTES + FRAME_HEADER_BYTES],
-                received: 0,
-            };
-            assert!(!handshake.received(&bytes[..split]), "incomplete after {split} bytes");
-            assert!(handshake.received(&bytes[split..]), "complete after all, split at {split}");
-        }
+        let complete_at = bytes.len();
+        bytes.extend_from_slice(&[0, 0, 4, 0x8, 0, 0, 0, 0, 0]); // and the next frame: still complete
+        assert_opening_completes_at(&bytes, complete_at);
+        let mut empty_settings = PREFACE.to_vec();
+        empty_settings.extend_from_slice(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+        assert_opening_completes_at(&empty_settings, empty_settings.len());
+    }
+
+    #[test]
+    fn the_handshake_is_complete_with_a_whole_http1_request_head() {
+        let head = "POST /presence.v1.Presence/Snapshot HTTP/1.1\r\nhost: a\r\ncontent-type: application/grpc-web+proto\r\n\r\n";
+        let mut bytes = head.as_bytes().to_vec();
+        bytes.extend_from_slice(&[0, 0, 0, 0, 2, 10, 0]); // the body follows
+        assert_opening_completes_at(&bytes, head.len());
+        // Bare line feeds (hyper takes them), and a method that starts like the preface.
+        assert_opening_completes_at(b"GET /console/ HTTP/1.1\nhost: a\n\n", 32);
+        assert_opening_completes_at(b"PRI /x HTTP/1.1\r\n\r\n", 19);
+        // A head still arriving is not complete, however long.
+        let endless = format!("GET /console/ HTTP/1.1\r\n{}", "x-a: b\r\n".repeat(1000));
+        assert_ne!(Opening::Preface(0).after(endless.as_bytes()), Opening::Complete);
+    }
+
+    #[test]
+    fn a_refused_http1_client_is_answered_with_a_503() {
+        let refusal = String::from_utf8(http1_refusal()).unwrap();
+        let (head, body) = refusal.split_once("\r\n\r\n").expect("a head and a body");
+        assert!(head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{head}");
+        let length: usize =
+            head.lines().find_map(|line| line.strip_prefix("content-length: ")).unwrap().parse().unwrap();
+        assert_eq!(length, body.len());
+        assert!(head.contains("\r\nconnection: close") && head.contains("\r\ngrpc-status: 14"), "{head}");
     }
 
     #[test]

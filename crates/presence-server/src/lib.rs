@@ -33,6 +33,7 @@ mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod watch;
+mod web;
 mod wire;
 
 use std::future::Future;
@@ -121,6 +122,12 @@ pub struct ServerConfig {
     /// stream plus its unary calls in flight; 1024 leaves room for deep
     /// pipelining and bounds what one connection can make the server hold.
     pub max_streams_per_connection: u32,
+    /// Origins (`scheme://host[:port]`) of pages served elsewhere that may
+    /// call the service over gRPC-Web (O5); none lets in only pages of the
+    /// service's own origin, such as the console.
+    pub cors_origins: Vec<String>,
+    /// Whether the web console is served at `/console/` on the service's port (O4).
+    pub console: bool,
 }
 
 /// The CPUs this process may use (2 when the system cannot tell): the
@@ -158,6 +165,8 @@ impl Default for ServerConfig {
             max_connections: 10_000,
             handshake_timeout: Duration::from_secs(10),
             max_streams_per_connection: 1_024,
+            cors_origins: Vec::new(),
+            console: true,
         }
     }
 }
@@ -185,6 +194,14 @@ pub enum ServeError {
     Setting {
         /// The `ServerConfig` field.
         setting: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A CORS origin cannot be matched by any page.
+    #[error("{origin:?} is not an origin: {reason}")]
+    CorsOrigin {
+        /// The origin as given.
+        origin: String,
         /// What is wrong with it.
         reason: &'static str,
     },
@@ -227,7 +244,7 @@ async fn serve_prepared(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let bootstrap::Restored { config, context, auth, expiry_wake, data_dir } = prepared.restore()?;
+    let bootstrap::Restored { config, context, auth, expiry_wake, data_dir, cors_origins } = prepared.restore()?;
     let (store, clock, stopping) =
         (Arc::clone(context.store()), context.publisher.clock.clone(), context.stopping.clone());
     tokio::spawn(clock::keep_reading(clock.clone(), stopping.clone(), {
@@ -286,7 +303,9 @@ async fn serve_prepared(
     let routes = tonic::service::Routes::new(presence)
         .add_service(health_service)
         .add_service(reflection_v1)
-        .add_service(reflection_v1alpha);
+        .add_service(reflection_v1alpha)
+        .prepare();
+    let front = web::Front::new(routes, cors_origins, config.console);
     // Cancelled when serve returns, or when its future is dropped: connections
     // still open then are closed with their threads.
     let closing = CancellationToken::new();
@@ -297,14 +316,13 @@ async fn serve_prepared(
         if config.connection_threads == 0 {
             return server
                 .clone()
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(connections::admitted(incoming, admission), stop_signal)
+                .serve_with_incoming_shutdown(front, connections::admitted(incoming, admission), stop_signal)
                 .await
                 .map_err(ServeError::from);
         }
         let threads = connections::ConnectionThreads::start(
             config.connection_threads,
-            &routes,
+            &front,
             &server,
             admission,
             &stopping,
