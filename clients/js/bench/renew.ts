@@ -11,9 +11,10 @@
  * `--min-renew-interval-ms 0` so that every renewal is a real one, not one
  * acknowledged as throttled.
  *
- * Environment: SESSIONS (100000), SECONDS (10), WARMUP (2), CONCURRENCY
- * (as many as the channel can hold: maxQueued + maxInFlightBatches × maxBatch),
- * MAX_BATCH (512), IN_FLIGHT (8).
+ * Environment: SESSIONS (100000), SECONDS (10), WARMUP (2), MAX_BATCH (512),
+ * IN_FLIGHT (8), CONCURRENCY (IN_FLIGHT × MAX_BATCH: enough to fill every
+ * batch in flight), QUEUE (the channel's maxQueued: 2 × CONCURRENCY, so that
+ * the queue never refuses one of them).
  */
 import { readFileSync } from "node:fs";
 import { execFileSync } from "node:child_process";
@@ -29,6 +30,8 @@ const SECONDS = env("SECONDS", 10);
 const WARMUP = env("WARMUP", 2);
 const MAX_BATCH = env("MAX_BATCH", 512);
 const IN_FLIGHT = env("IN_FLIGHT", 8);
+const CONCURRENCY = env("CONCURRENCY", IN_FLIGHT * MAX_BATCH);
+const QUEUE = env("QUEUE", 2 * CONCURRENCY);
 
 /** user+system CPU seconds of a process, from /proc (Linux only; undefined elsewhere). */
 function procCpuSeconds(pid: number): number | undefined {
@@ -54,11 +57,11 @@ const clockTicks = (() => {
 async function main(): Promise<void> {
   const binary = process.env.PRESENCED_BENCH_BIN ?? join(TARGET, "release", "presenced");
   const server = await Server.start(["--min-renew-interval-ms", "0", "--default-ttl-ms", "600000"], { binary });
-  const channel = new LeaseChannel(server.transport, { maxBatch: MAX_BATCH, maxInFlightBatches: IN_FLIGHT });
-  const concurrency = env("CONCURRENCY", channel.config.maxQueued + IN_FLIGHT * MAX_BATCH);
+  const channel = new LeaseChannel(server.transport, { maxBatch: MAX_BATCH, maxInFlightBatches: IN_FLIGHT, maxQueued: QUEUE });
+  const concurrency = Math.min(CONCURRENCY, channel.config.maxQueued);
   try {
     const generations: bigint[] = new Array(SESSIONS);
-    // Registered `concurrency` at a time, so that the queue is never overrun.
+    // Registered `concurrency` at a time, as the renewals below are sent.
     let nextToRegister = 0;
     await Promise.all(
       Array.from({ length: Math.min(concurrency, SESSIONS) }, async () => {
