@@ -6,7 +6,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 
 import { LeaseChannel, Session, Watcher, pb } from "../src/index.js";
 import { nodeTransport } from "../src/node.js";
-import { Server, fastReconnect, freePort, until, withDeadline } from "./helpers.js";
+import { TEST_TIMEOUT_MS, Server, fastReconnect, freePort, until, withDeadline } from "./helpers.js";
 
 const RENEWALS_OK = 'presenced_renewals_total{result="ok"}';
 /** One observation per Leases batch (and per unary Renew, which these tests do not send). */
@@ -19,7 +19,7 @@ const online = async (server: Server, userId: string): Promise<boolean> => {
 
 const codeOf = (code: Code) => (err: unknown) => ConnectError.from(err).code === code;
 
-test("L8: the renewals of many sessions share batches on one Leases stream", async () => {
+test("L8: the renewals of many sessions share batches on one Leases stream", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start(["--min-renew-interval-ms", "0"], { metrics: true });
   const channel = new LeaseChannel(server.transport, { maxDelayMs: 10 });
   try {
@@ -48,7 +48,7 @@ test("L8: the renewals of many sessions share batches on one Leases stream", asy
   }
 });
 
-test("L8: a burst of single calls is coalesced into batches of at most maxBatch, each answered per item", async () => {
+test("L8: a burst of single calls is coalesced into batches of at most maxBatch, each answered per item", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start([], { metrics: true });
   const channel = new LeaseChannel(server.transport, { maxBatch: 100 });
   try {
@@ -76,7 +76,7 @@ test("L8: a burst of single calls is coalesced into batches of at most maxBatch,
   }
 });
 
-test("L2: a session registers again after a server restart that lost its lease, and rejoins its rooms (R6)", async () => {
+test("L2: a session registers again after a server restart that lost its lease, and rejoins its rooms (R6)", { timeout: TEST_TIMEOUT_MS }, async () => {
   const listen = `127.0.0.1:${await freePort()}`;
   let server = await Server.start([], { listen });
   const channel = new LeaseChannel(nodeTransport(server.url), { reconnect: fastReconnect() });
@@ -111,7 +111,7 @@ test("L2: a session registers again after a server restart that lost its lease, 
   }
 });
 
-test("L3: a late unregister of an old generation changes nothing, and a superseded session stops", async () => {
+test("L3: a late unregister of an old generation changes nothing, and a superseded session stops", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start(["--min-renew-interval-ms", "0"]);
   const channel = new LeaseChannel(server.transport);
   try {
@@ -133,7 +133,7 @@ test("L3: a late unregister of an old generation changes nothing, and a supersed
   }
 });
 
-test("L3: close with linger shortens the lease instead of deleting it", async () => {
+test("L3: close with linger shortens the lease instead of deleting it", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start();
   const channel = new LeaseChannel(server.transport);
   try {
@@ -148,7 +148,7 @@ test("L3: close with linger shortens the lease instead of deleting it", async ()
   }
 });
 
-test("touch renews at once unless the last renewal is younger than the throttle", async () => {
+test("touch renews at once unless the last renewal is younger than the throttle", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start(["--min-renew-interval-ms", "0"]);
   const channel = new LeaseChannel(server.transport);
   try {
@@ -182,7 +182,7 @@ test("touch renews at once unless the last renewal is younger than the throttle"
   }
 });
 
-test("credentials: a bad or missing token is refused UNAUTHENTICATED, the service token works", async () => {
+test("credentials: a bad or missing token is refused UNAUTHENTICATED, the service token works", { timeout: TEST_TIMEOUT_MS }, async () => {
   const token = "service-token-for-js-tests";
   const server = await Server.start(["--service-token", token]);
   const wrong = new LeaseChannel(server.transport, { bearerToken: "not-the-token" });

@@ -20,6 +20,9 @@ import { nodeTransport } from "../src/node.js";
 /** How long any one condition may take before the test fails. */
 export const PATIENCE_MS = 10_000;
 
+/** How long a whole test may take: a wait with no deadline of its own cannot hang the run. */
+export const TEST_TIMEOUT_MS = 60_000;
+
 /** This package's directory (tests run compiled, from dist/test). */
 const packageDir = fileURLToPath(new URL("../../", import.meta.url));
 

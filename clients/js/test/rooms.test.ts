@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { LeaseChannel, RoomCountWatcher, RoomWatcher, Session, pb, type RoomWatcherEvent } from "../src/index.js";
-import { Server, fastReconnect, withDeadline } from "./helpers.js";
+import { TEST_TIMEOUT_MS, Server, fastReconnect, withDeadline } from "./helpers.js";
 
 const next = async (watcher: RoomWatcher, what: string): Promise<RoomWatcherEvent> => {
   const event = await withDeadline(watcher.next(), what);
@@ -11,7 +11,7 @@ const next = async (watcher: RoomWatcher, what: string): Promise<RoomWatcherEven
   return event;
 };
 
-test("R1/S3: a session joins, signals and leaves, and a room watcher sees each step", async () => {
+test("R1/S3: a session joins, signals and leaves, and a room watcher sees each step", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start();
   const channel = new LeaseChannel(server.transport);
   try {
@@ -60,7 +60,7 @@ test("R1/S3: a session joins, signals and leaves, and a room watcher sees each s
   }
 });
 
-test("R1: a session whose lease ends leaves its rooms, and the watcher sees it go", async () => {
+test("R1: a session whose lease ends leaves its rooms, and the watcher sees it go", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start();
   const channel = new LeaseChannel(server.transport);
   try {

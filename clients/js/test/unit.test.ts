@@ -11,7 +11,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 
 import { Backoff, LeaseChannel, RoomView, ViewerStore, leaseResult, pb } from "../src/index.js";
 import { nodeTransport } from "../src/node.js";
-import { withDeadline } from "./helpers.js";
+import { TEST_TIMEOUT_MS, withDeadline } from "./helpers.js";
 
 const presence = (userId: string, state: pb.State, version: bigint): pb.UserPresence =>
   create(pb.UserPresenceSchema, { userId, state, version });
@@ -21,7 +21,7 @@ const held = (store: ViewerStore, userId: string): [pb.State, bigint] | undefine
   return user === undefined ? undefined : [user.state, user.version];
 };
 
-test("backoff caps grow by the factor until the max, and delays stay within zero and the cap", () => {
+test("backoff caps grow by the factor until the max, and delays stay within zero and the cap", { timeout: TEST_TIMEOUT_MS }, () => {
   const backoff = new Backoff({ initialMs: 50, maxMs: 5000, factor: 2 });
   assert.deepEqual(
     Array.from({ length: 10 }, (_, n) => backoff.cap(n)),
@@ -43,7 +43,7 @@ test("backoff caps grow by the factor until the max, and delays stay within zero
   }
 });
 
-test("an OFFLINE v2 arriving before the ONLINE v1 stays OFFLINE (seed 000, reordered events)", () => {
+test("an OFFLINE v2 arriving before the ONLINE v1 stays OFFLINE (seed 000, reordered events)", { timeout: TEST_TIMEOUT_MS }, () => {
   const store = new ViewerStore();
   store.applySnapshot([presence("42", pb.State.OFFLINE, 0n)]);
   assert.equal(store.applyEvent(presence("42", pb.State.OFFLINE, 2n)), true);
@@ -51,7 +51,7 @@ test("an OFFLINE v2 arriving before the ONLINE v1 stays OFFLINE (seed 000, reord
   assert.deepEqual(held(store, "42"), [pb.State.OFFLINE, 2n]);
 });
 
-test("duplicates and equal versions are ignored", () => {
+test("duplicates and equal versions are ignored", { timeout: TEST_TIMEOUT_MS }, () => {
   const store = new ViewerStore();
   assert.equal(store.applyEvent(presence("a", pb.State.ONLINE, 5n)), true);
   assert.equal(store.applyEvent(presence("a", pb.State.ONLINE, 5n)), false, "exact duplicate");
@@ -62,7 +62,7 @@ test("duplicates and equal versions are ignored", () => {
   assert.deepEqual(held(store, "a"), [pb.State.OFFLINE, 6n]);
 });
 
-test("any arrival order of one user's events ends on the newest version", () => {
+test("any arrival order of one user's events ends on the newest version", { timeout: TEST_TIMEOUT_MS }, () => {
   const events = [
     presence("u", pb.State.ONLINE, 10n),
     presence("u", pb.State.OFFLINE, 11n),
@@ -81,7 +81,7 @@ test("any arrival order of one user's events ends on the newest version", () => 
   }
 });
 
-test("a snapshot replaces everything, even at a lower version, and forgets others", () => {
+test("a snapshot replaces everything, even at a lower version, and forgets others", { timeout: TEST_TIMEOUT_MS }, () => {
   const store = new ViewerStore();
   store.applySnapshot([presence("a", pb.State.ONLINE, 7n), presence("b", pb.State.ONLINE, 3n)]);
   assert.equal(store.applyEvent(presence("c", pb.State.ONLINE, 1n)), true);
@@ -93,7 +93,7 @@ test("a snapshot replaces everything, even at a lower version, and forgets other
   assert.equal(store.applyEvent(presence("a", pb.State.ONLINE, 3n)), true);
 });
 
-test("E8: a resumed snapshot replaces only the users it carries", () => {
+test("E8: a resumed snapshot replaces only the users it carries", { timeout: TEST_TIMEOUT_MS }, () => {
   const store = new ViewerStore();
   store.applySnapshot([presence("a", pb.State.ONLINE, 7n), presence("b", pb.State.ONLINE, 3n)]);
   store.applyEvent(presence("gone", pb.State.ONLINE, 1n));
@@ -107,7 +107,7 @@ test("E8: a resumed snapshot replaces only the users it carries", () => {
   assert.equal(store.get("gone"), undefined);
 });
 
-test("a room view drops stale changes and a delayed join cannot undo a leave", () => {
+test("a room view drops stale changes and a delayed join cannot undo a leave", { timeout: TEST_TIMEOUT_MS }, () => {
   const member = (userId: string, tab: string) => create(pb.RoomMemberSchema, { userId, metadata: { tab }, sessions: 1 });
   const change = (version: bigint, kind: pb.RoomChangeKind, userId: string, tab = "t") =>
     create(pb.RoomMemberChangeSchema, { roomId: "r", version, kind, member: member(userId, tab) });
@@ -132,7 +132,7 @@ test("a room view drops stale changes and a delayed join cannot undo a leave", (
   assert.deepEqual(view.signalling("typing"), []);
 });
 
-test("an item's refusal becomes the ConnectError a unary call would have answered", () => {
+test("an item's refusal becomes the ConnectError a unary call would have answered", { timeout: TEST_TIMEOUT_MS }, () => {
   const refused = create(pb.LeaseResultSchema, { code: Code.NotFound, message: "no live lease" });
   assert.throws(
     () => leaseResult(refused),
@@ -143,7 +143,7 @@ test("an item's refusal becomes the ConnectError a unary call would have answere
   assert.throws(() => leaseResult(create(pb.LeaseResultSchema, {})), (err: unknown) => ConnectError.from(err).code === Code.Internal);
 });
 
-test("a full queue refuses at once instead of growing, and close fails what waits", async () => {
+test("a full queue refuses at once instead of growing, and close fails what waits", { timeout: TEST_TIMEOUT_MS }, async () => {
   // A peer that accepts connections and never answers, as a stalled server:
   // the first batch stays in flight and the rest waits behind it.
   const sockets: Socket[] = [];
@@ -174,7 +174,7 @@ test("a full queue refuses at once instead of growing, and close fails what wait
   }
 });
 
-test("the main entry point imports nothing of Node's, so a page can bundle it", () => {
+test("the main entry point imports nothing of Node's, so a page can bundle it", { timeout: TEST_TIMEOUT_MS }, () => {
   // Walks the compiled modules reachable from dist/src/index.js by their relative imports.
   const seen = new Set<string>();
   const outside = new Set<string>();

@@ -5,7 +5,7 @@ import { test } from "node:test";
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import { LeaseChannel, Watcher, pb, type WatcherEvent } from "../src/index.js";
-import { Server, fastReconnect, freePort, scratchDir, withDeadline } from "./helpers.js";
+import { TEST_TIMEOUT_MS, Server, fastReconnect, freePort, scratchDir, withDeadline } from "./helpers.js";
 
 /** The next event the watcher reports, within the deadline. */
 const next = async (watcher: Watcher, what: string): Promise<WatcherEvent> => {
@@ -20,7 +20,7 @@ const update = async (watcher: Watcher, what: string): Promise<pb.UserPresence> 
   return (event as { user: pb.UserPresence }).user;
 };
 
-test("a watcher follows ONLINE and OFFLINE in version order", async () => {
+test("a watcher follows ONLINE and OFFLINE in version order", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start();
   const channel = new LeaseChannel(server.transport);
   try {
@@ -43,7 +43,7 @@ test("a watcher follows ONLINE and OFFLINE in version order", async () => {
   }
 });
 
-test("a watch of bad input is refused when it opens", async () => {
+test("a watch of bad input is refused when it opens", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start();
   try {
     await assert.rejects(
@@ -55,7 +55,7 @@ test("a watch of bad input is refused when it opens", async () => {
   }
 });
 
-test("E8: a watcher resumes after a restart with the versions it holds, and the server leaves those out", async () => {
+test("E8: a watcher resumes after a restart with the versions it holds, and the server leaves those out", { timeout: TEST_TIMEOUT_MS }, async () => {
   const dataDir = scratchDir("resume");
   const listen = `127.0.0.1:${await freePort()}`;
   const args = ["--data-dir", dataDir, "--shutdown-grace-ms", "200"];
@@ -95,7 +95,7 @@ test("E8: a watcher resumes after a restart with the versions it holds, and the 
   }
 });
 
-test("P3/P4: a user hidden from an open watch turns OFFLINE in the never-seen shape, newer, and comes back when revealed", async () => {
+test("P3/P4: a user hidden from an open watch turns OFFLINE in the never-seen shape, newer, and comes back when revealed", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start(["--default-visibility", "everyone"]);
   const channel = new LeaseChannel(server.transport);
   try {
@@ -125,7 +125,7 @@ test("P3/P4: a user hidden from an open watch turns OFFLINE in the never-seen sh
   }
 });
 
-test("E7: update adds users with their presence and forgets removed ones, without reopening", async () => {
+test("E7: update adds users with their presence and forgets removed ones, without reopening", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start();
   const channel = new LeaseChannel(server.transport);
   try {
