@@ -1,0 +1,129 @@
+/**
+ * `npm run bench`: how many renewals a second one Node process sustains
+ * through one LeaseChannel against `target/release/presenced`, and what CPU
+ * it and the server spend on them.
+ *
+ * It starts the release binary on a free port (`PRESENCED_BENCH_BIN` to use
+ * another), registers SESSIONS sessions, then keeps CONCURRENCY renewals
+ * outstanding at all times (each caller renews the next session as soon as
+ * its last renewal is answered), and counts the renewals answered OK during
+ * SECONDS seconds after a warm-up. The server runs with
+ * `--min-renew-interval-ms 0` so that every renewal is a real one, not one
+ * acknowledged as throttled.
+ *
+ * Environment: SESSIONS (100000), SECONDS (10), WARMUP (2), MAX_BATCH (512),
+ * IN_FLIGHT (8), CONCURRENCY (IN_FLIGHT × MAX_BATCH: enough to fill every
+ * batch in flight), QUEUE (the channel's maxQueued: 2 × CONCURRENCY, so that
+ * the queue never refuses one of them).
+ */
+import { readFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { join } from "node:path";
+
+import { LeaseChannel } from "../src/index.js";
+import { Server, TARGET } from "../test/helpers.js";
+
+const env = (name: string, fallback: number): number => Number(process.env[name] ?? fallback);
+
+const SESSIONS = env("SESSIONS", 100_000);
+const SECONDS = env("SECONDS", 10);
+const WARMUP = env("WARMUP", 2);
+const MAX_BATCH = env("MAX_BATCH", 512);
+const IN_FLIGHT = env("IN_FLIGHT", 8);
+const CONCURRENCY = env("CONCURRENCY", IN_FLIGHT * MAX_BATCH);
+const QUEUE = env("QUEUE", 2 * CONCURRENCY);
+
+/** user+system CPU seconds of a process, from /proc (Linux only; undefined elsewhere). */
+function procCpuSeconds(pid: number): number | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    // Fields after the command name, which may itself hold spaces: utime and stime are 14 and 15.
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    const ticks = Number(fields[11]) + Number(fields[12]);
+    return ticks / clockTicks;
+  } catch {
+    return undefined;
+  }
+}
+
+const clockTicks = (() => {
+  try {
+    return Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim()) || 100;
+  } catch {
+    return 100;
+  }
+})();
+
+async function main(): Promise<void> {
+  const binary = process.env.PRESENCED_BENCH_BIN ?? join(TARGET, "release", "presenced");
+  const server = await Server.start(["--min-renew-interval-ms", "0", "--default-ttl-ms", "600000"], { binary });
+  const channel = new LeaseChannel(server.transport, { maxBatch: MAX_BATCH, maxInFlightBatches: IN_FLIGHT, maxQueued: QUEUE });
+  const concurrency = Math.min(CONCURRENCY, channel.config.maxQueued);
+  try {
+    const generations: bigint[] = new Array(SESSIONS);
+    // Registered `concurrency` at a time, as the renewals below are sent.
+    let nextToRegister = 0;
+    await Promise.all(
+      Array.from({ length: Math.min(concurrency, SESSIONS) }, async () => {
+        for (let i = nextToRegister++; i < SESSIONS; i = nextToRegister++) {
+          const registered = await channel.register({ userId: `bench-${i}`, sessionId: "s", gatewayId: "bench" });
+          generations[i] = registered.generation;
+        }
+      }),
+    );
+
+    let ok = 0;
+    let refused = 0;
+    let running = true;
+    let cursor = 0;
+    const caller = async (): Promise<void> => {
+      while (running) {
+        const i = cursor;
+        cursor = cursor + 1 === SESSIONS ? 0 : cursor + 1;
+        try {
+          await channel.renew({ userId: `bench-${i}`, sessionId: "s", generation: generations[i]! });
+          ok++;
+        } catch {
+          refused++;
+        }
+      }
+    };
+    const callers = Array.from({ length: concurrency }, caller);
+
+    await new Promise((resolve) => setTimeout(resolve, WARMUP * 1000));
+    const okBefore = ok;
+    const batchesBefore = channel.stats().batchesSent;
+    const itemsBefore = channel.stats().itemsSent;
+    const cpuBefore = process.cpuUsage();
+    const serverBefore = procCpuSeconds(server.child.pid!);
+    const started = performance.now();
+    await new Promise((resolve) => setTimeout(resolve, SECONDS * 1000));
+    const wall = (performance.now() - started) / 1000;
+    const cpu = process.cpuUsage(cpuBefore);
+    const serverAfter = procCpuSeconds(server.child.pid!);
+    const renewals = ok - okBefore;
+    const batches = channel.stats().batchesSent - batchesBefore;
+    const items = channel.stats().itemsSent - itemsBefore;
+    running = false;
+    await Promise.all(callers);
+
+    const nodeCpu = (cpu.user + cpu.system) / 1e6;
+    const lines = [
+      `sessions ${SESSIONS}, ${concurrency} renewals outstanding, maxBatch ${MAX_BATCH}, ${IN_FLIGHT} batches in flight`,
+      `renewals/s sustained: ${Math.round(renewals / wall)} (${renewals} OK in ${wall.toFixed(2)} s; ${refused} refused in all)`,
+      `items per batch: ${(items / Math.max(1, batches)).toFixed(1)}`,
+      `node CPU: ${nodeCpu.toFixed(2)} s user+sys = ${((100 * nodeCpu) / wall).toFixed(0)}% of one core ` +
+        `(user ${(cpu.user / 1e6).toFixed(2)} s, sys ${(cpu.system / 1e6).toFixed(2)} s)`,
+    ];
+    if (serverBefore !== undefined && serverAfter !== undefined) {
+      const serverCpu = serverAfter - serverBefore;
+      lines.push(`server CPU: ${serverCpu.toFixed(2)} s user+sys = ${((100 * serverCpu) / wall).toFixed(0)}% of one core`);
+    }
+    console.log(lines.join("\n"));
+  } finally {
+    channel.close();
+    await server.kill();
+  }
+}
+
+await main();

@@ -1,0 +1,193 @@
+/** What needs no server: backoff, the version rules of ViewerStore and RoomView, the bounded queue. */
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { createServer, type AddressInfo, type Socket } from "node:net";
+import { dirname, join } from "node:path";
+import { test } from "node:test";
+import { fileURLToPath } from "node:url";
+
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@connectrpc/connect";
+
+import { Backoff, LeaseChannel, RoomView, ViewerStore, leaseResult, pb } from "../src/index.js";
+import { nodeTransport } from "../src/node.js";
+import { TEST_TIMEOUT_MS, withDeadline } from "./helpers.js";
+
+const presence = (userId: string, state: pb.State, version: bigint): pb.UserPresence =>
+  create(pb.UserPresenceSchema, { userId, state, version });
+
+const held = (store: ViewerStore, userId: string): [pb.State, bigint] | undefined => {
+  const user = store.get(userId);
+  return user === undefined ? undefined : [user.state, user.version];
+};
+
+test("backoff caps grow by the factor until the max, and delays stay within zero and the cap", { timeout: TEST_TIMEOUT_MS }, () => {
+  const backoff = new Backoff({ initialMs: 50, maxMs: 5000, factor: 2 });
+  assert.deepEqual(
+    Array.from({ length: 10 }, (_, n) => backoff.cap(n)),
+    [50, 100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000],
+  );
+  assert.equal(backoff.cap(100_000), 5000, "a huge attempt is capped, not infinite");
+  assert.equal(new Backoff({ factor: 0.5 }).cap(7), 50, "a factor below 1 never shrinks the delay");
+  assert.equal(new Backoff({ factor: Number.NaN }).cap(7), 50);
+  assert.equal(backoff.delayAt(3, 0), 0);
+  assert.equal(backoff.delayAt(3, 1), 400);
+  assert.equal(backoff.delayAt(3, 7), 400, "clamped");
+  assert.equal(backoff.delayAt(3, Number.NaN), 0);
+  for (let attempt = 0; attempt < 12; attempt++) {
+    const cap = backoff.cap(attempt);
+    const delays = Array.from({ length: 2000 }, () => backoff.delay(attempt));
+    assert.ok(delays.every((d) => d >= 0 && d <= cap), `attempt ${attempt} within [0, ${cap}]`);
+    // Full jitter spreads over the whole range, not just near the cap.
+    assert.ok(Math.min(...delays) < cap / 10 && Math.max(...delays) > (cap * 9) / 10, `attempt ${attempt} spread`);
+  }
+});
+
+test("an OFFLINE v2 arriving before the ONLINE v1 stays OFFLINE (seed 000, reordered events)", { timeout: TEST_TIMEOUT_MS }, () => {
+  const store = new ViewerStore();
+  store.applySnapshot([presence("42", pb.State.OFFLINE, 0n)]);
+  assert.equal(store.applyEvent(presence("42", pb.State.OFFLINE, 2n)), true);
+  assert.equal(store.applyEvent(presence("42", pb.State.ONLINE, 1n)), false, "a delayed event is stale");
+  assert.deepEqual(held(store, "42"), [pb.State.OFFLINE, 2n]);
+});
+
+test("duplicates and equal versions are ignored", { timeout: TEST_TIMEOUT_MS }, () => {
+  const store = new ViewerStore();
+  assert.equal(store.applyEvent(presence("a", pb.State.ONLINE, 5n)), true);
+  assert.equal(store.applyEvent(presence("a", pb.State.ONLINE, 5n)), false, "exact duplicate");
+  assert.equal(store.applyEvent(presence("a", pb.State.OFFLINE, 5n)), false, "same version, other state");
+  assert.equal(store.applyEvent(presence("a", pb.State.OFFLINE, 4n)), false);
+  assert.deepEqual(held(store, "a"), [pb.State.ONLINE, 5n]);
+  assert.equal(store.applyEvent(presence("a", pb.State.OFFLINE, 6n)), true);
+  assert.deepEqual(held(store, "a"), [pb.State.OFFLINE, 6n]);
+});
+
+test("any arrival order of one user's events ends on the newest version", { timeout: TEST_TIMEOUT_MS }, () => {
+  const events = [
+    presence("u", pb.State.ONLINE, 10n),
+    presence("u", pb.State.OFFLINE, 11n),
+    presence("u", pb.State.ONLINE, 12n),
+    presence("u", pb.State.OFFLINE, 13n),
+  ];
+  const permutations = (items: number[]): number[][] =>
+    items.length <= 1 ? [items] : items.flatMap((x, i) => permutations(items.filter((_, j) => j !== i)).map((p) => [x, ...p]));
+  const orders = permutations([0, 1, 2, 3]);
+  assert.equal(orders.length, 24);
+  for (const order of orders) {
+    const store = new ViewerStore();
+    const accepted = order.filter((i) => store.applyEvent(events[i]!)).map((i) => events[i]!.version);
+    assert.deepEqual(held(store, "u"), [pb.State.OFFLINE, 13n], `order ${order}`);
+    assert.ok(accepted.every((v, i) => i === 0 || accepted[i - 1]! < v), `accepted versions only grow: ${accepted}`);
+  }
+});
+
+test("a snapshot replaces everything, even at a lower version, and forgets others", { timeout: TEST_TIMEOUT_MS }, () => {
+  const store = new ViewerStore();
+  store.applySnapshot([presence("a", pb.State.ONLINE, 7n), presence("b", pb.State.ONLINE, 3n)]);
+  assert.equal(store.applyEvent(presence("c", pb.State.ONLINE, 1n)), true);
+  assert.equal(store.size, 3);
+  store.applySnapshot([presence("a", pb.State.OFFLINE, 2n)]);
+  assert.equal(store.size, 1);
+  assert.deepEqual(held(store, "a"), [pb.State.OFFLINE, 2n]);
+  assert.equal(store.get("b"), undefined);
+  assert.equal(store.applyEvent(presence("a", pb.State.ONLINE, 3n)), true);
+});
+
+test("E8: a resumed snapshot replaces only the users it carries", { timeout: TEST_TIMEOUT_MS }, () => {
+  const store = new ViewerStore();
+  store.applySnapshot([presence("a", pb.State.ONLINE, 7n), presence("b", pb.State.ONLINE, 3n)]);
+  store.applyEvent(presence("gone", pb.State.ONLINE, 1n));
+  const watched = ["a", "b", "c"];
+  assert.deepEqual(store.versions(watched), { a: 7n, b: 3n });
+  // b changed while the viewer was away; a did not; c is new; "gone" is no longer watched.
+  store.applyPartialSnapshot([presence("b", pb.State.OFFLINE, 4n), presence("c", pb.State.ONLINE, 2n)], watched);
+  assert.deepEqual(held(store, "a"), [pb.State.ONLINE, 7n], "kept: the server left it out as unchanged");
+  assert.deepEqual(held(store, "b"), [pb.State.OFFLINE, 4n]);
+  assert.deepEqual(held(store, "c"), [pb.State.ONLINE, 2n]);
+  assert.equal(store.get("gone"), undefined);
+});
+
+test("a room view drops stale changes and a delayed join cannot undo a leave", { timeout: TEST_TIMEOUT_MS }, () => {
+  const member = (userId: string, tab: string) => create(pb.RoomMemberSchema, { userId, metadata: { tab }, sessions: 1 });
+  const change = (version: bigint, kind: pb.RoomChangeKind, userId: string, tab = "t") =>
+    create(pb.RoomMemberChangeSchema, { roomId: "r", version, kind, member: member(userId, tab) });
+  const view = new RoomView("r");
+  view.applySnapshot(create(pb.RoomSnapshotSchema, { roomId: "r", version: 10n, members: [member("a", "one")] }));
+  assert.equal(view.applyChange(change(9n, pb.RoomChangeKind.ROOM_CHANGE_LEFT, "a")), false, "older than the snapshot");
+  assert.equal(view.member("a")?.metadata["tab"], "one");
+  assert.equal(view.applyChange(change(12n, pb.RoomChangeKind.ROOM_CHANGE_LEFT, "a")), true);
+  assert.equal(view.applyChange(change(11n, pb.RoomChangeKind.ROOM_CHANGE_JOINED, "a")), false, "a delayed join");
+  assert.equal(view.member("a"), undefined);
+  assert.equal(view.applyChange(change(13n, pb.RoomChangeKind.ROOM_CHANGE_UNSPECIFIED, "b")), false);
+  assert.equal(view.applyChange(change(14n, pb.RoomChangeKind.ROOM_CHANGE_JOINED, "b", "two")), true);
+  assert.equal(view.version, 14n);
+  const typing = (version: bigint, userIds: string[]) =>
+    create(pb.SignalSetSchema, { roomId: "r", version, kind: "typing", userIds, count: userIds.length });
+  assert.equal(view.applySignals(typing(16n, ["b"])), true);
+  assert.equal(view.applySignals(typing(15n, [])), false, "a stale signal set");
+  assert.deepEqual(view.signalling("typing"), ["b"]);
+  assert.equal(view.signalCount("typing"), 1);
+  view.applySnapshot(create(pb.RoomSnapshotSchema, { roomId: "r", version: 3n }));
+  assert.equal(view.size, 0, "a snapshot is a resync, even at a lower version");
+  assert.deepEqual(view.signalling("typing"), []);
+});
+
+test("an item's refusal becomes the ConnectError a unary call would have answered", { timeout: TEST_TIMEOUT_MS }, () => {
+  const refused = create(pb.LeaseResultSchema, { code: Code.NotFound, message: "no live lease" });
+  assert.throws(
+    () => leaseResult(refused),
+    (err: unknown) => err instanceof ConnectError && err.code === Code.NotFound && err.rawMessage === "no live lease",
+  );
+  const ok = create(pb.LeaseResultSchema, { result: { case: "renew", value: { expiresAtMs: 5n } } });
+  assert.equal(leaseResult(ok).case, "renew");
+  assert.throws(() => leaseResult(create(pb.LeaseResultSchema, {})), (err: unknown) => ConnectError.from(err).code === Code.Internal);
+});
+
+test("a full queue refuses at once instead of growing, and close fails what waits", { timeout: TEST_TIMEOUT_MS }, async () => {
+  // A peer that accepts connections and never answers, as a stalled server:
+  // the first batch stays in flight and the rest waits behind it.
+  const sockets: Socket[] = [];
+  const silent = createServer((socket) => sockets.push(socket));
+  await new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve));
+  const port = (silent.address() as AddressInfo).port;
+  try {
+    const channel = new LeaseChannel(nodeTransport(`http://127.0.0.1:${port}`), {
+      maxBatch: 4,
+      // Batches leave only when full, however slowly this test runs.
+      maxDelayMs: 60_000,
+      maxQueued: 8,
+      maxInFlightBatches: 1,
+    });
+    const renew = (i: number) => channel.renew({ userId: `u${i}`, sessionId: "s", generation: 1n });
+    const calls = Array.from({ length: 12 }, (_, i) => renew(i));
+    await assert.rejects(renew(99), (err: unknown) => ConnectError.from(err).code === Code.ResourceExhausted);
+    assert.equal(channel.stats().rejected, 1);
+    assert.deepEqual([channel.stats().batchesSent, channel.stats().itemsSent], [1, 4], "one batch in flight, 8 items queued");
+    channel.close();
+    for (const call of calls) {
+      await assert.rejects(withDeadline(call, "a queued call settles on close"), (err: unknown) => ConnectError.from(err).code === Code.Canceled);
+    }
+    await assert.rejects(renew(100), (err: unknown) => ConnectError.from(err).code === Code.Canceled);
+  } finally {
+    for (const socket of sockets) socket.destroy();
+    silent.close();
+  }
+});
+
+test("the main entry point imports nothing of Node's, so a page can bundle it", { timeout: TEST_TIMEOUT_MS }, () => {
+  // Walks the compiled modules reachable from dist/src/index.js by their relative imports.
+  const seen = new Set<string>();
+  const outside = new Set<string>();
+  const visit = (file: string): void => {
+    if (seen.has(file)) return;
+    seen.add(file);
+    const source = readFileSync(file, "utf8");
+    for (const [, specifier] of source.matchAll(/(?:import|export)[^"']*?from\s*["']([^"']+)["']/g)) {
+      if (specifier!.startsWith(".")) visit(join(dirname(file), specifier!));
+      else outside.add(specifier!);
+    }
+  };
+  visit(fileURLToPath(new URL("../src/index.js", import.meta.url)));
+  assert.ok(seen.size > 5, `walked ${[...seen].join(", ")}`);
+  assert.deepEqual([...outside].sort(), ["@bufbuild/protobuf", "@bufbuild/protobuf/codegenv2", "@connectrpc/connect"]);
+});
