@@ -68,6 +68,10 @@ async fn l8_one_result_per_item_in_order_and_a_bad_item_fails_alone() {
     assert!(registered[1].message.contains("user_id"), "{:?}", registered[1].message);
     assert!(registered[3].message.contains("ttl_ms"), "{:?}", registered[3].message);
     let (g1, g2) = (generation_of(&registered[0]), generation_of(&registered[2]));
+    // u2's ONLINE reaches the viewer before its unregister is sent: otherwise
+    // a viewer that reads late may get the two flips conflated into the
+    // newest (E4), and this test is about each item's own result.
+    viewer.until_state("u2", pb::State::Online).await;
 
     // A renewal of an unknown lease is a per-item NOT_FOUND, not the end of the stream.
     let renewed = gateway
