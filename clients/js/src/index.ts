@@ -23,6 +23,7 @@
  * Answers from the server are connect's `ConnectError`s with the gRPC codes the
  * contract names; the wire types are the generated ones, re-exported as `pb`.
  */
+export { Code, ConnectError, createClient } from "@connectrpc/connect";
 export { Backoff, type BackoffOptions } from "./backoff.js";
 export {
   LeaseChannel,
