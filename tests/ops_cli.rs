@@ -279,6 +279,15 @@ impl Running {
     }
 }
 
+impl Drop for Running {
+    /// A test that fails before interrupting must not leave the watch
+    /// running: it would hold the test's output open for ever.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[tokio::test]
 async fn o4_watch_prints_each_change_then_stops_on_interrupt() {
     let daemon = Daemon::start(&[], &[]);
