@@ -19,5 +19,7 @@ EXPOSE 50051
 # (and PRESENCED_VIEWER_JWT_HS256_SECRET or PRESENCED_VIEWER_JWT_PUBLIC_KEY for
 # viewers), or PRESENCED_INSECURE=true for a development container. Durable
 # state: mount a volume and set PRESENCED_DATA_DIR.
+# The same binary carries the operator's commands: `docker run --rm --network
+# host presenced get u1 --addr 127.0.0.1:50051` (see the README).
 ENTRYPOINT ["/usr/local/bin/presenced"]
 CMD ["serve", "--listen", "0.0.0.0:50051"]

@@ -1,7 +1,8 @@
 //! `presenced`: the presence database server.
 //!
 //! This binary only reads configuration, installs logging and signal handling,
-//! binds the listener and hands over to [`presence_server::serve`].
+//! binds the listener and hands over to [`presence_server::serve`]; the client
+//! subcommands (`get`, `watch`, ...) are handed to [`presence_cli::run`].
 
 mod config;
 
@@ -17,17 +18,23 @@ use crate::config::ServeArgs;
 #[command(
     name = "presenced",
     version,
-    about = "An in-memory presence database: session leases in, ONLINE/OFFLINE out."
+    about = "An in-memory presence database: session leases in, ONLINE/OFFLINE out.",
+    after_help = presence_cli::EXIT_CODES
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+// One value per process, parsed once: the size of `serve`'s arguments costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the service (in memory, on 127.0.0.1:50051 unless told otherwise).
     Serve(ServeArgs),
+    // The operator's tools, each a client of a running service.
+    #[command(flatten)]
+    Client(presence_cli::Command),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +61,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Client(command) => presence_cli::run(command),
     }
 }
 

@@ -30,7 +30,7 @@ pub use config::{
     ConfigError, MAX_FORGET_OFFLINE_AFTER_MS, MAX_OFFLINE_GRACE_MS, MIN_FORGET_OFFLINE_AFTER_MS, StoreConfig,
 };
 pub use error::LeaseError;
-pub use shard::{LeaseView, MAX_ROOMS_PER_SESSION, SIGNAL_CHANGES_PER_SECOND};
+pub use shard::{LeaseView, MAX_ROOMS_PER_SESSION, SIGNAL_CHANGES_PER_SECOND, SessionView};
 pub use store::Store;
 pub use types::{
     Availability, ChangeKind, Changes, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal,

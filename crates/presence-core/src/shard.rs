@@ -381,6 +381,15 @@ pub struct LeaseView {
     pub metadata: Vec<(String, String)>,
 }
 
+/// One live session of a user with the rooms it is in, as an operator lists it (O4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionView {
+    /// The session's lease.
+    pub lease: LeaseView,
+    /// The rooms the session is in, sorted.
+    pub rooms: Vec<CompactString>,
+}
+
 /// One shard's users, leases, timers and counters.
 #[derive(Debug)]
 pub(crate) struct Shard {
@@ -1011,19 +1020,43 @@ impl Shard {
         self.settle(slot, now, changes);
         self.lease_indices(slot)
             .filter(|&index| !self.lease(index).is_hold()) // a hold is no session
-            .map(|index| {
+            .map(|index| self.lease_view(index))
+            .collect()
+    }
+
+    /// The user's live sessions at `now`, the most recently created first,
+    /// each with the rooms it is in (interned names, in no particular order).
+    /// A pure read for operators (O4): it settles nothing, counts no
+    /// operation and leaves the shard's time alone, so listing a user can
+    /// change nothing about it. A lease whose deadline has passed is left out,
+    /// as settling would drop it; time is the later of `now` and the shard's,
+    /// which never goes back.
+    pub(crate) fn live_sessions(&self, now: Tick, user_id: &str) -> Vec<(LeaseView, Vec<RoomName>)> {
+        let now = self.now.max(now);
+        let Some(slot) = self.find(user_id) else { return Vec::new() };
+        self.lease_indices(slot)
+            .filter(|&index| {
                 let lease = self.lease(index);
-                LeaseView {
-                    session_id: lease.session_id.clone(),
-                    gateway_id: self.origins.gateway_id(lease.origin).into(),
-                    generation: lease.generation,
-                    last_heartbeat_at: self.last_heartbeat_at(index),
-                    expires_at: lease.expires_at,
-                    closing: lease.closing(),
-                    metadata: self.metadata.get(&index).map(|entries| entries.to_vec()).unwrap_or_default(),
-                }
+                !lease.is_hold() && lease.expires_at > now
+            })
+            .map(|index| {
+                let rooms = self.membership_indices(slot, index).map(|at| self.membership(at).room).collect();
+                (self.lease_view(index), rooms)
             })
             .collect()
+    }
+
+    fn lease_view(&self, index: u32) -> LeaseView {
+        let lease = self.lease(index);
+        LeaseView {
+            session_id: lease.session_id.clone(),
+            gateway_id: self.origins.gateway_id(lease.origin).into(),
+            generation: lease.generation,
+            last_heartbeat_at: self.last_heartbeat_at(index),
+            expires_at: lease.expires_at,
+            closing: lease.closing(),
+            metadata: self.metadata.get(&index).map(|entries| entries.to_vec()).unwrap_or_default(),
+        }
     }
 
     /// Settles up to `budget` users whose timers are due at `now`. Returns

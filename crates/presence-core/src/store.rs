@@ -13,9 +13,9 @@ use compact_str::CompactString;
 use crate::checkpoint::{Checkpoint, CheckpointWriter, UserRecord};
 use crate::config::{ConfigError, StoreConfig};
 use crate::error::LeaseError;
-use crate::room_names::RoomNames;
+use crate::room_names::{RoomName, RoomNames};
 use crate::rooms::RoomShard;
-use crate::shard::{LeaseView, Shard};
+use crate::shard::{LeaseView, SessionView, Shard};
 use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::types::{
     Changes, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomAccess,
@@ -411,8 +411,26 @@ impl Store {
     pub fn rooms_of(&self, user_id: &str) -> Vec<CompactString> {
         // Under the shard's lock, which keeps the names' references held.
         let shard = self.shards[self.shard_of(user_id)].lock();
-        let mut rooms: Vec<CompactString> =
-            shard.rooms_of(user_id).into_iter().map(|name| self.names.id(name)).collect();
+        self.room_ids(shard.rooms_of(user_id))
+    }
+
+    /// The user's live sessions at `now`, the most recently created first,
+    /// each with the rooms it is in: what an operator lists (O4). A pure read:
+    /// nothing is settled, published or counted, and a lease whose deadline
+    /// has passed is left out even if the expiry driver has not collected it
+    /// yet, as any request would find it gone.
+    pub fn sessions(&self, now: Tick, user_id: &str) -> Result<Vec<SessionView>, LeaseError> {
+        validate::id("user_id", user_id)?;
+        // Under the shard's lock, which keeps the names' references held.
+        let shard = self.shards[self.shard_of(user_id)].lock();
+        let sessions = shard.live_sessions(now, user_id);
+        Ok(sessions.into_iter().map(|(lease, rooms)| SessionView { lease, rooms: self.room_ids(rooms) }).collect())
+    }
+
+    /// Room names as ids, sorted; called under the lock of the shard that
+    /// holds references to them.
+    fn room_ids(&self, names: Vec<RoomName>) -> Vec<CompactString> {
+        let mut rooms: Vec<CompactString> = names.into_iter().map(|name| self.names.id(name)).collect();
         rooms.sort_unstable();
         rooms
     }

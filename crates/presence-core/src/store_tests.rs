@@ -2248,3 +2248,66 @@ fn s3_set_changes_are_bounded_per_session_per_second() {
     assert!(store.signal(T0 + 1_001, &at, "typing", 5_000, &mut changes).unwrap().changed, "a new second");
     assert!(!store.signal(T0 + 1_002, &at, "typing", 5_000, &mut changes).unwrap().changed);
 }
+
+/// O4: an operator's listing shows each live session with its gateway,
+/// generation, deadline, metadata and rooms, the newest first; a lease past
+/// its deadline is left out before the driver has run, and the listing
+/// settles, publishes and counts nothing, so the flip is still the next
+/// request's to publish.
+#[test]
+fn o4_sessions_lists_live_sessions_with_their_rooms_and_settles_nothing() {
+    let store = small_store();
+    let mut changes = Changes::default();
+    let a = register(&store, T0, reg("u", "a", "gw-a", 100), &mut changes);
+    let metadata = meta("phone");
+    let b = store
+        .register(
+            T0 + 1,
+            &Registration { user_id: "u", session_id: "b", gateway_id: "gw-b", ttl_ms: 50, metadata: &metadata },
+            &mut changes,
+        )
+        .unwrap();
+    for (session, generation, room_id) in
+        [("a", a.generation, "r2"), ("a", a.generation, "r1"), ("b", b.generation, "r1")]
+    {
+        store.join(T0 + 2, &room("u", session, generation, room_id), &[], &mut changes).unwrap();
+    }
+    let listed: Vec<_> = store
+        .sessions(T0 + 2, "u")
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.lease.session_id, s.lease.gateway_id, s.lease.generation, s.lease.expires_at, s.rooms))
+        .collect();
+    let id = crate::CompactString::from;
+    assert_eq!(
+        listed,
+        [
+            (id("b"), id("gw-b"), b.generation, T0 + 51, vec![id("r1")]),
+            (id("a"), id("gw-a"), a.generation, T0 + 100, vec![id("r1"), id("r2")]),
+        ]
+    );
+    assert_eq!(store.sessions(T0 + 2, "u").unwrap()[0].lease.metadata, metadata);
+
+    // A lingering lease is listed as closing until it runs out.
+    store.unregister(T0 + 3, "u", "a", a.generation, 20, &mut changes).unwrap();
+    let sessions = store.sessions(T0 + 4, "u").unwrap();
+    assert_eq!(
+        sessions.iter().map(|s| (s.lease.session_id.as_str(), s.lease.closing)).collect::<Vec<_>>(),
+        [("b", false), ("a", true)]
+    );
+    let names = |now| store.sessions(now, "u").unwrap().into_iter().map(|s| s.lease.session_id).collect::<Vec<_>>();
+    assert_eq!(names(T0 + 23), ["b"], "a lease at its deadline is gone");
+
+    // Past every deadline, with no driver run: nothing listed, nothing settled.
+    let operations = store.shard_operations();
+    assert!(names(T0 + 51).is_empty());
+    assert_eq!(store.shard_operations(), operations, "a listing counts no operation");
+    assert_eq!(store.stats().online_users, 1, "the listing settled nothing");
+    let mut changes = Changes::default();
+    let now = store.snapshot(T0 + 51, &["u"], &mut changes).unwrap()[0];
+    assert_eq!(now.state, State::Offline);
+    assert_eq!(changes.users.len(), 1, "the flip is still the next request's to publish: {changes:?}");
+
+    assert!(store.sessions(T0 + 52, "never-seen").unwrap().is_empty());
+    assert!(matches!(store.sessions(T0 + 52, ""), Err(LeaseError::InvalidArgument { field: "user_id", .. })));
+}

@@ -6,6 +6,7 @@
 //! an operation changed whatever it answered.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use hashbrown::HashMap;
 use presence_core::{Changes, Store};
@@ -46,6 +47,8 @@ pub(crate) struct Context {
     pub(crate) room_member_cap: usize,
     /// Cancelled when the server shuts down: ends Watch and Leases streams.
     pub(crate) stopping: CancellationToken,
+    /// When the server was made, for the uptime `Stats` reports.
+    pub(crate) started: Instant,
 }
 
 impl Context {
@@ -78,6 +81,7 @@ impl Context {
             watches: Watches::default(),
             room_member_cap: config.room_member_cap,
             stopping,
+            started: Instant::now(),
         }
     }
 

@@ -5,8 +5,15 @@
 //! they cost next to nothing. Counts the store keeps itself (sessions, online
 //! users, per-shard operations) are copied into gauges once a second rather
 //! than counted on every request.
+//!
+//! The figures the service reports about itself (`Stats`, O4) are read here
+//! too, never from the exporter's text: a counter or gauge that `Stats`
+//! reports is a [`Tally`] or [`Level`], the `metrics` handle with an atomic
+//! beside it that every clone shares, so each figure is counted in one place
+//! and read back from there, with or without a recorder installed.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
@@ -118,41 +125,149 @@ impl RenewResult {
     ];
 }
 
+/// A counter the service also reads back (`Stats`): the exported counter and
+/// its running total, shared by every clone of the handle.
+#[derive(Debug, Clone)]
+pub(crate) struct Tally {
+    counter: Counter,
+    total: Arc<AtomicU64>,
+}
+
+impl Tally {
+    fn new(counter: Counter) -> Self {
+        Tally { counter, total: Arc::default() }
+    }
+
+    pub(crate) fn increment(&self, count: u64) {
+        self.counter.increment(count);
+        self.total.fetch_add(count, Ordering::Relaxed);
+    }
+
+    /// The total since the handle was made.
+    pub(crate) fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+}
+
+/// A gauge the service also reads back (`Stats`), moved only by [`OpenGauge`].
+#[derive(Debug, Clone)]
+pub(crate) struct Level {
+    gauge: Gauge,
+    value: Arc<AtomicI64>,
+}
+
+impl Level {
+    fn new(gauge: Gauge) -> Self {
+        Level { gauge, value: Arc::default() }
+    }
+
+    fn add(&self, delta: i64) {
+        if delta >= 0 {
+            self.gauge.increment(delta as f64);
+        } else {
+            self.gauge.decrement(-delta as f64);
+        }
+        self.value.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// The current value (never below 0).
+    pub(crate) fn value(&self) -> u64 {
+        u64::try_from(self.value.load(Ordering::Relaxed)).unwrap_or(0)
+    }
+}
+
+/// The expiry lag histogram: the exported one, and the same buckets
+/// ([`LATENCY_BUCKETS`]) counted here for `Stats`.
+#[derive(Debug, Clone)]
+struct LagHistogram {
+    histogram: Histogram,
+    counts: Arc<LagCounts>,
+}
+
+/// Observations per bucket (not cumulative; one more than there are bounds,
+/// for those above every bound) and their sum.
+#[derive(Debug)]
+struct LagCounts {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    sum_ms: AtomicU64,
+}
+
+impl LagHistogram {
+    fn new(histogram: Histogram) -> Self {
+        let counts = LagCounts { buckets: std::array::from_fn(|_| AtomicU64::new(0)), sum_ms: AtomicU64::new(0) };
+        LagHistogram { histogram, counts: Arc::new(counts) }
+    }
+
+    fn record_ms(&self, lag_ms: u64) {
+        let seconds = lag_ms as f64 / 1_000.0;
+        self.histogram.record(seconds);
+        // Prometheus' `le`: an observation on a bound counts in that bound's bucket.
+        let bucket = LATENCY_BUCKETS.partition_point(|&bound| bound < seconds);
+        self.counts.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.counts.sum_ms.fetch_add(lag_ms, Ordering::Relaxed);
+    }
+}
+
+/// The expiry lag histogram as read: counts per bucket of [`LATENCY_BUCKETS`]
+/// (the last for above every bound) and the sum of the observations.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LagReading {
+    pub(crate) counts: Vec<u64>,
+    pub(crate) sum_ms: u64,
+}
+
+/// The figures `Stats` reports from the metrics: totals since the start and
+/// streams open now.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Totals {
+    /// Renewals answered, whatever their result.
+    pub(crate) renewals: u64,
+    pub(crate) renewals_shed: u64,
+    /// Registers, accepted or refused.
+    pub(crate) registers: u64,
+    /// Unregisters, whatever their outcome.
+    pub(crate) unregisters: u64,
+    pub(crate) expiries: u64,
+    pub(crate) expiry_lag: LagReading,
+    pub(crate) viewers: u64,
+    pub(crate) room_watchers: u64,
+}
+
 /// Handles to every hot-path metric.
 #[derive(Debug, Clone)]
 pub(crate) struct Metrics {
-    renewals: [Counter; RenewResult::COUNT],
+    renewals: [Tally; RenewResult::COUNT],
     pub(crate) renewal_seconds: Histogram,
-    pub(crate) registers_ok: Counter,
-    pub(crate) registers_invalid: Counter,
+    pub(crate) registers_ok: Tally,
+    pub(crate) registers_invalid: Tally,
     pub(crate) reconnects: Counter,
-    pub(crate) unregisters_removed: Counter,
-    pub(crate) unregisters_lingering: Counter,
-    pub(crate) unregisters_stale: Counter,
-    pub(crate) unregisters_not_found: Counter,
-    expiries: Counter,
-    expiry_lag_seconds: Histogram,
+    pub(crate) unregisters_removed: Tally,
+    pub(crate) unregisters_lingering: Tally,
+    pub(crate) unregisters_stale: Tally,
+    pub(crate) unregisters_not_found: Tally,
+    expiries: Tally,
+    expiry_lag: LagHistogram,
     flips_online: Counter,
     flips_offline: Counter,
     status_changes: Counter,
     pub(crate) queue_depth: Gauge,
-    pub(crate) shed: Counter,
+    pub(crate) shed: Tally,
     pub(crate) fanned_out: Counter,
     pub(crate) watch_updates: Counter,
-    pub(crate) viewers: Gauge,
+    pub(crate) viewers: Level,
     pub(crate) resyncs: Counter,
     pub(crate) room_joins: Counter,
     pub(crate) signals: Counter,
     room_changes: [Counter; 5],
     pub(crate) room_fanned_out: Counter,
     pub(crate) room_count_frames: Counter,
-    pub(crate) room_watchers: Gauge,
+    pub(crate) room_watchers: Level,
 }
 
 impl Metrics {
     pub(crate) fn new() -> Self {
-        let renewal = |result: &'static str| counter!(names::RENEWALS, "result" => result);
-        let unregister = |outcome: &'static str| counter!(names::UNREGISTERS, "outcome" => outcome);
+        let renewal = |result: &'static str| Tally::new(counter!(names::RENEWALS, "result" => result));
+        let unregister = |outcome: &'static str| Tally::new(counter!(names::UNREGISTERS, "outcome" => outcome));
         Metrics {
             renewals: [
                 renewal("ok"),
@@ -163,23 +278,23 @@ impl Metrics {
                 renewal("shed"),
             ],
             renewal_seconds: histogram!(names::RENEWAL_SECONDS),
-            registers_ok: counter!(names::REGISTERS, "result" => "ok"),
-            registers_invalid: counter!(names::REGISTERS, "result" => "invalid"),
+            registers_ok: Tally::new(counter!(names::REGISTERS, "result" => "ok")),
+            registers_invalid: Tally::new(counter!(names::REGISTERS, "result" => "invalid")),
             reconnects: counter!(names::RECONNECTS),
             unregisters_removed: unregister("removed"),
             unregisters_lingering: unregister("lingering"),
             unregisters_stale: unregister("stale_generation"),
             unregisters_not_found: unregister("not_found"),
-            expiries: counter!(names::EXPIRIES),
-            expiry_lag_seconds: histogram!(names::EXPIRY_LAG_SECONDS),
+            expiries: Tally::new(counter!(names::EXPIRIES)),
+            expiry_lag: LagHistogram::new(histogram!(names::EXPIRY_LAG_SECONDS)),
             flips_online: counter!(names::FLIPS, "state" => "online"),
             flips_offline: counter!(names::FLIPS, "state" => "offline"),
             status_changes: counter!(names::STATUS_CHANGES),
             queue_depth: gauge!(names::QUEUE_DEPTH),
-            shed: counter!(names::SHED),
+            shed: Tally::new(counter!(names::SHED)),
             fanned_out: counter!(names::FANNED_OUT),
             watch_updates: counter!(names::WATCH_UPDATES),
-            viewers: gauge!(names::VIEWERS),
+            viewers: Level::new(gauge!(names::VIEWERS)),
             resyncs: counter!(names::RESYNCS),
             room_joins: counter!(names::ROOM_JOINS),
             signals: counter!(names::SIGNALS),
@@ -187,7 +302,7 @@ impl Metrics {
                 .map(|kind| counter!(names::ROOM_CHANGES, "kind" => kind)),
             room_fanned_out: counter!(names::ROOM_FANNED_OUT),
             room_count_frames: counter!(names::ROOM_COUNT_FRAMES),
-            room_watchers: gauge!(names::ROOM_WATCHERS),
+            room_watchers: Level::new(gauge!(names::ROOM_WATCHERS)),
         }
     }
 
@@ -219,25 +334,49 @@ impl Metrics {
         }
         if let Some(deadline) = change.deadline {
             self.expiries.increment(1);
-            self.expiry_lag_seconds.record(now.saturating_sub(deadline) as f64 / 1_000.0);
+            self.expiry_lag.record_ms(now.saturating_sub(deadline));
+        }
+    }
+
+    /// What `Stats` reports of the counts kept here.
+    pub(crate) fn totals(&self) -> Totals {
+        let lag = &self.expiry_lag.counts;
+        let unregisters = [
+            &self.unregisters_removed,
+            &self.unregisters_lingering,
+            &self.unregisters_stale,
+            &self.unregisters_not_found,
+        ];
+        Totals {
+            renewals: self.renewals.iter().map(Tally::total).sum(),
+            renewals_shed: self.shed.total(),
+            registers: self.registers_ok.total() + self.registers_invalid.total(),
+            unregisters: unregisters.into_iter().map(Tally::total).sum(),
+            expiries: self.expiries.total(),
+            expiry_lag: LagReading {
+                counts: lag.buckets.iter().map(|count| count.load(Ordering::Relaxed)).collect(),
+                sum_ms: lag.sum_ms.load(Ordering::Relaxed),
+            },
+            viewers: self.viewers.value(),
+            room_watchers: self.room_watchers.value(),
         }
     }
 }
 
 /// Counts something open (a stream) in a gauge for as long as it lives, so
 /// that a task dropped at runtime shutdown is counted out too.
-pub(crate) struct OpenGauge(Gauge);
+pub(crate) struct OpenGauge(Level);
 
 impl OpenGauge {
-    pub(crate) fn open(gauge: &Gauge) -> Self {
-        gauge.increment(1.0);
-        OpenGauge(gauge.clone())
+    pub(crate) fn open(level: &Level) -> Self {
+        level.add(1);
+        OpenGauge(level.clone())
     }
 }
 
 impl Drop for OpenGauge {
     fn drop(&mut self) {
-        self.0.decrement(1.0);
+        self.0.add(-1);
     }
 }
 
@@ -264,5 +403,50 @@ pub(crate) async fn export_store_counts(store: Arc<Store>, stop: CancellationTok
         for (gauge, operations) in shards.iter().zip(store.shard_operations()) {
             gauge.set(operations as f64);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// O4: the expiry lag read back for `Stats` is counted in the exported
+    /// histogram's buckets, an observation on a bound in that bound's bucket.
+    #[test]
+    fn o4_the_expiry_lag_read_back_uses_the_exported_buckets() {
+        let metrics = Metrics::new();
+        // 0 ms and 1 ms (a bound) fall in the buckets of 50 µs and 1 ms; 7 s above every bound.
+        for lag_ms in [0, 1, 7_000] {
+            metrics.expiry_lag.record_ms(lag_ms);
+        }
+        let reading = metrics.totals().expiry_lag;
+        assert_eq!(reading.counts.len(), LATENCY_BUCKETS.len() + 1);
+        let at = |bound: f64| LATENCY_BUCKETS.iter().position(|&b| b == bound).unwrap();
+        let mut expected = vec![0; LATENCY_BUCKETS.len() + 1];
+        for bucket in [at(0.00005), at(0.001), LATENCY_BUCKETS.len()] {
+            expected[bucket] += 1;
+        }
+        assert_eq!(reading, LagReading { counts: expected, sum_ms: 7_001 });
+    }
+
+    /// O4: every clone of the handles counts into the same totals, as the
+    /// service's clones of them do.
+    #[test]
+    fn o4_totals_are_shared_by_every_clone_of_the_handles() {
+        let metrics = Metrics::new();
+        let clone = metrics.clone();
+        clone.renewals(RenewResult::Ok, 3);
+        clone.renewals(RenewResult::Shed, 2);
+        clone.shed.increment(2);
+        clone.registers_invalid.increment(1);
+        clone.unregisters_stale.increment(1);
+        let watching = OpenGauge::open(&clone.viewers);
+        let totals = metrics.totals();
+        assert_eq!(
+            (totals.renewals, totals.renewals_shed, totals.registers, totals.unregisters, totals.viewers),
+            (5, 2, 1, 1, 1)
+        );
+        drop(watching);
+        assert_eq!(metrics.totals().viewers, 0);
     }
 }

@@ -223,6 +223,28 @@ impl PresenceApi for PresenceService {
         })())
     }
 
+    async fn list_sessions(&self, request: Request<pb::ListSessionsRequest>) -> Answer<pb::ListSessionsResponse> {
+        answer((|| {
+            self.service_only(&request, "ListSessions")?;
+            let now = self.context.now();
+            let sessions = self.context.store().sessions(now, &request.get_ref().user_id)?;
+            Ok(wire::list_sessions_response(&sessions, now))
+        })())
+    }
+
+    async fn stats(&self, request: Request<pb::StatsRequest>) -> Answer<pb::StatsResponse> {
+        self.service_only(&request, "Stats")?;
+        let context = &self.context;
+        let store = context.store();
+        Ok(Response::new(wire::stats_response(wire::StatsReading {
+            store: store.stats(),
+            config: store.config(),
+            totals: context.metrics().totals(),
+            uptime: context.started.elapsed(),
+            now: context.now(),
+        })))
+    }
+
     async fn set_status(&self, request: Request<pb::SetStatusRequest>) -> Answer<pb::SetStatusResponse> {
         let caller = self.caller(&request)?;
         let request = request.into_inner();

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use presence_core::{
     Availability, CompactString, Joined, Left, Presence, Registered, Registration, Renewal, Renewed, Revoked,
-    RoomAccess, RoomMember, RoomRef, Signalled, State, UnregisterOutcome, Unregistered,
+    RoomAccess, RoomMember, RoomRef, SessionView, Signalled, State, StoreConfig, StoreStats, UnregisterOutcome,
+    Unregistered,
 };
 use presence_proto::lease_frames::{
     JoinFrame, LeaveFrame, MetadataEntryFrame, RegisterFrame, RenewFrame, SignalFrame, UnregisterFrame,
@@ -22,6 +23,7 @@ use presence_proto::v1::{self as pb, lease_result, watch_event};
 use tonic::Code;
 
 use crate::error::ServiceError;
+use crate::metrics::{LATENCY_BUCKETS, Totals};
 use crate::privacy::{Released, Visibility};
 
 /// Most users one Snapshot or Watch may name.
@@ -459,6 +461,76 @@ pub(crate) fn revoke_response(user_id: &str, revoked: &Revoked) -> pb::RevokeRes
         revoked: revoked.count,
         changed: revoked.changed,
         presence: Some(presence(user_id, revoked.presence)),
+    }
+}
+
+/// A user's sessions as an operator lists them, as of store time `now`.
+pub(crate) fn list_sessions_response(sessions: &[SessionView], now: u64) -> pb::ListSessionsResponse {
+    let sessions = sessions
+        .iter()
+        .map(|session| {
+            let lease = &session.lease;
+            pb::SessionInfo {
+                gateway_id: lease.gateway_id.to_string(),
+                session_id: lease.session_id.to_string(),
+                generation: lease.generation,
+                expires_at_ms: unix_ms(lease.expires_at),
+                metadata: lease.metadata.iter().cloned().collect(),
+                rooms: session.rooms.iter().map(ToString::to_string).collect(),
+                last_renewed_at_ms: unix_ms(lease.last_heartbeat_at),
+                lingering: lease.closing,
+            }
+        })
+        .collect();
+    pb::ListSessionsResponse { sessions, now_ms: unix_ms(now) }
+}
+
+/// What `Stats` reads, from wherever each figure is kept.
+#[derive(Debug)]
+pub(crate) struct StatsReading<'a> {
+    pub(crate) store: StoreStats,
+    pub(crate) config: &'a StoreConfig,
+    pub(crate) totals: Totals,
+    pub(crate) uptime: Duration,
+    pub(crate) now: u64,
+}
+
+/// The service's figures on the wire.
+pub(crate) fn stats_response(reading: StatsReading<'_>) -> pb::StatsResponse {
+    let StatsReading { store, config, totals, uptime, now } = reading;
+    let count = |n: usize| n as u64;
+    let lag = totals.expiry_lag;
+    pb::StatsResponse {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        uptime_ms: u64::try_from(uptime.as_millis()).unwrap_or(u64::MAX),
+        now_ms: unix_ms(now),
+        sessions: count(store.sessions),
+        online_users: count(store.online_users),
+        users: count(store.users),
+        rooms: count(store.rooms),
+        room_memberships: count(store.room_memberships),
+        viewers: totals.viewers,
+        room_watchers: totals.room_watchers,
+        renewals_total: totals.renewals,
+        renewals_shed_total: totals.renewals_shed,
+        registers_total: totals.registers,
+        unregisters_total: totals.unregisters,
+        expiries_total: totals.expiries,
+        expiry_lag: Some(pb::Histogram {
+            bounds_seconds: LATENCY_BUCKETS.to_vec(),
+            count: lag.counts.iter().sum(),
+            counts: lag.counts,
+            sum_seconds: lag.sum_ms as f64 / 1_000.0,
+        }),
+        ttl: Some(pb::TtlSettings {
+            min_ttl_ms: config.min_ttl_ms,
+            max_ttl_ms: config.max_ttl_ms,
+            default_ttl_ms: config.default_ttl_ms,
+            // Two lost beats tolerated (L5): the TTL covers three intervals.
+            suggested_heartbeat_ms: config.default_ttl_ms / 3,
+            min_renew_interval_ms: config.min_renew_interval_ms,
+            offline_grace_ms: config.offline_grace_ms,
+        }),
     }
 }
 

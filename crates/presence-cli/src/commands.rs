@@ -1,0 +1,186 @@
+//! The one-shot subcommands: each makes one call and prints its answer,
+//! readable or as JSON.
+
+use presence_client::pb;
+
+use crate::connect::Connection;
+use crate::exit::{Exit, Failure};
+use crate::output::{print, print_json};
+use crate::text::{self, Table};
+use crate::{GetArgs, RevokeArgs, RoomArgs, SessionsArgs, StatsArgs, json};
+
+pub(crate) async fn get(args: GetArgs) -> Result<(), Failure> {
+    let mut connection = Connection::open(&args.target).await?;
+    let request = connection.request(pb::SnapshotRequest { user_ids: args.users, ..Default::default() });
+    let users = connection.client.snapshot(request).await?.into_inner().users;
+    if args.target.json {
+        print_json(&json::snapshot_response(&users))?;
+        return Ok(());
+    }
+    let now = text::local_now_ms();
+    let mut table = Table::new(&["USER", "STATE", "VERSION", "STATUS", "LAST ACTIVE"]);
+    for user in &users {
+        // The exact time for a service acting for no viewer; the coarse last seen otherwise.
+        let active = if user.last_active_at_ms != 0 { user.last_active_at_ms } else { user.last_seen_ms };
+        table.row(vec![
+            user.user_id.clone(),
+            text::state(user.state).to_owned(),
+            user.version.to_string(),
+            text::status(user.status.as_ref()),
+            text::relative(now, active),
+        ]);
+    }
+    print(&table.render())?;
+    Ok(())
+}
+
+pub(crate) async fn sessions(args: SessionsArgs) -> Result<(), Failure> {
+    let mut connection = Connection::open(&args.target).await?;
+    let request = connection.request(pb::ListSessionsRequest { user_id: args.user.clone() });
+    let listed = connection.client.list_sessions(request).await?.into_inner();
+    if args.target.json {
+        print_json(&json::list_sessions_response(&listed))?;
+        return Ok(());
+    }
+    if listed.sessions.is_empty() {
+        print(&format!("{} has no sessions\n", args.user))?;
+        return Ok(());
+    }
+    let mut table = Table::new(&["SESSION", "GATEWAY", "GENERATION", "EXPIRES", "RENEWED", "ROOMS", "METADATA"]);
+    for session in &listed.sessions {
+        let mut expires = text::relative(listed.now_ms, session.expires_at_ms);
+        if session.lingering {
+            expires.push_str(" (lingering)");
+        }
+        table.row(vec![
+            session.session_id.clone(),
+            session.gateway_id.clone(),
+            session.generation.to_string(),
+            expires,
+            text::relative(listed.now_ms, session.last_renewed_at_ms),
+            text::joined(&session.rooms),
+            text::metadata(&session.metadata),
+        ]);
+    }
+    print(&table.render())?;
+    Ok(())
+}
+
+pub(crate) async fn revoke(args: RevokeArgs) -> Result<(), Failure> {
+    let mut connection = Connection::open(&args.target).await?;
+    let session_id = args.session.clone().unwrap_or_default();
+    let request = connection.request(pb::RevokeRequest { user_id: args.user.clone(), session_id });
+    let revoked = connection.client.revoke(request).await?.into_inner();
+    if args.target.json {
+        print_json(&json::revoke_response(&revoked))?;
+    } else if revoked.revoked > 0 {
+        let presence = revoked.presence.clone().unwrap_or_default();
+        let noun = if revoked.revoked == 1 { "session" } else { "sessions" };
+        print(&format!(
+            "revoked {} {noun} of {}; it is {} (version {})\n",
+            revoked.revoked,
+            args.user,
+            text::state(presence.state),
+            presence.version
+        ))?;
+    }
+    if revoked.revoked == 0 {
+        let what = match &args.session {
+            Some(session) => format!("session {session:?}"),
+            None => "session".to_owned(),
+        };
+        return Err(Failure::new(Exit::NotFound, format!("{} has no {what} to revoke", args.user)));
+    }
+    Ok(())
+}
+
+pub(crate) async fn room(args: RoomArgs) -> Result<(), Failure> {
+    let mut connection = Connection::open(&args.target).await?;
+    let request = connection.request(pb::RoomSnapshotRequest { room_id: args.room, ..Default::default() });
+    let room = connection.client.room_snapshot(request).await?.into_inner();
+    if args.target.json {
+        print_json(&json::room_snapshot(&room))?;
+        return Ok(());
+    }
+    let mut out =
+        format!("room {}: {} users, {} sessions, version {}\n", room.room_id, room.users, room.sessions, room.version);
+    if room.members_omitted {
+        out.push_str("members not listed: more than the server's --room-member-cap (watch it with --count)\n");
+    } else if !room.members.is_empty() {
+        let mut table = Table::new(&["USER", "SESSIONS", "METADATA"]);
+        for member in &room.members {
+            table.row(vec![member.user_id.clone(), member.sessions.to_string(), text::metadata(&member.metadata)]);
+        }
+        out.push_str(&table.render());
+    }
+    for set in &room.signals {
+        out.push_str(&signal_line(set));
+        out.push('\n');
+    }
+    print(&out)?;
+    Ok(())
+}
+
+/// Who is signalling one kind: `typing: u1,u2 (2)`.
+pub(crate) fn signal_line(set: &pb::SignalSet) -> String {
+    format!("{}: {} ({})", set.kind, text::joined(&set.user_ids), set.count)
+}
+
+pub(crate) async fn stats(args: StatsArgs) -> Result<(), Failure> {
+    let mut connection = Connection::open(&args.target).await?;
+    let request = connection.request(pb::StatsRequest {});
+    let stats = connection.client.stats(request).await?.into_inner();
+    if args.target.json {
+        print_json(&json::stats_response(&stats))?;
+        return Ok(());
+    }
+    print(&stats_text(&stats))?;
+    Ok(())
+}
+
+/// The figures as aligned `name  value` lines, the lag histogram's non-empty buckets beneath.
+fn stats_text(stats: &pb::StatsResponse) -> String {
+    let mut table = Table::new(&["presenced", &format!("{}, up {}", stats.version, text::span(stats.uptime_ms))]);
+    let mut line = |name: &str, value: String| table.row(vec![name.to_owned(), value]);
+    line("sessions", stats.sessions.to_string());
+    line("online users", stats.online_users.to_string());
+    line("users held", stats.users.to_string());
+    line("rooms", format!("{} ({} memberships)", stats.rooms, stats.room_memberships));
+    line("viewers", format!("{} watch, {} room watch", stats.viewers, stats.room_watchers));
+    line("renewals", format!("{} ({} shed)", stats.renewals_total, stats.renewals_shed_total));
+    line("registers", stats.registers_total.to_string());
+    line("unregisters", stats.unregisters_total.to_string());
+    line("expiries", stats.expiries_total.to_string());
+    let lag = stats.expiry_lag.clone().unwrap_or_default();
+    let mean =
+        if lag.count == 0 { "-".to_owned() } else { format!("{:.1} ms", lag.sum_seconds * 1e3 / lag.count as f64) };
+    line("expiry lag", format!("{} observed, mean {mean}", lag.count));
+    for (bucket, count) in lag.counts.iter().enumerate().filter(|(_, count)| **count > 0) {
+        let bound = match lag.bounds_seconds.get(bucket) {
+            Some(bound) => format!("  ≤ {}", seconds(*bound)),
+            None => format!("  > {}", lag.bounds_seconds.last().map_or_else(String::new, |bound| seconds(*bound))),
+        };
+        line(&bound, count.to_string());
+    }
+    if let Some(ttl) = &stats.ttl {
+        line("ttl", format!("min {} ms, default {} ms, max {} ms", ttl.min_ttl_ms, ttl.default_ttl_ms, ttl.max_ttl_ms));
+        line(
+            "heartbeat",
+            format!("{} ms suggested (the default TTL then tolerates 2 lost beats)", ttl.suggested_heartbeat_ms),
+        );
+        line("renew throttle", format!("{} ms", ttl.min_renew_interval_ms));
+        line("offline grace", format!("{} ms", ttl.offline_grace_ms));
+    }
+    table.render()
+}
+
+/// A bucket bound: "50 µs", "2.5 ms", "1 s".
+fn seconds(bound: f64) -> String {
+    if bound < 0.001 {
+        format!("{} µs", (bound * 1e6).round())
+    } else if bound < 1.0 {
+        format!("{} ms", (bound * 1e6).round() / 1e3)
+    } else {
+        format!("{bound} s")
+    }
+}

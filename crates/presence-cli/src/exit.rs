@@ -1,0 +1,104 @@
+//! How a client subcommand ends: its exit status, and the one table from
+//! gRPC codes to those statuses, so that every subcommand means the same by
+//! each number.
+
+use std::error::Error;
+
+use tonic::{Code, Status};
+
+/// What the exit statuses mean, for `--help` and the README.
+pub const EXIT_CODES: &str = "\
+Exit status of the client commands (get, watch, sessions, revoke, room, stats):
+  0  success (a user never seen is OFFLINE at version 0, a room never used is empty:
+     both are answers, not errors; an interrupted watch also exits 0)
+  1  not found: revoke found no session to revoke, or the server answered NOT_FOUND
+     (a room the token may not read)
+  2  usage error (unknown flag, missing argument, unusable --addr or --token)
+  3  cannot reach the server, or it is unavailable (UNAVAILABLE, DEADLINE_EXCEEDED)
+  4  unauthenticated or permission denied (a missing or bad token, a viewer token
+     for a service-only command)
+  5  invalid argument (the server answered INVALID_ARGUMENT, naming the field)
+  6  any other failure (the message says which)";
+
+/// An exit status of a client subcommand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exit {
+    NotFound = 1,
+    Usage = 2,
+    Unreachable = 3,
+    Denied = 4,
+    Invalid = 5,
+    Failed = 6,
+}
+
+/// Why a subcommand failed: the status it exits with and the one line it prints.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) exit: Exit,
+    pub(crate) message: String,
+}
+
+impl Failure {
+    pub(crate) fn new(exit: Exit, message: impl Into<String>) -> Self {
+        Failure { exit, message: message.into() }
+    }
+
+    /// The server at `addr` could not be reached at all.
+    pub(crate) fn unreachable(addr: &str, err: &(dyn Error + 'static)) -> Self {
+        Failure::new(Exit::Unreachable, format!("cannot reach presenced at {addr}: {}", causes(err)))
+    }
+
+    /// The server's refusal (or the transport's, as a status) of a call.
+    pub(crate) fn status(status: &Status) -> Self {
+        let exit = match status.code() {
+            Code::NotFound => Exit::NotFound,
+            Code::InvalidArgument | Code::OutOfRange => Exit::Invalid,
+            Code::Unauthenticated | Code::PermissionDenied => Exit::Denied,
+            Code::Unavailable | Code::DeadlineExceeded => Exit::Unreachable,
+            _ => Exit::Failed,
+        };
+        let mut message = format!("{:?}: {}", status.code(), status.message());
+        if let Some(source) = status.source() {
+            message = format!("{message}: {}", causes(source));
+        }
+        Failure::new(exit, message)
+    }
+}
+
+impl From<Status> for Failure {
+    fn from(status: Status) -> Self {
+        Failure::status(&status)
+    }
+}
+
+/// An error and its causes in one line: a transport error's own message says
+/// little ("transport error") without the cause beneath it.
+fn causes(err: &(dyn Error + 'static)) -> String {
+    let mut line = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line = format!("{line}: {text}");
+        }
+        source = cause.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn o4_each_refusal_has_the_exit_status_a_script_expects() {
+        let exit = |code: Code| Failure::status(&Status::new(code, "x")).exit;
+        assert_eq!(exit(Code::NotFound), Exit::NotFound);
+        assert_eq!(exit(Code::InvalidArgument), Exit::Invalid);
+        assert_eq!(exit(Code::Unauthenticated), Exit::Denied);
+        assert_eq!(exit(Code::PermissionDenied), Exit::Denied);
+        assert_eq!(exit(Code::Unavailable), Exit::Unreachable);
+        assert_eq!(exit(Code::Internal), Exit::Failed);
+        assert_eq!(Exit::Usage as u8, 2, "clap's own usage status");
+    }
+}

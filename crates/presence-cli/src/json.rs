@@ -1,0 +1,189 @@
+//! The `--json` form of answers: the proto3 JSON mapping with the proto's own
+//! field names and every field present (what protobuf-es's `toJson` writes
+//! with `useProtoFieldName` and `alwaysEmitImplicit`, so the console, the
+//! TypeScript client and scripts read the same shapes). 64-bit integers are
+//! strings, as that mapping says, because versions and generations are
+//! stamps above 2^53 that a JSON number would round; enums are their names;
+//! an absent message is `null`.
+
+use std::collections::HashMap;
+
+use presence_client::pb;
+use serde_json::{Value, json};
+
+fn int64(value: i64) -> Value {
+    Value::String(value.to_string())
+}
+
+fn uint64(value: u64) -> Value {
+    Value::String(value.to_string())
+}
+
+/// An enum field by its name, or its number when this build does not know it.
+fn enum_name<E: TryFrom<i32>>(code: i32, name: fn(&E) -> &'static str) -> Value {
+    E::try_from(code).map_or_else(|_| json!(code), |known| json!(name(&known)))
+}
+
+fn map(entries: &HashMap<String, String>) -> Value {
+    Value::Object(entries.iter().map(|(key, value)| (key.clone(), json!(value))).collect())
+}
+
+fn list<T>(items: &[T], each: fn(&T) -> Value) -> Value {
+    Value::Array(items.iter().map(each).collect())
+}
+
+pub(crate) fn user_presence(user: &pb::UserPresence) -> Value {
+    json!({
+        "user_id": user.user_id,
+        "state": enum_name(user.state, pb::State::as_str_name),
+        "version": uint64(user.version),
+        "last_active_at_ms": int64(user.last_active_at_ms),
+        "status": user.status.as_ref().map_or(Value::Null, status),
+        "last_seen_ms": int64(user.last_seen_ms),
+    })
+}
+
+fn status(status: &pb::Status) -> Value {
+    json!({
+        "availability": enum_name(status.availability, pb::Availability::as_str_name),
+        "text": status.text,
+        "expires_at_ms": int64(status.expires_at_ms),
+    })
+}
+
+pub(crate) fn snapshot_response(users: &[pb::UserPresence]) -> Value {
+    json!({ "users": list(users, user_presence) })
+}
+
+pub(crate) fn list_sessions_response(response: &pb::ListSessionsResponse) -> Value {
+    json!({ "sessions": list(&response.sessions, session_info), "now_ms": int64(response.now_ms) })
+}
+
+fn session_info(session: &pb::SessionInfo) -> Value {
+    json!({
+        "gateway_id": session.gateway_id,
+        "session_id": session.session_id,
+        "generation": uint64(session.generation),
+        "expires_at_ms": int64(session.expires_at_ms),
+        "metadata": map(&session.metadata),
+        "rooms": session.rooms,
+        "last_renewed_at_ms": int64(session.last_renewed_at_ms),
+        "lingering": session.lingering,
+    })
+}
+
+pub(crate) fn revoke_response(response: &pb::RevokeResponse) -> Value {
+    json!({
+        "revoked": response.revoked,
+        "changed": response.changed,
+        "presence": response.presence.as_ref().map_or(Value::Null, user_presence),
+    })
+}
+
+pub(crate) fn room_snapshot(room: &pb::RoomSnapshot) -> Value {
+    json!({
+        "room_id": room.room_id,
+        "version": uint64(room.version),
+        "users": room.users,
+        "sessions": room.sessions,
+        "members": list(&room.members, room_member),
+        "members_omitted": room.members_omitted,
+        "signals": list(&room.signals, signal_set),
+    })
+}
+
+fn room_member(member: &pb::RoomMember) -> Value {
+    json!({ "user_id": member.user_id, "metadata": map(&member.metadata), "sessions": member.sessions })
+}
+
+pub(crate) fn signal_set(set: &pb::SignalSet) -> Value {
+    json!({
+        "room_id": set.room_id,
+        "version": uint64(set.version),
+        "kind": set.kind,
+        "user_ids": set.user_ids,
+        "count": set.count,
+    })
+}
+
+pub(crate) fn room_member_change(change: &pb::RoomMemberChange) -> Value {
+    json!({
+        "room_id": change.room_id,
+        "version": uint64(change.version),
+        "kind": enum_name(change.kind, pb::RoomChangeKind::as_str_name),
+        "member": change.member.as_ref().map_or(Value::Null, room_member),
+    })
+}
+
+pub(crate) fn room_count(count: &pb::RoomCount) -> Value {
+    json!({
+        "room_id": count.room_id,
+        "version": uint64(count.version),
+        "users": count.users,
+        "sessions": count.sessions,
+    })
+}
+
+pub(crate) fn stats_response(stats: &pb::StatsResponse) -> Value {
+    json!({
+        "version": stats.version,
+        "uptime_ms": uint64(stats.uptime_ms),
+        "now_ms": int64(stats.now_ms),
+        "sessions": uint64(stats.sessions),
+        "online_users": uint64(stats.online_users),
+        "users": uint64(stats.users),
+        "rooms": uint64(stats.rooms),
+        "room_memberships": uint64(stats.room_memberships),
+        "viewers": uint64(stats.viewers),
+        "room_watchers": uint64(stats.room_watchers),
+        "renewals_total": uint64(stats.renewals_total),
+        "renewals_shed_total": uint64(stats.renewals_shed_total),
+        "registers_total": uint64(stats.registers_total),
+        "unregisters_total": uint64(stats.unregisters_total),
+        "expiries_total": uint64(stats.expiries_total),
+        "expiry_lag": stats.expiry_lag.as_ref().map_or(Value::Null, histogram),
+        "ttl": stats.ttl.as_ref().map_or(Value::Null, ttl_settings),
+    })
+}
+
+fn histogram(histogram: &pb::Histogram) -> Value {
+    json!({
+        "bounds_seconds": histogram.bounds_seconds,
+        "counts": histogram.counts.iter().copied().map(uint64).collect::<Vec<_>>(),
+        "count": uint64(histogram.count),
+        "sum_seconds": histogram.sum_seconds,
+    })
+}
+
+fn ttl_settings(ttl: &pb::TtlSettings) -> Value {
+    json!({
+        "min_ttl_ms": ttl.min_ttl_ms,
+        "max_ttl_ms": ttl.max_ttl_ms,
+        "default_ttl_ms": ttl.default_ttl_ms,
+        "suggested_heartbeat_ms": ttl.suggested_heartbeat_ms,
+        "min_renew_interval_ms": ttl.min_renew_interval_ms,
+        "offline_grace_ms": uint64(ttl.offline_grace_ms),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// O4: a version above 2^53 survives the trip through JSON exactly, and
+    /// enums read by name.
+    #[test]
+    fn o4_large_versions_are_strings_and_states_are_names() {
+        let user = pb::UserPresence {
+            user_id: "u1".into(),
+            state: pb::State::Online as i32,
+            version: (1 << 60) + 1,
+            ..Default::default()
+        };
+        let value = user_presence(&user);
+        assert_eq!(value["version"], "1152921504606846977");
+        assert_eq!(value["state"], "STATE_ONLINE");
+        assert_eq!(value["status"], Value::Null);
+        assert_eq!(enum_name(99, pb::State::as_str_name), json!(99));
+    }
+}

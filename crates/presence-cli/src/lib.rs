@@ -1,0 +1,143 @@
+//! The client subcommands of the `presenced` binary (O4): `get`, `watch`,
+//! `sessions`, `revoke`, `room` and `stats`, over the public gRPC API with
+//! the caller's token, readable by default and JSON with `--json`.
+//!
+//! This crate owns the command line of those subcommands (their clap
+//! arguments), what they print and the exit status a script reads
+//! ([`EXIT_CODES`]). It talks to presenced only through the API, with
+//! presence-client's watchers for the live streams; the binary's `main` only
+//! dispatches here, and `serve` is not this crate's.
+
+mod commands;
+mod connect;
+mod exit;
+mod json;
+mod output;
+mod text;
+mod watch;
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+pub use connect::Target;
+pub use exit::EXIT_CODES;
+
+/// The client subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print each user's presence: state, version, status, last activity.
+    #[command(after_help = EXIT_CODES)]
+    Get(GetArgs),
+    /// Follow users (or a room, with --room) live, one line per change, until interrupted.
+    #[command(after_help = EXIT_CODES)]
+    Watch(WatchArgs),
+    /// List a user's live sessions: gateway, generation, deadline, rooms, metadata.
+    #[command(after_help = EXIT_CODES)]
+    Sessions(SessionsArgs),
+    /// Revoke one session of a user, or all of them; the user goes OFFLINE with its last.
+    #[command(after_help = EXIT_CODES)]
+    Revoke(RevokeArgs),
+    /// Print a room's members, counts and signals.
+    #[command(after_help = EXIT_CODES)]
+    Room(RoomArgs),
+    /// Print the service's own figures: what it holds, totals, expiry lag, TTL settings.
+    #[command(after_help = EXIT_CODES)]
+    Stats(StatsArgs),
+}
+
+/// `presenced get USER...`
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// The users (a user never seen is OFFLINE at version 0).
+    #[arg(required = true, value_name = "USER")]
+    users: Vec<String>,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// `presenced watch USER...` or `presenced watch --room ROOM`
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// The users to follow.
+    #[arg(value_name = "USER", required_unless_present = "room", conflicts_with = "room")]
+    users: Vec<String>,
+    /// Follow this room's members and signals instead.
+    #[arg(long, value_name = "ROOM")]
+    room: Option<String>,
+    /// With --room: only its counts of users and sessions (for rooms past the
+    /// server's member cap, which a member watch falls back to by itself).
+    #[arg(long)]
+    count: bool,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// `presenced sessions USER`
+#[derive(Debug, Args)]
+pub struct SessionsArgs {
+    /// The user.
+    #[arg(value_name = "USER")]
+    user: String,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// `presenced revoke USER [SESSION]`
+#[derive(Debug, Args)]
+pub struct RevokeArgs {
+    /// The user.
+    #[arg(value_name = "USER")]
+    user: String,
+    /// The session to revoke; without it, every session of the user.
+    #[arg(value_name = "SESSION")]
+    session: Option<String>,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// `presenced room ROOM`
+#[derive(Debug, Args)]
+pub struct RoomArgs {
+    /// The room (a room never used is empty).
+    #[arg(value_name = "ROOM")]
+    room: String,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// `presenced stats`
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Runs one client subcommand to its end: its answer on stdout, a failure
+/// in one line on stderr, and the exit status of [`EXIT_CODES`].
+pub fn run(command: Command) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("presenced: cannot start the runtime: {err}");
+            return ExitCode::from(exit::Exit::Failed as u8);
+        }
+    };
+    let ran = runtime.block_on(async {
+        match command {
+            Command::Get(args) => commands::get(args).await,
+            Command::Watch(args) => watch::watch(args).await,
+            Command::Sessions(args) => commands::sessions(args).await,
+            Command::Revoke(args) => commands::revoke(args).await,
+            Command::Room(args) => commands::room(args).await,
+            Command::Stats(args) => commands::stats(args).await,
+        }
+    });
+    match ran {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("presenced: {}", failure.message);
+            ExitCode::from(failure.exit as u8)
+        }
+    }
+}

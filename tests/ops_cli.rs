@@ -1,0 +1,381 @@
+//! O4, the operator's command line: `presenced get`, `watch`, `sessions`,
+//! `revoke`, `room` and `stats` run as a user runs them, against a real
+//! `presenced serve`, readable and with `--json`, and the exit status each
+//! outcome gives a script.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+
+use common::auth::{SECRET, SERVICE, viewer_token};
+use common::daemon::{BINARY, Daemon, free_port};
+use common::*;
+use presence_proto::v1 as pb;
+use presence_proto::v1::presence_client::PresenceClient;
+use serde_json::Value;
+use tonic::transport::Channel;
+
+/// What one run of the command line left: its exit status, stdout and stderr.
+struct Ran {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ran {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|err| panic!("not one JSON document ({err}): {:?}", self.stdout))
+    }
+
+    /// The words of each stdout line.
+    fn rows(&self) -> Vec<Vec<&str>> {
+        self.stdout.lines().map(|line| line.split_whitespace().collect()).collect()
+    }
+}
+
+/// `presenced ARGS...` with only `env` of the client's environment set.
+fn presenced(args: &[&str], env: &[(&str, &str)]) -> Ran {
+    let Output { status, stdout, stderr } = Command::new(BINARY)
+        .args(args)
+        .env_remove("PRESENCED_ADDR")
+        .env_remove("PRESENCED_TOKEN")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run presenced");
+    let ran = Ran {
+        code: status.code(),
+        stdout: String::from_utf8(stdout).unwrap(),
+        stderr: String::from_utf8(stderr).unwrap(),
+    };
+    eprintln!("presenced {args:?}: {:?}\n{}{}", ran.code, ran.stdout, ran.stderr);
+    ran
+}
+
+/// `presenced ARGS... --addr ADDR` against `daemon`.
+fn against(daemon: &Daemon, args: &[&str]) -> Ran {
+    presenced(&[args, &["--addr", daemon.addr()]].concat(), &[])
+}
+
+async fn client(daemon: &Daemon) -> PresenceClient<Channel> {
+    PresenceClient::connect(daemon.url()).await.expect("connect to presenced")
+}
+
+fn join(user: &str, session: &str, generation: u64, room: &str) -> pb::JoinRequest {
+    pb::JoinRequest {
+        user_id: user.into(),
+        session_id: session.into(),
+        generation,
+        room_id: room.into(),
+        metadata: [("cursor".to_string(), "p3".to_string())].into(),
+    }
+}
+
+#[tokio::test]
+async fn o4_get_prints_each_users_presence_readable_and_as_json() {
+    let daemon = Daemon::start(&[], &[]);
+    let registered = client(&daemon).await.register(register("u1", "phone", "gw-a", 60_000)).await.unwrap();
+    let version = registered.into_inner().presence.unwrap().version.to_string();
+
+    let ran = against(&daemon, &["get", "u1", "u2"]);
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    assert_eq!(
+        ran.rows(),
+        [
+            vec!["USER", "STATE", "VERSION", "STATUS", "LAST", "ACTIVE"],
+            vec!["u1", "ONLINE", version.as_str(), "-", "-"],
+            vec!["u2", "OFFLINE", "0", "-", "-"],
+        ]
+    );
+    let lines: Vec<&str> = ran.stdout.lines().collect();
+    let column = |line: &str, word: &str| line.find(word).unwrap();
+    assert_eq!(column(lines[1], "ONLINE"), column(lines[0], "STATE"), "aligned columns");
+    assert_eq!(column(lines[2], "OFFLINE"), column(lines[0], "STATE"));
+
+    // The address from the environment, with its scheme; the proto's field names.
+    let ran = presenced(&["get", "u1", "u2", "--json"], &[("PRESENCED_ADDR", &daemon.url())]);
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    let users = &ran.json()["users"];
+    assert_eq!(
+        (&users[0]["user_id"], &users[0]["state"], &users[0]["version"]),
+        (&"u1".into(), &"STATE_ONLINE".into(), &Value::from(version))
+    );
+    assert_eq!((&users[1]["state"], &users[1]["version"]), (&"STATE_OFFLINE".into(), &"0".into()));
+}
+
+#[tokio::test]
+async fn o4_sessions_lists_a_users_sessions_with_their_rooms() {
+    let daemon = Daemon::start(&[], &[]);
+    let mut client = client(&daemon).await;
+    let mut request = register("u1", "phone", "gw-a", 60_000);
+    request.metadata.insert("device".into(), "ios".into());
+    let generation = client.register(request).await.unwrap().into_inner().generation;
+    client.join(join("u1", "phone", generation, "doc-7")).await.unwrap();
+
+    let ran = against(&daemon, &["sessions", "u1"]);
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    let rows = ran.rows();
+    assert_eq!(rows[0], ["SESSION", "GATEWAY", "GENERATION", "EXPIRES", "RENEWED", "ROOMS", "METADATA"]);
+    assert_eq!(rows.len(), 2, "one session");
+    assert_eq!(rows[1][..3], ["phone", "gw-a", &generation.to_string()]);
+    assert_eq!(rows[1][3], "in", "the deadline is ahead: {:?}", rows[1]);
+    assert_eq!(rows[1][rows[1].len() - 2..], ["doc-7", "device=ios"]);
+
+    let ran = against(&daemon, &["sessions", "u1", "--json"]);
+    let listed = ran.json();
+    let session = &listed["sessions"][0];
+    assert_eq!((&session["session_id"], &session["gateway_id"]), (&"phone".into(), &"gw-a".into()));
+    assert_eq!(session["generation"], generation.to_string());
+    assert_eq!(session["rooms"], serde_json::json!(["doc-7"]));
+    assert_eq!(session["metadata"]["device"], "ios");
+    let ms = |value: &Value| value.as_str().unwrap().parse::<i64>().unwrap();
+    assert!(ms(&session["expires_at_ms"]) > ms(&listed["now_ms"]));
+
+    let ran = against(&daemon, &["sessions", "nobody"]);
+    assert_eq!((ran.code, ran.stdout.as_str()), (Some(0), "nobody has no sessions\n"));
+}
+
+#[tokio::test]
+async fn o4_revoke_takes_a_user_offline_and_exits_1_when_nothing_is_left_to_revoke() {
+    let daemon = Daemon::start(&[], &[]);
+    let mut client = client(&daemon).await;
+    for session in ["phone", "laptop"] {
+        client.register(register("u1", session, "gw-a", 60_000)).await.unwrap();
+    }
+    let ran = against(&daemon, &["revoke", "u1", "phone"]);
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    assert!(ran.stdout.starts_with("revoked 1 session of u1; it is ONLINE"), "{:?}", ran.stdout);
+    let ran = against(&daemon, &["revoke", "u1", "phone"]);
+    assert_eq!(ran.code, Some(1), "the session is gone");
+    assert!(ran.stderr.contains("u1 has no session \"phone\" to revoke"), "{:?}", ran.stderr);
+
+    let ran = against(&daemon, &["revoke", "u1", "--json"]);
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    let revoked = ran.json();
+    assert_eq!((&revoked["revoked"], &revoked["changed"]), (&1.into(), &true.into()));
+    assert_eq!(revoked["presence"]["state"], "STATE_OFFLINE");
+    assert_eq!(state_of(&snapshot(&mut client, &["u1"]).await[0]), pb::State::Offline);
+    assert_eq!(against(&daemon, &["revoke", "u1"]).code, Some(1), "no session left");
+}
+
+#[tokio::test]
+async fn o4_room_prints_its_members_counts_and_signals() {
+    let daemon = Daemon::start(&[], &[]);
+    let mut client = client(&daemon).await;
+    let generation = client.register(register("u1", "phone", "gw-a", 60_000)).await.unwrap().into_inner().generation;
+    let version = client.join(join("u1", "phone", generation, "doc-7")).await.unwrap().into_inner().room_version;
+    let signal = pb::SignalRequest {
+        user_id: "u1".into(),
+        session_id: "phone".into(),
+        generation,
+        room_id: "doc-7".into(),
+        kind: "typing".into(),
+        ttl_ms: 10_000,
+    };
+    let version = client.signal(signal).await.unwrap().into_inner().room_version.max(version);
+
+    let ran = against(&daemon, &["room", "doc-7"]);
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    let lines: Vec<&str> = ran.stdout.lines().collect();
+    assert_eq!(lines[0], format!("room doc-7: 1 users, 1 sessions, version {version}"));
+    assert_eq!(
+        ran.rows()[1..],
+        [vec!["USER", "SESSIONS", "METADATA"], vec!["u1", "1", "cursor=p3"], vec!["typing:", "u1", "(1)"]]
+    );
+
+    let room = against(&daemon, &["room", "doc-7", "--json"]).json();
+    assert_eq!(
+        (&room["room_id"], &room["users"], &room["version"]),
+        (&"doc-7".into(), &1.into(), &version.to_string().into())
+    );
+    assert_eq!(room["members"][0]["metadata"]["cursor"], "p3");
+    assert_eq!(
+        (&room["signals"][0]["kind"], &room["signals"][0]["user_ids"]),
+        (&"typing".into(), &serde_json::json!(["u1"]))
+    );
+
+    let ran = against(&daemon, &["room", "never-used"]);
+    assert_eq!((ran.code, ran.stdout.as_str()), (Some(0), "room never-used: 0 users, 0 sessions, version 0\n"));
+}
+
+#[tokio::test]
+async fn o4_stats_prints_the_services_figures() {
+    let daemon = Daemon::start(&["--default-ttl-ms", "30000"], &[]);
+    let mut client = client(&daemon).await;
+    let generation = client.register(register("u1", "phone", "gw-a", 60_000)).await.unwrap().into_inner().generation;
+    client.renew(renew("u1", "phone", generation, 60_000)).await.unwrap();
+
+    let ran = against(&daemon, &["stats"]);
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    let rows = ran.rows();
+    let row = |name: &str| rows.iter().find(|row| row[0] == name).unwrap_or_else(|| panic!("no {name} line")).clone();
+    assert_eq!(row("presenced")[1], format!("{},", env!("CARGO_PKG_VERSION")));
+    assert_eq!(row("sessions"), ["sessions", "1"]);
+    assert_eq!(row("renewals"), ["renewals", "1", "(0", "shed)"]);
+    assert_eq!(row("heartbeat")[1], "10000", "a third of the default TTL");
+
+    let stats = against(&daemon, &["stats", "--json"]).json();
+    assert_eq!(
+        (&stats["sessions"], &stats["online_users"], &stats["registers_total"]),
+        (&"1".into(), &"1".into(), &"1".into())
+    );
+    assert_eq!(
+        (&stats["ttl"]["default_ttl_ms"], &stats["ttl"]["suggested_heartbeat_ms"]),
+        (&30_000.into(), &10_000.into())
+    );
+    let lag = &stats["expiry_lag"];
+    assert_eq!(lag["bounds_seconds"].as_array().unwrap().len() + 1, lag["counts"].as_array().unwrap().len());
+}
+
+/// A client command running in the background, its stdout read line by line.
+struct Running {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Running {
+    fn start(daemon: &Daemon, args: &[&str]) -> Running {
+        let mut child = Command::new(BINARY)
+            .args(args)
+            .args(["--addr", daemon.addr()])
+            .env_remove("PRESENCED_ADDR")
+            .env_remove("PRESENCED_TOKEN")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn presenced");
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Running { child, lines }
+    }
+
+    /// The next line, within the patience.
+    fn line(&self) -> String {
+        let line = self.lines.recv_timeout(PATIENCE).expect("a line within the patience");
+        eprintln!("watch: {line}");
+        line
+    }
+
+    /// Ctrl-C, and the exit status it leads to.
+    async fn interrupt(mut self) -> Option<i32> {
+        let sent = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status().unwrap();
+        assert!(sent.success());
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(std::time::Instant::now() < deadline, "watch did not stop on SIGINT");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for Running {
+    /// A test that fails before interrupting must not leave the watch
+    /// running: it would hold the test's output open for ever.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn o4_watch_prints_each_change_then_stops_on_interrupt() {
+    let daemon = Daemon::start(&[], &[]);
+    let mut client = client(&daemon).await;
+    let watch = Running::start(&daemon, &["watch", "u1"]);
+    let first = watch.line();
+    assert!(first.ends_with("u1  OFFLINE  version 0"), "the opening state: {first:?}");
+    let registered = client.register(register("u1", "phone", "gw-a", 60_000)).await.unwrap().into_inner();
+    let online = watch.line();
+    let version = registered.presence.unwrap().version;
+    assert!(online.ends_with(&format!("u1  ONLINE   version {version}")), "the change: {online:?}");
+    client.revoke(pb::RevokeRequest { user_id: "u1".into(), session_id: String::new() }).await.unwrap();
+    assert!(watch.line().contains("u1  OFFLINE  version "));
+    assert_eq!(watch.interrupt().await, Some(0), "an interrupted watch exits 0");
+
+    // A room: its header, then one line per member change.
+    let room = Running::start(&daemon, &["watch", "--room", "doc-7"]);
+    assert!(room.line().ends_with("ROOM     doc-7: 0 users, 0 sessions, version 0"));
+    let generation = client.register(register("u2", "tab", "gw-a", 60_000)).await.unwrap().into_inner().generation;
+    client.join(join("u2", "tab", generation, "doc-7")).await.unwrap();
+    assert!(room.line().ends_with("JOINED   u2  sessions 1  cursor=p3"));
+    client.unregister(unregister("u2", "tab", generation, 0)).await.unwrap();
+    assert!(room.line().contains("LEFT     u2  sessions 0"));
+    assert_eq!(room.interrupt().await, Some(0));
+}
+
+#[tokio::test]
+async fn o4_watch_json_is_one_object_per_line() {
+    let daemon = Daemon::start(&[], &[]);
+    let mut client = client(&daemon).await;
+    let watch = Running::start(&daemon, &["watch", "u1", "u2", "--json"]);
+    let parse = |line: String| serde_json::from_str::<Value>(&line).unwrap();
+    let opening = parse(watch.line());
+    let users = opening["snapshot"]["users"].as_array().expect("an opening snapshot");
+    assert_eq!(users.iter().map(|user| user["user_id"].as_str().unwrap()).collect::<Vec<_>>(), ["u1", "u2"]);
+    let registered = client.register(register("u2", "phone", "gw-a", 60_000)).await.unwrap().into_inner();
+    let update = parse(watch.line());
+    assert_eq!((&update["update"]["user_id"], &update["update"]["state"]), (&"u2".into(), &"STATE_ONLINE".into()));
+    assert_eq!(update["update"]["version"], registered.presence.unwrap().version.to_string());
+    assert_eq!(watch.interrupt().await, Some(0));
+
+    let room = Running::start(&daemon, &["watch", "--room", "doc-7", "--json"]);
+    assert_eq!(parse(room.line())["snapshot"]["users"], 0);
+    client.join(join("u2", "phone", registered.generation, "doc-7")).await.unwrap();
+    let change = parse(room.line());
+    assert_eq!(
+        (&change["change"]["kind"], &change["change"]["member"]["user_id"]),
+        (&"ROOM_CHANGE_JOINED".into(), &"u2".into())
+    );
+    assert_eq!(room.interrupt().await, Some(0));
+}
+
+#[tokio::test]
+async fn o4_exit_status_tells_unknown_unreachable_denied_invalid_and_usage_apart() {
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    let ran = presenced(&["get", "u1", "--addr", &nowhere], &[]);
+    assert_eq!(ran.code, Some(3), "nothing listens there");
+    assert!(ran.stderr.contains(&format!("cannot reach presenced at http://{nowhere}")), "{:?}", ran.stderr);
+
+    let daemon = Daemon::start(&["--service-token", SERVICE, "--viewer-jwt-hs256-secret", SECRET], &[]);
+    assert_eq!(against(&daemon, &["get", "u1"]).code, Some(4), "no token");
+    assert_eq!(against(&daemon, &["get", "u1", "--token", "wrong"]).code, Some(4), "a bad token");
+    let viewer = viewer_token("v1", false);
+    assert_eq!(
+        against(&daemon, &["stats", "--token", &viewer]).code,
+        Some(4),
+        "a viewer's token for a service-only command"
+    );
+    assert_eq!(against(&daemon, &["get", "u1", "--token", SERVICE]).code, Some(0));
+    let from_env = presenced(&["get", "u1"], &[("PRESENCED_ADDR", daemon.addr()), ("PRESENCED_TOKEN", SERVICE)]);
+    assert_eq!(from_env.code, Some(0), "the address and the token from the environment");
+
+    let token = ["--token", SERVICE];
+    let ran = against(&daemon, &[&["get", ""][..], &token].concat());
+    assert_eq!(ran.code, Some(5), "an empty user id");
+    assert!(ran.stderr.contains("user_ids: entry 0 must not be empty"), "{:?}", ran.stderr);
+    assert_eq!(against(&daemon, &[&["sessions", ""][..], &token].concat()).code, Some(5));
+    assert_eq!(against(&daemon, &[&["revoke", "nobody"][..], &token].concat()).code, Some(1), "nothing to revoke");
+    assert_eq!(
+        against(&daemon, &[&["watch", "--room", "doc-7"][..], &["--token", viewer.as_str()]].concat()).code,
+        Some(1),
+        "a room the viewer may not read"
+    );
+
+    for usage in [&["get"][..], &["watch"], &["revoke"], &["sessions", "u1", "extra"], &["watch", "u1", "--count"]] {
+        assert_eq!(against(&daemon, usage).code, Some(2), "{usage:?}");
+    }
+    assert_eq!(presenced(&["get", "u1", "--addr", "http://not a uri"], &[]).code, Some(2));
+    let help = presenced(&["get", "--help"], &[]);
+    assert!(help.stdout.contains("4  unauthenticated or permission denied"), "the exit statuses are in --help");
+}
