@@ -49,7 +49,7 @@ macro_rules! console_files {
 }
 
 /// Every file of the console, as built into the binary.
-const CONSOLE_FILES: &[(&str, &[u8])] = console_files!["index.html"];
+const CONSOLE_FILES: &[(&str, &[u8])] = console_files!["index.html", "console.css", "app.js"];
 
 /// Where the console lives on the port.
 const CONSOLE_PATH: &str = "/console";

@@ -1,0 +1,123 @@
+// The web console (O4) in a real browser: Debian's chromium, driven by
+// playwright-core, loads http://ADDR/console/ from a real presenced and follows
+// users over gRPC-Web while a gateway process registers, renews and dies.
+import assert from "node:assert/strict";
+import { mkdirSync, writeFileSync } from "node:fs";
+import path from "node:path";
+import { test } from "node:test";
+import { pathToFileURL } from "node:url";
+
+import { CLIENT, OUT, PATIENCE_MS, launchBrowser, quantile, screenshot, startGateway, startServer } from "./harness.mjs";
+
+const TTL_MS = 2_000;
+const row = (userId, state) => `#users-table tr[data-user="${userId}"]${state ? `[data-state="${state}"]` : ""}`;
+
+test("the console shows a user go ONLINE when a gateway registers and OFFLINE within TTL + 1 s after its renewals stop", async (t) => {
+  const server = await startServer();
+  t.after(server.stop);
+  const browser = await launchBrowser();
+  t.after(() => browser.close());
+  const page = await browser.newPage();
+  await page.goto(`${server.url}/console/?users=alice,bob`);
+  await page.locator(row("alice", "OFFLINE")).waitFor({ timeout: PATIENCE_MS });
+  assert.equal(await page.locator(row("alice")).getAttribute("data-version"), "0", "a user never seen is OFFLINE at version 0");
+
+  const gateway = await startGateway(server.url, [{ userId: "alice", sessionId: "tab-1" }], { ttlMs: TTL_MS, heartbeatMs: 500 });
+  t.after(gateway.stop);
+  await page.locator(row("alice", "ONLINE")).waitFor({ timeout: PATIENCE_MS });
+  const onlineVersion = await page.locator(row("alice")).getAttribute("data-version");
+  // The service's figures come in over gRPC-Web too.
+  await page.locator('#stats dd[data-figure="sessions"]', { hasText: /^1$/ }).waitFor({ timeout: PATIENCE_MS });
+  await page.locator('#stats dd[data-figure="online users"]', { hasText: /^1$/ }).waitFor({ timeout: PATIENCE_MS });
+  await screenshot(page, "console-online");
+
+  // The renewals go on for longer than a TTL: nothing changes meanwhile. (A
+  // wait for something not to happen has no condition to await.)
+  await page.waitForTimeout(TTL_MS + 500);
+  assert.equal(await page.locator(row("alice")).getAttribute("data-state"), "ONLINE");
+  assert.equal(await page.locator(row("alice")).getAttribute("data-version"), onlineVersion);
+
+  const killedAt = Date.now();
+  await gateway.kill();
+  await page.locator(row("alice", "OFFLINE")).waitFor({ timeout: PATIENCE_MS });
+  const offlineAfterMs = Date.now() - killedAt;
+  assert.ok(offlineAfterMs <= TTL_MS + 1_000, `OFFLINE ${offlineAfterMs} ms after the gateway died (TTL ${TTL_MS} ms)`);
+  assert.ok(
+    BigInt(await page.locator(row("alice")).getAttribute("data-version")) > BigInt(onlineVersion),
+    "the OFFLINE carries a newer version",
+  );
+  assert.equal(await page.locator(row("bob")).getAttribute("data-state"), "OFFLINE");
+  await screenshot(page, "console-offline");
+});
+
+test("the console asks for a token when the server has credentials, and works once given one", async (t) => {
+  const server = await startServer(["--service-token", "console-secret"]);
+  t.after(server.stop);
+  const browser = await launchBrowser();
+  t.after(() => browser.close());
+  const page = await browser.newPage();
+  await page.goto(`${server.url}/console/?users=carol`);
+  const dialog = page.locator("#token-dialog[open]");
+  await dialog.waitFor({ timeout: PATIENCE_MS });
+  assert.match(await page.locator("#token-reason").textContent(), /UNAUTHENTICATED|Unauthenticated/i);
+  await page.fill("#token-input", "console-secret");
+  await page.click("#token-save");
+  await page.locator(row("carol", "OFFLINE")).waitFor({ timeout: PATIENCE_MS });
+  await page.locator('#stats dd[data-figure="sessions"]', { hasText: /^0$/ }).waitFor({ timeout: PATIENCE_MS });
+});
+
+test("figure: time from a flip to the dot changing in the console", async (t) => {
+  const flips = Number(process.env.CONSOLE_FLIPS ?? 200);
+  const server = await startServer();
+  t.after(server.stop);
+  const browser = await launchBrowser();
+  t.after(() => browser.close());
+  const page = await browser.newPage();
+  await page.goto(`${server.url}/console/?users=dave`);
+  await page.locator(row("dave", "OFFLINE")).waitFor({ timeout: PATIENCE_MS });
+  // The page notes when each change of the dot's state reached the DOM.
+  await page.evaluate(() => {
+    window.dotChanges = [];
+    const observer = new MutationObserver((records) => {
+      for (const record of records) {
+        if (record.attributeName === "data-state" && record.target.dataset?.user === "dave") {
+          window.dotChanges.push({ state: record.target.dataset.state, at: Date.now() });
+        }
+      }
+    });
+    observer.observe(document.querySelector("#users-table tbody"), { attributes: true, subtree: true, attributeFilter: ["data-state"] });
+  });
+
+  const { connectLeaseChannel } = await import(pathToFileURL(path.join(CLIENT, "node.js")).href);
+  const channel = connectLeaseChannel(server.url);
+  t.after(() => channel.close());
+  const latencies = [];
+  let generation = 0n;
+  for (let i = 0; i < flips; i++) {
+    const online = i % 2 === 0;
+    const sentAt = Date.now();
+    if (online) {
+      generation = (await channel.register({ userId: "dave", sessionId: "s", gatewayId: "browser-test", ttlMs: 60_000 })).generation;
+    } else {
+      await channel.unregister({ userId: "dave", sessionId: "s", generation, lingerMs: 0 });
+    }
+    const change = await page.waitForFunction((count) => window.dotChanges.length > count && window.dotChanges[count], i, {
+      timeout: PATIENCE_MS,
+      polling: "raf",
+    });
+    const { state, at } = await change.jsonValue();
+    assert.equal(state, online ? "ONLINE" : "OFFLINE", `flip ${i}`);
+    latencies.push(at - sentAt);
+  }
+  const figures = {
+    flips,
+    p50_ms: quantile(latencies, 0.5),
+    p99_ms: quantile(latencies, 0.99),
+    max_ms: Math.max(...latencies),
+    measured: "from before the Register/Unregister call to the dot's data-state changing in the DOM (Date.now() on both sides, one machine)",
+    date: new Date().toISOString(),
+  };
+  mkdirSync(OUT, { recursive: true });
+  writeFileSync(path.join(OUT, "console-latency.json"), JSON.stringify(figures, null, 2) + "\n");
+  console.log(`flip to dot: ${JSON.stringify(figures)}`);
+});
