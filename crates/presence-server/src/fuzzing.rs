@@ -61,7 +61,7 @@ fn context() -> Arc<Context> {
 
 /// The unary and server-streaming RPCs, in the order [`request`] numbers
 /// them. `Leases` has its own entry, [`leases`].
-pub const METHODS: [&str; 22] = [
+pub const METHODS: [&str; 24] = [
     "Register",
     "Renew",
     "Unregister",
@@ -84,6 +84,8 @@ pub const METHODS: [&str; 22] = [
     "Touch",
     "PutSetting",
     "GetSettings",
+    "ListSessions",
+    "Stats",
 ];
 
 /// Decodes `body` as the request of `METHODS[method % METHODS.len()]`, as
@@ -137,7 +139,9 @@ async fn dispatch(service: &PresenceService, method: u8, body: &[u8]) {
         18 => call!(service, leave_group, body),
         19 => call!(service, touch, body),
         20 => call!(service, put_setting, body),
-        _ => call!(service, get_settings, body),
+        21 => call!(service, get_settings, body),
+        22 => call!(service, list_sessions, body),
+        _ => call!(service, stats, body),
     }
 }
 
@@ -379,7 +383,9 @@ fn request_seeds() -> Vec<Vec<u8>> {
         pb::GroupRequest { group_id: "team".into(), user_ids: ids(&["bob"]) }.encode_to_vec(),
         pb::TouchRequest { user_id: alice.clone() }.encode_to_vec(),
         pb::PutSettingRequest { user_id: alice.clone(), name: "theme".into(), value: b"dark".to_vec() }.encode_to_vec(),
-        pb::GetSettingsRequest { user_id: alice }.encode_to_vec(),
+        pb::GetSettingsRequest { user_id: alice.clone() }.encode_to_vec(),
+        pb::ListSessionsRequest { user_id: alice }.encode_to_vec(),
+        pb::StatsRequest {}.encode_to_vec(),
     ];
     assert_eq!(seeds.len(), METHODS.len(), "one seed per method");
     seeds
@@ -557,6 +563,27 @@ mod tests {
         let mut metadata = MetadataMap::new();
         metadata.insert("authorization", format!("Bearer {hs256}").parse().unwrap());
         assert!(matches!(authenticator().caller(&metadata), Ok(crate::auth::Caller::Viewer(ref sub)) if sub == "bob"));
+    }
+
+    /// Every RPC of the proto's `Presence` service is routed by the
+    /// `requests` target (or, `Leases`, by its own): an RPC added to the
+    /// proto and not to [`METHODS`] fails here instead of going unfuzzed.
+    #[test]
+    fn the_requests_target_routes_every_rpc_of_the_service() {
+        let proto = include_str!("../../../proto/presence/v1/presence.proto");
+        let service = &proto[proto.find("service Presence {").unwrap()..];
+        let service = &service[..service.find("\n}").unwrap()];
+        let rpcs: Vec<&str> = service
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("rpc "))
+            .map(|rest| rest.split('(').next().unwrap().trim())
+            .filter(|&name| name != "Leases")
+            .collect();
+        let mut routed = METHODS.to_vec();
+        routed.sort_unstable();
+        let mut declared = rpcs.clone();
+        declared.sort_unstable();
+        assert_eq!(routed, declared, "METHODS against the proto's rpcs");
     }
 
     /// The committed seeds are the ones [`seeds`] makes: `PRESENCED_BLESS=1`
