@@ -14,14 +14,16 @@
  * Environment: SESSIONS (100000), SECONDS (10), WARMUP (2), MAX_BATCH (512),
  * IN_FLIGHT (8), CONCURRENCY (IN_FLIGHT × MAX_BATCH: enough to fill every
  * batch in flight), QUEUE (the channel's maxQueued: 2 × CONCURRENCY, so that
- * the queue never refuses one of them).
+ * the queue never refuses one of them), WIRE (`http2`, what
+ * `connectLeaseChannel` uses, or `transport`: through connect's Node
+ * transport and protobuf-es, for comparison).
  */
-import { readFileSync } from "node:fs";
-import { execFileSync } from "node:child_process";
 import { join } from "node:path";
 
 import { LeaseChannel } from "../src/index.js";
+import { connectLeaseChannel } from "../src/node.js";
 import { Server, TARGET } from "../test/helpers.js";
+import { procCpuSeconds } from "./cpu.js";
 
 const env = (name: string, fallback: number): number => Number(process.env[name] ?? fallback);
 
@@ -32,41 +34,25 @@ const MAX_BATCH = env("MAX_BATCH", 512);
 const IN_FLIGHT = env("IN_FLIGHT", 8);
 const CONCURRENCY = env("CONCURRENCY", IN_FLIGHT * MAX_BATCH);
 const QUEUE = env("QUEUE", 2 * CONCURRENCY);
-
-/** user+system CPU seconds of a process, from /proc (Linux only; undefined elsewhere). */
-function procCpuSeconds(pid: number): number | undefined {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
-    // Fields after the command name, which may itself hold spaces: utime and stime are 14 and 15.
-    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    const ticks = Number(fields[11]) + Number(fields[12]);
-    return ticks / clockTicks;
-  } catch {
-    return undefined;
-  }
-}
-
-const clockTicks = (() => {
-  try {
-    return Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim()) || 100;
-  } catch {
-    return 100;
-  }
-})();
+const WIRE = process.env.WIRE ?? "http2";
 
 async function main(): Promise<void> {
   const binary = process.env.PRESENCED_BENCH_BIN ?? join(TARGET, "release", "presenced");
   const server = await Server.start(["--min-renew-interval-ms", "0", "--default-ttl-ms", "600000"], { binary });
-  const channel = new LeaseChannel(server.transport, { maxBatch: MAX_BATCH, maxInFlightBatches: IN_FLIGHT, maxQueued: QUEUE });
+  const options = { maxBatch: MAX_BATCH, maxInFlightBatches: IN_FLIGHT, maxQueued: QUEUE };
+  const channel =
+    WIRE === "transport" ? new LeaseChannel(server.transport, options) : connectLeaseChannel(server.url, options);
   const concurrency = Math.min(CONCURRENCY, channel.config.maxQueued);
   try {
     const generations: bigint[] = new Array(SESSIONS);
+    // Each session keeps its ids, as a gateway's `Session` does: none is built per renewal.
+    const userIds = Array.from({ length: SESSIONS }, (_, i) => `bench-${i}`);
     // Registered `concurrency` at a time, as the renewals below are sent.
     let nextToRegister = 0;
     await Promise.all(
       Array.from({ length: Math.min(concurrency, SESSIONS) }, async () => {
         for (let i = nextToRegister++; i < SESSIONS; i = nextToRegister++) {
-          const registered = await channel.register({ userId: `bench-${i}`, sessionId: "s", gatewayId: "bench" });
+          const registered = await channel.register({ userId: userIds[i]!, sessionId: "s", gatewayId: "bench" });
           generations[i] = registered.generation;
         }
       }),
@@ -81,7 +67,7 @@ async function main(): Promise<void> {
         const i = cursor;
         cursor = cursor + 1 === SESSIONS ? 0 : cursor + 1;
         try {
-          await channel.renew({ userId: `bench-${i}`, sessionId: "s", generation: generations[i]! });
+          await channel.renew({ userId: userIds[i]!, sessionId: "s", generation: generations[i]! });
           ok++;
         } catch {
           refused++;
@@ -109,7 +95,7 @@ async function main(): Promise<void> {
 
     const nodeCpu = (cpu.user + cpu.system) / 1e6;
     const lines = [
-      `sessions ${SESSIONS}, ${concurrency} renewals outstanding, maxBatch ${MAX_BATCH}, ${IN_FLIGHT} batches in flight`,
+      `wire ${WIRE}, sessions ${SESSIONS}, ${concurrency} renewals outstanding, maxBatch ${MAX_BATCH}, ${IN_FLIGHT} batches in flight`,
       `renewals/s sustained: ${Math.round(renewals / wall)} (${renewals} OK in ${wall.toFixed(2)} s; ${refused} refused in all)`,
       `items per batch: ${(items / Math.max(1, batches)).toFixed(1)}`,
       `node CPU: ${nodeCpu.toFixed(2)} s user+sys = ${((100 * nodeCpu) / wall).toFixed(0)}% of one core ` +

@@ -33,6 +33,7 @@ export {
   type LeaseChannelStats,
   type LeaseResultValue,
 } from "./leaseChannel.js";
+export { transportLeaseWire, type LeaseSink, type LeaseStream, type LeaseWire } from "./leaseWire.js";
 export { Session, type SessionIdentity, type SessionOptions, type SessionState } from "./session.js";
 export { ViewerStore, Watcher, type WatchOptions, type WatcherEvent } from "./viewer.js";
 export { RoomCountWatcher, RoomView, RoomWatcher, type RoomWatchOptions, type RoomWatcherEvent } from "./room.js";

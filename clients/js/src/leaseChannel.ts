@@ -18,24 +18,25 @@
  * when the next batch is ready: queued items ride on the new stream, and fail
  * with it if it cannot be opened. A stream that leaves a batch unanswered for
  * `responseTimeoutMs` counts as broken too.
+ *
+ * The stream itself is a {@link LeaseWire}'s: `connectLeaseChannel` of
+ * `@presenced/client/node` uses the fast `node:http2` one, a channel built on
+ * a connect `Transport` goes through that transport.
  */
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { create, isMessage } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import type { Client, Transport } from "@connectrpc/connect";
+import { Code, ConnectError } from "@connectrpc/connect";
+import type { Transport } from "@connectrpc/connect";
 
 import { Backoff } from "./backoff.js";
 import { authorization, now } from "./call.js";
+import { transportLeaseWire, type LeaseStream, type LeaseWire } from "./leaseWire.js";
 import {
-  Presence,
-  LeaseBatchSchema,
   LeaseItemSchema,
   type JoinRequestSchema,
   type JoinResponse,
-  type LeaseBatch,
   type LeaseItem,
   type LeaseResult,
-  type LeaseResults,
   type LeaveRequestSchema,
   type LeaveResponse,
   type RegisterRequestSchema,
@@ -145,71 +146,21 @@ interface InFlight {
   waiters: ItemWaiter[] | WholeBatch;
 }
 
-/**
- * The request side of a `Leases` call: an async iterable the transport reads
- * and the channel writes. It holds at most `maxInFlightBatches` batches, since
- * every batch in it is also in flight.
- */
-class RequestStream implements AsyncIterable<LeaseBatch> {
-  private readonly buffered: LeaseBatch[] = [];
-  private reader: ((next: IteratorResult<LeaseBatch>) => void) | undefined;
-  private ended = false;
-
-  push(batch: LeaseBatch): void {
-    const reader = this.reader;
-    if (reader !== undefined) {
-      this.reader = undefined;
-      reader({ value: batch, done: false });
-    } else {
-      this.buffered.push(batch);
-    }
-  }
-
-  end(): void {
-    this.ended = true;
-    const reader = this.reader;
-    if (reader !== undefined) {
-      this.reader = undefined;
-      reader({ value: undefined, done: true });
-    }
-  }
-
-  [Symbol.asyncIterator](): AsyncIterator<LeaseBatch> {
-    return {
-      next: (): Promise<IteratorResult<LeaseBatch>> => {
-        const batch = this.buffered.shift();
-        if (batch !== undefined) return Promise.resolve({ value: batch, done: false });
-        if (this.ended) return Promise.resolve({ value: undefined, done: true });
-        return new Promise((resolve) => (this.reader = resolve));
-      },
-      return: (): Promise<IteratorResult<LeaseBatch>> => {
-        this.end();
-        return Promise.resolve({ value: undefined, done: true });
-      },
-      // The transport calls it when the call fails: the stream is over either way.
-      throw: (): Promise<IteratorResult<LeaseBatch>> => {
-        this.end();
-        return Promise.resolve({ value: undefined, done: true });
-      },
-    };
-  }
-}
-
-/** One `Leases` stream. */
+/** One `Leases` stream, and whether it is still the channel's. */
 interface Conn {
-  requests: RequestStream;
-  abort: AbortController;
+  stream: LeaseStream | undefined;
 }
 
 /**
  * Batching, pipelined access to the `Leases` stream; share one per gateway
- * process. It needs a transport that can stream both ways: the Node gRPC
- * transport (`nodeTransport` of `@presenced/client/node`), not a browser's.
+ * process. It needs a wire that streams both ways: `connectLeaseChannel` of
+ * `@presenced/client/node` makes one over `node:http2`; a connect `Transport`
+ * will do if it can client-stream (a browser's cannot).
  */
 export class LeaseChannel {
   /** The options in force. */
   readonly config: LeaseChannelConfig;
-  private readonly client: Client<typeof Presence>;
+  private readonly wire: LeaseWire;
   private readonly headers: Record<string, string> | undefined;
   private readonly counters: LeaseChannelStats = {
     batchesSent: 0,
@@ -230,15 +181,16 @@ export class LeaseChannel {
   private answerTimer: ReturnType<typeof setTimeout> | undefined;
   private conn: Conn | undefined;
   /** Batches on `conn` not yet answered, by batch id, oldest first (a Map keeps insertion order). */
-  private readonly inFlight = new Map<bigint, InFlight>();
-  private nextBatchId = 1n;
+  private readonly inFlight = new Map<number, InFlight>();
+  private nextBatchId = 1;
   /** Failed attempts since a stream last delivered results; drives the backoff. */
   private attempt = 0;
   /** No new stream is opened before this (set when one breaks). */
   private retryAt = 0;
   private closed = false;
 
-  constructor(transport: Transport, options: LeaseChannelOptions = {}) {
+  /** A channel over `wire`, or through `transport` (see {@link transportLeaseWire}). */
+  constructor(wire: LeaseWire | Transport, options: LeaseChannelOptions = {}) {
     const maxBatch = Math.max(1, options.maxBatch ?? 512);
     this.config = {
       maxBatch,
@@ -251,7 +203,7 @@ export class LeaseChannel {
       bearerToken: options.bearerToken,
     };
     this.headers = authorization(options.bearerToken);
-    this.client = createClient(Presence, transport);
+    this.wire = "open" in wire ? wire : transportLeaseWire(wire);
   }
 
   /** Counters since the channel was created (a copy). */
@@ -323,6 +275,7 @@ export class LeaseChannel {
     this.closed = true;
     const error = new ConnectError("the lease channel was closed", Code.Canceled);
     this.dropStream(error);
+    this.wire.close?.();
     for (let i = this.head; i < this.queue.length; i++) fail(this.queue[i]!, error);
     this.queue = [];
     this.head = 0;
@@ -433,56 +386,47 @@ export class LeaseChannel {
   private send(batch: { items: LeaseItem[]; waiters: ItemWaiter[] | WholeBatch }, t: number): void {
     const conn = this.conn!;
     const batchId = this.nextBatchId++;
-    // Built directly, as a renewal is: the items are messages already.
-    const message: LeaseBatch = { $typeName: LeaseBatchSchema.typeName, batchId, items: batch.items };
     this.inFlight.set(batchId, { sentAt: t, count: batch.items.length, waiters: batch.waiters });
     this.counters.batchesSent++;
     this.counters.itemsSent += batch.items.length;
-    conn.requests.push(message);
+    conn.stream!.send(batchId, batch.items);
     if (this.answerTimer === undefined) this.armAnswer(this.config.responseTimeoutMs);
   }
 
   /** Starts a new `Leases` call; batches can be queued on it at once. */
   private open(): void {
-    const conn: Conn = { requests: new RequestStream(), abort: new AbortController() };
+    const conn: Conn = { stream: undefined };
     this.conn = conn;
     this.counters.streamsOpened++;
-    const options = { signal: conn.abort.signal, ...(this.headers ? { headers: this.headers } : {}) };
-    const results = this.client.leases(conn.requests, options);
-    void this.read(conn, results);
-  }
-
-  private async read(conn: Conn, results: AsyncIterable<LeaseResults>): Promise<void> {
-    try {
-      for await (const answer of results) {
+    conn.stream = this.wire.open(this.headers, {
+      results: (batchId, results) => {
         if (this.conn !== conn) return;
         this.attempt = 0;
-        this.answer(answer);
-      }
-      if (this.conn === conn) this.broke(new ConnectError("presenced ended the lease stream", Code.Unavailable));
-    } catch (err) {
-      if (this.conn !== conn) return;
-      const error = ConnectError.from(err);
-      switch (error.code) {
-        // The server's own refusals keep their code (UNIMPLEMENTED from an older
-        // server, UNAUTHENTICATED...); anything else is the stream failing.
-        case Code.Unimplemented:
-        case Code.Unauthenticated:
-        case Code.PermissionDenied:
-        case Code.InvalidArgument:
-          this.broke(error);
-          break;
-        default:
-          this.broke(new ConnectError(`the lease stream broke: ${error.rawMessage}`, Code.Unavailable));
-      }
-    }
+        this.answer(batchId, results);
+      },
+      ended: (error) => {
+        if (this.conn !== conn) return;
+        if (error === undefined) return this.broke(new ConnectError("presenced ended the lease stream", Code.Unavailable));
+        switch (error.code) {
+          // The server's own refusals keep their code (UNIMPLEMENTED from an older
+          // server, UNAUTHENTICATED...); anything else is the stream failing.
+          case Code.Unimplemented:
+          case Code.Unauthenticated:
+          case Code.PermissionDenied:
+          case Code.InvalidArgument:
+            this.broke(error);
+            break;
+          default:
+            this.broke(new ConnectError(`the lease stream broke: ${error.rawMessage}`, Code.Unavailable));
+        }
+      },
+    });
   }
 
-  private answer(answer: LeaseResults): void {
-    const batch = this.inFlight.get(answer.batchId);
+  private answer(batchId: number, results: LeaseResult[]): void {
+    const batch = this.inFlight.get(batchId);
     if (batch === undefined) return; // not ours (any more): nobody waits for it
-    this.inFlight.delete(answer.batchId);
-    const results = answer.results;
+    this.inFlight.delete(batchId);
     if (Array.isArray(batch.waiters)) {
       const waiters = batch.waiters;
       for (let i = 0; i < waiters.length; i++) {
@@ -510,10 +454,7 @@ export class LeaseChannel {
   private dropStream(error: ConnectError): void {
     const conn = this.conn;
     this.conn = undefined;
-    if (conn !== undefined) {
-      conn.requests.end();
-      conn.abort.abort();
-    }
+    conn?.stream?.abort();
     clearTimeout(this.answerTimer);
     this.answerTimer = undefined;
     const lost = [...this.inFlight.values()];

@@ -1,12 +1,16 @@
 /**
- * `@presenced/client/node`: the Node transport (gRPC over HTTP/2, both ways
- * streaming), which the {@link LeaseChannel} needs. Browsers use
+ * `@presenced/client/node`: what a Node gateway needs. The transport (gRPC
+ * over HTTP/2, both ways streaming) for unary calls and watchers, and a
+ * {@link LeaseChannel} on the `node:http2` lease wire. Browsers use
  * `createGrpcWebTransport` of `@connectrpc/connect-web` with the viewer side instead.
  */
 import type { Transport } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 
+import { http2LeaseWire, type Http2LeaseWireOptions } from "./http2Wire.js";
 import { LeaseChannel, type LeaseChannelOptions } from "./leaseChannel.js";
+
+export { http2LeaseWire, type Http2LeaseWireOptions } from "./http2Wire.js";
 
 /** A gRPC transport to `baseUrl` (for instance `http://127.0.0.1:50051`). */
 export function nodeTransport(baseUrl: string): Transport {
@@ -19,7 +23,13 @@ export function nodeTransport(baseUrl: string): Transport {
   });
 }
 
-/** A {@link LeaseChannel} to `baseUrl` over {@link nodeTransport}. */
-export function connectLeaseChannel(baseUrl: string, options: LeaseChannelOptions = {}): LeaseChannel {
-  return new LeaseChannel(nodeTransport(baseUrl), options);
+/**
+ * A {@link LeaseChannel} to `baseUrl` on its own HTTP/2 connection, with the
+ * hand-written `Leases` codec ({@link http2LeaseWire}): the fast one.
+ */
+export function connectLeaseChannel(
+  baseUrl: string,
+  options: LeaseChannelOptions & Http2LeaseWireOptions = {},
+): LeaseChannel {
+  return new LeaseChannel(http2LeaseWire(baseUrl, options), options);
 }

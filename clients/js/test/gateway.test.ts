@@ -4,9 +4,9 @@ import { test } from "node:test";
 
 import { Code, ConnectError } from "@connectrpc/connect";
 
-import { LeaseChannel, Session, Watcher, pb } from "../src/index.js";
-import { nodeTransport } from "../src/node.js";
-import { TEST_TIMEOUT_MS, Server, fastReconnect, freePort, until, withDeadline } from "./helpers.js";
+import { Session, Watcher, pb } from "../src/index.js";
+import { connectLeaseChannel } from "../src/node.js";
+import { TEST_TIMEOUT_MS, Server, WIRES, fastReconnect, freePort, until, withDeadline } from "./helpers.js";
 
 const RENEWALS_OK = 'presenced_renewals_total{result="ok"}';
 /** One observation per Leases batch (and per unary Renew, which these tests do not send). */
@@ -19,67 +19,69 @@ const online = async (server: Server, userId: string): Promise<boolean> => {
 
 const codeOf = (code: Code) => (err: unknown) => ConnectError.from(err).code === code;
 
-test("L8: the renewals of many sessions share batches on one Leases stream", { timeout: TEST_TIMEOUT_MS }, async () => {
-  const server = await Server.start(["--min-renew-interval-ms", "0"], { metrics: true });
-  const channel = new LeaseChannel(server.transport, { maxDelayMs: 10 });
-  try {
-    const sessions = await Promise.all(
-      Array.from({ length: 500 }, (_, i) =>
-        Session.register(channel, { userId: `u${i}`, sessionId: "s", gatewayId: "g" }, { heartbeatMs: 200, ttlMs: 5000 }),
-      ),
-    );
-    const registered = channel.stats();
-    assert.ok(registered.batchesSent <= 50, `500 registers went in ${registered.batchesSent} batches`);
-    await until("3000 renewals", async () => (await server.sample(RENEWALS_OK)) >= 3000);
-    const metrics = await server.metrics();
-    const renewals = Number(/presenced_renewals_total\{result="ok"\} (\d+)/.exec(metrics)![1]);
-    const batches = Number(new RegExp(`${BATCHES} (\\d+)`).exec(metrics)![1]);
-    assert.ok(renewals / batches >= 10, `the server applied ${renewals} renewals in ${batches} batches`);
-    const stats = channel.stats();
-    assert.equal(stats.streamsOpened, 1, "one stream for every session");
-    assert.ok(stats.itemsSent / stats.batchesSent >= 10, `the channel sent ${stats.itemsSent} items in ${stats.batchesSent} batches`);
-    assert.ok(sessions.every((s) => s.state.kind === "live"));
-    const closed = await Promise.all(sessions.map((s) => s.close()));
-    assert.ok(closed.every((c) => c.outcome === pb.UnregisterOutcome.REMOVED));
-    assert.equal(await online(server, "u7"), false);
-  } finally {
-    channel.close();
-    await server.kill();
-  }
-});
+for (const [wire, open] of WIRES) {
+  test(`L8: the renewals of many sessions share batches on one Leases stream (${wire})`, { timeout: TEST_TIMEOUT_MS }, async () => {
+    const server = await Server.start(["--min-renew-interval-ms", "0"], { metrics: true });
+    const channel = open(server.url, server.transport, { maxDelayMs: 10 });
+    try {
+      const sessions = await Promise.all(
+        Array.from({ length: 500 }, (_, i) =>
+          Session.register(channel, { userId: `u${i}`, sessionId: "s", gatewayId: "g" }, { heartbeatMs: 200, ttlMs: 5000 }),
+        ),
+      );
+      const registered = channel.stats();
+      assert.ok(registered.batchesSent <= 50, `500 registers went in ${registered.batchesSent} batches`);
+      await until("3000 renewals", async () => (await server.sample(RENEWALS_OK)) >= 3000);
+      const metrics = await server.metrics();
+      const renewals = Number(/presenced_renewals_total\{result="ok"\} (\d+)/.exec(metrics)![1]);
+      const batches = Number(new RegExp(`${BATCHES} (\\d+)`).exec(metrics)![1]);
+      assert.ok(renewals / batches >= 10, `the server applied ${renewals} renewals in ${batches} batches`);
+      const stats = channel.stats();
+      assert.equal(stats.streamsOpened, 1, "one stream for every session");
+      assert.ok(stats.itemsSent / stats.batchesSent >= 10, `the channel sent ${stats.itemsSent} items in ${stats.batchesSent} batches`);
+      assert.ok(sessions.every((s) => s.state.kind === "live"));
+      const closed = await Promise.all(sessions.map((s) => s.close()));
+      assert.ok(closed.every((c) => c.outcome === pb.UnregisterOutcome.REMOVED));
+      assert.equal(await online(server, "u7"), false);
+    } finally {
+      channel.close();
+      await server.kill();
+    }
+  });
 
-test("L8: a burst of single calls is coalesced into batches of at most maxBatch, each answered per item", { timeout: TEST_TIMEOUT_MS }, async () => {
-  const server = await Server.start([], { metrics: true });
-  const channel = new LeaseChannel(server.transport, { maxBatch: 100 });
-  try {
-    const registered = await Promise.all(
-      Array.from({ length: 1000 }, (_, i) => channel.register({ userId: `b${i}`, sessionId: "s", gatewayId: "g" })),
-    );
-    assert.ok(
-      registered.every((r, i) => r.presence?.userId === `b${i}`),
-      "every caller got its own item's result",
-    );
-    // A renewal of an unknown lease fails alone; the items beside it in its batch succeed.
-    const mixed = await Promise.allSettled([
-      channel.renew({ userId: "b1", sessionId: "s", generation: registered[1]!.generation }),
-      channel.renew({ userId: "nobody", sessionId: "s", generation: 1n }),
-      channel.renew({ userId: "b2", sessionId: "s", generation: registered[2]!.generation }),
-    ]);
-    assert.deepEqual(mixed.map((m) => m.status), ["fulfilled", "rejected", "fulfilled"]);
-    assert.ok(codeOf(Code.NotFound)((mixed[1] as PromiseRejectedResult).reason));
-    const stats = channel.stats();
-    assert.ok(stats.batchesSent >= 10 && stats.batchesSent <= 20, `1003 items in ${stats.batchesSent} batches of at most 100`);
-    await until("the server counts as many batches as were sent", async () => (await server.sample(BATCHES)) === stats.batchesSent);
-  } finally {
-    channel.close();
-    await server.kill();
-  }
-});
+  test(`L8: a burst of single calls is coalesced into batches of at most maxBatch, each answered per item (${wire})`, { timeout: TEST_TIMEOUT_MS }, async () => {
+    const server = await Server.start([], { metrics: true });
+    const channel = open(server.url, server.transport, { maxBatch: 100 });
+    try {
+      const registered = await Promise.all(
+        Array.from({ length: 1000 }, (_, i) => channel.register({ userId: `b${i}`, sessionId: "s", gatewayId: "g" })),
+      );
+      assert.ok(
+        registered.every((r, i) => r.presence?.userId === `b${i}`),
+        "every caller got its own item's result",
+      );
+      // A renewal of an unknown lease fails alone; the items beside it in its batch succeed.
+      const mixed = await Promise.allSettled([
+        channel.renew({ userId: "b1", sessionId: "s", generation: registered[1]!.generation }),
+        channel.renew({ userId: "nobody", sessionId: "s", generation: 1n }),
+        channel.renew({ userId: "b2", sessionId: "s", generation: registered[2]!.generation }),
+      ]);
+      assert.deepEqual(mixed.map((m) => m.status), ["fulfilled", "rejected", "fulfilled"]);
+      assert.ok(codeOf(Code.NotFound)((mixed[1] as PromiseRejectedResult).reason));
+      const stats = channel.stats();
+      assert.ok(stats.batchesSent >= 10 && stats.batchesSent <= 20, `1003 items in ${stats.batchesSent} batches of at most 100`);
+      await until("the server counts as many batches as were sent", async () => (await server.sample(BATCHES)) === stats.batchesSent);
+    } finally {
+      channel.close();
+      await server.kill();
+    }
+  });
+}
 
 test("L2: a session registers again after a server restart that lost its lease, and rejoins its rooms (R6)", { timeout: TEST_TIMEOUT_MS }, async () => {
   const listen = `127.0.0.1:${await freePort()}`;
   let server = await Server.start([], { listen });
-  const channel = new LeaseChannel(nodeTransport(server.url), { reconnect: fastReconnect() });
+  const channel = connectLeaseChannel(server.url, { reconnect: fastReconnect() });
   try {
     const session = await Session.register(
       channel,
@@ -113,7 +115,7 @@ test("L2: a session registers again after a server restart that lost its lease, 
 
 test("L3: a late unregister of an old generation changes nothing, and a superseded session stops", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start(["--min-renew-interval-ms", "0"]);
-  const channel = new LeaseChannel(server.transport);
+  const channel = connectLeaseChannel(server.url);
   try {
     const old = await Session.register(channel, { userId: "g", sessionId: "tab", gatewayId: "a" }, { heartbeatMs: 50 });
     // The same session reconnects through another gateway: a newer generation owns it.
@@ -135,7 +137,7 @@ test("L3: a late unregister of an old generation changes nothing, and a supersed
 
 test("L3: close with linger shortens the lease instead of deleting it", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start();
-  const channel = new LeaseChannel(server.transport);
+  const channel = connectLeaseChannel(server.url);
   try {
     const session = await Session.register(channel, { userId: "l", sessionId: "s", gatewayId: "g" }, { lingerMs: 5000 });
     const closed = await session.close();
@@ -150,7 +152,7 @@ test("L3: close with linger shortens the lease instead of deleting it", { timeou
 
 test("touch renews at once unless the last renewal is younger than the throttle", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start(["--min-renew-interval-ms", "0"]);
-  const channel = new LeaseChannel(server.transport);
+  const channel = connectLeaseChannel(server.url);
   try {
     const probe = await channel.register({ userId: "probe", sessionId: "s", gatewayId: "g" });
     const registeredAt = performance.now();
@@ -185,9 +187,9 @@ test("touch renews at once unless the last renewal is younger than the throttle"
 test("credentials: a bad or missing token is refused UNAUTHENTICATED, the service token works", { timeout: TEST_TIMEOUT_MS }, async () => {
   const token = "service-token-for-js-tests";
   const server = await Server.start(["--service-token", token]);
-  const wrong = new LeaseChannel(server.transport, { bearerToken: "not-the-token" });
-  const none = new LeaseChannel(server.transport);
-  const right = new LeaseChannel(server.transport, { bearerToken: token });
+  const wrong = connectLeaseChannel(server.url, { bearerToken: "not-the-token" });
+  const none = connectLeaseChannel(server.url);
+  const right = connectLeaseChannel(server.url, { bearerToken: token });
   try {
     await assert.rejects(wrong.register({ userId: "c", sessionId: "s", gatewayId: "g" }), codeOf(Code.Unauthenticated));
     await assert.rejects(none.register({ userId: "c", sessionId: "s", gatewayId: "g" }), codeOf(Code.Unauthenticated));

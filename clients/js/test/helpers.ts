@@ -14,8 +14,8 @@ import { fileURLToPath } from "node:url";
 
 import { createClient, type Client, type Transport } from "@connectrpc/connect";
 
-import { Backoff, Presence } from "../src/index.js";
-import { nodeTransport } from "../src/node.js";
+import { Backoff, LeaseChannel, Presence, type LeaseChannelOptions } from "../src/index.js";
+import { connectLeaseChannel, nodeTransport } from "../src/node.js";
 
 /** How long any one condition may take before the test fails. */
 export const PATIENCE_MS = 10_000;
@@ -30,6 +30,16 @@ const packageDir = fileURLToPath(new URL("../../", import.meta.url));
 export const TARGET = join(packageDir, "..", "..", "target");
 
 export const BINARY = process.env.PRESENCED_BIN ?? join(TARGET, "debug", "presenced");
+
+/**
+ * The two ways a gateway builds a LeaseChannel: `connectLeaseChannel` (the
+ * `node:http2` wire and its codec) and a channel through a connect transport.
+ * Tests of what both must do run over each.
+ */
+export const WIRES: [string, (url: string, transport: Transport, options?: LeaseChannelOptions) => LeaseChannel][] = [
+  ["node:http2 wire", (url, _transport, options) => connectLeaseChannel(url, options)],
+  ["connect transport", (_url, transport, options) => new LeaseChannel(transport, options)],
+];
 
 /** Reconnects quick enough for tests. */
 export const fastReconnect = (): Backoff => new Backoff({ initialMs: 20, maxMs: 200 });

@@ -2,7 +2,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { LeaseChannel, RoomCountWatcher, RoomWatcher, Session, pb, type RoomWatcherEvent } from "../src/index.js";
+import { RoomCountWatcher, RoomWatcher, Session, pb, type RoomWatcherEvent } from "../src/index.js";
+import { connectLeaseChannel } from "../src/node.js";
 import { TEST_TIMEOUT_MS, Server, fastReconnect, withDeadline } from "./helpers.js";
 
 const next = async (watcher: RoomWatcher, what: string): Promise<RoomWatcherEvent> => {
@@ -13,7 +14,7 @@ const next = async (watcher: RoomWatcher, what: string): Promise<RoomWatcherEven
 
 test("R1/S3: a session joins, signals and leaves, and a room watcher sees each step", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start();
-  const channel = new LeaseChannel(server.transport);
+  const channel = connectLeaseChannel(server.url);
   try {
     const watcher = await RoomWatcher.open(server.transport, "doc-7", { reconnect: fastReconnect() });
     assert.equal(watcher.view.size, 0);
@@ -62,7 +63,7 @@ test("R1/S3: a session joins, signals and leaves, and a room watcher sees each s
 
 test("R1: a session whose lease ends leaves its rooms, and the watcher sees it go", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start();
-  const channel = new LeaseChannel(server.transport);
+  const channel = connectLeaseChannel(server.url);
   try {
     const watcher = await RoomWatcher.open(server.transport, "lobby", { reconnect: fastReconnect() });
     const session = await Session.register(channel, { userId: "bo", sessionId: "s", gatewayId: "g" });

@@ -9,9 +9,9 @@ import { fileURLToPath } from "node:url";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 
-import { Backoff, LeaseChannel, RoomView, ViewerStore, leaseResult, pb } from "../src/index.js";
+import { Backoff, RoomView, ViewerStore, leaseResult, pb } from "../src/index.js";
 import { nodeTransport } from "../src/node.js";
-import { TEST_TIMEOUT_MS, withDeadline } from "./helpers.js";
+import { TEST_TIMEOUT_MS, WIRES, withDeadline } from "./helpers.js";
 
 const presence = (userId: string, state: pb.State, version: bigint): pb.UserPresence =>
   create(pb.UserPresenceSchema, { userId, state, version });
@@ -143,36 +143,39 @@ test("an item's refusal becomes the ConnectError a unary call would have answere
   assert.throws(() => leaseResult(create(pb.LeaseResultSchema, {})), (err: unknown) => ConnectError.from(err).code === Code.Internal);
 });
 
-test("a full queue refuses at once instead of growing, and close fails what waits", { timeout: TEST_TIMEOUT_MS }, async () => {
-  // A peer that accepts connections and never answers, as a stalled server:
-  // the first batch stays in flight and the rest waits behind it.
-  const sockets: Socket[] = [];
-  const silent = createServer((socket) => sockets.push(socket));
-  await new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve));
-  const port = (silent.address() as AddressInfo).port;
-  try {
-    const channel = new LeaseChannel(nodeTransport(`http://127.0.0.1:${port}`), {
-      maxBatch: 4,
-      // Batches leave only when full, however slowly this test runs.
-      maxDelayMs: 60_000,
-      maxQueued: 8,
-      maxInFlightBatches: 1,
-    });
-    const renew = (i: number) => channel.renew({ userId: `u${i}`, sessionId: "s", generation: 1n });
-    const calls = Array.from({ length: 12 }, (_, i) => renew(i));
-    await assert.rejects(renew(99), (err: unknown) => ConnectError.from(err).code === Code.ResourceExhausted);
-    assert.equal(channel.stats().rejected, 1);
-    assert.deepEqual([channel.stats().batchesSent, channel.stats().itemsSent], [1, 4], "one batch in flight, 8 items queued");
-    channel.close();
-    for (const call of calls) {
-      await assert.rejects(withDeadline(call, "a queued call settles on close"), (err: unknown) => ConnectError.from(err).code === Code.Canceled);
+for (const [wire, open] of WIRES) {
+  test(`a full queue refuses at once instead of growing, and close fails what waits (${wire})`, { timeout: TEST_TIMEOUT_MS }, async () => {
+    // A peer that accepts connections and never answers, as a stalled server:
+    // the first batch stays in flight and the rest waits behind it.
+    const sockets: Socket[] = [];
+    const silent = createServer((socket) => sockets.push(socket));
+    await new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve));
+    const port = (silent.address() as AddressInfo).port;
+    try {
+      const url = `http://127.0.0.1:${port}`;
+      const channel = open(url, nodeTransport(url), {
+        maxBatch: 4,
+        // Batches leave only when full, however slowly this test runs.
+        maxDelayMs: 60_000,
+        maxQueued: 8,
+        maxInFlightBatches: 1,
+      });
+      const renew = (i: number) => channel.renew({ userId: `u${i}`, sessionId: "s", generation: 1n });
+      const calls = Array.from({ length: 12 }, (_, i) => renew(i));
+      await assert.rejects(renew(99), (err: unknown) => ConnectError.from(err).code === Code.ResourceExhausted);
+      assert.equal(channel.stats().rejected, 1);
+      assert.deepEqual([channel.stats().batchesSent, channel.stats().itemsSent], [1, 4], "one batch in flight, 8 items queued");
+      channel.close();
+      for (const call of calls) {
+        await assert.rejects(withDeadline(call, "a queued call settles on close"), (err: unknown) => ConnectError.from(err).code === Code.Canceled);
+      }
+      await assert.rejects(renew(100), (err: unknown) => ConnectError.from(err).code === Code.Canceled);
+    } finally {
+      for (const socket of sockets) socket.destroy();
+      silent.close();
     }
-    await assert.rejects(renew(100), (err: unknown) => ConnectError.from(err).code === Code.Canceled);
-  } finally {
-    for (const socket of sockets) socket.destroy();
-    silent.close();
-  }
-});
+  });
+}
 
 test("the main entry point imports nothing of Node's, so a page can bundle it", { timeout: TEST_TIMEOUT_MS }, () => {
   // Walks the compiled modules reachable from dist/src/index.js by their relative imports.

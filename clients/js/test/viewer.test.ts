@@ -4,7 +4,8 @@ import { test } from "node:test";
 
 import { Code, ConnectError } from "@connectrpc/connect";
 
-import { LeaseChannel, Watcher, pb, type WatcherEvent } from "../src/index.js";
+import { Watcher, pb, type WatcherEvent } from "../src/index.js";
+import { connectLeaseChannel } from "../src/node.js";
 import { TEST_TIMEOUT_MS, Server, fastReconnect, freePort, scratchDir, withDeadline } from "./helpers.js";
 
 /** The next event the watcher reports, within the deadline. */
@@ -22,7 +23,7 @@ const update = async (watcher: Watcher, what: string): Promise<pb.UserPresence> 
 
 test("a watcher follows ONLINE and OFFLINE in version order", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start();
-  const channel = new LeaseChannel(server.transport);
+  const channel = connectLeaseChannel(server.url);
   try {
     const watcher = await Watcher.open(server.transport, ["w", "never"], { reconnect: fastReconnect() });
     assert.equal(watcher.store.get("w")?.state, pb.State.OFFLINE);
@@ -60,7 +61,7 @@ test("E8: a watcher resumes after a restart with the versions it holds, and the 
   const listen = `127.0.0.1:${await freePort()}`;
   const args = ["--data-dir", dataDir, "--shutdown-grace-ms", "200"];
   let server = await Server.start(args, { listen });
-  let channel = new LeaseChannel(server.transport);
+  let channel = connectLeaseChannel(server.url);
   try {
     await channel.register({ userId: "a", sessionId: "s", gatewayId: "g", ttlMs: 60_000 });
     await channel.register({ userId: "b", sessionId: "s", gatewayId: "g", ttlMs: 60_000 });
@@ -82,7 +83,7 @@ test("E8: a watcher resumes after a restart with the versions it holds, and the 
     channel.close();
     await server.stop();
     server = await Server.start(args, { listen });
-    channel = new LeaseChannel(server.transport);
+    channel = connectLeaseChannel(server.url);
     const event = await next(watcher, "the watcher reconnects");
     assert.equal(event.kind, "resynced");
     assert.equal(watcher.resumed, true, "the reopen said which versions it held and the server left them out");
@@ -97,7 +98,7 @@ test("E8: a watcher resumes after a restart with the versions it holds, and the 
 
 test("P3/P4: a user hidden from an open watch turns OFFLINE in the never-seen shape, newer, and comes back when revealed", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start(["--default-visibility", "everyone"]);
-  const channel = new LeaseChannel(server.transport);
+  const channel = connectLeaseChannel(server.url);
   try {
     await channel.register({ userId: "h", sessionId: "s", gatewayId: "g" });
     await server.client.setStatus({ userId: "h", status: { availability: pb.Availability.AWAY, text: "lunch" } });
@@ -127,7 +128,7 @@ test("P3/P4: a user hidden from an open watch turns OFFLINE in the never-seen sh
 
 test("E7: update adds users with their presence and forgets removed ones, without reopening", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start();
-  const channel = new LeaseChannel(server.transport);
+  const channel = connectLeaseChannel(server.url);
   try {
     await channel.register({ userId: "c", sessionId: "s", gatewayId: "g" });
     const watcher = await Watcher.open(server.transport, ["a", "b"], { reconnect: fastReconnect() });
