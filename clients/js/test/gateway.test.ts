@@ -150,6 +150,28 @@ test("L3: close with linger shortens the lease instead of deleting it", { timeou
   }
 });
 
+test("the node:http2 wire's pings notice a server that stops answering without closing, and the channel reopens", { timeout: TEST_TIMEOUT_MS }, async () => {
+  const server = await Server.start();
+  const channel = connectLeaseChannel(server.url, { reconnect: fastReconnect(), pingIntervalMs: 200, pingTimeoutMs: 300 });
+  try {
+    await channel.register({ userId: "p", sessionId: "s", gatewayId: "g" });
+    // The stream is open and idle: no batch waits for an answer, so only the pings can tell.
+    server.child.kill("SIGSTOP");
+    const stoppedAt = performance.now();
+    await until("the stream is taken as broken", () => channel.stats().streamsBroken === 1);
+    const noticedMs = performance.now() - stoppedAt;
+    assert.ok(noticedMs < 2_000, `noticed after ${noticedMs.toFixed(0)} ms (pings every 200 ms, 300 ms to answer)`);
+    server.child.kill("SIGCONT");
+    const again = await channel.register({ userId: "p", sessionId: "s2", gatewayId: "g" });
+    assert.ok(again.generation > 0n);
+    assert.equal(channel.stats().streamsOpened, 2, "a new stream, on a new connection");
+  } finally {
+    server.child.kill("SIGCONT");
+    channel.close();
+    await server.kill();
+  }
+});
+
 test("touch renews at once unless the last renewal is younger than the throttle", { timeout: TEST_TIMEOUT_MS }, async () => {
   const server = await Server.start(["--min-renew-interval-ms", "0"]);
   const channel = connectLeaseChannel(server.url);
