@@ -1,0 +1,132 @@
+//! The parts of etcd's v3 API that cluster mode uses.
+
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+/// etcd's v3 API as generated from `proto/etcd` (clients only).
+#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic, rust_2018_idioms)]
+pub mod api {
+    /// Keys, values and events.
+    pub mod mvccpb {
+        tonic::include_proto!("mvccpb");
+    }
+    /// Users and roles (imported by the RPC definitions).
+    pub mod authpb {
+        tonic::include_proto!("authpb");
+    }
+    /// KV, Watch and Lease.
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+    /// The election service (campaign, observe, resign).
+    pub mod v3electionpb {
+        tonic::include_proto!("v3electionpb");
+    }
+}
+
+use api::etcdserverpb::{kv_client::KvClient, lease_client::LeaseClient, watch_client::WatchClient};
+
+/// What went wrong talking to etcd.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The endpoint is not a URL tonic can connect to.
+    #[error("etcd endpoint {endpoint}: {source}")]
+    Endpoint {
+        /// As given.
+        endpoint: String,
+        /// Why it was refused.
+        source: tonic::transport::Error,
+    },
+    /// etcd could not be reached within the connect timeout.
+    #[error("etcd at {endpoint} could not be reached: {source}")]
+    Unreachable {
+        /// As given.
+        endpoint: String,
+        /// The connection's error.
+        source: tonic::transport::Error,
+    },
+    /// etcd answered an RPC with an error.
+    #[error("etcd refused {rpc}: {status}")]
+    Refused {
+        /// The RPC.
+        rpc: &'static str,
+        /// Its answer.
+        status: tonic::Status,
+    },
+    /// A stream etcd was sending on ended.
+    #[error("etcd ended the {0} stream")]
+    StreamEnded(&'static str),
+}
+
+impl Error {
+    pub(crate) fn refused(rpc: &'static str) -> impl FnOnce(tonic::Status) -> Error {
+        move |status| Error::Refused { rpc, status }
+    }
+}
+
+/// Clients of one etcd endpoint, sharing one HTTP/2 connection; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Etcd {
+    pub(crate) kv: KvClient<Channel>,
+    pub(crate) lease: LeaseClient<Channel>,
+    pub(crate) watch: WatchClient<Channel>,
+}
+
+/// How long connecting to etcd may take before [`Etcd::connect`] gives up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Etcd {
+    /// Connects to `endpoint` (`http://127.0.0.1:2379`). Once connected, a
+    /// lost connection is reconnected by tonic on the next call.
+    pub async fn connect(endpoint: &str) -> Result<Etcd, Error> {
+        let channel = Endpoint::from_shared(endpoint.to_owned())
+            .map_err(|source| Error::Endpoint { endpoint: endpoint.to_owned(), source })?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(3))
+            .connect()
+            .await
+            .map_err(|source| Error::Unreachable { endpoint: endpoint.to_owned(), source })?;
+        Ok(Etcd {
+            kv: KvClient::new(channel.clone()),
+            lease: LeaseClient::new(channel.clone()),
+            watch: WatchClient::new(channel),
+        })
+    }
+}
+
+impl Etcd {
+    /// One key's current value and revisions, if it exists.
+    pub async fn get(&self, key: &[u8]) -> Result<Option<api::mvccpb::KeyValue>, Error> {
+        let range = api::etcdserverpb::RangeRequest { key: key.to_vec(), ..Default::default() };
+        let answer = self.kv.clone().range(range).await.map_err(Error::refused("Range"))?.into_inner();
+        Ok(answer.kvs.into_iter().next())
+    }
+}
+
+/// The end of the key range that holds every key starting with `prefix`:
+/// etcd's convention, the prefix with its last byte increased.
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte was 0xff: to the end of the keyspace.
+    vec![0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_range_ends_at_the_prefix_with_its_last_byte_raised() {
+        assert_eq!(prefix_end(b"/presenced/slots/"), b"/presenced/slots0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+    }
+}

@@ -1,0 +1,28 @@
+//! presenced's cluster coordination on etcd (rules C1–C5 of the contract).
+//!
+//! etcd holds only small, slow data: one registration per node bound to that
+//! node's etcd lease, and the slot map (slot → owner, with the key's
+//! `mod_revision` as the ownership's epoch). Session leases never go to etcd:
+//! its lease keep-alives top out in the tens of thousands a second, where
+//! presenced serves millions.
+//!
+//! - [`slot_of`]: which of the fixed slots a user or room id falls in.
+//! - [`Etcd`]: the parts of etcd's v3 API this uses, over tonic, generated
+//!   without `protoc` (see `proto/etcd/README.md`).
+//! - [`NodeLease`]: a node's etcd lease, kept alive, and until when the node
+//!   may act on what it owns: the send time of the last keep-alive etcd
+//!   answered, plus the TTL it granted, less a margin. A node that cannot
+//!   reach etcd stops acting on its slots by then, before another node could
+//!   have been given them.
+//! - [`SlotMap`], [`SlotMapWatch`], [`claim_slot`]: the slot map, read and
+//!   followed from etcd, and changed only by compare-and-swap on the epoch.
+//!
+//! Without `--etcd` none of this runs (C5).
+
+mod etcd;
+mod lease;
+mod slots;
+
+pub use etcd::{Error, Etcd, api};
+pub use lease::{LeaseState, NodeLease};
+pub use slots::{Claim, SlotMap, SlotMapWatch, SlotOwner, claim_slot, register_node, slot_of};

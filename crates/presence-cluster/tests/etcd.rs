@@ -1,0 +1,194 @@
+//! Cluster coordination against a real etcd, started by each test on
+//! loopback ports with its own data directory (`etcd` from PATH, or
+//! `PRESENCED_ETCD_BIN`; `.ci/install-etcd` installs Debian's).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use presence_cluster::{Claim, Etcd, LeaseState, NodeLease, SlotMapWatch, SlotOwner, claim_slot, register_node};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// How long any one condition may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// One etcd member on loopback, killed when dropped.
+struct EtcdServer {
+    child: Child,
+    endpoint: String,
+    _data: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl EtcdServer {
+    async fn start() -> EtcdServer {
+        let binary = std::env::var("PRESENCED_ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
+        let data = TempDir(std::env::temp_dir().join(format!("presenced-etcd-{}-{}", std::process::id(), free_port())));
+        let (client, peer) = (free_port(), free_port());
+        let endpoint = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new(&binary)
+            .args(["--name", "test", "--data-dir"])
+            .arg(&data.0)
+            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("test={peer_url}")])
+            // Short raft timers, so that one-second leases are allowed and expire on time.
+            .args(["--heartbeat-interval", "10", "--election-timeout", "50"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|error| {
+                panic!("could not start {binary} ({error}): install etcd (bash .ci/install-etcd, or apt-get install etcd-server) or set PRESENCED_ETCD_BIN")
+            });
+        let server = EtcdServer { child, endpoint, _data: data };
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Ok(etcd) = Etcd::connect(&server.endpoint).await
+                && SlotMapWatch::start(&etcd, "/probe/", 1).await.is_ok()
+            {
+                return server;
+            }
+            assert!(Instant::now() < deadline, "etcd did not answer on {} within {PATIENCE:?}", server.endpoint);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn client(&self) -> Etcd {
+        Etcd::connect(&self.endpoint).await.unwrap()
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().unwrap().to_string();
+        assert!(std::process::Command::new("kill").args([signal, &pid]).status().unwrap().success());
+    }
+}
+
+/// Waits for `condition` to hold, polling, for at most [`PATIENCE`].
+async fn until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn node_registered(etcd: &Etcd, prefix: &str, node: &str) -> bool {
+    etcd.get(format!("{prefix}nodes/{node}").as_bytes()).await.unwrap().is_some()
+}
+
+#[tokio::test]
+async fn c1_a_node_registration_lives_as_long_as_its_lease_is_kept_alive() {
+    let server = EtcdServer::start().await;
+    let etcd = server.client().await;
+    let lease = NodeLease::grant(&etcd, Duration::from_secs(1), Duration::from_millis(200)).await.unwrap();
+    register_node(&etcd, "/c1/", "node-a", "127.0.0.1:7001", lease.id()).await.unwrap();
+    // Three TTLs later it is still there: the keep-alives hold it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(node_registered(&etcd, "/c1/", "node-a").await, "kept alive past three TTLs");
+    assert!(lease.is_valid_at(Instant::now()), "{:?}", lease.state());
+    // Keep-alives stop (the node died): etcd drops the registration within about a TTL.
+    let dropped_at = Instant::now();
+    drop(lease);
+    until("the registration goes with the lease", async || !node_registered(&etcd, "/c1/", "node-a").await).await;
+    // etcd checks for expired leases twice a second; the bound leaves room for a loaded machine.
+    let gone_after = dropped_at.elapsed();
+    assert!(gone_after <= Duration::from_secs(4), "gone {gone_after:?} after the keep-alives stopped (TTL 1 s)");
+}
+
+#[tokio::test]
+async fn c1_a_revoked_lease_takes_its_registration_at_once() {
+    let server = EtcdServer::start().await;
+    let etcd = server.client().await;
+    let lease = NodeLease::grant(&etcd, Duration::from_secs(30), Duration::from_secs(1)).await.unwrap();
+    register_node(&etcd, "/c1r/", "node-a", "127.0.0.1:7001", lease.id()).await.unwrap();
+    assert!(node_registered(&etcd, "/c1r/", "node-a").await);
+    lease.revoke().await.unwrap();
+    assert!(!node_registered(&etcd, "/c1r/", "node-a").await, "gone as soon as the revoke is answered");
+}
+
+#[tokio::test]
+async fn c4_a_node_cut_off_from_etcd_lapses_before_its_lease_could_have_expired() {
+    let server = EtcdServer::start().await;
+    let etcd = server.client().await;
+    let ttl = Duration::from_secs(2);
+    let granted_at = Instant::now();
+    let lease = NodeLease::grant(&etcd, ttl, Duration::from_millis(300)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let LeaseState::ValidUntil(before) = lease.state() else { panic!("{:?}", lease.state()) };
+    assert!(before >= granted_at + ttl, "keep-alives moved the deadline on from the grant's");
+    // etcd stops answering (as under a partition): the deadline moves no further.
+    server.signal("-STOP");
+    let stopped_at = Instant::now();
+    until("the node's lease lapses", async || !lease.is_valid_at(Instant::now())).await;
+    let lapsed_after = stopped_at.elapsed();
+    server.signal("-CONT");
+    assert!(matches!(lease.state(), LeaseState::ValidUntil(until) if until <= before + ttl), "{:?}", lease.state());
+    // etcd could have expired it no earlier than TTL after the last keep-alive
+    // it answered, which was sent before the stop: the node lapsed before that.
+    assert!(lapsed_after < ttl, "lapsed {lapsed_after:?} after etcd went silent; the TTL is {ttl:?}");
+}
+
+#[tokio::test]
+async fn c1_slots_change_owner_only_by_compare_and_swap_on_the_epoch_and_the_map_follows() {
+    let server = EtcdServer::start().await;
+    let etcd = server.client().await;
+    let map = SlotMapWatch::start(&etcd, "/c1s/", 8).await.unwrap();
+    assert!((0..8).all(|slot| map.current().owner(slot).is_none()));
+
+    let Claim::Won { epoch: first } = claim_slot(&etcd, "/c1s/", 3, "node-a", 0).await.unwrap() else {
+        panic!("an unowned slot is claimed")
+    };
+    // A second claim on what it saw as unowned is stale: the slot has an owner now.
+    let stale = claim_slot(&etcd, "/c1s/", 3, "node-b", 0).await.unwrap();
+    assert_eq!(stale, Claim::Stale { current: Some(SlotOwner { node: "node-a".into(), epoch: first }) });
+    until("the map shows node-a at the first epoch", async || {
+        map.current().owner(3) == Some(&SlotOwner { node: "node-a".into(), epoch: first })
+    })
+    .await;
+
+    // Moving it on from the epoch seen gives a larger epoch.
+    let Claim::Won { epoch: second } = claim_slot(&etcd, "/c1s/", 3, "node-b", first).await.unwrap() else {
+        panic!("a move from the seen epoch")
+    };
+    assert!(second > first, "epochs grow: {first} then {second}");
+    assert!(
+        matches!(claim_slot(&etcd, "/c1s/", 3, "node-c", first).await.unwrap(), Claim::Stale { .. }),
+        "the old epoch is spent"
+    );
+    until("the map follows the move", async || map.current().owner(3).map(|owner| owner.epoch) == Some(second)).await;
+    assert_eq!(map.current().owned_by("node-b").collect::<Vec<_>>(), vec![3]);
+    assert!(map.current().revision() >= second);
+}
+
+#[tokio::test]
+async fn c5_the_slot_map_is_kept_while_etcd_is_away_and_catches_up_when_it_returns() {
+    let server = EtcdServer::start().await;
+    let etcd = server.client().await;
+    let map = SlotMapWatch::start(&etcd, "/c5/", 4).await.unwrap();
+    let Claim::Won { epoch } = claim_slot(&etcd, "/c5/", 1, "node-a", 0).await.unwrap() else { panic!() };
+    until("the map shows the claim", async || map.current().owner(1).is_some()).await;
+
+    server.signal("-STOP");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(map.current().owner(1), Some(&SlotOwner { node: "node-a".into(), epoch }), "kept while etcd is away");
+    server.signal("-CONT");
+
+    // A change made once etcd is back reaches the map, whether its watch
+    // survived the pause or was loaded afresh.
+    let other = server.client().await;
+    let Claim::Won { epoch: moved } = claim_slot(&other, "/c5/", 1, "node-b", epoch).await.unwrap() else { panic!() };
+    until("the map catches up", async || map.current().owner(1).map(|owner| owner.epoch) == Some(moved)).await;
+}
