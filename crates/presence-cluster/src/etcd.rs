@@ -26,6 +26,7 @@ pub mod api {
 }
 
 use api::etcdserverpb::{kv_client::KvClient, lease_client::LeaseClient, watch_client::WatchClient};
+use api::v3electionpb::election_client::ElectionClient;
 
 /// What went wrong talking to etcd.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,7 @@ pub struct Etcd {
     pub(crate) kv: KvClient<Channel>,
     pub(crate) lease: LeaseClient<Channel>,
     pub(crate) watch: WatchClient<Channel>,
+    pub(crate) election: ElectionClient<Channel>,
 }
 
 /// How long connecting to etcd may take before [`Etcd::connect`] gives up.
@@ -91,7 +93,8 @@ impl Etcd {
         Ok(Etcd {
             kv: KvClient::new(channel.clone()),
             lease: LeaseClient::new(channel.clone()),
-            watch: WatchClient::new(channel),
+            watch: WatchClient::new(channel.clone()),
+            election: ElectionClient::new(channel),
         })
     }
 }

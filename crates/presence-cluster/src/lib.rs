@@ -16,13 +16,21 @@
 //!   have been given them.
 //! - [`SlotMap`], [`SlotMapWatch`], [`claim_slot`]: the slot map, read and
 //!   followed from etcd, and changed only by compare-and-swap on the epoch.
+//! - [`Coordinator`]: one node at a time, elected through etcd's election
+//!   API, gives every slot without a live owner to a live node
+//!   ([`repairs`]), its writes fenced by its leadership.
 //!
 //! Without `--etcd` none of this runs (C5).
 
+mod coordinator;
 mod etcd;
+mod follow;
 mod lease;
 mod slots;
 
+pub use coordinator::Coordinator;
 pub use etcd::{Error, Etcd, api};
 pub use lease::{LeaseState, NodeLease};
-pub use slots::{Claim, SlotMap, SlotMapWatch, SlotOwner, claim_slot, register_node, slot_of};
+pub use slots::{
+    Claim, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, SlotOwner, claim_slot, register_node, repairs, slot_of,
+};

@@ -12,18 +12,14 @@
 //!   slot at the same epoch.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
 
 use crate::api::etcdserverpb::{
-    Compare, PutRequest, RangeRequest, RequestOp, TxnRequest, WatchCreateRequest, WatchRequest, compare, request_op,
-    response_op, watch_request,
+    Compare, PutRequest, RangeRequest, RequestOp, TxnRequest, compare, request_op, response_op,
 };
-use crate::api::mvccpb::{KeyValue, event::EventType};
-use crate::etcd::prefix_end;
+use crate::api::mvccpb::KeyValue;
+use crate::follow::{Followed, View};
 use crate::{Error, Etcd};
 
 /// Which of `slots` slots `id` (a user id, or a room id) falls in:
@@ -82,17 +78,6 @@ impl SlotMap {
             .filter(move |(_, owner)| owner.as_ref().is_some_and(|owner| owner.node == node))
             .map(|(slot, _)| slot as u32)
     }
-
-    /// Applies one key's new state (`None`: deleted); keys that are not a
-    /// slot of this map are left alone (and said so).
-    fn apply(&mut self, prefix: &str, key: &[u8], owner: Option<SlotOwner>) {
-        match parse_slot(prefix, key).filter(|&slot| slot < self.slots()) {
-            Some(slot) => self.owners[slot as usize] = owner,
-            None => {
-                tracing::warn!(key = %String::from_utf8_lossy(key), "a key under the slot prefix that names no slot; ignored")
-            }
-        }
-    }
 }
 
 fn slots_prefix(prefix: &str) -> String {
@@ -101,11 +86,6 @@ fn slots_prefix(prefix: &str) -> String {
 
 fn slot_key(prefix: &str, slot: u32) -> Vec<u8> {
     format!("{prefix}slots/{slot}").into_bytes()
-}
-
-fn parse_slot(prefix: &str, key: &[u8]) -> Option<u32> {
-    let rest = key.strip_prefix(slots_prefix(prefix).as_bytes())?;
-    std::str::from_utf8(rest).ok()?.parse().ok()
 }
 
 fn owner_of(kv: &KeyValue) -> Option<SlotOwner> {
@@ -145,7 +125,57 @@ pub enum Claim {
 /// Gives `slot` to `node` if its ownership is still at `seen_epoch` (0: the
 /// slot has no owner), in one etcd transaction.
 pub async fn claim_slot(etcd: &Etcd, prefix: &str, slot: u32, node: &str, seen_epoch: i64) -> Result<Claim, Error> {
+    match claim(etcd, prefix, slot, node, seen_epoch, None).await? {
+        FencedClaim::Claimed(claim) => Ok(claim),
+        FencedClaim::Fenced => unreachable!("a claim without a fence is never fenced off"),
+    }
+}
+
+/// A key that must still exist with this `create_revision` for a write to be
+/// made: the coordinator's leadership, so that a coordinator that lost it
+/// (its lease expired, another node was elected) writes nothing more.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fence {
+    pub(crate) key: Vec<u8>,
+    pub(crate) create_revision: i64,
+}
+
+/// What a fenced claim came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FencedClaim {
+    Claimed(Claim),
+    /// The fence's key is gone or was made again: nothing was written.
+    Fenced,
+}
+
+/// [`claim_slot`], written only while `fence` holds.
+pub(crate) async fn claim_fenced(
+    etcd: &Etcd,
+    prefix: &str,
+    slot: u32,
+    node: &str,
+    seen_epoch: i64,
+    fence: &Fence,
+) -> Result<FencedClaim, Error> {
+    claim(etcd, prefix, slot, node, seen_epoch, Some(fence)).await
+}
+
+async fn claim(
+    etcd: &Etcd,
+    prefix: &str,
+    slot: u32,
+    node: &str,
+    seen_epoch: i64,
+    fence: Option<&Fence>,
+) -> Result<FencedClaim, Error> {
     let key = slot_key(prefix, slot);
+    let fenced = fence.map(|fence| Compare {
+        result: compare::CompareResult::Equal as i32,
+        target: compare::CompareTarget::Create as i32,
+        key: fence.key.clone(),
+        range_end: Vec::new(),
+        target_union: Some(compare::TargetUnion::CreateRevision(fence.create_revision)),
+    });
     let unchanged = Compare {
         result: compare::CompareResult::Equal as i32,
         target: compare::CompareTarget::Mod as i32,
@@ -160,135 +190,164 @@ pub async fn claim_slot(etcd: &Etcd, prefix: &str, slot: u32, node: &str, seen_e
             ..PutRequest::default()
         })),
     };
-    let read =
-        RequestOp { request: Some(request_op::Request::RequestRange(RangeRequest { key, ..RangeRequest::default() })) };
+    let read = |key: Vec<u8>| RequestOp {
+        request: Some(request_op::Request::RequestRange(RangeRequest { key, ..RangeRequest::default() })),
+    };
+    let mut failure = vec![read(key)];
+    failure.extend(fence.map(|fence| read(fence.key.clone())));
+    let compare = [unchanged].into_iter().chain(fenced).collect();
     let answer = etcd
         .kv
         .clone()
-        .txn(TxnRequest { compare: vec![unchanged], success: vec![put], failure: vec![read] })
+        .txn(TxnRequest { compare, success: vec![put], failure })
         .await
         .map_err(Error::refused("Txn"))?
         .into_inner();
     if answer.succeeded {
         // The put is the transaction's only write: its revision is the key's new mod_revision.
         let epoch = answer.header.map_or(0, |header| header.revision);
-        return Ok(Claim::Won { epoch });
+        return Ok(FencedClaim::Claimed(Claim::Won { epoch }));
     }
-    let current = answer.responses.into_iter().find_map(|op| match op.response {
-        Some(response_op::Response::ResponseRange(range)) => range.kvs.first().and_then(owner_of),
+    // The failure branch read the slot, then the fence's key.
+    let mut read_back = answer.responses.into_iter().map(|op| match op.response {
+        Some(response_op::Response::ResponseRange(range)) => range.kvs.into_iter().next(),
         _ => None,
     });
-    Ok(Claim::Stale { current })
+    let current = read_back.next().flatten();
+    if let Some(fence) = fence {
+        let held = read_back.next().flatten().is_some_and(|kv| kv.create_revision == fence.create_revision);
+        if !held {
+            return Ok(FencedClaim::Fenced);
+        }
+    }
+    Ok(FencedClaim::Claimed(Claim::Stale { current: current.as_ref().and_then(owner_of) }))
 }
 
-/// The slot map, loaded from etcd and followed through a watch: each change
-/// is applied in etcd's order, so the map moves from one revision to a later
-/// one and never back. A broken watch (etcd down, a compaction) is followed
-/// by a fresh load, retried every second until etcd answers; meanwhile the
-/// map stays as it was, which is what a node serves by while etcd is away.
-#[derive(Debug)]
-pub struct SlotMapWatch {
-    map: watch::Receiver<Arc<SlotMap>>,
-    follower: JoinHandle<()>,
+/// The claims that give every slot a live owner: each slot that has none,
+/// or whose owner is not among `live`, goes to the live node owning the
+/// fewest slots at that point (ties to the first in `live`'s order). Slots
+/// of live owners stay where they are: moving them is a planned move's
+/// business, not repair's. Returns (slot, new owner, epoch seen).
+pub fn repairs(map: &SlotMap, live: &[String]) -> Vec<(u32, String, i64)> {
+    if live.is_empty() {
+        return Vec::new();
+    }
+    let mut load: Vec<usize> = live.iter().map(|node| map.owned_by(node).count()).collect();
+    let mut claims = Vec::new();
+    for slot in 0..map.slots() {
+        let owner = map.owner(slot);
+        if owner.is_some_and(|owner| live.contains(&owner.node)) {
+            continue;
+        }
+        let (index, _) =
+            load.iter().enumerate().min_by_key(|&(index, count)| (*count, index)).expect("live is not empty");
+        load[index] += 1;
+        claims.push((slot, live[index].clone(), owner.map_or(0, |owner| owner.epoch)));
+    }
+    claims
 }
+
+/// The slot map, loaded from etcd and followed through a watch (see
+/// `follow.rs`): kept while etcd is away, caught up when it returns.
+#[derive(Debug)]
+pub struct SlotMapWatch(Followed<SlotMap>);
 
 impl SlotMapWatch {
     /// Loads the map of `slots` slots under `prefix`, then follows it.
     pub async fn start(etcd: &Etcd, prefix: &str, slots: u32) -> Result<SlotMapWatch, Error> {
-        let loaded = load(etcd, prefix, slots).await?;
-        let (publish, map) = watch::channel(Arc::new(loaded));
-        let follower = tokio::spawn(follow(etcd.clone(), prefix.to_owned(), slots, publish));
-        Ok(SlotMapWatch { map, follower })
+        Ok(SlotMapWatch(Followed::start(etcd, slots_prefix(prefix), SlotMap::empty(slots)).await?))
     }
 
     /// The map as last seen.
     pub fn current(&self) -> Arc<SlotMap> {
-        Arc::clone(&self.map.borrow())
+        self.0.current()
     }
 
     /// Changes of the map, to wait on.
     pub fn subscribe(&self) -> watch::Receiver<Arc<SlotMap>> {
-        self.map.clone()
+        self.0.subscribe()
     }
 }
 
-impl Drop for SlotMapWatch {
-    fn drop(&mut self) {
-        self.follower.abort();
-    }
-}
-
-async fn load(etcd: &Etcd, prefix: &str, slots: u32) -> Result<SlotMap, Error> {
-    let start = slots_prefix(prefix).into_bytes();
-    let range = RangeRequest { range_end: prefix_end(&start), key: start, ..RangeRequest::default() };
-    let answer = etcd.kv.clone().range(range).await.map_err(Error::refused("Range"))?.into_inner();
-    let mut map = SlotMap::empty(slots);
-    for kv in &answer.kvs {
-        map.apply(prefix, &kv.key, owner_of(kv));
-    }
-    map.revision = answer.header.map_or(0, |header| header.revision);
-    Ok(map)
-}
-
-const RELOAD_AFTER: Duration = Duration::from_secs(1);
-
-async fn follow(etcd: Etcd, prefix: String, slots: u32, publish: watch::Sender<Arc<SlotMap>>) {
-    loop {
-        let from = publish.borrow().revision + 1;
-        match watch_from(&etcd, &prefix, from, &publish).await {
-            Ok(()) => {}
-            Err(error) => tracing::warn!(%error, "the slot map's watch broke; reloading"),
-        }
-        // Whatever broke the watch, the map is loaded again before it is followed again.
-        loop {
-            tokio::time::sleep(RELOAD_AFTER).await;
-            match load(&etcd, &prefix, slots).await {
-                Ok(map) => {
-                    if map.revision >= publish.borrow().revision {
-                        publish.send_replace(Arc::new(map));
-                    }
-                    break;
-                }
-                Err(error) => tracing::warn!(%error, "the slot map could not be loaded; keeping the last one"),
+impl View for SlotMap {
+    fn apply(&mut self, name: &[u8], kv: Option<&KeyValue>) {
+        let slot = std::str::from_utf8(name)
+            .ok()
+            .and_then(|name| name.parse::<u32>().ok())
+            .filter(|&slot| slot < self.slots());
+        match slot {
+            Some(slot) => self.owners[slot as usize] = kv.and_then(owner_of),
+            None => {
+                tracing::warn!(key = %String::from_utf8_lossy(name), "a key under the slot prefix that names no slot; ignored")
             }
         }
     }
+
+    fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    fn set_revision(&mut self, revision: i64) {
+        self.revision = revision;
+    }
 }
 
-/// Applies the changes after revision `from - 1` until the watch ends.
-async fn watch_from(etcd: &Etcd, prefix: &str, from: i64, publish: &watch::Sender<Arc<SlotMap>>) -> Result<(), Error> {
-    let key = slots_prefix(prefix).into_bytes();
-    let create = WatchRequest {
-        request_union: Some(watch_request::RequestUnion::CreateRequest(WatchCreateRequest {
-            range_end: prefix_end(&key),
-            key,
-            start_revision: from,
-            ..WatchCreateRequest::default()
-        })),
-    };
-    let (requests, stream) = mpsc::channel(1);
-    requests.send(create).await.map_err(|_| Error::StreamEnded("Watch"))?;
-    let mut events =
-        etcd.watch.clone().watch(ReceiverStream::new(stream)).await.map_err(Error::refused("Watch"))?.into_inner();
-    while let Some(answer) = events.message().await.map_err(Error::refused("Watch"))? {
-        if answer.canceled {
-            // A compaction past `from`, or etcd cancelling: load afresh.
-            return Err(Error::StreamEnded("Watch"));
-        }
-        if answer.events.is_empty() {
-            continue;
-        }
-        let mut map = SlotMap::clone(&publish.borrow());
-        for event in &answer.events {
-            let Some(kv) = &event.kv else { continue };
-            let owner = if event.r#type == EventType::Delete as i32 { None } else { owner_of(kv) };
-            map.apply(prefix, &kv.key, owner);
-            map.revision = map.revision.max(kv.mod_revision);
-        }
-        publish.send_replace(Arc::new(map));
+/// The nodes registered under a prefix: id → advertised address.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeSet {
+    nodes: std::collections::BTreeMap<String, String>,
+    revision: i64,
+}
+
+impl NodeSet {
+    /// The live nodes' ids, ascending.
+    pub fn ids(&self) -> Vec<String> {
+        self.nodes.keys().cloned().collect()
     }
-    drop(requests);
-    Err(Error::StreamEnded("Watch"))
+
+    /// Where `node` is reached, if it is registered.
+    pub fn address(&self, node: &str) -> Option<&str> {
+        self.nodes.get(node).map(String::as_str)
+    }
+}
+
+impl View for NodeSet {
+    fn apply(&mut self, name: &[u8], kv: Option<&KeyValue>) {
+        let Ok(node) = std::str::from_utf8(name) else { return };
+        match kv.and_then(|kv| String::from_utf8(kv.value.clone()).ok()) {
+            Some(address) => self.nodes.insert(node.to_owned(), address),
+            None => self.nodes.remove(node),
+        };
+    }
+
+    fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    fn set_revision(&mut self, revision: i64) {
+        self.revision = revision;
+    }
+}
+
+/// The registered nodes, followed as [`SlotMapWatch`] follows the slots.
+#[derive(Debug)]
+pub struct NodeSetWatch(Followed<NodeSet>);
+
+impl NodeSetWatch {
+    /// Loads the nodes registered under `prefix`, then follows them.
+    pub async fn start(etcd: &Etcd, prefix: &str) -> Result<NodeSetWatch, Error> {
+        Ok(NodeSetWatch(Followed::start(etcd, format!("{prefix}nodes/"), NodeSet::default()).await?))
+    }
+
+    /// The nodes as last seen.
+    pub fn current(&self) -> Arc<NodeSet> {
+        self.0.current()
+    }
+
+    /// Changes of the set, to wait on.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<NodeSet>> {
+        self.0.subscribe()
+    }
 }
 
 #[cfg(test)]
@@ -320,11 +379,45 @@ mod tests {
     }
 
     #[test]
-    fn slot_keys_parse_back_and_others_do_not() {
-        let key = slot_key("/p/", 17);
-        assert_eq!(key, b"/p/slots/17");
-        assert_eq!(parse_slot("/p/", &key), Some(17));
-        assert_eq!(parse_slot("/p/", b"/p/slots/x"), None);
-        assert_eq!(parse_slot("/p/", b"/q/slots/1"), None);
+    fn slot_keys_name_their_slot_and_others_change_nothing() {
+        assert_eq!(slot_key("/p/", 17), b"/p/slots/17");
+        let owned = |node: &str, epoch| KeyValue {
+            value: node.as_bytes().to_vec(),
+            mod_revision: epoch,
+            ..KeyValue::default()
+        };
+        let mut map = SlotMap::empty(32);
+        map.apply(b"17", Some(&owned("a", 5)));
+        map.apply(b"x", Some(&owned("b", 6)));
+        map.apply(b"32", Some(&owned("b", 7)));
+        assert_eq!(map.owner(17), Some(&SlotOwner { node: "a".into(), epoch: 5 }));
+        assert_eq!(map.owned_by("b").count(), 0, "no slot named x, and 32 is past the last");
+        map.apply(b"17", None);
+        assert_eq!(map.owner(17), None);
+    }
+
+    fn map_of(owners: &[Option<(&str, i64)>]) -> SlotMap {
+        let owners =
+            owners.iter().map(|owner| owner.map(|(node, epoch)| SlotOwner { node: node.into(), epoch })).collect();
+        SlotMap { owners, revision: 0 }
+    }
+
+    #[test]
+    fn repairs_give_every_slot_a_live_owner_evenly_and_leave_live_owners_alone() {
+        let live = |nodes: &[&str]| nodes.iter().map(|node| (*node).to_owned()).collect::<Vec<_>>();
+        // From nothing: an even spread, every claim from epoch 0.
+        let claims = repairs(&SlotMap::empty(64), &live(&["a", "b", "c"]));
+        assert_eq!(claims.len(), 64);
+        assert!(claims.iter().all(|(_, _, seen)| *seen == 0));
+        let count = |node: &str| claims.iter().filter(|(_, owner, _)| owner == node).count();
+        assert_eq!((count("a"), count("b"), count("c")), (22, 21, 21));
+        // A dead owner's slots go to the least loaded, from the epoch they were at; the live keep theirs.
+        let map =
+            map_of(&[Some(("a", 3)), Some(("b", 4)), Some(("dead", 9)), Some(("dead", 10)), None, Some(("a", 5))]);
+        assert_eq!(
+            repairs(&map, &live(&["a", "b"])),
+            vec![(2, "b".to_owned(), 9), (3, "a".to_owned(), 10), (4, "b".to_owned(), 0)]
+        );
+        assert!(repairs(&map, &[]).is_empty(), "no live node: nothing to give slots to");
     }
 }

@@ -5,7 +5,11 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use presence_cluster::{Claim, Etcd, LeaseState, NodeLease, SlotMapWatch, SlotOwner, claim_slot, register_node};
+use std::collections::BTreeMap;
+
+use presence_cluster::{
+    Claim, Coordinator, Etcd, LeaseState, NodeLease, SlotMap, SlotMapWatch, SlotOwner, claim_slot, register_node,
+};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -191,4 +195,76 @@ async fn c5_the_slot_map_is_kept_while_etcd_is_away_and_catches_up_when_it_retur
     let other = server.client().await;
     let Claim::Won { epoch: moved } = claim_slot(&other, "/c5/", 1, "node-b", epoch).await.unwrap() else { panic!() };
     until("the map catches up", async || map.current().owner(1).map(|owner| owner.epoch) == Some(moved)).await;
+}
+
+/// Slots per owner, for every slot that has one.
+fn loads(map: &SlotMap) -> BTreeMap<String, usize> {
+    let mut loads = BTreeMap::new();
+    for slot in 0..map.slots() {
+        if let Some(owner) = map.owner(slot) {
+            *loads.entry(owner.node.clone()).or_default() += 1;
+        }
+    }
+    loads
+}
+
+#[tokio::test]
+async fn c4_the_elected_coordinator_gives_every_slot_a_live_owner_and_a_dead_nodes_slots_to_the_others() {
+    const SLOTS: u32 = 64;
+    const TTL: Duration = Duration::from_secs(1);
+    let server = EtcdServer::start().await;
+    let etcd = server.client().await;
+    // All three register before any campaigns: repairs give slots only to
+    // the nodes there are (a node that joins later gets slots by a planned
+    // move, not by repair).
+    let mut leases = Vec::new();
+    for (index, node) in ["a", "b", "c"].into_iter().enumerate() {
+        let lease = NodeLease::grant(&etcd, TTL, Duration::from_millis(200)).await.unwrap();
+        register_node(&etcd, "/c4/", node, &format!("127.0.0.1:{}", 7001 + index), lease.id()).await.unwrap();
+        leases.push((node, lease));
+    }
+    let mut nodes = BTreeMap::new();
+    for (node, lease) in leases {
+        let coordinator = Coordinator::start(&etcd, "/c4/", SLOTS, node, lease.id());
+        nodes.insert(node, (lease, coordinator));
+    }
+    let map = SlotMapWatch::start(&etcd, "/c4/", SLOTS).await.unwrap();
+    until("every slot has an owner, spread evenly", async || {
+        let loads = loads(&map.current());
+        loads.values().sum::<usize>() == SLOTS as usize
+            && loads.len() == 3
+            && loads.values().all(|&n| (21..=22).contains(&n))
+    })
+    .await;
+    until("one coordinator", async || nodes.values().filter(|(_, coordinator)| coordinator.is_leading()).count() == 1)
+        .await;
+    let before = map.current();
+
+    // The coordinator's node dies: its lease runs out, another node is
+    // elected, and it gives the dead node's slots to the two that are left.
+    let dead = *nodes.iter().find(|(_, (_, coordinator))| coordinator.is_leading()).unwrap().0;
+    let died_at = Instant::now();
+    nodes.remove(dead);
+    until("the dead node's slots have live owners", async || {
+        let loads = loads(&map.current());
+        !loads.contains_key(dead) && loads.values().sum::<usize>() == SLOTS as usize
+    })
+    .await;
+    let taken_over = died_at.elapsed();
+    assert!(taken_over <= TTL + Duration::from_secs(2), "taken over {taken_over:?} after the node died (TTL {TTL:?})");
+    until("one coordinator again", async || {
+        nodes.values().filter(|(_, coordinator)| coordinator.is_leading()).count() == 1
+    })
+    .await;
+
+    let after = map.current();
+    assert_eq!(loads(&after).values().copied().collect::<Vec<_>>(), vec![32, 32], "{:?}", loads(&after));
+    for slot in 0..SLOTS {
+        let (was, now) = (before.owner(slot).unwrap(), after.owner(slot).unwrap());
+        if was.node == dead {
+            assert!(now.epoch > was.epoch, "slot {slot}: a new owner, a new and larger epoch ({was:?} -> {now:?})");
+        } else {
+            assert_eq!(now, was, "slot {slot}: a live owner keeps its slot and its epoch");
+        }
+    }
 }

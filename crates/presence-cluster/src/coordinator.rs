@@ -1,0 +1,109 @@
+//! The coordinator: one node at a time, elected through etcd's election API
+//! on the node's lease, gives every slot without a live owner to a live node.
+//!
+//! Leadership is a key etcd's election service makes under the node's lease:
+//! when the node dies (its lease expires) or resigns, the next campaigner
+//! is elected. Every slot the coordinator writes is written in a
+//! transaction that also checks its leadership key still exists as it was
+//! created, so a coordinator that lost the election (and does not know yet)
+//! writes nothing; and on the slot's epoch, so it never overwrites a change
+//! it did not see.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::api::v3electionpb::CampaignRequest;
+use crate::slots::{Fence, FencedClaim, NodeSetWatch, SlotMapWatch, claim_fenced, repairs};
+use crate::{Claim, Error, Etcd};
+
+/// A node's part in the election, and while elected, the coordinator's work.
+#[derive(Debug)]
+pub struct Coordinator {
+    leading: watch::Receiver<bool>,
+    task: JoinHandle<()>,
+}
+
+/// How often the coordinator looks again even if nothing changed: claims
+/// that failed for etcd's reasons are retried by it.
+const RECHECK: Duration = Duration::from_secs(1);
+
+impl Coordinator {
+    /// Campaigns for `node` (on its etcd lease `lease`) to coordinate the
+    /// `slots` slots under `prefix`, and coordinates while elected.
+    pub fn start(etcd: &Etcd, prefix: &str, slots: u32, node: &str, lease: i64) -> Coordinator {
+        let (publish, leading) = watch::channel(false);
+        let task = tokio::spawn(campaign(etcd.clone(), prefix.to_owned(), slots, node.to_owned(), lease, publish));
+        Coordinator { leading, task }
+    }
+
+    /// Whether this node is the coordinator, as far as it knows.
+    pub fn is_leading(&self) -> bool {
+        *self.leading.borrow()
+    }
+}
+
+impl Drop for Coordinator {
+    /// Stops campaigning and coordinating (the election key goes with the node's lease).
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn campaign(etcd: Etcd, prefix: String, slots: u32, node: String, lease: i64, leading: watch::Sender<bool>) {
+    let name = format!("{prefix}coordinator").into_bytes();
+    loop {
+        let request = CampaignRequest { name: name.clone(), lease, value: node.as_bytes().to_vec() };
+        // Answers once this node is elected; meanwhile it waits in line.
+        let elected = etcd.election.clone().campaign(request).await;
+        let fence = match elected {
+            Ok(answer) => match answer.into_inner().leader {
+                Some(leader) => Fence { key: leader.key, create_revision: leader.rev },
+                None => continue,
+            },
+            Err(status) => {
+                tracing::warn!(%status, "campaigning for coordinator failed; again in a second");
+                tokio::time::sleep(RECHECK).await;
+                continue;
+            }
+        };
+        tracing::info!(node, "elected coordinator");
+        leading.send_replace(true);
+        let ended = coordinate(&etcd, &prefix, slots, &fence).await;
+        leading.send_replace(false);
+        match ended {
+            Ok(()) => tracing::info!(node, "no longer the coordinator"),
+            Err(error) => tracing::warn!(node, %error, "stopped coordinating"),
+        }
+        tokio::time::sleep(RECHECK).await;
+    }
+}
+
+/// Repairs the slot map whenever it or the set of nodes changes, until the
+/// leadership is found gone (a fenced claim): `Ok` then.
+async fn coordinate(etcd: &Etcd, prefix: &str, slots: u32, fence: &Fence) -> Result<(), Error> {
+    let nodes = NodeSetWatch::start(etcd, prefix).await?;
+    let map = SlotMapWatch::start(etcd, prefix, slots).await?;
+    let (mut nodes_changed, mut map_changed) = (nodes.subscribe(), map.subscribe());
+    loop {
+        let live = nodes.current().ids();
+        let current = map.current();
+        for (slot, owner, seen) in repairs(&current, &live) {
+            match claim_fenced(etcd, prefix, slot, &owner, seen, fence).await {
+                Ok(FencedClaim::Claimed(Claim::Won { epoch })) => {
+                    tracing::info!(slot, owner, epoch, "slot given to a live node");
+                }
+                // Someone else changed it: the next round sees the change.
+                Ok(FencedClaim::Claimed(Claim::Stale { .. })) => {}
+                Ok(FencedClaim::Fenced) => return Ok(()),
+                Err(error) => tracing::warn!(slot, %error, "a slot claim failed; retried"),
+            }
+        }
+        tokio::select! {
+            _ = nodes_changed.changed() => {}
+            _ = map_changed.changed() => {}
+            () = tokio::time::sleep(RECHECK) => {}
+        }
+    }
+}
