@@ -106,6 +106,13 @@ impl Etcd {
         let answer = self.kv.clone().range(range).await.map_err(Error::refused("Range"))?.into_inner();
         Ok(answer.kvs.into_iter().next())
     }
+
+    /// Deletes one key; whether it existed.
+    pub async fn delete(&self, key: &[u8]) -> Result<bool, Error> {
+        let delete = api::etcdserverpb::DeleteRangeRequest { key: key.to_vec(), ..Default::default() };
+        let answer = self.kv.clone().delete_range(delete).await.map_err(Error::refused("DeleteRange"))?.into_inner();
+        Ok(answer.deleted > 0)
+    }
 }
 
 /// The end of the key range that holds every key starting with `prefix`:

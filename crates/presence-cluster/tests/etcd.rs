@@ -268,3 +268,34 @@ async fn c4_the_elected_coordinator_gives_every_slot_a_live_owner_and_a_dead_nod
         }
     }
 }
+
+#[tokio::test]
+async fn c1_a_coordinator_that_lost_its_election_is_fenced_off_and_steps_down() {
+    const SLOTS: u32 = 8;
+    let server = EtcdServer::start().await;
+    let etcd = server.client().await;
+    let ttl = Duration::from_secs(5);
+    let (a, b) = (
+        NodeLease::grant(&etcd, ttl, Duration::from_secs(1)).await.unwrap(),
+        NodeLease::grant(&etcd, ttl, Duration::from_secs(1)).await.unwrap(),
+    );
+    register_node(&etcd, "/fence/", "a", "127.0.0.1:7001", a.id()).await.unwrap();
+    register_node(&etcd, "/fence/", "b", "127.0.0.1:7002", b.id()).await.unwrap();
+    let first = Coordinator::start(&etcd, "/fence/", SLOTS, "a", a.id());
+    until("a is elected", async || first.is_leading()).await;
+    let second = Coordinator::start(&etcd, "/fence/", SLOTS, "b", b.id());
+    let map = SlotMapWatch::start(&etcd, "/fence/", SLOTS).await.unwrap();
+    until("every slot has an owner", async || loads(&map.current()).values().sum::<usize>() == SLOTS as usize).await;
+
+    // a's leadership goes without a knowing (as when a was paused past its
+    // lease): its election key is deleted, and b, next in line, is elected.
+    let key = format!("/fence/coordinator/{:x}", a.id());
+    assert!(etcd.delete(key.as_bytes()).await.unwrap(), "the election key is {key}");
+    until("b is elected", async || second.is_leading()).await;
+    // Both now believe they lead. A slot loses its owner: both try to repair
+    // it, and a's claim is refused by the fence, so a steps down.
+    assert!(etcd.delete(b"/fence/slots/0").await.unwrap());
+    until("a steps down", async || !first.is_leading()).await;
+    until("the slot has an owner again", async || map.current().owner(0).is_some()).await;
+    assert!(second.is_leading());
+}
