@@ -529,7 +529,12 @@ async fn get_on_a_new_connection(addr: SocketAddr) -> Result<StatusCode, String>
 /// (what a browser understands; an HTTP/2 client still gets its GOAWAY)
 /// and closed, the admitted keep working, and one leaving makes room.
 async fn the_cap_refuses_the_excess_http1_connection_with_a_503(threads: usize) {
-    let config = ServerConfig { connection_threads: threads, max_connections: 2, ..fast_config() };
+    let config = ServerConfig {
+        connection_threads: threads,
+        max_connections: 2,
+        cors_origins: vec!["https://app.example".into()],
+        ..fast_config()
+    };
     let server = TestServer::start(config).await;
     let mut pages = Vec::new();
     for _ in 0..2 {
@@ -546,6 +551,21 @@ async fn the_cap_refuses_the_excess_http1_connection_with_a_503(threads: usize) 
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "a 503: {answer:?}");
     assert!(answer.contains("too many connections (max-connections)"), "saying why: {answer:?}");
+    assert!(!answer.contains("access-control-allow-origin"), "no CORS headers for a request from no page: {answer:?}");
+    // A page of an allowed origin is given what it needs to read the 503
+    // (a browser would otherwise report a network error); another is not.
+    for (origin, allowed) in [("https://app.example", true), ("https://elsewhere.example", false)] {
+        let mut excess = TcpStream::connect(server.addr).await.unwrap();
+        let request = format!("GET /console/ HTTP/1.1\r\nhost: presenced\r\norigin: {origin}\r\n\r\n");
+        excess.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let _closed =
+            within(PATIENCE, "the refused page's connection is answered", excess.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "a 503: {answer:?}");
+        let header = format!("access-control-allow-origin: {origin}\r\n");
+        assert_eq!(answer.contains(&header), allowed, "{origin}: {answer:?}");
+    }
     let status = within(PATIENCE, "a client's view", get_on_a_new_connection(server.addr)).await;
     assert_eq!(status, Ok(StatusCode::SERVICE_UNAVAILABLE), "what fetch sees");
 

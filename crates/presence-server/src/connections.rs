@@ -91,16 +91,42 @@ fn refusal_frames() -> Vec<u8> {
 
 /// What a client beyond the cap that speaks HTTP/1 (a browser) is answered
 /// with: a 503 that fetch reports as such, with the gRPC status a gRPC-Web
-/// client reads (UNAVAILABLE, which clients retry), and the close.
-fn http1_refusal() -> Vec<u8> {
+/// client reads (UNAVAILABLE, which clients retry), and the close. A page of
+/// another origin that `--cors-origin` lets in (`allowed_origin`) is given
+/// the CORS headers it needs to read that answer at all: without them the
+/// browser hides it behind a network error.
+fn http1_refusal(allowed_origin: Option<&str>) -> Vec<u8> {
     const TEXT: &str = "presenced: too many connections (max-connections)\n";
+    let cors = allowed_origin.map_or_else(String::new, |origin| {
+        format!(
+            "access-control-allow-origin: {origin}\r\nvary: origin\r\n\
+             access-control-expose-headers: grpc-status, grpc-message, retry-after\r\n"
+        )
+    });
     format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n\
          content-length: {}\r\nretry-after: 1\r\ngrpc-status: 14\r\n\
-         grpc-message: too%20many%20connections\r\nconnection: close\r\n\r\n{TEXT}",
+         grpc-message: too%20many%20connections\r\n{cors}connection: close\r\n\r\n{TEXT}",
         TEXT.len()
     )
     .into_bytes()
+}
+
+/// The most of a refused HTTP/1 request that is read to find its `Origin`:
+/// a browser's request head is far smaller.
+const REFUSED_HEAD_BYTES: usize = 8 * 1024;
+
+/// The value of the `Origin` header in `head` (an HTTP/1 request head, or
+/// its start), if a whole line of it carries one.
+fn origin_of(head: &[u8]) -> Option<&str> {
+    // Whole lines only: up to the blank line that ends the head, or to the last line that ended.
+    let position = |needle: &[u8]| head.windows(needle.len()).position(|window| window == needle);
+    let end = position(b"\r\n\r\n").or_else(|| head.windows(2).rposition(|window| window == b"\r\n"))?;
+    let head = std::str::from_utf8(&head[..end]).ok()?;
+    head.split("\r\n").skip(1).find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim().eq_ignore_ascii_case("origin").then(|| value.trim())
+    })
 }
 
 /// Decides which connections are served: the connection cap and the
@@ -129,6 +155,9 @@ pub(crate) struct Admission {
     /// their GOAWAY is read (see `refuse`); bounded, because a flood of
     /// refused connections must not become a flood of tasks.
     lingering: Arc<Semaphore>,
+    /// The origins whose pages may call over gRPC-Web (`--cors-origin`), as
+    /// browsers send them: a refusal to one of their pages carries CORS headers.
+    cors_origins: Arc<[http::HeaderValue]>,
 }
 
 /// Refused connections kept open at once until their client has read the
@@ -143,7 +172,11 @@ const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 const REFUSAL_SNIFF: Duration = Duration::from_millis(250);
 
 impl Admission {
-    pub(crate) fn new(max_connections: usize, handshake_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        max_connections: usize,
+        handshake_timeout: Duration,
+        cors_origins: Vec<http::HeaderValue>,
+    ) -> Self {
         Admission {
             permits: Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS))),
             max_connections,
@@ -154,6 +187,7 @@ impl Admission {
             last_warning: Arc::default(),
             refused_unlogged: Arc::default(),
             lingering: Arc::new(Semaphore::new(LINGERING_REFUSALS)),
+            cors_origins: cors_origins.into(),
         }
     }
 
@@ -195,9 +229,10 @@ impl Admission {
             return;
         };
         let Ok(stream) = TcpStream::from_std(stream) else { return };
+        let cors_origins = Arc::clone(&self.cors_origins);
         runtime.spawn(async move {
             let _place = place;
-            answer_refused(stream).await;
+            answer_refused(stream, &cors_origins).await;
         });
     }
 }
@@ -206,21 +241,35 @@ impl Admission {
 /// keeps it open until its client closes or a second passes: closing a
 /// socket whose client's bytes are still arriving makes the kernel answer
 /// with a reset, which can reach the client before it has read the refusal.
-async fn answer_refused(mut stream: TcpStream) {
-    let mut first = [0; PREFACE_BYTES];
+async fn answer_refused(mut stream: TcpStream, cors_origins: &[http::HeaderValue]) {
+    let mut first = vec![0; REFUSED_HEAD_BYTES];
     let mut received = 0;
-    // Two bytes tell the preface ("PR") from every HTTP/1 method ("PO", "PU", "GE", ...).
-    let _ = tokio::time::timeout(REFUSAL_SNIFF, async {
-        while received < 2 {
+    // Two bytes tell the preface ("PR") from every HTTP/1 method ("PO",
+    // "PU", "GE", ...); an HTTP/1 request is read on to the end of its head,
+    // for its Origin.
+    let sniffed = tokio::time::timeout(REFUSAL_SNIFF, async {
+        loop {
             match stream.read(&mut first[received..]).await {
                 Ok(0) | Err(_) => break,
                 Ok(read) => received += read,
             }
+            let head = &first[..received];
+            let http2 = PREFACE.starts_with(&head[..head.len().min(PREFACE_BYTES)]);
+            if received >= 2 && (http2 || head.windows(4).any(|w| w == b"\r\n\r\n") || received == first.len()) {
+                break;
+            }
         }
-    })
-    .await;
-    let http1 = received > 0 && !PREFACE.starts_with(&first[..received]);
-    let answer = if http1 { http1_refusal() } else { refusal_frames() };
+    });
+    let _ = sniffed.await;
+    let head = &first[..received];
+    let http1 = received > 0 && !PREFACE.starts_with(&head[..received.min(PREFACE_BYTES)]);
+    let answer = if http1 {
+        let origin =
+            origin_of(head).filter(|origin| cors_origins.iter().any(|allowed| allowed.as_bytes() == origin.as_bytes()));
+        http1_refusal(origin)
+    } else {
+        refusal_frames()
+    };
     let _ = tokio::time::timeout(REFUSAL_LINGER, async {
         let _ = stream.write_all(&answer).await;
         let _ = stream.shutdown().await;
@@ -614,7 +663,7 @@ mod tests {
         drop(gone);
         let (live_thread, mut served) = mpsc::channel(4);
         let (reports, results): (Vec<_>, Vec<_>) = (0..2).map(|_| oneshot::channel()).unzip();
-        let admission = Admission::new(8, Duration::from_secs(10));
+        let admission = Admission::new(8, Duration::from_secs(10), Vec::new());
         let threads = ConnectionThreads { handoff: vec![stopped_thread, live_thread], stopped: results, admission };
         let stopping = CancellationToken::new();
         let accepting = tokio::spawn(threads.serve(TcpIncoming::from(listener), stopping.clone()));
@@ -648,7 +697,7 @@ mod tests {
         // A thread that is stuck: its queue holds one connection and nothing takes it.
         let (stuck_thread, mut queued) = mpsc::channel(1);
         let (report, result) = oneshot::channel();
-        let admission = Admission::new(8, Duration::from_secs(10));
+        let admission = Admission::new(8, Duration::from_secs(10), Vec::new());
         let threads = ConnectionThreads { handoff: vec![stuck_thread], stopped: vec![result], admission };
         let stopping = CancellationToken::new();
         let accepting = tokio::spawn(threads.serve(TcpIncoming::from(listener), stopping.clone()));
@@ -709,13 +758,41 @@ mod tests {
 
     #[test]
     fn a_refused_http1_client_is_answered_with_a_503() {
-        let refusal = String::from_utf8(http1_refusal()).unwrap();
+        let refusal = String::from_utf8(http1_refusal(None)).unwrap();
         let (head, body) = refusal.split_once("\r\n\r\n").expect("a head and a body");
         assert!(head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{head}");
         let length: usize =
             head.lines().find_map(|line| line.strip_prefix("content-length: ")).unwrap().parse().unwrap();
         assert_eq!(length, body.len());
         assert!(head.contains("\r\nconnection: close") && head.contains("\r\ngrpc-status: 14"), "{head}");
+    }
+
+    #[test]
+    fn a_refusal_to_an_allowed_page_carries_the_cors_headers_it_needs_to_be_read() {
+        let refusal = String::from_utf8(http1_refusal(Some("https://app.example"))).unwrap();
+        let (head, body) = refusal.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains("\r\naccess-control-allow-origin: https://app.example\r\n"), "{head}");
+        assert!(
+            head.contains("\r\naccess-control-expose-headers: grpc-status, grpc-message, retry-after\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("\r\nvary: origin\r\n") && body.contains("too many connections"), "{refusal}");
+        assert!(!String::from_utf8(http1_refusal(None)).unwrap().contains("access-control"), "none for other pages");
+    }
+
+    #[test]
+    fn the_origin_is_read_from_whole_header_lines_only() {
+        let head = b"POST /presence.v1.Presence/Watch HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\n\r\n";
+        assert_eq!(origin_of(head), Some("https://app.example"));
+        assert_eq!(origin_of(b"GET / HTTP/1.1\r\norigin:https://a.example\r\nHost: x\r\n"), Some("https://a.example"));
+        assert_eq!(origin_of(b"GET / HTTP/1.1\r\nOrigin: https://cut"), None, "a line still arriving");
+        assert_eq!(origin_of(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), None);
+        assert_eq!(origin_of(b"GET /origin: HTTP/1.1\r\n\r\n"), None, "not from the request line");
+        assert_eq!(
+            origin_of(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nOrigin: https://body.example\r\n"),
+            None,
+            "not past the head"
+        );
     }
 
     #[test]

@@ -305,12 +305,12 @@ async fn serve_prepared(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .prepare();
-    let front = web::Front::new(routes, cors_origins, config.console);
+    let front = web::Front::new(routes, cors_origins.clone(), config.console);
     // Cancelled when serve returns, or when its future is dropped: connections
     // still open then are closed with their threads.
     let closing = CancellationToken::new();
     let _close_on_return = closing.clone().drop_guard();
-    let admission = connections::Admission::new(config.max_connections, config.handshake_timeout);
+    let admission = connections::Admission::new(config.max_connections, config.handshake_timeout, cors_origins);
     let server = connections::server(config.max_streams_per_connection);
     let served = async {
         if config.connection_threads == 0 {
