@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
 
-/// etcd's v3 API as generated from `proto/etcd` (clients only).
+/// etcd's v3 API as generated from this crate's `proto/` (clients only).
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic, rust_2018_idioms)]
 pub mod api {
     /// Keys, values and events.

@@ -8,7 +8,7 @@
 //!
 //! - [`slot_of`]: which of the fixed slots a user or room id falls in.
 //! - [`Etcd`]: the parts of etcd's v3 API this uses, over tonic, generated
-//!   without `protoc` (see `proto/etcd/README.md`).
+//!   without `protoc` (see `crates/presence-cluster/proto/README.md`).
 //! - [`NodeLease`]: a node's etcd lease, kept alive, and until when the node
 //!   may act on what it owns: the send time of the last keep-alive etcd
 //!   answered, plus the TTL it granted, less a margin. A node that cannot
