@@ -14,6 +14,11 @@ export function authorization(bearerToken: string | undefined): Record<string, s
   return { authorization: `Bearer ${bearerToken}` };
 }
 
+/** The connect code of a gRPC status number (a `LeaseResult`'s, a trailer's); unknown numbers are `UNKNOWN`. */
+export function codeOf(status: number): Code {
+  return status in Code && status > 0 && status <= 16 ? (status as Code) : Code.Unknown;
+}
+
 /** Codes a retry cannot fix: the request or the caller is refused as such. */
 export function isPermanent(code: Code): boolean {
   switch (code) {

@@ -15,7 +15,8 @@ import * as http2 from "node:http2";
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import { FRAME_HEADER_BYTES, decodeResults, encodeBatchFrame } from "./leaseCodec.js";
-import { codeOf, type LeaseSink, type LeaseStream, type LeaseWire } from "./leaseWire.js";
+import { codeOf } from "./call.js";
+import type { LeaseSink, LeaseStream, LeaseWire } from "./leaseWire.js";
 
 /** How an {@link http2LeaseWire} watches its connection. */
 export interface Http2LeaseWireOptions {

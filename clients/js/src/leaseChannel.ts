@@ -29,7 +29,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import type { Transport } from "@connectrpc/connect";
 
 import { Backoff } from "./backoff.js";
-import { authorization, now } from "./call.js";
+import { authorization, codeOf, now } from "./call.js";
 import { transportLeaseWire, type LeaseStream, type LeaseWire } from "./leaseWire.js";
 import {
   LeaseItemSchema,
@@ -113,8 +113,7 @@ export type LeaseResultValue = Exclude<LeaseResult["result"], { case: undefined 
  */
 export function leaseResult(result: LeaseResult): LeaseResultValue {
   if (result.code !== 0) {
-    const code = result.code in Code ? (result.code as Code) : Code.Unknown;
-    throw new ConnectError(result.message, code);
+    throw new ConnectError(result.message, codeOf(result.code));
   }
   if (result.result.case === undefined) {
     throw new ConnectError("presenced answered OK with no result", Code.Internal);

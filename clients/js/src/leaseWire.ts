@@ -11,7 +11,7 @@
  *
  * [LeaseChannel]: ./leaseChannel.ts
  */
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { ConnectError, createClient } from "@connectrpc/connect";
 import type { Transport } from "@connectrpc/connect";
 
 import {
@@ -140,9 +140,4 @@ class RequestStream implements AsyncIterable<LeaseBatch> {
       },
     };
   }
-}
-
-/** A connect code from a gRPC status number; unknown numbers are `UNKNOWN`. */
-export function codeOf(status: number): Code {
-  return status in Code && status > 0 && status <= 16 ? (status as Code) : Code.Unknown;
 }
