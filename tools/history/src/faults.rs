@@ -453,15 +453,12 @@ impl Kill9 {
                         continue;
                     }
                     let Some(&(checkpointed, deadline)) = leases.get(&key) else { continue };
-                    // The re-register follows the NOT_FOUND by a round trip; a
-                    // deadline more than a TTL ahead of it cannot have passed.
-                    // And the renewal refused was sent to the restarted
-                    // process: a deadline before the restart had passed while
-                    // the service was down (B3: such leases expire), which an
-                    // old checkpoint (one kept through a full disk) shows.
-                    let ttl = a.config.ttl_ms * 1_000;
-                    let passed_by = at_us.saturating_sub(ttl).max(self.restarted_at);
-                    if before != Some(checkpointed) || passed_by + margin >= deadline {
+                    // The renewal refused NOT_FOUND was sent before this
+                    // report, after a backoff of unknown length (a channel
+                    // reconnecting to the restarted process can wait most
+                    // of a heartbeat), so only a deadline still ahead at the
+                    // report itself was surely ahead when it was refused.
+                    if before != Some(checkpointed) || *at_us + margin >= deadline {
                         continue;
                     }
                     e.checked += 1;
