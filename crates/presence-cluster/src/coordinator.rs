@@ -32,9 +32,16 @@ const RECHECK: Duration = Duration::from_secs(1);
 impl Coordinator {
     /// Campaigns for `node` (on its etcd lease `lease`) to coordinate the
     /// `slots` slots under `prefix`, and coordinates while elected.
-    pub fn start(etcd: &Etcd, prefix: &str, slots: u32, node: &str, lease: i64) -> Coordinator {
+    ///
+    /// A new cluster (no slot has an owner yet) is given its slots only once
+    /// no node has joined for `settle`, so that nodes started together share
+    /// them from the start instead of the first one taking all (repairs never
+    /// move a live owner's slots): the initial delay Kafka's group
+    /// coordinator calls `group.initial.rebalance.delay.ms`.
+    pub fn start(etcd: &Etcd, prefix: &str, slots: u32, node: &str, lease: i64, settle: Duration) -> Coordinator {
         let (publish, leading) = watch::channel(false);
-        let task = tokio::spawn(campaign(etcd.clone(), prefix.to_owned(), slots, node.to_owned(), lease, publish));
+        let task =
+            tokio::spawn(campaign(etcd.clone(), prefix.to_owned(), slots, node.to_owned(), lease, settle, publish));
         Coordinator { leading, task }
     }
 
@@ -51,7 +58,15 @@ impl Drop for Coordinator {
     }
 }
 
-async fn campaign(etcd: Etcd, prefix: String, slots: u32, node: String, lease: i64, leading: watch::Sender<bool>) {
+async fn campaign(
+    etcd: Etcd,
+    prefix: String,
+    slots: u32,
+    node: String,
+    lease: i64,
+    settle: Duration,
+    leading: watch::Sender<bool>,
+) {
     let name = format!("{prefix}coordinator").into_bytes();
     loop {
         let request = CampaignRequest { name: name.clone(), lease, value: node.as_bytes().to_vec() };
@@ -70,7 +85,7 @@ async fn campaign(etcd: Etcd, prefix: String, slots: u32, node: String, lease: i
         };
         tracing::info!(node, "elected coordinator");
         leading.send_replace(true);
-        let ended = coordinate(&etcd, &prefix, slots, &fence).await;
+        let ended = coordinate(&etcd, &prefix, slots, settle, &fence).await;
         leading.send_replace(false);
         match ended {
             Ok(()) => tracing::info!(node, "no longer the coordinator"),
@@ -82,10 +97,15 @@ async fn campaign(etcd: Etcd, prefix: String, slots: u32, node: String, lease: i
 
 /// Repairs the slot map whenever it or the set of nodes changes, until the
 /// leadership is found gone (a fenced claim): `Ok` then.
-async fn coordinate(etcd: &Etcd, prefix: &str, slots: u32, fence: &Fence) -> Result<(), Error> {
+async fn coordinate(etcd: &Etcd, prefix: &str, slots: u32, settle: Duration, fence: &Fence) -> Result<(), Error> {
     let nodes = NodeSetWatch::start(etcd, prefix).await?;
     let map = SlotMapWatch::start(etcd, prefix, slots).await?;
     let (mut nodes_changed, mut map_changed) = (nodes.subscribe(), map.subscribe());
+    if (0..slots).all(|slot| map.current().owner(slot).is_none()) {
+        // A new cluster: wait for the nodes starting with this one.
+        while let Ok(Ok(())) = tokio::time::timeout(settle, nodes_changed.changed()).await {}
+        tracing::info!(nodes = nodes.current().ids().len(), "a new cluster: giving out its slots");
+    }
     loop {
         let live = nodes.current().ids();
         let current = map.current();

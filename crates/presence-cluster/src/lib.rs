@@ -27,10 +27,11 @@ mod etcd;
 mod follow;
 mod lease;
 mod slots;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use coordinator::Coordinator;
 pub use etcd::{Error, Etcd, api};
 pub use lease::{LeaseState, NodeLease};
-pub use slots::{
-    Claim, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, SlotOwner, claim_slot, register_node, repairs, slot_of,
-};
+pub use presence_core::slot_of;
+pub use slots::{Claim, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, SlotOwner, claim_slot, register_node, repairs};

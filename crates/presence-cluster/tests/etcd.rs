@@ -2,83 +2,18 @@
 //! loopback ports with its own data directory (`etcd` from PATH, or
 //! `PRESENCED_ETCD_BIN`; `.ci/install-etcd` installs Debian's).
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use std::collections::BTreeMap;
 
+use presence_cluster::testing::EtcdServer;
 use presence_cluster::{
     Claim, Coordinator, Etcd, LeaseState, NodeLease, SlotMap, SlotMapWatch, SlotOwner, claim_slot, register_node,
 };
-use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 /// How long any one condition may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(10);
-
-/// One etcd member on loopback, killed when dropped.
-struct EtcdServer {
-    child: Child,
-    endpoint: String,
-    _data: TempDir,
-}
-
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-impl EtcdServer {
-    async fn start() -> EtcdServer {
-        let binary = std::env::var("PRESENCED_ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
-        let data = TempDir(std::env::temp_dir().join(format!("presenced-etcd-{}-{}", std::process::id(), free_port())));
-        let (client, peer) = (free_port(), free_port());
-        let endpoint = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = Command::new(&binary)
-            .args(["--name", "test", "--data-dir"])
-            .arg(&data.0)
-            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("test={peer_url}")])
-            // Short raft timers, so that one-second leases are allowed and expire on time.
-            .args(["--heartbeat-interval", "10", "--election-timeout", "50"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|error| {
-                panic!("could not start {binary} ({error}): install etcd (bash .ci/install-etcd, or apt-get install etcd-server) or set PRESENCED_ETCD_BIN")
-            });
-        let server = EtcdServer { child, endpoint, _data: data };
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Ok(etcd) = Etcd::connect(&server.endpoint).await
-                && SlotMapWatch::start(&etcd, "/probe/", 1).await.is_ok()
-            {
-                return server;
-            }
-            assert!(Instant::now() < deadline, "etcd did not answer on {} within {PATIENCE:?}", server.endpoint);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn client(&self) -> Etcd {
-        Etcd::connect(&self.endpoint).await.unwrap()
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.child.id().unwrap().to_string();
-        assert!(std::process::Command::new("kill").args([signal, &pid]).status().unwrap().success());
-    }
-}
 
 /// Waits for `condition` to hold, polling, for at most [`PATIENCE`].
 async fn until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
@@ -225,7 +160,7 @@ async fn c4_the_elected_coordinator_gives_every_slot_a_live_owner_and_a_dead_nod
     }
     let mut nodes = BTreeMap::new();
     for (node, lease) in leases {
-        let coordinator = Coordinator::start(&etcd, "/c4/", SLOTS, node, lease.id());
+        let coordinator = Coordinator::start(&etcd, "/c4/", SLOTS, node, lease.id(), Duration::ZERO);
         nodes.insert(node, (lease, coordinator));
     }
     let map = SlotMapWatch::start(&etcd, "/c4/", SLOTS).await.unwrap();
@@ -281,9 +216,9 @@ async fn c1_a_coordinator_that_lost_its_election_is_fenced_off_and_steps_down() 
     );
     register_node(&etcd, "/fence/", "a", "127.0.0.1:7001", a.id()).await.unwrap();
     register_node(&etcd, "/fence/", "b", "127.0.0.1:7002", b.id()).await.unwrap();
-    let first = Coordinator::start(&etcd, "/fence/", SLOTS, "a", a.id());
+    let first = Coordinator::start(&etcd, "/fence/", SLOTS, "a", a.id(), Duration::ZERO);
     until("a is elected", async || first.is_leading()).await;
-    let second = Coordinator::start(&etcd, "/fence/", SLOTS, "b", b.id());
+    let second = Coordinator::start(&etcd, "/fence/", SLOTS, "b", b.id(), Duration::ZERO);
     let map = SlotMapWatch::start(&etcd, "/fence/", SLOTS).await.unwrap();
     until("every slot has an owner", async || loads(&map.current()).values().sum::<usize>() == SLOTS as usize).await;
 

@@ -17,6 +17,7 @@ mod interner;
 mod room_names;
 mod rooms;
 mod shard;
+mod slots;
 pub mod stamp;
 mod store;
 pub mod sync;
@@ -31,6 +32,7 @@ pub use config::{
 };
 pub use error::LeaseError;
 pub use shard::{LeaseView, MAX_ROOMS_PER_SESSION, SIGNAL_CHANGES_PER_SECOND, SessionView};
+pub use slots::slot_of;
 pub use store::Store;
 pub use types::{
     Availability, ChangeKind, Changes, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal,

@@ -1,0 +1,84 @@
+//! A real etcd for tests (feature `testing`): one member on loopback ports
+//! with its own data directory, killed when dropped. The binary is `etcd`
+//! from PATH, or `PRESENCED_ETCD_BIN`; `.ci/install-etcd` installs Debian's.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::{Etcd, SlotMapWatch};
+
+/// How long etcd may take to answer after it is started.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// One etcd member on loopback, killed when dropped.
+#[derive(Debug)]
+pub struct EtcdServer {
+    child: Child,
+    /// Its client URL.
+    pub endpoint: String,
+    _data: TempDir,
+}
+
+#[derive(Debug)]
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl EtcdServer {
+    /// Starts etcd and waits until it answers.
+    pub async fn start() -> EtcdServer {
+        let binary = std::env::var("PRESENCED_ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
+        let data = TempDir(std::env::temp_dir().join(format!("presenced-etcd-{}-{}", std::process::id(), free_port())));
+        let (client, peer) = (free_port(), free_port());
+        let endpoint = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new(&binary)
+            .args(["--name", "test", "--data-dir"])
+            .arg(&data.0)
+            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("test={peer_url}")])
+            // Short raft timers, so that one-second leases are allowed and expire on time.
+            .args(["--heartbeat-interval", "10", "--election-timeout", "50"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|error| {
+                panic!("could not start {binary} ({error}): install etcd (bash .ci/install-etcd, or apt-get install etcd-server) or set PRESENCED_ETCD_BIN")
+            });
+        let server = EtcdServer { child, endpoint, _data: data };
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Ok(etcd) = Etcd::connect(&server.endpoint).await
+                && SlotMapWatch::start(&etcd, "/probe/", 1).await.is_ok()
+            {
+                return server;
+            }
+            assert!(Instant::now() < deadline, "etcd did not answer on {} within {PATIENCE:?}", server.endpoint);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A client of it.
+    pub async fn client(&self) -> Etcd {
+        Etcd::connect(&self.endpoint).await.unwrap()
+    }
+
+    /// Sends `signal` (`-STOP`, `-CONT`, `-KILL`) to the etcd process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().unwrap().to_string();
+        assert!(std::process::Command::new("kill").args([signal, &pid]).status().unwrap().success());
+    }
+}
