@@ -18,8 +18,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use presence_server::ServerConfig;
 use presence_server::privacy::Visibility;
+use presence_server::{ClusterConfig, MAX_SLOTS, ServerConfig};
 use serde::{Deserialize, Serialize};
 
 /// Where `serve` listens when told nothing.
@@ -156,6 +156,35 @@ pub(crate) struct ServeArgs {
     /// into the binary); false answers 404 there.
     #[arg(long, env = "PRESENCED_CONSOLE", value_name = "BOOL")]
     console: Option<bool>,
+    /// Join a cluster coordinated by etcd at these client URLs
+    /// (http://host:2379, comma-separated); without it, a single node.
+    #[arg(long, env = "PRESENCED_ETCD", value_name = "URL,...", value_delimiter = ',')]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    etcd: Vec<String>,
+    /// This node's name in the cluster (needs --etcd).
+    #[arg(long, env = "PRESENCED_NODE_ID", value_name = "ID")]
+    node_id: Option<String>,
+    /// The host:port clients reach this node at, as refusals name it (needs --etcd).
+    #[arg(long, env = "PRESENCED_ADVERTISE", value_name = "ADDR")]
+    advertise: Option<String>,
+    /// Hash slots users and rooms are spread over, fixed for the life of a
+    /// cluster [default: 1024] (needs --etcd).
+    #[arg(long, env = "PRESENCED_SLOTS", value_name = "N")]
+    slots: Option<u32>,
+    /// The prefix of the cluster's keys in etcd, so that clusters can share
+    /// one etcd [default: /presenced/] (needs --etcd).
+    #[arg(long, env = "PRESENCED_ETCD_PREFIX", value_name = "PREFIX")]
+    etcd_prefix: Option<String>,
+    /// The TTL of this node's etcd lease: a node that dies or is cut off from
+    /// etcd loses its slots this long after its last keep-alive etcd
+    /// answered [default: 5000] (needs --etcd).
+    #[arg(long, env = "PRESENCED_ETCD_LEASE_TTL_MS", value_name = "MS")]
+    etcd_lease_ttl_ms: Option<u64>,
+    /// How long a new cluster waits with no node joining before it gives out
+    /// its slots, so that nodes started together share them [default: 2000]
+    /// (needs --etcd).
+    #[arg(long, env = "PRESENCED_CLUSTER_SETTLE_MS", value_name = "MS")]
+    cluster_settle_ms: Option<u64>,
 }
 
 /// `--default-visibility`, as spelled on the command line and in the file.
@@ -272,6 +301,55 @@ fields_of_server_config! {
     console => console;
 }
 
+/// The cluster's settings as given, before they are checked together.
+struct ClusterArgs {
+    etcd: Vec<String>,
+    node_id: Option<String>,
+    advertise: Option<String>,
+    slots: Option<u32>,
+    prefix: Option<String>,
+    lease_ttl_ms: Option<u64>,
+    settle_ms: Option<u64>,
+}
+
+/// Cluster mode when `--etcd` is given, with the node's name and address it
+/// needs; a cluster setting without `--etcd` is refused rather than ignored.
+fn cluster_config(args: ClusterArgs) -> Result<Option<ClusterConfig>, SettingsError> {
+    let invalid = |message: &str| Err(SettingsError::Invalid(message.to_owned()));
+    if args.etcd.is_empty() {
+        let given = [
+            ("--node-id", args.node_id.is_some()),
+            ("--advertise", args.advertise.is_some()),
+            ("--slots", args.slots.is_some()),
+            ("--etcd-prefix", args.prefix.is_some()),
+            ("--etcd-lease-ttl-ms", args.lease_ttl_ms.is_some()),
+            ("--cluster-settle-ms", args.settle_ms.is_some()),
+        ];
+        return match given.iter().find(|(_, given)| *given) {
+            Some((flag, _)) => Err(SettingsError::Invalid(format!("{flag} needs --etcd (cluster mode)"))),
+            None => Ok(None),
+        };
+    }
+    let Some(node_id) = args.node_id else { return invalid("--etcd needs --node-id: this node's name in the cluster") };
+    let Some(advertise) = args.advertise else {
+        return invalid("--etcd needs --advertise: the host:port clients reach this node at");
+    };
+    let mut config = ClusterConfig::new(args.etcd, node_id, advertise);
+    config.slots = args.slots.unwrap_or(config.slots);
+    if let Some(prefix) = args.prefix {
+        config.prefix = if prefix.ends_with('/') { prefix } else { format!("{prefix}/") };
+    }
+    config.lease_ttl = args.lease_ttl_ms.map_or(config.lease_ttl, Duration::from_millis);
+    config.settle = args.settle_ms.map_or(config.settle, Duration::from_millis);
+    if !(1..=MAX_SLOTS).contains(&config.slots) {
+        return Err(SettingsError::Invalid(format!("--slots must be between 1 and {MAX_SLOTS}")));
+    }
+    if config.lease_ttl < Duration::from_secs(2) || config.lease_ttl.subsec_millis() != 0 {
+        return invalid("--etcd-lease-ttl-ms must be whole seconds, at least 2000 (etcd counts seconds)");
+    }
+    Ok(Some(config))
+}
+
 /// Everything `serve` needs, resolved.
 #[derive(Debug)]
 pub(crate) struct Settings {
@@ -349,6 +427,15 @@ impl ServeArgs {
         server.data_dir = args.data_dir.or(server.data_dir);
         server.cors_origins = args.cors_origins;
         let listen = args.listen.unwrap_or(DEFAULT_LISTEN);
+        server.cluster = cluster_config(ClusterArgs {
+            etcd: args.etcd,
+            node_id: args.node_id,
+            advertise: args.advertise,
+            slots: args.slots,
+            prefix: args.etcd_prefix,
+            lease_ttl_ms: args.etcd_lease_ttl_ms,
+            settle_ms: args.cluster_settle_ms,
+        })?;
         let viewer_jwt_public_key_pem = match args.viewer_jwt_public_key {
             Some(path) => Some(std::fs::read(&path).map_err(|source| SettingsError::ReadKey { path, source })?),
             None => None,
@@ -606,6 +693,32 @@ mod tests {
         assert!(err.to_string().contains("/nonexistent/presenced.toml"), "{err}");
         let err = Harness::try_parse_from(["serve", "--default-visibility", "friends"]).unwrap_err();
         assert!(err.to_string().contains("friends") && err.to_string().contains("--default-visibility"), "{err}");
+    }
+
+    #[test]
+    fn c5_cluster_mode_needs_etcd_a_name_and_an_address_and_nothing_else_turns_it_on() {
+        assert!(resolve(&[]).unwrap().server.cluster.is_none(), "a single node by default");
+        let err = resolve(&["--node-id", "a"]).unwrap_err().to_string();
+        assert!(err.contains("--node-id needs --etcd"), "{err}");
+        let err = resolve(&["--slots", "64"]).unwrap_err().to_string();
+        assert!(err.contains("--slots needs --etcd"), "{err}");
+        let err = resolve(&["--etcd", "http://127.0.0.1:2379"]).unwrap_err().to_string();
+        assert!(err.contains("--node-id"), "{err}");
+        let err = resolve(&["--etcd", "http://e:2379", "--node-id", "a"]).unwrap_err().to_string();
+        assert!(err.contains("--advertise"), "{err}");
+        let cluster = ["--etcd", "http://e1:2379,http://e2:2379", "--node-id", "a", "--advertise", "10.0.0.1:50051"];
+        let config = resolve(&cluster).unwrap().server.cluster.expect("cluster mode");
+        assert_eq!(config.etcd, ["http://e1:2379", "http://e2:2379"]);
+        assert_eq!((config.node_id.as_str(), config.advertise.as_str()), ("a", "10.0.0.1:50051"));
+        assert_eq!((config.slots, config.prefix.as_str()), (1024, "/presenced/"));
+        let with = |extra: &[&str]| resolve(&[&cluster[..], extra].concat());
+        assert_eq!(
+            with(&["--slots", "64", "--etcd-prefix", "/prod"]).unwrap().server.cluster.unwrap().prefix,
+            "/prod/"
+        );
+        for bad in [&["--slots", "0"][..], &["--slots", "70000"], &["--etcd-lease-ttl-ms", "1500"]] {
+            assert!(with(bad).is_err(), "{bad:?} is refused");
+        }
     }
 
     #[test]

@@ -115,17 +115,16 @@ impl LeaseChannel {
     /// noticed within seconds and the stream reopened.
     pub async fn connect(endpoint: impl Into<String>, config: LeaseChannelConfig) -> Result<Self, ClientError> {
         let endpoint = endpoint.into();
-        let channel = Endpoint::from_shared(endpoint.clone())
-            .map_err(|source| ClientError::InvalidEndpoint { endpoint: endpoint.clone(), source })?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true)
-            .connect()
-            .await
-            .map_err(|source| ClientError::Connect { endpoint, source })?;
+        let channel =
+            lease_endpoint(&endpoint)?.connect().await.map_err(|source| ClientError::Connect { endpoint, source })?;
         Ok(Self::from_channel(channel, config))
+    }
+
+    /// Like [`connect`](Self::connect), but the connection is made by the
+    /// first batch: for clients that open channels to many servers as they
+    /// learn of them (a cluster's nodes).
+    pub fn connect_lazy(endpoint: &str, config: LeaseChannelConfig) -> Result<Self, ClientError> {
+        Ok(Self::from_channel(lease_endpoint(endpoint)?.connect_lazy(), config))
     }
 
     /// From an existing tonic Channel (tests, custom TLS...).
@@ -231,6 +230,18 @@ impl LeaseChannel {
         self.submissions.send(Submission::Item(item, reply)).await.map_err(|_| driver_gone())?;
         lease_result(answer.await.map_err(|_| driver_gone())??)
     }
+}
+
+/// The transport settings of every lease channel: no Nagle delay, and
+/// HTTP/2 keep-alives so that a vanished server is noticed within seconds.
+fn lease_endpoint(endpoint: &str) -> Result<Endpoint, ClientError> {
+    Ok(Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|source| ClientError::InvalidEndpoint { endpoint: endpoint.to_owned(), source })?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true))
 }
 
 /// One item's `LeaseResult` as a `Result`: its payload when `code` is OK, otherwise

@@ -91,6 +91,7 @@
 
 mod backoff;
 mod call;
+mod cluster;
 mod error;
 mod lease_channel;
 mod room;
@@ -98,6 +99,7 @@ mod session;
 mod viewer;
 
 pub use backoff::Backoff;
+pub use cluster::ClusterLeases;
 pub use error::ClientError;
 pub use lease_channel::{LeaseChannel, LeaseChannelConfig, LeaseChannelStats, lease_result};
 pub use room::{RoomCountWatcher, RoomView, RoomWatcher, RoomWatcherEvent};

@@ -120,6 +120,20 @@ pub enum LeaseOpFrame {
     Signal(SignalFrame),
 }
 
+impl LeaseItemFrame {
+    /// The user the item acts for, as received (every operation names one).
+    pub fn user_id(&self) -> Option<&[u8]> {
+        Some(match self.op.as_ref()? {
+            LeaseOpFrame::Register(frame) => &frame.user_id,
+            LeaseOpFrame::Renew(frame) => &frame.user_id,
+            LeaseOpFrame::Unregister(frame) => &frame.user_id,
+            LeaseOpFrame::Join(frame) => &frame.user_id,
+            LeaseOpFrame::Leave(frame) => &frame.user_id,
+            LeaseOpFrame::Signal(frame) => &frame.user_id,
+        })
+    }
+}
+
 /// `RegisterRequest` with its text as received.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RegisterFrame {

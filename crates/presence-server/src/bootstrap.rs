@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
+use crate::cluster::Ownership;
 use crate::context::Context;
 use crate::data_dir::DataDir;
 use crate::durable::{self, DurableStore};
@@ -88,6 +89,9 @@ impl PreparedServer {
                 return Err(ServeError::Setting { setting, reason: "must be more than 0" });
             }
         }
+        if let Some(cluster) = &config.cluster {
+            cluster.validate()?;
+        }
         let cors_origins =
             config.cors_origins.iter().map(|origin| crate::web::parse_cors_origin(origin)).collect::<Result<_, _>>()?;
         let data_dir_error = |path: &Path, message: String| ServeError::DataDir { path: path.to_owned(), message };
@@ -110,7 +114,7 @@ impl PreparedServer {
     /// after the listener is bound: while a large checkpoint loads,
     /// reconnecting gateways wait in the listen backlog instead of being
     /// refused and backing off.
-    pub(crate) fn restore(self) -> Result<Restored, ServeError> {
+    pub(crate) fn restore(self, ownership: Ownership) -> Result<Restored, ServeError> {
         let PreparedServer { config, clock, auth, data_dir, durable, stored, cors_origins } = self;
         let started = clock.now();
         let hold_until = started.saturating_add(config.restart_grace_ms());
@@ -127,7 +131,9 @@ impl PreparedServer {
             let wake = Arc::clone(&expiry_wake);
             move || wake.notify_one()
         }));
-        let context = Arc::new(Context::new(store, clock, durable, &config, CancellationToken::new()));
+        let mut context = Context::new(store, clock, durable, &config, CancellationToken::new());
+        context.ownership = ownership;
+        let context = Arc::new(context);
         if let Some(stored) = stored {
             context.privacy.load(stored, started);
         }

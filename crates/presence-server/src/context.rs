@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::ServerConfig;
 use crate::activity::Activity;
 use crate::clock::StoreClock;
+use crate::cluster::Ownership;
 use crate::durable::DurableStore;
 use crate::error::ServiceError;
 use crate::hub::Hub;
@@ -49,6 +50,8 @@ pub(crate) struct Context {
     pub(crate) stopping: CancellationToken,
     /// When the server was made, for the uptime `Stats` reports.
     pub(crate) started: Instant,
+    /// Which users this node may act for: all, or its slots of a cluster (C1).
+    pub(crate) ownership: Ownership,
 }
 
 impl Context {
@@ -82,6 +85,7 @@ impl Context {
             room_member_cap: config.room_member_cap,
             stopping,
             started: Instant::now(),
+            ownership: Ownership::Single,
         }
     }
 

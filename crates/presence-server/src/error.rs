@@ -14,6 +14,10 @@ use presence_core::{CompactString, LeaseError};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use presence_proto::v1 as pb;
+use prost::Message as _;
+
+use crate::cluster::NotOwner;
 use crate::durable::DurableError;
 
 /// Why the service refused a request. Every refusal changed nothing.
@@ -78,9 +82,58 @@ pub(crate) enum ServiceError {
     /// The server is shutting down; the client reconnects.
     #[error("presenced is shutting down; reconnect")]
     ShuttingDown,
+    /// A cluster node that may not act for the request's user (C2): the
+    /// detail names the owner to go to.
+    #[error("{}", not_owner_message(.0))]
+    NotOwner(NotOwner),
+    /// Another node refused or failed a request forwarded to it (C2): its
+    /// code, and its message with the node named.
+    #[error("node at {node}: {}", .status.message())]
+    Peer {
+        /// The node's address.
+        node: String,
+        /// Its answer.
+        status: tonic::Status,
+    },
+    /// A room read in cluster mode, where a room's members are spread over
+    /// the nodes that own their users.
+    #[error(
+        "{operation}: rooms are read per node and this node is one of a cluster; cluster-wide rooms are not built yet"
+    )]
+    RoomsPerNode {
+        /// The RPC refused.
+        operation: &'static str,
+    },
 }
 
+fn not_owner_message(not_owner: &NotOwner) -> String {
+    let NotOwner { slot, epoch, owner_id, owner_addr } = not_owner;
+    if owner_id.is_empty() {
+        format!("slot {slot} has no owner that may act now (epoch {epoch}); retry after a backoff")
+    } else {
+        format!(
+            "slot {slot} is owned by node {owner_id} at {owner_addr} (epoch {epoch}); send its users' requests there"
+        )
+    }
+}
+
+/// `presence.v1.NotOwner`'s type URL in a status's details.
+pub(crate) const NOT_OWNER_TYPE_URL: &str = "type.googleapis.com/presence.v1.NotOwner";
+
 impl ServiceError {
+    /// The `presence.v1.NotOwner` of a refusal by a node that does not own the user.
+    pub(crate) fn not_owner(&self) -> Option<pb::NotOwner> {
+        match self {
+            ServiceError::NotOwner(not_owner) => Some(pb::NotOwner {
+                slot: not_owner.slot,
+                epoch: not_owner.epoch,
+                owner_id: not_owner.owner_id.clone(),
+                owner_addr: not_owner.owner_addr.clone(),
+            }),
+            _ => None,
+        }
+    }
+
     /// A refusal of `field`.
     pub(crate) fn invalid(field: impl Into<Cow<'static, str>>, reason: impl Into<String>) -> Self {
         ServiceError::InvalidArgument { field: field.into(), reason: reason.into() }
@@ -101,7 +154,9 @@ impl ServiceError {
             ServiceError::RenewalShed => Code::ResourceExhausted,
             ServiceError::RoomNotFound { .. } => Code::NotFound,
             ServiceError::RoomTooLarge { .. } => Code::FailedPrecondition,
-            ServiceError::Durable(_) | ServiceError::ShuttingDown => Code::Unavailable,
+            ServiceError::Durable(_) | ServiceError::ShuttingDown | ServiceError::NotOwner(_) => Code::Unavailable,
+            ServiceError::RoomsPerNode { .. } => Code::FailedPrecondition,
+            ServiceError::Peer { status, .. } => status.code(),
         }
     }
 }
@@ -127,6 +182,15 @@ impl From<ServiceError> for Status {
                 message,
                 ErrorDetails::with_bad_request_violation(field.as_ref(), reason.as_str()),
             ),
+            ServiceError::NotOwner(_) => {
+                let detail = err.not_owner().expect("a NotOwner refusal").encode_to_vec();
+                let status = tonic_types::Status {
+                    code: Code::Unavailable as i32,
+                    message: message.clone(),
+                    details: vec![prost_types::Any { type_url: NOT_OWNER_TYPE_URL.to_owned(), value: detail }],
+                };
+                Status::with_details(Code::Unavailable, message, status.encode_to_vec().into())
+            }
             _ => Status::new(err.code(), message),
         }
     }

@@ -142,9 +142,21 @@ pub(crate) fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bo
     let metrics = context.metrics();
     let mut renewals = [0u64; RenewResult::COUNT];
     let mut results = Vec::with_capacity(batch.items.len());
+    // One look at the slot map for the whole batch (C2).
+    let ownership = context.ownership.view();
     context.apply(|store, now, changes| {
         let mut run: Vec<presence_core::Renewal<'_>> = Vec::new();
         for item in &batch.items {
+            if let Some(user_id) = item.user_id()
+                && let Err(refusal) = ownership.check(user_id)
+            {
+                apply_renewals(store, now, &mut run, &mut results, changes, &mut renewals);
+                if let Some(LeaseOpFrame::Renew(_)) = &item.op {
+                    renewals[RenewResult::NotOwner as usize] += 1;
+                }
+                results.push(wire::lease_refused(&refusal));
+                continue;
+            }
             if let Some(LeaseOpFrame::Renew(frame)) = &item.op
                 && !shed_renewals
             {

@@ -12,6 +12,7 @@ mod bootstrap;
 #[cfg(feature = "shuttle")]
 pub mod checker;
 mod clock;
+mod cluster;
 mod connections;
 mod context;
 mod data_dir;
@@ -53,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 pub use auth::{AuthConfig, AuthConfigError};
 pub use bootstrap::PreparedServer;
 pub use clock::StoreClock;
+pub use cluster::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
 pub use hub::{Delivery, Hub, Mailbox, Subscription};
 pub use leases::{LeasesStream, MAX_BATCH_ITEMS};
 pub use service::PresenceService;
@@ -128,6 +130,8 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     /// Whether the web console is served at `/console/` on the service's port (O4).
     pub console: bool,
+    /// Cluster mode (`--etcd`): `None` is a single node (C5).
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// The CPUs this process may use (2 when the system cannot tell): the
@@ -167,6 +171,7 @@ impl Default for ServerConfig {
             max_streams_per_connection: 1_024,
             cors_origins: Vec::new(),
             console: true,
+            cluster: None,
         }
     }
 }
@@ -189,6 +194,9 @@ pub enum ServeError {
     /// The credentials configuration is unusable.
     #[error("{0}")]
     Auth(#[from] AuthConfigError),
+    /// The cluster could not be joined (`--etcd`).
+    #[error("{0}")]
+    Cluster(#[from] JoinError),
     /// A setting is out of its range.
     #[error("{setting} {reason}")]
     Setting {
@@ -244,7 +252,9 @@ async fn serve_prepared(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let bootstrap::Restored { config, context, auth, expiry_wake, data_dir, cors_origins } = prepared.restore()?;
+    let ownership = cluster::Ownership::join(prepared.config.cluster.as_ref()).await?;
+    let bootstrap::Restored { config, context, auth, expiry_wake, data_dir, cors_origins } =
+        prepared.restore(ownership)?;
     let (store, clock, stopping) =
         (Arc::clone(context.store()), context.publisher.clock.clone(), context.stopping.clone());
     tokio::spawn(clock::keep_reading(clock.clone(), stopping.clone(), {
@@ -267,6 +277,7 @@ async fn serve_prepared(
     tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
     let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
 
+    let service_context = Arc::clone(&context);
     let presence = PresenceServer::new(PresenceService::new(context, lease_queue, auth))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -291,11 +302,13 @@ async fn serve_prepared(
         .with_keepalive(Some(Duration::from_secs(60)));
     tracing::info!(addr = ?local_addr, shards = config.store.shards, "serving");
     let stop_signal = {
+        let ownership_context = Arc::clone(&service_context);
         let stopping = stopping.clone();
         let health = health.clone();
         async move {
             shutdown.await;
             tracing::info!("shutting down: no new connections, ending watch streams");
+            ownership_context.ownership.leave().await;
             health.set_not_serving::<PresenceServer<PresenceService>>().await;
             stopping.cancel();
         }

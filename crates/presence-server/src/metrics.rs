@@ -108,11 +108,13 @@ pub(crate) enum RenewResult {
     StaleGeneration,
     Invalid,
     Shed,
+    /// Refused by a cluster node that does not own the user (C2).
+    NotOwner,
 }
 
 impl RenewResult {
     /// How many results there are.
-    pub(crate) const COUNT: usize = 6;
+    pub(crate) const COUNT: usize = 7;
 
     /// Every result, in discriminant order.
     pub(crate) const ALL: [RenewResult; Self::COUNT] = [
@@ -122,6 +124,7 @@ impl RenewResult {
         RenewResult::StaleGeneration,
         RenewResult::Invalid,
         RenewResult::Shed,
+        RenewResult::NotOwner,
     ];
 }
 
@@ -276,6 +279,7 @@ impl Metrics {
                 renewal("stale_generation"),
                 renewal("invalid"),
                 renewal("shed"),
+                renewal("not_owner"),
             ],
             renewal_seconds: histogram!(names::RENEWAL_SECONDS),
             registers_ok: Tally::new(counter!(names::REGISTERS, "result" => "ok")),

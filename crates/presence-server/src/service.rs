@@ -9,12 +9,14 @@
 
 use std::sync::Arc;
 
+use futures_util::future::join_all;
 use presence_core::CompactString;
 use presence_proto::lease_frames::LeaseBatchFrame;
 use presence_proto::v1::{self as pb, presence_server::Presence as PresenceApi};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Authenticator, Caller};
+use crate::cluster;
 use crate::context::Context;
 use crate::error::ServiceError;
 use crate::leases::{self, LeaseQueue, LeasesStream};
@@ -51,6 +53,19 @@ impl PresenceService {
         self.caller(request)?.require_service(operation)
     }
 
+    /// `Ok` when this node may act for `user_id` (always, outside a cluster; C2).
+    fn owns(&self, user_id: &str) -> Result<(), ServiceError> {
+        self.context.ownership.view().check(user_id)
+    }
+
+    /// Refuses a room RPC on a cluster node, where rooms are not cluster-wide yet.
+    fn rooms_here(&self, operation: &'static str) -> Result<(), ServiceError> {
+        match self.context.ownership.is_cluster() {
+            true => Err(ServiceError::RoomsPerNode { operation }),
+            false => Ok(()),
+        }
+    }
+
     /// Who a Snapshot or Watch answers for: the viewer itself, or the viewer a
     /// service names; `None` is a service acting for no viewer.
     fn acting_viewer<T>(&self, request: &Request<T>, viewer_id: &str) -> Result<Option<CompactString>, ServiceError> {
@@ -84,6 +99,7 @@ impl PresenceApi for PresenceService {
     async fn register(&self, request: Request<pb::RegisterRequest>) -> Answer<pb::RegisterResponse> {
         answer((|| {
             self.service_only(&request, "Register")?;
+            self.owns(&request.get_ref().user_id)?;
             let input = wire::register_request(request.get_ref());
             let metrics = self.context.metrics();
             let registered =
@@ -96,6 +112,10 @@ impl PresenceApi for PresenceService {
         answer((|| {
             self.service_only(&request, "Renew")?;
             let metrics = self.context.metrics();
+            if let Err(refusal) = self.owns(&request.get_ref().user_id) {
+                metrics.renewals(RenewResult::NotOwner, 1);
+                return Err(refusal);
+            }
             if self.leases.is_overloaded() {
                 metrics.renewals(RenewResult::Shed, 1);
                 metrics.shed.increment(1);
@@ -115,6 +135,7 @@ impl PresenceApi for PresenceService {
     async fn unregister(&self, request: Request<pb::UnregisterRequest>) -> Answer<pb::UnregisterResponse> {
         answer((|| {
             self.service_only(&request, "Unregister")?;
+            self.owns(&request.get_ref().user_id)?;
             let input = wire::unregister_request(request.get_ref());
             let metrics = self.context.metrics();
             let unregistered =
@@ -127,6 +148,7 @@ impl PresenceApi for PresenceService {
         answer((|| {
             self.service_only(&request, "Revoke")?;
             let request = request.get_ref();
+            self.owns(&request.user_id)?;
             let session_id = (!request.session_id.is_empty()).then_some(request.session_id.as_str());
             let revoked =
                 self.context.apply(|store, now, changes| store.revoke(now, &request.user_id, session_id, changes))?;
@@ -144,10 +166,36 @@ impl PresenceApi for PresenceService {
     async fn snapshot(&self, request: Request<pb::SnapshotRequest>) -> Answer<pb::SnapshotResponse> {
         let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id)?;
         let user_ids = wire::user_ids("user_ids", &request.get_ref().user_ids)?;
+        let forwarded = request.metadata().contains_key(cluster::FORWARDED);
+        let routes = self.context.ownership.view().route(&user_ids, forwarded)?;
         let context = &self.context;
-        let shown = context.privacy.shown(viewer.as_deref(), &user_ids)?;
-        let users = context.released(&user_ids, &shown, viewer.is_none()).await?;
-        Ok(Response::new(pb::SnapshotResponse { users }))
+        let local: Vec<&CompactString> = routes.local.iter().map(|&index| &user_ids[index]).collect();
+        let shown = context.privacy.shown(viewer.as_deref(), &local)?;
+        let answered = context.released(&local, &shown, viewer.is_none()).await?;
+        if routes.remote.is_empty() {
+            return Ok(Response::new(pb::SnapshotResponse { users: answered }));
+        }
+        // Users of other nodes: asked of their owners at once, merged in request order.
+        let mut users: Vec<Option<pb::UserPresence>> = vec![None; user_ids.len()];
+        for (&index, user) in routes.local.iter().zip(answered) {
+            users[index] = Some(user);
+        }
+        let authorization = request.metadata().get("authorization");
+        let viewer_id = &request.get_ref().viewer_id;
+        let asked = routes.remote.iter().map(|(address, indices)| {
+            let ids = indices.iter().map(|&index| user_ids[index].to_string()).collect();
+            self.context.ownership.forward_snapshot(address, ids, viewer_id, authorization)
+        });
+        for (indices, answer) in routes.remote.values().zip(join_all(asked).await) {
+            let answer = answer?;
+            if answer.len() != indices.len() {
+                return Err(Status::internal("a node answered a forwarded Snapshot with the wrong number of users"));
+            }
+            for (&index, user) in indices.iter().zip(answer) {
+                users[index] = Some(user);
+            }
+        }
+        Ok(Response::new(pb::SnapshotResponse { users: users.into_iter().flatten().collect() }))
     }
 
     type WatchStream = WatchStream;
@@ -156,6 +204,7 @@ impl PresenceApi for PresenceService {
         let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id)?;
         let request = request.get_ref();
         let user_ids = wire::user_ids("user_ids", &request.user_ids)?;
+        self.context.ownership.view().check_all(&user_ids)?;
         let batch_window = wire::batch_window(request.batch_window_ms)?;
         let known_versions = wire::known_versions(&request.known_versions)?;
         let options = watch::WatchOptions { viewer, batch_window, known_versions };
@@ -169,6 +218,7 @@ impl PresenceApi for PresenceService {
             add: wire::user_ids("add_user_ids", &request.add_user_ids)?,
             remove: wire::user_ids("remove_user_ids", &request.remove_user_ids)?,
         };
+        self.context.ownership.view().check_all(&update.add)?;
         self.context.watches.update(&request.watch_id, viewer.as_deref(), update).await?;
         Ok(Response::new(pb::UpdateWatchResponse {}))
     }
@@ -176,6 +226,7 @@ impl PresenceApi for PresenceService {
     async fn join(&self, request: Request<pb::JoinRequest>) -> Answer<pb::JoinResponse> {
         answer((|| {
             self.service_only(&request, "Join")?;
+            self.owns(&request.get_ref().user_id)?;
             let input = wire::join_request(request.get_ref());
             let metrics = self.context.metrics();
             self.context.apply(|store, now, changes| ops::join(store, metrics, now, &input, changes))
@@ -185,6 +236,7 @@ impl PresenceApi for PresenceService {
     async fn leave(&self, request: Request<pb::LeaveRequest>) -> Answer<pb::LeaveResponse> {
         answer((|| {
             self.service_only(&request, "Leave")?;
+            self.owns(&request.get_ref().user_id)?;
             let room = wire::leave_request(request.get_ref());
             self.context.apply(|store, now, changes| ops::leave(store, now, &room, changes))
         })())
@@ -193,6 +245,7 @@ impl PresenceApi for PresenceService {
     async fn signal(&self, request: Request<pb::SignalRequest>) -> Answer<pb::SignalResponse> {
         answer((|| {
             self.service_only(&request, "Signal")?;
+            self.owns(&request.get_ref().user_id)?;
             let input = wire::signal_request(request.get_ref());
             let metrics = self.context.metrics();
             self.context.apply(|store, now, changes| ops::signal(store, metrics, now, &input, changes))
@@ -200,6 +253,7 @@ impl PresenceApi for PresenceService {
     }
 
     async fn room_snapshot(&self, request: Request<pb::RoomSnapshotRequest>) -> Answer<pb::RoomSnapshot> {
+        self.rooms_here("RoomSnapshot")?;
         let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
         answer(rooms::snapshot(&self.context, &room))
     }
@@ -207,6 +261,7 @@ impl PresenceApi for PresenceService {
     type WatchRoomStream = RoomStream;
 
     async fn watch_room(&self, request: Request<pb::WatchRoomRequest>) -> Answer<Self::WatchRoomStream> {
+        self.rooms_here("WatchRoom")?;
         let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
         let count_interval = wire::room_watch_mode(request.get_ref().mode, request.get_ref().count_interval_ms)?;
         Ok(Response::new(rooms::watch(Arc::clone(&self.context), room, count_interval).await?))
@@ -215,6 +270,7 @@ impl PresenceApi for PresenceService {
     async fn set_room_access(&self, request: Request<pb::SetRoomAccessRequest>) -> Answer<pb::SetRoomAccessResponse> {
         answer((|| {
             self.service_only(&request, "SetRoomAccess")?;
+            self.rooms_here("SetRoomAccess")?;
             let request = request.get_ref();
             let access = wire::room_access(request.access)?;
             self.context.store().set_room_access(&request.room_id, access)?;
@@ -226,6 +282,7 @@ impl PresenceApi for PresenceService {
     async fn list_sessions(&self, request: Request<pb::ListSessionsRequest>) -> Answer<pb::ListSessionsResponse> {
         answer((|| {
             self.service_only(&request, "ListSessions")?;
+            self.owns(&request.get_ref().user_id)?;
             let now = self.context.now();
             let sessions = self.context.store().sessions(now, &request.get_ref().user_id)?;
             Ok(wire::list_sessions_response(&sessions, now))
@@ -250,6 +307,7 @@ impl PresenceApi for PresenceService {
         let request = request.into_inner();
         let user_id = wire::id("user_id", &request.user_id)?;
         caller.require_self_or_service(&user_id, "SetStatus")?;
+        self.owns(&user_id)?;
         let context = &self.context;
         let status = request.status.map(|status| wire::status(status, context.now())).transpose()?;
         let view = context.privacy.set_status(&user_id, status).await?;
@@ -262,6 +320,7 @@ impl PresenceApi for PresenceService {
         let request = request.get_ref();
         let user = wire::id("user_id", &request.user_id)?;
         caller.require_self_or_service(&user, "SetVisibility")?;
+        self.owns(&user)?;
         let visibility = wire::visibility(request.visibility)?;
         self.context.privacy.change(RelationChange::Visibility { user, visibility }).await?;
         Ok(Response::new(pb::SetVisibilityResponse {}))
@@ -286,6 +345,7 @@ impl PresenceApi for PresenceService {
     async fn touch(&self, request: Request<pb::TouchRequest>) -> Answer<pb::TouchResponse> {
         self.service_only(&request, "Touch")?;
         let user_id = wire::id("user_id", &request.get_ref().user_id)?;
+        self.owns(&user_id)?;
         let context = &self.context;
         let last_active_at = context.activity.touch(&user_id, context.now()).await.map_err(ServiceError::from)?;
         Ok(Response::new(pb::TouchResponse { last_active_at_ms: wire::unix_ms(last_active_at) }))
@@ -295,6 +355,7 @@ impl PresenceApi for PresenceService {
         self.service_only(&request, "PutSetting")?;
         let request = request.into_inner();
         wire::id("user_id", &request.user_id)?;
+        self.owns(&request.user_id)?;
         if request.name.is_empty() || request.name.len() > MAX_SETTING_NAME_BYTES {
             return Err(ServiceError::invalid("name", format!("must be 1 to {MAX_SETTING_NAME_BYTES} bytes")).into());
         }
@@ -311,6 +372,7 @@ impl PresenceApi for PresenceService {
         self.service_only(&request, "GetSettings")?;
         let request = request.into_inner();
         wire::id("user_id", &request.user_id)?;
+        self.owns(&request.user_id)?;
         let settings = self.context.settings.get(request.user_id).await.map_err(ServiceError::from)?;
         Ok(Response::new(pb::GetSettingsResponse { settings: settings.into_iter().collect() }))
     }
@@ -325,6 +387,7 @@ impl PresenceService {
         self.service_only(&request, if grant { "GrantAudience" } else { "RevokeAudience" })?;
         let request = request.get_ref();
         let user = wire::id("user_id", &request.user_id)?;
+        self.owns(&user)?;
         let viewers = wire::nonempty_ids("viewer_ids", &request.viewer_ids)?;
         self.context.privacy.change(RelationChange::Audience { user, viewers, grant }).await?;
         Ok(Response::new(pb::AudienceResponse {}))

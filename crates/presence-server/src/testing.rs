@@ -72,6 +72,14 @@ impl TestServer {
         Self::serve(listener, config)
     }
 
+    /// A server on a free port of 127.0.0.1, configured knowing that port
+    /// (a cluster node advertises its address).
+    pub async fn start_with(config: impl FnOnce(SocketAddr) -> ServerConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a free port");
+        let addr = listener.local_addr().expect("a bound listener has an address");
+        Self::serve(listener, config(addr))
+    }
+
     fn serve(listener: TcpListener, config: ServerConfig) -> Self {
         let addr = listener.local_addr().expect("a bound listener has an address");
         let (stop, stopped) = oneshot::channel::<()>();

@@ -540,14 +540,19 @@ pub(crate) fn lease_result<T>(
     wrap: impl FnOnce(T) -> lease_result::Result,
 ) -> pb::LeaseResult {
     match result {
-        Ok(response) => pb::LeaseResult { code: Code::Ok as u32, message: String::new(), result: Some(wrap(response)) },
+        Ok(response) => pb::LeaseResult {
+            code: Code::Ok as u32,
+            message: String::new(),
+            result: Some(wrap(response)),
+            not_owner: None,
+        },
         Err(err) => lease_refused(&err),
     }
 }
 
 /// A refused item: the code and message a unary call would have answered.
 pub(crate) fn lease_refused(err: &ServiceError) -> pb::LeaseResult {
-    pb::LeaseResult { code: err.code() as u32, message: err.to_string(), result: None }
+    pb::LeaseResult { code: err.code() as u32, message: err.to_string(), result: None, not_owner: err.not_owner() }
 }
 
 /// The opening snapshot of a Watch, or a resync.

@@ -796,7 +796,7 @@ mod tests {
         let r: Vec<Result<(), ItemErr>> = batch_results(3, Err(Status::unavailable("down")), |_| Some(()));
         assert_eq!(r.len(), 3);
         assert!(r.iter().all(|x| x.as_ref().unwrap_err().status == "Unavailable"));
-        let one = pb::LeaseResult { code: 5, message: "gone".into(), result: None };
+        let one = pb::LeaseResult { code: 5, message: "gone".into(), ..Default::default() };
         let r: Vec<Result<(), ItemErr>> = batch_results(1, Ok(vec![one]), |_| Some(()));
         assert_eq!(r[0].as_ref().unwrap_err(), &ItemErr { status: "NotFound", message: "gone".into() });
     }

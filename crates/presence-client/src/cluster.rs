@@ -1,0 +1,224 @@
+//! Lease batches routed over a cluster's nodes (C2).
+//!
+//! In a cluster every user belongs to one of a fixed number of slots
+//! (`slot = FNV-1a-32(user id) mod slots`), and one node at a time owns each
+//! slot. A node that does not own an item's user refuses it with
+//! `UNAVAILABLE` and a `presence.v1.NotOwner` naming the slot, the epoch of
+//! the ownership it knows and the owner's address. [`ClusterLeases`] learns
+//! the slot map from those refusals: it sends each item to the node it last
+//! learned owns the item's slot (at first, to the node it was given), splits
+//! a batch by node, and sends refused items again to the owner named, a few
+//! hops at most. A refusal that names no owner (the slot has none that may act
+//! right now: a node is being replaced) is retried after a short backoff.
+//!
+//! Of two routes for one slot it keeps the one of the higher epoch: etcd's
+//! revisions only grow, so a node that still believes in an older ownership
+//! cannot send it back.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use presence_core::slot_of;
+use presence_proto::v1::{self as pb, lease_item, lease_result};
+use tonic::{Code, Status};
+
+use crate::error::ClientError;
+use crate::lease_channel::{LeaseChannel, LeaseChannelConfig, lease_result};
+
+/// How many times one item is sent on before its last refusal is its result.
+const MAX_HOPS: usize = 5;
+
+/// The first wait before an item whose slot has no owner is sent again; it doubles per hop.
+const NO_OWNER_BACKOFF: Duration = Duration::from_millis(50);
+
+/// A slot's owner, as the highest-epoch refusal about it named it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Route {
+    epoch: i64,
+    address: String,
+}
+
+/// Lease batches to a cluster, each item sent to its user's owner. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ClusterLeases {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// Where items go whose slot's owner is not known yet: the node given.
+    seed: String,
+    /// `http://` or `https://`, as the seed was given: owners are advertised as host:port.
+    scheme: &'static str,
+    slots: u32,
+    config: LeaseChannelConfig,
+    routes: Mutex<Vec<Option<Route>>>,
+    channels: Mutex<HashMap<String, LeaseChannel>>,
+}
+
+impl ClusterLeases {
+    /// Routes over the cluster of `slots` slots (the nodes' `--slots`) that
+    /// the node at `seed` (`http://host:port`) belongs to. No connection is
+    /// made until the first batch.
+    pub fn new(seed: &str, slots: u32, config: LeaseChannelConfig) -> Result<Self, ClientError> {
+        let scheme = if seed.starts_with("https://") { "https://" } else { "http://" };
+        let channel = LeaseChannel::connect_lazy(seed, config.clone())?;
+        let shared = Shared {
+            seed: seed.to_owned(),
+            scheme,
+            slots: slots.max(1),
+            config,
+            routes: Mutex::new(vec![None; slots.max(1) as usize]),
+            channels: Mutex::new(HashMap::from([(seed.to_owned(), channel)])),
+        };
+        Ok(ClusterLeases { shared: Arc::new(shared) })
+    }
+
+    /// The node (its URL) this client sends `user_id`'s items to now.
+    pub fn route_of(&self, user_id: &str) -> String {
+        let slot = slot_of(user_id, self.shared.slots) as usize;
+        let routes = self.shared.routes.lock().expect("routes lock");
+        routes[slot].as_ref().map_or_else(|| self.shared.seed.clone(), |route| route.address.clone())
+    }
+
+    /// How many slots have a learned owner.
+    pub fn known_slots(&self) -> usize {
+        self.shared.routes.lock().expect("routes lock").iter().filter(|route| route.is_some()).count()
+    }
+
+    /// Registers a session (L1) at its user's owner.
+    pub async fn register(&self, request: pb::RegisterRequest) -> Result<pb::RegisterResponse, Status> {
+        match self.submit_item(lease_item::Op::Register(request)).await? {
+            lease_result::Result::Register(response) => Ok(response),
+            _ => Err(Status::internal("presenced answered a register item with another result")),
+        }
+    }
+
+    /// Renews a lease (L2) at its user's owner.
+    pub async fn renew(&self, request: pb::RenewRequest) -> Result<pb::RenewResponse, Status> {
+        match self.submit_item(lease_item::Op::Renew(request)).await? {
+            lease_result::Result::Renew(response) => Ok(response),
+            _ => Err(Status::internal("presenced answered a renew item with another result")),
+        }
+    }
+
+    /// Unregisters a session (L3) at its user's owner.
+    pub async fn unregister(&self, request: pb::UnregisterRequest) -> Result<pb::UnregisterResponse, Status> {
+        match self.submit_item(lease_item::Op::Unregister(request)).await? {
+            lease_result::Result::Unregister(response) => Ok(response),
+            _ => Err(Status::internal("presenced answered an unregister item with another result")),
+        }
+    }
+
+    async fn submit_item(&self, op: lease_item::Op) -> Result<lease_result::Result, Status> {
+        let mut results = self.submit_batch(vec![pb::LeaseItem { op: Some(op), ..Default::default() }]).await;
+        lease_result(results.pop().unwrap_or_else(|| unavailable("no result")))
+    }
+
+    /// Sends `items`, each to its user's owner, and answers one result per
+    /// item in item order. Items of one user keep their order (they travel
+    /// together); items of users on different nodes go in parallel. An item
+    /// whose node could not be reached is answered `UNAVAILABLE` (it may or
+    /// may not have been applied), like an item of a broken stream.
+    pub async fn submit_batch(&self, items: Vec<pb::LeaseItem>) -> Vec<pb::LeaseResult> {
+        let mut results: Vec<Option<pb::LeaseResult>> = vec![None; items.len()];
+        let mut pending: Vec<usize> = (0..items.len()).collect();
+        let mut backoff = NO_OWNER_BACKOFF;
+        for hop in 0..MAX_HOPS {
+            let mut by_node: HashMap<String, Vec<usize>> = HashMap::new();
+            for &index in &pending {
+                by_node.entry(self.route_of(user_of(&items[index]))).or_default().push(index);
+            }
+            let mut sends = tokio::task::JoinSet::new();
+            for (node, indices) in by_node {
+                let batch: Vec<pb::LeaseItem> = indices.iter().map(|&index| items[index].clone()).collect();
+                let channel = self.channel(&node);
+                sends.spawn(async move {
+                    let answered = match channel {
+                        Ok(channel) => channel.submit_batch(batch).await,
+                        Err(error) => Err(Status::unavailable(error.to_string())),
+                    };
+                    (indices, answered)
+                });
+            }
+            let mut again = Vec::new();
+            let mut ownerless = false;
+            while let Some(joined) = sends.join_next().await {
+                // A send that panicked leaves its items unanswered: "not sent" below.
+                let Ok((indices, answered)) = joined else { continue };
+                match answered {
+                    Ok(answers) => {
+                        for (index, result) in indices.into_iter().zip(answers) {
+                            if let Some(not_owner) = result.not_owner.as_ref().filter(|_| is_refusal(&result)) {
+                                ownerless |= not_owner.owner_addr.is_empty();
+                                self.learn(not_owner);
+                                again.push(index);
+                            }
+                            results[index] = Some(result);
+                        }
+                    }
+                    Err(status) => {
+                        for index in indices {
+                            results[index] = Some(unavailable(status.message()));
+                        }
+                    }
+                }
+            }
+            if again.is_empty() {
+                break;
+            }
+            pending = again;
+            if ownerless && hop + 1 < MAX_HOPS {
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
+        }
+        results.into_iter().map(|result| result.unwrap_or_else(|| unavailable("not sent"))).collect()
+    }
+
+    /// Keeps the route a refusal names, unless one of a higher epoch is known.
+    fn learn(&self, not_owner: &pb::NotOwner) {
+        if not_owner.owner_addr.is_empty() || not_owner.slot >= self.shared.slots {
+            return;
+        }
+        let address = format!("{}{}", self.shared.scheme, not_owner.owner_addr);
+        let mut routes = self.shared.routes.lock().expect("routes lock");
+        let route = &mut routes[not_owner.slot as usize];
+        if route.as_ref().is_none_or(|known| known.epoch <= not_owner.epoch) {
+            *route = Some(Route { epoch: not_owner.epoch, address });
+        }
+    }
+
+    /// The channel to `node`, opened (lazily) the first time.
+    fn channel(&self, node: &str) -> Result<LeaseChannel, ClientError> {
+        let mut channels = self.shared.channels.lock().expect("channels lock");
+        if let Some(channel) = channels.get(node) {
+            return Ok(channel.clone());
+        }
+        let channel = LeaseChannel::connect_lazy(node, self.shared.config.clone())?;
+        channels.insert(node.to_owned(), channel.clone());
+        Ok(channel)
+    }
+}
+
+fn is_refusal(result: &pb::LeaseResult) -> bool {
+    result.code == Code::Unavailable as u32
+}
+
+fn unavailable(message: &str) -> pb::LeaseResult {
+    pb::LeaseResult { code: Code::Unavailable as u32, message: message.to_owned(), ..Default::default() }
+}
+
+/// The user an item acts for.
+fn user_of(item: &pb::LeaseItem) -> &str {
+    match &item.op {
+        Some(lease_item::Op::Register(request)) => &request.user_id,
+        Some(lease_item::Op::Renew(request)) => &request.user_id,
+        Some(lease_item::Op::Unregister(request)) => &request.user_id,
+        Some(lease_item::Op::Join(request)) => &request.user_id,
+        Some(lease_item::Op::Leave(request)) => &request.user_id,
+        Some(lease_item::Op::Signal(request)) => &request.user_id,
+        None => "",
+    }
+}

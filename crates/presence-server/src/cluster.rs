@@ -1,0 +1,367 @@
+//! Cluster mode (C1, C2, C5): which users this node may act for.
+//!
+//! With `--etcd`, a node joins a cluster whose slot map etcd holds (see the
+//! `presence-cluster` crate): it grants itself an etcd lease, advertises its
+//! address under it, campaigns to coordinate, and follows the slot map and
+//! the set of nodes. A request for a user is served only when this node owns
+//! the user's slot **and** its etcd lease is confirmed: the last keep-alive
+//! etcd answered, plus the TTL, less a margin, is still ahead. Otherwise the
+//! request is refused with [`ServiceError::NotOwner`], which names the owner
+//! the map shows, so that the client can go there. A node cut off from etcd
+//! therefore stops answering for its slots before etcd could expire its
+//! lease and the coordinator give them to another node: two nodes never both
+//! act for one slot.
+//!
+//! Without `--etcd` the node owns everything and nothing of this runs (C5):
+//! [`Ownership::Single`] checks nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use presence_cluster::{
+    Coordinator, Etcd, LeaseState, NodeLease, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, register_node,
+};
+use presence_core::slot_of;
+use presence_proto::v1::{self as pb, presence_client::PresenceClient};
+use tokio::time::Instant;
+use tonic::Status;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::ServiceError;
+
+/// How to join a cluster: `serve --etcd ... --node-id ... --advertise ...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// etcd's client URLs; the first one that answers is used.
+    pub etcd: Vec<String>,
+    /// This node's name, unique in the cluster.
+    pub node_id: String,
+    /// Where clients reach this node (host:port), as `NotOwner` names it.
+    pub advertise: String,
+    /// The cluster's slot count, the same on every node for its whole life.
+    pub slots: u32,
+    /// The keys' prefix in etcd, so that clusters can share one etcd.
+    pub prefix: String,
+    /// The TTL of this node's etcd lease: how long after its last confirmed
+    /// keep-alive a dead or cut-off node's slots are given to others.
+    pub lease_ttl: Duration,
+    /// How long a new cluster waits for no more nodes to join before giving
+    /// out its slots.
+    pub settle: Duration,
+}
+
+impl ClusterConfig {
+    /// The defaults for joining through `etcd` as `node_id`, reached at `advertise`.
+    pub fn new(etcd: Vec<String>, node_id: impl Into<String>, advertise: impl Into<String>) -> Self {
+        ClusterConfig {
+            etcd,
+            node_id: node_id.into(),
+            advertise: advertise.into(),
+            slots: DEFAULT_SLOTS,
+            prefix: "/presenced/".to_owned(),
+            lease_ttl: Duration::from_secs(5),
+            settle: Duration::from_secs(2),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// Refuses a configuration no cluster could run with.
+    pub(crate) fn validate(&self) -> Result<(), crate::ServeError> {
+        let refuse = |setting, reason| Err(crate::ServeError::Setting { setting, reason });
+        if self.etcd.is_empty() {
+            return refuse("cluster.etcd", "needs at least one etcd URL");
+        }
+        if self.node_id.is_empty() || self.node_id.len() > 128 || self.node_id.contains('/') {
+            return refuse("cluster.node_id", "must be 1 to 128 bytes without '/'");
+        }
+        if self.advertise.is_empty() {
+            return refuse("cluster.advertise", "must be the host:port clients reach this node at");
+        }
+        if !(1..=MAX_SLOTS).contains(&self.slots) {
+            return refuse("cluster.slots", "must be between 1 and 65536");
+        }
+        if self.lease_ttl < Duration::from_secs(2) {
+            return refuse("cluster.lease_ttl", "must be at least 2 s (etcd counts whole seconds, less a margin)");
+        }
+        Ok(())
+    }
+}
+
+/// The most slots a cluster may have: the slot map is read whole.
+pub const MAX_SLOTS: u32 = 65_536;
+
+/// How long a read forwarded to another node may take.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `--slots`' default.
+pub const DEFAULT_SLOTS: u32 = 1024;
+
+/// Taken off every confirmed lease deadline before this node stops acting:
+/// covers the difference of clock rates between etcd and this node and the
+/// time an answer takes to leave.
+const LEASE_MARGIN: Duration = Duration::from_millis(500);
+
+/// Why a node could not join its cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// No etcd endpoint answered.
+    #[error("no etcd endpoint of {endpoints:?} could be reached: {last}")]
+    Unreachable {
+        /// The endpoints tried.
+        endpoints: Vec<String>,
+        /// The last one's error.
+        last: presence_cluster::Error,
+    },
+    /// etcd refused a step of joining.
+    #[error("joining the cluster through etcd: {0}")]
+    Etcd(#[from] presence_cluster::Error),
+}
+
+/// Which users this node may act for.
+#[derive(Debug)]
+pub(crate) enum Ownership {
+    /// A single node (no `--etcd`): every user.
+    Single,
+    /// A cluster node: the users of the slots it owns while its lease holds.
+    Cluster(Box<Membership>),
+}
+
+/// A node's part in its cluster, kept while it serves.
+#[derive(Debug)]
+pub(crate) struct Membership {
+    node: String,
+    slots: u32,
+    /// Where the lease stands, read by every check.
+    lease_state: tokio::sync::watch::Receiver<LeaseState>,
+    /// The lease itself, taken to revoke it when the node leaves.
+    lease: Mutex<Option<NodeLease>>,
+    /// Set when the node leaves: it acts for nobody from then on.
+    left: AtomicBool,
+    map: SlotMapWatch,
+    nodes: NodeSetWatch,
+    peers: Peers,
+    _coordinator: Coordinator,
+}
+
+impl Ownership {
+    /// Joins the cluster `config` describes, or stays a single node.
+    pub(crate) async fn join(config: Option<&ClusterConfig>) -> Result<Ownership, JoinError> {
+        let Some(config) = config else { return Ok(Ownership::Single) };
+        let etcd = connect(&config.etcd).await?;
+        let lease = NodeLease::grant(&etcd, config.lease_ttl, LEASE_MARGIN).await?;
+        register_node(&etcd, &config.prefix, &config.node_id, &config.advertise, lease.id()).await?;
+        let map = SlotMapWatch::start(&etcd, &config.prefix, config.slots).await?;
+        let nodes = NodeSetWatch::start(&etcd, &config.prefix).await?;
+        let coordinator =
+            Coordinator::start(&etcd, &config.prefix, config.slots, &config.node_id, lease.id(), config.settle);
+        tracing::info!(
+            node = config.node_id,
+            advertise = config.advertise,
+            slots = config.slots,
+            lease = lease.id(),
+            "joined the cluster"
+        );
+        Ok(Ownership::Cluster(Box::new(Membership {
+            node: config.node_id.clone(),
+            slots: config.slots,
+            lease_state: lease.subscribe(),
+            lease: Mutex::new(Some(lease)),
+            left: AtomicBool::new(false),
+            map,
+            nodes,
+            peers: Peers::default(),
+            _coordinator: coordinator,
+        })))
+    }
+
+    /// What this node owns as of now, to check a request (or a whole batch) against.
+    pub(crate) fn view(&self) -> OwnershipView<'_> {
+        match self {
+            Ownership::Single => OwnershipView::Single,
+            Ownership::Cluster(membership) => OwnershipView::Cluster {
+                node: &membership.node,
+                slots: membership.slots,
+                acting: membership.is_acting(Instant::now()),
+                map: membership.map.current(),
+                nodes: membership.nodes.current(),
+            },
+        }
+    }
+
+    /// Asks the node at `address` for a Snapshot of `user_ids`, for the same
+    /// viewer and with the caller's own credentials, so that the owner
+    /// applies its privacy rules to the caller as if asked directly (C2).
+    pub(crate) async fn forward_snapshot(
+        &self,
+        address: &str,
+        user_ids: Vec<String>,
+        viewer_id: &str,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<Vec<pb::UserPresence>, ServiceError> {
+        let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
+        let mut client = membership.peers.client(address)?;
+        let mut request = tonic::Request::new(pb::SnapshotRequest { user_ids, viewer_id: viewer_id.to_owned() });
+        request.metadata_mut().insert(FORWARDED, MetadataValue::from_static("1"));
+        if let Some(authorization) = authorization {
+            request.metadata_mut().insert("authorization", authorization.clone());
+        }
+        request.set_timeout(FORWARD_TIMEOUT);
+        let answered = client.snapshot(request).await;
+        let peer = |status| ServiceError::Peer { node: address.to_owned(), status };
+        Ok(answered.map_err(peer)?.into_inner().users)
+    }
+
+    /// Whether this is a cluster node (room reads are per node there).
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Ownership::Cluster(_))
+    }
+
+    /// Leaves the cluster at a planned stop: the lease is revoked, so that
+    /// the coordinator gives this node's slots to the others at once rather
+    /// than a TTL later.
+    pub(crate) async fn leave(&self) {
+        let Ownership::Cluster(membership) = self else { return };
+        membership.left.store(true, Ordering::Release);
+        let Some(lease) = membership.lease.lock().take() else { return };
+        let node = &membership.node;
+        match lease.revoke().await {
+            Ok(()) => tracing::info!(node, "left the cluster: lease revoked"),
+            Err(error) => tracing::warn!(node, %error, "could not revoke the lease; it expires by its TTL"),
+        }
+    }
+}
+
+impl Membership {
+    /// Whether this node may act on its slots at `now`: it has not left, and
+    /// etcd confirmed its lease recently enough.
+    fn is_acting(&self, now: Instant) -> bool {
+        !self.left.load(Ordering::Acquire)
+            && matches!(*self.lease_state.borrow(), LeaseState::ValidUntil(until) if now < until)
+    }
+}
+
+async fn connect(endpoints: &[String]) -> Result<Etcd, JoinError> {
+    let mut last = None;
+    for endpoint in endpoints {
+        match Etcd::connect(endpoint).await {
+            Ok(etcd) => return Ok(etcd),
+            Err(error) => {
+                tracing::warn!(endpoint, %error, "etcd endpoint unreachable; trying the next");
+                last = Some(error);
+            }
+        }
+    }
+    Err(JoinError::Unreachable {
+        endpoints: endpoints.to_vec(),
+        last: last.unwrap_or(presence_cluster::Error::StreamEnded("no endpoint given")),
+    })
+}
+
+/// This node's ownership at one instant.
+#[derive(Debug)]
+pub(crate) enum OwnershipView<'a> {
+    /// Every user.
+    Single,
+    /// The slots `map` gives `node`, if `acting`.
+    Cluster { node: &'a str, slots: u32, acting: bool, map: Arc<SlotMap>, nodes: Arc<NodeSet> },
+}
+
+impl OwnershipView<'_> {
+    /// `Ok` when this node may act for `user_id` now; else the refusal that
+    /// names the owner.
+    pub(crate) fn check(&self, user_id: impl AsRef<[u8]>) -> Result<(), ServiceError> {
+        let OwnershipView::Cluster { node, slots, acting, map, nodes } = self else { return Ok(()) };
+        if user_id.as_ref().is_empty() {
+            // Any node refuses it as INVALID_ARGUMENT, naming the field.
+            return Ok(());
+        }
+        let slot = slot_of(user_id, *slots);
+        let owner = map.owner(slot);
+        let mine = owner.is_some_and(|owner| owner.node == *node);
+        if mine && *acting {
+            return Ok(());
+        }
+        // Not ours; or ours, but etcd has not confirmed our lease in time,
+        // so another node may be about to get it: no owner to name.
+        let named = owner.filter(|_| !mine);
+        Err(ServiceError::NotOwner(NotOwner {
+            slot,
+            epoch: owner.map_or(0, |owner| owner.epoch),
+            owner_id: named.map(|owner| owner.node.clone()).unwrap_or_default(),
+            owner_addr: named.and_then(|owner| nodes.address(&owner.node)).unwrap_or_default().to_owned(),
+        }))
+    }
+
+    /// Which of `user_ids` this node answers itself and which each other
+    /// node does, by index; refused when some user's slot has no owner that
+    /// may act now, or when `forwarded` (a node's forwarded request, which
+    /// is never sent on again) and some user is not this node's.
+    pub(crate) fn route<S: AsRef<str>>(&self, user_ids: &[S], forwarded: bool) -> Result<Routes, ServiceError> {
+        let mut routes = Routes::default();
+        for (index, user_id) in user_ids.iter().enumerate() {
+            match self.check(user_id.as_ref()) {
+                Ok(()) => routes.local.push(index),
+                Err(ServiceError::NotOwner(not_owner)) if !forwarded && !not_owner.owner_addr.is_empty() => {
+                    routes.remote.entry(not_owner.owner_addr).or_default().push(index);
+                }
+                Err(refusal) => return Err(refusal),
+            }
+        }
+        Ok(routes)
+    }
+
+    /// [`OwnershipView::check`] of every user of a request.
+    pub(crate) fn check_all<S: AsRef<str>>(&self, user_ids: &[S]) -> Result<(), ServiceError> {
+        user_ids.iter().try_for_each(|user_id| self.check(user_id.as_ref()))
+    }
+}
+
+/// Where the users of one request are answered: here, or at other nodes
+/// (by advertised address), as indices into the request's list.
+#[derive(Debug, Default)]
+pub(crate) struct Routes {
+    pub(crate) local: Vec<usize>,
+    pub(crate) remote: std::collections::BTreeMap<String, Vec<usize>>,
+}
+
+/// The metadata a node adds to a request it forwards to another node: that
+/// node answers for its own users only and forwards nothing.
+pub(crate) const FORWARDED: &str = "presenced-forwarded";
+
+/// Clients of the other nodes, for forwarded reads, made on first use.
+#[derive(Debug, Default)]
+pub(crate) struct Peers {
+    clients: Mutex<std::collections::HashMap<String, PresenceClient<Channel>>>,
+}
+
+impl Peers {
+    /// A client of the node at `address` (host:port); the connection is made by the first call.
+    pub(crate) fn client(&self, address: &str) -> Result<PresenceClient<Channel>, ServiceError> {
+        let mut clients = self.clients.lock();
+        if let Some(client) = clients.get(address) {
+            return Ok(client.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|_| ServiceError::Peer { node: address.to_owned(), status: Status::internal("bad address") })?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5));
+        let client = PresenceClient::new(endpoint.connect_lazy());
+        clients.insert(address.to_owned(), client.clone());
+        Ok(client)
+    }
+}
+
+/// A refusal's pointer to a slot's owner (`presence.v1.NotOwner`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NotOwner {
+    pub(crate) slot: u32,
+    pub(crate) epoch: i64,
+    pub(crate) owner_id: String,
+    pub(crate) owner_addr: String,
+}

@@ -1,0 +1,267 @@
+//! Cluster mode against a real etcd (C1, C2, C5): three presenced nodes in
+//! this process, on loopback, joined through one etcd the test starts
+//! (`etcd` from PATH or `PRESENCED_ETCD_BIN`; `.ci/install-etcd`).
+
+// Protobuf literals end in `..Default::default()` so that they keep compiling as messages gain fields.
+#![allow(clippy::needless_update)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use presence_client::{ClusterLeases, LeaseChannelConfig, lease_result};
+use presence_cluster::testing::EtcdServer;
+use presence_cluster::{Etcd, SlotMap, SlotMapWatch, slot_of};
+use presence_proto::v1 as pb;
+use presence_proto::v1::presence_client::PresenceClient;
+use presence_server::testing::{TestServer, fast_config};
+use presence_server::{ClusterConfig, ServerConfig};
+use prost::Message as _;
+use tokio::time::Instant;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const SLOTS: u32 = 64;
+const PATIENCE: Duration = Duration::from_secs(20);
+const PREFIX: &str = "/test/";
+
+fn node_config(etcd: &EtcdServer, node: &str, addr: SocketAddr) -> ServerConfig {
+    let mut cluster = ClusterConfig::new(vec![etcd.endpoint.clone()], node, addr.to_string());
+    cluster.slots = SLOTS;
+    cluster.prefix = PREFIX.to_owned();
+    cluster.lease_ttl = Duration::from_secs(2);
+    cluster.settle = Duration::from_millis(500);
+    ServerConfig { cluster: Some(cluster), ..fast_config() }
+}
+
+/// Waits until every slot has an owner and the map is as `done` wants it.
+async fn map_where(etcd: &Etcd, what: &str, done: impl Fn(&SlotMap) -> bool) -> SlotMap {
+    let watch = SlotMapWatch::start(etcd, PREFIX, SLOTS).await.unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let map = watch.current();
+        if (0..SLOTS).all(|slot| map.owner(slot).is_some()) && done(&map) {
+            return (*map).clone();
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}: {map:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `presence.v1.NotOwner` in a refusal's details.
+fn not_owner_of(status: &tonic::Status) -> pb::NotOwner {
+    let details = tonic_types::Status::decode(status.details()).expect("google.rpc.Status details");
+    let any = details
+        .details
+        .iter()
+        .find(|any| any.type_url == "type.googleapis.com/presence.v1.NotOwner")
+        .unwrap_or_else(|| panic!("no NotOwner in {status:?}"));
+    pb::NotOwner::decode(any.value.as_slice()).unwrap()
+}
+
+fn register(user: &str) -> pb::LeaseItem {
+    pb::LeaseItem {
+        op: Some(pb::lease_item::Op::Register(pb::RegisterRequest {
+            user_id: user.into(),
+            session_id: "s".into(),
+            gateway_id: "gw".into(),
+            ttl_ms: 30_000,
+            ..Default::default()
+        })),
+    }
+}
+
+async fn snapshot(client: &mut PresenceClient<Channel>, user: &str) -> Result<pb::UserPresence, tonic::Status> {
+    let request = pb::SnapshotRequest { user_ids: vec![user.into()], ..Default::default() };
+    Ok(client.snapshot(request).await?.into_inner().users.remove(0))
+}
+
+/// A Snapshot as a node forwards it: answered by the owner alone.
+async fn forwarded_snapshot(
+    client: &mut PresenceClient<Channel>,
+    user: &str,
+) -> Result<pb::UserPresence, tonic::Status> {
+    let mut request = tonic::Request::new(pb::SnapshotRequest { user_ids: vec![user.into()], ..Default::default() });
+    request.metadata_mut().insert("presenced-forwarded", "1".parse().unwrap());
+    Ok(client.snapshot(request).await?.into_inner().users.remove(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_a_batch_sent_to_one_node_reaches_every_owner_and_any_node_answers_a_snapshot_of_everyone() {
+    let etcd = EtcdServer::start().await;
+    let nodes = ["node-a", "node-b", "node-c"];
+    let mut servers = Vec::new();
+    for node in nodes {
+        servers.push(TestServer::start_with(|addr| node_config(&etcd, node, addr)).await);
+    }
+    let address: HashMap<&str, SocketAddr> = nodes.iter().copied().zip(servers.iter().map(|s| s.addr)).collect();
+    // Started together, the nodes share the slots: the coordinator waited for them all.
+    let map = map_where(&etcd.client().await, "every node owns slots", |map| {
+        nodes.iter().all(|node| map.owned_by(node).count() > 0)
+    })
+    .await;
+
+    let leases = ClusterLeases::new(&servers[0].url(), SLOTS, LeaseChannelConfig::default()).unwrap();
+    let users: Vec<String> = (0..300).map(|i| format!("user-{i}")).collect();
+    let results = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
+    let mut generations = HashMap::new();
+    for (user, result) in users.iter().zip(results) {
+        match lease_result(result.clone()) {
+            Ok(pb::lease_result::Result::Register(registered)) => {
+                generations.insert(user.clone(), registered.generation)
+            }
+            other => panic!("{user}: {other:?} ({result:?})"),
+        };
+    }
+    assert!(leases.known_slots() > 0, "the client learned owners from the refusals");
+
+    let mut clients: HashMap<&str, PresenceClient<Channel>> = HashMap::new();
+    for (node, server) in nodes.iter().zip(&servers) {
+        clients.insert(node, server.client().await);
+    }
+    for user in &users {
+        let owner = map.owner(slot_of(user, SLOTS)).unwrap();
+        // The owner holds it, and the client routes it there now.
+        let at_owner = snapshot(clients.get_mut(owner.node.as_str()).unwrap(), user).await.unwrap();
+        assert_eq!(at_owner.state, pb::State::Online as i32, "{user} online at its owner {}", owner.node);
+        assert_eq!(leases.route_of(user), format!("http://{}", address[owner.node.as_str()]), "{user}");
+        for other in nodes.iter().filter(|node| **node != owner.node) {
+            // Any node answers a Snapshot of it, asking the owner.
+            let through = snapshot(clients.get_mut(other).unwrap(), user).await.unwrap();
+            assert_eq!(through, at_owner, "{user} through {other}");
+            // A request another node forwarded is answered only by the
+            // owner: every other node refuses it, naming the owner and its epoch.
+            let refused = forwarded_snapshot(clients.get_mut(other).unwrap(), user).await.unwrap_err();
+            assert_eq!(refused.code(), Code::Unavailable, "{user} at {other}: {refused:?}");
+            let named = not_owner_of(&refused);
+            assert_eq!(named.slot, slot_of(user, SLOTS));
+            assert_eq!((named.owner_id.as_str(), named.epoch), (owner.node.as_str(), owner.epoch), "{user}");
+            assert_eq!(named.owner_addr, address[owner.node.as_str()].to_string());
+        }
+    }
+
+    // Renewals and unregisters follow the learned routes, each to its owner.
+    let renewals = users
+        .iter()
+        .map(|user| pb::LeaseItem {
+            op: Some(pb::lease_item::Op::Renew(pb::RenewRequest {
+                user_id: user.clone(),
+                session_id: "s".into(),
+                generation: generations[user],
+                ttl_ms: 30_000,
+                ..Default::default()
+            })),
+        })
+        .collect();
+    for (user, result) in users.iter().zip(leases.submit_batch(renewals).await) {
+        assert_eq!(result.code, 0, "{user}: {result:?}");
+    }
+    let half: Vec<&String> = users.iter().step_by(2).collect();
+    for user in &half {
+        let request = pb::UnregisterRequest {
+            user_id: (*user).clone(),
+            session_id: "s".into(),
+            generation: generations[*user],
+            ..Default::default()
+        };
+        assert!(leases.unregister(request).await.unwrap().changed, "{user}");
+    }
+    // One Snapshot of every user, from one node: each answered by its owner, in request order.
+    let request = pb::SnapshotRequest { user_ids: users.clone(), ..Default::default() };
+    let everyone = clients.get_mut("node-b").unwrap().snapshot(request).await.unwrap().into_inner().users;
+    assert_eq!(everyone.len(), users.len());
+    for (user, presence) in users.iter().zip(&everyone) {
+        assert_eq!(&presence.user_id, user);
+        let online = presence.state == pb::State::Online as i32;
+        assert_eq!(online, !half.contains(&user), "{user}");
+        let owner = &map.owner(slot_of(user, SLOTS)).unwrap().node;
+        let at_owner = snapshot(clients.get_mut(owner.as_str()).unwrap(), user).await.unwrap();
+        assert_eq!(presence, &at_owner, "{user}: the owner's answer, version and all");
+    }
+
+    // A unary call to a non-owner is refused too, and changes nothing there.
+    let user = &users[1];
+    let owner = &map.owner(slot_of(user, SLOTS)).unwrap().node;
+    let other = nodes.iter().find(|node| *node != owner).unwrap();
+    let register = pb::RegisterRequest {
+        user_id: user.clone(),
+        session_id: "t".into(),
+        gateway_id: "gw".into(),
+        ..Default::default()
+    };
+    let refused = clients.get_mut(other).unwrap().register(register).await.unwrap_err();
+    assert_eq!((refused.code(), not_owner_of(&refused).owner_id), (Code::Unavailable, owner.clone()));
+
+    // A planned stop revokes the node's lease: its slots go to the others at
+    // once, well before the lease's TTL (2 s) would have expired it.
+    let third = servers.pop().unwrap();
+    let stopped = Instant::now();
+    third.stop().await;
+    map_where(&etcd.client().await, "node-c's slots given to the others", |map| map.owned_by("node-c").count() == 0)
+        .await;
+    assert!(
+        stopped.elapsed() < Duration::from_millis(1_900),
+        "took {:?}: the lease was not revoked",
+        stopped.elapsed()
+    );
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c1_a_node_cut_off_from_etcd_stops_acting_on_its_slots_and_resumes_when_etcd_answers() {
+    let etcd = EtcdServer::start().await;
+    let server = TestServer::start_with(|addr| node_config(&etcd, "solo", addr)).await;
+    map_where(&etcd.client().await, "the node owns every slot", |map| map.owned_by("solo").count() == SLOTS as usize)
+        .await;
+    let mut client = server.client().await;
+    let register = |session: &str| pb::RegisterRequest {
+        user_id: "alice".into(),
+        session_id: session.into(),
+        gateway_id: "gw".into(),
+        ttl_ms: 30_000,
+        ..Default::default()
+    };
+    client.register(register("before")).await.expect("the owner acts while etcd confirms its lease");
+
+    // etcd stops answering: keep-alives go unanswered, and within the lease's
+    // TTL (2 s) less the margin the node refuses, naming no owner.
+    etcd.signal("-STOP");
+    let stopped = Instant::now();
+    let refused = loop {
+        match snapshot(&mut client, "alice").await {
+            Ok(_) => {
+                assert!(stopped.elapsed() < Duration::from_secs(2), "still acting after the lease could have expired");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let named = not_owner_of(&refused);
+    assert_eq!((named.owner_id.as_str(), named.owner_addr.as_str()), ("", ""), "nobody may act: {named:?}");
+    assert!(named.epoch > 0, "the epoch of its own, lapsed ownership: {named:?}");
+    let unregister =
+        pb::UnregisterRequest { user_id: "alice".into(), session_id: "before".into(), ..Default::default() };
+    assert_eq!(client.unregister(unregister).await.unwrap_err().code(), Code::Unavailable, "nothing is changed");
+    assert_eq!(client.register(register("during")).await.unwrap_err().code(), Code::Unavailable);
+
+    // etcd answers again: the next keep-alive confirms the lease, and the node acts again.
+    etcd.signal("-CONT");
+    let deadline = Instant::now() + PATIENCE;
+    while client.register(register("after")).await.is_err() {
+        assert!(Instant::now() < deadline, "the node did not resume after etcd came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sessions = client
+        .list_sessions(pb::ListSessionsRequest { user_id: "alice".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    let mut ids: Vec<&str> = sessions.iter().map(|s| s.session_id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["after", "before"], "the refused register changed nothing, the lease before it is kept");
+    server.stop().await;
+}
