@@ -25,6 +25,7 @@
  */
 export { Code, ConnectError, createClient } from "@connectrpc/connect";
 export { Backoff, type BackoffOptions } from "./backoff.js";
+export { ClusterLeases, slotOf } from "./cluster.js";
 export {
   LeaseChannel,
   leaseResult,

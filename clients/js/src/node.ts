@@ -7,6 +7,7 @@
 import type { Transport } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 
+import { ClusterLeases } from "./cluster.js";
 import { http2LeaseWire, type Http2LeaseWireOptions } from "./http2Wire.js";
 import { LeaseChannel, type LeaseChannelOptions } from "./leaseChannel.js";
 
@@ -32,4 +33,17 @@ export function connectLeaseChannel(
   options: LeaseChannelOptions & Http2LeaseWireOptions = {},
 ): LeaseChannel {
   return new LeaseChannel(http2LeaseWire(baseUrl, options), options);
+}
+
+/**
+ * A {@link ClusterLeases} over the cluster of `slots` slots that the node at
+ * `seed` belongs to, with a {@link connectLeaseChannel} of `options` to each
+ * node as it is learned.
+ */
+export function connectClusterLeases(
+  seed: string,
+  slots: number,
+  options: LeaseChannelOptions & Http2LeaseWireOptions = {},
+): ClusterLeases {
+  return new ClusterLeases(seed, slots, (url) => connectLeaseChannel(url, options));
 }

@@ -9,7 +9,7 @@ import { fileURLToPath } from "node:url";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 
-import { Backoff, RoomView, ViewerStore, leaseResult, pb } from "../src/index.js";
+import { Backoff, RoomView, ViewerStore, leaseResult, pb, slotOf } from "../src/index.js";
 import { nodeTransport } from "../src/node.js";
 import { TEST_TIMEOUT_MS, WIRES, withDeadline } from "./helpers.js";
 
@@ -193,4 +193,13 @@ test("the main entry point imports nothing of Node's, so a page can bundle it", 
   visit(fileURLToPath(new URL("../src/index.js", import.meta.url)));
   assert.ok(seen.size > 5, `walked ${[...seen].join(", ")}`);
   assert.deepEqual([...outside].sort(), ["@bufbuild/protobuf", "@bufbuild/protobuf/codegenv2", "@connectrpc/connect"]);
+});
+
+test("slotOf is the server's slot function: FNV-1a-32 of the UTF-8 bytes modulo the slot count", { timeout: TEST_TIMEOUT_MS }, () => {
+  // The vectors crates/presence-core/src/slots.rs pins for every implementation.
+  const vectors: [string, number][] = [["", 453], ["a", 300], ["alice", 999], ["user-42", 939], ["ユーザー", 766], ["room:doc-7", 330]];
+  for (const [id, slot] of vectors) assert.equal(slotOf(id, 1024), slot, id);
+  assert.equal(slotOf("alice", 0xffffffff), 0x872213e7, "the whole hash, below 2^32 - 1");
+  assert.equal(slotOf("alice", 1), 0);
+  assert.equal(slotOf("alice", 0), 0, "no slots is taken as one");
 });

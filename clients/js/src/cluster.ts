@@ -1,0 +1,202 @@
+/**
+ * Lease batches routed over a cluster's nodes (C2), as the Rust client's
+ * `ClusterLeases` does.
+ *
+ * In a cluster every user belongs to one of a fixed number of slots
+ * (`slotOf`: FNV-1a-32 of the user id's UTF-8 bytes, modulo the slot count),
+ * and one node at a time owns each slot. A node that does not own an item's
+ * user refuses it with `UNAVAILABLE` and a `NotOwner` naming the slot, the
+ * epoch of the ownership it knows and the owner's address. {@link ClusterLeases}
+ * learns the slot map from those refusals: it sends each item to the node it
+ * last learned owns the item's slot (at first, to the node it was given),
+ * splits a batch by node, and sends refused items on to the owner named, a
+ * few hops at most; a refusal that names no owner (none may act right now)
+ * is retried after a short backoff. Of two routes for one slot it keeps the
+ * one of the higher epoch: etcd's revisions only grow.
+ */
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@connectrpc/connect";
+
+import { sleep } from "./call.js";
+import {
+  type LeaseItem,
+  LeaseItemSchema,
+  type LeaseResult,
+  LeaseResultSchema,
+  type NotOwner,
+  type RegisterResponse,
+  type RenewResponse,
+  type UnregisterResponse,
+} from "./gen/presence/v1/presence_pb.js";
+import { type LeaseChannel, leaseResult, type RegisterInit, type RenewInit, type UnregisterInit } from "./leaseChannel.js";
+
+/** How many times one item is sent on before its last refusal is its result. */
+const MAX_HOPS = 5;
+
+/** The first wait before an item whose slot has no owner is sent again; it doubles per hop. */
+const NO_OWNER_BACKOFF_MS = 50;
+
+const utf8 = new TextEncoder();
+
+/**
+ * The slot of `id` (a user id, or a room id) among `slots`: 32-bit FNV-1a
+ * over the id's UTF-8 bytes, modulo `slots`, exactly as the server computes it.
+ */
+export function slotOf(id: string, slots: number): number {
+  let hash = 0x811c9dc5;
+  for (const byte of utf8.encode(id)) {
+    hash = Math.imul(hash ^ byte, 0x01000193);
+  }
+  return (hash >>> 0) % Math.max(1, slots);
+}
+
+/** A slot's owner, as the highest-epoch refusal about it named it. */
+interface Route {
+  epoch: bigint;
+  url: string;
+}
+
+/** Lease batches to a cluster, each item sent to its user's owner. */
+export class ClusterLeases {
+  private readonly routes: (Route | undefined)[];
+  private readonly channels = new Map<string, LeaseChannel>();
+  /** `http://` or `https://`, as the seed was given: owners are advertised as host:port. */
+  private readonly scheme: string;
+
+  /**
+   * Routes over the cluster of `slots` slots (the nodes' `--slots`) that the
+   * node at `seed` (`http://host:port`) belongs to; `open` makes the channel
+   * to one node (`connectLeaseChannel` of `@presenced/client/node`, with the
+   * gateway's options), called once per node as they are learned.
+   */
+  constructor(
+    private readonly seed: string,
+    private readonly slots: number,
+    private readonly open: (url: string) => LeaseChannel,
+  ) {
+    this.slots = Math.max(1, slots);
+    this.routes = new Array<Route | undefined>(this.slots).fill(undefined);
+    this.scheme = seed.startsWith("https://") ? "https://" : "http://";
+  }
+
+  /** The node (its URL) this client sends `userId`'s items to now. */
+  routeOf(userId: string): string {
+    return this.routes[slotOf(userId, this.slots)]?.url ?? this.seed;
+  }
+
+  /** How many slots have a learned owner. */
+  knownSlots(): number {
+    return this.routes.filter((route) => route !== undefined).length;
+  }
+
+  /** Registers a session (L1) at its user's owner. */
+  async register(request: RegisterInit): Promise<RegisterResponse> {
+    const result = leaseResult(await this.submitItem({ op: { case: "register", value: request } }));
+    if (result.case !== "register") throw new ConnectError("a register answered with another result", Code.Internal);
+    return result.value;
+  }
+
+  /** Renews a lease (L2) at its user's owner. */
+  async renew(request: RenewInit): Promise<RenewResponse> {
+    const result = leaseResult(await this.submitItem({ op: { case: "renew", value: request } }));
+    if (result.case !== "renew") throw new ConnectError("a renewal answered with another result", Code.Internal);
+    return result.value;
+  }
+
+  /** Unregisters a session (L3) at its user's owner. */
+  async unregister(request: UnregisterInit): Promise<UnregisterResponse> {
+    const result = leaseResult(await this.submitItem({ op: { case: "unregister", value: request } }));
+    if (result.case !== "unregister") throw new ConnectError("an unregister answered with another result", Code.Internal);
+    return result.value;
+  }
+
+  private async submitItem(item: MessageInitShape<typeof LeaseItemSchema>): Promise<LeaseResult> {
+    const [result] = await this.submitBatch([item]);
+    return result!;
+  }
+
+  /**
+   * Sends `items`, each to its user's owner, and resolves one result per
+   * item in item order. Items of one user keep their order (they travel
+   * together); items for different nodes go in parallel. An item whose node
+   * could not be reached is answered `UNAVAILABLE` (it may or may not have
+   * been applied), like an item of a broken stream.
+   */
+  async submitBatch(init: MessageInitShape<typeof LeaseItemSchema>[]): Promise<LeaseResult[]> {
+    const items = init.map((item) => create(LeaseItemSchema, item));
+    const results: (LeaseResult | undefined)[] = new Array(items.length).fill(undefined);
+    let pending = items.map((_, index) => index);
+    let backoff = NO_OWNER_BACKOFF_MS;
+    for (let hop = 0; hop < MAX_HOPS && pending.length > 0; hop++) {
+      const byNode = new Map<string, number[]>();
+      for (const index of pending) {
+        const url = this.routeOf(userOf(items[index]!));
+        byNode.set(url, [...(byNode.get(url) ?? []), index]);
+      }
+      const again: number[] = [];
+      let ownerless = false;
+      await Promise.all(
+        [...byNode].map(async ([url, indices]) => {
+          let answers: LeaseResult[];
+          try {
+            answers = await this.channel(url).submitBatch(indices.map((index) => items[index]!));
+          } catch (error) {
+            const message = error instanceof ConnectError ? error.rawMessage : String(error);
+            for (const index of indices) results[index] = unavailable(`${url}: ${message}`);
+            return;
+          }
+          indices.forEach((index, i) => {
+            const result = answers[i]!;
+            results[index] = result;
+            const notOwner = result.code === Code.Unavailable ? result.notOwner : undefined;
+            if (notOwner !== undefined) {
+              ownerless ||= notOwner.ownerAddr === "";
+              this.learn(notOwner);
+              again.push(index);
+            }
+          });
+        }),
+      );
+      pending = again;
+      if (pending.length > 0 && ownerless && hop + 1 < MAX_HOPS) {
+        await sleep(backoff);
+        backoff *= 2;
+      }
+    }
+    return results.map((result) => result ?? unavailable("not sent"));
+  }
+
+  /** Closes every node's channel. */
+  close(): void {
+    for (const channel of this.channels.values()) channel.close();
+  }
+
+  /** Keeps the route a refusal names, unless one of a higher epoch is known. */
+  private learn(notOwner: NotOwner): void {
+    if (notOwner.ownerAddr === "" || notOwner.slot >= this.slots) return;
+    const known = this.routes[notOwner.slot];
+    if (known === undefined || known.epoch <= notOwner.epoch) {
+      this.routes[notOwner.slot] = { epoch: notOwner.epoch, url: `${this.scheme}${notOwner.ownerAddr}` };
+    }
+  }
+
+  /** The channel to `url`, opened the first time. */
+  private channel(url: string): LeaseChannel {
+    let channel = this.channels.get(url);
+    if (channel === undefined) {
+      channel = this.open(url);
+      this.channels.set(url, channel);
+    }
+    return channel;
+  }
+}
+
+function unavailable(message: string): LeaseResult {
+  return create(LeaseResultSchema, { code: Code.Unavailable, message });
+}
+
+/** The user an item acts for. */
+function userOf(item: LeaseItem): string {
+  return item.op.case === undefined ? "" : item.op.value.userId;
+}

@@ -1,0 +1,127 @@
+/**
+ * C2 through the TypeScript client: three real presenced nodes joined by a
+ * real etcd (`etcd` from PATH or `PRESENCED_ETCD_BIN`; `.ci/install-etcd`),
+ * and one ClusterLeases seeded with one of them.
+ */
+import assert from "node:assert/strict";
+import { type ChildProcess, spawn } from "node:child_process";
+import { rmSync } from "node:fs";
+import { test } from "node:test";
+
+import { slotOf, pb } from "../src/index.js";
+import { connectClusterLeases } from "../src/node.js";
+import { TEST_TIMEOUT_MS, Server, freePort, scratchDir, until } from "./helpers.js";
+
+const SLOTS = 64;
+const PREFIX = "/js/";
+
+/** One etcd member on loopback ports, with its own data directory. */
+class Etcd {
+  private constructor(
+    readonly endpoint: string,
+    private readonly child: ChildProcess,
+    private readonly dir: string,
+  ) {}
+
+  static async start(): Promise<Etcd> {
+    const [client, peer] = [await freePort(), await freePort()];
+    const endpoint = `http://127.0.0.1:${client}`;
+    const peerUrl = `http://127.0.0.1:${peer}`;
+    const dir = scratchDir("etcd");
+    const binary = process.env.PRESENCED_ETCD_BIN ?? "etcd";
+    const child = spawn(
+      binary,
+      ["--name", "test", "--data-dir", dir, "--listen-client-urls", endpoint, "--advertise-client-urls", endpoint,
+        "--listen-peer-urls", peerUrl, "--initial-advertise-peer-urls", peerUrl, "--initial-cluster", `test=${peerUrl}`,
+        "--heartbeat-interval", "10", "--election-timeout", "50"],
+      { stdio: "ignore" },
+    );
+    child.once("error", (error) => {
+      throw new Error(`cannot start ${binary} (${error.message}): install etcd (bash .ci/install-etcd) or set PRESENCED_ETCD_BIN`);
+    });
+    const etcd = new Etcd(endpoint, child, dir);
+    await until("etcd answers", async () => {
+      try {
+        return (await fetch(`${endpoint}/health`)).ok;
+      } catch {
+        return false;
+      }
+    });
+    return etcd;
+  }
+
+  /** The slot map as etcd holds it (through its JSON gateway): slot → owning node. */
+  async owners(): Promise<Map<number, string>> {
+    const b64 = (text: string) => Buffer.from(text).toString("base64");
+    // Every key from `${PREFIX}slots/` up to the next prefix ('/' + 1 is '0').
+    const range = { key: b64(`${PREFIX}slots/`), range_end: b64(`${PREFIX}slots0`) };
+    const response = await fetch(`${this.endpoint}/v3/kv/range`, { method: "POST", body: JSON.stringify(range) });
+    const body = (await response.json()) as { kvs?: { key: string; value: string }[] };
+    const owners = new Map<number, string>();
+    for (const kv of body.kvs ?? []) {
+      const slot = Number(Buffer.from(kv.key, "base64").toString().slice(`${PREFIX}slots/`.length));
+      owners.set(slot, Buffer.from(kv.value, "base64").toString());
+    }
+    return owners;
+  }
+
+  stop(): void {
+    this.child.kill("SIGKILL");
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+test("C2: a ClusterLeases seeded with one node sends every user's items to its owner", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  const etcd = await Etcd.start();
+  t.after(() => etcd.stop());
+  const names = ["node-a", "node-b", "node-c"];
+  const nodes = await Promise.all(
+    names.map(async (name) => {
+      const port = await freePort();
+      const args = ["--etcd", etcd.endpoint, "--node-id", name, "--advertise", `127.0.0.1:${port}`, "--slots", `${SLOTS}`,
+        "--etcd-prefix", PREFIX, "--etcd-lease-ttl-ms", "2000", "--cluster-settle-ms", "500"];
+      return Server.start(args, { listen: `127.0.0.1:${port}` });
+    }),
+  );
+  t.after(() => Promise.all(nodes.map((node) => node.kill())));
+  const urlOf = new Map(names.map((name, i) => [name, nodes[i]!.url]));
+  let owners = new Map<number, string>();
+  await until("every slot has an owner and every node some", async () => {
+    owners = await etcd.owners();
+    return owners.size === SLOTS && names.every((name) => [...owners.values()].includes(name));
+  });
+
+  const leases = connectClusterLeases(nodes[0]!.url, SLOTS);
+  t.after(() => leases.close());
+  const users = Array.from({ length: 200 }, (_, i) => `user-${i}`);
+  const registered = await leases.submitBatch(
+    users.map((userId) => ({ op: { case: "register", value: { userId, sessionId: "s", gatewayId: "gw", ttlMs: 30_000 } } })),
+  );
+  const generations = new Map<string, bigint>();
+  registered.forEach((result, i) => {
+    assert.equal(result.code, 0, `${users[i]}: ${result.message}`);
+    assert.equal(result.result.case, "register");
+    if (result.result.case === "register") generations.set(users[i]!, result.result.value.generation);
+  });
+  assert.ok(leases.knownSlots() > 0, "owners were learned from the refusals");
+  for (const user of users) {
+    const owner = owners.get(slotOf(user, SLOTS))!;
+    assert.equal(leases.routeOf(user), urlOf.get(owner), `${user} is routed to its owner ${owner}`);
+  }
+
+  const renewed = await leases.submitBatch(
+    users.map((userId) => ({ op: { case: "renew", value: { userId, sessionId: "s", generation: generations.get(userId)!, ttlMs: 30_000 } } })),
+  );
+  renewed.forEach((result, i) => assert.equal(result.code, 0, `${users[i]}: ${result.message}`));
+  const gone = users.filter((_, i) => i % 2 === 0);
+  for (const userId of gone) {
+    const answer = await leases.unregister({ userId, sessionId: "s", generation: generations.get(userId)! });
+    assert.ok(answer.changed, userId);
+  }
+  // Any node answers a Snapshot of everyone, asking the owners.
+  const { users: seen } = await nodes[2]!.client.snapshot({ userIds: users });
+  assert.deepEqual(
+    seen.map((user) => [user.userId, user.state]),
+    users.map((user) => [user, gone.includes(user) ? pb.State.OFFLINE : pb.State.ONLINE]),
+  );
+});
