@@ -76,6 +76,22 @@ async fn snapshot(client: &mut PresenceClient<Channel>, user: &str) -> Result<pb
     Ok(client.snapshot(request).await?.into_inner().users.remove(0))
 }
 
+const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
+
+/// Three nodes started together, and the slot map once they share the slots
+/// (the coordinator of a new cluster waits for the nodes starting with it).
+async fn three_nodes(etcd: &EtcdServer) -> (Vec<TestServer>, SlotMap) {
+    let mut servers = Vec::new();
+    for node in NODES {
+        servers.push(TestServer::start_with(|addr| node_config(etcd, node, addr)).await);
+    }
+    let map = map_where(&etcd.client().await, "every node owns slots", |map| {
+        NODES.iter().all(|node| map.owned_by(node).count() > 0)
+    })
+    .await;
+    (servers, map)
+}
+
 /// A Snapshot as a node forwards it: answered by the owner alone.
 async fn forwarded_snapshot(
     client: &mut PresenceClient<Channel>,
@@ -89,17 +105,9 @@ async fn forwarded_snapshot(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c2_a_batch_sent_to_one_node_reaches_every_owner_and_any_node_answers_a_snapshot_of_everyone() {
     let etcd = EtcdServer::start().await;
-    let nodes = ["node-a", "node-b", "node-c"];
-    let mut servers = Vec::new();
-    for node in nodes {
-        servers.push(TestServer::start_with(|addr| node_config(&etcd, node, addr)).await);
-    }
+    let (mut servers, map) = three_nodes(&etcd).await;
+    let nodes = NODES;
     let address: HashMap<&str, SocketAddr> = nodes.iter().copied().zip(servers.iter().map(|s| s.addr)).collect();
-    // Started together, the nodes share the slots: the coordinator waited for them all.
-    let map = map_where(&etcd.client().await, "every node owns slots", |map| {
-        nodes.iter().all(|node| map.owned_by(node).count() > 0)
-    })
-    .await;
 
     let leases = ClusterLeases::new(&servers[0].url(), SLOTS, LeaseChannelConfig::default()).unwrap();
     let users: Vec<String> = (0..300).map(|i| format!("user-{i}")).collect();
@@ -264,4 +272,83 @@ async fn c1_a_node_cut_off_from_etcd_stops_acting_on_its_slots_and_resumes_when_
     ids.sort_unstable();
     assert_eq!(ids, ["after", "before"], "the refused register changed nothing, the lease before it is kept");
     server.stop().await;
+}
+
+/// The next event of a stream, within the patience.
+async fn next_event(stream: &mut tonic::Streaming<pb::WatchEvent>) -> Result<pb::WatchEvent, tonic::Status> {
+    let next = tokio::time::timeout(PATIENCE, stream.message()).await.expect("an event within the patience");
+    next.and_then(|event| event.ok_or_else(|| tonic::Status::cancelled("the stream ended")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_a_watch_at_one_node_carries_the_changes_of_users_on_every_node_and_ends_when_a_part_does() {
+    let etcd = EtcdServer::start().await;
+    let (mut servers, map) = three_nodes(&etcd).await;
+    let users: Vec<String> = (0..30).map(|i| format!("watched-{i}")).collect();
+    let owner_of = |user: &str| map.owner(slot_of(user, SLOTS)).unwrap().node.clone();
+    assert!(NODES.iter().all(|node| users.iter().any(|user| owner_of(user) == *node)), "users on every node");
+
+    let mut viewer = servers[0].client().await;
+    let request = pb::WatchRequest { user_ids: users.clone(), ..Default::default() };
+    let mut stream = viewer.watch(request).await.unwrap().into_inner();
+    let Some(pb::watch_event::Event::Snapshot(opening)) = next_event(&mut stream).await.unwrap().event else {
+        panic!("a watch opens with a snapshot")
+    };
+    let mut opened: Vec<&str> = opening.users.iter().map(|user| user.user_id.as_str()).collect();
+    opened.sort_unstable();
+    let mut expected: Vec<&str> = users.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(opened, expected, "one opening snapshot of every watched user, wherever it lives");
+    assert!(opening.users.iter().all(|user| user.state == pb::State::Offline as i32 && user.version == 0));
+
+    // Every user goes ONLINE at its owner: the one stream carries each change.
+    let leases = ClusterLeases::new(&servers[1].url(), SLOTS, LeaseChannelConfig::default()).unwrap();
+    let results = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
+    assert!(results.iter().all(|result| result.code == 0), "{results:?}");
+    let mut online: HashMap<String, u64> = HashMap::new();
+    while online.len() < users.len() {
+        match next_event(&mut stream).await.unwrap().event {
+            Some(pb::watch_event::Event::Update(update)) => {
+                assert_eq!(update.state, pb::State::Online as i32, "{update:?}");
+                assert!(online.insert(update.user_id.clone(), update.version).is_none(), "one flip each: {update:?}");
+            }
+            other => panic!("only updates after the opening: {other:?}"),
+        }
+    }
+    // The versions are the owners' own.
+    let mut at_owners = Vec::new();
+    for user in &users {
+        let index = NODES.iter().position(|node| *node == owner_of(user)).unwrap();
+        at_owners.push(forwarded_snapshot(&mut servers[index].client().await, user).await.unwrap());
+    }
+    for presence in at_owners {
+        assert_eq!(online[&presence.user_id], presence.version, "{}", presence.user_id);
+    }
+
+    // A revoke at one owner reaches the stream as that user's OFFLINE.
+    let gone = users.iter().find(|user| owner_of(user) == "node-c").unwrap();
+    let revoke = pb::RevokeRequest { user_id: gone.clone(), ..Default::default() };
+    let index = NODES.iter().position(|node| *node == "node-c").unwrap();
+    servers[index].client().await.revoke(revoke).await.unwrap();
+    match next_event(&mut stream).await.unwrap().event {
+        Some(pb::watch_event::Event::Update(update)) => {
+            assert_eq!((&update.user_id, update.state), (gone, pb::State::Offline as i32));
+            assert!(update.version > online[gone], "newer than the ONLINE it follows");
+        }
+        other => panic!("the revoked user's OFFLINE: {other:?}"),
+    }
+
+    // The owner of a part stops: the merged stream ends UNAVAILABLE, for the viewer to reopen.
+    servers.remove(index).stop().await;
+    let ended = loop {
+        match next_event(&mut stream).await {
+            Ok(pb::WatchEvent { event: Some(pb::watch_event::Event::Update(_)) }) => continue,
+            Ok(other) => panic!("{other:?}"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    for server in servers {
+        server.stop().await;
+    }
 }

@@ -204,15 +204,25 @@ impl Ownership {
     ) -> Result<Vec<pb::UserPresence>, ServiceError> {
         let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
         let mut client = membership.peers.client(address)?;
-        let mut request = tonic::Request::new(pb::SnapshotRequest { user_ids, viewer_id: viewer_id.to_owned() });
-        request.metadata_mut().insert(FORWARDED, MetadataValue::from_static("1"));
-        if let Some(authorization) = authorization {
-            request.metadata_mut().insert("authorization", authorization.clone());
-        }
+        let mut request = forwarded(pb::SnapshotRequest { user_ids, viewer_id: viewer_id.to_owned() }, authorization);
         request.set_timeout(FORWARD_TIMEOUT);
         let answered = client.snapshot(request).await;
         let peer = |status| ServiceError::Peer { node: address.to_owned(), status };
         Ok(answered.map_err(peer)?.into_inner().users)
+    }
+
+    /// Opens a Watch at the node at `address` for the caller, as
+    /// [`Ownership::forward_snapshot`] asks for a Snapshot.
+    pub(crate) async fn forward_watch(
+        &self,
+        address: &str,
+        request: pb::WatchRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<tonic::Streaming<pb::WatchEvent>, ServiceError> {
+        let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
+        let mut client = membership.peers.client(address)?;
+        let opened = client.watch(forwarded(request, authorization)).await;
+        Ok(opened.map_err(|status| ServiceError::Peer { node: address.to_owned(), status })?.into_inner())
     }
 
     /// Whether this is a cluster node (room reads are per node there).
@@ -242,6 +252,16 @@ impl Membership {
         !self.left.load(Ordering::Acquire)
             && matches!(*self.lease_state.borrow(), LeaseState::ValidUntil(until) if now < until)
     }
+}
+
+/// `message` as a request forwarded to another node: marked so, with the caller's credentials.
+fn forwarded<T>(message: T, authorization: Option<&MetadataValue<Ascii>>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(FORWARDED, MetadataValue::from_static("1"));
+    if let Some(authorization) = authorization {
+        request.metadata_mut().insert("authorization", authorization.clone());
+    }
+    request
 }
 
 async fn connect(endpoints: &[String]) -> Result<Etcd, JoinError> {

@@ -19,6 +19,7 @@ mod data_dir;
 mod durable;
 mod error;
 mod expiry;
+mod fanin;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod hub;

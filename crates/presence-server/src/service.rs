@@ -19,6 +19,7 @@ use crate::auth::{Authenticator, Caller};
 use crate::cluster;
 use crate::context::Context;
 use crate::error::ServiceError;
+use crate::fanin;
 use crate::leases::{self, LeaseQueue, LeasesStream};
 use crate::metrics::RenewResult;
 use crate::ops;
@@ -202,13 +203,27 @@ impl PresenceApi for PresenceService {
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Answer<Self::WatchStream> {
         let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id)?;
+        let request_metadata = request.metadata();
         let request = request.get_ref();
         let user_ids = wire::user_ids("user_ids", &request.user_ids)?;
-        self.context.ownership.view().check_all(&user_ids)?;
+        let forwarded = request_metadata.contains_key(cluster::FORWARDED);
+        let routes = self.context.ownership.view().route(&user_ids, forwarded)?;
         let batch_window = wire::batch_window(request.batch_window_ms)?;
         let known_versions = wire::known_versions(&request.known_versions)?;
         let options = watch::WatchOptions { viewer, batch_window, known_versions };
-        Ok(Response::new(watch::open(Arc::clone(&self.context), user_ids, options).await?))
+        if routes.remote.is_empty() {
+            return Ok(Response::new(watch::open(Arc::clone(&self.context), user_ids, options).await?));
+        }
+        // Users of other nodes: watched at their owners, merged here.
+        let local = routes.local.iter().map(|&index| user_ids[index].clone()).collect();
+        let users = routes
+            .remote
+            .into_iter()
+            .map(|(address, indices)| (address, indices.into_iter().map(|index| user_ids[index].clone()).collect()))
+            .collect();
+        let authorization = request_metadata.get("authorization");
+        let remote = fanin::Remote { users, request, authorization };
+        Ok(Response::new(fanin::open(Arc::clone(&self.context), local, options, remote).await?))
     }
 
     async fn update_watch(&self, request: Request<pb::UpdateWatchRequest>) -> Answer<pb::UpdateWatchResponse> {

@@ -1,0 +1,132 @@
+//! A Watch of users on several cluster nodes (C2): one stream, fed by this
+//! node's own Watch of its users and a Watch at each other owner.
+//!
+//! Each owner watches its own users for the caller, with the caller's
+//! credentials, so privacy is applied where the data is released (P1–P5) and
+//! every owner's stream keeps its own rules (E2, E3). The merged stream opens
+//! with one snapshot made of every part's opening snapshot, then carries each
+//! part's updates as they come: per user they come from one owner only, so
+//! each user's updates stay in order and newer than what was sent before.
+//!
+//! What a merged stream cannot carry faithfully ends it with `UNAVAILABLE`,
+//! which clients answer by reopening (resuming with the versions they hold,
+//! E8): a part that ends or fails, and a part's resync (its snapshot holds
+//! only that part's users, and a viewer takes a later snapshot as the whole
+//! watch). Its opening snapshot names no `watch_id`, so `UpdateWatch` does not
+//! reach it (`NOT_FOUND`, on which the clients reopen with the new set).
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use presence_core::CompactString;
+use presence_proto::v1::{self as pb, watch_event};
+use tokio::sync::mpsc;
+use tokio_stream::{Stream, StreamExt, StreamMap};
+use tonic::Status;
+
+use crate::context::Context;
+use crate::error::ServiceError;
+use crate::watch::{self, WatchOptions, WatchStream};
+
+/// Items the gRPC layer has not yet sent; past them the parts wait, and
+/// their owners' mailboxes conflate or resync as for any slow viewer (E4).
+const STREAM_BUFFER: usize = 64;
+
+/// One part's events.
+type Part = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
+/// What the merged Watch asks of the other owners.
+pub(crate) struct Remote<'a> {
+    /// The users of each other owner, by its advertised address.
+    pub(crate) users: BTreeMap<String, Vec<CompactString>>,
+    /// The request as the caller made it (its `viewer_id`, window and known versions).
+    pub(crate) request: &'a pb::WatchRequest,
+    /// The caller's credentials, passed on.
+    pub(crate) authorization: Option<&'a tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
+
+/// Opens the parts (this node's users `local`, and each remote owner's) and
+/// merges them into one stream.
+pub(crate) async fn open(
+    context: Arc<Context>,
+    local: Vec<CompactString>,
+    options: WatchOptions,
+    remote: Remote<'_>,
+) -> Result<WatchStream, ServiceError> {
+    let mut parts: Vec<Part> = Vec::new();
+    if !local.is_empty() {
+        parts.push(ending(watch::open(Arc::clone(&context), local, options).await?, "this node"));
+    }
+    for (address, users) in remote.users {
+        let known_versions = users
+            .iter()
+            .filter_map(|user| remote.request.known_versions.get(user.as_str()).map(|v| (user.to_string(), *v)))
+            .collect();
+        let request = pb::WatchRequest {
+            user_ids: users.iter().map(ToString::to_string).collect(),
+            viewer_id: remote.request.viewer_id.clone(),
+            batch_window_ms: remote.request.batch_window_ms,
+            known_versions,
+        };
+        let stream = context.ownership.forward_watch(&address, request, remote.authorization).await?;
+        let label = format!("node at {address}");
+        parts.push(ending(stream.map(move |event| event.map_err(|status| peer(&label, &status))), &address));
+    }
+    // Every part opens with its snapshot: together, the merged opening one.
+    let mut opening = pb::Snapshot::default();
+    for part in &mut parts {
+        match part.next().await {
+            Some(Ok(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)) })) => {
+                opening.partial |= snapshot.partial;
+                opening.users.extend(snapshot.users);
+            }
+            Some(Err(status)) => return Err(ServiceError::Peer { node: "a watched owner".into(), status }),
+            _ => {
+                return Err(ServiceError::Peer {
+                    node: "a watched owner".into(),
+                    status: Status::internal("no opening snapshot"),
+                });
+            }
+        }
+    }
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    tx.try_send(Ok(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(opening)) }))
+        .expect("a new channel has room");
+    let stopping = context.stopping.clone();
+    tokio::spawn(async move {
+        let mut merged: StreamMap<usize, Part> = parts.into_iter().enumerate().collect();
+        let ended = loop {
+            let next = tokio::select! {
+                () = stopping.cancelled() => break ServiceError::ShuttingDown.into(),
+                () = tx.closed() => return,
+                next = merged.next() => next,
+            };
+            let event = match next {
+                Some((_, Ok(event))) => event,
+                Some((_, Err(status))) => break status,
+                None => break Status::unavailable("every part of this watch ended; reopen"),
+            };
+            if matches!(event.event, Some(watch_event::Event::Snapshot(_))) {
+                break Status::unavailable("a watched owner resynced its part of this watch; reopen to resync it all");
+            }
+            if tx.send(Ok(event)).await.is_err() {
+                return;
+            }
+        };
+        let _ = tx.send(Err(ended)).await;
+    });
+    Ok(WatchStream::new(rx))
+}
+
+/// `stream`, then an `UNAVAILABLE` naming `whose` part ended: the merged
+/// stream cannot carry on without it.
+fn ending(stream: impl Stream<Item = Result<pb::WatchEvent, Status>> + Send + 'static, whose: &str) -> Part {
+    let ended = Status::unavailable(format!("the part of this watch at {whose} ended; reopen"));
+    Box::pin(stream.chain(tokio_stream::once(Err(ended))))
+}
+
+/// A part's refusal or failure, as the merged stream's, with the node named.
+fn peer(whose: &str, status: &Status) -> Status {
+    Status::new(status.code(), format!("{whose}: {}", status.message()))
+}
