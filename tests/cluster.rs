@@ -232,6 +232,9 @@ async fn c1_a_node_cut_off_from_etcd_stops_acting_on_its_slots_and_resumes_when_
         ..Default::default()
     };
     client.register(register("before")).await.expect("the owner acts while etcd confirms its lease");
+    let request = pb::WatchRequest { user_ids: vec!["alice".into()], ..Default::default() };
+    let mut watch = client.watch(request).await.unwrap().into_inner();
+    assert!(matches!(next_event(&mut watch).await.unwrap().event, Some(pb::watch_event::Event::Snapshot(_))));
 
     // etcd stops answering: keep-alives go unanswered, and within the lease's
     // TTL (2 s) less the margin the node refuses, naming no owner.
@@ -254,6 +257,11 @@ async fn c1_a_node_cut_off_from_etcd_stops_acting_on_its_slots_and_resumes_when_
         pb::UnregisterRequest { user_id: "alice".into(), session_id: "before".into(), ..Default::default() };
     assert_eq!(client.unregister(unregister).await.unwrap_err().code(), Code::Unavailable, "nothing is changed");
     assert_eq!(client.register(register("during")).await.unwrap_err().code(), Code::Unavailable);
+    // The Watch of alice ended with the node's right to act for her, so that
+    // its viewer reopens where her changes now happen.
+    let ended = next_event(&mut watch).await.unwrap_err();
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    assert!(stopped.elapsed() < Duration::from_secs(3), "ended when the lease lapsed: {:?}", stopped.elapsed());
 
     // etcd answers again: the next keep-alive confirms the lease, and the node acts again.
     etcd.signal("-CONT");

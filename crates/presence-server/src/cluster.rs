@@ -225,6 +225,14 @@ impl Ownership {
         Ok(opened.map_err(|status| ServiceError::Peer { node: address.to_owned(), status })?.into_inner())
     }
 
+    /// What may end this node's right to act for some user: the slot map's
+    /// changes, the lease's, and the instant the lease lapses unless etcd
+    /// confirms it again. `None` for a single node, which owns everyone for good.
+    pub(crate) fn changes(&self) -> Option<OwnershipChanges> {
+        let Ownership::Cluster(membership) = self else { return None };
+        Some(OwnershipChanges { map: membership.map.subscribe(), lease: membership.lease_state.clone() })
+    }
+
     /// Whether this is a cluster node (room reads are per node there).
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Ownership::Cluster(_))
@@ -279,6 +287,30 @@ async fn connect(endpoints: &[String]) -> Result<Etcd, JoinError> {
         endpoints: endpoints.to_vec(),
         last: last.unwrap_or(presence_cluster::Error::StreamEnded("no endpoint given")),
     })
+}
+
+/// Waits for changes of a node's ownership (see [`Ownership::changes`]).
+#[derive(Debug)]
+pub(crate) struct OwnershipChanges {
+    map: tokio::sync::watch::Receiver<Arc<SlotMap>>,
+    lease: tokio::sync::watch::Receiver<LeaseState>,
+}
+
+impl OwnershipChanges {
+    /// Returns once the map or the lease changed, or the lease lapsed.
+    pub(crate) async fn changed(&mut self) {
+        let state = *self.lease.borrow();
+        let lapses = match state {
+            LeaseState::ValidUntil(until) => until,
+            // Lost for good: nothing more to wait for.
+            LeaseState::Lost => return std::future::pending().await,
+        };
+        tokio::select! {
+            changed = self.map.changed() => if changed.is_err() { std::future::pending::<()>().await },
+            changed = self.lease.changed() => if changed.is_err() { std::future::pending::<()>().await },
+            () = tokio::time::sleep_until(lapses) => {}
+        }
+    }
 }
 
 /// This node's ownership at one instant.

@@ -56,7 +56,9 @@ pub(crate) async fn open(
 ) -> Result<WatchStream, ServiceError> {
     let mut parts: Vec<Part> = Vec::new();
     if !local.is_empty() {
-        parts.push(ending(watch::open(Arc::clone(&context), local, options).await?, "this node"));
+        let stream =
+            guarded(Arc::clone(&context), local.clone(), watch::open(Arc::clone(&context), local, options).await?);
+        parts.push(ending(stream, "this node"));
     }
     for (address, users) in remote.users {
         let known_versions = users
@@ -117,6 +119,35 @@ pub(crate) async fn open(
         let _ = tx.send(Err(ended)).await;
     });
     Ok(WatchStream::new(rx))
+}
+
+/// `stream` of a Watch of `users` on a cluster node, ended `UNAVAILABLE` as
+/// soon as this node may no longer act for one of them (its slot moved, or
+/// the node's lease lapsed), so that the viewer reopens at the new owner
+/// instead of missing its changes; `stream` itself on a single node.
+pub(crate) fn guarded(context: Arc<Context>, users: Vec<CompactString>, stream: WatchStream) -> WatchStream {
+    let Some(mut changes) = context.ownership.changes() else { return stream };
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    tokio::spawn(async move {
+        let mut stream = stream;
+        loop {
+            tokio::select! {
+                () = tx.closed() => return,
+                next = stream.next() => match next {
+                    Some(event) => if tx.send(event).await.is_err() { return },
+                    None => return,
+                },
+                () = changes.changed() => {
+                    if let Err(refusal) = context.ownership.view().check_all(&users) {
+                        let status = Status::unavailable(format!("this node no longer acts for every watched user ({refusal}); reopen"));
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    WatchStream::new(rx)
 }
 
 /// `stream`, then an `UNAVAILABLE` naming `whose` part ended: the merged

@@ -212,7 +212,8 @@ impl PresenceApi for PresenceService {
         let known_versions = wire::known_versions(&request.known_versions)?;
         let options = watch::WatchOptions { viewer, batch_window, known_versions };
         if routes.remote.is_empty() {
-            return Ok(Response::new(watch::open(Arc::clone(&self.context), user_ids, options).await?));
+            let stream = watch::open(Arc::clone(&self.context), user_ids.clone(), options).await?;
+            return Ok(Response::new(fanin::guarded(Arc::clone(&self.context), user_ids, stream)));
         }
         // Users of other nodes: watched at their owners, merged here.
         let local = routes.local.iter().map(|&index| user_ids[index].clone()).collect();
