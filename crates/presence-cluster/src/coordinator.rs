@@ -109,16 +109,21 @@ async fn coordinate(etcd: &Etcd, prefix: &str, slots: u32, settle: Duration, fen
     loop {
         let live = nodes.current().ids();
         let current = map.current();
+        let mut given = 0usize;
         for (slot, owner, seen) in repairs(&current, &live) {
             match claim_fenced(etcd, prefix, slot, &owner, seen, fence).await {
                 Ok(FencedClaim::Claimed(Claim::Won { epoch })) => {
-                    tracing::info!(slot, owner, epoch, "slot given to a live node");
+                    tracing::debug!(slot, owner, epoch, "slot given to a live node");
+                    given += 1;
                 }
                 // Someone else changed it: the next round sees the change.
                 Ok(FencedClaim::Claimed(Claim::Stale { .. })) => {}
                 Ok(FencedClaim::Fenced) => return Ok(()),
                 Err(error) => tracing::warn!(slot, %error, "a slot claim failed; retried"),
             }
+        }
+        if given > 0 {
+            tracing::info!(given, nodes = live.len(), "slots without a live owner given to live nodes");
         }
         tokio::select! {
             _ = nodes_changed.changed() => {}
