@@ -15,7 +15,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::v3electionpb::CampaignRequest;
-use crate::slots::{Fence, FencedClaim, NodeSetWatch, SlotMapWatch, claim_fenced, repairs};
+use crate::slots::{
+    CLAIMS_PER_TXN, Fence, FencedClaim, NodeSetWatch, SlotMapWatch, claim_all_fenced, claim_fenced, repairs,
+};
 use crate::{Claim, Error, Etcd};
 
 /// A node's part in the election, and while elected, the coordinator's work.
@@ -110,7 +112,20 @@ async fn coordinate(etcd: &Etcd, prefix: &str, slots: u32, settle: Duration, fen
         let live = nodes.current().ids();
         let current = map.current();
         let mut given = 0usize;
-        for (slot, owner, seen) in repairs(&current, &live) {
+        let mut one_by_one = Vec::new();
+        // Many slots at once in a transaction each (a dead node's hundreds
+        // of slots must move within a second); a chunk that fails as a whole
+        // is claimed slot by slot, which says which changed.
+        for chunk in repairs(&current, &live).chunks(CLAIMS_PER_TXN) {
+            match claim_all_fenced(etcd, prefix, chunk, fence).await {
+                Ok(Some(epoch)) => {
+                    tracing::debug!(slots = chunk.len(), epoch, "slots given to live nodes");
+                    given += chunk.len();
+                }
+                Ok(None) | Err(_) => one_by_one.extend_from_slice(chunk),
+            }
+        }
+        for (slot, owner, seen) in one_by_one {
             match claim_fenced(etcd, prefix, slot, &owner, seen, fence).await {
                 Ok(FencedClaim::Claimed(Claim::Won { epoch })) => {
                     tracing::debug!(slot, owner, epoch, "slot given to a live node");

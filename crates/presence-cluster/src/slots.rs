@@ -148,6 +148,58 @@ pub(crate) async fn claim_fenced(
     claim(etcd, prefix, slot, node, seen_epoch, Some(fence)).await
 }
 
+/// Gives each of `claims` (slot, new owner, epoch seen) in one etcd
+/// transaction, fenced by `fence`: all of them, at one new revision (each
+/// slot's new epoch), or none. `None` when some slot had changed or the fence
+/// no longer holds; the caller then claims one by one to learn which.
+/// etcd takes at most 128 operations in a transaction (`--max-txn-ops`):
+/// callers send at most [`CLAIMS_PER_TXN`].
+pub(crate) async fn claim_all_fenced(
+    etcd: &Etcd,
+    prefix: &str,
+    claims: &[(u32, String, i64)],
+    fence: &Fence,
+) -> Result<Option<i64>, Error> {
+    let mut compare = vec![Compare {
+        result: compare::CompareResult::Equal as i32,
+        target: compare::CompareTarget::Create as i32,
+        key: fence.key.clone(),
+        range_end: Vec::new(),
+        target_union: Some(compare::TargetUnion::CreateRevision(fence.create_revision)),
+    }];
+    let mut success = Vec::with_capacity(claims.len());
+    for (slot, node, seen_epoch) in claims {
+        let key = slot_key(prefix, *slot);
+        compare.push(Compare {
+            result: compare::CompareResult::Equal as i32,
+            target: compare::CompareTarget::Mod as i32,
+            key: key.clone(),
+            range_end: Vec::new(),
+            target_union: Some(compare::TargetUnion::ModRevision(*seen_epoch)),
+        });
+        success.push(RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key,
+                value: node.as_bytes().to_vec(),
+                ..PutRequest::default()
+            })),
+        });
+    }
+    let answer = etcd
+        .kv
+        .clone()
+        .txn(TxnRequest { compare, success, failure: Vec::new() })
+        .await
+        .map_err(Error::refused("Txn"))?
+        .into_inner();
+    // The puts are the transaction's writes: its revision is every key's new mod_revision.
+    Ok(answer.succeeded.then(|| answer.header.map_or(0, |header| header.revision)))
+}
+
+/// The most claims [`claim_all_fenced`] sends at once: under etcd's default
+/// limit of 128 operations per transaction, with the fence's compare.
+pub(crate) const CLAIMS_PER_TXN: usize = 100;
+
 async fn claim(
     etcd: &Etcd,
     prefix: &str,
