@@ -26,12 +26,16 @@ const PATIENCE: Duration = Duration::from_secs(20);
 const PREFIX: &str = "/test/";
 
 fn node_config(etcd: &EtcdServer, node: &str, addr: SocketAddr) -> ServerConfig {
+    node_config_with(etcd, node, addr, fast_config())
+}
+
+fn node_config_with(etcd: &EtcdServer, node: &str, addr: SocketAddr, base: ServerConfig) -> ServerConfig {
     let mut cluster = ClusterConfig::new(vec![etcd.endpoint.clone()], node, addr.to_string());
     cluster.slots = SLOTS;
     cluster.prefix = PREFIX.to_owned();
     cluster.lease_ttl = Duration::from_secs(2);
     cluster.settle = Duration::from_millis(500);
-    ServerConfig { cluster: Some(cluster), ..fast_config() }
+    ServerConfig { cluster: Some(cluster), ..base }
 }
 
 /// Waits until every slot has an owner and the map is as `done` wants it.
@@ -81,9 +85,13 @@ const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
 /// Three nodes started together, and the slot map once they share the slots
 /// (the coordinator of a new cluster waits for the nodes starting with it).
 async fn three_nodes(etcd: &EtcdServer) -> (Vec<TestServer>, SlotMap) {
+    three_nodes_with(etcd, fast_config).await
+}
+
+async fn three_nodes_with(etcd: &EtcdServer, base: fn() -> ServerConfig) -> (Vec<TestServer>, SlotMap) {
     let mut servers = Vec::new();
     for node in NODES {
-        servers.push(TestServer::start_with(|addr| node_config(etcd, node, addr)).await);
+        servers.push(TestServer::start_with(|addr| node_config_with(etcd, node, addr, base())).await);
     }
     let map = map_where(&etcd.client().await, "every node owns slots", |map| {
         NODES.iter().all(|node| map.owned_by(node).count() > 0)
@@ -288,6 +296,20 @@ async fn next_event(stream: &mut tonic::Streaming<pb::WatchEvent>) -> Result<pb:
     next.and_then(|event| event.ok_or_else(|| tonic::Status::cancelled("the stream ended")))
 }
 
+/// Reads updates until the stream ends, which must be `UNAVAILABLE`; anything
+/// but an update before it (a part's snapshot above all) fails the test.
+async fn updates_until_unavailable(stream: &mut tonic::Streaming<pb::WatchEvent>) -> tonic::Status {
+    let ended = loop {
+        match next_event(stream).await {
+            Ok(pb::WatchEvent { event: Some(pb::watch_event::Event::Update(_)) }) => continue,
+            Ok(other) => panic!("only updates before the end: {other:?}"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    ended
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c2_a_watch_at_one_node_carries_the_changes_of_users_on_every_node_and_ends_when_a_part_does() {
     let etcd = EtcdServer::start().await;
@@ -348,14 +370,53 @@ async fn c2_a_watch_at_one_node_carries_the_changes_of_users_on_every_node_and_e
 
     // The owner of a part stops: the merged stream ends UNAVAILABLE, for the viewer to reopen.
     servers.remove(index).stop().await;
-    let ended = loop {
-        match next_event(&mut stream).await {
-            Ok(pb::WatchEvent { event: Some(pb::watch_event::Event::Update(_)) }) => continue,
-            Ok(other) => panic!("{other:?}"),
-            Err(status) => break status,
-        }
-    };
-    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    updates_until_unavailable(&mut stream).await;
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_a_merged_watch_ends_when_a_part_resyncs_since_its_snapshot_holds_that_part_only() {
+    let etcd = EtcdServer::start().await;
+    // A mailbox of 4 users at most: a viewer that falls behind is resynced (E4).
+    let (servers, map) = three_nodes_with(&etcd, || ServerConfig { watch_buffer: 4, ..fast_config() }).await;
+    let users: Vec<String> = (0..40).map(|i| format!("busy-{i}")).collect();
+    let owned_by =
+        |node: &str| users.iter().filter(|user| map.owner(slot_of(user, SLOTS)).unwrap().node == node).count();
+    assert!(NODES.iter().all(|node| owned_by(node) > 4), "more busy users on every node than its mailbox holds");
+
+    let mut viewer = servers[0].client().await;
+    let request = pb::WatchRequest { user_ids: users.clone(), ..Default::default() };
+    let mut stream = viewer.watch(request).await.unwrap().into_inner();
+    assert!(matches!(next_event(&mut stream).await.unwrap().event, Some(pb::watch_event::Event::Snapshot(_))));
+
+    // The viewer reads nothing while every user flips again and again: the
+    // merged stream's buffer fills, then each part's, then the owners' mailboxes.
+    let leases = ClusterLeases::new(&servers[1].url(), SLOTS, LeaseChannelConfig::default()).unwrap();
+    for _ in 0..150 {
+        let registered = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
+        let unregisters = users
+            .iter()
+            .zip(&registered)
+            .map(|(user, result)| {
+                let Some(pb::lease_result::Result::Register(registered)) = &result.result else { panic!("{result:?}") };
+                pb::LeaseItem {
+                    op: Some(pb::lease_item::Op::Unregister(pb::UnregisterRequest {
+                        user_id: user.clone(),
+                        session_id: "s".into(),
+                        generation: registered.generation,
+                        ..Default::default()
+                    })),
+                }
+            })
+            .collect();
+        let unregistered = leases.submit_batch(unregisters).await;
+        assert!(unregistered.iter().all(|result| result.code == 0), "{unregistered:?}");
+    }
+    // Reading now: updates, then the end, UNAVAILABLE (never a part's snapshot passed on as the whole watch's).
+    let ended = updates_until_unavailable(&mut stream).await;
+    assert!(ended.message().contains("resynced"), "{ended:?}");
     for server in servers {
         server.stop().await;
     }
