@@ -52,6 +52,22 @@ async fn map_where(etcd: &Etcd, what: &str, done: impl Fn(&SlotMap) -> bool) -> 
     }
 }
 
+/// `presenced cluster status --etcd ... EXTRA` against the test's cluster.
+fn cluster_status_output(etcd: &EtcdServer, extra: &[&str]) -> std::process::Output {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_presenced"))
+        .args(["cluster", "status", "--etcd", &etcd.endpoint, "--etcd-prefix", PREFIX, "--slots", &SLOTS.to_string()])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+/// `presenced cluster status --json`, parsed.
+fn cluster_status(etcd: &EtcdServer, extra: &[&str]) -> serde_json::Value {
+    serde_json::from_slice(&cluster_status_output(etcd, extra).stdout).unwrap()
+}
+
 /// The `presence.v1.NotOwner` in a refusal's details.
 fn not_owner_of(status: &tonic::Status) -> pb::NotOwner {
     let details = tonic_types::Status::decode(status.details()).expect("google.rpc.Status details");
@@ -116,6 +132,23 @@ async fn c2_a_batch_sent_to_one_node_reaches_every_owner_and_any_node_answers_a_
     let (mut servers, map) = three_nodes(&etcd).await;
     let nodes = NODES;
     let address: HashMap<&str, SocketAddr> = nodes.iter().copied().zip(servers.iter().map(|s| s.addr)).collect();
+
+    // `presenced cluster status` reads the same map from etcd.
+    let status = cluster_status(&etcd, &["--json"]);
+    assert_eq!((status["slots"].as_u64(), status["unowned"].as_u64()), (Some(u64::from(SLOTS)), Some(0)), "{status}");
+    assert!(nodes.contains(&status["coordinator"].as_str().unwrap()), "{status}");
+    for node in status["nodes"].as_array().unwrap() {
+        let id = node["id"].as_str().unwrap();
+        assert_eq!(node["slots"].as_u64(), Some(map.owned_by(id).count() as u64), "{status}");
+        assert_eq!(node["address"].as_str(), Some(address[id].to_string().as_str()), "{status}");
+    }
+    let unreachable = std::process::Command::new(env!("CARGO_BIN_EXE_presenced"))
+        .args(["cluster", "status", "--etcd", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert_eq!(unreachable.status.code(), Some(3), "{}", String::from_utf8_lossy(&unreachable.stderr));
+    let table = String::from_utf8(cluster_status_output(&etcd, &[]).stdout).unwrap();
+    assert!(table.starts_with("NODE") && table.contains(&format!("{SLOTS} slots, 0 without an owner")), "{table}");
 
     let leases = ClusterLeases::new(&servers[0].url(), SLOTS, LeaseChannelConfig::default()).unwrap();
     let users: Vec<String> = (0..300).map(|i| format!("user-{i}")).collect();
@@ -215,6 +248,10 @@ async fn c2_a_batch_sent_to_one_node_reaches_every_owner_and_any_node_answers_a_
     third.stop().await;
     map_where(&etcd.client().await, "node-c's slots given to the others", |map| map.owned_by("node-c").count() == 0)
         .await;
+    let status = cluster_status(&etcd, &["--json"]);
+    let listed: Vec<&str> =
+        status["nodes"].as_array().unwrap().iter().map(|node| node["id"].as_str().unwrap()).collect();
+    assert_eq!(listed, ["node-a", "node-b"], "a node that left is not listed: {status}");
     assert!(
         stopped.elapsed() < Duration::from_millis(1_900),
         "took {:?}: the lease was not revoked",

@@ -8,13 +8,14 @@ use tonic::{Code, Status};
 
 /// What the exit statuses mean, for `--help` and the README.
 pub const EXIT_CODES: &str = "\
-Exit status of the client commands (get, watch, sessions, revoke, room, stats):
+Exit status of the client commands (get, watch, sessions, revoke, room, stats, cluster status):
   0  success (a user never seen is OFFLINE at version 0, a room never used is empty:
      both are answers, not errors; an interrupted watch also exits 0)
   1  not found: revoke found no session to revoke, or the server answered NOT_FOUND
      (a room the token may not read)
   2  usage error (unknown flag, missing argument, unusable --addr or --token)
-  3  cannot reach the server, or it is unavailable (UNAVAILABLE, DEADLINE_EXCEEDED)
+  3  cannot reach the server (or, for cluster status, etcd), or it is unavailable
+     (UNAVAILABLE, DEADLINE_EXCEEDED)
   4  unauthenticated or permission denied (a missing or bad token, a viewer token
      for a service-only command)
   5  invalid argument (the server answered INVALID_ARGUMENT, naming the field)

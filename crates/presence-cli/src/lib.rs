@@ -1,6 +1,7 @@
 //! The client subcommands of the `presenced` binary (O4): `get`, `watch`,
 //! `sessions`, `revoke`, `room` and `stats`, over the public gRPC API with
-//! the caller's token, readable by default and JSON with `--json`.
+//! the caller's token, readable by default and JSON with `--json`; and
+//! `cluster status`, which reads a cluster's slot map from etcd.
 //!
 //! This crate owns the command line of those subcommands (their clap
 //! arguments), what they print and the exit status a script reads
@@ -8,6 +9,7 @@
 //! presence-client's watchers for the live streams; the binary's `main` only
 //! dispatches here, and `serve` is not this crate's.
 
+mod cluster;
 mod commands;
 mod connect;
 mod exit;
@@ -44,6 +46,35 @@ pub enum Command {
     /// Print the service's own figures: what it holds, totals, expiry lag, TTL settings.
     #[command(after_help = EXIT_CODES)]
     Stats(StatsArgs),
+    /// A cluster's slot map and nodes, as etcd holds them.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+/// `presenced cluster ...`
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Print each node with its address and how many slots it owns, the
+    /// slots without an owner, and the coordinator.
+    #[command(after_help = EXIT_CODES)]
+    Status(ClusterStatusArgs),
+}
+
+/// `presenced cluster status`
+#[derive(Debug, Args)]
+pub struct ClusterStatusArgs {
+    /// etcd's client URLs (comma-separated), as the nodes' --etcd.
+    #[arg(long, env = "PRESENCED_ETCD", value_name = "URL,...", value_delimiter = ',', required = true)]
+    etcd: Vec<String>,
+    /// The cluster's prefix in etcd, as the nodes' --etcd-prefix.
+    #[arg(long, env = "PRESENCED_ETCD_PREFIX", value_name = "PREFIX", default_value = "/presenced/")]
+    etcd_prefix: String,
+    /// The cluster's slot count, as the nodes' --slots.
+    #[arg(long, env = "PRESENCED_SLOTS", value_name = "N", default_value_t = 1024)]
+    slots: u32,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 /// `presenced get USER...`
@@ -131,6 +162,7 @@ pub fn run(command: Command) -> ExitCode {
             Command::Revoke(args) => commands::revoke(args).await,
             Command::Room(args) => commands::room(args).await,
             Command::Stats(args) => commands::stats(args).await,
+            Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args).await,
         }
     });
     match ran {

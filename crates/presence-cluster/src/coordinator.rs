@@ -69,7 +69,7 @@ async fn campaign(
     settle: Duration,
     leading: watch::Sender<bool>,
 ) {
-    let name = format!("{prefix}coordinator").into_bytes();
+    let name = election_name(&prefix);
     loop {
         let request = CampaignRequest { name: name.clone(), lease, value: node.as_bytes().to_vec() };
         // Answers once this node is elected; meanwhile it waits in line.
@@ -95,6 +95,11 @@ async fn campaign(
         }
         tokio::time::sleep(RECHECK).await;
     }
+}
+
+/// The name of the election of the coordinator of the cluster under `prefix`.
+pub fn election_name(prefix: &str) -> Vec<u8> {
+    format!("{prefix}coordinator").into_bytes()
 }
 
 /// Repairs the slot map whenever it or the set of nodes changes, until the

@@ -107,6 +107,18 @@ impl Etcd {
         Ok(answer.kvs.into_iter().next())
     }
 
+    /// The value the leader of election `name` campaigned with (a node id),
+    /// if the election has a leader.
+    pub async fn leader(&self, name: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let request = api::v3electionpb::LeaderRequest { name: name.to_vec() };
+        match self.election.clone().leader(request).await {
+            Ok(answer) => Ok(answer.into_inner().kv.map(|kv| kv.value)),
+            // etcd answers "election: no leader" as an error.
+            Err(status) if status.message().contains("no leader") => Ok(None),
+            Err(status) => Err(Error::Refused { rpc: "Leader", status }),
+        }
+    }
+
     /// Deletes one key; whether it existed.
     pub async fn delete(&self, key: &[u8]) -> Result<bool, Error> {
         let delete = api::etcdserverpb::DeleteRangeRequest { key: key.to_vec(), ..Default::default() };

@@ -30,7 +30,7 @@ mod slots;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use coordinator::Coordinator;
+pub use coordinator::{Coordinator, election_name};
 pub use etcd::{Error, Etcd, api};
 pub use lease::{LeaseState, NodeLease};
 pub use presence_core::slot_of;
