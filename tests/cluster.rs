@@ -458,3 +458,42 @@ async fn c2_a_merged_watch_ends_when_a_part_resyncs_since_its_snapshot_holds_tha
         server.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_a_read_forwarded_to_an_owner_that_never_answers_fails_in_time_naming_it() {
+    let etcd = EtcdServer::start().await;
+    let (servers, map) = three_nodes(&etcd).await;
+    // An "owner" that accepts connections and says nothing, given one slot.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let _accepting = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let client = etcd.client().await;
+    let lease =
+        presence_cluster::NodeLease::grant(&client, Duration::from_secs(5), Duration::from_millis(500)).await.unwrap();
+    presence_cluster::register_node(&client, PREFIX, "silent", &silent_addr.to_string(), lease.id()).await.unwrap();
+    let user = "held-by-silence";
+    let slot = slot_of(user, SLOTS);
+    let seen = map.owner(slot).unwrap().epoch;
+    let claimed = presence_cluster::claim_slot(&client, PREFIX, slot, "silent", seen).await.unwrap();
+    assert!(matches!(claimed, presence_cluster::Claim::Won { .. }), "{claimed:?}");
+    map_where(&client, "the map names the silent owner", |map| map.owner(slot).unwrap().node == "silent").await;
+
+    let mut viewer = servers[0].client().await;
+    let started = Instant::now();
+    let request = pb::SnapshotRequest { user_ids: vec![user.into(), "someone-else".into()], ..Default::default() };
+    let failed = viewer.snapshot(request).await.unwrap_err();
+    assert_eq!(failed.code(), Code::DeadlineExceeded, "{failed:?}");
+    assert!(failed.message().contains(&silent_addr.to_string()), "the node is named: {failed:?}");
+    assert!(started.elapsed() < Duration::from_secs(8), "within the forwarding timeout: {:?}", started.elapsed());
+    let request = pb::WatchRequest { user_ids: vec![user.into()], ..Default::default() };
+    let failed = viewer.watch(request).await.unwrap_err();
+    assert_eq!(failed.code(), Code::DeadlineExceeded, "{failed:?}");
+    for server in servers {
+        server.stop().await;
+    }
+}

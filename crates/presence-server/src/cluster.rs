@@ -94,8 +94,12 @@ impl ClusterConfig {
 /// The most slots a cluster may have: the slot map is read whole.
 pub const MAX_SLOTS: u32 = 65_536;
 
-/// How long a read forwarded to another node may take.
-const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a read forwarded to another node may take (a Watch: to open).
+pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn too_slow_status() -> Status {
+    Status::deadline_exceeded(format!("no answer within {FORWARD_TIMEOUT:?}"))
+}
 
 /// `--slots`' default.
 pub const DEFAULT_SLOTS: u32 = 1024;
@@ -204,10 +208,13 @@ impl Ownership {
     ) -> Result<Vec<pb::UserPresence>, ServiceError> {
         let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
         let mut client = membership.peers.client(address)?;
-        let mut request = forwarded(pb::SnapshotRequest { user_ids, viewer_id: viewer_id.to_owned() }, authorization);
-        request.set_timeout(FORWARD_TIMEOUT);
-        let answered = client.snapshot(request).await;
+        // The wait is bounded here rather than by a grpc-timeout, which tonic
+        // would report as CANCELLED: the caller gets DEADLINE_EXCEEDED.
+        let request = forwarded(pb::SnapshotRequest { user_ids, viewer_id: viewer_id.to_owned() }, authorization);
         let peer = |status| ServiceError::Peer { node: address.to_owned(), status };
+        let answered = tokio::time::timeout(FORWARD_TIMEOUT, client.snapshot(request))
+            .await
+            .map_err(|_| peer(too_slow_status()))?;
         Ok(answered.map_err(peer)?.into_inner().users)
     }
 
@@ -221,8 +228,10 @@ impl Ownership {
     ) -> Result<tonic::Streaming<pb::WatchEvent>, ServiceError> {
         let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
         let mut client = membership.peers.client(address)?;
-        let opened = client.watch(forwarded(request, authorization)).await;
-        Ok(opened.map_err(|status| ServiceError::Peer { node: address.to_owned(), status })?.into_inner())
+        let opened = client.watch(forwarded(request, authorization));
+        let peer = |status| ServiceError::Peer { node: address.to_owned(), status };
+        let opened = tokio::time::timeout(FORWARD_TIMEOUT, opened).await.map_err(|_| peer(too_slow_status()))?;
+        Ok(opened.map_err(peer)?.into_inner())
     }
 
     /// What may end this node's right to act for some user: the slot map's

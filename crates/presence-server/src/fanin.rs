@@ -78,7 +78,12 @@ pub(crate) async fn open(
     // Every part opens with its snapshot: together, the merged opening one.
     let mut opening = pb::Snapshot::default();
     for part in &mut parts {
-        match part.next().await {
+        let first = tokio::time::timeout(crate::cluster::FORWARD_TIMEOUT, part.next()).await;
+        let first = first.map_err(|_| ServiceError::Peer {
+            node: "a watched owner".into(),
+            status: Status::deadline_exceeded("no opening snapshot in time"),
+        })?;
+        match first {
             Some(Ok(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)) })) => {
                 opening.partial |= snapshot.partial;
                 opening.users.extend(snapshot.users);
