@@ -16,8 +16,8 @@ pub(crate) async fn status(mut args: ClusterStatusArgs) -> Result<(), Failure> {
     if !args.etcd_prefix.ends_with('/') {
         args.etcd_prefix.push('/');
     }
-    let etcd = connect(&args.etcd).await?;
     let refused = |error: presence_cluster::Error| Failure::new(Exit::Unreachable, error.to_string());
+    let etcd = Etcd::connect_any(&args.etcd).await.map_err(refused)?;
     let map = SlotMapWatch::start(&etcd, &args.etcd_prefix, args.slots).await.map_err(refused)?.current();
     let nodes = NodeSetWatch::start(&etcd, &args.etcd_prefix).await.map_err(refused)?.current();
     let coordinator = etcd.leader(&election_name(&args.etcd_prefix)).await.map_err(refused)?;
@@ -59,15 +59,4 @@ pub(crate) async fn status(mut args: ClusterStatusArgs) -> Result<(), Failure> {
     );
     print(&format!("{}{summary}", table.render()))?;
     Ok(())
-}
-
-async fn connect(endpoints: &[String]) -> Result<Etcd, Failure> {
-    let mut last = String::from("no etcd endpoint given");
-    for endpoint in endpoints {
-        match Etcd::connect(endpoint).await {
-            Ok(etcd) => return Ok(etcd),
-            Err(error) => last = error.to_string(),
-        }
-    }
-    Err(Failure::new(Exit::Unreachable, last))
 }

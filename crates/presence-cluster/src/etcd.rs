@@ -55,6 +55,9 @@ pub enum Error {
         /// Its answer.
         status: tonic::Status,
     },
+    /// No etcd endpoint was given.
+    #[error("no etcd endpoint given")]
+    NoEndpoint,
     /// A stream etcd was sending on ended.
     #[error("etcd ended the {0} stream")]
     StreamEnded(&'static str),
@@ -100,6 +103,22 @@ impl Etcd {
 }
 
 impl Etcd {
+    /// Connects to the first of `endpoints` (an etcd cluster's members) that
+    /// answers; the last one's error when none does.
+    pub async fn connect_any(endpoints: &[String]) -> Result<Etcd, Error> {
+        let mut last = Error::NoEndpoint;
+        for endpoint in endpoints {
+            match Etcd::connect(endpoint).await {
+                Ok(etcd) => return Ok(etcd),
+                Err(error) => {
+                    tracing::warn!(endpoint, %error, "etcd endpoint unreachable; trying the next");
+                    last = error;
+                }
+            }
+        }
+        Err(last)
+    }
+
     /// One key's current value and revisions, if it exists.
     pub async fn get(&self, key: &[u8]) -> Result<Option<api::mvccpb::KeyValue>, Error> {
         let range = api::etcdserverpb::RangeRequest { key: key.to_vec(), ..Default::default() };

@@ -155,7 +155,9 @@ impl Ownership {
     /// Joins the cluster `config` describes, or stays a single node.
     pub(crate) async fn join(config: Option<&ClusterConfig>) -> Result<Ownership, JoinError> {
         let Some(config) = config else { return Ok(Ownership::Single) };
-        let etcd = connect(&config.etcd).await?;
+        let etcd = Etcd::connect_any(&config.etcd)
+            .await
+            .map_err(|last| JoinError::Unreachable { endpoints: config.etcd.clone(), last })?;
         let lease = NodeLease::grant(&etcd, config.lease_ttl, LEASE_MARGIN).await?;
         register_node(&etcd, &config.prefix, &config.node_id, &config.advertise, lease.id()).await?;
         let map = SlotMapWatch::start(&etcd, &config.prefix, config.slots).await?;
@@ -281,23 +283,6 @@ fn forwarded<T>(message: T, authorization: Option<&MetadataValue<Ascii>>) -> ton
     request
 }
 
-async fn connect(endpoints: &[String]) -> Result<Etcd, JoinError> {
-    let mut last = None;
-    for endpoint in endpoints {
-        match Etcd::connect(endpoint).await {
-            Ok(etcd) => return Ok(etcd),
-            Err(error) => {
-                tracing::warn!(endpoint, %error, "etcd endpoint unreachable; trying the next");
-                last = Some(error);
-            }
-        }
-    }
-    Err(JoinError::Unreachable {
-        endpoints: endpoints.to_vec(),
-        last: last.unwrap_or(presence_cluster::Error::StreamEnded("no endpoint given")),
-    })
-}
-
 /// Waits for changes of a node's ownership (see [`Ownership::changes`]).
 #[derive(Debug)]
 pub(crate) struct OwnershipChanges {
@@ -358,10 +343,14 @@ impl OwnershipView<'_> {
     }
 
     /// Which of `user_ids` this node answers itself and which each other
-    /// node does, by index; refused when some user's slot has no owner that
-    /// may act now, or when `forwarded` (a node's forwarded request, which
-    /// is never sent on again) and some user is not this node's.
-    pub(crate) fn route<S: AsRef<str>>(&self, user_ids: &[S], forwarded: bool) -> Result<Routes, ServiceError> {
+    /// node does, by index: `None` when this node answers them all (always,
+    /// on a single node, which checks nothing). Refused when some user's slot
+    /// has no owner that may act now, or when `forwarded` (a node's forwarded
+    /// request, which is never sent on again) and some user is not this node's.
+    pub(crate) fn route<S: AsRef<str>>(&self, user_ids: &[S], forwarded: bool) -> Result<Option<Routes>, ServiceError> {
+        if matches!(self, OwnershipView::Single) {
+            return Ok(None);
+        }
         let mut routes = Routes::default();
         for (index, user_id) in user_ids.iter().enumerate() {
             match self.check(user_id.as_ref()) {
@@ -372,7 +361,7 @@ impl OwnershipView<'_> {
                 Err(refusal) => return Err(refusal),
             }
         }
-        Ok(routes)
+        Ok((!routes.remote.is_empty()).then_some(routes))
     }
 
     /// [`OwnershipView::check`] of every user of a request.

@@ -168,14 +168,15 @@ impl PresenceApi for PresenceService {
         let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id)?;
         let user_ids = wire::user_ids("user_ids", &request.get_ref().user_ids)?;
         let forwarded = request.metadata().contains_key(cluster::FORWARDED);
-        let routes = self.context.ownership.view().route(&user_ids, forwarded)?;
         let context = &self.context;
+        let Some(routes) = context.ownership.view().route(&user_ids, forwarded)? else {
+            let shown = context.privacy.shown(viewer.as_deref(), &user_ids)?;
+            let users = context.released(&user_ids, &shown, viewer.is_none()).await?;
+            return Ok(Response::new(pb::SnapshotResponse { users }));
+        };
         let local: Vec<&CompactString> = routes.local.iter().map(|&index| &user_ids[index]).collect();
         let shown = context.privacy.shown(viewer.as_deref(), &local)?;
         let answered = context.released(&local, &shown, viewer.is_none()).await?;
-        if routes.remote.is_empty() {
-            return Ok(Response::new(pb::SnapshotResponse { users: answered }));
-        }
         // Users of other nodes: asked of their owners at once, merged in request order.
         let mut users: Vec<Option<pb::UserPresence>> = vec![None; user_ids.len()];
         for (&index, user) in routes.local.iter().zip(answered) {
@@ -211,10 +212,15 @@ impl PresenceApi for PresenceService {
         let batch_window = wire::batch_window(request.batch_window_ms)?;
         let known_versions = wire::known_versions(&request.known_versions)?;
         let options = watch::WatchOptions { viewer, batch_window, known_versions };
-        if routes.remote.is_empty() {
-            let stream = watch::open(Arc::clone(&self.context), user_ids.clone(), options).await?;
-            return Ok(Response::new(fanin::guarded(Arc::clone(&self.context), user_ids, stream)));
-        }
+        let Some(routes) = routes else {
+            // A cluster node's own Watch is guarded by its ownership; a single node's needs nothing.
+            let guarded = self.context.ownership.is_cluster().then(|| user_ids.clone());
+            let stream = watch::open(Arc::clone(&self.context), user_ids, options).await?;
+            return Ok(Response::new(match guarded {
+                Some(users) => fanin::guarded(Arc::clone(&self.context), users, stream),
+                None => stream,
+            }));
+        };
         // Users of other nodes: watched at their owners, merged here.
         let local = routes.local.iter().map(|&index| user_ids[index].clone()).collect();
         let users = routes
