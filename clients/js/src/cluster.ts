@@ -132,7 +132,9 @@ export class ClusterLeases {
       const byNode = new Map<string, number[]>();
       for (const index of pending) {
         const url = this.routeOf(userOf(items[index]!));
-        byNode.set(url, [...(byNode.get(url) ?? []), index]);
+        const indices = byNode.get(url);
+        if (indices === undefined) byNode.set(url, [index]);
+        else indices.push(index);
       }
       const again: number[] = [];
       let ownerless = false;

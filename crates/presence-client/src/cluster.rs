@@ -77,9 +77,8 @@ impl ClusterLeases {
 
     /// The node (its URL) this client sends `user_id`'s items to now.
     pub fn route_of(&self, user_id: &str) -> String {
-        let slot = slot_of(user_id, self.shared.slots) as usize;
         let routes = self.shared.routes.lock().expect("routes lock");
-        routes[slot].as_ref().map_or_else(|| self.shared.seed.clone(), |route| route.address.clone())
+        self.shared.route_in(&routes, user_id).to_owned()
     }
 
     /// How many slots have a learned owner.
@@ -127,8 +126,18 @@ impl ClusterLeases {
         let mut backoff = NO_OWNER_BACKOFF;
         for hop in 0..MAX_HOPS {
             let mut by_node: HashMap<String, Vec<usize>> = HashMap::new();
-            for &index in &pending {
-                by_node.entry(self.route_of(user_of(&items[index]))).or_default().push(index);
+            {
+                // One look at the routes for the whole hop.
+                let routes = self.shared.routes.lock().expect("routes lock");
+                for &index in &pending {
+                    let node = self.shared.route_in(&routes, user_of(&items[index]));
+                    match by_node.get_mut(node) {
+                        Some(indices) => indices.push(index),
+                        None => {
+                            by_node.insert(node.to_owned(), vec![index]);
+                        }
+                    }
+                }
             }
             let mut sends = tokio::task::JoinSet::new();
             for (node, indices) in by_node {
@@ -199,6 +208,14 @@ impl ClusterLeases {
         let channel = LeaseChannel::connect_lazy(node, self.shared.config.clone())?;
         channels.insert(node.to_owned(), channel.clone());
         Ok(channel)
+    }
+}
+
+impl Shared {
+    /// Where `user_id`'s items go, in `routes`: its slot's learned owner, or the seed.
+    fn route_in<'a>(&'a self, routes: &'a [Option<Route>], user_id: &str) -> &'a str {
+        let slot = slot_of(user_id, self.slots) as usize;
+        routes[slot].as_ref().map_or(self.seed.as_str(), |route| route.address.as_str())
     }
 }
 
