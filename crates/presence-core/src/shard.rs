@@ -56,6 +56,7 @@ use crate::error::LeaseError;
 use crate::interner::{OriginRef, Origins};
 use crate::room_names::{RoomName, RoomNames};
 use crate::rooms::{MemberMetadata, MetadataSlots, NO_METADATA, RoomFact};
+use crate::slots::SlotSet;
 use crate::stamp::StampClock;
 use crate::types::{
     ChangeKind, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomRef, State, Status,
@@ -74,6 +75,11 @@ const SHRINK_ABOVE: usize = 64;
 /// While a checkpoint is part-way through a shard, a forget that would move an
 /// unwritten user below the checkpoint's cursor waits this long instead.
 const FORGET_RETRY_MS: Tick = 1_000;
+
+/// How far on the timer of a user whose slot is being handed over is put
+/// back: a handover takes milliseconds, and the user is gone from this
+/// node once it is done.
+const PAUSED_RETRY_MS: Tick = 1_000;
 
 /// Whether a container of `len` used cells out of `cells` should shrink: fewer
 /// than a quarter used. It then shrinks to about twice `len`, so that it must
@@ -1062,7 +1068,12 @@ impl Shard {
     /// Settles up to `budget` users whose timers are due at `now`. Returns
     /// whether more may be due, so that the caller can release the lock between
     /// batches and a mass expiry never holds the shard for long.
-    pub(crate) fn expire(&mut self, now: Tick, budget: usize, changes: &mut Changes) -> bool {
+    ///
+    /// Users in `paused` slots (a handover is moving them, C3) are not
+    /// settled: their timers are put back [`PAUSED_RETRY_MS`] on, so that
+    /// the node handing them over publishes nothing for them while the node
+    /// taking them over expires them from the same deadlines.
+    pub(crate) fn expire(&mut self, now: Tick, budget: usize, paused: Option<&SlotSet>, changes: &mut Changes) -> bool {
         let now = self.advance(now);
         let mut more = true;
         for _ in 0..budget {
@@ -1070,6 +1081,10 @@ impl Shard {
                 more = false;
                 break;
             };
+            if paused.is_some_and(|paused| paused.holds(self.users[slot as usize].id.as_bytes())) {
+                self.schedule_no_later_than(slot, now + PAUSED_RETRY_MS);
+                continue;
+            }
             self.settle(slot, now, changes);
             let leases = self.lease_indices(slot).map(|index| self.lease(index).expires_at);
             let earliest = leases.chain(self.status_deadline(slot)).chain(self.signal_deadlines(slot)).min();
@@ -1132,11 +1147,15 @@ impl Shard {
     /// user is forgotten (the last user fills its slot), and while a
     /// checkpoint is part-way through, a forget that would move an unwritten
     /// user into the written part waits (see [`Shard::forget`]).
+    ///
+    /// With `only`, the users of those cluster slots alone are written: a
+    /// handover's state (C3), in the checkpoint's format.
     pub(crate) fn checkpoint(
         &mut self,
         writer: &mut CheckpointWriter,
         from: usize,
         budget: usize,
+        only: Option<&SlotSet>,
         names: &RoomNames,
     ) -> Option<usize> {
         if from == 0 {
@@ -1144,6 +1163,9 @@ impl Shard {
         }
         let end = from.saturating_add(budget).min(self.users.len());
         for (slot, user) in self.users.iter().enumerate().take(end).skip(from) {
+            if only.is_some_and(|only| !only.holds(user.id.as_bytes())) {
+                continue;
+            }
             // A damped user is written with no lease for its grace hold: it
             // restores as any online user with no lease does (E6, B3).
             let leases: Vec<u32> =
@@ -1287,6 +1309,52 @@ impl Shard {
         // been idle before is not stored, so its window starts again).
         self.arm_forget(slot, now);
         None
+    }
+
+    /// Takes over a user handed over by another node (C3): as
+    /// [`Shard::restore_user`] with no hold, its leases keeping their
+    /// generations and deadlines; a user handed over online with no lease left
+    /// goes OFFLINE now, published, as it would have at the node it came from.
+    pub(crate) fn import_user(&mut self, now: Tick, user: &UserRecord<'_>, names: &RoomNames, changes: &mut Changes) {
+        if let Some(slot) = self.restore_user(now, user, 0, names) {
+            let now = self.advance(now);
+            self.after_removal(slot, now, changes);
+        }
+    }
+
+    /// The statuses of the users of `slots`, to hand over with them (C3).
+    pub(crate) fn statuses_in(&self, slots: &SlotSet) -> Vec<(CompactString, Status)> {
+        self.statuses
+            .iter()
+            .map(|(&slot, status)| (&self.users[slot as usize].id, status))
+            .filter(|(id, _)| slots.holds(id.as_bytes()))
+            .map(|(id, status)| (id.clone(), Status::clone(status)))
+            .collect()
+    }
+
+    /// Drops, publishing nothing, every user of the `slots` another node has
+    /// taken over (C3): their leases, memberships, signals and statuses, then
+    /// the users themselves. Returns how many users were dropped.
+    pub(crate) fn release(&mut self, now: Tick, slots: &SlotSet) -> usize {
+        let now = self.advance(now);
+        let mut released = 0;
+        for slot in (0..self.users.len() as u32).rev() {
+            if !slots.holds(self.users[slot as usize].id.as_bytes()) {
+                continue;
+            }
+            self.remove_leases_where(slot, |_| true);
+            self.set_user_status(slot, None);
+            let record = &mut self.users[slot as usize];
+            if record.online() {
+                record.link.set_flag(ONLINE, false);
+                self.online -= 1;
+            }
+            self.cancel_timer(slot);
+            // Forgetting moves the last user here, which was seen already.
+            self.forget(slot, now);
+            released += 1;
+        }
+        released
     }
 
     /// Flips OFFLINE a restored user that [`Shard::restore_user`] found online
@@ -1998,7 +2066,7 @@ mod tests {
 
     fn expire_all(shard: &mut Shard, now: Tick) {
         let mut changes = Vec::new();
-        while shard.expire(now, 64, &mut changes) {}
+        while shard.expire(now, 64, None, &mut changes) {}
     }
 
     /// B6: once most users are forgotten, the records, the index, the wheel
@@ -2044,7 +2112,7 @@ mod tests {
         assert!(shard.presence(now + 1, "passing-7", &mut changes) == Presence::UNKNOWN);
         // And their timers moved with them: they go OFFLINE on time, once each.
         let mut offline = Vec::new();
-        while shard.expire(now + 1_001, 64, &mut offline) {}
+        while shard.expire(now + 1_001, 64, None, &mut offline) {}
         assert_eq!(offline.len(), 100);
         assert_eq!(shard.online_users(), 0);
     }
@@ -2068,9 +2136,9 @@ mod tests {
         let mut from = 0;
         // One slice written, then the forget deadline of the leaving users passes, then the rest.
         let names = RoomNames::new(1);
-        from = shard.checkpoint(&mut writer, from, 100, &names).unwrap();
+        from = shard.checkpoint(&mut writer, from, 100, None, &names).unwrap();
         expire_all(&mut shard, now);
-        while let Some(next) = shard.checkpoint(&mut writer, from, 100, &names) {
+        while let Some(next) = shard.checkpoint(&mut writer, from, 100, None, &names) {
             from = next;
             expire_all(&mut shard, now);
         }

@@ -7,19 +7,21 @@
 //! never across an `.await`, never while waking anyone.
 
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use compact_str::CompactString;
 
-use crate::checkpoint::{Checkpoint, CheckpointWriter, UserRecord};
+use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointWriter, UserRecord};
 use crate::config::{ConfigError, StoreConfig};
 use crate::error::LeaseError;
 use crate::room_names::{RoomName, RoomNames};
 use crate::rooms::RoomShard;
 use crate::shard::{LeaseView, SessionView, Shard};
+use crate::slots::SlotSet;
 use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::types::{
-    Changes, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomAccess,
-    RoomChange, RoomRef, RoomView, Signalled, Status, StoreStats, Unregistered, UserView,
+    Changes, Imported, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked,
+    RoomAccess, RoomChange, RoomRef, RoomView, Signalled, Status, StoreStats, Unregistered, UserView,
 };
 use crate::validate;
 use crate::wheel::Tick;
@@ -57,6 +59,8 @@ pub struct Store {
     /// Users forgotten since the start (B6), summed as [`Store::expire`] forgets
     /// them, so that reading it takes no shard lock.
     forgotten: AtomicU64,
+    /// The cluster slots being handed over, whose users' timers wait (C3).
+    expiry_paused: Mutex<Option<Arc<SlotSet>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -78,6 +82,7 @@ impl Store {
             rooms,
             shard_hasher: foldhash::fast::FixedState::with_seed(0x7072_6573_656e_6365),
             alarm: AtomicU64::new(u64::MAX),
+            expiry_paused: Mutex::new(None),
             waker: None,
             forgotten: AtomicU64::new(0),
         })
@@ -308,10 +313,11 @@ impl Store {
     /// (call again, after publishing).
     pub fn expire(&self, now: Tick, budget: usize, changes: &mut Changes) -> bool {
         let mut more = false;
+        let paused = self.expiry_paused.lock().clone();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             let forgotten = shard.forgotten();
-            more |= shard.expire(now, budget.max(1), &mut changes.users);
+            more |= shard.expire(now, budget.max(1), paused.as_deref(), &mut changes.users);
             self.hand_facts_on(&mut shard, &mut changes.rooms);
             self.forgotten.fetch_add(shard.forgotten() - forgotten, Ordering::Relaxed);
             // The driver computes its next wake-up itself after this call, so
@@ -548,11 +554,87 @@ impl Store {
     pub fn checkpoint_shard(&self, index: usize, writer: &mut CheckpointWriter) {
         let mut from = 0;
         while let Some(next) =
-            self.shards[index].lock().checkpoint(writer, from, CHECKPOINT_USERS_PER_LOCK, &self.names)
+            self.shards[index].lock().checkpoint(writer, from, CHECKPOINT_USERS_PER_LOCK, None, &self.names)
         {
             from = next;
         }
         self.rooms[index].lock().checkpoint(writer);
+    }
+
+    /// Holds back the expiry of the users of `slots` (none: of nobody) while
+    /// they are handed over to another node (C3): the node taking them over
+    /// expires them from the same deadlines, and nothing this node publishes
+    /// for them after their state left could reach a viewer with a version
+    /// the other node would then go below. Their timers are put back, not
+    /// lost: should the handover fail, they fire a second later.
+    pub fn pause_expiry(&self, slots: Option<Arc<SlotSet>>) {
+        *self.expiry_paused.lock() = slots;
+    }
+
+    /// The state of the users of `slots`, to hand over to another node (C3):
+    /// a checkpoint (`checkpoint.rs`) of those users only, with every
+    /// shard's stamp clock, so that the node taking them over issues stamps
+    /// above any these users have (M4). Taken a slice of each shard at a
+    /// time, as [`Store::checkpoint_shard`] is. Room access settings are
+    /// not part of it: rooms are per node in a cluster.
+    pub fn export_slots(&self, slots: &SlotSet, at: Tick) -> Vec<u8> {
+        let mut writer = CheckpointWriter::new(at);
+        let mut bytes = Vec::new();
+        for shard in self.shards.iter() {
+            let mut from = 0;
+            while let Some(next) =
+                shard.lock().checkpoint(&mut writer, from, CHECKPOINT_USERS_PER_LOCK, Some(slots), &self.names)
+            {
+                from = next;
+            }
+            bytes.extend(writer.take_chunk());
+        }
+        bytes.extend(writer.finish());
+        bytes
+    }
+
+    /// Takes over users another node handed over ([`Store::export_slots`]'s
+    /// bytes): each replaces whatever this store held of it, keeping its
+    /// version and its leases' generations and deadlines, and every stamp
+    /// this store issues from now on is above the other node's (M4). Nothing
+    /// is published for them but the OFFLINE of a user handed over online
+    /// with no lease left. The bytes are checked whole before anything is
+    /// taken: refused ones change nothing.
+    pub fn import(&self, now: Tick, bytes: &[u8], changes: &mut Changes) -> Result<Imported, CheckpointError> {
+        let handed = checkpoint::decode(bytes)?;
+        for shard in self.shards.iter() {
+            shard.lock().restore_clock(handed.last_stamp);
+        }
+        for rooms in self.rooms.iter() {
+            rooms.lock().restore_clock(handed.last_stamp);
+        }
+        let mut imported = Imported::default();
+        for user in &handed.users {
+            let record = user.as_record();
+            imported.users += 1;
+            imported.sessions += user.leases.len();
+            self.with_shard(user.user_id.as_str(), changes, |shard, users| {
+                shard.import_user(now, &record, &self.names, users);
+            });
+        }
+        Ok(imported)
+    }
+
+    /// The statuses of the users of `slots` (C3): they go with the users'
+    /// state, kept as the rest of a user's durable data is.
+    pub fn statuses_in(&self, slots: &SlotSet) -> Vec<(CompactString, Status)> {
+        self.shards.iter().flat_map(|shard| shard.lock().statuses_in(slots)).collect()
+    }
+
+    /// Drops, publishing nothing, the users of `slots` once another node has
+    /// taken them over (C3). Returns how many users were dropped.
+    pub fn release_slots(&self, now: Tick, slots: &SlotSet) -> usize {
+        // Room changes of the sessions dropped are not published either:
+        // the rooms' viewers are at the nodes that own the users now.
+        let mut unpublished = Changes::default();
+        (0..self.shards.len())
+            .map(|index| self.with_shard_at(index, &mut unpublished, |shard, _| shard.release(now, slots)))
+            .sum()
     }
 
     /// A store holding what `checkpoint` held (B3): leases keep their

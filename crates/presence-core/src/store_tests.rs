@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::{
-    Changes, LeaseError, LeaseView, Presence, PresenceChange, Registered, Registration, Revoked, State, Store,
-    StoreConfig, StoreStats, Tick, UnregisterOutcome, Unregistered,
+    Changes, Imported, LeaseError, LeaseView, Presence, PresenceChange, Registered, Registration, Revoked, RoomRef,
+    SlotSet, State, Store, StoreConfig, StoreStats, Tick, UnregisterOutcome, Unregistered,
 };
 
 /// A realistic Unix-millisecond start, so that stamps are far from zero.
@@ -2310,4 +2310,114 @@ fn o4_sessions_lists_live_sessions_with_their_rooms_and_settles_nothing() {
 
     assert!(store.sessions(T0 + 52, "never-seen").unwrap().is_empty());
     assert!(matches!(store.sessions(T0 + 52, ""), Err(LeaseError::InvalidArgument { field: "user_id", .. })));
+}
+
+// ---------------------------------------------------------------------------------------------
+// C3: handing a cluster slot's users over to another node's store.
+
+/// Users `user-0..n`, each with one 30 s session registered at `now`, split by the slot they fall in.
+fn users_in_and_out_of(slots: &SlotSet, store: &Store, now: Tick, n: usize) -> (Vec<String>, Vec<String>) {
+    let mut changes = Changes::default();
+    let (mut inside, mut outside) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let user = format!("user-{i}");
+        register(store, now, reg(&user, "s", "gw", 30_000), &mut changes);
+        if slots.holds(&user) { inside.push(user) } else { outside.push(user) }
+    }
+    assert!(!inside.is_empty() && !outside.is_empty(), "the set splits the users");
+    (inside, outside)
+}
+
+#[test]
+fn c3_a_handed_over_user_keeps_its_version_generations_deadlines_and_rooms() {
+    let (from, to) = (store(), store());
+    let slots = SlotSet::of(16, [3, 7]);
+    let (inside, outside) = users_in_and_out_of(&slots, &from, sec(0), 64);
+    let mut changes = Changes::default();
+    let room = RoomRef {
+        user_id: &inside[0],
+        session_id: "s",
+        generation: leases(&from, sec(1), &inside[0])[0].generation,
+        room_id: "lobby",
+    };
+    from.join(sec(1), &room, &[("role".into(), "host".into())], &mut changes).expect("joined");
+    let before: Vec<_> =
+        inside.iter().map(|user| (presence(&from, sec(2), user), leases(&from, sec(2), user))).collect();
+
+    let bytes = from.export_slots(&slots, sec(2));
+    let mut published = Changes::default();
+    let imported = to.import(sec(3), &bytes, &mut published).expect("a whole handover is taken");
+    assert_eq!(imported, Imported { users: inside.len(), sessions: inside.len() });
+    assert!(published.users.is_empty(), "users handed over online publish nothing: {published:?}");
+    for (user, (presence_then, leases_then)) in inside.iter().zip(&before) {
+        assert_eq!(presence(&to, sec(3), user), *presence_then, "{user}'s version came along (M4)");
+        assert_eq!(leases(&to, sec(3), user), *leases_then, "{user}'s generation and deadline came along");
+    }
+    assert!(to.is_member("lobby", &inside[0]), "room memberships came along");
+    for user in &outside {
+        assert_eq!(presence(&to, sec(3), user), offline(0), "{user} is not in the slots and was not handed over");
+    }
+    // The gateway's renewal with the generation it holds carries on at the new node.
+    let generation = before[0].1[0].generation;
+    let renewed =
+        to.renew(sec(10), &inside[0], "s", generation, 30_000, &mut changes).expect("the same generation renews");
+    assert_eq!(renewed.expires_at, sec(40));
+    // A new session there gets a generation above any the old node gave (L1, M4).
+    let newest = before.iter().map(|(_, leases)| leases[0].generation).max().unwrap();
+    let again = register(&to, sec(10), reg(&inside[1], "s2", "gw", 30_000), &mut changes);
+    assert!(again.generation > newest, "{} after {newest}", again.generation);
+    // And it expires at the deadline it had, at the new node, once.
+    let expired = drive(&to, sec(10), sec(31));
+    let offline_users: Vec<_> = expired.users.iter().map(|change| change.user_id.as_str()).collect();
+    assert_eq!(offline_users.len(), inside.len() - 2, "all but the renewed and the re-registered: {offline_users:?}");
+    assert!(expired.users.iter().all(|change| change.at == sec(30) && change.presence.version > newest));
+}
+
+#[test]
+fn c3_a_released_slot_is_dropped_without_a_flip_and_the_rest_stays() {
+    let store = store();
+    let slots = SlotSet::of(16, [0, 1, 2]);
+    let (inside, outside) = users_in_and_out_of(&slots, &store, sec(0), 64);
+    let sessions_before = store.stats().sessions;
+    assert_eq!(store.release_slots(sec(1), &slots), inside.len());
+    assert_eq!(store.stats().sessions, sessions_before - inside.len());
+    assert_eq!(store.stats().users, outside.len(), "the released users are gone");
+    for user in &outside {
+        assert_eq!(presence(&store, sec(1), user).state, State::Online, "{user} is not in the slots");
+    }
+    let later = drive(&store, sec(1), sec(29));
+    assert!(later.users.is_empty(), "nothing is published for the released users: {later:?}");
+}
+
+#[test]
+fn c3_a_paused_slots_users_do_not_expire_until_resumed() {
+    let store = small_store();
+    let slots = Arc::new(SlotSet::of(4, [1]));
+    let mut changes = Changes::default();
+    let users: Vec<String> = (0..32).map(|i| format!("u{i}")).collect();
+    for user in &users {
+        register(&store, T0, reg(user, "s", "gw", 10), &mut changes);
+    }
+    store.pause_expiry(Some(Arc::clone(&slots)));
+    let due = drive(&store, T0, T0 + 500);
+    assert!(!due.users.is_empty());
+    assert!(due.users.iter().all(|change| !slots.holds(&change.user_id)), "no paused user expired: {due:?}");
+    let others = users.iter().filter(|user| !slots.holds(user)).count();
+    assert_eq!(due.users.len(), others);
+    store.pause_expiry(None);
+    let resumed = drive(&store, T0 + 500, T0 + 2_000);
+    assert_eq!(resumed.users.len(), users.len() - others, "a failed handover's users expire a second later");
+    assert!(resumed.users.iter().all(|change| slots.holds(&change.user_id) && change.presence.state == State::Offline));
+}
+
+#[test]
+fn c3_a_damaged_handover_changes_nothing() {
+    let (from, to) = (store(), store());
+    let slots = SlotSet::of(4, [0]);
+    users_in_and_out_of(&slots, &from, sec(0), 16);
+    let mut bytes = from.export_slots(&slots, sec(1));
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    assert!(to.import(sec(1), &bytes, &mut Changes::default()).is_err());
+    assert_eq!(to.stats().users, 0, "nothing of a refused handover is taken");
 }

@@ -361,3 +361,12 @@ pub struct StoreStats {
     /// Users in rooms, counted once per room they are in.
     pub room_memberships: usize,
 }
+
+/// What [`Store::import`](crate::Store::import) took over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Imported {
+    /// Users handed over.
+    pub users: usize,
+    /// Their sessions.
+    pub sessions: usize,
+}
