@@ -446,6 +446,11 @@ impl ServeArgs {
             viewer_jwt_public_key_pem,
             ..server.auth
         };
+        if let Some(cluster) = &mut server.cluster {
+            // The nodes of a cluster share their service tokens: a node hands
+            // its slots over to another (as it drains) with the first one.
+            cluster.peer_token = server.auth.service_tokens.first().cloned();
+        }
         let auth = &server.auth;
         let open = auth.service_tokens.is_empty()
             && auth.viewer_jwt_hs256_secret.is_none()

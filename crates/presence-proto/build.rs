@@ -18,10 +18,10 @@ const CODEC: &str = "crate::codec::FieldNamingCodec";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto_root = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let proto_file = proto_root.join("presence/v1/presence.proto");
+    let proto_files = [proto_root.join("presence/v1/presence.proto"), proto_root.join("presence/v1/cluster.proto")];
     println!("cargo:rerun-if-changed={}", proto_root.display());
 
-    let descriptors = protox::compile([&proto_file], [&proto_root])?;
+    let descriptors = protox::compile(&proto_files, [&proto_root])?;
     // Server reflection serves this set, so grpcurl-style clients need no .proto file.
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     std::fs::write(out_dir.join("presence_descriptor.bin"), descriptors.encode_to_vec())?;

@@ -34,4 +34,7 @@ pub use coordinator::{Coordinator, election_name};
 pub use etcd::{Error, Etcd, api};
 pub use lease::{LeaseState, NodeLease};
 pub use presence_core::slot_of;
-pub use slots::{Claim, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, SlotOwner, claim_slot, register_node, repairs};
+pub use slots::{
+    Claim, MOVES_PER_TXN, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, SlotOwner, claim_slot, move_slots,
+    register_node, repairs,
+};

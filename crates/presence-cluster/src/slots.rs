@@ -160,13 +160,38 @@ pub(crate) async fn claim_all_fenced(
     claims: &[(u32, String, i64)],
     fence: &Fence,
 ) -> Result<Option<i64>, Error> {
-    let mut compare = vec![Compare {
-        result: compare::CompareResult::Equal as i32,
-        target: compare::CompareTarget::Create as i32,
-        key: fence.key.clone(),
-        range_end: Vec::new(),
-        target_union: Some(compare::TargetUnion::CreateRevision(fence.create_revision)),
-    }];
+    claim_all(etcd, prefix, claims, Some(fence)).await
+}
+
+/// Gives `slots` (each with the epoch its owner saw) to `node` in one etcd
+/// transaction: all of them, at one new revision (their new epoch), or none
+/// (`None`: some slot changed since). The last step of a planned move
+/// (C3), taken by the node handing the slots over once `node` holds their
+/// state; at most [`MOVES_PER_TXN`] slots at once.
+pub async fn move_slots(etcd: &Etcd, prefix: &str, slots: &[(u32, i64)], node: &str) -> Result<Option<i64>, Error> {
+    let claims: Vec<_> = slots.iter().map(|&(slot, seen)| (slot, node.to_owned(), seen)).collect();
+    claim_all(etcd, prefix, &claims, None).await
+}
+
+/// The most slots [`move_slots`] moves in one transaction.
+pub const MOVES_PER_TXN: usize = CLAIMS_PER_TXN;
+
+async fn claim_all(
+    etcd: &Etcd,
+    prefix: &str,
+    claims: &[(u32, String, i64)],
+    fence: Option<&Fence>,
+) -> Result<Option<i64>, Error> {
+    let mut compare: Vec<Compare> = fence
+        .map(|fence| Compare {
+            result: compare::CompareResult::Equal as i32,
+            target: compare::CompareTarget::Create as i32,
+            key: fence.key.clone(),
+            range_end: Vec::new(),
+            target_union: Some(compare::TargetUnion::CreateRevision(fence.create_revision)),
+        })
+        .into_iter()
+        .collect();
     let mut success = Vec::with_capacity(claims.len());
     for (slot, node, seen_epoch) in claims {
         let key = slot_key(prefix, *slot);

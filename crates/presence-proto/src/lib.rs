@@ -1,6 +1,7 @@
 //! The generated code of presenced's `presence.v1` gRPC API.
 //!
-//! Built into `OUT_DIR` from `proto/presence/v1/presence.proto` by a pure-Rust
+//! Built into `OUT_DIR` from `proto/presence/v1/presence.proto` (the API) and
+//! `cluster.proto` (between a cluster's nodes) by a pure-Rust
 //! protobuf compiler; nothing here is written by hand except the codec, which
 //! turns undecodable requests into `INVALID_ARGUMENT` naming the field, and
 //! the server's view of a Leases request ([`lease_frames`]).
@@ -14,6 +15,7 @@ pub mod v1 {
     tonic::include_proto!("presence.v1");
     // The server trait, generated from the same service (see build.rs).
     include!(concat!(env!("OUT_DIR"), "/presence.v1.Presence.rs"));
+    include!(concat!(env!("OUT_DIR"), "/presence.v1.Cluster.rs"));
 }
 
 /// The encoded `FileDescriptorSet` of the API, for server reflection.

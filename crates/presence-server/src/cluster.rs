@@ -19,12 +19,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use presence_cluster::{
     Coordinator, Etcd, LeaseState, NodeLease, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, register_node,
 };
-use presence_core::slot_of;
-use presence_proto::v1::{self as pb, presence_client::PresenceClient};
+use presence_core::{SlotSet, slot_of};
+use presence_proto::v1::{self as pb, cluster_client::ClusterClient, presence_client::PresenceClient};
 use tokio::time::Instant;
 use tonic::Status;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -51,6 +51,10 @@ pub struct ClusterConfig {
     /// How long a new cluster waits for no more nodes to join before giving
     /// out its slots.
     pub settle: Duration,
+    /// What this node presents to the other nodes when it calls them of its
+    /// own accord (handing its slots over as it drains): one of the service
+    /// tokens every node accepts. `None` when the cluster runs open.
+    pub peer_token: Option<String>,
 }
 
 impl ClusterConfig {
@@ -64,6 +68,7 @@ impl ClusterConfig {
             prefix: "/presenced/".to_owned(),
             lease_ttl: Duration::from_secs(5),
             settle: Duration::from_secs(2),
+            peer_token: None,
         }
     }
 }
@@ -120,6 +125,9 @@ pub enum JoinError {
         /// The last one's error.
         last: presence_cluster::Error,
     },
+    /// The credential for calls to the other nodes cannot be sent.
+    #[error("joining the cluster: {0}")]
+    Token(&'static str),
     /// etcd refused a step of joining.
     #[error("joining the cluster through etcd: {0}")]
     Etcd(#[from] presence_cluster::Error),
@@ -149,6 +157,26 @@ pub(crate) struct Membership {
     nodes: NodeSetWatch,
     peers: Peers,
     _coordinator: Coordinator,
+    pub(crate) etcd: Etcd,
+    pub(crate) prefix: String,
+    pub(crate) lease_ttl: Duration,
+    /// Held shared by every request from its ownership check to the end of
+    /// its write, and exclusively by a handover while it starts refusing the
+    /// slots it hands over: no write checked before the handover began lands
+    /// after the slots' state was taken (C3).
+    gate: RwLock<()>,
+    /// [`Membership::gate`] for requests whose write awaits the disk
+    /// (statuses, relations): held across the await.
+    durable_gate: tokio::sync::RwLock<()>,
+    /// Slots handed over, or being handed over: refused, naming no owner,
+    /// whatever the slot map says, until the map gives them to another node
+    /// (a slot the map shows as another's is refused anyway).
+    leaving: Mutex<Arc<SlotSet>>,
+    /// One handover at a time, out of this node or into it.
+    pub(crate) handing_over: tokio::sync::Mutex<()>,
+    /// What this node presents to the others for its own calls (a drain's
+    /// handover): the first service token, when there are any.
+    peer_token: Option<MetadataValue<Ascii>>,
 }
 
 impl Ownership {
@@ -171,6 +199,13 @@ impl Ownership {
             lease = lease.id(),
             "joined the cluster"
         );
+        let peer_token = match &config.peer_token {
+            Some(token) => Some(
+                MetadataValue::try_from(format!("Bearer {token}"))
+                    .map_err(|_| JoinError::Token("a service token must be printable ASCII"))?,
+            ),
+            None => None,
+        };
         Ok(Ownership::Cluster(Box::new(Membership {
             node: config.node_id.clone(),
             slots: config.slots,
@@ -181,6 +216,14 @@ impl Ownership {
             nodes,
             peers: Peers::default(),
             _coordinator: coordinator,
+            etcd,
+            prefix: config.prefix.clone(),
+            lease_ttl: config.lease_ttl,
+            gate: RwLock::new(()),
+            durable_gate: tokio::sync::RwLock::new(()),
+            leaving: Mutex::new(Arc::new(SlotSet::new(config.slots))),
+            handing_over: tokio::sync::Mutex::new(()),
+            peer_token,
         })))
     }
 
@@ -188,13 +231,37 @@ impl Ownership {
     pub(crate) fn view(&self) -> OwnershipView<'_> {
         match self {
             Ownership::Single => OwnershipView::Single,
-            Ownership::Cluster(membership) => OwnershipView::Cluster {
-                node: &membership.node,
-                slots: membership.slots,
-                acting: membership.is_acting(Instant::now()),
-                map: membership.map.current(),
-                nodes: membership.nodes.current(),
-            },
+            Ownership::Cluster(membership) => {
+                // Taken first: a handover that starts refusing a slot waits
+                // for every view taken before, and every later view sees it.
+                let gate = membership.gate.read();
+                OwnershipView::Cluster {
+                    node: &membership.node,
+                    slots: membership.slots,
+                    acting: membership.is_acting(Instant::now()),
+                    map: membership.map.current(),
+                    nodes: membership.nodes.current(),
+                    leaving: Arc::clone(&membership.leaving.lock()),
+                    _gate: gate,
+                }
+            }
+        }
+    }
+
+    /// Held by a request whose write awaits the disk from before its
+    /// ownership check to the end of its write (see [`Membership::gate`]).
+    pub(crate) async fn hold_for_durable_write(&self) -> Option<tokio::sync::RwLockReadGuard<'_, ()>> {
+        match self {
+            Ownership::Single => None,
+            Ownership::Cluster(membership) => Some(membership.durable_gate.read().await),
+        }
+    }
+
+    /// This node's part in its cluster; `None` for a single node.
+    pub(crate) fn membership(&self) -> Option<&Membership> {
+        match self {
+            Ownership::Single => None,
+            Ownership::Cluster(membership) => Some(membership),
         }
     }
 
@@ -271,6 +338,72 @@ impl Membership {
         !self.left.load(Ordering::Acquire)
             && matches!(*self.lease_state.borrow(), LeaseState::ValidUntil(until) if now < until)
     }
+
+    /// This node's id.
+    pub(crate) fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The cluster's slot count.
+    pub(crate) fn slot_count(&self) -> u32 {
+        self.slots
+    }
+
+    /// The slot map as last seen.
+    pub(crate) fn map(&self) -> Arc<SlotMap> {
+        self.map.current()
+    }
+
+    /// Changes of the slot map, to wait on.
+    pub(crate) fn map_changes(&self) -> tokio::sync::watch::Receiver<Arc<SlotMap>> {
+        self.map.subscribe()
+    }
+
+    /// The live nodes as last seen.
+    pub(crate) fn nodes(&self) -> Arc<NodeSet> {
+        self.nodes.current()
+    }
+
+    /// Whether this node may act on its slots now.
+    pub(crate) fn acting_now(&self) -> bool {
+        self.is_acting(Instant::now())
+    }
+
+    /// Starts refusing every request for `slots` (C3), once every request
+    /// that passed its ownership check before has written; returns the slots
+    /// refused from now on, for the store to hold back their expiry.
+    pub(crate) async fn start_leaving(&self, slots: &SlotSet) -> Arc<SlotSet> {
+        let _durable = self.durable_gate.write().await;
+        let _gate = self.gate.write();
+        self.change_leaving(|leaving| slots.iter().for_each(|slot| leaving.insert(slot)))
+    }
+
+    /// Stops refusing `slots` for being handed over: a handover that failed,
+    /// or slots coming back to this node. Returns the slots still refused.
+    pub(crate) fn stop_leaving(&self, slots: &SlotSet) -> Arc<SlotSet> {
+        self.change_leaving(|leaving| {
+            let kept = SlotSet::of(leaving.slots(), leaving.iter().filter(|&slot| !slots.contains(slot)));
+            *leaving = kept;
+        })
+    }
+
+    fn change_leaving(&self, change: impl FnOnce(&mut SlotSet)) -> Arc<SlotSet> {
+        let mut leaving = self.leaving.lock();
+        let mut changed = SlotSet::clone(&leaving);
+        change(&mut changed);
+        *leaving = Arc::new(changed);
+        Arc::clone(&leaving)
+    }
+
+    /// A client of the Cluster service of the node at `address`.
+    pub(crate) fn cluster_client(&self, address: &str) -> Result<ClusterClient<Channel>, ServiceError> {
+        Ok(ClusterClient::new(self.peers.channel(address)?))
+    }
+
+    /// The credential for a call this node makes of its own accord.
+    pub(crate) fn peer_token(&self) -> Option<&MetadataValue<Ascii>> {
+        self.peer_token.as_ref()
+    }
 }
 
 /// `message` as a request forwarded to another node: marked so, with the caller's credentials.
@@ -313,14 +446,22 @@ pub(crate) enum OwnershipView<'a> {
     /// Every user.
     Single,
     /// The slots `map` gives `node`, if `acting`.
-    Cluster { node: &'a str, slots: u32, acting: bool, map: Arc<SlotMap>, nodes: Arc<NodeSet> },
+    Cluster {
+        node: &'a str,
+        slots: u32,
+        acting: bool,
+        map: Arc<SlotMap>,
+        nodes: Arc<NodeSet>,
+        leaving: Arc<SlotSet>,
+        _gate: RwLockReadGuard<'a, ()>,
+    },
 }
 
 impl OwnershipView<'_> {
     /// `Ok` when this node may act for `user_id` now; else the refusal that
     /// names the owner.
     pub(crate) fn check(&self, user_id: impl AsRef<[u8]>) -> Result<(), ServiceError> {
-        let OwnershipView::Cluster { node, slots, acting, map, nodes } = self else { return Ok(()) };
+        let OwnershipView::Cluster { node, slots, acting, map, nodes, leaving, .. } = self else { return Ok(()) };
         if user_id.as_ref().is_empty() {
             // Any node refuses it as INVALID_ARGUMENT, naming the field.
             return Ok(());
@@ -328,11 +469,12 @@ impl OwnershipView<'_> {
         let slot = slot_of(user_id, *slots);
         let owner = map.owner(slot);
         let mine = owner.is_some_and(|owner| owner.node == *node);
-        if mine && *acting {
+        if mine && *acting && !leaving.contains(slot) {
             return Ok(());
         }
         // Not ours; or ours, but etcd has not confirmed our lease in time,
-        // so another node may be about to get it: no owner to name.
+        // so another node may be about to get it, or ours but being handed
+        // over: no owner to name.
         let named = owner.filter(|_| !mine);
         Err(ServiceError::NotOwner(NotOwner {
             slot,
@@ -385,15 +527,20 @@ pub(crate) const FORWARDED: &str = "presenced-forwarded";
 /// Clients of the other nodes, for forwarded reads, made on first use.
 #[derive(Debug, Default)]
 pub(crate) struct Peers {
-    clients: Mutex<std::collections::HashMap<String, PresenceClient<Channel>>>,
+    channels: Mutex<std::collections::HashMap<String, Channel>>,
 }
 
 impl Peers {
-    /// A client of the node at `address` (host:port); the connection is made by the first call.
+    /// A client of the node at `address` (host:port).
     pub(crate) fn client(&self, address: &str) -> Result<PresenceClient<Channel>, ServiceError> {
-        let mut clients = self.clients.lock();
-        if let Some(client) = clients.get(address) {
-            return Ok(client.clone());
+        Ok(PresenceClient::new(self.channel(address)?))
+    }
+
+    /// The channel to the node at `address`; the connection is made by the first call.
+    fn channel(&self, address: &str) -> Result<Channel, ServiceError> {
+        let mut channels = self.channels.lock();
+        if let Some(channel) = channels.get(address) {
+            return Ok(channel.clone());
         }
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|_| ServiceError::Peer { node: address.to_owned(), status: Status::internal("bad address") })?
@@ -401,9 +548,9 @@ impl Peers {
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5));
-        let client = PresenceClient::new(endpoint.connect_lazy());
-        clients.insert(address.to_owned(), client.clone());
-        Ok(client)
+        let channel = endpoint.connect_lazy();
+        channels.insert(address.to_owned(), channel.clone());
+        Ok(channel)
     }
 }
 

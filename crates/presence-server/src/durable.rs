@@ -14,10 +14,10 @@
 
 use std::path::Path;
 
-use presence_core::{Availability, Status};
+use presence_core::{Availability, SlotSet, Status};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::privacy::{RelationChange, Visibility};
+use crate::privacy::{HandedOver, RelationChange, Visibility};
 
 /// (user id, setting name) -> value.
 const SETTINGS: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("settings");
@@ -203,6 +203,55 @@ impl DurableStore {
                 }
             }
         }
+        Ok(txn.commit()?)
+    }
+
+    /// Writes what users handed over by another node keep on disk (C3), in
+    /// one transaction: each user's visibility, grants and status replace
+    /// whatever this store held of them. Returns once it is on disk.
+    pub(crate) fn replace_users(&self, users: &[HandedOver]) -> Result<(), DurableError> {
+        let txn = self.db.begin_write()?;
+        {
+            let (mut visibility, mut grants, mut statuses) =
+                (txn.open_table(VISIBILITY)?, txn.open_table(GRANTS)?, txn.open_table(STATUS)?);
+            for user in users {
+                let id = user.user_id.as_str();
+                match user.visibility {
+                    Some(chosen) => visibility.insert(id, stored::visibility_code(chosen)).map(drop)?,
+                    None => visibility.remove(id).map(drop)?,
+                }
+                let mut granted = Vec::new();
+                for entry in grants.range((id, "")..)? {
+                    let (key, _) = entry?;
+                    let (owner, viewer) = key.value();
+                    if owner != id {
+                        break;
+                    }
+                    granted.push(viewer.to_owned());
+                }
+                for viewer in granted {
+                    grants.remove((id, viewer.as_str()))?;
+                }
+                for viewer in &user.audience {
+                    grants.insert((id, viewer.as_str()), ())?;
+                }
+                match &user.status {
+                    Some(status) => statuses.insert(id, encode_status(status).as_slice()).map(drop)?,
+                    None => statuses.remove(id).map(drop)?,
+                }
+            }
+        }
+        Ok(txn.commit()?)
+    }
+
+    /// Deletes the visibility, grants and status of the users of `slots`
+    /// once another node has taken them over (C3), so that a restart of this
+    /// node does not bring back what their owner has changed since.
+    pub(crate) fn forget_users(&self, slots: &SlotSet) -> Result<(), DurableError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(VISIBILITY)?.retain(|user, _| !slots.holds(user))?;
+        txn.open_table(GRANTS)?.retain(|(user, _), ()| !slots.holds(user))?;
+        txn.open_table(STATUS)?.retain(|user, _| !slots.holds(user))?;
         Ok(txn.commit()?)
     }
 

@@ -104,6 +104,22 @@ pub(crate) enum ServiceError {
         /// The RPC refused.
         operation: &'static str,
     },
+    /// A Cluster RPC at a node that is not one of a cluster.
+    #[error("{operation}: this node is not one of a cluster (serve --etcd)")]
+    NotClustered {
+        /// The RPC refused.
+        operation: &'static str,
+    },
+    /// A planned move that cannot be made as asked (C3): nothing changed.
+    #[error("{0}")]
+    MoveRefused(String),
+    /// A planned move that failed part-way (C3): the slots it names stayed
+    /// where they were, with their state.
+    #[error("{0}")]
+    MoveAborted(String),
+    /// etcd could not be reached, or refused a step.
+    #[error("etcd: {0}")]
+    Etcd(String),
 }
 
 fn not_owner_message(not_owner: &NotOwner) -> String {
@@ -155,7 +171,11 @@ impl ServiceError {
             ServiceError::RoomNotFound { .. } => Code::NotFound,
             ServiceError::RoomTooLarge { .. } => Code::FailedPrecondition,
             ServiceError::Durable(_) | ServiceError::ShuttingDown | ServiceError::NotOwner(_) => Code::Unavailable,
-            ServiceError::RoomsPerNode { .. } => Code::FailedPrecondition,
+            ServiceError::RoomsPerNode { .. } | ServiceError::NotClustered { .. } | ServiceError::MoveRefused(_) => {
+                Code::FailedPrecondition
+            }
+            ServiceError::MoveAborted(_) => Code::Aborted,
+            ServiceError::Etcd(_) => Code::Unavailable,
             ServiceError::Peer { status, .. } => status.code(),
         }
     }

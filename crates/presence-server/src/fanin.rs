@@ -143,7 +143,9 @@ pub(crate) fn guarded(context: Arc<Context>, users: Vec<CompactString>, stream: 
                     None => return,
                 },
                 () = changes.changed() => {
-                    if let Err(refusal) = context.ownership.view().check_all(&users) {
+                    // Checked apart: the view's gate is never held across an await.
+                    let refused = context.ownership.view().check_all(&users).err();
+                    if let Some(refusal) = refused {
                         let status = Status::unavailable(format!("this node no longer acts for every watched user ({refusal}); reopen"));
                         let _ = tx.send(Err(status)).await;
                         return;

@@ -98,7 +98,7 @@ pub fn request(method: u8, body: &[u8]) {
     // receiver is kept so that the queue stays open, as in a running server.
     let (queue, _jobs) = LeaseQueue::new(Arc::clone(&context), 1);
     let auth = Authenticator::new(AuthConfig::default()).expect("the open configuration is valid");
-    let service = PresenceService::new(Arc::clone(&context), queue, auth);
+    let service = PresenceService::new(Arc::clone(&context), queue, Arc::new(auth));
     // One runtime per input: dropping it ends whatever a handler spawned
     // (a Watch stream's forwarder), so nothing outlives the input.
     let runtime =

@@ -22,6 +22,7 @@ mod expiry;
 mod fanin;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod handover;
 mod hub;
 mod leases;
 pub mod metrics;
@@ -48,6 +49,7 @@ use presence_core::{ConfigError, Store, StoreConfig};
 use crate::data_dir::DataDir;
 use crate::leases::LeaseQueue;
 use crate::privacy::Visibility;
+use presence_proto::v1::cluster_server::ClusterServer;
 use presence_proto::v1::presence_server::PresenceServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -279,6 +281,8 @@ async fn serve_prepared(
     let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
 
     let service_context = Arc::clone(&context);
+    let auth = Arc::new(auth);
+    let cluster = ClusterServer::new(handover::ClusterService::new(Arc::clone(&context), Arc::clone(&auth)));
     let presence = PresenceServer::new(PresenceService::new(context, lease_queue, auth))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -309,12 +313,14 @@ async fn serve_prepared(
         async move {
             shutdown.await;
             tracing::info!("shutting down: no new connections, ending watch streams");
+            handover::drain(&ownership_context).await;
             ownership_context.ownership.leave().await;
             health.set_not_serving::<PresenceServer<PresenceService>>().await;
             stopping.cancel();
         }
     };
     let routes = tonic::service::Routes::new(presence)
+        .add_service(cluster)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

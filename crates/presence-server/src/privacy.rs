@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use hashbrown::{HashMap, HashSet};
-use presence_core::{CompactString, Presence, State, Store, UserView};
+use presence_core::{CompactString, Presence, SlotSet, State, Status, Store, UserView};
 
 use crate::durable::{self, DurableStore, run_blocking};
 use crate::error::ServiceError;
@@ -196,11 +196,37 @@ impl Relations {
         own.unwrap_or(self.default_visibility) == Visibility::Nobody
     }
 
+    /// Sets a user's own visibility (`None`: the default) and audience,
+    /// whatever they were; its groups stay as they are.
+    fn replace(&mut self, user: &CompactString, visibility: Option<Visibility>, granted: HashSet<CompactString>) {
+        let record = self.users.entry(user.clone()).or_default();
+        record.visibility = visibility;
+        record.granted = granted;
+        if visibility == Some(Visibility::Nobody) {
+            self.invisible.insert(user.clone());
+        } else {
+            self.invisible.remove(user);
+        }
+        self.forget_if_empty(user);
+    }
+
     fn forget_if_empty(&mut self, user: &str) {
         if self.users.get(user).is_some_and(UserRelations::is_empty) {
             self.users.remove(user);
         }
     }
+}
+
+/// What a user handed over to another node takes with it beside its leases
+/// (C3): its status and who may see it. Its groups stay: a group's members
+/// are spread over the nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HandedOver {
+    pub(crate) user_id: CompactString,
+    pub(crate) status: Option<Status>,
+    /// `None`: the default.
+    pub(crate) visibility: Option<Visibility>,
+    pub(crate) audience: Vec<CompactString>,
 }
 
 /// What one caller may be shown of one user, as read from the store.
@@ -285,6 +311,65 @@ impl Privacy {
             statuses = count.3,
             "loaded relations"
         );
+    }
+
+    /// The status, visibility and audience of the users of `slots`, to hand
+    /// over with them (C3).
+    pub(crate) fn hand_over(&self, slots: &SlotSet) -> Vec<HandedOver> {
+        let mut users: HashMap<CompactString, HandedOver> = HashMap::new();
+        let blank = |user_id: &CompactString| HandedOver {
+            user_id: user_id.clone(),
+            status: None,
+            visibility: None,
+            audience: Vec::new(),
+        };
+        for (user_id, record) in self.relations.read().users.iter().filter(|(user, _)| slots.holds(user.as_bytes())) {
+            let user = users.entry(user_id.clone()).or_insert_with(|| blank(user_id));
+            user.visibility = record.visibility;
+            user.audience = record.granted.iter().cloned().collect();
+        }
+        for (user_id, status) in self.store().statuses_in(slots) {
+            users.entry(user_id.clone()).or_insert_with(|| blank(&user_id)).status = Some(status);
+        }
+        users.into_values().collect()
+    }
+
+    /// Takes over what users handed over by another node keep beside their
+    /// leases (C3): on disk first, then in memory, replacing whatever this
+    /// node held of them, with no new version (their owner until now
+    /// published all there was). Their leases are in the store already.
+    pub(crate) async fn take_over(&self, users: Vec<HandedOver>, now: u64) -> Result<(), ServiceError> {
+        let _writer = self.writer.lock().await;
+        if let Some(durable) = &self.durable {
+            let (durable, users) = (Arc::clone(durable), users.clone());
+            run_blocking(move || durable.replace_users(&users)).await?;
+        }
+        let mut relations = self.relations.write();
+        for user in users {
+            relations.replace(&user.user_id, user.visibility, user.audience.into_iter().collect());
+            if let Some(status) = user.status.filter(|status| status.expires_at.is_none_or(|at| at > now)) {
+                let _ = self.store().restore_status(now, &user.user_id, status);
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets the visibility and audience of the users of `slots`, on disk
+    /// and in memory, once another node has taken them over (C3); their
+    /// statuses went with their users out of the store.
+    pub(crate) async fn release_slots(&self, slots: &SlotSet) -> Result<(), ServiceError> {
+        let _writer = self.writer.lock().await;
+        if let Some(durable) = &self.durable {
+            let (durable, slots) = (Arc::clone(durable), slots.clone());
+            run_blocking(move || durable.forget_users(&slots)).await?;
+        }
+        let mut relations = self.relations.write();
+        let leaving: Vec<CompactString> =
+            relations.users.keys().filter(|user| slots.holds(user.as_bytes())).cloned().collect();
+        for user in leaving {
+            relations.replace(&user, None, HashSet::new());
+        }
+        Ok(())
     }
 
     /// Subscribes `viewer` (`None`: a service acting for no viewer) to

@@ -16,7 +16,7 @@ use presence_proto::v1::{self as pb, presence_server::Presence as PresenceApi};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Authenticator, Caller};
-use crate::cluster;
+use crate::cluster::{self, OwnershipView};
 use crate::context::Context;
 use crate::error::ServiceError;
 use crate::fanin;
@@ -41,8 +41,8 @@ pub struct PresenceService {
 type Answer<T> = Result<Response<T>, Status>;
 
 impl PresenceService {
-    pub(crate) fn new(context: Arc<Context>, leases: LeaseQueue, auth: Authenticator) -> Self {
-        PresenceService { context, leases, auth: Arc::new(auth) }
+    pub(crate) fn new(context: Arc<Context>, leases: LeaseQueue, auth: Arc<Authenticator>) -> Self {
+        PresenceService { context, leases, auth }
     }
 
     fn caller<T>(&self, request: &Request<T>) -> Result<Caller, ServiceError> {
@@ -54,9 +54,13 @@ impl PresenceService {
         self.caller(request)?.require_service(operation)
     }
 
-    /// `Ok` when this node may act for `user_id` (always, outside a cluster; C2).
-    fn owns(&self, user_id: &str) -> Result<(), ServiceError> {
-        self.context.ownership.view().check(user_id)
+    /// `Ok` when this node may act for `user_id` (always, outside a cluster;
+    /// C2), with the view checked: a write holds it until it is done, so
+    /// that a handover of the user's slot cannot start in between (C3).
+    fn owns(&self, user_id: &str) -> Result<OwnershipView<'_>, ServiceError> {
+        let view = self.context.ownership.view();
+        view.check(user_id)?;
+        Ok(view)
     }
 
     /// Refuses a room RPC on a cluster node, where rooms are not cluster-wide yet.
@@ -100,7 +104,7 @@ impl PresenceApi for PresenceService {
     async fn register(&self, request: Request<pb::RegisterRequest>) -> Answer<pb::RegisterResponse> {
         answer((|| {
             self.service_only(&request, "Register")?;
-            self.owns(&request.get_ref().user_id)?;
+            let _owned = self.owns(&request.get_ref().user_id)?;
             let input = wire::register_request(request.get_ref());
             let metrics = self.context.metrics();
             let registered =
@@ -113,10 +117,13 @@ impl PresenceApi for PresenceService {
         answer((|| {
             self.service_only(&request, "Renew")?;
             let metrics = self.context.metrics();
-            if let Err(refusal) = self.owns(&request.get_ref().user_id) {
-                metrics.renewals(RenewResult::NotOwner, 1);
-                return Err(refusal);
-            }
+            let _owned = match self.owns(&request.get_ref().user_id) {
+                Ok(owned) => owned,
+                Err(refusal) => {
+                    metrics.renewals(RenewResult::NotOwner, 1);
+                    return Err(refusal);
+                }
+            };
             if self.leases.is_overloaded() {
                 metrics.renewals(RenewResult::Shed, 1);
                 metrics.shed.increment(1);
@@ -136,7 +143,7 @@ impl PresenceApi for PresenceService {
     async fn unregister(&self, request: Request<pb::UnregisterRequest>) -> Answer<pb::UnregisterResponse> {
         answer((|| {
             self.service_only(&request, "Unregister")?;
-            self.owns(&request.get_ref().user_id)?;
+            let _owned = self.owns(&request.get_ref().user_id)?;
             let input = wire::unregister_request(request.get_ref());
             let metrics = self.context.metrics();
             let unregistered =
@@ -149,7 +156,7 @@ impl PresenceApi for PresenceService {
         answer((|| {
             self.service_only(&request, "Revoke")?;
             let request = request.get_ref();
-            self.owns(&request.user_id)?;
+            let _owned = self.owns(&request.user_id)?;
             let session_id = (!request.session_id.is_empty()).then_some(request.session_id.as_str());
             let revoked =
                 self.context.apply(|store, now, changes| store.revoke(now, &request.user_id, session_id, changes))?;
@@ -248,7 +255,7 @@ impl PresenceApi for PresenceService {
     async fn join(&self, request: Request<pb::JoinRequest>) -> Answer<pb::JoinResponse> {
         answer((|| {
             self.service_only(&request, "Join")?;
-            self.owns(&request.get_ref().user_id)?;
+            let _owned = self.owns(&request.get_ref().user_id)?;
             let input = wire::join_request(request.get_ref());
             let metrics = self.context.metrics();
             self.context.apply(|store, now, changes| ops::join(store, metrics, now, &input, changes))
@@ -258,7 +265,7 @@ impl PresenceApi for PresenceService {
     async fn leave(&self, request: Request<pb::LeaveRequest>) -> Answer<pb::LeaveResponse> {
         answer((|| {
             self.service_only(&request, "Leave")?;
-            self.owns(&request.get_ref().user_id)?;
+            let _owned = self.owns(&request.get_ref().user_id)?;
             let room = wire::leave_request(request.get_ref());
             self.context.apply(|store, now, changes| ops::leave(store, now, &room, changes))
         })())
@@ -267,7 +274,7 @@ impl PresenceApi for PresenceService {
     async fn signal(&self, request: Request<pb::SignalRequest>) -> Answer<pb::SignalResponse> {
         answer((|| {
             self.service_only(&request, "Signal")?;
-            self.owns(&request.get_ref().user_id)?;
+            let _owned = self.owns(&request.get_ref().user_id)?;
             let input = wire::signal_request(request.get_ref());
             let metrics = self.context.metrics();
             self.context.apply(|store, now, changes| ops::signal(store, metrics, now, &input, changes))
@@ -304,7 +311,7 @@ impl PresenceApi for PresenceService {
     async fn list_sessions(&self, request: Request<pb::ListSessionsRequest>) -> Answer<pb::ListSessionsResponse> {
         answer((|| {
             self.service_only(&request, "ListSessions")?;
-            self.owns(&request.get_ref().user_id)?;
+            let _owned = self.owns(&request.get_ref().user_id)?;
             let now = self.context.now();
             let sessions = self.context.store().sessions(now, &request.get_ref().user_id)?;
             Ok(wire::list_sessions_response(&sessions, now))
@@ -329,6 +336,7 @@ impl PresenceApi for PresenceService {
         let request = request.into_inner();
         let user_id = wire::id("user_id", &request.user_id)?;
         caller.require_self_or_service(&user_id, "SetStatus")?;
+        let _durable = self.context.ownership.hold_for_durable_write().await;
         self.owns(&user_id)?;
         let context = &self.context;
         let status = request.status.map(|status| wire::status(status, context.now())).transpose()?;
@@ -342,6 +350,7 @@ impl PresenceApi for PresenceService {
         let request = request.get_ref();
         let user = wire::id("user_id", &request.user_id)?;
         caller.require_self_or_service(&user, "SetVisibility")?;
+        let _durable = self.context.ownership.hold_for_durable_write().await;
         self.owns(&user)?;
         let visibility = wire::visibility(request.visibility)?;
         self.context.privacy.change(RelationChange::Visibility { user, visibility }).await?;
@@ -367,6 +376,7 @@ impl PresenceApi for PresenceService {
     async fn touch(&self, request: Request<pb::TouchRequest>) -> Answer<pb::TouchResponse> {
         self.service_only(&request, "Touch")?;
         let user_id = wire::id("user_id", &request.get_ref().user_id)?;
+        let _durable = self.context.ownership.hold_for_durable_write().await;
         self.owns(&user_id)?;
         let context = &self.context;
         let last_active_at = context.activity.touch(&user_id, context.now()).await.map_err(ServiceError::from)?;
@@ -377,6 +387,7 @@ impl PresenceApi for PresenceService {
         self.service_only(&request, "PutSetting")?;
         let request = request.into_inner();
         wire::id("user_id", &request.user_id)?;
+        let _durable = self.context.ownership.hold_for_durable_write().await;
         self.owns(&request.user_id)?;
         if request.name.is_empty() || request.name.len() > MAX_SETTING_NAME_BYTES {
             return Err(ServiceError::invalid("name", format!("must be 1 to {MAX_SETTING_NAME_BYTES} bytes")).into());
@@ -409,6 +420,7 @@ impl PresenceService {
         self.service_only(&request, if grant { "GrantAudience" } else { "RevokeAudience" })?;
         let request = request.get_ref();
         let user = wire::id("user_id", &request.user_id)?;
+        let _durable = self.context.ownership.hold_for_durable_write().await;
         self.owns(&user)?;
         let viewers = wire::nonempty_ids("viewer_ids", &request.viewer_ids)?;
         self.context.privacy.change(RelationChange::Audience { user, viewers, grant }).await?;

@@ -24,7 +24,7 @@ use tonic::Code;
 
 use crate::error::ServiceError;
 use crate::metrics::{LATENCY_BUCKETS, Totals};
-use crate::privacy::{Released, Visibility};
+use crate::privacy::{HandedOver, Released, Visibility};
 
 /// Most users one Snapshot or Watch may name.
 pub const MAX_USERS_PER_REQUEST: usize = 10_000;
@@ -590,6 +590,43 @@ pub(crate) fn update_events(updates: Vec<pb::UserPresence>, batched: bool) -> Ve
     updates.into_iter().map(|update| pb::WatchEvent { event: Some(watch_event::Event::Update(update)) }).collect()
 }
 
+/// A user's durable data as one node hands it to another (C3).
+pub(crate) fn handed_over_message(user: &HandedOver) -> pb::HandedOverUser {
+    pb::HandedOverUser {
+        user_id: user.user_id.to_string(),
+        status: user.status.as_ref().map(status_message),
+        visibility: user.visibility.map_or(pb::Visibility::Unspecified, |visibility| match visibility {
+            Visibility::Everyone => pb::Visibility::Everyone,
+            Visibility::Audience => pb::Visibility::Audience,
+            Visibility::Nobody => pb::Visibility::Nobody,
+        }) as i32,
+        audience: user.audience.iter().map(ToString::to_string).collect(),
+    }
+}
+
+/// A user's durable data as another node handed it over, as of `now`: a
+/// status that ran out on the way is dropped.
+pub(crate) fn handed_over(user: pb::HandedOverUser, now: u64) -> Result<HandedOver, ServiceError> {
+    let user_id = id("durable.user_id", &user.user_id)?;
+    let visibility = match user.visibility {
+        0 => None,
+        code => Some(visibility(code).map_err(|_| ServiceError::invalid("durable.visibility", "an unknown value"))?),
+    };
+    let running =
+        |status: &pb::Status| status.expires_at_ms == 0 || u64::try_from(status.expires_at_ms).is_ok_and(|at| at > now);
+    let status = match user.status.filter(running) {
+        Some(wire) => Some(status(wire, now).map_err(|refused| match refused {
+            ServiceError::InvalidArgument { field, reason } => {
+                ServiceError::invalid(format!("durable.{field}"), reason)
+            }
+            other => other,
+        })?),
+        None => None,
+    };
+    let audience = user.audience.iter().map(|viewer| id("durable.audience", viewer)).collect::<Result<_, _>>()?;
+    Ok(HandedOver { user_id, status, visibility, audience })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -673,5 +710,32 @@ mod tests {
     fn p3_a_hidden_user_is_released_exactly_as_a_user_never_seen() {
         let hidden = Released { view: None, last_seen: None, last_active_at: None };
         assert_eq!(released("u", &hidden), presence("u", Presence::UNKNOWN));
+    }
+
+    #[test]
+    fn c3_a_users_durable_data_crosses_the_wire_whole_and_a_bad_one_is_refused_naming_the_field() {
+        let user = HandedOver {
+            user_id: "u".into(),
+            status: Some(presence_core::Status {
+                availability: Availability::Away,
+                text: "lunch".into(),
+                expires_at: Some(9_000),
+            }),
+            visibility: Some(Visibility::Audience),
+            audience: vec!["v1".into(), "v2".into()],
+        };
+        assert_eq!(handed_over(handed_over_message(&user), 1_000).unwrap(), user);
+        let ran_out = handed_over(handed_over_message(&user), 9_000).unwrap();
+        assert_eq!(ran_out.status, None, "a status that ran out on the way is dropped");
+        let mut bad = handed_over_message(&user);
+        bad.visibility = 42;
+        assert!(
+            matches!(handed_over(bad, 1_000), Err(ServiceError::InvalidArgument { field, .. }) if field == "durable.visibility")
+        );
+        let mut bad = handed_over_message(&user);
+        bad.audience.push(String::new());
+        assert!(
+            matches!(handed_over(bad, 1_000), Err(ServiceError::InvalidArgument { field, .. }) if field == "durable.audience")
+        );
     }
 }

@@ -1,0 +1,509 @@
+//! Planned handover (C3): slots move to another node with their users' state.
+//!
+//! The node handing slots over (the source), for at most
+//! [`MOVES_PER_TXN`] slots at a time:
+//! 1. starts refusing the slots' requests, once every request that passed
+//!    its ownership check before has written (the gates in `cluster.rs`),
+//!    and holds back their users' expiry;
+//! 2. takes their state: a checkpoint of their users (leases with their
+//!    generations and deadlines, versions, room memberships) and what each
+//!    keeps beside it (status, visibility, audience);
+//! 3. sends it to the node taking them (the target), which takes it into its
+//!    store and answers;
+//! 4. gives the slots to the target in etcd, by compare-and-swap on the
+//!    epochs it owned them at;
+//! 5. drops them.
+//!
+//! The target answers for the slots once its slot map shows them as its own.
+//! A step that fails undoes the ones before: the target drops what it took,
+//! the source answers again. Requests refused meanwhile name no owner, so
+//! clients retry them after a short backoff, and reach the target once the
+//! map moved: none is lost, and a gateway that keeps renewing sees no flip.
+//!
+//! Versions never go back across the move (M4): the target raises its stamp
+//! clocks to the source's last stamp before it takes a user, so every
+//! version and generation it issues is above any the source issued; and the
+//! source publishes nothing for the slots' users after their state left
+//! (their writes are refused, their expiry is held back, then they are
+//! dropped without a word).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use presence_cluster::{MOVES_PER_TXN, move_slots as give_slots};
+use presence_core::SlotSet;
+use presence_proto::v1::{self as pb, cluster_server::Cluster};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::auth::Authenticator;
+use crate::cluster::Membership;
+use crate::context::Context;
+use crate::error::ServiceError;
+use crate::privacy::HandedOver;
+use crate::wire;
+
+/// The state bytes one `SlotState` message carries: well under gRPC's 4 MiB.
+const PIECE_BYTES: usize = 1 << 20;
+
+/// Users' durable data per `SlotState` message.
+const DURABLE_PER_PIECE: usize = 1_000;
+
+/// The most state a node takes in one handover: far above the few hundred
+/// bytes per session of a real one, low enough that a caller cannot make the
+/// node hold much memory.
+const MAX_HANDOVER_BYTES: usize = 1 << 30;
+
+/// The most users with durable data in one handover.
+const MAX_HANDOVER_DURABLE: usize = 10_000_000;
+
+/// How long the target may take to answer a handover's state: a hundred
+/// slots of a node with a million sessions are ten megabytes, taken in well
+/// under a second; a node that does not answer must not hold up a drain.
+const TAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a target keeps state it took for slots the map does not give
+/// it: the source gives them in etcd milliseconds after the target answered.
+const CLAIM_WAIT: Duration = Duration::from_secs(10);
+
+/// What a move came to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Moved {
+    pub(crate) epoch: i64,
+    pub(crate) users: u64,
+    pub(crate) sessions: u64,
+    pub(crate) bytes: u64,
+    pub(crate) elapsed: Duration,
+}
+
+/// Hands `slots` of this node over to `to_node` with their users' state (see
+/// the module's description). `credential` is presented to `to_node`: the
+/// caller's for `presenced cluster move`, this node's own for a drain.
+pub(crate) async fn move_slots(
+    context: &Arc<Context>,
+    slots: &[u32],
+    to_node: &str,
+    credential: Option<&MetadataValue<Ascii>>,
+) -> Result<Moved, ServiceError> {
+    let membership = membership(context, "MoveSlots")?;
+    let _one_at_a_time = membership.handing_over.lock().await;
+    let started = Instant::now();
+    let (address, slots) = check_move(membership, slots, to_node)?;
+    let mut moved = Moved::default();
+    for chunk in slots.chunks(MOVES_PER_TXN) {
+        let part = move_chunk(context, membership, chunk, to_node, &address, credential).await?;
+        moved.epoch = part.epoch;
+        moved.users += part.users;
+        moved.sessions += part.sessions;
+        moved.bytes += part.bytes;
+    }
+    moved.elapsed = started.elapsed();
+    tracing::info!(
+        slots = slots.len(),
+        to_node,
+        users = moved.users,
+        sessions = moved.sessions,
+        bytes = moved.bytes,
+        elapsed_ms = moved.elapsed.as_millis() as u64,
+        epoch = moved.epoch,
+        "slots handed over"
+    );
+    Ok(moved)
+}
+
+/// The cluster membership, or the refusal of `operation` on a single node.
+fn membership<'a>(context: &'a Context, operation: &'static str) -> Result<&'a Membership, ServiceError> {
+    context.ownership.membership().ok_or(ServiceError::NotClustered { operation })
+}
+
+/// The target's address and the slots, sorted, once the move is one this node can make.
+fn check_move(membership: &Membership, slots: &[u32], to_node: &str) -> Result<(String, Vec<u32>), ServiceError> {
+    let slots: Vec<u32> = checked_slots(membership.slot_count(), slots)?.iter().collect();
+    if to_node.is_empty() {
+        return Err(ServiceError::invalid("to_node", "name the node to hand the slots to"));
+    }
+    if to_node == membership.node() {
+        return Err(ServiceError::invalid("to_node", "is this node, which owns the slots already"));
+    }
+    let nodes = membership.nodes();
+    let Some(address) = nodes.address(to_node) else {
+        return Err(ServiceError::MoveRefused(format!("node {to_node} is not a live node of the cluster")));
+    };
+    if !membership.acting_now() {
+        return Err(ServiceError::MoveRefused(
+            "etcd has not confirmed this node's lease in time: it acts on no slot now, and moves none".to_owned(),
+        ));
+    }
+    let map = membership.map();
+    for &slot in &slots {
+        match map.owner(slot) {
+            Some(owner) if owner.node == membership.node() => {}
+            Some(owner) => {
+                return Err(ServiceError::MoveRefused(format!(
+                    "slot {slot} is owned by node {}, not this one: ask it",
+                    owner.node
+                )));
+            }
+            None => return Err(ServiceError::MoveRefused(format!("slot {slot} has no owner yet"))),
+        }
+    }
+    Ok((address.to_owned(), slots))
+}
+
+/// One round of a move, for at most [`MOVES_PER_TXN`] slots.
+async fn move_chunk(
+    context: &Arc<Context>,
+    membership: &Membership,
+    chunk: &[u32],
+    to_node: &str,
+    address: &str,
+    credential: Option<&MetadataValue<Ascii>>,
+) -> Result<Moved, ServiceError> {
+    let set = SlotSet::of(membership.slot_count(), chunk.iter().copied());
+    let store = context.store();
+    store.pause_expiry(Some(membership.start_leaving(&set).await));
+    // Every request checked before is written; every later one is refused.
+    let map = membership.map();
+    let seen: Vec<(u32, i64)> =
+        chunk.iter().map(|&slot| (slot, map.owner(slot).map_or(0, |owner| owner.epoch))).collect();
+    let mine = chunk.iter().all(|&slot| map.owner(slot).is_some_and(|owner| owner.node == membership.node()));
+    if !mine || !membership.acting_now() {
+        undo(context, membership, &set);
+        return Err(ServiceError::MoveAborted("the slot map changed as the move began; nothing moved".to_owned()));
+    }
+    let state = store.export_slots(&set, context.now());
+    let durable = context.privacy.hand_over(&set);
+    let bytes = state.len() as u64;
+    let taken = send_state(membership, address, &set, map.revision(), state, durable, credential).await;
+    let taken = match taken {
+        Ok(taken) => taken,
+        Err(refused) => {
+            undo(context, membership, &set);
+            return Err(refused);
+        }
+    };
+    let epoch = match give_slots(&membership.etcd, &membership.prefix, &seen, to_node).await {
+        Ok(Some(epoch)) => epoch,
+        Ok(None) => {
+            drop_at(membership, address, &set, credential).await;
+            undo(context, membership, &set);
+            return Err(ServiceError::MoveAborted(format!(
+                "slots {chunk:?} changed in etcd during the move; they stayed here"
+            )));
+        }
+        Err(error) => {
+            // The transaction may have been made: the map says.
+            match outcome(membership, &seen, to_node).await {
+                Some(epoch) => epoch,
+                None => {
+                    drop_at(membership, address, &set, credential).await;
+                    undo(context, membership, &set);
+                    return Err(ServiceError::Etcd(format!(
+                        "giving the slots to {to_node}: {error}; they stayed here"
+                    )));
+                }
+            }
+        }
+    };
+    // The slots stay refused here: this node's map may show them as its own
+    // a little longer.
+    let released = store.release_slots(context.now(), &set);
+    if let Err(error) = context.privacy.release_slots(&set).await {
+        tracing::warn!(%error, "slots handed over, but their users' durable data could not be deleted here");
+    }
+    tracing::debug!(slots = chunk.len(), released, epoch, "slots handed over and dropped here");
+    Ok(Moved { epoch, users: taken.users, sessions: taken.sessions, bytes, elapsed: Duration::ZERO })
+}
+
+/// Answers `set`'s requests again after a move of them failed.
+fn undo(context: &Context, membership: &Membership, set: &SlotSet) {
+    let refused = membership.stop_leaving(set);
+    context.store().pause_expiry((!refused.is_empty()).then_some(refused));
+}
+
+/// Sends the state of `set`'s users to the node at `address`.
+async fn send_state(
+    membership: &Membership,
+    address: &str,
+    set: &SlotSet,
+    map_revision: i64,
+    state: Vec<u8>,
+    durable: Vec<HandedOver>,
+    credential: Option<&MetadataValue<Ascii>>,
+) -> Result<pb::TakeSlotsResponse, ServiceError> {
+    let mut pieces: Vec<pb::SlotState> = state
+        .chunks(PIECE_BYTES)
+        .map(|piece| pb::SlotState { state: piece.to_vec(), ..pb::SlotState::default() })
+        .collect();
+    pieces.extend(durable.chunks(DURABLE_PER_PIECE).map(|users| pb::SlotState {
+        durable: users.iter().map(wire::handed_over_message).collect(),
+        ..pb::SlotState::default()
+    }));
+    if pieces.is_empty() {
+        pieces.push(pb::SlotState::default());
+    }
+    let first = &mut pieces[0];
+    first.from_node = membership.node().to_owned();
+    first.slots = set.iter().collect();
+    first.slot_count = membership.slot_count();
+    first.map_revision = map_revision;
+    let mut request = Request::new(tokio_stream::iter(pieces));
+    if let Some(credential) = credential {
+        request.metadata_mut().insert("authorization", credential.clone());
+    }
+    let mut client = membership.cluster_client(address)?;
+    let peer = |status| ServiceError::Peer { node: address.to_owned(), status };
+    let answered = tokio::time::timeout(TAKE_TIMEOUT, client.take_slots(request))
+        .await
+        .map_err(|_| peer(Status::deadline_exceeded(format!("no answer within {TAKE_TIMEOUT:?}"))))?;
+    Ok(answered.map_err(peer)?.into_inner())
+}
+
+/// Asks the node at `address` to drop what it took of `set` (best effort:
+/// it drops it by itself once the map does not give it the slots).
+async fn drop_at(membership: &Membership, address: &str, set: &SlotSet, credential: Option<&MetadataValue<Ascii>>) {
+    let mut request = Request::new(pb::DropSlotsRequest { slots: set.iter().collect(), slot_count: set.slots() });
+    if let Some(credential) = credential {
+        request.metadata_mut().insert("authorization", credential.clone());
+    }
+    let dropped = match membership.cluster_client(address) {
+        Ok(mut client) => client.drop_slots(request).await.map(drop).map_err(|status| status.to_string()),
+        Err(error) => Err(error.to_string()),
+    };
+    if let Err(error) = dropped {
+        tracing::warn!(address, error, "could not ask the target to drop the state of a failed move");
+    }
+}
+
+/// After etcd failed to answer the move's transaction: the epoch the map
+/// shows the slots at under `to_node`, if it does within the lease's TTL.
+async fn outcome(membership: &Membership, seen: &[(u32, i64)], to_node: &str) -> Option<i64> {
+    let mut changes = membership.map_changes();
+    let deadline = tokio::time::Instant::now() + membership.lease_ttl;
+    loop {
+        let map = membership.map();
+        let given = seen.iter().map(|&(slot, _)| map.owner(slot)).collect::<Vec<_>>();
+        if given.iter().all(|owner| owner.is_some_and(|owner| owner.node == to_node)) {
+            return given.first().and_then(|owner| owner.map(|owner| owner.epoch));
+        }
+        if given.iter().zip(seen).any(|(owner, &(_, epoch))| owner.is_some_and(|owner| owner.epoch != epoch)) {
+            return None;
+        }
+        if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
+            return None;
+        }
+    }
+}
+
+/// The gRPC `presence.v1.Cluster` service.
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterService {
+    context: Arc<Context>,
+    auth: Arc<Authenticator>,
+}
+
+impl ClusterService {
+    pub(crate) fn new(context: Arc<Context>, auth: Arc<Authenticator>) -> Self {
+        ClusterService { context, auth }
+    }
+
+    fn service_only<T>(&self, request: &Request<T>, operation: &'static str) -> Result<(), ServiceError> {
+        self.auth.caller(request.metadata())?.require_service(operation)
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for ClusterService {
+    async fn move_slots(
+        &self,
+        request: Request<pb::MoveSlotsRequest>,
+    ) -> Result<Response<pb::MoveSlotsResponse>, Status> {
+        self.service_only(&request, "MoveSlots")?;
+        let credential = request.metadata().get("authorization").cloned();
+        let asked = request.into_inner();
+        let moved = move_slots(&self.context, &asked.slots, &asked.to_node, credential.as_ref()).await?;
+        Ok(Response::new(pb::MoveSlotsResponse {
+            epoch: moved.epoch,
+            users: moved.users,
+            sessions: moved.sessions,
+            bytes: moved.bytes,
+            elapsed_ms: u32::try_from(moved.elapsed.as_millis()).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn take_slots(
+        &self,
+        request: Request<Streaming<pb::SlotState>>,
+    ) -> Result<Response<pb::TakeSlotsResponse>, Status> {
+        self.service_only(&request, "TakeSlots")?;
+        Ok(Response::new(take_slots(&self.context, request.into_inner()).await?))
+    }
+
+    async fn drop_slots(
+        &self,
+        request: Request<pb::DropSlotsRequest>,
+    ) -> Result<Response<pb::DropSlotsResponse>, Status> {
+        self.service_only(&request, "DropSlots")?;
+        let membership = membership(&self.context, "DropSlots")?;
+        let request = request.into_inner();
+        let set = slot_set(membership, &request.slots, request.slot_count)?;
+        let map = membership.map();
+        if let Some(slot) =
+            set.iter().find(|&slot| map.owner(slot).is_some_and(|owner| owner.node == membership.node()))
+        {
+            return Err(ServiceError::MoveRefused(format!("slot {slot} is this node's: its state stays")).into());
+        }
+        let users = self.context.store().release_slots(self.context.now(), &set);
+        self.context.privacy.release_slots(&set).await?;
+        Ok(Response::new(pb::DropSlotsResponse { users: users as u64 }))
+    }
+}
+
+/// `slots` of a cluster of `slot_count`, checked against this one's.
+fn slot_set(membership: &Membership, slots: &[u32], slot_count: u32) -> Result<SlotSet, ServiceError> {
+    let count = membership.slot_count();
+    if slot_count != count {
+        return Err(ServiceError::invalid("slot_count", format!("{slot_count}, but this cluster has {count} slots")));
+    }
+    checked_slots(count, slots)
+}
+
+/// `slots` as a set, once each is one of the cluster's `count` and there is one at least.
+fn checked_slots(count: u32, slots: &[u32]) -> Result<SlotSet, ServiceError> {
+    if slots.is_empty() {
+        return Err(ServiceError::invalid("slots", "name at least one slot"));
+    }
+    if let Some(bad) = slots.iter().find(|&&slot| slot >= count) {
+        return Err(ServiceError::invalid("slots", format!("{bad} is not one of the cluster's {count} slots")));
+    }
+    Ok(SlotSet::of(count, slots.iter().copied()))
+}
+
+/// Takes the state of slots another node hands over: into the store, then
+/// the durable data; answers how much it took.
+async fn take_slots(
+    context: &Arc<Context>,
+    mut pieces: Streaming<pb::SlotState>,
+) -> Result<pb::TakeSlotsResponse, ServiceError> {
+    let membership = membership(context, "TakeSlots")?;
+    let Some(first) =
+        pieces.message().await.map_err(|status| ServiceError::Peer { node: "the source".into(), status })?
+    else {
+        return Err(ServiceError::invalid("slots", "the handover sent nothing"));
+    };
+    let set = slot_set(membership, &first.slots, first.slot_count)?;
+    let map = membership.map();
+    if let Some(slot) = set.iter().find(|&slot| map.owner(slot).is_some_and(|owner| owner.node == membership.node())) {
+        return Err(ServiceError::MoveRefused(format!("slot {slot} is this node's already")));
+    }
+    let (mut state, mut durable) = (first.state, first.durable);
+    while let Some(piece) =
+        pieces.message().await.map_err(|status| ServiceError::Peer { node: first.from_node.clone(), status })?
+    {
+        if state.len() + piece.state.len() > MAX_HANDOVER_BYTES {
+            return Err(ServiceError::invalid(
+                "state",
+                format!("more than {MAX_HANDOVER_BYTES} bytes in one handover"),
+            ));
+        }
+        if durable.len() + piece.durable.len() > MAX_HANDOVER_DURABLE {
+            return Err(ServiceError::invalid(
+                "durable",
+                format!("more than {MAX_HANDOVER_DURABLE} users in one handover"),
+            ));
+        }
+        state.extend_from_slice(&piece.state);
+        durable.extend(piece.durable);
+    }
+    let now = context.now();
+    let durable = durable.into_iter().map(|user| wire::handed_over(user, now)).collect::<Result<Vec<_>, _>>()?;
+    let _one_at_a_time = membership.handing_over.lock().await;
+    // Slots that come back here are answered again once the map says so.
+    let refused = membership.stop_leaving(&set);
+    context.store().pause_expiry((!refused.is_empty()).then_some(refused));
+    let imported = context
+        .apply(|store, now, changes| store.import(now, &state, changes))
+        .map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
+    context.privacy.take_over(durable, now).await?;
+    tracing::info!(
+        from_node = first.from_node,
+        slots = set.len(),
+        users = imported.users,
+        sessions = imported.sessions,
+        bytes = state.len(),
+        "took over the state of slots handed over"
+    );
+    tokio::spawn(drop_unless_given(Arc::clone(context), set));
+    Ok(pb::TakeSlotsResponse { users: imported.users as u64, sessions: imported.sessions as u64 })
+}
+
+/// Drops what was taken of `set` if the map has not given this node all of
+/// it after [`CLAIM_WAIT`]: the source's move failed without telling.
+async fn drop_unless_given(context: Arc<Context>, set: SlotSet) {
+    let Some(membership) = context.ownership.membership() else { return };
+    let mut changes = membership.map_changes();
+    let given = |membership: &Membership| {
+        let map = membership.map();
+        set.iter().all(|slot| map.owner(slot).is_some_and(|owner| owner.node == membership.node()))
+    };
+    let waited = tokio::time::timeout(CLAIM_WAIT, async {
+        while !given(membership) {
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    if waited.await.is_ok() && given(membership) {
+        return;
+    }
+    let map = membership.map();
+    let not_given = SlotSet::of(
+        set.slots(),
+        set.iter().filter(|&slot| map.owner(slot).is_none_or(|owner| owner.node != membership.node())),
+    );
+    let users = context.store().release_slots(context.now(), &not_given);
+    if let Err(error) = context.privacy.release_slots(&not_given).await {
+        tracing::warn!(%error, "could not delete the durable data of a handover that did not happen");
+    }
+    tracing::warn!(
+        slots = not_given.len(),
+        users,
+        "a handover's slots were not given to this node: dropped their state"
+    );
+}
+
+/// Hands every slot of this node over to the other live nodes before it
+/// stops (SIGTERM), spread so that each ends with about as many as the
+/// others, so that its users' sessions carry on there without a flip (C3).
+/// A slot whose move fails is left to the coordinator, which gives it to
+/// another node without its state once this node's lease is revoked.
+pub(crate) async fn drain(context: &Arc<Context>) {
+    let Some(membership) = context.ownership.membership() else { return };
+    let map = membership.map();
+    let nodes = membership.nodes();
+    let mut others: Vec<(usize, String)> = nodes
+        .ids()
+        .into_iter()
+        .filter(|node| node != membership.node())
+        .map(|node| (map.owned_by(&node).count(), node))
+        .collect();
+    let mine: Vec<u32> = map.owned_by(membership.node()).collect();
+    if others.is_empty() || mine.is_empty() {
+        return;
+    }
+    // Each slot to the node with the fewest at that point.
+    let mut plan: std::collections::BTreeMap<String, Vec<u32>> = std::collections::BTreeMap::new();
+    for slot in mine.iter().copied() {
+        let least =
+            others.iter_mut().min_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1))).expect("others is not empty");
+        least.0 += 1;
+        plan.entry(least.1.clone()).or_default().push(slot);
+    }
+    tracing::info!(slots = mine.len(), nodes = plan.len(), "draining: handing this node's slots over");
+    let credential = membership.peer_token().cloned();
+    for (node, slots) in plan {
+        if let Err(error) = move_slots(context, &slots, &node, credential.as_ref()).await {
+            tracing::warn!(node, slots = slots.len(), %error, "draining: slots not handed over; they move without their state");
+        }
+    }
+}
