@@ -1,26 +1,116 @@
 //! `presenced cluster status`: a cluster's slot map and nodes, read from etcd
-//! (where the cluster keeps them, docs/cluster.md), not from any node.
+//! (where the cluster keeps them, docs/cluster.md), not from any node; and
+//! `presenced cluster move`: a planned move, asked of the slot's owner.
 
 use std::collections::BTreeMap;
 
-use presence_cluster::{Etcd, NodeSetWatch, SlotMapWatch, election_name};
-use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::ClusterStatusArgs;
+use presence_client::pb::{self, cluster_client::ClusterClient};
+use presence_cluster::{Etcd, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, election_name};
+use serde_json::json;
+use tonic::Request;
+use tonic::transport::Endpoint;
+
 use crate::exit::{Exit, Failure};
 use crate::output::{print, print_json};
 use crate::text::Table;
+use crate::{ClusterMoveArgs, ClusterStatusArgs, EtcdTarget};
 
-pub(crate) async fn status(mut args: ClusterStatusArgs) -> Result<(), Failure> {
-    // As the nodes read --etcd-prefix.
-    if !args.etcd_prefix.ends_with('/') {
-        args.etcd_prefix.push('/');
+/// What a cluster command reads from etcd.
+struct Cluster {
+    etcd: Etcd,
+    prefix: String,
+    map: Arc<SlotMap>,
+    nodes: Arc<NodeSet>,
+}
+
+impl Cluster {
+    async fn read(target: &EtcdTarget) -> Result<Cluster, Failure> {
+        // As the nodes read --etcd-prefix.
+        let mut prefix = target.etcd_prefix.clone();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        let etcd = Etcd::connect_any(&target.etcd).await.map_err(unreachable)?;
+        let map = SlotMapWatch::start(&etcd, &prefix, target.slots).await.map_err(unreachable)?.current();
+        let nodes = NodeSetWatch::start(&etcd, &prefix).await.map_err(unreachable)?.current();
+        Ok(Cluster { etcd, prefix, map, nodes })
     }
-    let refused = |error: presence_cluster::Error| Failure::new(Exit::Unreachable, error.to_string());
-    let etcd = Etcd::connect_any(&args.etcd).await.map_err(refused)?;
-    let map = SlotMapWatch::start(&etcd, &args.etcd_prefix, args.slots).await.map_err(refused)?.current();
-    let nodes = NodeSetWatch::start(&etcd, &args.etcd_prefix).await.map_err(refused)?.current();
-    let coordinator = etcd.leader(&election_name(&args.etcd_prefix)).await.map_err(refused)?;
+}
+
+fn unreachable(error: presence_cluster::Error) -> Failure {
+    Failure::new(Exit::Unreachable, error.to_string())
+}
+
+/// How long a move may take: a slot's state is sent in milliseconds per
+/// thousand sessions, but a node may be busy.
+const MOVE_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub(crate) async fn move_slot(args: ClusterMoveArgs) -> Result<(), Failure> {
+    let Cluster { map, nodes, .. } = Cluster::read(&args.etcd).await?;
+    if args.slot >= map.slots() {
+        return Err(Failure::new(
+            Exit::Usage,
+            format!("SLOT {}: the cluster has slots 0 to {}", args.slot, map.slots() - 1),
+        ));
+    }
+    let Some(owner) = map.owner(args.slot) else {
+        return Err(Failure::new(Exit::Failed, format!("slot {} has no owner yet: nothing to move", args.slot)));
+    };
+    if owner.node == args.node {
+        return Err(Failure::new(Exit::Failed, format!("slot {} is owned by {} already", args.slot, args.node)));
+    }
+    if nodes.address(&args.node).is_none() {
+        return Err(Failure::new(Exit::Failed, format!("node {} is not a live node of the cluster", args.node)));
+    }
+    let Some(address) = nodes.address(&owner.node) else {
+        return Err(Failure::new(
+            Exit::Unreachable,
+            format!(
+                "slot {}'s owner {} is not registered (dead or gone): the coordinator gives its slots away",
+                args.slot, owner.node
+            ),
+        ));
+    };
+    let uri = format!("http://{address}");
+    let endpoint = Endpoint::from_shared(uri.clone())
+        .map_err(|err| Failure::new(Exit::Failed, format!("node {} advertises {address:?}: {err}", owner.node)))?;
+    let channel = endpoint.connect().await.map_err(|err| Failure::unreachable(&uri, &err))?;
+    let mut request = Request::new(pb::MoveSlotsRequest { slots: vec![args.slot], to_node: args.node.clone() });
+    request.set_timeout(MOVE_TIMEOUT);
+    if let Some(token) = &args.token {
+        let value = format!("Bearer {token}").parse().map_err(|_| {
+            Failure::new(Exit::Usage, "--token: not a valid header value (visible ASCII characters only)")
+        })?;
+        request.metadata_mut().insert("authorization", value);
+    }
+    let moved =
+        ClusterClient::new(channel).move_slots(request).await.map_err(|status| Failure::status(&status))?.into_inner();
+    if args.json {
+        print_json(&json!({
+            "slot": args.slot,
+            "from": owner.node,
+            "to": args.node,
+            "epoch": moved.epoch,
+            "users": moved.users,
+            "sessions": moved.sessions,
+            "bytes": moved.bytes,
+            "elapsed_ms": moved.elapsed_ms,
+        }))?;
+        return Ok(());
+    }
+    print(&format!(
+        "slot {} moved from {} to {} at epoch {}: {} users, {} sessions, {} bytes of state, {} ms\n",
+        args.slot, owner.node, args.node, moved.epoch, moved.users, moved.sessions, moved.bytes, moved.elapsed_ms
+    ))?;
+    Ok(())
+}
+
+pub(crate) async fn status(args: ClusterStatusArgs) -> Result<(), Failure> {
+    let Cluster { etcd, prefix, map, nodes } = Cluster::read(&args.etcd).await?;
+    let coordinator = etcd.leader(&election_name(&prefix)).await.map_err(unreachable)?;
     let coordinator = coordinator.map(|id| String::from_utf8_lossy(&id).into_owned());
     // Every registered node, and every owner named in the map (a dead one is no longer registered).
     let mut owned: BTreeMap<String, usize> = nodes.ids().into_iter().map(|id| (id, 0)).collect();

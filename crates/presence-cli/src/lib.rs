@@ -1,7 +1,8 @@
 //! The client subcommands of the `presenced` binary (O4): `get`, `watch`,
 //! `sessions`, `revoke`, `room` and `stats`, over the public gRPC API with
 //! the caller's token, readable by default and JSON with `--json`; and
-//! `cluster status`, which reads a cluster's slot map from etcd.
+//! `cluster status`, which reads a cluster's slot map from etcd, and
+//! `cluster move`, which asks a slot's owner to hand it over.
 //!
 //! This crate owns the command line of those subcommands (their clap
 //! arguments), what they print and the exit status a script reads
@@ -58,11 +59,35 @@ pub enum ClusterCommand {
     /// slots without an owner, and the coordinator.
     #[command(after_help = EXIT_CODES)]
     Status(ClusterStatusArgs),
+    /// Hand SLOT over to NODE with its users' state (a planned move): its
+    /// sessions carry on there with their generations and deadlines, and
+    /// nobody flips. Asks the slot's owner, found in etcd.
+    #[command(after_help = EXIT_CODES)]
+    Move(ClusterMoveArgs),
 }
 
-/// `presenced cluster status`
+/// `presenced cluster move SLOT NODE`
 #[derive(Debug, Args)]
-pub struct ClusterStatusArgs {
+pub struct ClusterMoveArgs {
+    /// The slot to move (`presenced cluster status` shows who owns how many).
+    #[arg(value_name = "SLOT")]
+    slot: u32,
+    /// The node to move it to: a live node of the cluster, by its --node-id.
+    #[arg(value_name = "NODE")]
+    node: String,
+    #[command(flatten)]
+    etcd: EtcdTarget,
+    /// A service token of the cluster, sent as `authorization: Bearer TOKEN`.
+    #[arg(long, env = "PRESENCED_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    token: Option<String>,
+    /// One JSON object instead of a line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Where a cluster command finds the cluster: its etcd, prefix and slot count.
+#[derive(Debug, Clone, Args)]
+pub struct EtcdTarget {
     /// etcd's client URLs (comma-separated), as the nodes' --etcd.
     #[arg(long, env = "PRESENCED_ETCD", value_name = "URL,...", value_delimiter = ',', required = true)]
     etcd: Vec<String>,
@@ -72,6 +97,13 @@ pub struct ClusterStatusArgs {
     /// The cluster's slot count, as the nodes' --slots.
     #[arg(long, env = "PRESENCED_SLOTS", value_name = "N", default_value_t = 1024)]
     slots: u32,
+}
+
+/// `presenced cluster status`
+#[derive(Debug, Args)]
+pub struct ClusterStatusArgs {
+    #[command(flatten)]
+    etcd: EtcdTarget,
     /// One JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -163,6 +195,7 @@ pub fn run(command: Command) -> ExitCode {
             Command::Room(args) => commands::room(args).await,
             Command::Stats(args) => commands::stats(args).await,
             Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args).await,
+            Command::Cluster(ClusterCommand::Move(args)) => cluster::move_slot(args).await,
         }
     });
     match ran {
