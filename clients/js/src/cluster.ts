@@ -13,6 +13,12 @@
  * few hops at most; a refusal that names no owner (none may act right now)
  * is retried after a short backoff. Of two routes for one slot it keeps the
  * one of the higher epoch: etcd's revisions only grow.
+ *
+ * A node that cannot be reached (it stopped, it died) is forgotten: its
+ * users' items go to the node given (or, if that is the one gone, to another
+ * node learned), which names their new owner. Of a batch that failed there,
+ * the renewals are sent again (a renewal applied twice is one); any other
+ * item is answered `UNAVAILABLE`, since it may have been applied.
  */
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { create } from "@bufbuild/protobuf";
@@ -71,7 +77,7 @@ export class ClusterLeases {
    * gateway's options), called once per node as they are learned.
    */
   constructor(
-    private readonly seed: string,
+    private seed: string,
     private readonly slots: number,
     private readonly open: (url: string) => LeaseChannel,
   ) {
@@ -146,6 +152,9 @@ export class ClusterLeases {
           } catch (error) {
             const message = error instanceof ConnectError ? error.rawMessage : String(error);
             for (const index of indices) results[index] = unavailable(`${url}: ${message}`);
+            if (this.forget(url)) {
+              again.push(...indices.filter((index) => items[index]!.op.case === "renew"));
+            }
             return;
           }
           indices.forEach((index, i) => {
@@ -181,6 +190,22 @@ export class ClusterLeases {
     if (known === undefined || known.epoch <= notOwner.epoch) {
       this.routes[notOwner.slot] = { epoch: notOwner.epoch, url: `${this.scheme}${notOwner.ownerAddr}` };
     }
+  }
+
+  /**
+   * Forgets `url`, which could not be reached: the routes to it, and if it
+   * is where unrouted items go, it stops being so for another node learned.
+   * Returns whether its items have somewhere else to go.
+   */
+  private forget(url: string): boolean {
+    for (let slot = 0; slot < this.routes.length; slot++) {
+      if (this.routes[slot]?.url === url) this.routes[slot] = undefined;
+    }
+    if (this.seed !== url) return true;
+    const other = this.routes.find((route) => route !== undefined);
+    if (other === undefined) return false;
+    this.seed = other.url;
+    return true;
   }
 
   /** The channel to `url`, opened the first time. */

@@ -124,4 +124,26 @@ test("C2: a ClusterLeases seeded with one node sends every user's items to its o
     seen.map((user) => [user.userId, user.state]),
     users.map((user) => [user, gone.includes(user) ? pb.State.OFFLINE : pb.State.ONLINE]),
   );
+
+  // C3: a node stopped with SIGTERM hands its slots over, sessions and all;
+  // the client forgets it and its users' renewals carry on at their new owners.
+  const staying = users.filter((user) => !gone.includes(user));
+  const onB = staying.filter((user) => owners.get(slotOf(user, SLOTS)) === "node-b");
+  assert.ok(onB.length > 0, "node-b owns some of the users");
+  const versions = new Map(seen.map((user) => [user.userId, user.version]));
+  await nodes[1]!.stop();
+  await until("node-b's slots went to the others", async () => {
+    owners = await etcd.owners();
+    return owners.size === SLOTS && ![...owners.values()].includes("node-b");
+  });
+  const carriedOn = await leases.submitBatch(
+    staying.map((userId) => ({ op: { case: "renew", value: { userId, sessionId: "s", generation: generations.get(userId)!, ttlMs: 30_000 } } })),
+  );
+  carriedOn.forEach((result, i) => assert.equal(result.code, 0, `${staying[i]}: ${result.message}`));
+  for (const user of onB) assert.notEqual(leases.routeOf(user), urlOf.get("node-b"), `${user} is routed away from node-b`);
+  const { users: after } = await nodes[2]!.client.snapshot({ userIds: staying });
+  for (const user of after) {
+    assert.equal(user.state, pb.State.ONLINE, user.userId);
+    assert.equal(user.version, versions.get(user.userId), `${user.userId}: no flip, the same version`);
+  }
 });

@@ -14,6 +14,12 @@
 //! Of two routes for one slot it keeps the one of the higher epoch: etcd's
 //! revisions only grow, so a node that still believes in an older ownership
 //! cannot send it back.
+//!
+//! A node that cannot be reached (it stopped, it died) is forgotten: its
+//! users' items go to the node given (or, if that is the one gone, to another
+//! node learned), which names their new owner. Items that never reached it
+//! are all sent there; of a batch it may have applied before its stream
+//! broke, only the renewals, which are the same applied once or twice.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -47,8 +53,9 @@ pub struct ClusterLeases {
 
 #[derive(Debug)]
 struct Shared {
-    /// Where items go whose slot's owner is not known yet: the node given.
-    seed: String,
+    /// Where items go whose slot's owner is not known yet: the node given,
+    /// or, once it could not be reached, another node learned.
+    seed: Mutex<String>,
     /// `http://` or `https://`, as the seed was given: owners are advertised as host:port.
     scheme: &'static str,
     slots: u32,
@@ -65,7 +72,7 @@ impl ClusterLeases {
         let scheme = if seed.starts_with("https://") { "https://" } else { "http://" };
         let channel = LeaseChannel::connect_lazy(seed, config.clone())?;
         let shared = Shared {
-            seed: seed.to_owned(),
+            seed: Mutex::new(seed.to_owned()),
             scheme,
             slots: slots.max(1),
             config,
@@ -78,7 +85,8 @@ impl ClusterLeases {
     /// The node (its URL) this client sends `user_id`'s items to now.
     pub fn route_of(&self, user_id: &str) -> String {
         let routes = self.shared.routes.lock().expect("routes lock");
-        self.shared.route_in(&routes, user_id).to_owned()
+        let seed = self.shared.seed.lock().expect("seed lock");
+        self.shared.route_in(&routes, &seed, user_id).to_owned()
     }
 
     /// How many slots have a learned owner.
@@ -129,8 +137,9 @@ impl ClusterLeases {
             {
                 // One look at the routes for the whole hop.
                 let routes = self.shared.routes.lock().expect("routes lock");
+                let seed = self.shared.seed.lock().expect("seed lock");
                 for &index in &pending {
-                    let node = self.shared.route_in(&routes, user_of(&items[index]));
+                    let node = self.shared.route_in(&routes, &seed, user_of(&items[index]));
                     match by_node.get_mut(node) {
                         Some(indices) => indices.push(index),
                         None => {
@@ -148,14 +157,14 @@ impl ClusterLeases {
                         Ok(channel) => channel.submit_batch(batch).await,
                         Err(error) => Err(Status::unavailable(error.to_string())),
                     };
-                    (indices, answered)
+                    (node, indices, answered)
                 });
             }
             let mut again = Vec::new();
             let mut ownerless = false;
             while let Some(joined) = sends.join_next().await {
                 // A send that panicked leaves its items unanswered: "not sent" below.
-                let Ok((indices, answered)) = joined else { continue };
+                let Ok((node, indices, answered)) = joined else { continue };
                 match answered {
                     Ok(answers) => {
                         for (index, result) in indices.into_iter().zip(answers) {
@@ -168,6 +177,15 @@ impl ClusterLeases {
                         }
                     }
                     Err(status) => {
+                        // Nothing reached a node that could not be reached:
+                        // its items go elsewhere, which names their owner. Of a
+                        // stream that broke (the node stopped with the batch in
+                        // flight), only renewals are sent again: they may have
+                        // been applied, and a renewal applied twice is one.
+                        let unsent = is_unsent(&status);
+                        if self.forget(&node) {
+                            again.extend(indices.iter().filter(|&&index| unsent || is_renewal(&items[index])));
+                        }
                         for index in indices {
                             results[index] = Some(unavailable(status.message()));
                         }
@@ -199,6 +217,30 @@ impl ClusterLeases {
         }
     }
 
+    /// Forgets `node`, which could not be reached: the routes to it, and if
+    /// it is where unrouted items go, it stops being so for another node
+    /// learned. Returns whether its items have somewhere else to go.
+    fn forget(&self, node: &str) -> bool {
+        let mut routes = self.shared.routes.lock().expect("routes lock");
+        for route in routes.iter_mut() {
+            if route.as_ref().is_some_and(|route| route.address == node) {
+                *route = None;
+            }
+        }
+        let mut seed = self.shared.seed.lock().expect("seed lock");
+        if *seed != node {
+            return true;
+        }
+        let other = routes.iter().flatten().map(|route| route.address.clone()).next();
+        match other {
+            Some(other) => {
+                *seed = other;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The channel to `node`, opened (lazily) the first time.
     fn channel(&self, node: &str) -> Result<LeaseChannel, ClientError> {
         let mut channels = self.shared.channels.lock().expect("channels lock");
@@ -213,10 +255,19 @@ impl ClusterLeases {
 
 impl Shared {
     /// Where `user_id`'s items go, in `routes`: its slot's learned owner, or the seed.
-    fn route_in<'a>(&'a self, routes: &'a [Option<Route>], user_id: &str) -> &'a str {
+    fn route_in<'a>(&self, routes: &'a [Option<Route>], seed: &'a str, user_id: &str) -> &'a str {
         let slot = slot_of(user_id, self.slots) as usize;
-        routes[slot].as_ref().map_or(self.seed.as_str(), |route| route.address.as_str())
+        routes[slot].as_ref().map_or(seed, |route| route.address.as_str())
     }
+}
+
+fn is_renewal(item: &pb::LeaseItem) -> bool {
+    matches!(item.op, Some(lease_item::Op::Renew(_)))
+}
+
+/// Whether a batch's failure says nothing of it reached the node.
+fn is_unsent(status: &Status) -> bool {
+    status.metadata().contains_key(crate::lease_channel::UNSENT)
 }
 
 fn is_refusal(result: &pb::LeaseResult) -> bool {

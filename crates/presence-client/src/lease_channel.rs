@@ -33,8 +33,14 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Response, Status, Streaming};
 
+use tonic::metadata::MetadataValue;
+
 use crate::backoff::Backoff;
 use crate::error::ClientError;
+
+/// Metadata on a batch's failure when the stream it was queued on never
+/// opened: nothing of it reached the server, so it may be sent elsewhere.
+pub(crate) const UNSENT: &str = "presenced-unsent";
 
 /// How a [`LeaseChannel`] batches, pipelines and reconnects.
 #[derive(Debug, Clone, PartialEq)]
@@ -580,7 +586,12 @@ impl Driver {
                     Code::Unimplemented | Code::Unauthenticated | Code::PermissionDenied | Code::InvalidArgument => {
                         status
                     }
-                    _ => Status::unavailable(format!("cannot open the lease stream: {}", status.message())),
+                    _ => {
+                        let mut unsent =
+                            Status::unavailable(format!("cannot open the lease stream: {}", status.message()));
+                        unsent.metadata_mut().insert(UNSENT, MetadataValue::from_static("1"));
+                        unsent
+                    }
                 };
                 self.broke(status);
             }
