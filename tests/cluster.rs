@@ -493,6 +493,234 @@ async fn c2_a_read_forwarded_to_an_owner_that_never_answers_fails_in_time_naming
     let request = pb::WatchRequest { user_ids: vec![user.into()], ..Default::default() };
     let failed = viewer.watch(request).await.unwrap_err();
     assert_eq!(failed.code(), Code::DeadlineExceeded, "{failed:?}");
+    // Gone before the nodes stop, so that their drains do not wait on it.
+    lease.revoke().await.unwrap();
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+fn renew(user: &str, generation: u64, ttl_ms: u32) -> pb::LeaseItem {
+    pb::LeaseItem {
+        op: Some(pb::lease_item::Op::Renew(pb::RenewRequest {
+            user_id: user.into(),
+            session_id: "s".into(),
+            generation,
+            ttl_ms,
+            ..Default::default()
+        })),
+    }
+}
+
+/// Renews every user's session every 200 ms through `leases` until told to
+/// stop; returns how many rounds ran and every renewal that failed.
+fn keep_renewing(
+    leases: std::sync::Arc<ClusterLeases>,
+    generations: Vec<(String, u64)>,
+    ttl_ms: u32,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<(usize, Vec<String>)>) {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let (mut rounds, mut failed) = (0, Vec::new());
+        loop {
+            let items = generations.iter().map(|(user, generation)| renew(user, *generation, ttl_ms)).collect();
+            for ((user, _), result) in generations.iter().zip(leases.submit_batch(items).await) {
+                if result.code != 0 {
+                    failed.push(format!("{user}: {result:?}"));
+                }
+            }
+            rounds += 1;
+            tokio::select! {
+                _ = &mut stopped => return (rounds, failed),
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    });
+    (stop, task)
+}
+
+/// Every user's presence, read through `client`.
+async fn presences(client: &mut PresenceClient<Channel>, users: &[String]) -> HashMap<String, pb::UserPresence> {
+    let request = pb::SnapshotRequest { user_ids: users.to_vec(), ..Default::default() };
+    let answer = client.snapshot(request).await.unwrap().into_inner().users;
+    answer.into_iter().map(|presence| (presence.user_id.clone(), presence)).collect()
+}
+
+/// The events a watch delivers until it ends (UNAVAILABLE, as a moved part
+/// ends it) or stays quiet for a second.
+async fn events_until_quiet_or_ended(stream: &mut tonic::Streaming<pb::WatchEvent>) -> Vec<pb::WatchEvent> {
+    let mut events = Vec::new();
+    while let Ok(Ok(Some(event))) = tokio::time::timeout(Duration::from_secs(1), stream.message()).await {
+        events.push(event);
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c3_a_planned_move_hands_slots_over_with_their_sessions_and_nobody_flips() {
+    let etcd = EtcdServer::start().await;
+    let (servers, map) = three_nodes(&etcd).await;
+    let users: Vec<String> = (0..600).map(|i| format!("mover-{i}")).collect();
+    let leases =
+        std::sync::Arc::new(ClusterLeases::new(&servers[2].url(), SLOTS, LeaseChannelConfig::default()).unwrap());
+    let registered = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
+    let mut generations = Vec::new();
+    for (user, result) in users.iter().zip(registered) {
+        match lease_result(result.clone()) {
+            Ok(pb::lease_result::Result::Register(done)) => generations.push((user.clone(), done.generation)),
+            other => panic!("{user}: {other:?}"),
+        }
+    }
+    // One user of node-a shows a status, to its audience only.
+    let private = users.iter().find(|user| map.owner(slot_of(user, SLOTS)).unwrap().node == "node-a").unwrap().clone();
+    let mut at_a = servers[0].client().await;
+    let status = pb::Status { availability: pb::Availability::Away as i32, text: "lunch".into(), ..Default::default() };
+    at_a.set_status(pb::SetStatusRequest {
+        user_id: private.clone(),
+        status: Some(status.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let audience =
+        pb::AudienceRequest { user_id: private.clone(), viewer_ids: vec!["friend".into()], ..Default::default() };
+    at_a.grant_audience(audience).await.unwrap();
+    let visibility = pb::SetVisibilityRequest {
+        user_id: private.clone(),
+        visibility: pb::Visibility::Audience as i32,
+        ..Default::default()
+    };
+    at_a.set_visibility(visibility).await.unwrap();
+    let mut viewer = servers[2].client().await;
+    let before = presences(&mut viewer, &users).await;
+    assert!(before.values().all(|presence| presence.state == pb::State::Online as i32));
+    let watch = pb::WatchRequest { user_ids: users.clone(), ..Default::default() };
+    let mut stream = viewer.watch(watch).await.unwrap().into_inner();
+    assert!(matches!(next_event(&mut stream).await.unwrap().event, Some(pb::watch_event::Event::Snapshot(_))));
+
+    // Sessions renewed with a 1.5 s TTL all along: a lease left behind would
+    // be refused at the new owner (NOT_FOUND), and its user flip OFFLINE.
+    let (stop_renewing, renewer) = keep_renewing(std::sync::Arc::clone(&leases), generations.clone(), 1_500);
+    let moving: Vec<u32> = map.owned_by("node-a").collect();
+    let on_a: Vec<&String> = users.iter().filter(|user| moving.contains(&slot_of(user, SLOTS))).collect();
+    assert!(on_a.len() > 50, "node-a owns {} of the users", on_a.len());
+
+    // One slot through the operator's command, the rest through the RPC it calls.
+    let busiest =
+        *moving.iter().max_by_key(|&&slot| on_a.iter().filter(|user| slot_of(user, SLOTS) == slot).count()).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_presenced"))
+        .args(["cluster", "move", &busiest.to_string(), "node-b", "--json"])
+        .args(["--etcd", &etcd.endpoint, "--etcd-prefix", PREFIX, "--slots", &SLOTS.to_string()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let moved: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let in_busiest = on_a.iter().filter(|user| slot_of(user, SLOTS) == busiest).count() as u64;
+    assert_eq!((moved["from"].as_str(), moved["to"].as_str()), (Some("node-a"), Some("node-b")), "{moved}");
+    assert_eq!((moved["users"].as_u64(), moved["sessions"].as_u64()), (Some(in_busiest), Some(in_busiest)), "{moved}");
+    assert!(moved["epoch"].as_i64().unwrap() > map.owner(busiest).unwrap().epoch, "a new epoch: {moved}");
+    let mut cluster = presence_proto::v1::cluster_client::ClusterClient::connect(servers[0].url()).await.unwrap();
+    let rest: Vec<u32> = moving.iter().copied().filter(|&slot| slot != busiest).collect();
+    let request = pb::MoveSlotsRequest { slots: rest.clone(), to_node: "node-b".into() };
+    let answer = cluster.move_slots(request).await.unwrap().into_inner();
+    assert_eq!(answer.users + in_busiest, on_a.len() as u64, "{answer:?}");
+    let after_move =
+        map_where(&etcd.client().await, "node-a's slots at node-b", |map| map.owned_by("node-a").count() == 0).await;
+    assert!(moving.iter().all(|&slot| after_move.owner(slot).unwrap().node == "node-b"));
+    tokio::time::sleep(Duration::from_millis(1_000)).await; // renewals carry on at node-b
+
+    // Nobody flipped: no OFFLINE reached the viewer, and every version is the one before.
+    let events = events_until_quiet_or_ended(&mut stream).await;
+    let offline: Vec<_> = events
+        .iter()
+        .filter(|event| matches!(&event.event, Some(pb::watch_event::Event::Update(update)) if update.state != pb::State::Online as i32))
+        .collect();
+    assert!(offline.is_empty(), "no OFFLINE during the move: {offline:?}");
+    let after = presences(&mut viewer, &users).await;
+    for user in &users {
+        assert_eq!(after[user].state, pb::State::Online as i32, "{user}");
+        assert_eq!(after[user].version, before[user].version, "{user}: no flip, so no new version (M4)");
+    }
+    // Its status, visibility and audience went with it.
+    for (who, sees) in [("friend", true), ("stranger", false)] {
+        let request =
+            pb::SnapshotRequest { user_ids: vec![private.clone()], viewer_id: who.into(), ..Default::default() };
+        let seen = viewer.snapshot(request).await.unwrap().into_inner().users.remove(0);
+        let shown = (seen.state == pb::State::Online as i32, seen.status.as_ref().map(|status| status.text.as_str()));
+        assert_eq!(shown, if sees { (true, Some("lunch")) } else { (false, None) }, "{who} at node-b: {seen:?}");
+    }
+    // The sessions kept their generations and run on the deadlines the renewals set.
+    let mut at_b = servers[1].client().await;
+    let sample = on_a[0];
+    let sessions = at_b.list_sessions(pb::ListSessionsRequest { user_id: sample.clone(), ..Default::default() }).await;
+    let sessions = sessions.unwrap().into_inner().sessions;
+    let generation = generations.iter().find(|(user, _)| user == sample).unwrap().1;
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    assert_eq!(sessions[0].generation, generation, "{sessions:?}");
+
+    // The drain of node-b at its stop hands everything it owns to the others, with state too.
+    let mut servers = servers;
+    let b = servers.remove(1);
+    b.stop().await;
+    map_where(&etcd.client().await, "node-b drained", |map| map.owned_by("node-b").count() == 0).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let _ = stop_renewing.send(());
+    let (rounds, failed) = renewer.await.unwrap();
+    assert!(rounds > 5, "{rounds} rounds of renewals");
+    assert!(
+        failed.is_empty(),
+        "every renewal succeeded, if after a retry: {} failed, first {:?}",
+        failed.len(),
+        failed.first()
+    );
+    let mut viewer = servers[1].client().await;
+    let drained = presences(&mut viewer, &users).await;
+    for user in &users {
+        assert_eq!(
+            (drained[user].state, drained[user].version),
+            (pb::State::Online as i32, before[user].version),
+            "{user}"
+        );
+    }
+    // And the gateway's unregister with the generation it holds still removes the session.
+    let request =
+        pb::UnregisterRequest { user_id: sample.clone(), session_id: "s".into(), generation, ..Default::default() };
+    let unregistered = leases.unregister(request).await.unwrap();
+    assert!(unregistered.removed && unregistered.changed, "{unregistered:?}");
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c3_a_move_that_cannot_be_made_is_refused_saying_why_and_changes_nothing() {
+    let etcd = EtcdServer::start().await;
+    let (servers, map) = three_nodes(&etcd).await;
+    let mut at_a = presence_proto::v1::cluster_client::ClusterClient::connect(servers[0].url()).await.unwrap();
+    let of_a = map.owned_by("node-a").next().unwrap();
+    let of_b = map.owned_by("node-b").next().unwrap();
+    let refusal = |slots: Vec<u32>, to: &str| pb::MoveSlotsRequest { slots, to_node: to.into() };
+    let cases = [
+        (refusal(vec![of_b], "node-c"), Code::FailedPrecondition, "owned by node node-b"),
+        (refusal(vec![of_a], "node-z"), Code::FailedPrecondition, "node node-z is not a live node"),
+        (refusal(vec![of_a], "node-a"), Code::InvalidArgument, "is this node"),
+        (refusal(vec![SLOTS], "node-b"), Code::InvalidArgument, "is not one of the cluster's 64 slots"),
+        (refusal(vec![], "node-b"), Code::InvalidArgument, "at least one slot"),
+    ];
+    for (request, code, says) in cases {
+        let refused = at_a.move_slots(request.clone()).await.unwrap_err();
+        assert_eq!(refused.code(), code, "{request:?}: {refused:?}");
+        assert!(refused.message().contains(says), "{request:?}: {refused:?}");
+    }
+    let unchanged = map_where(&etcd.client().await, "the map as it was", |_| true).await;
+    assert_eq!(unchanged, map, "nothing moved");
+    // A single node has no slots to move.
+    let single = TestServer::start_with(|_| fast_config()).await;
+    let mut alone = presence_proto::v1::cluster_client::ClusterClient::connect(single.url()).await.unwrap();
+    let refused = alone.move_slots(refusal(vec![0], "node-b")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("not one of a cluster"), "{refused:?}");
+    single.stop().await;
     for server in servers {
         server.stop().await;
     }
