@@ -50,6 +50,13 @@ impl SlotSet {
         }
     }
 
+    /// Takes `slot` out.
+    pub fn remove(&mut self, slot: u32) {
+        if slot < self.slots {
+            self.bits[(slot / 64) as usize] &= !(1 << (slot % 64));
+        }
+    }
+
     /// Whether `slot` is in the set.
     pub fn contains(&self, slot: u32) -> bool {
         slot < self.slots && self.bits[(slot / 64) as usize] & (1 << (slot % 64)) != 0
@@ -102,6 +109,9 @@ mod tests {
         assert!(set.holds("alice"), "alice is in slot 999");
         assert!(!set.holds("a"), "a is in slot 300");
         assert!(!set.contains(5000) && !SlotSet::new(1024).holds("alice") && SlotSet::new(8).is_empty());
+        let mut set = set;
+        set.remove(999);
+        assert_eq!(set.iter().collect::<Vec<_>>(), [0, 1023]);
     }
 
     #[test]

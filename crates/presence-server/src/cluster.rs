@@ -160,18 +160,17 @@ pub(crate) struct Membership {
     pub(crate) etcd: Etcd,
     pub(crate) prefix: String,
     pub(crate) lease_ttl: Duration,
-    /// Held shared by every request from its ownership check to the end of
-    /// its write, and exclusively by a handover while it starts refusing the
-    /// slots it hands over: no write checked before the handover began lands
-    /// after the slots' state was taken (C3).
-    gate: RwLock<()>,
-    /// [`Membership::gate`] for requests whose write awaits the disk
-    /// (statuses, relations): held across the await.
-    durable_gate: tokio::sync::RwLock<()>,
     /// Slots handed over, or being handed over: refused, naming no owner,
     /// whatever the slot map says, until the map gives them to another node
-    /// (a slot the map shows as another's is refused anyway).
-    leaving: Mutex<Arc<SlotSet>>,
+    /// (a slot the map shows as another's is refused anyway). Read-locked
+    /// by every request from its ownership check to the end of its write,
+    /// and write-locked by a handover as it adds the slots it hands over: no
+    /// write checked before the handover began lands after the slots' state
+    /// was taken (C3).
+    leaving: RwLock<SlotSet>,
+    /// Held as [`Membership::leaving`] is by requests whose write awaits the
+    /// disk (statuses, relations), across the await.
+    durable_gate: tokio::sync::RwLock<()>,
     /// One handover at a time, out of this node or into it.
     pub(crate) handing_over: tokio::sync::Mutex<()>,
     /// What this node presents to the others for its own calls (a drain's
@@ -219,9 +218,8 @@ impl Ownership {
             etcd,
             prefix: config.prefix.clone(),
             lease_ttl: config.lease_ttl,
-            gate: RwLock::new(()),
+            leaving: RwLock::new(SlotSet::new(config.slots)),
             durable_gate: tokio::sync::RwLock::new(()),
-            leaving: Mutex::new(Arc::new(SlotSet::new(config.slots))),
             handing_over: tokio::sync::Mutex::new(()),
             peer_token,
         })))
@@ -231,25 +229,21 @@ impl Ownership {
     pub(crate) fn view(&self) -> OwnershipView<'_> {
         match self {
             Ownership::Single => OwnershipView::Single,
-            Ownership::Cluster(membership) => {
+            Ownership::Cluster(membership) => OwnershipView::Cluster {
                 // Taken first: a handover that starts refusing a slot waits
                 // for every view taken before, and every later view sees it.
-                let gate = membership.gate.read();
-                OwnershipView::Cluster {
-                    node: &membership.node,
-                    slots: membership.slots,
-                    acting: membership.is_acting(Instant::now()),
-                    map: membership.map.current(),
-                    nodes: membership.nodes.current(),
-                    leaving: Arc::clone(&membership.leaving.lock()),
-                    _gate: gate,
-                }
-            }
+                leaving: membership.leaving.read(),
+                node: &membership.node,
+                slots: membership.slots,
+                acting: membership.is_acting(Instant::now()),
+                map: membership.map.current(),
+                nodes: membership.nodes.current(),
+            },
         }
     }
 
     /// Held by a request whose write awaits the disk from before its
-    /// ownership check to the end of its write (see [`Membership::gate`]).
+    /// ownership check to the end of its write (see [`Membership::leaving`]).
     pub(crate) async fn hold_for_durable_write(&self) -> Option<tokio::sync::RwLockReadGuard<'_, ()>> {
         match self {
             Ownership::Single => None,
@@ -369,30 +363,27 @@ impl Membership {
         self.is_acting(Instant::now())
     }
 
+    /// Whether `map` gives `slot` to this node.
+    pub(crate) fn owns(&self, map: &SlotMap, slot: u32) -> bool {
+        map.owner(slot).is_some_and(|owner| owner.node == self.node)
+    }
+
     /// Starts refusing every request for `slots` (C3), once every request
     /// that passed its ownership check before has written; returns the slots
     /// refused from now on, for the store to hold back their expiry.
     pub(crate) async fn start_leaving(&self, slots: &SlotSet) -> Arc<SlotSet> {
         let _durable = self.durable_gate.write().await;
-        let _gate = self.gate.write();
-        self.change_leaving(|leaving| slots.iter().for_each(|slot| leaving.insert(slot)))
+        let mut leaving = self.leaving.write();
+        slots.iter().for_each(|slot| leaving.insert(slot));
+        Arc::new(leaving.clone())
     }
 
     /// Stops refusing `slots` for being handed over: a handover that failed,
     /// or slots coming back to this node. Returns the slots still refused.
     pub(crate) fn stop_leaving(&self, slots: &SlotSet) -> Arc<SlotSet> {
-        self.change_leaving(|leaving| {
-            let kept = SlotSet::of(leaving.slots(), leaving.iter().filter(|&slot| !slots.contains(slot)));
-            *leaving = kept;
-        })
-    }
-
-    fn change_leaving(&self, change: impl FnOnce(&mut SlotSet)) -> Arc<SlotSet> {
-        let mut leaving = self.leaving.lock();
-        let mut changed = SlotSet::clone(&leaving);
-        change(&mut changed);
-        *leaving = Arc::new(changed);
-        Arc::clone(&leaving)
+        let mut leaving = self.leaving.write();
+        slots.iter().for_each(|slot| leaving.remove(slot));
+        Arc::new(leaving.clone())
     }
 
     /// A client of the Cluster service of the node at `address`.
@@ -452,8 +443,7 @@ pub(crate) enum OwnershipView<'a> {
         acting: bool,
         map: Arc<SlotMap>,
         nodes: Arc<NodeSet>,
-        leaving: Arc<SlotSet>,
-        _gate: RwLockReadGuard<'a, ()>,
+        leaving: RwLockReadGuard<'a, SlotSet>,
     },
 }
 

@@ -30,7 +30,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use presence_cluster::{MOVES_PER_TXN, move_slots as give_slots};
+use presence_cluster::{MOVES_PER_TXN, move_slots as give_slots, repairs};
 use presence_core::SlotSet;
 use presence_proto::v1::{self as pb, cluster_server::Cluster};
 use tonic::metadata::{Ascii, MetadataValue};
@@ -137,7 +137,7 @@ fn check_move(membership: &Membership, slots: &[u32], to_node: &str) -> Result<(
     let map = membership.map();
     for &slot in &slots {
         match map.owner(slot) {
-            Some(owner) if owner.node == membership.node() => {}
+            _ if membership.owns(&map, slot) => {}
             Some(owner) => {
                 return Err(ServiceError::MoveRefused(format!(
                     "slot {slot} is owned by node {}, not this one: ask it",
@@ -166,7 +166,7 @@ async fn move_chunk(
     let map = membership.map();
     let seen: Vec<(u32, i64)> =
         chunk.iter().map(|&slot| (slot, map.owner(slot).map_or(0, |owner| owner.epoch))).collect();
-    let mine = chunk.iter().all(|&slot| map.owner(slot).is_some_and(|owner| owner.node == membership.node()));
+    let mine = chunk.iter().all(|&slot| membership.owns(&map, slot));
     if !mine || !membership.acting_now() {
         undo(context, membership, &set);
         return Err(ServiceError::MoveAborted("the slot map changed as the move began; nothing moved".to_owned()));
@@ -215,7 +215,7 @@ async fn move_chunk(
     Ok(Moved { epoch, users: taken.users, sessions: taken.sessions, bytes, elapsed: Duration::ZERO })
 }
 
-/// Answers `set`'s requests again after a move of them failed.
+/// Answers `set`'s requests again: a move of them failed, or they came back.
 fn undo(context: &Context, membership: &Membership, set: &SlotSet) {
     let refused = membership.stop_leaving(set);
     context.store().pause_expiry((!refused.is_empty()).then_some(refused));
@@ -348,9 +348,7 @@ impl Cluster for ClusterService {
         let request = request.into_inner();
         let set = slot_set(membership, &request.slots, request.slot_count)?;
         let map = membership.map();
-        if let Some(slot) =
-            set.iter().find(|&slot| map.owner(slot).is_some_and(|owner| owner.node == membership.node()))
-        {
+        if let Some(slot) = set.iter().find(|&slot| membership.owns(&map, slot)) {
             return Err(ServiceError::MoveRefused(format!("slot {slot} is this node's: its state stays")).into());
         }
         let users = self.context.store().release_slots(self.context.now(), &set);
@@ -393,7 +391,7 @@ async fn take_slots(
     };
     let set = slot_set(membership, &first.slots, first.slot_count)?;
     let map = membership.map();
-    if let Some(slot) = set.iter().find(|&slot| map.owner(slot).is_some_and(|owner| owner.node == membership.node())) {
+    if let Some(slot) = set.iter().find(|&slot| membership.owns(&map, slot)) {
         return Err(ServiceError::MoveRefused(format!("slot {slot} is this node's already")));
     }
     let (mut state, mut durable) = (first.state, first.durable);
@@ -419,8 +417,7 @@ async fn take_slots(
     let durable = durable.into_iter().map(|user| wire::handed_over(user, now)).collect::<Result<Vec<_>, _>>()?;
     let _one_at_a_time = membership.handing_over.lock().await;
     // Slots that come back here are answered again once the map says so.
-    let refused = membership.stop_leaving(&set);
-    context.store().pause_expiry((!refused.is_empty()).then_some(refused));
+    undo(context, membership, &set);
     let imported = context
         .apply(|store, now, changes| store.import(now, &state, changes))
         .map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
@@ -444,7 +441,7 @@ async fn drop_unless_given(context: Arc<Context>, set: SlotSet) {
     let mut changes = membership.map_changes();
     let given = |membership: &Membership| {
         let map = membership.map();
-        set.iter().all(|slot| map.owner(slot).is_some_and(|owner| owner.node == membership.node()))
+        set.iter().all(|slot| membership.owns(&map, slot))
     };
     let waited = tokio::time::timeout(CLAIM_WAIT, async {
         while !given(membership) {
@@ -457,10 +454,7 @@ async fn drop_unless_given(context: Arc<Context>, set: SlotSet) {
         return;
     }
     let map = membership.map();
-    let not_given = SlotSet::of(
-        set.slots(),
-        set.iter().filter(|&slot| map.owner(slot).is_none_or(|owner| owner.node != membership.node())),
-    );
+    let not_given = SlotSet::of(set.slots(), set.iter().filter(|&slot| !membership.owns(&map, slot)));
     let users = context.store().release_slots(context.now(), &not_given);
     if let Err(error) = context.privacy.release_slots(&not_given).await {
         tracing::warn!(%error, "could not delete the durable data of a handover that did not happen");
@@ -480,26 +474,20 @@ async fn drop_unless_given(context: Arc<Context>, set: SlotSet) {
 pub(crate) async fn drain(context: &Arc<Context>) {
     let Some(membership) = context.ownership.membership() else { return };
     let map = membership.map();
-    let nodes = membership.nodes();
-    let mut others: Vec<(usize, String)> = nodes
-        .ids()
-        .into_iter()
-        .filter(|node| node != membership.node())
-        .map(|node| (map.owned_by(&node).count(), node))
-        .collect();
-    let mine: Vec<u32> = map.owned_by(membership.node()).collect();
-    if others.is_empty() || mine.is_empty() {
+    let others: Vec<String> = membership.nodes().ids().into_iter().filter(|node| node != membership.node()).collect();
+    // This node's slots as the coordinator would give a dead node's: each to
+    // the live node with the fewest at that point.
+    let mut plan: std::collections::BTreeMap<String, Vec<u32>> = std::collections::BTreeMap::new();
+    for (slot, node, _) in repairs(&map, &others) {
+        if membership.owns(&map, slot) {
+            plan.entry(node).or_default().push(slot);
+        }
+    }
+    let mine: usize = plan.values().map(Vec::len).sum();
+    if mine == 0 {
         return;
     }
-    // Each slot to the node with the fewest at that point.
-    let mut plan: std::collections::BTreeMap<String, Vec<u32>> = std::collections::BTreeMap::new();
-    for slot in mine.iter().copied() {
-        let least =
-            others.iter_mut().min_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1))).expect("others is not empty");
-        least.0 += 1;
-        plan.entry(least.1.clone()).or_default().push(slot);
-    }
-    tracing::info!(slots = mine.len(), nodes = plan.len(), "draining: handing this node's slots over");
+    tracing::info!(slots = mine, nodes = plan.len(), "draining: handing this node's slots over");
     let credential = membership.peer_token().cloned();
     for (node, slots) in plan {
         if let Err(error) = move_slots(context, &slots, &node, credential.as_ref()).await {
