@@ -467,6 +467,10 @@ pub(crate) struct Shard {
     /// Facts about this shard's users for the room side, made under this
     /// shard's lock; the store hands them on before releasing it (see `rooms.rs`).
     facts: Vec<RoomFact<RoomName>>,
+    /// The users whose state a follower does not have yet (C4): any change
+    /// but a renewal's new deadline, since the last [`Shard::take_changed`].
+    /// `None` unless the store is asked to track them.
+    changed: Option<hashbrown::HashSet<CompactString>>,
 }
 
 impl Shard {
@@ -501,6 +505,27 @@ impl Shard {
             released: Vec::new(),
             signals: HashMap::new(),
             facts: Vec::new(),
+            changed: None,
+        }
+    }
+
+    /// Starts noting which users change, for [`Shard::take_changed`].
+    pub(crate) fn track_changes(&mut self) {
+        self.changed.get_or_insert_with(Default::default);
+    }
+
+    /// The users changed since the last call (see [`Shard::changed`]).
+    pub(crate) fn take_changed(&mut self) -> Vec<CompactString> {
+        self.changed.as_mut().map(|changed| changed.drain().collect()).unwrap_or_default()
+    }
+
+    /// Notes that the user in `slot` changed, when changes are tracked.
+    fn note_changed(&mut self, slot: u32) {
+        if let Some(changed) = &mut self.changed {
+            let id = &self.users[slot as usize].id;
+            if !changed.contains(id) {
+                changed.insert(id.clone());
+            }
         }
     }
 
@@ -547,6 +572,7 @@ impl Shard {
                 false
             }
         };
+        self.note_changed(slot);
         let changed = !self.users[slot as usize].online();
         if changed {
             self.flip(slot, State::Online, now, None, changes);
@@ -906,6 +932,7 @@ impl Shard {
             let lease = self.lease_mut(index);
             lease.link.set_flag(CLOSING, true);
             let until = lease.expires_at.min(now + u64::from(linger_ms));
+            self.note_changed(slot);
             self.set_times(index, last_heartbeat_at.min(until), until);
             self.schedule_no_later_than(slot, until);
             self.end_hold_once_every_session_closed(slot);
@@ -1162,42 +1189,48 @@ impl Shard {
             writer.clock(self.stamps.last());
         }
         let end = from.saturating_add(budget).min(self.users.len());
-        for (slot, user) in self.users.iter().enumerate().take(end).skip(from) {
+        for slot in from..end {
+            let user = &self.users[slot];
             if only.is_some_and(|only| !only.holds(user.id.as_bytes())) {
                 continue;
             }
-            // A damped user is written with no lease for its grace hold: it
-            // restores as any online user with no lease does (E6, B3).
-            let leases: Vec<u32> =
-                self.lease_indices(slot as u32).filter(|&index| !self.lease(index).is_grace_hold()).collect();
-            writer.user(&user.id, user.version, user.online(), u16::try_from(leases.len()).unwrap_or(u16::MAX));
-            for index in leases.into_iter().take(usize::from(u16::MAX)) {
-                let lease = self.lease(index);
-                let metadata = self.metadata.get(&index).map_or(&[][..], |entries| &entries[..]);
-                let room_ids: Vec<CompactString> =
-                    self.membership_indices(slot as u32, index).map(|at| names.id(self.membership(at).room)).collect();
-                let rooms: Vec<MembershipOut<'_>> = self
-                    .membership_indices(slot as u32, index)
-                    .zip(&room_ids)
-                    .map(|(at, room_id)| {
-                        let membership = self.membership(at);
-                        (room_id.as_str(), membership.order, self.room_metadata.get(membership.metadata).entries())
-                    })
-                    .collect();
-                writer.lease(
-                    &lease.session_id,
-                    self.origins.gateway_id(lease.origin),
-                    lease.generation,
-                    self.last_heartbeat_at(index),
-                    lease.expires_at,
-                    lease.closing(),
-                    metadata,
-                    &rooms,
-                );
-            }
+            self.checkpoint_user(writer, slot as u32, names);
         }
         self.checkpoint_cursor = (end < self.users.len()).then_some(end);
         self.checkpoint_cursor
+    }
+
+    /// Writes the user in `slot` with its leases to a checkpoint.
+    fn checkpoint_user(&self, writer: &mut CheckpointWriter, slot: u32, names: &RoomNames) {
+        let user = &self.users[slot as usize];
+        // A damped user is written with no lease for its grace hold: it
+        // restores as any online user with no lease does (E6, B3).
+        let leases: Vec<u32> = self.lease_indices(slot).filter(|&index| !self.lease(index).is_grace_hold()).collect();
+        writer.user(&user.id, user.version, user.online(), u16::try_from(leases.len()).unwrap_or(u16::MAX));
+        for index in leases.into_iter().take(usize::from(u16::MAX)) {
+            let lease = self.lease(index);
+            let metadata = self.metadata.get(&index).map_or(&[][..], |entries| &entries[..]);
+            let room_ids: Vec<CompactString> =
+                self.membership_indices(slot, index).map(|at| names.id(self.membership(at).room)).collect();
+            let rooms: Vec<MembershipOut<'_>> = self
+                .membership_indices(slot, index)
+                .zip(&room_ids)
+                .map(|(at, room_id)| {
+                    let membership = self.membership(at);
+                    (room_id.as_str(), membership.order, self.room_metadata.get(membership.metadata).entries())
+                })
+                .collect();
+            writer.lease(
+                &lease.session_id,
+                self.origins.gateway_id(lease.origin),
+                lease.generation,
+                self.last_heartbeat_at(index),
+                lease.expires_at,
+                lease.closing(),
+                metadata,
+                &rooms,
+            );
+        }
     }
 
     /// Makes every stamp issued from now on greater than `last_stamp`.
@@ -1248,15 +1281,21 @@ impl Shard {
     /// deadline passed meanwhile expire through the wheel. Returns the user's
     /// slot if it was online with nothing to hold it: its OFFLINE is due now,
     /// by [`Shard::finish_restore`] once every clock is restored.
+    ///
+    /// Every lease's deadline is at least `lease_floor` (0 keeps them): a
+    /// follower taking over a dead owner's slots knows the leases but not
+    /// their last renewals (C4).
     pub(crate) fn restore_user(
         &mut self,
         now: Tick,
         user: &UserRecord<'_>,
         hold_until: Tick,
+        lease_floor: Tick,
         names: &RoomNames,
     ) -> Option<u32> {
         let now = self.advance(now);
         let slot = self.find_or_insert(user.user_id);
+        self.note_changed(slot);
         // A user written twice (forgotten and back while the checkpoint was
         // being written) is taken as its later record, which is the newer.
         self.remove_leases_where(slot, |_| true);
@@ -1283,10 +1322,11 @@ impl Shard {
             self.push_lease(slot, Lease::restart_hold(origin, hold_until));
         }
         for lease in user.leases.iter().rev() {
-            let last_heartbeat_at = lease.last_heartbeat_at.min(lease.expires_at);
-            let origin = self.origins.acquire(lease.gateway_id, before_expiry(last_heartbeat_at, lease.expires_at));
+            let expires_at = lease.expires_at.max(lease_floor);
+            let last_heartbeat_at = lease.last_heartbeat_at.min(expires_at);
+            let origin = self.origins.acquire(lease.gateway_id, before_expiry(last_heartbeat_at, expires_at));
             self.stamps.raise_to(lease.generation);
-            let mut restored = Lease::new(lease.session_id, lease.generation, lease.expires_at, origin, lease.closing);
+            let mut restored = Lease::new(lease.session_id, lease.generation, expires_at, origin, lease.closing);
             if restored.is_hold() {
                 // Only restart holds are written; whatever a damaged file says, it is one.
                 restored.generation = 0;
@@ -1316,7 +1356,24 @@ impl Shard {
     /// generations and deadlines; a user handed over online with no lease left
     /// goes OFFLINE now, published, as it would have at the node it came from.
     pub(crate) fn import_user(&mut self, now: Tick, user: &UserRecord<'_>, names: &RoomNames, changes: &mut Changes) {
-        if let Some(slot) = self.restore_user(now, user, 0, names) {
+        if let Some(slot) = self.restore_user(now, user, 0, 0, names) {
+            let now = self.advance(now);
+            self.after_removal(slot, now, changes);
+        }
+    }
+
+    /// Takes over a user a follower kept of a dead node (C4): as
+    /// [`Shard::restore_user`], every lease living until `hold_until` at
+    /// least and an online user held online until then.
+    pub(crate) fn take_over_user(
+        &mut self,
+        now: Tick,
+        user: &UserRecord<'_>,
+        hold_until: Tick,
+        names: &RoomNames,
+        changes: &mut Changes,
+    ) {
+        if let Some(slot) = self.restore_user(now, user, hold_until, hold_until, names) {
             let now = self.advance(now);
             self.after_removal(slot, now, changes);
         }
@@ -1339,22 +1396,61 @@ impl Shard {
         let now = self.advance(now);
         let mut released = 0;
         for slot in (0..self.users.len() as u32).rev() {
-            if !slots.holds(self.users[slot as usize].id.as_bytes()) {
-                continue;
+            if slots.holds(self.users[slot as usize].id.as_bytes()) {
+                // Forgetting moves the last user here, which was seen already.
+                self.drop_user(slot, now);
+                released += 1;
             }
-            self.remove_leases_where(slot, |_| true);
-            self.set_user_status(slot, None);
-            let record = &mut self.users[slot as usize];
-            if record.online() {
-                record.link.set_flag(ONLINE, false);
-                self.online -= 1;
-            }
-            self.cancel_timer(slot);
-            // Forgetting moves the last user here, which was seen already.
-            self.forget(slot, now);
-            released += 1;
         }
         released
+    }
+
+    /// Drops, publishing nothing, the users named that this shard holds (a
+    /// follower's copy of users its owner forgot or no longer has). Returns
+    /// how many it held.
+    pub(crate) fn release_users(&mut self, now: Tick, user_ids: &[CompactString]) -> usize {
+        let now = self.advance(now);
+        let mut released = 0;
+        for user_id in user_ids {
+            if let Some(slot) = self.find(user_id) {
+                self.drop_user(slot, now);
+                released += 1;
+            }
+        }
+        released
+    }
+
+    /// Drops the user in `slot` whole, publishing nothing; the last user takes its slot.
+    fn drop_user(&mut self, slot: u32, now: Tick) {
+        self.remove_leases_where(slot, |_| true);
+        self.set_user_status(slot, None);
+        let record = &mut self.users[slot as usize];
+        if record.online() {
+            record.link.set_flag(ONLINE, false);
+            self.online -= 1;
+        }
+        self.cancel_timer(slot);
+        self.forget(slot, now);
+    }
+
+    /// Writes the users named that this shard holds to a checkpoint, with
+    /// the shard's stamp clock; returns the ones it does not hold (C4: a
+    /// follower drops them).
+    pub(crate) fn checkpoint_users(
+        &mut self,
+        writer: &mut CheckpointWriter,
+        user_ids: &[CompactString],
+        names: &RoomNames,
+    ) -> Vec<CompactString> {
+        writer.clock(self.stamps.last());
+        let mut absent = Vec::new();
+        for user_id in user_ids {
+            match self.find(user_id) {
+                Some(slot) => self.checkpoint_user(writer, slot, names),
+                None => absent.push(user_id.clone()),
+            }
+        }
+        absent
     }
 
     /// Flips OFFLINE a restored user that [`Shard::restore_user`] found online
@@ -1458,6 +1554,7 @@ impl Shard {
 
     /// Frees an unlinked lease's slot, origin, metadata and rooms.
     fn free_lease(&mut self, slot: u32, index: u32) -> Lease {
+        self.note_changed(slot);
         self.drop_rooms(slot, index);
         let lease = self.leases[index as usize].take().expect("a freed lease is occupied");
         if lease.is_grace_hold() {
@@ -1599,6 +1696,7 @@ impl Shard {
 
     /// Tells the room side where the user stands in the room now.
     fn report_member(&mut self, slot: u32, room: RoomName) {
+        self.note_changed(slot);
         let user_id = self.users[slot as usize].id.clone();
         let fact = match self.user_in_room(slot, room) {
             (0, _) => RoomFact::Left { room_id: room, user_id },
@@ -1722,6 +1820,7 @@ impl Shard {
     }
 
     fn set_user_status(&mut self, slot: u32, status: Option<Arc<Status>>) {
+        self.note_changed(slot);
         let user = &mut self.users[slot as usize];
         user.link.set_flag(HAS_STATUS, status.is_some());
         match status {
@@ -1877,6 +1976,7 @@ impl Shard {
     }
 
     fn bump(&mut self, slot: u32, now: Tick) -> u64 {
+        self.note_changed(slot);
         let version = self.stamps.next(now);
         self.users[slot as usize].version = version;
         version
@@ -1921,6 +2021,8 @@ impl Shard {
     /// entry has just fired, and it has no lease and no status.
     fn forget(&mut self, slot: u32, now: Tick) {
         debug_assert!(self.is_idle(slot) && self.wheel.deadline(slot).is_none());
+        // A follower forgets it too (absent, it reads as never seen).
+        self.note_changed(slot);
         let last = self.users.len() - 1;
         if let Some(cursor) = self.checkpoint_cursor
             && (slot as usize) < cursor

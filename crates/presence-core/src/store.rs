@@ -601,13 +601,7 @@ impl Store {
     /// with no lease left. The bytes are checked whole before anything is
     /// taken: refused ones change nothing.
     pub fn import(&self, now: Tick, bytes: &[u8], changes: &mut Changes) -> Result<Imported, CheckpointError> {
-        let handed = checkpoint::decode(bytes)?;
-        for shard in self.shards.iter() {
-            shard.lock().restore_clock(handed.last_stamp);
-        }
-        for rooms in self.rooms.iter() {
-            rooms.lock().restore_clock(handed.last_stamp);
-        }
+        let handed = self.decode_raising_clocks(bytes)?;
         let mut imported = Imported::default();
         for user in &handed.users {
             let record = user.as_record();
@@ -618,6 +612,20 @@ impl Store {
             });
         }
         Ok(imported)
+    }
+
+    /// Another node's users' state, checked whole, once every clock here is
+    /// raised above the last stamp it carries: what is taken in from it keeps
+    /// its versions, and whatever this store issues from now on is above (M4).
+    fn decode_raising_clocks(&self, bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
+        let decoded = checkpoint::decode(bytes)?;
+        for shard in self.shards.iter() {
+            shard.lock().restore_clock(decoded.last_stamp);
+        }
+        for rooms in self.rooms.iter() {
+            rooms.lock().restore_clock(decoded.last_stamp);
+        }
+        Ok(decoded)
     }
 
     /// The statuses of the users of `slots` (C3): they go with the users'
@@ -635,6 +643,77 @@ impl Store {
         (0..self.shards.len())
             .map(|index| self.with_shard_at(index, &mut unpublished, |shard, _| shard.release(now, slots)))
             .sum()
+    }
+
+    /// Starts noting which users change (C4): every change to a user's
+    /// state but a renewal's new deadline, for [`Store::take_changed`]. A
+    /// cluster node does, so that each slot's follower is sent what changed.
+    pub fn track_changes(&self) {
+        self.shards.iter().for_each(|shard| shard.lock().track_changes());
+    }
+
+    /// The users changed since the last call (none unless
+    /// [`Store::track_changes`] was called), each once.
+    pub fn take_changed(&self) -> Vec<CompactString> {
+        self.shards.iter().flat_map(|shard| shard.lock().take_changed()).collect()
+    }
+
+    /// The state of the users named, as [`Store::export_slots`] writes it,
+    /// and the ones this store does not hold (forgotten, or never seen).
+    pub fn export_users(&self, user_ids: &[CompactString], at: Tick) -> (Vec<u8>, Vec<CompactString>) {
+        let mut by_shard: Vec<Vec<CompactString>> = vec![Vec::new(); self.shards.len()];
+        for user_id in user_ids {
+            by_shard[self.shard_of(user_id)].push(user_id.clone());
+        }
+        let mut writer = CheckpointWriter::new(at);
+        let (mut bytes, mut absent) = (Vec::new(), Vec::new());
+        for (shard, ids) in self.shards.iter().zip(&by_shard) {
+            for part in ids.chunks(CHECKPOINT_USERS_PER_LOCK) {
+                absent.extend(shard.lock().checkpoint_users(&mut writer, part, &self.names));
+                bytes.extend(writer.take_chunk());
+            }
+        }
+        bytes.extend(writer.finish());
+        (bytes, absent)
+    }
+
+    /// Drops, publishing nothing, the users named (a follower's copy of users
+    /// its owner no longer holds). Returns how many were held.
+    pub fn release_users(&self, now: Tick, user_ids: &[CompactString]) -> usize {
+        let mut by_shard: Vec<Vec<CompactString>> = vec![Vec::new(); self.shards.len()];
+        for user_id in user_ids {
+            by_shard[self.shard_of(user_id)].push(user_id.clone());
+        }
+        let mut unpublished = Changes::default();
+        by_shard
+            .iter()
+            .enumerate()
+            .filter(|(_, ids)| !ids.is_empty())
+            .map(|(index, ids)| self.with_shard_at(index, &mut unpublished, |shard, _| shard.release_users(now, ids)))
+            .sum()
+    }
+
+    /// Takes over users a follower kept of a dead node (C4; the bytes of
+    /// [`Store::export_slots`] of its copy): as [`Store::import`], except that
+    /// what the dead node did after the copy was made is unknown, so each
+    /// user it knew online is held online until `hold_until` (as after a
+    /// restart, B3) and each lease lives until then at least, for its gateway
+    /// to renew it or register it again. Publishes nothing.
+    pub fn take_over(&self, now: Tick, bytes: &[u8], hold_until: Tick) -> Result<Imported, CheckpointError> {
+        let copy = self.decode_raising_clocks(bytes)?;
+        let mut imported = Imported::default();
+        // Room changes are not published either: nobody watches rooms by
+        // these users at this node yet.
+        let mut unpublished = Changes::default();
+        for user in &copy.users {
+            let record = user.as_record();
+            imported.users += 1;
+            imported.sessions += user.leases.len();
+            self.with_shard(user.user_id.as_str(), &mut unpublished, |shard, users| {
+                shard.take_over_user(now, &record, hold_until, &self.names, users);
+            });
+        }
+        Ok(imported)
     }
 
     /// A store holding what `checkpoint` held (B3): leases keep their
@@ -693,7 +772,7 @@ impl Store {
     pub(crate) fn restore_user(&mut self, now: Tick, user: &UserRecord<'_>, hold_until: Tick) -> Option<(u32, u32)> {
         let shard = self.shard_of(user.user_id);
         let locked = self.shards[shard].get_mut();
-        let slot = locked.restore_user(now, user, hold_until, &self.names);
+        let slot = locked.restore_user(now, user, hold_until, 0, &self.names);
         // Its sessions' memberships, for the rooms; nobody watches a store
         // being restored, so what changes in them is not published.
         let (facts, released) = (locked.take_facts(), locked.take_released());

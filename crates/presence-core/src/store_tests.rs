@@ -2421,3 +2421,114 @@ fn c3_a_damaged_handover_changes_nothing() {
     assert!(to.import(sec(1), &bytes, &mut Changes::default()).is_err());
     assert_eq!(to.stats().users, 0, "nothing of a refused handover is taken");
 }
+
+// ---------------------------------------------------------------------------------------------
+// C4: a follower's copy of a node's users, and taking them over when the node dies.
+
+/// 4 shards, so that users share them; TTLs of 1 s to an hour; idle users forgotten after a minute.
+fn c4_store() -> Store {
+    let config =
+        StoreConfig { shards: 4, min_renew_interval_ms: 0, forget_offline_after_ms: 60_000, ..StoreConfig::default() };
+    Store::new(config, T0).expect("valid config")
+}
+
+/// The ids a store noted as changed, sorted.
+fn changed(store: &Store) -> Vec<String> {
+    let mut ids: Vec<String> = store.take_changed().into_iter().map(String::from).collect();
+    ids.sort();
+    ids
+}
+
+#[test]
+fn c4_every_change_but_a_renewal_is_noted_for_the_follower_once() {
+    let store = c4_store();
+    let mut changes = Changes::default();
+    register(&store, T0, reg("before", "s", "gw", 10_000), &mut changes);
+    assert!(store.take_changed().is_empty(), "nothing is noted until asked");
+    store.track_changes();
+    let u1 = register(&store, T0, reg("u1", "s", "gw", 1_000), &mut changes);
+    register(&store, T0, reg("u1", "s2", "gw", 1_000), &mut changes);
+    register(&store, T0, reg("u2", "s", "gw", 10_000), &mut changes);
+    assert_eq!(changed(&store), ["u1", "u2"], "each changed user once");
+    assert!(changed(&store).is_empty(), "taken: nothing new");
+    store.renew(T0 + 500, "u1", "s", u1.generation, 1_000, &mut changes).expect("renewed");
+    assert!(changed(&store).is_empty(), "a renewal's new deadline is not sent to the follower");
+    let room =
+        RoomRef { user_id: "u2", session_id: "s", generation: leases(&store, T0, "u2")[0].generation, room_id: "r" };
+    store.join(T0 + 500, &room, &[], &mut changes).expect("joined");
+    store.set_status(T0 + 500, "before", Some(status(crate::Availability::Away, "", None)), &mut changes).expect("set");
+    assert_eq!(changed(&store), ["before", "u2"], "a membership and a status are changes");
+    // u1's second session expires at T0 + 1000: a change, though the user stays online.
+    drive(&store, T0 + 500, T0 + 1_001);
+    assert_eq!(changed(&store), ["u1"]);
+    store.unregister(T0 + 1_100, "u1", "s", u1.generation, 0, &mut changes).expect("unregistered");
+    assert_eq!(changed(&store), ["u1"]);
+}
+
+#[test]
+fn c4_a_followers_copy_follows_the_owners_changes_and_drops_what_the_owner_forgot() {
+    let (owner, copy) = (c4_store(), c4_store());
+    owner.track_changes();
+    let mut changes = Changes::default();
+    for user in ["a", "b", "c"] {
+        register(&owner, T0, reg(user, "s", "gw", 10_000), &mut changes);
+    }
+    let follow = |now| {
+        let ids = owner.take_changed();
+        let (bytes, absent) = owner.export_users(&ids, now);
+        copy.import(now, &bytes, &mut Changes::default()).expect("a whole copy");
+        copy.release_users(now, &absent);
+    };
+    follow(T0);
+    let revoked = owner.revoke(T0 + 10, "b", None, &mut changes).expect("revoked");
+    assert!(revoked.changed);
+    follow(T0 + 10);
+    for user in ["a", "b", "c"] {
+        assert_eq!(presence(&copy, T0 + 10, user), presence(&owner, T0 + 10, user), "{user} as at the owner");
+    }
+    assert_eq!(leases(&copy, T0 + 10, "a"), leases(&owner, T0 + 10, "a"), "generation and deadline");
+    // b goes idle and is forgotten at the owner: the copy forgets it too.
+    drive(&owner, T0 + 10, T0 + 200_000);
+    follow(T0 + 200_000);
+    assert_eq!(owner.stats().users, 0, "every user is forgotten at the owner");
+    assert_eq!(copy.stats().users, 0, "and in the copy: {:?}", copy.stats());
+}
+
+#[test]
+fn c4_a_taken_over_user_stays_online_renews_its_sessions_and_keeps_its_version() {
+    let (owner, copy, heir) = (c4_store(), c4_store(), c4_store());
+    owner.track_changes();
+    let mut changes = Changes::default();
+    let renewed = register(&owner, T0, reg("renewed", "s", "gw", 1_000), &mut changes);
+    let silent = register(&owner, T0, reg("silent", "s", "gw", 1_000), &mut changes);
+    register(&owner, T0, reg("gone", "s", "gw", 1_000), &mut changes);
+    owner.revoke(T0, "gone", None, &mut changes).expect("revoked");
+    let ids = owner.take_changed();
+    copy.import(T0, &owner.export_users(&ids, T0).0, &mut Changes::default()).expect("copied");
+    // The owner renews for a while (not sent to the follower), then dies; the
+    // heir takes over long after the copied deadlines.
+    for at in (T0 + 500..T0 + 5_000).step_by(500) {
+        owner.renew(at, "renewed", "s", renewed.generation, 1_000, &mut changes).expect("renewed");
+    }
+    let at = T0 + 10_000;
+    let taken = heir
+        .take_over(at, &copy.export_slots(&SlotSet::of(1, [0]), at), at + 3_000)
+        .expect("a whole copy is taken over");
+    assert_eq!(taken, Imported { users: 3, sessions: 2 });
+    for user in ["renewed", "silent", "gone"] {
+        assert_eq!(presence(&heir, at, user), presence(&owner, T0, user), "{user}: the state and version copied");
+    }
+    // The gateway's next renewal, with its generation, is accepted (no NOT_FOUND, no re-register).
+    let mut at_heir = Changes::default();
+    let again = heir.renew(at + 100, "renewed", "s", renewed.generation, 5_000, &mut at_heir).expect("known session");
+    assert_eq!(again.expires_at, at + 5_100);
+    assert!(at_heir.users.is_empty(), "taking over published nothing: {at_heir:?}");
+    // The user nobody renews goes OFFLINE once the hold ends, with a newer version.
+    let ended = drive(&heir, at + 100, at + 3_001);
+    assert_eq!(ended.users.len(), 1, "{ended:?}");
+    assert_eq!(ended.users[0].user_id, "silent");
+    assert!(ended.users[0].presence.version > silent.presence.version, "M4 across the takeover");
+    // A register there issues a generation above every one the dead owner issued.
+    let later = register(&heir, at + 3_100, reg("silent", "s", "gw", 1_000), &mut at_heir);
+    assert!(later.generation > renewed.generation.max(silent.generation));
+}
