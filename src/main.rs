@@ -130,7 +130,7 @@ fn install_metrics_exporter(addr: std::net::SocketAddr) -> Result<(), String> {
     use presence_server::metrics::{LATENCY_BUCKETS, names};
     let cannot = |err: &dyn std::fmt::Display| format!("cannot serve metrics on {addr}: {err}");
     let mut builder = PrometheusBuilder::new().with_http_listener(addr);
-    for histogram in [names::RENEWAL_SECONDS, names::EXPIRY_LAG_SECONDS] {
+    for histogram in [names::RENEWAL_SECONDS, names::EXPIRY_LAG_SECONDS, names::FOLLOWER_LAG_SECONDS] {
         builder = builder
             .set_buckets_for_metric(Matcher::Full(histogram.to_owned()), LATENCY_BUCKETS)
             .map_err(|err| cannot(&err))?;

@@ -725,3 +725,252 @@ async fn c3_a_move_that_cannot_be_made_is_refused_saying_why_and_changes_nothing
         server.stop().await;
     }
 }
+
+/// A task running until told to stop, and what it comes to.
+type Running<T> = (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<T>);
+
+/// Renews every user's session every 200 ms through `leases` until told to
+/// stop, as a gateway does: each round is sent on time, whether or not the
+/// ones before were answered (a part waiting for a dead node's slots to get
+/// a new owner holds up no other user). Returns, per round, when it started
+/// and the renewals that failed.
+fn keep_renewing_by_round(
+    leases: std::sync::Arc<ClusterLeases>,
+    generations: Vec<(String, u64)>,
+    ttl_ms: u32,
+) -> Running<Vec<(Instant, Vec<String>)>> {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let generations = std::sync::Arc::new(generations);
+    let task = tokio::spawn(async move {
+        let mut rounds = Vec::new();
+        loop {
+            let (leases, generations) = (std::sync::Arc::clone(&leases), std::sync::Arc::clone(&generations));
+            let started = Instant::now();
+            rounds.push((
+                started,
+                tokio::spawn(async move {
+                    let items = generations.iter().map(|(user, generation)| renew(user, *generation, ttl_ms)).collect();
+                    let results = leases.submit_batch(items).await;
+                    generations
+                        .iter()
+                        .zip(results)
+                        .filter(|(_, result)| result.code != 0)
+                        .map(|((user, _), result)| format!("{user}: {result:?}"))
+                        .collect::<Vec<String>>()
+                }),
+            ));
+            tokio::select! {
+                _ = &mut stopped => break,
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+        let mut answered = Vec::new();
+        for (started, round) in rounds {
+            answered.push((started, round.await.unwrap()));
+        }
+        answered
+    });
+    (stop, task)
+}
+
+/// Every event a viewer at `url` is sent for `users` until told to stop,
+/// reopening (with the versions it holds, E8) whenever the stream ends or
+/// cannot be opened, as a browser does: `(user, state, version)` in order.
+fn watch_through_failures(url: String, users: Vec<String>) -> Running<Vec<(String, i32, u64)>> {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut seen: Vec<(String, i32, u64)> = Vec::new();
+        let mut held: HashMap<String, u64> = HashMap::new();
+        loop {
+            let opened = async {
+                let mut client = PresenceClient::connect(url.clone()).await.ok()?;
+                let request =
+                    pb::WatchRequest { user_ids: users.clone(), known_versions: held.clone(), ..Default::default() };
+                client.watch(request).await.ok().map(tonic::Response::into_inner)
+            };
+            let stream = tokio::select! {
+                _ = &mut stopped => return seen,
+                stream = opened => stream,
+            };
+            if let Some(mut stream) = stream {
+                loop {
+                    let event = tokio::select! {
+                        _ = &mut stopped => return seen,
+                        event = stream.message() => event,
+                    };
+                    let presences = match event {
+                        Ok(Some(pb::WatchEvent { event: Some(pb::watch_event::Event::Snapshot(snapshot)) })) => {
+                            snapshot.users
+                        }
+                        Ok(Some(pb::WatchEvent { event: Some(pb::watch_event::Event::Update(update)) })) => {
+                            vec![update]
+                        }
+                        Ok(Some(_)) => continue,
+                        _ => break,
+                    };
+                    for presence in presences {
+                        held.insert(presence.user_id.clone(), presence.version);
+                        seen.push((presence.user_id, presence.state, presence.version));
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    (stop, task)
+}
+
+#[path = "common/daemon.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod daemon;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_flips() {
+    let etcd = EtcdServer::start().await;
+    // node-a is a process of its own, to be killed; node-b and node-c run here.
+    let port = daemon::free_port();
+    let advertise = format!("127.0.0.1:{port}");
+    let slots = SLOTS.to_string();
+    let node_a = daemon::Daemon::start_on(
+        &advertise,
+        &[
+            "--etcd",
+            &etcd.endpoint,
+            "--node-id",
+            "node-a",
+            "--advertise",
+            &advertise,
+            "--slots",
+            &slots,
+            "--etcd-prefix",
+            PREFIX,
+            "--etcd-lease-ttl-ms",
+            "2000",
+            "--cluster-settle-ms",
+            "500",
+        ],
+        &[],
+        None,
+    );
+    // The restart grace, for which a follower holds what it takes over, as
+    // long as the default TTL in production; here well past the time the
+    // gateway's client takes to find the new owners.
+    let held = || ServerConfig { restart_grace: Some(Duration::from_secs(5)), ..fast_config() };
+    let mut servers = Vec::new();
+    for node in &NODES[1..] {
+        servers.push(TestServer::start_with(|addr| node_config_with(&etcd, node, addr, held())).await);
+    }
+    let map = map_where(&etcd.client().await, "every node owns slots", |map| {
+        NODES.iter().all(|node| map.owned_by(node).count() > 0)
+    })
+    .await;
+    let users: Vec<String> = (0..600).map(|i| format!("survivor-{i}")).collect();
+    let leases =
+        std::sync::Arc::new(ClusterLeases::new(&servers[1].url(), SLOTS, LeaseChannelConfig::default()).unwrap());
+    let registered = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
+    let mut generations = Vec::new();
+    for (user, result) in users.iter().zip(registered) {
+        match lease_result(result.clone()) {
+            Ok(pb::lease_result::Result::Register(done)) => generations.push((user.clone(), done.generation)),
+            other => panic!("{user}: {other:?}"),
+        }
+    }
+    let on_a: Vec<&String> =
+        users.iter().filter(|user| map.owner(slot_of(user, SLOTS)).unwrap().node == "node-a").collect();
+    assert!(on_a.len() > 100, "node-a owns {} of the users", on_a.len());
+    // One of node-a's users shows a status to its audience only.
+    let private = on_a[0].clone();
+    let mut at_a = PresenceClient::connect(node_a.url()).await.unwrap();
+    let status = pb::Status { availability: pb::Availability::Away as i32, text: "lunch".into(), ..Default::default() };
+    at_a.set_status(pb::SetStatusRequest { user_id: private.clone(), status: Some(status), ..Default::default() })
+        .await
+        .unwrap();
+    let audience =
+        pb::AudienceRequest { user_id: private.clone(), viewer_ids: vec!["friend".into()], ..Default::default() };
+    at_a.grant_audience(audience).await.unwrap();
+    let visibility = pb::SetVisibilityRequest {
+        user_id: private.clone(),
+        visibility: pb::Visibility::Audience as i32,
+        ..Default::default()
+    };
+    at_a.set_visibility(visibility).await.unwrap();
+    let mut viewer = servers[1].client().await;
+    let before = presences(&mut viewer, &users).await;
+    assert!(before.values().all(|presence| presence.state == pb::State::Online as i32));
+
+    let (stop_watching, watcher) = watch_through_failures(servers[1].url(), users.clone());
+    let (stop_renewing, renewer) = keep_renewing_by_round(std::sync::Arc::clone(&leases), generations.clone(), 1_500);
+    // The followers' copies are at most an interval behind; give them a few.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let killed = Instant::now();
+    node_a.kill9();
+    let taken =
+        map_where(&etcd.client().await, "node-a's slots taken over", |map| map.owned_by("node-a").count() == 0).await;
+    let takeover = killed.elapsed();
+    assert!(takeover <= Duration::from_secs(3), "taken over within the lease TTL (2 s) + 1 s: {takeover:?}");
+    // Each slot went to its follower, which had the copy.
+    let live = vec!["node-b".to_owned(), "node-c".to_owned()];
+    for slot in map.owned_by("node-a") {
+        assert_eq!(
+            Some(taken.owner(slot).unwrap().node.as_str()),
+            presence_cluster::follower_of(slot, "node-a", &live),
+            "slot {slot}"
+        );
+    }
+    // Renewals carry on at the new owners, with the generations the gateway holds.
+    let answering = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let _ = stop_renewing.send(());
+    let rounds = renewer.await.unwrap();
+    let late: Vec<&String> = rounds
+        .iter()
+        .filter(|(started, _)| *started > answering + Duration::from_millis(500))
+        .flat_map(|(_, failed)| failed)
+        .collect();
+    assert!(rounds.iter().filter(|(started, _)| *started > answering).count() >= 3, "{} rounds", rounds.len());
+    assert!(
+        late.is_empty(),
+        "every renewal after the takeover succeeded: {} failed, first {:?}",
+        late.len(),
+        late.first()
+    );
+    let not_found: Vec<&String> =
+        rounds.iter().flat_map(|(_, failed)| failed).filter(|failure| failure.contains("code: 5,")).collect();
+    assert!(not_found.is_empty(), "no session was unknown at its new owner: {not_found:?}");
+
+    // Nobody flipped, and no viewer saw a version go back.
+    let _ = stop_watching.send(());
+    let seen = watcher.await.unwrap();
+    let offline: Vec<_> = seen.iter().filter(|(_, state, _)| *state != pb::State::Online as i32).collect();
+    assert!(offline.is_empty(), "no OFFLINE for users whose gateway kept renewing: {offline:?}");
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    for (user, _, version) in &seen {
+        let previous = last.insert(user.as_str(), *version).unwrap_or(0);
+        assert!(*version >= previous, "{user}: version {version} after {previous}");
+    }
+    let after = presences(&mut viewer, &users).await;
+    for user in &users {
+        assert_eq!(
+            (after[user].state, after[user].version),
+            (pb::State::Online as i32, before[user].version),
+            "{user}: online at the version it had"
+        );
+    }
+    // Its status, visibility and audience were in the copy.
+    for (who, sees) in [("friend", true), ("stranger", false)] {
+        let request =
+            pb::SnapshotRequest { user_ids: vec![private.clone()], viewer_id: who.into(), ..Default::default() };
+        let seen = viewer.snapshot(request).await.unwrap().into_inner().users.remove(0);
+        let shown = (seen.state == pb::State::Online as i32, seen.status.as_ref().map(|status| status.text.as_str()));
+        assert_eq!(shown, if sees { (true, Some("lunch")) } else { (false, None) }, "{who}: {seen:?}");
+    }
+    // The gateway's unregister with the generation it holds removes the session.
+    let generation = generations.iter().find(|(user, _)| *user == private).unwrap().1;
+    let request =
+        pb::UnregisterRequest { user_id: private.clone(), session_id: "s".into(), generation, ..Default::default() };
+    let unregistered = leases.unregister(request).await.unwrap();
+    assert!(unregistered.removed && unregistered.changed, "{unregistered:?}");
+    for server in servers {
+        server.stop().await;
+    }
+}

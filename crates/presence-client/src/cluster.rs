@@ -38,6 +38,12 @@ const MAX_HOPS: usize = 5;
 /// The first wait before an item whose slot has no owner is sent again; it doubles per hop.
 const NO_OWNER_BACKOFF: Duration = Duration::from_millis(50);
 
+/// How long a node that could not be reached is not routed to, whatever
+/// refusals name it: until etcd's lease of a dead node expires, the other
+/// nodes still name it as its slots' owner, and every item sent there would
+/// wait out its stream's reconnect backoff instead of being refused at once.
+const UNREACHABLE_FOR: Duration = Duration::from_secs(1);
+
 /// A slot's owner, as the highest-epoch refusal about it named it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Route {
@@ -62,6 +68,8 @@ struct Shared {
     config: LeaseChannelConfig,
     routes: Mutex<Vec<Option<Route>>>,
     channels: Mutex<HashMap<String, LeaseChannel>>,
+    /// Nodes that could not be reached, until when they are not routed to.
+    unreachable: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl ClusterLeases {
@@ -78,6 +86,7 @@ impl ClusterLeases {
             config,
             routes: Mutex::new(vec![None; slots.max(1) as usize]),
             channels: Mutex::new(HashMap::from([(seed.to_owned(), channel)])),
+            unreachable: Mutex::new(HashMap::new()),
         };
         Ok(ClusterLeases { shared: Arc::new(shared) })
     }
@@ -210,6 +219,10 @@ impl ClusterLeases {
             return;
         }
         let address = format!("{}{}", self.shared.scheme, not_owner.owner_addr);
+        let shunned = self.shared.unreachable.lock().expect("unreachable lock").get(&address).copied();
+        if shunned.is_some_and(|until| std::time::Instant::now() < until) {
+            return;
+        }
         let mut routes = self.shared.routes.lock().expect("routes lock");
         let route = &mut routes[not_owner.slot as usize];
         if route.as_ref().is_none_or(|known| known.epoch <= not_owner.epoch) {
@@ -221,6 +234,10 @@ impl ClusterLeases {
     /// it is where unrouted items go, it stops being so for another node
     /// learned. Returns whether its items have somewhere else to go.
     fn forget(&self, node: &str) -> bool {
+        let until = std::time::Instant::now() + UNREACHABLE_FOR;
+        self.shared.unreachable.lock().expect("unreachable lock").insert(node.to_owned(), until);
+        // A new stream, when the node is routed to again, starts without the backoff this one ran up.
+        self.shared.channels.lock().expect("channels lock").remove(node);
         let mut routes = self.shared.routes.lock().expect("routes lock");
         for route in routes.iter_mut() {
             if route.as_ref().is_some_and(|route| route.address == node) {

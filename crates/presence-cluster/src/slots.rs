@@ -288,11 +288,13 @@ async fn claim(
     Ok(FencedClaim::Claimed(Claim::Stale { current: current.as_ref().and_then(owner_of) }))
 }
 
-/// The claims that give every slot a live owner: each slot that has none,
-/// or whose owner is not among `live`, goes to the live node owning the
-/// fewest slots at that point (ties to the first in `live`'s order). Slots
-/// of live owners stay where they are: moving them is a planned move's
-/// business, not repair's. Returns (slot, new owner, epoch seen).
+/// The claims that give every slot a live owner. A slot whose owner is not
+/// among `live` goes to its follower ([`follower_of`]): the node that holds
+/// a copy of its users (C4). A slot that never had an owner (a new cluster)
+/// goes to the live node owning the fewest slots at that point (ties to the
+/// first in `live`'s order). Slots of live owners stay where they are:
+/// moving them is a planned move's business, not repair's. Returns (slot,
+/// new owner, epoch seen).
 pub fn repairs(map: &SlotMap, live: &[String]) -> Vec<(u32, String, i64)> {
     if live.is_empty() {
         return Vec::new();
@@ -301,15 +303,46 @@ pub fn repairs(map: &SlotMap, live: &[String]) -> Vec<(u32, String, i64)> {
     let mut claims = Vec::new();
     for slot in 0..map.slots() {
         let owner = map.owner(slot);
-        if owner.is_some_and(|owner| live.contains(&owner.node)) {
-            continue;
-        }
-        let (index, _) =
-            load.iter().enumerate().min_by_key(|&(index, count)| (*count, index)).expect("live is not empty");
+        let index = match owner {
+            Some(owner) if live.contains(&owner.node) => continue,
+            Some(owner) => {
+                let follower = follower_of(slot, &owner.node, live).expect("a node other than the dead owner");
+                live.iter().position(|node| node == follower).expect("the follower is live")
+            }
+            None => load.iter().enumerate().min_by_key(|&(index, count)| (*count, index)).expect("live is not empty").0,
+        };
         load[index] += 1;
         claims.push((slot, live[index].clone(), owner.map_or(0, |owner| owner.epoch)));
     }
     claims
+}
+
+/// The node that follows `slot` while `owner` owns it (C4): of the nodes in
+/// `nodes` other than `owner`, the one whose hash with the slot is highest
+/// (rendezvous hashing). Every node computes it alike from the slot map and
+/// the node set; a dead owner's slot goes to it, since the owner's absence
+/// from `nodes` changes nothing for the others; and a node joining or
+/// leaving changes the followers of about its share of slots only.
+pub fn follower_of<'a>(slot: u32, owner: &str, nodes: &'a [String]) -> Option<&'a str> {
+    nodes
+        .iter()
+        .filter(|node| node.as_str() != owner)
+        .max_by_key(|node| (rendezvous_weight(slot, node), node.as_str()))
+        .map(String::as_str)
+}
+
+/// FNV-1a-64 of the slot's bytes and the node's id, mixed (splitmix64's
+/// finaliser) so that nearby slots spread.
+fn rendezvous_weight(slot: u32, node: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in slot.to_le_bytes().iter().chain(node.as_bytes()) {
+        hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash ^= hash >> 30;
+    hash = hash.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    hash ^= hash >> 27;
+    hash = hash.wrapping_mul(0x94d0_49bb_1331_11eb);
+    hash ^ (hash >> 31)
 }
 
 /// The slot map, loaded from etcd and followed through a watch (see
@@ -452,13 +485,39 @@ mod tests {
         assert!(claims.iter().all(|(_, _, seen)| *seen == 0));
         let count = |node: &str| claims.iter().filter(|(_, owner, _)| owner == node).count();
         assert_eq!((count("a"), count("b"), count("c")), (22, 21, 21));
-        // A dead owner's slots go to the least loaded, from the epoch they were at; the live keep theirs.
+        // A dead owner's slots go to their followers, from the epoch they
+        // were at; a slot never owned to the least loaded; the live keep theirs.
         let map =
             map_of(&[Some(("a", 3)), Some(("b", 4)), Some(("dead", 9)), Some(("dead", 10)), None, Some(("a", 5))]);
+        let nodes = live(&["a", "b"]);
+        let follower = |slot| follower_of(slot, "dead", &nodes).unwrap().to_owned();
+        let load = |node: &str| [2, 3].iter().filter(|&&slot| follower(slot) == node).count();
+        let least_loaded = if 2 + load("a") <= 1 + load("b") { "a" } else { "b" };
         assert_eq!(
-            repairs(&map, &live(&["a", "b"])),
-            vec![(2, "b".to_owned(), 9), (3, "a".to_owned(), 10), (4, "b".to_owned(), 0)]
+            repairs(&map, &nodes),
+            vec![(2, follower(2), 9), (3, follower(3), 10), (4, least_loaded.to_owned(), 0)]
         );
         assert!(repairs(&map, &[]).is_empty(), "no live node: nothing to give slots to");
+    }
+
+    #[test]
+    fn c4_a_slots_follower_is_another_node_the_same_for_everyone_and_spread_evenly() {
+        let nodes: Vec<String> = ["n1", "n2", "n3", "n4"].iter().map(|node| (*node).to_owned()).collect();
+        let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+        for slot in 0..1024 {
+            let follower = follower_of(slot, "n1", &nodes).expect("three others");
+            assert_ne!(follower, "n1", "an owner never follows itself");
+            // The owner's death changes no slot's follower.
+            assert_eq!(follower_of(slot, "n1", &nodes[1..]), Some(follower), "slot {slot}");
+            *counts.entry(follower).or_default() += 1;
+        }
+        assert_eq!(counts.len(), 3);
+        assert!(counts.values().all(|&count| (300..=383).contains(&count)), "about a third each: {counts:?}");
+        // A fifth node takes over as follower of about its share of slots only.
+        let more: Vec<String> = nodes.iter().cloned().chain(["n5".to_owned()]).collect();
+        let changed =
+            (0..1024).filter(|&slot| follower_of(slot, "n1", &nodes) != follower_of(slot, "n1", &more)).count();
+        assert!((180..=330).contains(&changed), "about a quarter: {changed}");
+        assert_eq!(follower_of(0, "n1", &nodes[..1]), None, "a lone node has no follower");
     }
 }

@@ -1379,6 +1379,11 @@ impl Shard {
         }
     }
 
+    /// The status the user holds, settling nothing.
+    pub(crate) fn status_named(&self, user_id: &str) -> Option<Status> {
+        self.find(user_id).and_then(|slot| self.status(slot)).map(|status| Status::clone(status))
+    }
+
     /// The statuses of the users of `slots`, to hand over with them (C3).
     pub(crate) fn statuses_in(&self, slots: &SlotSet) -> Vec<(CompactString, Status)> {
         self.statuses

@@ -634,6 +634,11 @@ impl Store {
         self.shards.iter().flat_map(|shard| shard.lock().statuses_in(slots)).collect()
     }
 
+    /// The user's status as held, settling nothing (C4: sent to its follower).
+    pub fn status_of(&self, user_id: &str) -> Option<Status> {
+        self.shards[self.shard_of(user_id)].lock().status_named(user_id)
+    }
+
     /// Drops, publishing nothing, the users of `slots` once another node has
     /// taken them over (C3). Returns how many users were dropped.
     pub fn release_slots(&self, now: Tick, slots: &SlotSet) -> usize {

@@ -23,6 +23,7 @@ use crate::cluster::Ownership;
 use crate::context::Context;
 use crate::data_dir::DataDir;
 use crate::durable::{self, DurableStore};
+use crate::replica::Replica;
 use crate::{ServeError, ServerConfig, StoreClock};
 
 /// A server whose configuration has been checked and whose data directory is
@@ -131,8 +132,20 @@ impl PreparedServer {
             let wake = Arc::clone(&expiry_wake);
             move || wake.notify_one()
         }));
+        let replica = match ownership.membership() {
+            Some(membership) => {
+                store.track_changes();
+                let hold_ms = config.restart_grace_ms();
+                Some(Replica::new(&config.store, started, membership.slot_count(), hold_ms)?)
+            }
+            None => None,
+        };
         let mut context = Context::new(store, clock, durable, &config, CancellationToken::new());
         context.ownership = ownership;
+        context.replica = replica;
+        if context.replica.is_some() {
+            context.privacy.track_changes();
+        }
         let context = Arc::new(context);
         if let Some(stored) = stored {
             context.privacy.load(stored, started);

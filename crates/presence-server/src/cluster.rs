@@ -154,6 +154,14 @@ pub(crate) struct Membership {
     /// Set when the node leaves: it acts for nobody from then on.
     left: AtomicBool,
     map: SlotMapWatch,
+    /// The slot map this node acts on: etcd's, once this node has taken in
+    /// the state of the slots it gives it (C4: a dead owner's users, from the
+    /// follower's copy). Requests are checked against it, never against a
+    /// map whose new slots are still empty here.
+    acted: tokio::sync::watch::Sender<Arc<SlotMap>>,
+    /// Slots whose state a handover brought (C3) and that the map has not
+    /// given this node yet: taken in already, so not taken over from a copy.
+    taken_in: Mutex<SlotSet>,
     nodes: NodeSetWatch,
     peers: Peers,
     _coordinator: Coordinator,
@@ -211,6 +219,8 @@ impl Ownership {
             lease_state: lease.subscribe(),
             lease: Mutex::new(Some(lease)),
             left: AtomicBool::new(false),
+            acted: tokio::sync::watch::Sender::new(map.current()),
+            taken_in: Mutex::new(SlotSet::new(config.slots)),
             map,
             nodes,
             peers: Peers::default(),
@@ -236,7 +246,7 @@ impl Ownership {
                 node: &membership.node,
                 slots: membership.slots,
                 acting: membership.is_acting(Instant::now()),
-                map: membership.map.current(),
+                map: membership.acted_map(),
                 nodes: membership.nodes.current(),
             },
         }
@@ -302,7 +312,7 @@ impl Ownership {
     /// confirms it again. `None` for a single node, which owns everyone for good.
     pub(crate) fn changes(&self) -> Option<OwnershipChanges> {
         let Ownership::Cluster(membership) = self else { return None };
-        Some(OwnershipChanges { map: membership.map.subscribe(), lease: membership.lease_state.clone() })
+        Some(OwnershipChanges { map: membership.acted.subscribe(), lease: membership.lease_state.clone() })
     }
 
     /// Whether this is a cluster node (room reads are per node there).
@@ -351,6 +361,30 @@ impl Membership {
     /// Changes of the slot map, to wait on.
     pub(crate) fn map_changes(&self) -> tokio::sync::watch::Receiver<Arc<SlotMap>> {
         self.map.subscribe()
+    }
+
+    /// The slot map this node acts on (see [`Membership::acted`]).
+    pub(crate) fn acted_map(&self) -> Arc<SlotMap> {
+        self.acted.borrow().clone()
+    }
+
+    /// Acts on `map` from now on: the state of every slot it gives this node is here.
+    pub(crate) fn act_on(&self, map: Arc<SlotMap>) {
+        self.acted.send_replace(map);
+    }
+
+    /// Notes that a handover brought the state of `slots` (C3).
+    pub(crate) fn note_taken_in(&self, slots: &SlotSet) {
+        let mut taken_in = self.taken_in.lock();
+        slots.iter().for_each(|slot| taken_in.insert(slot));
+    }
+
+    /// Forgets that a handover brought `slot`'s state; returns whether one had.
+    pub(crate) fn forget_taken_in(&self, slot: u32) -> bool {
+        let mut taken_in = self.taken_in.lock();
+        let had = taken_in.contains(slot);
+        taken_in.remove(slot);
+        had
     }
 
     /// The live nodes as last seen.

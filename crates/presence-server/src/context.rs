@@ -52,6 +52,8 @@ pub(crate) struct Context {
     pub(crate) started: Instant,
     /// Which users this node may act for: all, or its slots of a cluster (C1).
     pub(crate) ownership: Ownership,
+    /// The copies of the slots this cluster node follows (C4); `None` on a single node.
+    pub(crate) replica: Option<crate::replica::Replica>,
 }
 
 impl Context {
@@ -86,6 +88,7 @@ impl Context {
             stopping,
             started: Instant::now(),
             ownership: Ownership::Single,
+            replica: None,
         }
     }
 

@@ -168,7 +168,7 @@ async fn move_chunk(
         chunk.iter().map(|&slot| (slot, map.owner(slot).map_or(0, |owner| owner.epoch))).collect();
     let mine = chunk.iter().all(|&slot| membership.owns(&map, slot));
     if !mine || !membership.acting_now() {
-        undo(context, membership, &set);
+        answer_again(context, membership, &set);
         return Err(ServiceError::MoveAborted("the slot map changed as the move began; nothing moved".to_owned()));
     }
     let state = store.export_slots(&set, context.now());
@@ -178,7 +178,7 @@ async fn move_chunk(
     let taken = match taken {
         Ok(taken) => taken,
         Err(refused) => {
-            undo(context, membership, &set);
+            answer_again(context, membership, &set);
             return Err(refused);
         }
     };
@@ -186,7 +186,7 @@ async fn move_chunk(
         Ok(Some(epoch)) => epoch,
         Ok(None) => {
             drop_at(membership, address, &set, credential).await;
-            undo(context, membership, &set);
+            answer_again(context, membership, &set);
             return Err(ServiceError::MoveAborted(format!(
                 "slots {chunk:?} changed in etcd during the move; they stayed here"
             )));
@@ -197,7 +197,7 @@ async fn move_chunk(
                 Some(epoch) => epoch,
                 None => {
                     drop_at(membership, address, &set, credential).await;
-                    undo(context, membership, &set);
+                    answer_again(context, membership, &set);
                     return Err(ServiceError::Etcd(format!(
                         "giving the slots to {to_node}: {error}; they stayed here"
                     )));
@@ -216,7 +216,7 @@ async fn move_chunk(
 }
 
 /// Answers `set`'s requests again: a move of them failed, or they came back.
-fn undo(context: &Context, membership: &Membership, set: &SlotSet) {
+pub(crate) fn answer_again(context: &Context, membership: &Membership, set: &SlotSet) {
     let refused = membership.stop_leaving(set);
     context.store().pause_expiry((!refused.is_empty()).then_some(refused));
 }
@@ -355,6 +355,14 @@ impl Cluster for ClusterService {
         self.context.privacy.release_slots(&set).await?;
         Ok(Response::new(pb::DropSlotsResponse { users: users as u64 }))
     }
+
+    async fn follow(
+        &self,
+        request: Request<Streaming<pb::FollowUpdate>>,
+    ) -> Result<Response<pb::FollowResponse>, Status> {
+        self.service_only(&request, "Follow")?;
+        Ok(Response::new(crate::replica::follow(&self.context, request.into_inner()).await?))
+    }
 }
 
 /// `slots` of a cluster of `slot_count`, checked against this one's.
@@ -417,11 +425,12 @@ async fn take_slots(
     let durable = durable.into_iter().map(|user| wire::handed_over(user, now)).collect::<Result<Vec<_>, _>>()?;
     let _one_at_a_time = membership.handing_over.lock().await;
     // Slots that come back here are answered again once the map says so.
-    undo(context, membership, &set);
+    answer_again(context, membership, &set);
     let imported = context
         .apply(|store, now, changes| store.import(now, &state, changes))
         .map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
     context.privacy.take_over(durable, now).await?;
+    membership.note_taken_in(&set);
     tracing::info!(
         from_node = first.from_node,
         slots = set.len(),
@@ -455,6 +464,9 @@ async fn drop_unless_given(context: Arc<Context>, set: SlotSet) {
     }
     let map = membership.map();
     let not_given = SlotSet::of(set.slots(), set.iter().filter(|&slot| !membership.owns(&map, slot)));
+    for slot in not_given.iter() {
+        membership.forget_taken_in(slot);
+    }
     let users = context.store().release_slots(context.now(), &not_given);
     if let Err(error) = context.privacy.release_slots(&not_given).await {
         tracing::warn!(%error, "could not delete the durable data of a handover that did not happen");

@@ -29,6 +29,7 @@ pub mod metrics;
 mod ops;
 pub mod privacy;
 mod publish;
+mod replica;
 mod rooms;
 mod service;
 mod settings;
@@ -277,6 +278,8 @@ async fn serve_prepared(
     });
 
     let expiry = tokio::spawn(expiry::run(Arc::clone(&context), expiry_wake, config.expiry_batch));
+    tokio::spawn(replica::send_to_followers(Arc::clone(&context)));
+    tokio::spawn(replica::act_on_the_map(Arc::clone(&context)));
     tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
     let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
 

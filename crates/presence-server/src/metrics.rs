@@ -88,6 +88,10 @@ pub mod names {
     pub const CLOCK_STALLED_MS: &str = "presenced_clock_stalled_ms_total";
     /// Periodic checkpoints by `result`: ok, failed (a failed one is retried at the next interval) (counter).
     pub const CHECKPOINTS: &str = "presenced_checkpoints_total";
+    /// From an owner taking its users' changes to their follower applying them, in seconds (histogram, C4).
+    pub const FOLLOWER_LAG_SECONDS: &str = "presenced_follower_lag_seconds";
+    /// Users taken over from this node's copy when their owner died (counter, C4).
+    pub const TAKEN_OVER_USERS: &str = "presenced_taken_over_users_total";
 }
 
 /// Counts a periodic checkpoint, written or not (B3).

@@ -263,6 +263,9 @@ pub(crate) struct Privacy {
     publisher: Publisher,
     /// Last seen is released rounded down to this many milliseconds (P5).
     last_seen_granularity_ms: u64,
+    /// Users whose visibility or audience changed since a follower was last
+    /// sent them (C4); `None` unless tracked.
+    changed: parking_lot::Mutex<Option<HashSet<CompactString>>>,
 }
 
 impl Privacy {
@@ -278,7 +281,37 @@ impl Privacy {
             durable,
             publisher,
             last_seen_granularity_ms: last_seen_granularity_ms.max(1),
+            changed: parking_lot::Mutex::new(None),
         }
+    }
+
+    /// Starts noting whose visibility or audience changes, for
+    /// [`Privacy::take_changed`] (C4).
+    pub(crate) fn track_changes(&self) {
+        self.changed.lock().get_or_insert_with(HashSet::new);
+    }
+
+    /// The users whose visibility or audience changed since the last call.
+    pub(crate) fn take_changed(&self) -> Vec<CompactString> {
+        self.changed.lock().as_mut().map(|changed| changed.drain().collect()).unwrap_or_default()
+    }
+
+    /// What each of `user_ids` keeps beside its leases, as a handover sends
+    /// it (all empty for a user with nothing), for its slot's follower (C4).
+    pub(crate) fn durable_of(&self, user_ids: &[CompactString]) -> Vec<HandedOver> {
+        let relations = self.relations.read();
+        user_ids
+            .iter()
+            .map(|user_id| {
+                let record = relations.users.get(user_id);
+                HandedOver {
+                    user_id: user_id.clone(),
+                    status: self.store().status_of(user_id),
+                    visibility: record.and_then(|record| record.visibility),
+                    audience: record.map(|record| record.granted.iter().cloned().collect()).unwrap_or_default(),
+                }
+            })
+            .collect()
     }
 
     fn store(&self) -> &Store {
@@ -502,6 +535,9 @@ impl Privacy {
         let mut relations = self.relations.write();
         relations.apply(&change);
         let (users, viewers) = change.affected();
+        if let Some(changed) = self.changed.lock().as_mut() {
+            changed.extend(users.iter().cloned());
+        }
         let transitions =
             self.publisher.hub.reconcile(&users, &viewers, |viewer, user| relations.can_see(viewer, user));
         self.apply_transitions(transitions);

@@ -1,0 +1,501 @@
+//! Followers (C4): each slot's follower keeps a copy of its owner's users,
+//! and takes the slot over with that copy when the owner dies.
+//!
+//! A slot's follower is the node [`follower_of`] names: every node computes
+//! it alike from the slot map and the live nodes, and the coordinator gives
+//! a dead owner's slot to it. Every [`FOLLOW_INTERVAL`], an owner sends each
+//! of its followers (`Cluster/Follow`, one stream per follower) the state of
+//! the users that changed in the slots it follows: everything but renewals,
+//! which carry no news but a later deadline (the store notes the changes,
+//! `Store::take_changed`). A new stream, or a node newly a slot's follower,
+//! starts with the whole state of those slots. The follower keeps the copy
+//! in a store of its own, which expires nothing and serves nobody.
+//!
+//! When etcd's slot map gives this node a slot whose owner was another node
+//! and no handover brought its state (C3), this node takes the copy in
+//! (`Store::take_over`) before it answers for the slot: the users keep their
+//! versions and their sessions' generations; each user the copy has online
+//! is held online for the restart grace (B3), and each lease lives that
+//! long at least, so that gateways renew the sessions they hold and
+//! register again those the copy missed, without a flip. A user the copy
+//! never had (registered in the last interval before the death) is unknown
+//! until its gateway registers it again.
+//!
+//! Versions never go back across a takeover (M4): the copy carries the
+//! owner's stamp clocks, and a takeover comes a lease TTL after the owner's
+//! last stamp, so that every stamp this node issues is above any the dead
+//! node issued (hybrid stamps, `stamp.rs`), as long as the nodes' clocks agree
+//! within that.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use compact_str::CompactString;
+use metrics::{counter, histogram};
+use parking_lot::Mutex;
+use presence_cluster::follower_of;
+use presence_core::{Changes, ConfigError, SlotSet, Store, StoreConfig, slot_of};
+use presence_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tonic::{Request, Streaming};
+
+use crate::cluster::Membership;
+use crate::context::Context;
+use crate::error::ServiceError;
+use crate::metrics::names;
+use crate::privacy::HandedOver;
+use crate::wire;
+
+/// How often an owner sends its followers what changed: the bound on how
+/// much a follower's copy lags behind (plus the time to send it).
+pub(crate) const FOLLOW_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How long an owner waits for a follower to take a message before it
+/// drops the stream and starts a new one later, with the whole state.
+const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long after a stream to a follower broke an owner tries again.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The state bytes one `FollowUpdate` message carries: well under gRPC's 4 MiB.
+const PIECE_BYTES: usize = 1 << 20;
+
+/// Users' durable data, and users removed, per `FollowUpdate` message.
+const USERS_PER_PIECE: usize = 1_000;
+
+/// The most state one update may carry: a whole node's slots of a large
+/// node fit; a peer cannot make the follower hold more.
+const MAX_UPDATE_BYTES: usize = 1 << 30;
+
+/// The most users one update may name (removed, or with durable data).
+const MAX_UPDATE_USERS: usize = 10_000_000;
+
+/// The copies this node keeps of the slots it follows.
+#[derive(Debug)]
+pub(crate) struct Replica {
+    /// The followed users, as their owners last sent them. Nothing here
+    /// expires or publishes: it is only ever copied from and taken over.
+    copy: Store,
+    /// What each followed user keeps beside its leases, when it has anything.
+    durable: Mutex<HashMap<CompactString, HandedOver>>,
+    /// By slot: the owner whose copy this node holds.
+    followed: Mutex<Vec<Option<String>>>,
+    /// How long a taken-over user is held online, and its leases kept alive.
+    hold_ms: u64,
+}
+
+/// One whole update from an owner.
+#[derive(Debug)]
+struct Update {
+    from_node: String,
+    fresh: SlotSet,
+    state: Vec<u8>,
+    removed: Vec<CompactString>,
+    durable: Vec<HandedOver>,
+    taken_at_ms: u64,
+}
+
+impl Replica {
+    /// An empty copy for a cluster of `slots` slots, with the store's own
+    /// configuration; taken-over users are held for `hold_ms`.
+    pub(crate) fn new(config: &StoreConfig, now: u64, slots: u32, hold_ms: u64) -> Result<Self, ConfigError> {
+        Ok(Replica {
+            copy: Store::new(config.clone(), now)?,
+            durable: Mutex::new(HashMap::new()),
+            followed: Mutex::new(vec![None; slots as usize]),
+            hold_ms,
+        })
+    }
+
+    /// Applies an owner's update to the copy. The state is checked whole
+    /// before anything changes.
+    fn apply(&self, now: u64, update: Update) -> Result<(), ServiceError> {
+        if !update.fresh.is_empty() {
+            // The slots' copy is dropped first: refuse damaged state before.
+            presence_core::checkpoint::decode(&update.state)
+                .map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
+        }
+        if !update.fresh.is_empty() {
+            self.drop_slots(now, &update.fresh);
+            let mut followed = self.followed.lock();
+            update.fresh.iter().for_each(|slot| followed[slot as usize] = Some(update.from_node.clone()));
+        }
+        if !update.state.is_empty() {
+            self.copy
+                .import(now, &update.state, &mut Changes::default())
+                .map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
+        }
+        self.copy.release_users(now, &update.removed);
+        let mut durable = self.durable.lock();
+        for user in &update.removed {
+            durable.remove(user);
+        }
+        for user in update.durable {
+            if user.status.is_none() && user.visibility.is_none() && user.audience.is_empty() {
+                durable.remove(&user.user_id);
+            } else {
+                durable.insert(user.user_id.clone(), user);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the copy of `slots`.
+    fn drop_slots(&self, now: u64, slots: &SlotSet) {
+        self.copy.release_slots(now, slots);
+        self.durable.lock().retain(|user, _| !slots.holds(user.as_bytes()));
+        let mut followed = self.followed.lock();
+        slots.iter().for_each(|slot| followed[slot as usize] = None);
+    }
+
+    /// Takes the copy of `slots` out: its users' state and durable data.
+    fn take(&self, now: u64, slots: &SlotSet) -> (Vec<u8>, Vec<HandedOver>) {
+        let state = self.copy.export_slots(slots, now);
+        let durable =
+            self.durable.lock().values().filter(|user| slots.holds(user.user_id.as_bytes())).cloned().collect();
+        self.drop_slots(now, slots);
+        (state, durable)
+    }
+
+    /// Drops the copies of slots this node no longer follows: their owner is
+    /// another node than the one the copy came from, or another node follows
+    /// them now. Slots the map gives this node are kept, to be taken over.
+    fn prune(&self, now: u64, membership: &Membership) {
+        let (map, nodes) = (membership.map(), membership.nodes().ids());
+        let stale = {
+            let followed = self.followed.lock();
+            let stale = followed.iter().enumerate().filter_map(|(slot, from)| {
+                let (slot, from) = (slot as u32, from.as_deref()?);
+                let owner = map.owner(slot).map(|owner| owner.node.as_str());
+                let keep = owner == Some(membership.node())
+                    || (owner == Some(from) && follower_of(slot, from, &nodes) == Some(membership.node()));
+                (!keep).then_some(slot)
+            });
+            SlotSet::of(membership.slot_count(), stale)
+        };
+        if !stale.is_empty() {
+            tracing::debug!(slots = stale.len(), "dropped the copies of slots this node no longer follows");
+            self.drop_slots(now, &stale);
+        }
+    }
+}
+
+/// The follower's side of `Cluster/Follow`: applies each whole update.
+pub(crate) async fn follow(
+    context: &Context,
+    mut pieces: Streaming<pb::FollowUpdate>,
+) -> Result<pb::FollowResponse, ServiceError> {
+    let (Some(membership), Some(replica)) = (context.ownership.membership(), context.replica.as_ref()) else {
+        return Err(ServiceError::NotClustered { operation: "Follow" });
+    };
+    let mut updates = 0;
+    let mut pending: Option<Update> = None;
+    while let Some(piece) = pieces.message().await.map_err(|status| ServiceError::Peer {
+        node: pending.as_ref().map_or_else(|| "the owner".to_owned(), |update| update.from_node.clone()),
+        status,
+    })? {
+        let slots = membership.slot_count();
+        if piece.slot_count != slots {
+            return Err(ServiceError::invalid(
+                "slot_count",
+                format!("{}, but this cluster has {slots} slots", piece.slot_count),
+            ));
+        }
+        if piece.from_node.is_empty() {
+            return Err(ServiceError::invalid("from_node", "name the node sending the update"));
+        }
+        if let Some(bad) = piece.fresh_slots.iter().find(|&&slot| slot >= slots) {
+            return Err(ServiceError::invalid(
+                "fresh_slots",
+                format!("{bad} is not one of the cluster's {slots} slots"),
+            ));
+        }
+        let update = pending.get_or_insert_with(|| Update {
+            from_node: piece.from_node.clone(),
+            fresh: SlotSet::new(slots),
+            state: Vec::new(),
+            removed: Vec::new(),
+            durable: Vec::new(),
+            taken_at_ms: piece.taken_at_ms,
+        });
+        if update.state.len() + piece.state.len() > MAX_UPDATE_BYTES {
+            return Err(ServiceError::invalid("state", format!("more than {MAX_UPDATE_BYTES} bytes in one update")));
+        }
+        if update.removed.len() + update.durable.len() + piece.removed_users.len() + piece.durable.len()
+            > MAX_UPDATE_USERS
+        {
+            return Err(ServiceError::invalid("durable", format!("more than {MAX_UPDATE_USERS} users in one update")));
+        }
+        piece.fresh_slots.iter().for_each(|&slot| update.fresh.insert(slot));
+        update.state.extend_from_slice(&piece.state);
+        for user in piece.removed_users {
+            update.removed.push(wire::id("removed_users", &user)?);
+        }
+        let now = context.now();
+        for user in piece.durable {
+            update.durable.push(wire::handed_over(user, now)?);
+        }
+        if piece.complete {
+            let update = pending.take().expect("an update is pending");
+            let taken_at_ms = update.taken_at_ms;
+            replica.apply(context.now(), update)?;
+            updates += 1;
+            let lag_ms = unix_ms().saturating_sub(taken_at_ms);
+            histogram!(names::FOLLOWER_LAG_SECONDS).record(lag_ms as f64 / 1_000.0);
+        }
+    }
+    Ok(pb::FollowResponse { updates })
+}
+
+/// Milliseconds since the Unix epoch, by the system clock: what the lag of
+/// a follower's copy is measured with, across nodes.
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_millis() as u64)
+}
+
+/// A stream of updates to one follower.
+#[derive(Debug)]
+struct Link {
+    sender: mpsc::Sender<pb::FollowUpdate>,
+    /// The slots whose whole state the follower got on this stream.
+    synced: SlotSet,
+}
+
+/// The owner's side: sends each follower what changed in its slots, every
+/// [`FOLLOW_INTERVAL`], until the server stops. Also drops the copies this
+/// node no longer needs.
+pub(crate) async fn send_to_followers(context: Arc<Context>) {
+    let (Some(membership), Some(replica)) = (context.ownership.membership(), context.replica.as_ref()) else {
+        return;
+    };
+    let mut links: HashMap<String, Link> = HashMap::new();
+    let mut broken: HashMap<String, tokio::time::Instant> = HashMap::new();
+    let mut ticks = tokio::time::interval(FOLLOW_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = context.stopping.cancelled() => return,
+        }
+        replica.prune(context.now(), membership);
+        let taken_at_ms = unix_ms();
+        let mut changed: HashSet<CompactString> = context.store().take_changed().into_iter().collect();
+        changed.extend(context.privacy.take_changed());
+        let assigned = followers(membership);
+        links.retain(|node, link| assigned.contains_key(node) && !link.sender.is_closed());
+        let mut changed_for: BTreeMap<&str, Vec<CompactString>> = BTreeMap::new();
+        for user in changed {
+            let slot = slot_of(user.as_bytes(), membership.slot_count());
+            if let Some((node, _)) = assigned.iter().find(|(_, slots)| slots.contains(slot)) {
+                changed_for.entry(node.as_str()).or_default().push(user);
+            }
+        }
+        let nodes = membership.nodes();
+        for (node, slots) in &assigned {
+            let changed = changed_for.remove(node.as_str()).unwrap_or_default();
+            if !links.contains_key(node) {
+                if broken.get(node).is_some_and(|&retry_at| tokio::time::Instant::now() < retry_at) {
+                    continue;
+                }
+                let Some(address) = nodes.address(node) else { continue };
+                match open_link(membership, address) {
+                    Ok(sender) => {
+                        links.insert(node.clone(), Link { sender, synced: SlotSet::new(membership.slot_count()) });
+                    }
+                    Err(error) => {
+                        tracing::warn!(node, %error, "cannot reach a follower");
+                        continue;
+                    }
+                }
+            }
+            let link = links.get_mut(node).expect("opened above");
+            let fresh = SlotSet::of(membership.slot_count(), slots.iter().filter(|&slot| !link.synced.contains(slot)));
+            let sent = send_update(&context, membership, link, &fresh, changed, taken_at_ms).await;
+            match sent {
+                Ok(()) => link.synced = slots.clone(),
+                Err(()) => {
+                    tracing::warn!(node, "a follower's stream broke: its copy starts afresh on the next one");
+                    links.remove(node);
+                    broken.insert(node.clone(), tokio::time::Instant::now() + RETRY_AFTER);
+                }
+            }
+        }
+    }
+}
+
+/// The slots this node owns by follower.
+fn followers(membership: &Membership) -> BTreeMap<String, SlotSet> {
+    let (map, nodes) = (membership.acted_map(), membership.nodes().ids());
+    let mut assigned: BTreeMap<String, SlotSet> = BTreeMap::new();
+    for slot in map.owned_by(membership.node()) {
+        if let Some(follower) = follower_of(slot, membership.node(), &nodes) {
+            assigned.entry(follower.to_owned()).or_insert_with(|| SlotSet::new(membership.slot_count())).insert(slot);
+        }
+    }
+    assigned
+}
+
+/// Opens a `Cluster/Follow` stream to the node at `address`.
+fn open_link(membership: &Membership, address: &str) -> Result<mpsc::Sender<pb::FollowUpdate>, ServiceError> {
+    let mut client = membership.cluster_client(address)?;
+    let (sender, receiver) = mpsc::channel(4);
+    let mut request = Request::new(tokio_stream::wrappers::ReceiverStream::new(receiver));
+    if let Some(token) = membership.peer_token() {
+        request.metadata_mut().insert("authorization", token.clone());
+    }
+    let address = address.to_owned();
+    tokio::spawn(async move {
+        // Ends when the follower fails or the owner drops the sender; the
+        // receiver goes with it, which the owner sees as a closed link.
+        if let Err(status) = client.follow(request).await {
+            tracing::debug!(address, %status, "a follower's stream ended");
+        }
+    });
+    Ok(sender)
+}
+
+/// Sends `link`'s follower the whole state of `fresh` and the state of the
+/// `changed` users (of the slots it has already). `Err` when the stream broke.
+async fn send_update(
+    context: &Arc<Context>,
+    membership: &Membership,
+    link: &Link,
+    fresh: &SlotSet,
+    changed: Vec<CompactString>,
+    taken_at_ms: u64,
+) -> Result<(), ()> {
+    let header = |fresh: &SlotSet| pb::FollowUpdate {
+        from_node: membership.node().to_owned(),
+        slot_count: membership.slot_count(),
+        fresh_slots: fresh.iter().collect(),
+        taken_at_ms,
+        ..pb::FollowUpdate::default()
+    };
+    if !fresh.is_empty() {
+        let (store, set, now) = (Arc::clone(context.store()), fresh.clone(), context.now());
+        let state = tokio::task::spawn_blocking(move || store.export_slots(&set, now)).await.map_err(drop)?;
+        let durable = context.privacy.hand_over(fresh);
+        send_pieces(link, header(fresh), state, Vec::new(), durable).await?;
+    }
+    let changed: Vec<CompactString> = changed.into_iter().filter(|user| !fresh.holds(user.as_bytes())).collect();
+    if !changed.is_empty() {
+        let (state, removed) = context.store().export_users(&changed, context.now());
+        let durable = context.privacy.durable_of(&changed);
+        let empty = SlotSet::new(membership.slot_count());
+        send_pieces(link, header(&empty), state, removed, durable).await?;
+    }
+    Ok(())
+}
+
+/// Sends one update in pieces, the last marked complete.
+async fn send_pieces(
+    link: &Link,
+    header: pb::FollowUpdate,
+    state: Vec<u8>,
+    removed: Vec<CompactString>,
+    durable: Vec<HandedOver>,
+) -> Result<(), ()> {
+    let mut pieces: Vec<pb::FollowUpdate> = state
+        .chunks(PIECE_BYTES)
+        .map(|piece| pb::FollowUpdate { state: piece.to_vec(), ..Default::default() })
+        .collect();
+    pieces.extend(removed.chunks(USERS_PER_PIECE).map(|users| pb::FollowUpdate {
+        removed_users: users.iter().map(ToString::to_string).collect(),
+        ..Default::default()
+    }));
+    pieces.extend(durable.chunks(USERS_PER_PIECE).map(|users| pb::FollowUpdate {
+        durable: users.iter().map(wire::handed_over_message).collect(),
+        ..Default::default()
+    }));
+    if pieces.is_empty() {
+        pieces.push(pb::FollowUpdate::default());
+    }
+    let count = pieces.len();
+    for (index, mut piece) in pieces.into_iter().enumerate() {
+        piece.from_node.clone_from(&header.from_node);
+        piece.slot_count = header.slot_count;
+        piece.taken_at_ms = header.taken_at_ms;
+        if index == 0 {
+            piece.fresh_slots.clone_from(&header.fresh_slots);
+        }
+        piece.complete = index + 1 == count;
+        match tokio::time::timeout(SEND_TIMEOUT, link.sender.send(piece)).await {
+            Ok(Ok(())) => {}
+            _ => return Err(()),
+        }
+    }
+    Ok(())
+}
+
+/// Follows etcd's slot map for this node: before it acts on a map that
+/// gives it a slot another node owned, it takes in that slot's state from
+/// its copy, unless a handover brought it (see the module's description).
+pub(crate) async fn act_on_the_map(context: Arc<Context>) {
+    let (Some(membership), Some(replica)) = (context.ownership.membership(), context.replica.as_ref()) else {
+        return;
+    };
+    let mut changes = membership.map_changes();
+    loop {
+        let (map, acted) = (membership.map(), membership.acted_map());
+        if !Arc::ptr_eq(&map, &acted) {
+            take_in(&context, membership, replica, &acted, &map).await;
+            membership.act_on(map);
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            () = context.stopping.cancelled() => return,
+        }
+    }
+}
+
+/// Takes in the state of the slots `map` gives this node and `acted` gave another.
+async fn take_in(
+    context: &Context,
+    membership: &Membership,
+    replica: &Replica,
+    acted: &presence_cluster::SlotMap,
+    map: &presence_cluster::SlotMap,
+) {
+    let slots = membership.slot_count();
+    let (mut from_copy, mut handed) = (SlotSet::new(slots), SlotSet::new(slots));
+    for slot in 0..slots {
+        if !membership.owns(map, slot) || membership.owns(acted, slot) {
+            continue;
+        }
+        if membership.forget_taken_in(slot) {
+            handed.insert(slot);
+        } else if acted.owner(slot).is_some() {
+            from_copy.insert(slot);
+        }
+    }
+    let now = context.now();
+    if !handed.is_empty() {
+        // Their state came whole with the handover: the copy is older.
+        replica.drop_slots(now, &handed);
+    }
+    if from_copy.is_empty() {
+        return;
+    }
+    crate::handover::answer_again(context, membership, &from_copy);
+    let (state, durable) = replica.take(now, &from_copy);
+    let bytes = state.len();
+    let taken = match context.store().take_over(now, &state, now.saturating_add(replica.hold_ms)) {
+        Ok(taken) => taken,
+        Err(damaged) => {
+            tracing::error!(%damaged, slots = from_copy.len(), "a follower's copy could not be taken over");
+            return;
+        }
+    };
+    if let Err(error) = context.privacy.take_over(durable, now).await {
+        tracing::error!(%error, "the durable data of slots taken over could not be written");
+    }
+    counter!(names::TAKEN_OVER_USERS).increment(taken.users as u64);
+    tracing::info!(
+        slots = from_copy.len(),
+        users = taken.users,
+        sessions = taken.sessions,
+        bytes,
+        "took over slots of a node that is gone, from this node's copy"
+    );
+}
