@@ -10,9 +10,9 @@
 # (its JSON gateway, every 20 ms) until no slot names that node any more.
 # It prints, per run, the time from the kill to that point, then p50 and max.
 #
-# This is the slot map's takeover only: the new owners get the slots without
-# the dead node's leases (there are no followers yet, docs/cluster.md), so its
-# sessions must register again. etcd expires the lease TTL after the last
+# This is the slot map's takeover only, with no sessions: each slot goes to
+# its follower, which would take in its copy of the dead node's users before
+# answering (C4, docs/cluster.md); that part is not timed here. etcd expires the lease TTL after the last
 # keep-alive it received (sent every TTL/3), so a kill lands between TTL*2/3
 # and TTL before the expiry, plus etcd's expiry check and the coordinator's claims.
 set -euo pipefail

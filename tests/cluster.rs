@@ -556,6 +556,32 @@ async fn events_until_quiet_or_ended(stream: &mut tonic::Streaming<pb::WatchEven
     events
 }
 
+/// `user` (at its owner, through `client`) shows the status "lunch", to its audience ("friend") only.
+async fn show_lunch_to_friend_only(client: &mut PresenceClient<Channel>, user: &str) {
+    let status = pb::Status { availability: pb::Availability::Away as i32, text: "lunch".into(), ..Default::default() };
+    let request = pb::SetStatusRequest { user_id: user.into(), status: Some(status), ..Default::default() };
+    client.set_status(request).await.unwrap();
+    let audience =
+        pb::AudienceRequest { user_id: user.into(), viewer_ids: vec!["friend".into()], ..Default::default() };
+    client.grant_audience(audience).await.unwrap();
+    let visibility = pb::SetVisibilityRequest {
+        user_id: user.into(),
+        visibility: pb::Visibility::Audience as i32,
+        ..Default::default()
+    };
+    client.set_visibility(visibility).await.unwrap();
+}
+
+/// Asserts, through `viewer`, that "friend" sees `user` online with its "lunch" status and a stranger sees nothing.
+async fn assert_lunch_shown_to_friend_only(viewer: &mut PresenceClient<Channel>, user: &str) {
+    for (who, sees) in [("friend", true), ("stranger", false)] {
+        let request = pb::SnapshotRequest { user_ids: vec![user.into()], viewer_id: who.into(), ..Default::default() };
+        let seen = viewer.snapshot(request).await.unwrap().into_inner().users.remove(0);
+        let shown = (seen.state == pb::State::Online as i32, seen.status.as_ref().map(|status| status.text.as_str()));
+        assert_eq!(shown, if sees { (true, Some("lunch")) } else { (false, None) }, "{who}: {seen:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c3_a_planned_move_hands_slots_over_with_their_sessions_and_nobody_flips() {
     let etcd = EtcdServer::start().await;
@@ -573,24 +599,7 @@ async fn c3_a_planned_move_hands_slots_over_with_their_sessions_and_nobody_flips
     }
     // One user of node-a shows a status, to its audience only.
     let private = users.iter().find(|user| map.owner(slot_of(user, SLOTS)).unwrap().node == "node-a").unwrap().clone();
-    let mut at_a = servers[0].client().await;
-    let status = pb::Status { availability: pb::Availability::Away as i32, text: "lunch".into(), ..Default::default() };
-    at_a.set_status(pb::SetStatusRequest {
-        user_id: private.clone(),
-        status: Some(status.clone()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let audience =
-        pb::AudienceRequest { user_id: private.clone(), viewer_ids: vec!["friend".into()], ..Default::default() };
-    at_a.grant_audience(audience).await.unwrap();
-    let visibility = pb::SetVisibilityRequest {
-        user_id: private.clone(),
-        visibility: pb::Visibility::Audience as i32,
-        ..Default::default()
-    };
-    at_a.set_visibility(visibility).await.unwrap();
+    show_lunch_to_friend_only(&mut servers[0].client().await, &private).await;
     let mut viewer = servers[2].client().await;
     let before = presences(&mut viewer, &users).await;
     assert!(before.values().all(|presence| presence.state == pb::State::Online as i32));
@@ -642,13 +651,7 @@ async fn c3_a_planned_move_hands_slots_over_with_their_sessions_and_nobody_flips
         assert_eq!(after[user].version, before[user].version, "{user}: no flip, so no new version (M4)");
     }
     // Its status, visibility and audience went with it.
-    for (who, sees) in [("friend", true), ("stranger", false)] {
-        let request =
-            pb::SnapshotRequest { user_ids: vec![private.clone()], viewer_id: who.into(), ..Default::default() };
-        let seen = viewer.snapshot(request).await.unwrap().into_inner().users.remove(0);
-        let shown = (seen.state == pb::State::Online as i32, seen.status.as_ref().map(|status| status.text.as_str()));
-        assert_eq!(shown, if sees { (true, Some("lunch")) } else { (false, None) }, "{who} at node-b: {seen:?}");
-    }
+    assert_lunch_shown_to_friend_only(&mut viewer, &private).await;
     // The sessions kept their generations and run on the deadlines the renewals set.
     let mut at_b = servers[1].client().await;
     let sample = on_a[0];
@@ -880,20 +883,7 @@ async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_
     assert!(on_a.len() > 100, "node-a owns {} of the users", on_a.len());
     // One of node-a's users shows a status to its audience only.
     let private = on_a[0].clone();
-    let mut at_a = PresenceClient::connect(node_a.url()).await.unwrap();
-    let status = pb::Status { availability: pb::Availability::Away as i32, text: "lunch".into(), ..Default::default() };
-    at_a.set_status(pb::SetStatusRequest { user_id: private.clone(), status: Some(status), ..Default::default() })
-        .await
-        .unwrap();
-    let audience =
-        pb::AudienceRequest { user_id: private.clone(), viewer_ids: vec!["friend".into()], ..Default::default() };
-    at_a.grant_audience(audience).await.unwrap();
-    let visibility = pb::SetVisibilityRequest {
-        user_id: private.clone(),
-        visibility: pb::Visibility::Audience as i32,
-        ..Default::default()
-    };
-    at_a.set_visibility(visibility).await.unwrap();
+    show_lunch_to_friend_only(&mut PresenceClient::connect(node_a.url()).await.unwrap(), &private).await;
     let mut viewer = servers[1].client().await;
     let before = presences(&mut viewer, &users).await;
     assert!(before.values().all(|presence| presence.state == pb::State::Online as i32));
@@ -957,13 +947,7 @@ async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_
         );
     }
     // Its status, visibility and audience were in the copy.
-    for (who, sees) in [("friend", true), ("stranger", false)] {
-        let request =
-            pb::SnapshotRequest { user_ids: vec![private.clone()], viewer_id: who.into(), ..Default::default() };
-        let seen = viewer.snapshot(request).await.unwrap().into_inner().users.remove(0);
-        let shown = (seen.state == pb::State::Online as i32, seen.status.as_ref().map(|status| status.text.as_str()));
-        assert_eq!(shown, if sees { (true, Some("lunch")) } else { (false, None) }, "{who}: {seen:?}");
-    }
+    assert_lunch_shown_to_friend_only(&mut viewer, &private).await;
     // The gateway's unregister with the generation it holds removes the session.
     let generation = generations.iter().find(|(user, _)| *user == private).unwrap().1;
     let request =

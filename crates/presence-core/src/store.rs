@@ -602,6 +602,27 @@ impl Store {
     /// taken: refused ones change nothing.
     pub fn import(&self, now: Tick, bytes: &[u8], changes: &mut Changes) -> Result<Imported, CheckpointError> {
         let handed = self.decode_raising_clocks(bytes)?;
+        Ok(self.import_decoded(now, &handed, changes))
+    }
+
+    /// [`Store::import`] in place of whatever this store holds of `slots`:
+    /// their users are dropped (as [`Store::release_slots`] does) once the
+    /// bytes are checked whole, then the bytes' users taken in. A follower's
+    /// copy of slots starting afresh (C4).
+    pub fn replace_slots(
+        &self,
+        now: Tick,
+        slots: &SlotSet,
+        bytes: &[u8],
+        changes: &mut Changes,
+    ) -> Result<Imported, CheckpointError> {
+        let handed = self.decode_raising_clocks(bytes)?;
+        self.release_slots(now, slots);
+        Ok(self.import_decoded(now, &handed, changes))
+    }
+
+    /// Takes in every user of a decoded handover (see [`Store::import`]).
+    fn import_decoded(&self, now: Tick, handed: &Checkpoint, changes: &mut Changes) -> Imported {
         let mut imported = Imported::default();
         for user in &handed.users {
             let record = user.as_record();
@@ -611,7 +632,7 @@ impl Store {
                 shard.import_user(now, &record, &self.names, users);
             });
         }
-        Ok(imported)
+        imported
     }
 
     /// Another node's users' state, checked whole, once every clock here is

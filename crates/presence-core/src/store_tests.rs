@@ -2532,3 +2532,25 @@ fn c4_a_taken_over_user_stays_online_renews_its_sessions_and_keeps_its_version()
     let later = register(&heir, at + 3_100, reg("silent", "s", "gw", 1_000), &mut at_heir);
     assert!(later.generation > renewed.generation.max(silent.generation));
 }
+
+#[test]
+fn c4_a_copy_started_afresh_replaces_its_slots_and_a_damaged_one_changes_nothing() {
+    let (owner, copy) = (c4_store(), c4_store());
+    let slots = SlotSet::of(16, [3, 7]);
+    let (inside, outside) = users_in_and_out_of(&slots, &copy, sec(0), 64);
+    let mut changes = Changes::default();
+    register(&owner, sec(0), reg(&inside[0], "fresh", "gw", 30_000), &mut changes);
+    let bytes = owner.export_slots(&slots, sec(1));
+    let mut damaged = bytes.clone();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 0xff;
+    assert!(copy.replace_slots(sec(1), &slots, &damaged, &mut Changes::default()).is_err());
+    assert_eq!(copy.stats().users, inside.len() + outside.len(), "a damaged update dropped nothing");
+    let taken = copy.replace_slots(sec(1), &slots, &bytes, &mut Changes::default()).expect("a whole copy");
+    assert_eq!(taken, Imported { users: 1, sessions: 1 });
+    assert_eq!(copy.stats().users, outside.len() + 1, "the slots hold what the owner sent, nothing else");
+    assert_eq!(leases(&copy, sec(1), &inside[0])[0].session_id, "fresh");
+    for user in &outside {
+        assert_eq!(presence(&copy, sec(1), user).state, State::Online, "{user} is not in the slots");
+    }
+}

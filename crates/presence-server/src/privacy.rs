@@ -349,22 +349,10 @@ impl Privacy {
     /// The status, visibility and audience of the users of `slots`, to hand
     /// over with them (C3).
     pub(crate) fn hand_over(&self, slots: &SlotSet) -> Vec<HandedOver> {
-        let mut users: HashMap<CompactString, HandedOver> = HashMap::new();
-        let blank = |user_id: &CompactString| HandedOver {
-            user_id: user_id.clone(),
-            status: None,
-            visibility: None,
-            audience: Vec::new(),
-        };
-        for (user_id, record) in self.relations.read().users.iter().filter(|(user, _)| slots.holds(user.as_bytes())) {
-            let user = users.entry(user_id.clone()).or_insert_with(|| blank(user_id));
-            user.visibility = record.visibility;
-            user.audience = record.granted.iter().cloned().collect();
-        }
-        for (user_id, status) in self.store().statuses_in(slots) {
-            users.entry(user_id.clone()).or_insert_with(|| blank(&user_id)).status = Some(status);
-        }
-        users.into_values().collect()
+        let mut user_ids: HashSet<CompactString> =
+            self.relations.read().users.keys().filter(|user| slots.holds(user.as_bytes())).cloned().collect();
+        user_ids.extend(self.store().statuses_in(slots).into_iter().map(|(user_id, _)| user_id));
+        self.durable_of(&user_ids.into_iter().collect::<Vec<_>>())
     }
 
     /// Takes over what users handed over by another node keep beside their

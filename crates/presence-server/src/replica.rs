@@ -111,20 +111,17 @@ impl Replica {
     /// Applies an owner's update to the copy. The state is checked whole
     /// before anything changes.
     fn apply(&self, now: u64, update: Update) -> Result<(), ServiceError> {
+        let refused =
+            |refused: presence_core::checkpoint::CheckpointError| ServiceError::invalid("state", refused.to_string());
         if !update.fresh.is_empty() {
-            // The slots' copy is dropped first: refuse damaged state before.
-            presence_core::checkpoint::decode(&update.state)
-                .map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
-        }
-        if !update.fresh.is_empty() {
-            self.drop_slots(now, &update.fresh);
+            // The copy of these slots starts afresh: what it held of them is
+            // dropped once the new state is checked whole.
+            self.copy.replace_slots(now, &update.fresh, &update.state, &mut Changes::default()).map_err(refused)?;
+            self.durable.lock().retain(|user, _| !update.fresh.holds(user.as_bytes()));
             let mut followed = self.followed.lock();
             update.fresh.iter().for_each(|slot| followed[slot as usize] = Some(update.from_node.clone()));
-        }
-        if !update.state.is_empty() {
-            self.copy
-                .import(now, &update.state, &mut Changes::default())
-                .map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
+        } else if !update.state.is_empty() {
+            self.copy.import(now, &update.state, &mut Changes::default()).map_err(refused)?;
         }
         self.copy.release_users(now, &update.removed);
         let mut durable = self.durable.lock();
