@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 
 use presence_cluster::testing::EtcdServer;
 use presence_cluster::{
-    Claim, Coordinator, Etcd, LeaseState, NodeLease, SlotMap, SlotMapWatch, SlotOwner, claim_slot, register_node,
+    Claim, Coordinator, Etcd, LeaseState, NodeLease, SlotMap, SlotMapWatch, SlotOwner, claim_slot, follower_of,
+    register_node,
 };
 use tokio::time::Instant;
 
@@ -193,15 +194,22 @@ async fn c4_the_elected_coordinator_gives_every_slot_a_live_owner_and_a_dead_nod
     .await;
 
     let after = map.current();
-    assert_eq!(loads(&after).values().copied().collect::<Vec<_>>(), vec![32, 32], "{:?}", loads(&after));
+    let live: Vec<String> = nodes.keys().map(|node| (*node).to_owned()).collect();
+    let mut gained = BTreeMap::<&str, usize>::new();
     for slot in 0..SLOTS {
         let (was, now) = (before.owner(slot).unwrap(), after.owner(slot).unwrap());
         if was.node == dead {
             assert!(now.epoch > was.epoch, "slot {slot}: a new owner, a new and larger epoch ({was:?} -> {now:?})");
+            // The node that kept a copy of the slot's users takes it (C4).
+            let follower = follower_of(slot, dead, &live).unwrap();
+            assert_eq!(now.node, follower, "slot {slot}: the dead owner's follower takes it");
+            *gained.entry(follower).or_default() += 1;
         } else {
             assert_eq!(now, was, "slot {slot}: a live owner keeps its slot and its epoch");
         }
     }
+    // Rendezvous spreads the followers: both survivors take a share.
+    assert_eq!(gained.len(), 2, "the dead node's slots go to both others: {gained:?}");
 }
 
 #[tokio::test]
