@@ -12,6 +12,7 @@ use std::time::Duration;
 use presence_client::{ClusterLeases, LeaseChannelConfig, lease_result};
 use presence_cluster::testing::EtcdServer;
 use presence_cluster::{Etcd, SlotMap, SlotMapWatch, slot_of};
+use presence_faults::DelayProxy;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
 use presence_server::testing::{TestServer, fast_config};
@@ -88,6 +89,37 @@ fn register(user: &str) -> pb::LeaseItem {
             ttl_ms: 30_000,
             ..Default::default()
         })),
+    }
+}
+
+/// A gateway's `ClusterLeases` entering at `entry`, and the generation of
+/// each of `users`' sessions, registered through it.
+async fn register_all(entry: &TestServer, users: &[String]) -> (std::sync::Arc<ClusterLeases>, Vec<(String, u64)>) {
+    let leases = std::sync::Arc::new(ClusterLeases::new(&entry.url(), SLOTS, LeaseChannelConfig::default()).unwrap());
+    let registered = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
+    let mut generations = Vec::new();
+    for (user, result) in users.iter().zip(registered) {
+        match lease_result(result.clone()) {
+            Ok(pb::lease_result::Result::Register(done)) => generations.push((user.clone(), done.generation)),
+            other => panic!("{user}: {other:?}"),
+        }
+    }
+    (leases, generations)
+}
+
+/// Asserts that `viewer` sees every one of `users` ONLINE at the version `before` held (M4: no flip, no new version).
+async fn assert_online_at_the_versions_before(
+    viewer: &mut PresenceClient<Channel>,
+    users: &[String],
+    before: &HashMap<String, pb::UserPresence>,
+) {
+    let after = presences(viewer, users).await;
+    for user in users {
+        assert_eq!(
+            (after[user].state, after[user].version),
+            (pb::State::Online as i32, before[user].version),
+            "{user}: online at the version it had"
+        );
     }
 }
 
@@ -262,69 +294,198 @@ async fn c2_a_batch_sent_to_one_node_reaches_every_owner_and_any_node_answers_a_
     }
 }
 
+/// Every answer one node gave for `user`, asked directly (a forwarded
+/// request, so that a non-owner refuses rather than forwards) every 20 ms
+/// until told to stop: `(when, Ok(()) or the refusal)`.
+fn ask_repeatedly(url: String, user: String) -> Running<Vec<(Instant, Result<(), tonic::Status>)>> {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut client = PresenceClient::connect(url).await.unwrap();
+        let mut answers = Vec::new();
+        loop {
+            let asked = Instant::now();
+            let answer = forwarded_snapshot(&mut client, &user).await.map(drop);
+            answers.push((asked, answer));
+            tokio::select! {
+                _ = &mut stopped => return answers,
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    });
+    (stop, task)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c1_a_node_cut_off_from_etcd_stops_acting_on_its_slots_and_resumes_when_etcd_answers() {
+async fn c1_a_node_cut_off_from_etcd_that_answers_the_others_stops_acting_before_its_slots_are_taken_over() {
     let etcd = EtcdServer::start().await;
-    let server = TestServer::start_with(|addr| node_config(&etcd, "solo", addr)).await;
-    map_where(&etcd.client().await, "the node owns every slot", |map| map.owned_by("solo").count() == SLOTS as usize)
-        .await;
-    let mut client = server.client().await;
-    let register = |session: &str| pb::RegisterRequest {
-        user_id: "alice".into(),
-        session_id: session.into(),
+    // node-a reaches etcd through a proxy, which the test turns into a black
+    // hole; node-b and node-c reach it directly.
+    let upstream: SocketAddr = etcd.endpoint.trim_start_matches("http://").parse().unwrap();
+    let proxy = DelayProxy::start("127.0.0.1:0".parse().unwrap(), upstream, Duration::ZERO).await.unwrap();
+    let through_proxy = format!("http://{}", proxy.local_addr());
+    let mut servers = Vec::new();
+    for node in NODES {
+        servers.push(
+            TestServer::start_with(|addr| {
+                let mut config = node_config(&etcd, node, addr);
+                if node == "node-a" {
+                    config.cluster.as_mut().unwrap().etcd = vec![through_proxy.clone()];
+                }
+                config
+            })
+            .await,
+        );
+    }
+    let map = map_where(&etcd.client().await, "every node owns slots", |map| {
+        NODES.iter().all(|node| map.owned_by(node).count() > 0)
+    })
+    .await;
+    let user = (0..).map(|i| format!("cut-{i}")).find(|user| map.owner(slot_of(user, SLOTS)).unwrap().node == "node-a");
+    let user = user.unwrap();
+    let slot = slot_of(&user, SLOTS);
+    let old_epoch = map.owner(slot).unwrap().epoch;
+    let others = ["node-b".to_owned(), "node-c".to_owned()];
+    let follower = presence_cluster::follower_of(slot, "node-a", &others).unwrap();
+    let follower = &servers[NODES.iter().position(|node| *node == follower).unwrap()];
+    let mut at_a = servers[0].client().await;
+    at_a.register(pb::RegisterRequest {
+        user_id: user.clone(),
+        session_id: "s".into(),
         gateway_id: "gw".into(),
         ttl_ms: 30_000,
         ..Default::default()
-    };
-    client.register(register("before")).await.expect("the owner acts while etcd confirms its lease");
-    let request = pb::WatchRequest { user_ids: vec!["alice".into()], ..Default::default() };
-    let mut watch = client.watch(request).await.unwrap().into_inner();
+    })
+    .await
+    .expect("node-a acts while etcd confirms its lease");
+    let request = pb::WatchRequest { user_ids: vec![user.clone()], ..Default::default() };
+    let mut watch = at_a.watch(request).await.unwrap().into_inner();
     assert!(matches!(next_event(&mut watch).await.unwrap().event, Some(pb::watch_event::Event::Snapshot(_))));
+    // The follower has had the copy for a few of the owner's intervals.
+    tokio::time::sleep(Duration::from_millis(500)).await;
 
-    // etcd stops answering: keep-alives go unanswered, and within the lease's
-    // TTL (2 s) less the margin the node refuses, naming no owner.
-    etcd.signal("-STOP");
-    let stopped = Instant::now();
-    let refused = loop {
-        match snapshot(&mut client, "alice").await {
-            Ok(_) => {
-                assert!(stopped.elapsed() < Duration::from_secs(2), "still acting after the lease could have expired");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(status) => break status,
-        }
-    };
-    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
-    let named = not_owner_of(&refused);
-    assert_eq!((named.owner_id.as_str(), named.owner_addr.as_str()), ("", ""), "nobody may act: {named:?}");
-    assert!(named.epoch > 0, "the epoch of its own, lapsed ownership: {named:?}");
-    let unregister =
-        pb::UnregisterRequest { user_id: "alice".into(), session_id: "before".into(), ..Default::default() };
-    assert_eq!(client.unregister(unregister).await.unwrap_err().code(), Code::Unavailable, "nothing is changed");
-    assert_eq!(client.register(register("during")).await.unwrap_err().code(), Code::Unavailable);
-    // The Watch of alice ended with the node's right to act for her, so that
-    // its viewer reopens where her changes now happen.
+    let (stop_a, answers_a) = ask_repeatedly(servers[0].url(), user.clone());
+    let (stop_follower, answers_follower) = ask_repeatedly(follower.url(), user.clone());
+    proxy.set_delay(Duration::from_secs(3_600));
+    let cut = Instant::now();
+    // node-a's keep-alives go unanswered; the others tell it that etcd
+    // answers them, so it stops acting when its lease lapses (TTL 2 s less
+    // the margin); etcd expires the lease, and the coordinator gives its
+    // slots to their followers, which take them over with their copies.
+    let taken =
+        map_where(&etcd.client().await, "node-a's slots taken over", |map| map.owned_by("node-a").count() == 0).await;
+    let new_epoch = taken.owner(slot).unwrap().epoch;
+    let deadline = Instant::now() + PATIENCE;
+    while forwarded_snapshot(&mut follower.client().await, &user).await.is_err() {
+        assert!(Instant::now() < deadline, "the follower did not take the slot over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The askers hear the follower's answers too before they stop.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, _) = (stop_a.send(()), stop_follower.send(()));
+    let (answers_a, answers_follower) = (answers_a.await.unwrap(), answers_follower.await.unwrap());
+
+    // One owner at a time: node-a's last answer came before the follower's first.
+    let last_a = answers_a.iter().filter(|(_, answer)| answer.is_ok()).map(|(at, _)| *at).max().unwrap();
+    let first_follower = answers_follower.iter().find(|(_, answer)| answer.is_ok()).map(|(at, _)| *at);
+    let first_follower = first_follower.expect("the follower answered once it took over");
+    assert!(
+        last_a < first_follower,
+        "node-a answered at {:?}, after the follower at {:?}",
+        last_a - cut,
+        first_follower - cut
+    );
+    assert!(last_a - cut < Duration::from_secs(2), "node-a acted {:?} after the cut, past its lease", last_a - cut);
+    // node-a's refusals name its own lapsed epoch and no owner; the
+    // follower's, before it took over, node-a at that epoch; its ownership
+    // comes with a later one.
+    for (at, answer) in answers_a.iter().filter(|(at, _)| *at > last_a) {
+        let refusal = answer.as_ref().unwrap_err();
+        assert_eq!(refusal.code(), Code::Unavailable, "{:?}: {refusal:?}", *at - cut);
+        let named = not_owner_of(refusal);
+        assert_eq!((named.owner_id.as_str(), named.epoch), ("", old_epoch), "{named:?}");
+    }
+    for (_, answer) in answers_follower.iter().filter(|(at, _)| *at < first_follower) {
+        let named = not_owner_of(answer.as_ref().unwrap_err());
+        assert_eq!((named.owner_id.as_str(), named.epoch), ("node-a", old_epoch), "{named:?}");
+    }
+    assert!(new_epoch > old_epoch, "the takeover's epoch {new_epoch} follows node-a's {old_epoch}");
+    // node-a's Watch ended when it stopped acting, so that its viewer reopens elsewhere.
     let ended = next_event(&mut watch).await.unwrap_err();
     assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
-    assert!(stopped.elapsed() < Duration::from_secs(3), "ended when the lease lapsed: {:?}", stopped.elapsed());
-
-    // etcd answers again: the next keep-alive confirms the lease, and the node acts again.
-    etcd.signal("-CONT");
-    let deadline = Instant::now() + PATIENCE;
-    while client.register(register("after")).await.is_err() {
-        assert!(Instant::now() < deadline, "the node did not resume after etcd came back");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let sessions = client
-        .list_sessions(pb::ListSessionsRequest { user_id: "alice".into(), ..Default::default() })
+    // The follower took the session over with its copy.
+    let sessions = follower
+        .client()
+        .await
+        .list_sessions(pb::ListSessionsRequest { user_id: user.clone(), ..Default::default() })
         .await
         .unwrap()
         .into_inner()
         .sessions;
-    let mut ids: Vec<&str> = sessions.iter().map(|s| s.session_id.as_str()).collect();
-    ids.sort_unstable();
-    assert_eq!(ids, ["after", "before"], "the refused register changed nothing, the lease before it is kept");
-    server.stop().await;
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c5_through_an_etcd_outage_nodes_serve_on_the_map_they_have_move_nothing_and_carry_on_when_it_returns() {
+    let mut etcd = EtcdServer::start().await;
+    let (servers, map) = three_nodes(&etcd).await;
+    let users: Vec<String> = (0..300).map(|i| format!("steady-{i}")).collect();
+    let (leases, generations) = register_all(&servers[0], &users).await;
+    let mut viewer = servers[1].client().await;
+    let before = presences(&mut viewer, &users).await;
+    let (stop_watching, watcher) = watch_through_failures(servers[1].url(), users.clone());
+    let (stop_renewing, renewer) = keep_renewing_by_round(std::sync::Arc::clone(&leases), generations, 1_500);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // etcd goes down for three lease TTLs (2 s each).
+    etcd.kill().await;
+    let down = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The nodes still act: a new session registers at its owner...
+    let newcomer = leases.submit_batch(vec![register("newcomer")]).await;
+    assert_eq!(newcomer[0].code, 0, "a register during the outage: {:?}", newcomer[0]);
+    // ...but no slot moves, and the refusal says why.
+    let slot = map.owned_by("node-a").next().unwrap();
+    let mut at_a = presence_proto::v1::cluster_client::ClusterClient::connect(servers[0].url()).await.unwrap();
+    let move_one = || pb::MoveSlotsRequest { slots: vec![slot], to_node: "node-b".into() };
+    let refused = at_a.move_slots(move_one()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("etcd does not answer"), "{refused:?}");
+    tokio::time::sleep_until(down + Duration::from_secs(6)).await;
+
+    // etcd is back with what it held: the slot map is as it was, and moves work again.
+    etcd.restart().await;
+    assert_eq!(map_where(&etcd.client().await, "the map after the outage", |_| true).await, map);
+    let deadline = Instant::now() + PATIENCE;
+    let moved = loop {
+        match at_a.move_slots(move_one()).await {
+            Ok(moved) => break moved.into_inner(),
+            Err(status) if Instant::now() < deadline && status.message().contains("etcd") => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(status) => panic!("the move after the outage: {status:?}"),
+        }
+    };
+    assert!(moved.epoch > map.owner(slot).unwrap().epoch, "{moved:?}");
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+
+    // Not one renewal failed, before, during or after the outage, and nobody flipped.
+    let _ = stop_renewing.send(());
+    let rounds = renewer.await.unwrap();
+    let during = rounds.iter().filter(|(started, _)| *started > down && *started < down + Duration::from_secs(6));
+    assert!(during.count() >= 20, "renewals went on during the outage: {} rounds in all", rounds.len());
+    let failed: Vec<&String> = rounds.iter().flat_map(|(_, failed)| failed).collect();
+    assert!(failed.is_empty(), "{} renewals failed, first {:?}", failed.len(), failed.first());
+    let _ = stop_watching.send(());
+    let seen = watcher.await.unwrap();
+    let offline: Vec<_> = seen.iter().filter(|(_, state, _)| *state != pb::State::Online as i32).collect();
+    assert!(offline.is_empty(), "no OFFLINE through the outage: {offline:?}");
+    assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
+    for server in servers {
+        server.stop().await;
+    }
 }
 
 /// The next event of a stream, within the patience.
@@ -587,16 +748,7 @@ async fn c3_a_planned_move_hands_slots_over_with_their_sessions_and_nobody_flips
     let etcd = EtcdServer::start().await;
     let (servers, map) = three_nodes(&etcd).await;
     let users: Vec<String> = (0..600).map(|i| format!("mover-{i}")).collect();
-    let leases =
-        std::sync::Arc::new(ClusterLeases::new(&servers[2].url(), SLOTS, LeaseChannelConfig::default()).unwrap());
-    let registered = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
-    let mut generations = Vec::new();
-    for (user, result) in users.iter().zip(registered) {
-        match lease_result(result.clone()) {
-            Ok(pb::lease_result::Result::Register(done)) => generations.push((user.clone(), done.generation)),
-            other => panic!("{user}: {other:?}"),
-        }
-    }
+    let (leases, generations) = register_all(&servers[2], &users).await;
     // One user of node-a shows a status, to its audience only.
     let private = users.iter().find(|user| map.owner(slot_of(user, SLOTS)).unwrap().node == "node-a").unwrap().clone();
     show_lunch_to_friend_only(&mut servers[0].client().await, &private).await;
@@ -868,16 +1020,7 @@ async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_
     })
     .await;
     let users: Vec<String> = (0..600).map(|i| format!("survivor-{i}")).collect();
-    let leases =
-        std::sync::Arc::new(ClusterLeases::new(&servers[1].url(), SLOTS, LeaseChannelConfig::default()).unwrap());
-    let registered = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
-    let mut generations = Vec::new();
-    for (user, result) in users.iter().zip(registered) {
-        match lease_result(result.clone()) {
-            Ok(pb::lease_result::Result::Register(done)) => generations.push((user.clone(), done.generation)),
-            other => panic!("{user}: {other:?}"),
-        }
-    }
+    let (leases, generations) = register_all(&servers[1], &users).await;
     let on_a: Vec<&String> =
         users.iter().filter(|user| map.owner(slot_of(user, SLOTS)).unwrap().node == "node-a").collect();
     assert!(on_a.len() > 100, "node-a owns {} of the users", on_a.len());
@@ -938,14 +1081,7 @@ async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_
         let previous = last.insert(user.as_str(), *version).unwrap_or(0);
         assert!(*version >= previous, "{user}: version {version} after {previous}");
     }
-    let after = presences(&mut viewer, &users).await;
-    for user in &users {
-        assert_eq!(
-            (after[user].state, after[user].version),
-            (pb::State::Online as i32, before[user].version),
-            "{user}: online at the version it had"
-        );
-    }
+    assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
     // Its status, visibility and audience were in the copy.
     assert_lunch_shown_to_friend_only(&mut viewer, &private).await;
     // The gateway's unregister with the generation it holds removes the session.

@@ -12,7 +12,9 @@
  * splits a batch by node, and sends refused items on to the owner named, a
  * few hops at most; a refusal that names no owner (none may act right now)
  * is retried after a short backoff. Of two routes for one slot it keeps the
- * one of the higher epoch: etcd's revisions only grow.
+ * one of the higher epoch: etcd's revisions only grow; a refusal of an older
+ * epoch than the route known comes from a node a moment behind etcd, and is
+ * retried after the backoff too.
  *
  * A node that cannot be reached (it stopped, it died) is forgotten: its
  * users' items go to the node given (or, if that is the one gone, to another
@@ -162,8 +164,8 @@ export class ClusterLeases {
             results[index] = result;
             const notOwner = result.code === Code.Unavailable ? result.notOwner : undefined;
             if (notOwner !== undefined) {
-              ownerless ||= notOwner.ownerAddr === "";
-              this.learn(notOwner);
+              const behind = !this.learn(notOwner);
+              ownerless ||= notOwner.ownerAddr === "" || behind;
               again.push(index);
             }
           });
@@ -183,13 +185,20 @@ export class ClusterLeases {
     for (const channel of this.channels.values()) channel.close();
   }
 
-  /** Keeps the route a refusal names, unless one of a higher epoch is known. */
-  private learn(notOwner: NotOwner): void {
-    if (notOwner.ownerAddr === "" || notOwner.slot >= this.slots) return;
+  /**
+   * Keeps the route a refusal names, unless one of a higher epoch is known.
+   * Returns false for a refusal naming an older epoch than the route known:
+   * the node refusing has not seen its ownership in etcd yet, so the item is
+   * retried after the backoff.
+   */
+  private learn(notOwner: NotOwner): boolean {
+    if (notOwner.ownerAddr === "" || notOwner.slot >= this.slots) return true;
     const known = this.routes[notOwner.slot];
     if (known === undefined || known.epoch <= notOwner.epoch) {
       this.routes[notOwner.slot] = { epoch: notOwner.epoch, url: `${this.scheme}${notOwner.ownerAddr}` };
+      return true;
     }
+    return false;
   }
 
   /**

@@ -13,7 +13,9 @@
 //!
 //! Of two routes for one slot it keeps the one of the higher epoch: etcd's
 //! revisions only grow, so a node that still believes in an older ownership
-//! cannot send it back.
+//! cannot send it back. Such a refusal, from the node the newer epoch names,
+//! means that node has not yet seen its ownership in etcd (its watch is a
+//! moment behind, as just after etcd came back): retried after the backoff.
 //!
 //! A node that cannot be reached (it stopped, it died) is forgotten: its
 //! users' items go to the node given (or, if that is the one gone, to another
@@ -178,8 +180,8 @@ impl ClusterLeases {
                     Ok(answers) => {
                         for (index, result) in indices.into_iter().zip(answers) {
                             if let Some(not_owner) = result.not_owner.as_ref().filter(|_| is_refusal(&result)) {
-                                ownerless |= not_owner.owner_addr.is_empty();
-                                self.learn(not_owner);
+                                let behind = !self.learn(not_owner);
+                                ownerless |= not_owner.owner_addr.is_empty() || behind;
                                 again.push(index);
                             }
                             results[index] = Some(result);
@@ -213,21 +215,25 @@ impl ClusterLeases {
         results.into_iter().map(|result| result.unwrap_or_else(|| unavailable("not sent"))).collect()
     }
 
-    /// Keeps the route a refusal names, unless one of a higher epoch is known.
-    fn learn(&self, not_owner: &pb::NotOwner) {
+    /// Keeps the route a refusal names, unless one of a higher epoch is
+    /// known; returns false for a refusal that names an older epoch than
+    /// the route known (the node refusing is behind etcd).
+    fn learn(&self, not_owner: &pb::NotOwner) -> bool {
         if not_owner.owner_addr.is_empty() || not_owner.slot >= self.shared.slots {
-            return;
+            return true;
         }
         let address = format!("{}{}", self.shared.scheme, not_owner.owner_addr);
         let shunned = self.shared.unreachable.lock().expect("unreachable lock").get(&address).copied();
         if shunned.is_some_and(|until| std::time::Instant::now() < until) {
-            return;
+            return true;
         }
         let mut routes = self.shared.routes.lock().expect("routes lock");
         let route = &mut routes[not_owner.slot as usize];
         if route.as_ref().is_none_or(|known| known.epoch <= not_owner.epoch) {
             *route = Some(Route { epoch: not_owner.epoch, address });
+            return true;
         }
+        false
     }
 
     /// Forgets `node`, which could not be reached: the routes to it, and if

@@ -126,6 +126,18 @@ impl Etcd {
         Ok(answer.kvs.into_iter().next())
     }
 
+    /// Whether etcd answers a linearizable read within `wait`: it has a
+    /// leader that a quorum follows, so it could expire leases and change
+    /// keys now. (A serializable read would be answered by a lone member.)
+    pub async fn answers_within(&self, wait: Duration) -> bool {
+        let range = api::etcdserverpb::RangeRequest {
+            key: b"presenced-probe".to_vec(),
+            count_only: true,
+            ..Default::default()
+        };
+        matches!(tokio::time::timeout(wait, self.kv.clone().range(range)).await, Ok(Ok(_)))
+    }
+
     /// The value the leader of election `name` campaigned with (a node id),
     /// if the election has a leader.
     pub async fn leader(&self, name: &[u8]) -> Result<Option<Vec<u8>>, Error> {

@@ -68,7 +68,10 @@ async fn load<T: View>(etcd: &Etcd, prefix: &str, mut view: T) -> Result<T, Erro
     Ok(view)
 }
 
-const RELOAD_AFTER: Duration = Duration::from_secs(1);
+/// How soon a broken watch is loaded afresh, and again while etcd does not
+/// answer: a node's view must catch up within a moment of etcd's return,
+/// since a planned move may then give it slots.
+const RELOAD_AFTER: Duration = Duration::from_millis(250);
 
 async fn follow<T: View>(etcd: Etcd, prefix: String, empty: T, publish: watch::Sender<Arc<T>>) {
     loop {
@@ -76,6 +79,7 @@ async fn follow<T: View>(etcd: Etcd, prefix: String, empty: T, publish: watch::S
         let error = watch_from(&etcd, &prefix, from, &publish).await;
         tracing::warn!(%error, prefix, "a watch on etcd broke; loading afresh");
         // Whatever broke the watch, the view is loaded again before it is followed again.
+        let mut failed = 0u64;
         loop {
             tokio::time::sleep(RELOAD_AFTER).await;
             match load(&etcd, &prefix, empty.clone()).await {
@@ -83,9 +87,16 @@ async fn follow<T: View>(etcd: Etcd, prefix: String, empty: T, publish: watch::S
                     if view.revision() >= publish.borrow().revision() {
                         publish.send_replace(Arc::new(view));
                     }
+                    if failed > 0 {
+                        tracing::info!(prefix, failed, "loaded from etcd again");
+                    }
                     break;
                 }
-                Err(error) => tracing::warn!(%error, prefix, "could not load from etcd; keeping the last view"),
+                Err(error) if failed == 0 => {
+                    tracing::warn!(%error, prefix, "could not load from etcd; keeping the last view, trying again");
+                    failed += 1;
+                }
+                Err(_) => failed += 1,
             }
         }
     }

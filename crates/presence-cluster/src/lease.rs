@@ -9,6 +9,13 @@
 //! differ, and acting takes time). Nothing else extends it: a keep-alive that
 //! is not answered, because etcd is down, slow or partitioned away, moves the
 //! deadline nowhere, and the node lapses on its own.
+//!
+//! Beside the deadline, a lease says whether etcd is answering it now
+//! ([`NodeLease::answering`]): false from the first keep-alive left without
+//! an answer for [`ANSWER_WAIT`] (or a stream that cannot be opened) until
+//! the next answer. A node asks the others this when its own keep-alives go
+//! unanswered, to tell etcd being down from being cut off from it (see the
+//! server's `outage` module).
 
 use std::time::Duration;
 
@@ -30,12 +37,19 @@ pub enum LeaseState {
     Lost,
 }
 
+/// How long a keep-alive may go unanswered before etcd counts as not
+/// answering (half a beat, if that is shorter): etcd answers one in
+/// milliseconds, and the node must have asked the others about an outage
+/// well before a lease of a few seconds lapses.
+pub const ANSWER_WAIT: Duration = Duration::from_millis(500);
+
 /// A node's etcd lease, kept alive by a background task until dropped.
 #[derive(Debug)]
 pub struct NodeLease {
     id: i64,
     ttl: Duration,
     state: watch::Receiver<LeaseState>,
+    answering: watch::Receiver<bool>,
     keeper: JoinHandle<()>,
     etcd: Etcd,
 }
@@ -56,8 +70,9 @@ impl NodeLease {
             .into_inner();
         let ttl = Duration::from_secs(granted.ttl.max(1) as u64);
         let (publish, state) = watch::channel(LeaseState::ValidUntil(deadline(sent, ttl, margin)));
-        let keeper = tokio::spawn(keep_alive(etcd.clone(), granted.id, ttl, margin, publish));
-        Ok(NodeLease { id: granted.id, ttl, state, keeper, etcd: etcd.clone() })
+        let (answers, answering) = watch::channel(true);
+        let keeper = tokio::spawn(keep_alive(etcd.clone(), granted.id, ttl, margin, publish, answers));
+        Ok(NodeLease { id: granted.id, ttl, state, answering, keeper, etcd: etcd.clone() })
     }
 
     /// The lease's id in etcd, to bind keys to.
@@ -83,6 +98,12 @@ impl NodeLease {
     /// Changes of [`NodeLease::state`], to wait on.
     pub fn subscribe(&self) -> watch::Receiver<LeaseState> {
         self.state.clone()
+    }
+
+    /// Whether etcd answered the latest keep-alive in time (see the
+    /// module's description), and its changes.
+    pub fn answering(&self) -> watch::Receiver<bool> {
+        self.answering.clone()
     }
 
     /// Stops keeping the lease alive and revokes it, so that the keys bound
@@ -112,9 +133,18 @@ fn deadline(sent: Instant, ttl: Duration, margin: Duration) -> Instant {
 
 /// Sends a keep-alive every third of the TTL on one stream, reopened after a
 /// failure at the next beat; every answer moves the deadline to its
-/// request's send time + the TTL granted − the margin.
-async fn keep_alive(etcd: Etcd, id: i64, ttl: Duration, margin: Duration, publish: watch::Sender<LeaseState>) {
+/// request's send time + the TTL granted − the margin, and says etcd is
+/// answering; a keep-alive unanswered for [`ANSWER_WAIT`] says it is not.
+async fn keep_alive(
+    etcd: Etcd,
+    id: i64,
+    ttl: Duration,
+    margin: Duration,
+    publish: watch::Sender<LeaseState>,
+    answering: watch::Sender<bool>,
+) {
     let beat = (ttl / 3).max(Duration::from_millis(100));
+    let wait = ANSWER_WAIT.min(beat / 2);
     let mut next = Instant::now() + beat;
     loop {
         tokio::time::sleep_until(next).await;
@@ -127,24 +157,28 @@ async fn keep_alive(etcd: Etcd, id: i64, ttl: Duration, margin: Duration, publis
             continue;
         }
         let mut client = etcd.lease.clone();
-        let opened = tokio::time::timeout(beat, client.lease_keep_alive(ReceiverStream::new(stream))).await;
+        let opened = tokio::time::timeout(wait, client.lease_keep_alive(ReceiverStream::new(stream))).await;
         let Ok(Ok(answers)) = opened else {
+            answering.send_if_modified(|answering| std::mem::replace(answering, false));
             tracing::warn!(lease = id, "etcd keep-alive stream could not be opened; retrying");
             continue;
         };
         let mut answers = answers.into_inner();
         loop {
-            match tokio::time::timeout(beat, answers.message()).await {
+            match tokio::time::timeout(wait, answers.message()).await {
                 Ok(Ok(Some(answer))) if answer.ttl > 0 => {
                     let granted = Duration::from_secs(answer.ttl as u64);
                     publish.send_replace(LeaseState::ValidUntil(deadline(sent, granted, margin)));
+                    answering.send_if_modified(|answering| !std::mem::replace(answering, true));
                 }
                 Ok(Ok(Some(_))) => {
                     tracing::error!(lease = id, "etcd says the node's lease is gone: the node owns nothing now");
                     publish.send_replace(LeaseState::Lost);
+                    answering.send_if_modified(|answering| !std::mem::replace(answering, true));
                     return;
                 }
                 Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
+                    answering.send_if_modified(|answering| std::mem::replace(answering, false));
                     tracing::warn!(lease = id, "etcd keep-alive unanswered; reopening the stream");
                     break;
                 }

@@ -32,7 +32,7 @@ pub mod testing;
 
 pub use coordinator::{Coordinator, election_name};
 pub use etcd::{Error, Etcd, api};
-pub use lease::{LeaseState, NodeLease};
+pub use lease::{ANSWER_WAIT, LeaseState, NodeLease};
 pub use presence_core::slot_of;
 pub use slots::{
     Claim, MOVES_PER_TXN, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, SlotOwner, claim_slot, follower_of, move_slots,

@@ -16,10 +16,11 @@ const PATIENCE: Duration = Duration::from_secs(10);
 /// One etcd member on loopback, killed when dropped.
 #[derive(Debug)]
 pub struct EtcdServer {
-    child: Child,
+    child: Option<Child>,
     /// Its client URL.
     pub endpoint: String,
-    _data: TempDir,
+    peer_url: String,
+    data: TempDir,
 }
 
 #[derive(Debug)]
@@ -38,16 +39,24 @@ fn free_port() -> u16 {
 impl EtcdServer {
     /// Starts etcd and waits until it answers.
     pub async fn start() -> EtcdServer {
-        let binary = std::env::var("PRESENCED_ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
         let data = TempDir(std::env::temp_dir().join(format!("presenced-etcd-{}-{}", std::process::id(), free_port())));
         let (client, peer) = (free_port(), free_port());
         let endpoint = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
+        let mut server = EtcdServer { child: None, endpoint, peer_url, data };
+        server.run().await;
+        server
+    }
+
+    /// Runs etcd on the server's ports and data directory; returns once it answers.
+    async fn run(&mut self) {
+        let binary = std::env::var("PRESENCED_ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
+        let (endpoint, peer_url) = (&self.endpoint, &self.peer_url);
         let child = Command::new(&binary)
             .args(["--name", "test", "--data-dir"])
-            .arg(&data.0)
-            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .arg(&self.data.0)
+            .args(["--listen-client-urls", endpoint, "--advertise-client-urls", endpoint])
+            .args(["--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url])
             .args(["--initial-cluster", &format!("test={peer_url}")])
             // Short raft timers, so that one-second leases are allowed and expire on time.
             .args(["--heartbeat-interval", "10", "--election-timeout", "50"])
@@ -58,17 +67,30 @@ impl EtcdServer {
             .unwrap_or_else(|error| {
                 panic!("could not start {binary} ({error}): install etcd (bash .ci/install-etcd, or apt-get install etcd-server) or set PRESENCED_ETCD_BIN")
             });
-        let server = EtcdServer { child, endpoint, _data: data };
+        self.child = Some(child);
         let deadline = Instant::now() + PATIENCE;
         loop {
-            if let Ok(etcd) = Etcd::connect(&server.endpoint).await
+            if let Ok(etcd) = Etcd::connect(&self.endpoint).await
                 && SlotMapWatch::start(&etcd, "/probe/", 1).await.is_ok()
             {
-                return server;
+                return;
             }
-            assert!(Instant::now() < deadline, "etcd did not answer on {} within {PATIENCE:?}", server.endpoint);
+            assert!(Instant::now() < deadline, "etcd did not answer on {} within {PATIENCE:?}", self.endpoint);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Kills etcd (SIGKILL) and waits for it to be gone: etcd is down.
+    pub async fn kill(&mut self) {
+        let mut child = self.child.take().expect("etcd is running");
+        child.kill().await.expect("etcd is killed");
+    }
+
+    /// Starts etcd again on the same ports and data, after [`EtcdServer::kill`],
+    /// and waits until it answers: etcd is back, with what it held.
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "etcd is still running");
+        self.run().await;
     }
 
     /// A client of it.
@@ -78,7 +100,7 @@ impl EtcdServer {
 
     /// Sends `signal` (`-STOP`, `-CONT`, `-KILL`) to the etcd process.
     pub fn signal(&self, signal: &str) {
-        let pid = self.child.id().unwrap().to_string();
+        let pid = self.child.as_ref().and_then(Child::id).expect("etcd is running").to_string();
         assert!(std::process::Command::new("kill").args([signal, &pid]).status().unwrap().success());
     }
 }

@@ -31,6 +31,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::ServiceError;
+use crate::outage::Outage;
 
 /// How to join a cluster: `serve --etcd ... --node-id ... --advertise ...`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +150,10 @@ pub(crate) struct Membership {
     slots: u32,
     /// Where the lease stands, read by every check.
     lease_state: tokio::sync::watch::Receiver<LeaseState>,
+    /// Whether etcd answers this node's keep-alives now.
+    etcd_answering: tokio::sync::watch::Receiver<bool>,
+    /// Acting past the lease while etcd is down for every node (`outage`).
+    outage: Outage,
     /// The lease itself, taken to revoke it when the node leaves.
     lease: Mutex<Option<NodeLease>>,
     /// Set when the node leaves: it acts for nobody from then on.
@@ -217,6 +222,8 @@ impl Ownership {
             node: config.node_id.clone(),
             slots: config.slots,
             lease_state: lease.subscribe(),
+            etcd_answering: lease.answering(),
+            outage: Outage::default(),
             lease: Mutex::new(Some(lease)),
             left: AtomicBool::new(false),
             acted: tokio::sync::watch::Sender::new(map.current()),
@@ -312,7 +319,11 @@ impl Ownership {
     /// confirms it again. `None` for a single node, which owns everyone for good.
     pub(crate) fn changes(&self) -> Option<OwnershipChanges> {
         let Ownership::Cluster(membership) = self else { return None };
-        Some(OwnershipChanges { map: membership.acted.subscribe(), lease: membership.lease_state.clone() })
+        Some(OwnershipChanges {
+            map: membership.acted.subscribe(),
+            lease: membership.lease_state.clone(),
+            extension: membership.outage.extensions(),
+        })
     }
 
     /// Whether this is a cluster node (room reads are per node there).
@@ -337,10 +348,31 @@ impl Ownership {
 
 impl Membership {
     /// Whether this node may act on its slots at `now`: it has not left, and
-    /// etcd confirmed its lease recently enough.
+    /// etcd confirmed its lease recently enough, or etcd is down for every
+    /// node and the others' answers let it act on (`outage`).
     fn is_acting(&self, now: Instant) -> bool {
         !self.left.load(Ordering::Acquire)
-            && matches!(*self.lease_state.borrow(), LeaseState::ValidUntil(until) if now < until)
+            && acting_until(*self.lease_state.borrow(), self.outage.extended_until()).is_some_and(|until| now < until)
+    }
+
+    /// Whether etcd answers this node's keep-alives now.
+    pub(crate) fn etcd_answers(&self) -> bool {
+        *self.etcd_answering.borrow()
+    }
+
+    /// Changes of [`Membership::etcd_answers`], to wait on.
+    pub(crate) fn etcd_answering(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.etcd_answering.clone()
+    }
+
+    /// Whether etcd said this node's lease is gone.
+    pub(crate) fn lease_lost(&self) -> bool {
+        matches!(*self.lease_state.borrow(), LeaseState::Lost)
+    }
+
+    /// This node's part in riding out etcd outages.
+    pub(crate) fn outage(&self) -> &Outage {
+        &self.outage
     }
 
     /// This node's id.
@@ -377,6 +409,11 @@ impl Membership {
     pub(crate) fn note_taken_in(&self, slots: &SlotSet) {
         let mut taken_in = self.taken_in.lock();
         slots.iter().for_each(|slot| taken_in.insert(slot));
+    }
+
+    /// Whether a handover brought `slot`'s state (and the map has not given it yet).
+    pub(crate) fn was_taken_in(&self, slot: u32) -> bool {
+        self.taken_in.lock().contains(slot)
     }
 
     /// Forgets that a handover brought `slot`'s state; returns whether one had.
@@ -441,25 +478,36 @@ fn forwarded<T>(message: T, authorization: Option<&MetadataValue<Ascii>>) -> ton
     request
 }
 
+/// Until when a node whose lease stands at `lease` may act, given the
+/// extension the others' answers gave it during an etcd outage: `None` once
+/// etcd said the lease is gone.
+fn acting_until(lease: LeaseState, extended_until: Option<Instant>) -> Option<Instant> {
+    match lease {
+        LeaseState::ValidUntil(until) => Some(extended_until.map_or(until, |extended| extended.max(until))),
+        LeaseState::Lost => None,
+    }
+}
+
 /// Waits for changes of a node's ownership (see [`Ownership::changes`]).
 #[derive(Debug)]
 pub(crate) struct OwnershipChanges {
     map: tokio::sync::watch::Receiver<Arc<SlotMap>>,
     lease: tokio::sync::watch::Receiver<LeaseState>,
+    extension: tokio::sync::watch::Receiver<Option<Instant>>,
 }
 
 impl OwnershipChanges {
-    /// Returns once the map or the lease changed, or the lease lapsed.
+    /// Returns once the map, the lease or its extension changed, or the
+    /// right to act lapsed.
     pub(crate) async fn changed(&mut self) {
-        let state = *self.lease.borrow();
-        let lapses = match state {
-            LeaseState::ValidUntil(until) => until,
-            // Lost for good: nothing more to wait for.
-            LeaseState::Lost => return std::future::pending().await,
+        // Lost for good: nothing more to wait for.
+        let Some(lapses) = acting_until(*self.lease.borrow(), *self.extension.borrow()) else {
+            return std::future::pending().await;
         };
         tokio::select! {
             changed = self.map.changed() => if changed.is_err() { std::future::pending::<()>().await },
             changed = self.lease.changed() => if changed.is_err() { std::future::pending::<()>().await },
+            changed = self.extension.changed() => if changed.is_err() { std::future::pending::<()>().await },
             () = tokio::time::sleep_until(lapses) => {}
         }
     }

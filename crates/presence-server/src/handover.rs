@@ -129,6 +129,11 @@ fn check_move(membership: &Membership, slots: &[u32], to_node: &str) -> Result<(
     let Some(address) = nodes.address(to_node) else {
         return Err(ServiceError::MoveRefused(format!("node {to_node} is not a live node of the cluster")));
     };
+    if !membership.etcd_answers() {
+        return Err(ServiceError::MoveRefused(
+            "etcd does not answer this node: no slot changes owner until it does".to_owned(),
+        ));
+    }
     if !membership.acting_now() {
         return Err(ServiceError::MoveRefused(
             "etcd has not confirmed this node's lease in time: it acts on no slot now, and moves none".to_owned(),
@@ -362,6 +367,14 @@ impl Cluster for ClusterService {
     ) -> Result<Response<pb::FollowResponse>, Status> {
         self.service_only(&request, "Follow")?;
         Ok(Response::new(crate::replica::follow(&self.context, request.into_inner()).await?))
+    }
+
+    async fn etcd_reach(
+        &self,
+        request: Request<pb::EtcdReachRequest>,
+    ) -> Result<Response<pb::EtcdReachResponse>, Status> {
+        self.service_only(&request, "EtcdReach")?;
+        Ok(Response::new(crate::outage::answer(membership(&self.context, "EtcdReach")?).await))
     }
 }
 

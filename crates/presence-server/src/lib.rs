@@ -27,6 +27,7 @@ mod hub;
 mod leases;
 pub mod metrics;
 mod ops;
+mod outage;
 pub mod privacy;
 mod publish;
 mod replica;
@@ -280,6 +281,7 @@ async fn serve_prepared(
     let expiry = tokio::spawn(expiry::run(Arc::clone(&context), expiry_wake, config.expiry_batch));
     tokio::spawn(replica::send_to_followers(Arc::clone(&context)));
     tokio::spawn(replica::act_on_the_map(Arc::clone(&context)));
+    tokio::spawn(outage::ride_out(Arc::clone(&context)));
     tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
     let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
 

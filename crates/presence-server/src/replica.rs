@@ -436,6 +436,13 @@ pub(crate) async fn act_on_the_map(context: Arc<Context>) {
     loop {
         let (map, acted) = (membership.map(), membership.acted_map());
         if !Arc::ptr_eq(&map, &acted) {
+            if takes_over(membership, &acted, &map) {
+                // A node that told others during an etcd outage that etcd
+                // does not answer it promised them to take over none of
+                // their slots for a while: one of them may still act on
+                // its slots until then.
+                membership.outage().promises_kept().await;
+            }
             take_in(&context, membership, replica, &acted, &map).await;
             membership.act_on(map);
         }
@@ -444,6 +451,18 @@ pub(crate) async fn act_on_the_map(context: Arc<Context>) {
             () = context.stopping.cancelled() => return,
         }
     }
+}
+
+/// Whether `map` gives this node a slot that `acted` gave another node,
+/// other than by a handover (which brought its state, and whose source
+/// stopped acting on it first).
+fn takes_over(membership: &Membership, acted: &presence_cluster::SlotMap, map: &presence_cluster::SlotMap) -> bool {
+    (0..membership.slot_count()).any(|slot| {
+        membership.owns(map, slot)
+            && !membership.owns(acted, slot)
+            && acted.owner(slot).is_some()
+            && !membership.was_taken_in(slot)
+    })
 }
 
 /// Takes in the state of the slots `map` gives this node and `acted` gave another.

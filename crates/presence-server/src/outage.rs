@@ -1,0 +1,277 @@
+//! Serving through an etcd outage, and only through an outage.
+//!
+//! A node acts on its slots while etcd confirms its lease (see `cluster`).
+//! When its keep-alives go unanswered, the node cannot tell by itself
+//! whether etcd is down or it alone is cut off from etcd. The first is safe
+//! to serve through: etcd being down, nobody can change the slot map, so no
+//! other node can be given this node's slots. The second is not: etcd will
+//! expire this node's lease and the coordinator give its slots away.
+//!
+//! So a node whose keep-alives go unanswered asks every other node it knows
+//! (`Cluster/EtcdReach`), every [`ROUND`], whether etcd answers them (each
+//! asks etcd there and then):
+//!
+//! - When every one of them says no (or refuses the connection: nothing
+//!   listens there, so nothing acts there), etcd is down for the whole
+//!   cluster, and the node may act for [`EXTENSION`] from the moment it sent
+//!   the round, past its lease's deadline. Each node that said no promised
+//!   to take over no other node's slots for [`PROMISE`] from its answer,
+//!   longer than the extension: should etcd come back and give this node's
+//!   slots to one of them, it acts on them only after this node has stopped.
+//! - When one of them says yes, or one does not answer in time, this node
+//!   may be the one cut off: it gets no extension and stops at its lease's
+//!   deadline, before etcd could expire the lease (as without this module).
+//!
+//! When etcd answers again, the lease's own deadline takes over; etcd
+//! renews every lease in full when it comes back up, so nobody's lapses for
+//! the outage. Planned moves are refused meanwhile (they need etcd).
+//!
+//! What this cannot see: a node that joined after every node it asks lost
+//! etcd is not asked. Should etcd answer that node alone, it could be given
+//! slots that their old owner still serves (docs/cluster.md, "Limits").
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use presence_proto::v1 as pb;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tonic::Request;
+
+use crate::cluster::Membership;
+use crate::context::Context;
+
+/// How often a node whose keep-alives go unanswered asks the others, and
+/// how long it waits for their answers.
+pub(crate) const ROUND: Duration = Duration::from_millis(250);
+
+/// How long past the send time of a round that every other node answered
+/// "etcd does not answer me either" the node may act.
+pub(crate) const EXTENSION: Duration = Duration::from_millis(1_000);
+
+/// How long a node that answered "etcd does not answer me" takes over no
+/// other node's slots: the extension and a margin for clock rates.
+pub(crate) const PROMISE: Duration = Duration::from_millis(1_500);
+
+/// How long a node asked may wait for etcd's answer: well within a round.
+const PROBE: Duration = Duration::from_millis(150);
+
+/// How long a connect to a node that did not answer may take to be refused.
+const REFUSED_WITHIN: Duration = Duration::from_millis(200);
+
+/// A node's part in riding out etcd outages.
+#[derive(Debug)]
+pub(crate) struct Outage {
+    /// Until when the others' answers let this node act past its lease.
+    extended_until: watch::Sender<Option<Instant>>,
+    /// Until when this node promised the others to take over no slot.
+    no_takeover_before: Mutex<Option<Instant>>,
+}
+
+impl Default for Outage {
+    fn default() -> Self {
+        Outage { extended_until: watch::Sender::new(None), no_takeover_before: Mutex::new(None) }
+    }
+}
+
+impl Outage {
+    /// Until when the others' answers let this node act past its lease.
+    pub(crate) fn extended_until(&self) -> Option<Instant> {
+        *self.extended_until.borrow()
+    }
+
+    /// Changes of [`Outage::extended_until`], to wait on.
+    pub(crate) fn extensions(&self) -> watch::Receiver<Option<Instant>> {
+        self.extended_until.subscribe()
+    }
+
+    fn extend_to(&self, until: Instant) {
+        self.extended_until.send_if_modified(|extended| {
+            let later = extended.is_none_or(|extended| extended < until);
+            if later {
+                *extended = Some(until);
+            }
+            later
+        });
+    }
+
+    /// Promises to take over no slot of another node until `now` + [`PROMISE`].
+    fn promise(&self, now: Instant) {
+        let until = now + PROMISE;
+        let mut promised = self.no_takeover_before.lock();
+        if promised.is_none_or(|promised| promised < until) {
+            *promised = Some(until);
+        }
+    }
+
+    /// Returns once every promise this node made has run out.
+    pub(crate) async fn promises_kept(&self) {
+        loop {
+            let until = *self.no_takeover_before.lock();
+            match until {
+                Some(until) if Instant::now() < until => tokio::time::sleep_until(until).await,
+                _ => return,
+            }
+        }
+    }
+}
+
+/// The answer to another node's `Cluster/EtcdReach`: whether etcd answers
+/// this node now, found by asking it (within [`PROBE`]) rather than from
+/// this node's last keep-alive, which may be a beat old.
+pub(crate) async fn answer(membership: &Membership) -> pb::EtcdReachResponse {
+    let etcd_answers = membership.etcd.answers_within(PROBE).await;
+    if etcd_answers {
+        return pb::EtcdReachResponse { etcd_answers, promise_ms: 0 };
+    }
+    membership.outage().promise(Instant::now());
+    pb::EtcdReachResponse { etcd_answers, promise_ms: PROMISE.as_millis() as u32 }
+}
+
+/// What the other nodes said in one round.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// etcd answers none of them: it is down.
+    EtcdDown,
+    /// etcd answers `node`: this node is the one cut off.
+    CutOff { node: String },
+    /// `node` did not answer in time: no telling.
+    Unsure { node: String },
+}
+
+/// Asks the others every [`ROUND`] while etcd does not answer this node,
+/// and extends its right to act while every one of them is in the same
+/// case; until the server stops.
+pub(crate) async fn ride_out(context: Arc<Context>) {
+    let Some(membership) = context.ownership.membership() else { return };
+    let mut answering = membership.etcd_answering();
+    loop {
+        while *answering.borrow_and_update() {
+            tokio::select! {
+                changed = answering.changed() => if changed.is_err() { return },
+                () = context.stopping.cancelled() => return,
+            }
+        }
+        tracing::warn!("etcd does not answer this node: asking the other nodes whether it answers them");
+        let mut said: Option<Verdict> = None;
+        let mut rounds = tokio::time::interval(ROUND);
+        while !*answering.borrow() && !membership.lease_lost() {
+            tokio::select! {
+                _ = rounds.tick() => {}
+                _ = answering.changed() => continue,
+                () = context.stopping.cancelled() => return,
+            }
+            let sent = Instant::now();
+            let verdict = ask_the_others(membership).await;
+            if verdict == Verdict::EtcdDown {
+                membership.outage().extend_to(sent + EXTENSION);
+            }
+            if said.as_ref() != Some(&verdict) {
+                match &verdict {
+                    Verdict::EtcdDown => tracing::warn!(
+                        "etcd answers none of the other nodes either: serving on the slot map as it was, \
+                         moving no slot, until it is back"
+                    ),
+                    Verdict::CutOff { node } => tracing::warn!(
+                        node,
+                        "etcd answers another node: this node is cut off from it, and stops acting \
+                         when its lease lapses"
+                    ),
+                    Verdict::Unsure { node } => tracing::warn!(
+                        node,
+                        "a node did not say in time whether etcd answers it: no acting past the lease"
+                    ),
+                }
+                said = Some(verdict);
+            }
+        }
+        tracing::info!("etcd answers this node again");
+    }
+}
+
+/// One round: every other node of the last node set seen, at once.
+async fn ask_the_others(membership: &Membership) -> Verdict {
+    let nodes = membership.nodes();
+    let mut asked = JoinSet::new();
+    for node in nodes.ids() {
+        if node == membership.node() {
+            continue;
+        }
+        let Some(address) = nodes.address(&node).map(str::to_owned) else { continue };
+        let client = membership.cluster_client(&address);
+        let token = membership.peer_token().cloned();
+        let from_node = membership.node().to_owned();
+        asked.spawn(async move {
+            let Ok(mut client) = client else { return (node, None) };
+            let mut request = Request::new(pb::EtcdReachRequest { from_node });
+            if let Some(token) = token {
+                request.metadata_mut().insert("authorization", token);
+            }
+            match tokio::time::timeout(ROUND, client.etcd_reach(request)).await {
+                Ok(Ok(answer)) => (node, Some(answer.into_inner().etcd_answers)),
+                // No answer: a node whose port refuses connections is not
+                // running, so acts on nothing; any other silence may be a
+                // node that etcd answers.
+                _ if refuses_connections(&address).await => (node, Some(false)),
+                _ => (node, None),
+            }
+        });
+    }
+    let mut verdict = Verdict::EtcdDown;
+    while let Some(answered) = asked.join_next().await {
+        let Ok((node, answer)) = answered else {
+            verdict = Verdict::Unsure { node: "a node whose question failed".to_owned() };
+            continue;
+        };
+        match answer {
+            Some(true) => return Verdict::CutOff { node },
+            Some(false) => {}
+            None => verdict = Verdict::Unsure { node },
+        }
+    }
+    verdict
+}
+
+/// Whether a TCP connect to `address` is refused outright.
+async fn refuses_connections(address: &str) -> bool {
+    matches!(
+        tokio::time::timeout(REFUSED_WITHIN, tokio::net::TcpStream::connect(address)).await,
+        Ok(Err(error)) if error.kind() == std::io::ErrorKind::ConnectionRefused
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_promise_holds_back_takeovers_for_its_length_and_a_later_one_extends_it() {
+        let outage = Outage::default();
+        let start = Instant::now();
+        outage.promises_kept().await;
+        assert_eq!(Instant::now(), start, "no promise made: nothing to wait for");
+        outage.promise(start);
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        outage.promise(Instant::now());
+        // An earlier promise never shortens a later one.
+        outage.promise(start);
+        outage.promises_kept().await;
+        assert_eq!(Instant::now(), start + Duration::from_millis(1_000) + PROMISE);
+        assert!(PROMISE > EXTENSION, "a promise outlasts the extension it allows");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_extension_only_ever_moves_later() {
+        let outage = Outage::default();
+        let mut extensions = outage.extensions();
+        let now = Instant::now();
+        outage.extend_to(now + EXTENSION);
+        assert!(extensions.has_changed().unwrap());
+        extensions.mark_unchanged();
+        outage.extend_to(now);
+        assert_eq!(outage.extended_until(), Some(now + EXTENSION));
+        assert!(!extensions.has_changed().unwrap(), "an earlier extension changes nothing");
+    }
+}
