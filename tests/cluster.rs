@@ -345,8 +345,8 @@ async fn c1_a_node_cut_off_from_etcd_that_answers_the_others_stops_acting_before
     let slot = slot_of(&user, SLOTS);
     let old_epoch = map.owner(slot).unwrap().epoch;
     let others = ["node-b".to_owned(), "node-c".to_owned()];
-    let follower = presence_cluster::follower_of(slot, "node-a", &others).unwrap();
-    let follower = &servers[NODES.iter().position(|node| *node == follower).unwrap()];
+    let follower_name = presence_cluster::follower_of(slot, "node-a", &others).unwrap();
+    let follower = &servers[NODES.iter().position(|node| *node == follower_name).unwrap()];
     let mut at_a = servers[0].client().await;
     at_a.register(pb::RegisterRequest {
         user_id: user.clone(),
@@ -422,6 +422,36 @@ async fn c1_a_node_cut_off_from_etcd_that_answers_the_others_stops_acting_before
         .into_inner()
         .sessions;
     assert_eq!(sessions.len(), 1, "{sessions:?}");
+
+    // node-a reaches etcd again. Its lease is gone, so it joins again under
+    // a new one, owning nothing: what it held of its old slots is dropped,
+    // and it answers for the user by asking the follower.
+    let address = proxy.local_addr();
+    drop(proxy);
+    let deadline = Instant::now() + PATIENCE;
+    let _healed = loop {
+        // The old proxy's listener closes as its task ends.
+        match DelayProxy::start(address, upstream, Duration::ZERO).await {
+            Ok(healed) => break healed,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("listening on {address} again: {error}"),
+        }
+    };
+    let deadline = Instant::now() + PATIENCE;
+    let through_a = loop {
+        match snapshot(&mut at_a, &user).await {
+            Ok(presence) => break presence,
+            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(status) => panic!("node-a did not serve again after etcd came back: {status:?}"),
+        }
+    };
+    assert_eq!(through_a.state, pb::State::Online as i32, "{through_a:?}");
+    let refused = forwarded_snapshot(&mut at_a, &user).await.unwrap_err();
+    assert_eq!(not_owner_of(&refused).owner_id, follower_name, "node-a names the new owner");
+    let stats = at_a.stats(pb::StatsRequest::default()).await.unwrap().into_inner();
+    assert_eq!(stats.sessions, 0, "node-a dropped the sessions of the slots given away: {stats:?}");
     for server in servers {
         server.stop().await;
     }
@@ -483,6 +513,86 @@ async fn c5_through_an_etcd_outage_nodes_serve_on_the_map_they_have_move_nothing
     let offline: Vec<_> = seen.iter().filter(|(_, state, _)| *state != pb::State::Online as i32).collect();
     assert!(offline.is_empty(), "no OFFLINE through the outage: {offline:?}");
     assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+/// The etcd lease each node's registration is bound to.
+async fn registrations(etcd: &Etcd) -> HashMap<String, i64> {
+    let mut leases = HashMap::new();
+    for node in NODES {
+        if let Some(kv) = etcd.get(format!("{PREFIX}nodes/{node}").as_bytes()).await.unwrap() {
+            leases.insert(node.to_owned(), kv.lease);
+        }
+    }
+    leases
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c1_nodes_whose_leases_etcd_let_go_while_it_was_frozen_join_again_and_nobody_flips() {
+    let etcd = EtcdServer::start().await;
+    let (servers, _) = three_nodes(&etcd).await;
+    let users: Vec<String> = (0..300).map(|i| format!("frozen-{i}")).collect();
+    let (leases, generations) = register_all(&servers[0], &users).await;
+    let before_leases = registrations(&etcd.client().await).await;
+    let mut viewer = servers[1].client().await;
+    let before = presences(&mut viewer, &users).await;
+    let (stop_watching, watcher) = watch_through_failures(servers[1].url(), users.clone());
+    // Sessions of a 3 s TTL, renewed every 200 ms.
+    let (stop_renewing, renewer) = keep_renewing_by_round(std::sync::Arc::clone(&leases), generations, 3_000);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // etcd freezes for twice the lease TTL: the nodes ride it out on each
+    // other's word; when it thaws, it finds every lease past its TTL and
+    // lets them go, with the registrations and the coordinator's key.
+    etcd.signal("-STOP");
+    let frozen = Instant::now();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    etcd.signal("-CONT");
+    let thawed = Instant::now();
+    let client = etcd.client().await;
+    let deadline = Instant::now() + PATIENCE;
+    let after_leases = loop {
+        let now = registrations(&client).await;
+        if now.len() == NODES.len() && now.iter().all(|(node, lease)| before_leases[node] != *lease) {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "the nodes did not all join again under new leases: {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let rejoined = thawed.elapsed();
+    let map = map_where(&client, "every slot has a registered owner", |map| {
+        (0..SLOTS).all(|slot| after_leases.contains_key(&map.owner(slot).unwrap().node))
+    })
+    .await;
+    // Renewals go on at whichever node the map gives each user now.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let _ = stop_renewing.send(());
+    let rounds = renewer.await.unwrap();
+    let during = rounds.iter().filter(|(started, _)| *started > frozen && *started < thawed);
+    let failed_during: Vec<&String> = during.flat_map(|(_, failed)| failed).collect();
+    assert!(failed_during.is_empty(), "renewals failed while etcd was frozen: {failed_during:?}");
+    let settled = rounds.iter().rev().take(3).flat_map(|(_, failed)| failed).collect::<Vec<_>>();
+    assert!(settled.is_empty(), "the last rounds, {rejoined:?} after the thaw: {settled:?}");
+    let _ = stop_watching.send(());
+    let seen = watcher.await.unwrap();
+    let offline: Vec<_> = seen.iter().filter(|(_, state, _)| *state != pb::State::Online as i32).collect();
+    assert!(offline.is_empty(), "no OFFLINE: {offline:?}");
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    for (user, _, version) in &seen {
+        let previous = last.insert(user.as_str(), *version).unwrap_or(0);
+        assert!(*version >= previous, "{user}: version {version} after {previous}");
+    }
+    assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
+    // Each user is at one node only: the owner the map names.
+    for user in &users {
+        let owner = &map.owner(slot_of(user, SLOTS)).unwrap().node;
+        for (node, server) in NODES.iter().zip(&servers) {
+            let answered = forwarded_snapshot(&mut server.client().await, user).await;
+            assert_eq!(answered.is_ok(), node == owner, "{user} at {node} (owner {owner}): {answered:?}");
+        }
+    }
     for server in servers {
         server.stop().await;
     }

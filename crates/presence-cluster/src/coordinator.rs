@@ -121,8 +121,15 @@ async fn coordinate(etcd: &Etcd, prefix: &str, slots: u32, settle: Duration, fen
         // Many slots at once in a transaction each (a dead node's hundreds
         // of slots must move within a second); a chunk that fails as a whole
         // is claimed slot by slot, which says which changed.
+        // A dead owner's slot is claimed only while its owner is still gone
+        // (the claims compare its registration's absence): a node that
+        // registers again finds every claim of its slots in the map.
+        let gone_owner = |slot: u32| current.owner(slot).map(|owner| owner.node.as_str());
         for chunk in repairs(&current, &live).chunks(CLAIMS_PER_TXN) {
-            match claim_all_fenced(etcd, prefix, chunk, fence).await {
+            let mut gone: Vec<&str> = chunk.iter().filter_map(|&(slot, _, _)| gone_owner(slot)).collect();
+            gone.sort_unstable();
+            gone.dedup();
+            match claim_all_fenced(etcd, prefix, chunk, fence, &gone).await {
                 Ok(Some(epoch)) => {
                     tracing::debug!(slots = chunk.len(), epoch, "slots given to live nodes");
                     given += chunk.len();
@@ -131,7 +138,7 @@ async fn coordinate(etcd: &Etcd, prefix: &str, slots: u32, settle: Duration, fen
             }
         }
         for (slot, owner, seen) in one_by_one {
-            match claim_fenced(etcd, prefix, slot, &owner, seen, fence).await {
+            match claim_fenced(etcd, prefix, slot, &owner, seen, fence, gone_owner(slot)).await {
                 Ok(FencedClaim::Claimed(Claim::Won { epoch })) => {
                     tracing::debug!(slot, owner, epoch, "slot given to a live node");
                     given += 1;

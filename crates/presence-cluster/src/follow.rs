@@ -57,7 +57,8 @@ impl<T> Drop for Followed<T> {
     }
 }
 
-async fn load<T: View>(etcd: &Etcd, prefix: &str, mut view: T) -> Result<T, Error> {
+/// The keys under `prefix` applied to `view`, as of one linearizable read.
+pub(crate) async fn load<T: View>(etcd: &Etcd, prefix: &str, mut view: T) -> Result<T, Error> {
     let start = prefix.as_bytes().to_vec();
     let range = RangeRequest { range_end: prefix_end(&start), key: start, ..RangeRequest::default() };
     let answer = etcd.kv.clone().range(range).await.map_err(Error::refused("Range"))?.into_inner();

@@ -58,6 +58,17 @@ impl SlotMap {
         self.revision
     }
 
+    /// The map as etcd holds it now (one linearizable read).
+    pub async fn load(etcd: &Etcd, prefix: &str, slots: u32) -> Result<SlotMap, Error> {
+        crate::follow::load(etcd, &slots_prefix(prefix), SlotMap::empty(slots)).await
+    }
+
+    /// The epoch of the latest ownership in the map: a view of the map whose
+    /// [`SlotMap::revision`] is at least this has seen every change in it.
+    pub fn latest_epoch(&self) -> i64 {
+        self.owners.iter().flatten().map(|owner| owner.epoch).max().unwrap_or(0)
+    }
+
     /// The slots `node` owns, ascending.
     pub fn owned_by<'a>(&'a self, node: &'a str) -> impl Iterator<Item = u32> + 'a {
         self.owners
@@ -81,18 +92,37 @@ fn owner_of(kv: &KeyValue) -> Option<SlotOwner> {
     Some(SlotOwner { node, epoch: kv.mod_revision })
 }
 
-/// Advertises `node` at `address` under `prefix`, for as long as `lease` lives.
-pub async fn register_node(etcd: &Etcd, prefix: &str, node: &str, address: &str, lease: i64) -> Result<(), Error> {
+/// Advertises `node` at `address` under `prefix`, for as long as `lease`
+/// lives; returns the etcd revision of the registration.
+pub async fn register_node(etcd: &Etcd, prefix: &str, node: &str, address: &str, lease: i64) -> Result<i64, Error> {
     let put = PutRequest {
-        key: format!("{prefix}nodes/{node}").into_bytes(),
+        key: node_key(prefix, node),
         value: address.as_bytes().to_vec(),
         lease,
         prev_kv: false,
         ignore_value: false,
         ignore_lease: false,
     };
-    etcd.kv.clone().put(put).await.map_err(Error::refused("Put"))?;
-    Ok(())
+    let answer = etcd.kv.clone().put(put).await.map_err(Error::refused("Put"))?.into_inner();
+    Ok(answer.header.map_or(0, |header| header.revision))
+}
+
+fn node_key(prefix: &str, node: &str) -> Vec<u8> {
+    format!("{prefix}nodes/{node}").into_bytes()
+}
+
+/// The compare that holds while `node` has no registration: a claim of a
+/// dead owner's slot is made only while its owner is still gone, so that an
+/// owner that registers again (its lease was lost, etcd was away) finds in
+/// the map every claim of its slots made before, and none is made after.
+fn not_registered(prefix: &str, node: &str) -> Compare {
+    Compare {
+        result: compare::CompareResult::Equal as i32,
+        target: compare::CompareTarget::Version as i32,
+        key: node_key(prefix, node),
+        range_end: Vec::new(),
+        target_union: Some(compare::TargetUnion::Version(0)),
+    }
 }
 
 /// What a [`claim_slot`] came to.
@@ -113,7 +143,7 @@ pub enum Claim {
 /// Gives `slot` to `node` if its ownership is still at `seen_epoch` (0: the
 /// slot has no owner), in one etcd transaction.
 pub async fn claim_slot(etcd: &Etcd, prefix: &str, slot: u32, node: &str, seen_epoch: i64) -> Result<Claim, Error> {
-    match claim(etcd, prefix, slot, node, seen_epoch, None).await? {
+    match claim(etcd, prefix, slot, node, seen_epoch, None, None).await? {
         FencedClaim::Claimed(claim) => Ok(claim),
         FencedClaim::Fenced => unreachable!("a claim without a fence is never fenced off"),
     }
@@ -136,7 +166,8 @@ pub(crate) enum FencedClaim {
     Fenced,
 }
 
-/// [`claim_slot`], written only while `fence` holds.
+/// [`claim_slot`], written only while `fence` holds and, for a slot whose
+/// owner is gone, while `gone_owner` has no registration.
 pub(crate) async fn claim_fenced(
     etcd: &Etcd,
     prefix: &str,
@@ -144,14 +175,17 @@ pub(crate) async fn claim_fenced(
     node: &str,
     seen_epoch: i64,
     fence: &Fence,
+    gone_owner: Option<&str>,
 ) -> Result<FencedClaim, Error> {
-    claim(etcd, prefix, slot, node, seen_epoch, Some(fence)).await
+    claim(etcd, prefix, slot, node, seen_epoch, Some(fence), gone_owner).await
 }
 
 /// Gives each of `claims` (slot, new owner, epoch seen) in one etcd
-/// transaction, fenced by `fence`: all of them, at one new revision (each
-/// slot's new epoch), or none. `None` when some slot had changed or the fence
-/// no longer holds; the caller then claims one by one to learn which.
+/// transaction, fenced by `fence` and made only while none of `gone_owners`
+/// (the slots' owners that are gone) has registered again: all of them, at
+/// one new revision (each slot's new epoch), or none. `None` when some slot
+/// had changed, an owner is back or the fence no longer holds; the caller
+/// then claims one by one to learn which.
 /// etcd takes at most 128 operations in a transaction (`--max-txn-ops`):
 /// callers send at most [`CLAIMS_PER_TXN`].
 pub(crate) async fn claim_all_fenced(
@@ -159,8 +193,9 @@ pub(crate) async fn claim_all_fenced(
     prefix: &str,
     claims: &[(u32, String, i64)],
     fence: &Fence,
+    gone_owners: &[&str],
 ) -> Result<Option<i64>, Error> {
-    claim_all(etcd, prefix, claims, Some(fence)).await
+    claim_all(etcd, prefix, claims, Some(fence), gone_owners).await
 }
 
 /// Gives `slots` (each with the epoch its owner saw) to `node` in one etcd
@@ -170,7 +205,7 @@ pub(crate) async fn claim_all_fenced(
 /// state; at most [`MOVES_PER_TXN`] slots at once.
 pub async fn move_slots(etcd: &Etcd, prefix: &str, slots: &[(u32, i64)], node: &str) -> Result<Option<i64>, Error> {
     let claims: Vec<_> = slots.iter().map(|&(slot, seen)| (slot, node.to_owned(), seen)).collect();
-    claim_all(etcd, prefix, &claims, None).await
+    claim_all(etcd, prefix, &claims, None, &[]).await
 }
 
 /// The most slots [`move_slots`] moves in one transaction.
@@ -181,6 +216,7 @@ async fn claim_all(
     prefix: &str,
     claims: &[(u32, String, i64)],
     fence: Option<&Fence>,
+    gone_owners: &[&str],
 ) -> Result<Option<i64>, Error> {
     let mut compare: Vec<Compare> = fence
         .map(|fence| Compare {
@@ -191,6 +227,7 @@ async fn claim_all(
             target_union: Some(compare::TargetUnion::CreateRevision(fence.create_revision)),
         })
         .into_iter()
+        .chain(gone_owners.iter().map(|owner| not_registered(prefix, owner)))
         .collect();
     let mut success = Vec::with_capacity(claims.len());
     for (slot, node, seen_epoch) in claims {
@@ -222,7 +259,8 @@ async fn claim_all(
 }
 
 /// The most claims [`claim_all_fenced`] sends at once: under etcd's default
-/// limit of 128 operations per transaction, with the fence's compare.
+/// limit of 128 operations per transaction, with the fence's compare and
+/// those of the owners gone (a handful).
 pub(crate) const CLAIMS_PER_TXN: usize = 100;
 
 async fn claim(
@@ -232,6 +270,7 @@ async fn claim(
     node: &str,
     seen_epoch: i64,
     fence: Option<&Fence>,
+    gone_owner: Option<&str>,
 ) -> Result<FencedClaim, Error> {
     let key = slot_key(prefix, slot);
     let fenced = fence.map(|fence| Compare {
@@ -260,7 +299,8 @@ async fn claim(
     };
     let mut failure = vec![read(key)];
     failure.extend(fence.map(|fence| read(fence.key.clone())));
-    let compare = [unchanged].into_iter().chain(fenced).collect();
+    let compare =
+        [unchanged].into_iter().chain(fenced).chain(gone_owner.map(|owner| not_registered(prefix, owner))).collect();
     let answer = etcd
         .kv
         .clone()
@@ -519,5 +559,33 @@ mod tests {
             (0..1024).filter(|&slot| follower_of(slot, "n1", &nodes) != follower_of(slot, "n1", &more)).count();
         assert!((180..=330).contains(&changed), "about a quarter: {changed}");
         assert_eq!(follower_of(0, "n1", &nodes[..1]), None, "a lone node has no follower");
+    }
+
+    #[cfg(feature = "testing")]
+    #[tokio::test]
+    async fn c4_a_gone_owners_slot_is_claimed_only_while_the_owner_is_still_gone() {
+        let server = crate::testing::EtcdServer::start().await;
+        let etcd = server.client().await;
+        let Claim::Won { epoch } = claim_slot(&etcd, "/gone/", 0, "a", 0).await.unwrap() else { panic!() };
+        // A coordinator's leadership key, as the fence.
+        let put = PutRequest { key: b"/gone/coordinator/1".to_vec(), ..PutRequest::default() };
+        etcd.kv.clone().put(put).await.unwrap();
+        let leader = etcd.get(b"/gone/coordinator/1").await.unwrap().unwrap();
+        let fence = Fence { key: leader.key, create_revision: leader.create_revision };
+        // "a" registers again before the coordinator's claims land: they fail, and the slot stays a's.
+        let lease =
+            crate::NodeLease::grant(&etcd, std::time::Duration::from_secs(5), std::time::Duration::ZERO).await.unwrap();
+        register_node(&etcd, "/gone/", "a", "127.0.0.1:1", lease.id()).await.unwrap();
+        let one = claim_fenced(&etcd, "/gone/", 0, "b", epoch, &fence, Some("a")).await.unwrap();
+        let kept = SlotOwner { node: "a".to_owned(), epoch };
+        assert_eq!(one, FencedClaim::Claimed(Claim::Stale { current: Some(kept) }));
+        let claims = [(0, "b".to_owned(), epoch)];
+        assert_eq!(claim_all_fenced(&etcd, "/gone/", &claims, &fence, &["a"]).await.unwrap(), None);
+        // Gone again: the claim is made.
+        lease.revoke().await.unwrap();
+        let Some(moved) = claim_all_fenced(&etcd, "/gone/", &claims, &fence, &["a"]).await.unwrap() else {
+            panic!("a gone owner's slot is claimed")
+        };
+        assert!(moved > epoch);
     }
 }

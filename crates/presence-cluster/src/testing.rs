@@ -37,22 +37,29 @@ fn free_port() -> u16 {
 }
 
 impl EtcdServer {
-    /// Starts etcd and waits until it answers.
+    /// Starts etcd and waits until it answers. Its ports are picked free
+    /// just before; should another process take one first (etcd then exits
+    /// at once), it starts again on others.
     pub async fn start() -> EtcdServer {
         let data = TempDir(std::env::temp_dir().join(format!("presenced-etcd-{}-{}", std::process::id(), free_port())));
-        let (client, peer) = (free_port(), free_port());
-        let endpoint = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let mut server = EtcdServer { child: None, endpoint, peer_url, data };
-        server.run().await;
-        server
+        let mut server = EtcdServer { child: None, endpoint: String::new(), peer_url: String::new(), data };
+        for _ in 0..5 {
+            server.endpoint = format!("http://127.0.0.1:{}", free_port());
+            server.peer_url = format!("http://127.0.0.1:{}", free_port());
+            if server.run().await {
+                return server;
+            }
+            let _ = std::fs::remove_dir_all(&server.data.0);
+        }
+        panic!("etcd exited at start five times, on other ports each time");
     }
 
-    /// Runs etcd on the server's ports and data directory; returns once it answers.
-    async fn run(&mut self) {
+    /// Runs etcd on the server's ports and data directory; returns once it
+    /// answers (true), or false if it exited first.
+    async fn run(&mut self) -> bool {
         let binary = std::env::var("PRESENCED_ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
         let (endpoint, peer_url) = (&self.endpoint, &self.peer_url);
-        let child = Command::new(&binary)
+        let mut child = Command::new(&binary)
             .args(["--name", "test", "--data-dir"])
             .arg(&self.data.0)
             .args(["--listen-client-urls", endpoint, "--advertise-client-urls", endpoint])
@@ -67,13 +74,16 @@ impl EtcdServer {
             .unwrap_or_else(|error| {
                 panic!("could not start {binary} ({error}): install etcd (bash .ci/install-etcd, or apt-get install etcd-server) or set PRESENCED_ETCD_BIN")
             });
-        self.child = Some(child);
         let deadline = Instant::now() + PATIENCE;
         loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
+            }
             if let Ok(etcd) = Etcd::connect(&self.endpoint).await
                 && SlotMapWatch::start(&etcd, "/probe/", 1).await.is_ok()
             {
-                return;
+                self.child = Some(child);
+                return true;
             }
             assert!(Instant::now() < deadline, "etcd did not answer on {} within {PATIENCE:?}", self.endpoint);
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -90,7 +100,14 @@ impl EtcdServer {
     /// and waits until it answers: etcd is back, with what it held.
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "etcd is still running");
-        self.run().await;
+        for _ in 0..50 {
+            if self.run().await {
+                return;
+            }
+            // A port of the old process may be held a moment longer.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("etcd did not start again on {}", self.endpoint);
     }
 
     /// A client of it.

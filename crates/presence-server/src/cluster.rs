@@ -148,10 +148,12 @@ pub(crate) enum Ownership {
 pub(crate) struct Membership {
     node: String,
     slots: u32,
-    /// Where the lease stands, read by every check.
-    lease_state: tokio::sync::watch::Receiver<LeaseState>,
-    /// Whether etcd answers this node's keep-alives now.
-    etcd_answering: tokio::sync::watch::Receiver<bool>,
+    /// Where the lease stands, read by every check: relayed from the lease
+    /// in force (see [`Membership::relay`]), which changes when the node
+    /// joins again after etcd said its lease was gone.
+    lease_state: Arc<tokio::sync::watch::Sender<LeaseState>>,
+    /// Whether etcd answers this node's keep-alives now, relayed likewise.
+    etcd_answering: Arc<tokio::sync::watch::Sender<bool>>,
     /// Acting past the lease while etcd is down for every node (`outage`).
     outage: Outage,
     /// The lease itself, taken to revoke it when the node leaves.
@@ -169,7 +171,12 @@ pub(crate) struct Membership {
     taken_in: Mutex<SlotSet>,
     nodes: NodeSetWatch,
     peers: Peers,
-    _coordinator: Coordinator,
+    /// This node's part in the coordinator's election, on the lease in force.
+    coordinator: Mutex<Coordinator>,
+    /// Where clients reach this node, as registered in etcd.
+    advertise: String,
+    /// How long a new cluster waits for more nodes (the coordinator's).
+    settle: Duration,
     pub(crate) etcd: Etcd,
     pub(crate) prefix: String,
     pub(crate) lease_ttl: Duration,
@@ -218,20 +225,22 @@ impl Ownership {
             ),
             None => None,
         };
-        Ok(Ownership::Cluster(Box::new(Membership {
+        let membership = Membership {
             node: config.node_id.clone(),
             slots: config.slots,
-            lease_state: lease.subscribe(),
-            etcd_answering: lease.answering(),
+            lease_state: Arc::new(tokio::sync::watch::Sender::new(lease.state())),
+            etcd_answering: Arc::new(tokio::sync::watch::Sender::new(true)),
             outage: Outage::default(),
-            lease: Mutex::new(Some(lease)),
+            lease: Mutex::new(None),
             left: AtomicBool::new(false),
             acted: tokio::sync::watch::Sender::new(map.current()),
             taken_in: Mutex::new(SlotSet::new(config.slots)),
             map,
             nodes,
             peers: Peers::default(),
-            _coordinator: coordinator,
+            coordinator: Mutex::new(coordinator),
+            advertise: config.advertise.clone(),
+            settle: config.settle,
             etcd,
             prefix: config.prefix.clone(),
             lease_ttl: config.lease_ttl,
@@ -239,7 +248,9 @@ impl Ownership {
             durable_gate: tokio::sync::RwLock::new(()),
             handing_over: tokio::sync::Mutex::new(()),
             peer_token,
-        })))
+        };
+        membership.relay(lease);
+        Ok(Ownership::Cluster(Box::new(membership)))
     }
 
     /// What this node owns as of now, to check a request (or a whole batch) against.
@@ -321,7 +332,7 @@ impl Ownership {
         let Ownership::Cluster(membership) = self else { return None };
         Some(OwnershipChanges {
             map: membership.acted.subscribe(),
-            lease: membership.lease_state.clone(),
+            lease: membership.lease_state.subscribe(),
             extension: membership.outage.extensions(),
         })
     }
@@ -362,12 +373,56 @@ impl Membership {
 
     /// Changes of [`Membership::etcd_answers`], to wait on.
     pub(crate) fn etcd_answering(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.etcd_answering.clone()
+        self.etcd_answering.subscribe()
     }
 
     /// Whether etcd said this node's lease is gone.
     pub(crate) fn lease_lost(&self) -> bool {
         matches!(*self.lease_state.borrow(), LeaseState::Lost)
+    }
+
+    /// Makes `lease` the one in force: its state and whether etcd answers it
+    /// are relayed to every check from now on, until it is dropped.
+    fn relay(&self, lease: NodeLease) {
+        let (mut state, mut answering) = (lease.subscribe(), lease.answering());
+        let (publish_state, publish_answering) = (Arc::clone(&self.lease_state), Arc::clone(&self.etcd_answering));
+        tokio::spawn(async move {
+            loop {
+                publish_state.send_replace(*state.borrow_and_update());
+                publish_answering.send_replace(*answering.borrow_and_update());
+                // Ends when the lease's keeper stops: it was dropped, or etcd said it was gone.
+                tokio::select! {
+                    changed = state.changed() => if changed.is_err() { break },
+                    changed = answering.changed() => if changed.is_err() { break },
+                }
+            }
+        });
+        *self.lease.lock() = Some(lease);
+    }
+
+    /// Joins the cluster again after etcd said this node's lease was gone:
+    /// a new lease, the node's registration under it, a new campaign. The
+    /// node acts again only once the map it acts on has every change etcd's
+    /// map had after the registration: every slot given away while it was
+    /// gone is then in it, and none can be given away after (a claim of a
+    /// gone owner's slot requires that owner not to be registered).
+    /// Returns the registration's revision.
+    async fn join_again(&self) -> Result<i64, presence_cluster::Error> {
+        let lease = NodeLease::grant(&self.etcd, self.lease_ttl, LEASE_MARGIN).await?;
+        let revision = register_node(&self.etcd, &self.prefix, &self.node, &self.advertise, lease.id()).await?;
+        *self.coordinator.lock() =
+            Coordinator::start(&self.etcd, &self.prefix, self.slots, &self.node, lease.id(), self.settle);
+        // The map as etcd holds it after the registration; the map this node
+        // acts on follows etcd's view of it (replica::act_on_the_map).
+        let caught_up = SlotMap::load(&self.etcd, &self.prefix, self.slots).await?.latest_epoch();
+        let mut acted = self.acted.subscribe();
+        while acted.borrow_and_update().revision() < caught_up {
+            if acted.changed().await.is_err() {
+                break;
+            }
+        }
+        self.relay(lease);
+        Ok(revision)
     }
 
     /// This node's part in riding out etcd outages.
@@ -409,6 +464,11 @@ impl Membership {
     pub(crate) fn note_taken_in(&self, slots: &SlotSet) {
         let mut taken_in = self.taken_in.lock();
         slots.iter().for_each(|slot| taken_in.insert(slot));
+    }
+
+    /// Whether `slot` is being, or was, handed over from this node.
+    pub(crate) fn is_leaving(&self, slot: u32) -> bool {
+        self.leaving.read().contains(slot)
     }
 
     /// Whether a handover brought `slot`'s state (and the map has not given it yet).
@@ -468,6 +528,48 @@ impl Membership {
     }
 }
 
+/// Joins the cluster again whenever etcd says this node's lease is gone
+/// (it was cut off from etcd, or etcd was away, for longer than the TTL),
+/// trying every second until etcd takes the new registration; until the
+/// server stops or the node leaves. Meanwhile the node acts for nobody.
+pub(crate) async fn join_again_when_lost(context: Arc<crate::context::Context>) {
+    let Some(membership) = context.ownership.membership() else { return };
+    let mut state = membership.lease_state.subscribe();
+    loop {
+        while !matches!(*state.borrow_and_update(), LeaseState::Lost) {
+            tokio::select! {
+                changed = state.changed() => if changed.is_err() { return },
+                () = context.stopping.cancelled() => return,
+            }
+        }
+        if membership.left.load(Ordering::Acquire) {
+            return;
+        }
+        let node = membership.node();
+        tracing::warn!(node, "etcd says this node's lease is gone: joining the cluster again under a new one");
+        loop {
+            let joined = tokio::select! {
+                joined = membership.join_again() => joined,
+                () = context.stopping.cancelled() => return,
+            };
+            match joined {
+                Ok(revision) => {
+                    tracing::info!(
+                        node,
+                        revision,
+                        "joined the cluster again; acting on the slots the map gives this node"
+                    );
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(node, %error, "could not join the cluster again; trying again in a second");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+}
+
 /// `message` as a request forwarded to another node: marked so, with the caller's credentials.
 fn forwarded<T>(message: T, authorization: Option<&MetadataValue<Ascii>>) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
@@ -500,10 +602,9 @@ impl OwnershipChanges {
     /// Returns once the map, the lease or its extension changed, or the
     /// right to act lapsed.
     pub(crate) async fn changed(&mut self) {
-        // Lost for good: nothing more to wait for.
-        let Some(lapses) = acting_until(*self.lease.borrow(), *self.extension.borrow()) else {
-            return std::future::pending().await;
-        };
+        // Lost: acting only after joining again, which changes the lease.
+        let lapses = acting_until(*self.lease.borrow(), *self.extension.borrow())
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3_600));
         tokio::select! {
             changed = self.map.changed() => if changed.is_err() { std::future::pending::<()>().await },
             changed = self.lease.changed() => if changed.is_err() { std::future::pending::<()>().await },

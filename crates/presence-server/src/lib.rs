@@ -282,6 +282,7 @@ async fn serve_prepared(
     tokio::spawn(replica::send_to_followers(Arc::clone(&context)));
     tokio::spawn(replica::act_on_the_map(Arc::clone(&context)));
     tokio::spawn(outage::ride_out(Arc::clone(&context)));
+    tokio::spawn(cluster::join_again_when_lost(Arc::clone(&context)));
     tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
     let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
 

@@ -444,13 +444,41 @@ pub(crate) async fn act_on_the_map(context: Arc<Context>) {
                 membership.outage().promises_kept().await;
             }
             take_in(&context, membership, replica, &acted, &map).await;
-            membership.act_on(map);
+            membership.act_on(Arc::clone(&map));
+            drop_given_away(&context, membership, &acted, &map).await;
         }
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { return },
             () = context.stopping.cancelled() => return,
         }
     }
+}
+
+/// Drops, without publishing anything, the users of the slots `acted` gave
+/// this node and `map` gives another, other than by a handover (which drops
+/// them itself): etcd gave them away while this node's lease was gone, and
+/// their new owner took them over from its copy.
+async fn drop_given_away(
+    context: &Context,
+    membership: &Membership,
+    acted: &presence_cluster::SlotMap,
+    map: &presence_cluster::SlotMap,
+) {
+    let given_away = (0..membership.slot_count())
+        .filter(|&slot| membership.owns(acted, slot) && !membership.owns(map, slot) && !membership.is_leaving(slot));
+    let given_away = SlotSet::of(membership.slot_count(), given_away);
+    if given_away.is_empty() {
+        return;
+    }
+    let users = context.store().release_slots(context.now(), &given_away);
+    if let Err(error) = context.privacy.release_slots(&given_away).await {
+        tracing::warn!(%error, "the durable data of slots given to other nodes could not be deleted here");
+    }
+    tracing::warn!(
+        slots = given_away.len(),
+        users,
+        "slots given to other nodes while this node was gone: dropped here"
+    );
 }
 
 /// Whether `map` gives this node a slot that `acted` gave another node,
