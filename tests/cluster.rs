@@ -510,8 +510,7 @@ async fn c5_through_an_etcd_outage_nodes_serve_on_the_map_they_have_move_nothing
     assert!(failed.is_empty(), "{} renewals failed, first {:?}", failed.len(), failed.first());
     let _ = stop_watching.send(());
     let seen = watcher.await.unwrap();
-    let offline: Vec<_> = seen.iter().filter(|(_, state, _)| *state != pb::State::Online as i32).collect();
-    assert!(offline.is_empty(), "no OFFLINE through the outage: {offline:?}");
+    assert_no_offline_and_no_version_back(&seen, "no OFFLINE through the outage");
     assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
     for server in servers {
         server.stop().await;
@@ -577,13 +576,7 @@ async fn c1_nodes_whose_leases_etcd_let_go_while_it_was_frozen_join_again_and_no
     assert!(settled.is_empty(), "the last rounds, {rejoined:?} after the thaw: {settled:?}");
     let _ = stop_watching.send(());
     let seen = watcher.await.unwrap();
-    let offline: Vec<_> = seen.iter().filter(|(_, state, _)| *state != pb::State::Online as i32).collect();
-    assert!(offline.is_empty(), "no OFFLINE: {offline:?}");
-    let mut last: HashMap<&str, u64> = HashMap::new();
-    for (user, _, version) in &seen {
-        let previous = last.insert(user.as_str(), *version).unwrap_or(0);
-        assert!(*version >= previous, "{user}: version {version} after {previous}");
-    }
+    assert_no_offline_and_no_version_back(&seen, "no OFFLINE");
     assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
     // Each user is at one node only: the owner the map names.
     for user in &users {
@@ -1085,6 +1078,18 @@ fn watch_through_failures(url: String, users: Vec<String>) -> Running<Vec<(Strin
     (stop, task)
 }
 
+/// Asserts that a viewer's events (`watch_through_failures`) hold no
+/// OFFLINE (`what` says which) and no user's version going back (M4).
+fn assert_no_offline_and_no_version_back(seen: &[(String, i32, u64)], what: &str) {
+    let offline: Vec<_> = seen.iter().filter(|(_, state, _)| *state != pb::State::Online as i32).collect();
+    assert!(offline.is_empty(), "{what}: {offline:?}");
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    for (user, _, version) in seen {
+        let previous = last.insert(user.as_str(), *version).unwrap_or(0);
+        assert!(*version >= previous, "{user}: version {version} after {previous}");
+    }
+}
+
 #[path = "common/daemon.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod daemon;
@@ -1184,13 +1189,7 @@ async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_
     // Nobody flipped, and no viewer saw a version go back.
     let _ = stop_watching.send(());
     let seen = watcher.await.unwrap();
-    let offline: Vec<_> = seen.iter().filter(|(_, state, _)| *state != pb::State::Online as i32).collect();
-    assert!(offline.is_empty(), "no OFFLINE for users whose gateway kept renewing: {offline:?}");
-    let mut last: HashMap<&str, u64> = HashMap::new();
-    for (user, _, version) in &seen {
-        let previous = last.insert(user.as_str(), *version).unwrap_or(0);
-        assert!(*version >= previous, "{user}: version {version} after {previous}");
-    }
+    assert_no_offline_and_no_version_back(&seen, "no OFFLINE for users whose gateway kept renewing");
     assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
     // Its status, visibility and audience were in the copy.
     assert_lunch_shown_to_friend_only(&mut viewer, &private).await;

@@ -212,12 +212,20 @@ async fn move_chunk(
     };
     // The slots stay refused here: this node's map may show them as its own
     // a little longer.
-    let released = store.release_slots(context.now(), &set);
-    if let Err(error) = context.privacy.release_slots(&set).await {
-        tracing::warn!(%error, "slots handed over, but their users' durable data could not be deleted here");
-    }
+    let released = drop_here(context, &set, "slots handed over").await;
     tracing::debug!(slots = chunk.len(), released, epoch, "slots handed over and dropped here");
     Ok(Moved { epoch, users: taken.users, sessions: taken.sessions, bytes, elapsed: Duration::ZERO })
+}
+
+/// Drops the users of `set` here without publishing anything, with what
+/// they keep on disk (their state lives at another node now: `why`);
+/// returns how many users went.
+pub(crate) async fn drop_here(context: &Context, set: &SlotSet, why: &str) -> usize {
+    let users = context.store().release_slots(context.now(), set);
+    if let Err(error) = context.privacy.release_slots(set).await {
+        tracing::warn!(%error, why, "slots dropped here, but their users' durable data could not be deleted");
+    }
+    users
 }
 
 /// Answers `set`'s requests again: a move of them failed, or they came back.
@@ -480,10 +488,7 @@ async fn drop_unless_given(context: Arc<Context>, set: SlotSet) {
     for slot in not_given.iter() {
         membership.forget_taken_in(slot);
     }
-    let users = context.store().release_slots(context.now(), &not_given);
-    if let Err(error) = context.privacy.release_slots(&not_given).await {
-        tracing::warn!(%error, "could not delete the durable data of a handover that did not happen");
-    }
+    let users = drop_here(&context, &not_given, "a handover that did not happen").await;
     tracing::warn!(
         slots = not_given.len(),
         users,

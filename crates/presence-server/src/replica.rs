@@ -470,10 +470,7 @@ async fn drop_given_away(
     if given_away.is_empty() {
         return;
     }
-    let users = context.store().release_slots(context.now(), &given_away);
-    if let Err(error) = context.privacy.release_slots(&given_away).await {
-        tracing::warn!(%error, "the durable data of slots given to other nodes could not be deleted here");
-    }
+    let users = crate::handover::drop_here(context, &given_away, "slots given to other nodes").await;
     tracing::warn!(
         slots = given_away.len(),
         users,
