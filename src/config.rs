@@ -185,6 +185,11 @@ pub(crate) struct ServeArgs {
     /// (needs --etcd).
     #[arg(long, env = "PRESENCED_CLUSTER_SETTLE_MS", value_name = "MS")]
     cluster_settle_ms: Option<u64>,
+    /// Whether the coordinator evens the slots out between the live nodes by
+    /// planned moves (a node that joins gets its share); false leaves every
+    /// move to `presenced cluster move` [default: true] (needs --etcd).
+    #[arg(long, env = "PRESENCED_CLUSTER_REBALANCE", value_name = "BOOL")]
+    cluster_rebalance: Option<bool>,
 }
 
 /// `--default-visibility`, as spelled on the command line and in the file.
@@ -310,6 +315,7 @@ struct ClusterArgs {
     prefix: Option<String>,
     lease_ttl_ms: Option<u64>,
     settle_ms: Option<u64>,
+    rebalance: Option<bool>,
 }
 
 /// Cluster mode when `--etcd` is given, with the node's name and address it
@@ -324,6 +330,7 @@ fn cluster_config(args: ClusterArgs) -> Result<Option<ClusterConfig>, SettingsEr
             ("--etcd-prefix", args.prefix.is_some()),
             ("--etcd-lease-ttl-ms", args.lease_ttl_ms.is_some()),
             ("--cluster-settle-ms", args.settle_ms.is_some()),
+            ("--cluster-rebalance", args.rebalance.is_some()),
         ];
         return match given.iter().find(|(_, given)| *given) {
             Some((flag, _)) => Err(SettingsError::Invalid(format!("{flag} needs --etcd (cluster mode)"))),
@@ -341,6 +348,7 @@ fn cluster_config(args: ClusterArgs) -> Result<Option<ClusterConfig>, SettingsEr
     }
     config.lease_ttl = args.lease_ttl_ms.map_or(config.lease_ttl, Duration::from_millis);
     config.settle = args.settle_ms.map_or(config.settle, Duration::from_millis);
+    config.rebalance = args.rebalance.unwrap_or(config.rebalance);
     if !(1..=MAX_SLOTS).contains(&config.slots) {
         return Err(SettingsError::Invalid(format!("--slots must be between 1 and {MAX_SLOTS}")));
     }
@@ -435,6 +443,7 @@ impl ServeArgs {
             prefix: args.etcd_prefix,
             lease_ttl_ms: args.etcd_lease_ttl_ms,
             settle_ms: args.cluster_settle_ms,
+            rebalance: args.cluster_rebalance,
         })?;
         let viewer_jwt_public_key_pem = match args.viewer_jwt_public_key {
             Some(path) => Some(std::fs::read(&path).map_err(|source| SettingsError::ReadKey { path, source })?),
@@ -724,6 +733,10 @@ mod tests {
         for bad in [&["--slots", "0"][..], &["--slots", "70000"], &["--etcd-lease-ttl-ms", "1500"]] {
             assert!(with(bad).is_err(), "{bad:?} is refused");
         }
+        assert!(config.rebalance, "the coordinator evens the slots out by default");
+        assert!(!with(&["--cluster-rebalance", "false"]).unwrap().server.cluster.unwrap().rebalance);
+        let err = resolve(&["--cluster-rebalance", "false"]).unwrap_err().to_string();
+        assert!(err.contains("--cluster-rebalance needs --etcd"), "{err}");
     }
 
     #[test]

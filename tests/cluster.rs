@@ -133,13 +133,25 @@ const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
 /// Three nodes started together, and the slot map once they share the slots
 /// (the coordinator of a new cluster waits for the nodes starting with it).
 async fn three_nodes(etcd: &EtcdServer) -> (Vec<TestServer>, SlotMap) {
-    three_nodes_with(etcd, fast_config).await
+    three_nodes_with(etcd, fast_config, true).await
 }
 
-async fn three_nodes_with(etcd: &EtcdServer, base: fn() -> ServerConfig) -> (Vec<TestServer>, SlotMap) {
+/// [`three_nodes`] on `base`'s settings, evening the slots out by themselves if `rebalance`.
+async fn three_nodes_with(
+    etcd: &EtcdServer,
+    base: fn() -> ServerConfig,
+    rebalance: bool,
+) -> (Vec<TestServer>, SlotMap) {
     let mut servers = Vec::new();
     for node in NODES {
-        servers.push(TestServer::start_with(|addr| node_config_with(etcd, node, addr, base())).await);
+        servers.push(
+            TestServer::start_with(|addr| {
+                let mut config = node_config_with(etcd, node, addr, base());
+                config.cluster.as_mut().expect("a cluster node").rebalance = rebalance;
+                config
+            })
+            .await,
+        );
     }
     let map = map_where(&etcd.client().await, "every node owns slots", |map| {
         NODES.iter().all(|node| map.owned_by(node).count() > 0)
@@ -681,7 +693,7 @@ async fn c2_a_watch_at_one_node_carries_the_changes_of_users_on_every_node_and_e
 async fn c2_a_merged_watch_ends_when_a_part_resyncs_since_its_snapshot_holds_that_part_only() {
     let etcd = EtcdServer::start().await;
     // A mailbox of 4 users at most: a viewer that falls behind is resynced (E4).
-    let (servers, map) = three_nodes_with(&etcd, || ServerConfig { watch_buffer: 4, ..fast_config() }).await;
+    let (servers, map) = three_nodes_with(&etcd, || ServerConfig { watch_buffer: 4, ..fast_config() }, true).await;
     let users: Vec<String> = (0..40).map(|i| format!("busy-{i}")).collect();
     let owned_by =
         |node: &str| users.iter().filter(|user| map.owner(slot_of(user, SLOTS)).unwrap().node == node).count();
@@ -849,7 +861,8 @@ async fn assert_lunch_shown_to_friend_only(viewer: &mut PresenceClient<Channel>,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c3_a_planned_move_hands_slots_over_with_their_sessions_and_nobody_flips() {
     let etcd = EtcdServer::start().await;
-    let (servers, map) = three_nodes(&etcd).await;
+    // Every slot of node-a goes, by hand: nothing evens them out again meanwhile.
+    let (servers, map) = three_nodes_with(&etcd, fast_config, false).await;
     let users: Vec<String> = (0..600).map(|i| format!("mover-{i}")).collect();
     let (leases, generations) = register_all(&servers[2], &users).await;
     // One user of node-a shows a status, to its audience only.
@@ -945,6 +958,55 @@ async fn c3_a_planned_move_hands_slots_over_with_their_sessions_and_nobody_flips
         pb::UnregisterRequest { user_id: sample.clone(), session_id: "s".into(), generation, ..Default::default() };
     let unregistered = leases.unregister(request).await.unwrap();
     assert!(unregistered.removed && unregistered.changed, "{unregistered:?}");
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c3_a_node_that_joins_is_given_its_share_of_the_slots_with_their_sessions_and_nobody_flips() {
+    let etcd = EtcdServer::start().await;
+    let mut servers = Vec::new();
+    for node in &NODES[..2] {
+        servers.push(TestServer::start_with(|addr| node_config(&etcd, node, addr)).await);
+    }
+    let client = etcd.client().await;
+    map_where(&client, "node-a and node-b share the slots", |map| {
+        NODES[..2].iter().all(|node| map.owned_by(node).count() > 0)
+    })
+    .await;
+    let users: Vec<String> = (0..400).map(|i| format!("joiner-{i}")).collect();
+    let (leases, generations) = register_all(&servers[0], &users).await;
+    let mut viewer = servers[1].client().await;
+    let before = presences(&mut viewer, &users).await;
+    let (stop_watching, watcher) = watch_through_failures(servers[1].url(), users.clone());
+    let (stop_renewing, renewer) = keep_renewing_by_round(std::sync::Arc::clone(&leases), generations.clone(), 1_500);
+
+    // node-c joins: the coordinator moves slots to it, a few at a time, with
+    // their users, until each node owns its share (21 of 64) less the slack.
+    servers.push(TestServer::start_with(|addr| node_config(&etcd, "node-c", addr)).await);
+    let map = map_where(&client, "every node owns about a third", |map| {
+        NODES.iter().all(|node| (20..=23).contains(&map.owned_by(node).count()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let _ = stop_renewing.send(());
+    let rounds = renewer.await.unwrap();
+    let failed: Vec<&String> = rounds.iter().flat_map(|(_, failed)| failed).collect();
+    assert!(failed.is_empty(), "{} renewals failed, first {:?}", failed.len(), failed.first());
+    let _ = stop_watching.send(());
+    assert_no_offline_and_no_version_back(&watcher.await.unwrap(), "no OFFLINE as slots moved to node-c");
+    assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
+    // node-c holds its users' sessions, with the generations the gateway holds.
+    let mut at_c = servers[2].client().await;
+    let on_c: Vec<&(String, u64)> =
+        generations.iter().filter(|(user, _)| map.owner(slot_of(user, SLOTS)).unwrap().node == "node-c").collect();
+    assert!(on_c.len() > 50, "node-c owns {} of the users", on_c.len());
+    for (user, generation) in on_c {
+        let request = pb::ListSessionsRequest { user_id: user.clone(), ..Default::default() };
+        let sessions = at_c.list_sessions(request).await.unwrap().into_inner().sessions;
+        assert_eq!(sessions.iter().map(|s| s.generation).collect::<Vec<_>>(), vec![*generation], "{user}");
+    }
     for server in servers {
         server.stop().await;
     }

@@ -35,6 +35,6 @@ pub use etcd::{Error, Etcd, api};
 pub use lease::{ANSWER_WAIT, LeaseState, NodeLease};
 pub use presence_core::slot_of;
 pub use slots::{
-    Claim, MOVES_PER_TXN, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, SlotOwner, claim_slot, follower_of, move_slots,
-    register_node, repairs,
+    Claim, MOVES_PER_TXN, NodeSet, NodeSetWatch, REBALANCE_SLOTS_PER_MOVE, SlotMap, SlotMapWatch, SlotOwner,
+    claim_slot, follower_of, move_slots, rebalancing_move, register_node, repairs,
 };

@@ -357,6 +357,36 @@ pub fn repairs(map: &SlotMap, live: &[String]) -> Vec<(u32, String, i64)> {
     claims
 }
 
+/// The most slots one rebalancing move hands over: each move refuses its
+/// slots' requests while their state travels, so moves stay small.
+pub const REBALANCE_SLOTS_PER_MOVE: usize = 16;
+
+/// One planned move that evens the slots out between live nodes (C3, a node
+/// joining): `(from, to, slots)`, the slots the highest of `from`'s. `None`
+/// when the map needs repairs first (a slot without a live owner), or when
+/// every live node owns at least its even share less a slack of 1/20 of it
+/// (at least one slot), so that nodes are not kept busy over a slot or two.
+/// The move goes from the node owning the most to the one owning the
+/// fewest, at most [`REBALANCE_SLOTS_PER_MOVE`] slots, and never so many
+/// that the receiver ends above the even share or the giver below it.
+pub fn rebalancing_move(map: &SlotMap, live: &[String]) -> Option<(String, String, Vec<u32>)> {
+    if live.len() < 2 || (0..map.slots()).any(|slot| map.owner(slot).is_none_or(|owner| !live.contains(&owner.node))) {
+        return None;
+    }
+    let share = map.slots() as usize / live.len();
+    let slack = (share / 20).max(1);
+    let loads: Vec<(usize, &String)> = live.iter().map(|node| (map.owned_by(node).count(), node)).collect();
+    let &(fewest, to) = loads.iter().min_by_key(|(count, node)| (*count, *node))?;
+    let &(most, from) = loads.iter().max_by_key(|(count, node)| (*count, std::cmp::Reverse(*node)))?;
+    if fewest + slack >= share || most <= share {
+        return None;
+    }
+    let count = (share - fewest).min(most - share).min(REBALANCE_SLOTS_PER_MOVE);
+    let mut slots: Vec<u32> = map.owned_by(from).collect();
+    let slots = slots.split_off(slots.len() - count);
+    Some((from.clone(), to.clone(), slots))
+}
+
 /// The node that follows `slot` while `owner` owns it (C4): of the nodes in
 /// `nodes` other than `owner`, the one whose hash with the slot is highest
 /// (rendezvous hashing). Every node computes it alike from the slot map and
@@ -538,6 +568,41 @@ mod tests {
             vec![(2, follower(2), 9), (3, follower(3), 10), (4, least_loaded.to_owned(), 0)]
         );
         assert!(repairs(&map, &[]).is_empty(), "no live node: nothing to give slots to");
+    }
+
+    #[test]
+    fn c3_rebalancing_moves_a_few_slots_at_a_time_from_the_fullest_node_to_the_emptiest_until_even() {
+        let nodes = |ids: &[&str]| ids.iter().map(|node| (*node).to_owned()).collect::<Vec<_>>();
+        // Two nodes share 64 slots; a third joins with none.
+        let mut owners: Vec<Option<(&str, i64)>> = (0..64).map(|slot| Some((["a", "b"][slot % 2], 1))).collect();
+        let live = nodes(&["a", "b", "c"]);
+        let mut moves = 0;
+        while let Some((from, to, slots)) = rebalancing_move(&map_of(&owners), &live) {
+            assert_eq!(to, "c", "the node with none receives");
+            assert!(!slots.is_empty() && slots.len() <= REBALANCE_SLOTS_PER_MOVE, "{slots:?}");
+            for slot in slots {
+                assert_eq!(owners[slot as usize].map(|(owner, _)| owner), Some(from.as_str()), "a slot of the giver's");
+                owners[slot as usize] = Some(("c", 2));
+            }
+            moves += 1;
+            assert!(moves < 10, "converges");
+        }
+        let map = map_of(&owners);
+        let mut counts: Vec<usize> = ["a", "b", "c"].iter().map(|node| map.owned_by(node).count()).collect();
+        counts.sort_unstable();
+        assert_eq!(counts, vec![21, 21, 22], "even, to the slot");
+        // Within the slack nothing moves; nor before repairs, nor with one node.
+        let mut uneven = owners.clone();
+        uneven[0] = Some(("c", 3));
+        assert_eq!(rebalancing_move(&map_of(&uneven), &live), None, "one slot off is within the slack");
+        let mut dead = owners.clone();
+        dead[5] = Some(("gone", 1));
+        let lopsided = map_of(&(0..64).map(|_| Some(("a", 1))).collect::<Vec<_>>());
+        assert!(rebalancing_move(&lopsided, &live).is_some());
+        dead.iter_mut().take(40).for_each(|owner| *owner = Some(("a", 1)));
+        dead[50] = Some(("gone", 1));
+        assert_eq!(rebalancing_move(&map_of(&dead), &live), None, "repairs come first");
+        assert_eq!(rebalancing_move(&lopsided, &nodes(&["a"])), None, "a lone node keeps everything");
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub struct ClusterConfig {
     /// How long a new cluster waits for no more nodes to join before giving
     /// out its slots.
     pub settle: Duration,
+    /// Whether this node, while it coordinates, evens the slots out between
+    /// the live nodes by planned moves (`rebalance`).
+    pub rebalance: bool,
     /// What this node presents to the other nodes when it calls them of its
     /// own accord (handing its slots over as it drains): one of the service
     /// tokens every node accepts. `None` when the cluster runs open.
@@ -69,6 +72,7 @@ impl ClusterConfig {
             prefix: "/presenced/".to_owned(),
             lease_ttl: Duration::from_secs(5),
             settle: Duration::from_secs(2),
+            rebalance: true,
             peer_token: None,
         }
     }
@@ -160,6 +164,8 @@ pub(crate) struct Membership {
     lease: Mutex<Option<NodeLease>>,
     /// Set when the node leaves: it acts for nobody from then on.
     left: AtomicBool,
+    /// Set when the node starts handing its slots over before it stops.
+    draining: AtomicBool,
     map: SlotMapWatch,
     /// The slot map this node acts on: etcd's, once this node has taken in
     /// the state of the slots it gives it (C4: a dead owner's users, from the
@@ -177,6 +183,8 @@ pub(crate) struct Membership {
     advertise: String,
     /// How long a new cluster waits for more nodes (the coordinator's).
     settle: Duration,
+    /// Whether to even the slots out while coordinating.
+    pub(crate) rebalance: bool,
     pub(crate) etcd: Etcd,
     pub(crate) prefix: String,
     pub(crate) lease_ttl: Duration,
@@ -233,6 +241,7 @@ impl Ownership {
             outage: Outage::default(),
             lease: Mutex::new(None),
             left: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             acted: tokio::sync::watch::Sender::new(map.current()),
             taken_in: Mutex::new(SlotSet::new(config.slots)),
             map,
@@ -241,6 +250,7 @@ impl Ownership {
             coordinator: Mutex::new(coordinator),
             advertise: config.advertise.clone(),
             settle: config.settle,
+            rebalance: config.rebalance,
             etcd,
             prefix: config.prefix.clone(),
             lease_ttl: config.lease_ttl,
@@ -374,6 +384,22 @@ impl Membership {
     /// Changes of [`Membership::etcd_answers`], to wait on.
     pub(crate) fn etcd_answering(&self) -> tokio::sync::watch::Receiver<bool> {
         self.etcd_answering.subscribe()
+    }
+
+    /// Whether this node is the coordinator, as far as it knows.
+    pub(crate) fn is_coordinator(&self) -> bool {
+        self.coordinator.lock().is_leading()
+    }
+
+    /// Whether this node is handing its slots to the others before it stops:
+    /// it takes none meanwhile.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Notes that this node drains: it takes no slot from now on.
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
     }
 
     /// Whether etcd said this node's lease is gone.

@@ -419,6 +419,9 @@ async fn take_slots(
         return Err(ServiceError::invalid("slots", "the handover sent nothing"));
     };
     let set = slot_set(membership, &first.slots, first.slot_count)?;
+    if membership.is_draining() {
+        return Err(ServiceError::MoveRefused("this node is handing its slots over before it stops".to_owned()));
+    }
     let map = membership.map();
     if let Some(slot) = set.iter().find(|&slot| membership.owns(&map, slot)) {
         return Err(ServiceError::MoveRefused(format!("slot {slot} is this node's already")));
@@ -503,6 +506,7 @@ async fn drop_unless_given(context: Arc<Context>, set: SlotSet) {
 /// another node without its state once this node's lease is revoked.
 pub(crate) async fn drain(context: &Arc<Context>) {
     let Some(membership) = context.ownership.membership() else { return };
+    membership.start_draining();
     let map = membership.map();
     let others: Vec<String> = membership.nodes().ids().into_iter().filter(|node| node != membership.node()).collect();
     // This node's slots as the coordinator would give a dead node's: each to

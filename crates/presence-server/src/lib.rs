@@ -30,6 +30,7 @@ mod ops;
 mod outage;
 pub mod privacy;
 mod publish;
+mod rebalance;
 mod replica;
 mod rooms;
 mod service;
@@ -283,6 +284,7 @@ async fn serve_prepared(
     tokio::spawn(replica::act_on_the_map(Arc::clone(&context)));
     tokio::spawn(outage::ride_out(Arc::clone(&context)));
     tokio::spawn(cluster::join_again_when_lost(Arc::clone(&context)));
+    tokio::spawn(rebalance::rebalance(Arc::clone(&context)));
     tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
     let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
 

@@ -102,12 +102,22 @@ pub(crate) struct Common {
     /// Gateway id sent with every register.
     #[arg(long, default_value = "loadgen")]
     pub(crate) gateway_id: String,
+    /// presenced is a cluster of this many slots (its `--slots`): lease
+    /// batches (`--mode leases`) go through `ClusterLeases`, which enters
+    /// at `--addr` and sends each item to its user's owner. 0: one node.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) cluster_slots: u32,
 }
 
 impl Common {
     /// The target's addresses.
     pub(crate) fn endpoints(&self) -> Endpoints {
-        Endpoints { target: self.target, addr: self.addr.clone(), redis_url: self.redis_url.clone() }
+        Endpoints {
+            target: self.target,
+            addr: self.addr.clone(),
+            redis_url: self.redis_url.clone(),
+            cluster_slots: self.cluster_slots,
+        }
     }
 }
 
@@ -224,6 +234,11 @@ pub(crate) struct LoadArgs {
     /// The server's process id: report its CPU time per heartbeat (from /proc/PID/stat).
     #[arg(long)]
     pub(crate) server_pid: Option<u32>,
+    /// Name the users from `u<N>` and the sessions from `sess_<N × 16>` on, so
+    /// that a second run beside a first one (of fewer users, with fewer than
+    /// 16 sessions each) shares no user and no session with it.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) first_user: u64,
 }
 
 /// `memory` flags.

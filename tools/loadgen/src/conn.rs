@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use presence_client::pb::{self, lease_item, lease_result};
-use presence_client::{LeaseChannel, LeaseChannelConfig, lease_result as split_result};
+use presence_client::{ClusterLeases, LeaseChannel, LeaseChannelConfig, lease_result as split_result};
 use presence_proto::v1::presence_client::PresenceClient;
 use redis::Value;
 use redis::aio::MultiplexedConnection;
@@ -73,6 +73,8 @@ pub(crate) struct Endpoints {
     pub(crate) addr: String,
     /// Redis URL.
     pub(crate) redis_url: String,
+    /// presenced: the cluster's slot count, or 0 for one node.
+    pub(crate) cluster_slots: u32,
 }
 
 impl Endpoints {
@@ -158,6 +160,16 @@ pub(crate) async fn open_conns(spec: &ConnSpec) -> Result<Vec<Conn>, String> {
                 max_in_flight_batches: if mode == Mode::Coalesced { 8 } else { in_flight },
                 ..LeaseChannelConfig::default()
             };
+            if spec.endpoints.cluster_slots > 0 {
+                if mode == Mode::Coalesced {
+                    return Err("--cluster-slots goes with --mode leases".into());
+                }
+                // One ClusterLeases keeps a stream per node; every worker shares it.
+                let cluster = ClusterLeases::new(&spec.endpoints.presenced_uri(), spec.endpoints.cluster_slots, config)
+                    .map_err(|e| e.to_string())?;
+                out.extend((0..workers).map(|_| Conn::Leases(LeaseSink::Cluster(cluster.clone()))));
+                return Ok(out);
+            }
             let mut chans = Vec::new();
             for _ in 0..connections {
                 let ch = LeaseChannel::connect(spec.endpoints.presenced_uri(), config.clone())
@@ -167,7 +179,7 @@ pub(crate) async fn open_conns(spec: &ConnSpec) -> Result<Vec<Conn>, String> {
             }
             for w in 0..workers {
                 let ch = chans[(w % connections) as usize].clone();
-                out.push(if mode == Mode::Coalesced { Conn::Coalesced(ch) } else { Conn::Leases(ch) });
+                out.push(if mode == Mode::Coalesced { Conn::Coalesced(ch) } else { Conn::Leases(LeaseSink::One(ch)) });
             }
         }
         (TargetKind::Redis, Mode::Coalesced) => return Err("--mode coalesced is presenced only".into()),
@@ -343,13 +355,32 @@ impl Naming {
     }
 }
 
+/// Where a worker's explicit lease batches go.
+#[derive(Debug, Clone)]
+pub(crate) enum LeaseSink {
+    /// One node's `Leases` stream.
+    One(LeaseChannel),
+    /// A cluster's nodes, each item to its user's owner (`--cluster-slots`).
+    Cluster(ClusterLeases),
+}
+
+impl LeaseSink {
+    /// Sends `items` as one batch (split by owner in a cluster).
+    pub(crate) async fn submit_batch(&self, items: Vec<pb::LeaseItem>) -> Result<Vec<pb::LeaseResult>, Status> {
+        match self {
+            LeaseSink::One(channel) => channel.submit_batch(items).await,
+            LeaseSink::Cluster(cluster) => Ok(cluster.submit_batch(items).await),
+        }
+    }
+}
+
 /// One worker's connection.
 #[derive(Debug)]
 pub(crate) enum Conn {
     /// presenced, one RPC per item.
     Unary(PresenceClient<crate::direct::DirectChannel>),
-    /// presenced, explicit batches on a `Leases` stream.
-    Leases(LeaseChannel),
+    /// presenced, explicit batches on a `Leases` stream (or a cluster's).
+    Leases(LeaseSink),
     /// presenced, single items coalesced by the client.
     Coalesced(LeaseChannel),
     /// Redis with the seed scripts.
@@ -567,7 +598,11 @@ impl Conn {
     /// Sends room items (presenced over a `Leases` stream only: the Redis design has no rooms).
     pub(crate) async fn rooms(&mut self, n: &Naming, items: &[RoomItem]) -> Vec<Result<RoomDone, ItemErr>> {
         match self {
-            Conn::Leases(ch) | Conn::Coalesced(ch) => {
+            Conn::Leases(sink) => {
+                let batch = items.iter().map(|i| pb::LeaseItem { op: Some(room_lease_item(n, i)) }).collect();
+                batch_results(items.len(), sink.submit_batch(batch).await, room_done)
+            }
+            Conn::Coalesced(ch) => {
                 let batch = items.iter().map(|i| pb::LeaseItem { op: Some(room_lease_item(n, i)) }).collect();
                 batch_results(items.len(), ch.submit_batch(batch).await, room_done)
             }

@@ -19,7 +19,7 @@ use tokio::sync::{Mutex, watch};
 use tokio::task::JoinSet;
 
 use crate::cli::DampingArgs;
-use crate::conn::{Conn, GenItem, RegItem};
+use crate::conn::{Conn, GenItem, LeaseSink, RegItem};
 use crate::ids::user_id;
 use crate::phase::register_everyone;
 use crate::progress::Progress;
@@ -137,7 +137,7 @@ pub(crate) async fn run(args: DampingArgs, progress: Progress) -> Result<Report,
         next = due.max(next);
         if !sessions.is_empty() {
             let (shared, flaps, ttl_ms) = (Arc::clone(&shared), Arc::clone(&flaps), args.ttl_ms);
-            let mut conn = Conn::Leases(channel.clone());
+            let mut conn = Conn::Leases(LeaseSink::One(channel.clone()));
             batches.spawn(async move {
                 let gone: Vec<GenItem> =
                     sessions.iter().map(|&s| GenItem { session: s, generation: shared.gens.get(s), ttl_ms }).collect();

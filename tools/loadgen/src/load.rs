@@ -38,7 +38,7 @@ pub(crate) async fn run(args: LoadArgs, progress: Progress) -> Result<Report, St
     let common = &args.common;
     let pop = Population::new(args.users, args.sessions_per_user);
     let shared = Arc::new(Shared {
-        naming: Naming::new(pop, common.gateway_id.clone()),
+        naming: Naming::offset(pop, common.gateway_id.clone(), args.first_user, args.first_user * 16),
         gens: Generations::new(pop.sessions),
         deadlines: None,
     });
@@ -82,6 +82,7 @@ pub(crate) async fn run(args: LoadArgs, progress: Progress) -> Result<Report, St
     let rate = args.drive.rate.resolve(pop.sessions, interval);
     let server_cpu = |pid| crate::server_cpu::cpu_ns(pid);
     let cpu_before = args.server_pid.map(server_cpu).transpose()?;
+    let own_cpu_before = server_cpu(std::process::id())?;
     let (hb, _conns) = run_phase(
         conns,
         Arc::clone(&shared),
@@ -96,6 +97,10 @@ pub(crate) async fn run(args: LoadArgs, progress: Progress) -> Result<Report, St
     )
     .await;
 
+    // The generator's own share of the machine's cores over the phase: what
+    // the server was left with, when both share one machine.
+    let own_cpu_ns = server_cpu(std::process::id())?.saturating_sub(own_cpu_before);
+    let generator_share = own_cpu_ns as f64 / (hb.elapsed.as_nanos() as f64 * crate::report::cpus() as f64).max(1.0);
     let cpu_per_heartbeat_us = match (args.server_pid, cpu_before) {
         (Some(pid), Some(before)) => Some(crate::server_cpu::us_per_op(before, server_cpu(pid)?, hb.rec.count())),
         _ => None,
@@ -135,6 +140,7 @@ pub(crate) async fn run(args: LoadArgs, progress: Progress) -> Result<Report, St
     if let Some(us) = cpu_per_heartbeat_us {
         report.set("server_cpu_us_per_heartbeat", us);
     }
+    report.set("generator_cpu_share", generator_share);
     report.set("registers_per_s", reg.rate());
     report.set("register_flips", reg.flips);
     report.set("register_phase", &reg_report);
@@ -167,6 +173,10 @@ pub(crate) async fn run(args: LoadArgs, progress: Progress) -> Result<Report, St
             hb.throttled
         );
     }
-    println!("  (the generator and the server share this machine's {} cores)", crate::report::cpus());
+    println!(
+        "  (the generator and the server share this machine's {} cores; the generator used {:.0}% of them)",
+        crate::report::cpus(),
+        generator_share * 100.0
+    );
     Ok(report)
 }

@@ -37,7 +37,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 
 use crate::cli::SoakArgs;
-use crate::conn::{Conn, ConnSpec, Endpoints, GenItem, Mode, Naming, RegItem, TargetKind};
+use crate::conn::{Conn, ConnSpec, Endpoints, GenItem, LeaseSink, Mode, Naming, RegItem, TargetKind};
 use crate::expiry::unix_ns;
 use crate::ids::{Generations, Population, Rng, Slots};
 use crate::phase::{PhaseResult, Shared, register_everyone};
@@ -320,7 +320,7 @@ pub(crate) async fn run(args: SoakArgs, progress: Progress) -> Result<Report, St
     let channels: Vec<LeaseChannel> = conns
         .into_iter()
         .filter_map(|c| match c {
-            Conn::Leases(ch) => Some(ch),
+            Conn::Leases(LeaseSink::One(ch)) => Some(ch),
             _ => None,
         })
         .collect();
@@ -820,7 +820,7 @@ async fn dispatch(
     ttl_ms: u32,
 ) {
     let Ok(permit) = Arc::clone(permits).acquire_owned().await else { return };
-    let mut conn = Conn::Leases(channels[*next % channels.len()].clone());
+    let mut conn = Conn::Leases(LeaseSink::One(channels[*next % channels.len()].clone()));
     *next += 1;
     run.control.dispatched.fetch_add(1, Ordering::Relaxed);
     let run = Arc::clone(run);
@@ -895,7 +895,7 @@ async fn start_expiring(
         if per_minute == 0 {
             return;
         }
-        let mut conn = Conn::Leases(channel);
+        let mut conn = Conn::Leases(LeaseSink::One(channel));
         let start = Instant::now();
         let mut next = 0u64;
         let mut tick = tokio::time::interval(Duration::from_secs(1));

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# The cluster's figures (docs/benchmarks.md, "Cluster"): what routing costs at
+# scale, how far a follower's copy lags under renewals, and what a slot move
+# costs. Every process runs on this machine, on loopback.
+#
+#   bash benches/cluster-figures.sh scale    # 4 nodes, 4M sessions, vs one node with as many
+#   bash benches/cluster-figures.sh lag      # follower lag while 100k renewals/s go on
+#   bash benches/cluster-figures.sh move     # a slot move: time and bytes per 10k sessions
+#   bash benches/cluster-figures.sh all
+#
+# Knobs: SESSIONS (scale, default 4000000), DURATION (scale, default 20s),
+# NODES (scale, default 4), RATE (lag, default 100000), PER_SLOT (move,
+# default 10000 sessions per slot). Reports (the load generator's JSON) go to
+# target/cluster-figures/. Needs etcd (bash .ci/install-etcd); builds the
+# release binaries if missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=${PRESENCED_BIN:-target/release/presenced}
+LOADGEN=${LOADGEN_BIN:-target/release/presence-loadgen}
+ETCD=${PRESENCED_ETCD_BIN:-etcd}
+OUT=target/cluster-figures
+command -v "$ETCD" >/dev/null || { echo "no etcd: bash .ci/install-etcd" >&2; exit 1; }
+[ -x "$BIN" ] || cargo build --release --bin presenced
+[ -x "$LOADGEN" ] || cargo build --release -p presence-loadgen
+mkdir -p "$OUT"
+
+work=$(mktemp -d)
+pids=()
+stop_all() {
+    for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    pids=()
+}
+trap 'stop_all; rm -rf "$work"' EXIT
+
+# shellcheck source=benches/cluster-common.sh
+source benches/cluster-common.sh
+rss_mib() { awk '/VmRSS/ {printf "%.0f", $2/1024}' "/proc/$1/status"; }
+
+# Starts nodes node-1..node-$1 of a cluster of $2 slots under prefix $3;
+# sets node_addr[i], node_pid[i], node_metrics[i]; returns once every slot has an owner.
+declare -a node_addr node_pid node_metrics
+start_nodes() {
+    local count=$1 slots=$2 prefix=$3 n port metrics
+    node_addr=(); node_pid=(); node_metrics=()
+    for n in $(seq 1 "$count"); do
+        port=$(free_port); metrics=$(free_port)
+        RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --etcd "$endpoint" --node-id "node-$n" \
+            --advertise "127.0.0.1:$port" --slots "$slots" --etcd-prefix "$prefix" \
+            --metrics-listen "127.0.0.1:$metrics" --min-renew-interval-ms 0 >"$work/node-$n.log" 2>&1 &
+        pids+=($!)
+        node_addr[n]="127.0.0.1:$port"; node_pid[n]=$!; node_metrics[n]="127.0.0.1:$metrics"
+    done
+    until "$BIN" cluster status --etcd "$endpoint" --etcd-prefix "$prefix" --slots "$slots" --json 2>/dev/null |
+        python3 -c 'import sys,json; s=json.load(sys.stdin); sys.exit(0 if s["unowned"] == 0 and len(s["nodes"]) == int(sys.argv[1]) else 1)' "$count"; do
+        sleep 0.1
+    done
+}
+
+# A field of a load generator report: report_field FILE python-expression-on-r
+report_field() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1"; }
+
+scale() {
+    local sessions=${SESSIONS:-4000000} duration=${DURATION:-20s} nodes=${NODES:-4}
+    local users=$((sessions * 2 / 5))
+    local gen=(--mode leases --batch 500 --concurrency 16 --users "$users" --sessions-per-user 2.5
+        --duration "$duration" --quiet)
+    echo "== scale: $nodes nodes, $sessions sessions, renewals through the cluster client"
+    start_etcd scale
+    start_nodes "$nodes" 1024 /figures/
+    "$LOADGEN" load --addr "${node_addr[1]}" --cluster-slots 1024 "${gen[@]}" --report "$OUT/scale-cluster.json" \
+        >"$OUT/scale-cluster.txt"
+    for n in $(seq 1 "$nodes"); do echo "  node-$n resident: $(rss_mib "${node_pid[n]}") MiB"; done
+    report_field "$OUT/scale-cluster.json" \
+        '"  cluster: %.0f renewals/s, p50 %.2f ms, p99 %.2f ms, registers %.0f/s, generator %.0f%% of the cores" % (r["rps"], r["scenario"]["percentiles_ns"]["p50"]/1e6, r["scenario"]["percentiles_ns"]["p99"]/1e6, r["scenario"]["registers_per_s"], 100*r["scenario"]["generator_cpu_share"])'
+    report_field "$OUT/scale-cluster.json" '"  statuses: %s" % r["statusCodeDistribution"]'
+    stop_all
+    echo "== scale: one node (no etcd), $sessions sessions, the same generator"
+    local port
+    port=$(free_port)
+    RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --min-renew-interval-ms 0 >"$work/single.log" 2>&1 &
+    pids+=($!)
+    local single=$!
+    until "$BIN" get nobody --addr "127.0.0.1:$port" >/dev/null 2>&1; do sleep 0.1; done
+    "$LOADGEN" load --addr "127.0.0.1:$port" "${gen[@]}" --report "$OUT/scale-single.json" >"$OUT/scale-single.txt"
+    echo "  single node resident: $(rss_mib "$single") MiB"
+    report_field "$OUT/scale-single.json" \
+        '"  single: %.0f renewals/s, p50 %.2f ms, p99 %.2f ms, registers %.0f/s, generator %.0f%% of the cores" % (r["rps"], r["scenario"]["percentiles_ns"]["p50"]/1e6, r["scenario"]["percentiles_ns"]["p99"]/1e6, r["scenario"]["registers_per_s"], 100*r["scenario"]["generator_cpu_share"])'
+    stop_all
+    # The Redis + Lua design of seed 000 beside them: one redis-server (the
+    # load generator speaks no Redis Cluster), the same population and batches.
+    command -v redis-server >/dev/null || { echo "  (no redis-server: apt-get install redis-server)"; return; }
+    echo "== scale: one redis-server with the seed's scripts, $sessions sessions, the same generator"
+    port=$(free_port)
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no >"$work/redis.log" 2>&1 &
+    pids+=($!)
+    local redis=$!
+    until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+    "$LOADGEN" load --target redis --redis-url "redis://127.0.0.1:$port" "${gen[@]}" --report "$OUT/scale-redis.json" \
+        >"$OUT/scale-redis.txt"
+    echo "  redis-server resident: $(rss_mib "$redis") MiB"
+    report_field "$OUT/scale-redis.json" \
+        '"  redis: %.0f renewals/s, p50 %.2f ms, p99 %.2f ms, registers %.0f/s, generator %.0f%% of the cores" % (r["rps"], r["scenario"]["percentiles_ns"]["p50"]/1e6, r["scenario"]["percentiles_ns"]["p99"]/1e6, r["scenario"]["registers_per_s"], 100*r["scenario"]["generator_cpu_share"])'
+    stop_all
+}
+
+# The follower lag histogram summed over the nodes: "le count" lines.
+lag_buckets() {
+    local n
+    for n in "$@"; do curl -s "http://$n/metrics"; done |
+        awk -F'[{}" ]+' '/^presenced_follower_lag_seconds_bucket/ {c[$3]+=$4} END {for (le in c) print le, c[le]}' |
+        sort -g
+}
+
+lag() {
+    local rate=${RATE:-100000}
+    echo "== lag: 3 nodes; 1M sessions renewed at $rate/s while 200k more register beside them"
+    start_etcd lag
+    start_nodes 3 1024 /lag/
+    lag_buckets "${node_metrics[@]:1}" >"$work/lag-before"
+    "$LOADGEN" load --addr "${node_addr[1]}" --cluster-slots 1024 --mode leases --batch 500 --concurrency 8 \
+        --users 400000 --sessions-per-user 2.5 --duration 20s --rate "$rate" --quiet \
+        --report "$OUT/lag-renewals.json" >"$OUT/lag-renewals.txt" &
+    local renewing=$!
+    # Registers (changes a follower receives) once the renewals run.
+    sleep 12
+    lag_buckets "${node_metrics[@]:1}" >"$work/lag-before"
+    "$LOADGEN" load --addr "${node_addr[1]}" --cluster-slots 1024 --mode leases --batch 100 --concurrency 4 \
+        --users 80000 --sessions-per-user 2.5 --first-user 10000000 --duration 1s --gateway-id second --quiet \
+        --report "$OUT/lag-registers.json" >"$OUT/lag-registers.txt"
+    lag_buckets "${node_metrics[@]:1}" >"$work/lag-after"
+    wait "$renewing"
+    report_field "$OUT/lag-renewals.json" \
+        '"  renewals: %.0f/s achieved, p99 %.2f ms, statuses %s" % (r["rps"], r["scenario"]["percentiles_ns"]["p99"]/1e6, r["statusCodeDistribution"])'
+    report_field "$OUT/lag-registers.json" '"  registers beside them: %.0f/s" % r["scenario"]["registers_per_s"]'
+    python3 - "$work/lag-before" "$work/lag-after" <<'EOF'
+import sys
+def read(path):
+    return {float(le) if le != "+Inf" else float("inf"): float(c) for le, c in (line.split() for line in open(path))}
+before, after = read(sys.argv[1]), read(sys.argv[2])
+les = sorted(after)
+counts = [after[le] - before.get(le, 0) for le in les]
+total = counts[-1]
+def quantile(q):
+    for le, c in zip(les, counts):
+        if c >= q * total:
+            return le
+print(f"  follower updates applied meanwhile: {total:.0f}; lag p50 <= {quantile(0.5)*1000:g} ms, "
+      f"p99 <= {quantile(0.99)*1000:g} ms, max <= {quantile(1.0)*1000:g} ms (histogram bucket bounds)")
+EOF
+    stop_all
+}
+
+move() {
+    local per_slot=${PER_SLOT:-10000} slots=8
+    local sessions=$((per_slot * slots))
+    echo "== move: 2 nodes, $slots slots, $sessions sessions (~$per_slot a slot)"
+    start_etcd move
+    start_nodes 2 "$slots" /move/
+    "$LOADGEN" load --addr "${node_addr[1]}" --cluster-slots "$slots" --mode leases --batch 500 --concurrency 8 \
+        --users $((sessions * 2 / 5)) --sessions-per-user 2.5 --duration 1s --quiet >"$OUT/move-load.txt"
+    # Each of node-1's slots in turn (a slot of node-2's is refused, and skipped), three in all.
+    local moved=0 slot answer
+    for slot in $(seq 0 $((slots - 1))); do
+        answer=$("$BIN" cluster move "$slot" node-2 --etcd "$endpoint" --etcd-prefix /move/ --slots "$slots" \
+            --json 2>/dev/null) || continue
+        python3 -c 'import json,sys; m=json.loads(sys.argv[1]); s=max(m["sessions"],1)
+print("  slot %d: %d users, %d sessions, %d bytes, %d ms: %.0f bytes and %.1f ms per 10k sessions" % (m["slot"], m["users"], m["sessions"], m["bytes"], m["elapsed_ms"], m["bytes"]*1e4/s, m["elapsed_ms"]*1e4/s))' "$answer"
+        moved=$((moved + 1))
+        [ "$moved" -lt 3 ] || break
+    done
+    stop_all
+}
+
+case "${1:-all}" in
+    scale) scale ;;
+    lag) lag ;;
+    move) move ;;
+    all) move; lag; scale ;;
+    *) echo "usage: $0 scale|lag|move|all" >&2; exit 2 ;;
+esac
