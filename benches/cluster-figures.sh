@@ -6,6 +6,7 @@
 #   bash benches/cluster-figures.sh scale    # 4 nodes, 4M sessions, vs one node with as many
 #   bash benches/cluster-figures.sh lag      # follower lag while 100k renewals/s go on
 #   bash benches/cluster-figures.sh move     # a slot move: time and bytes per 10k sessions
+#   bash benches/cluster-figures.sh drain    # every slot of a node moved (SIGTERM) under 100k renewals/s
 #   bash benches/cluster-figures.sh all
 #
 # Knobs: SESSIONS (scale, default 4000000), DURATION (scale, default 20s),
@@ -173,10 +174,54 @@ print("  slot %d: %d users, %d sessions, %d bytes, %d ms: %.0f bytes and %.1f ms
     stop_all
 }
 
+# 100k sessions renewed at 100k/s through the cluster client for 20 s,
+# entering at node-1; with `sigterm`, node-2 is stopped with SIGTERM after
+# 8 s and hands every slot it owns to the others (a planned move of all of
+# a node's slots). Prints the renewals' statuses and latency, the OFFLINE
+# flips, and the sessions the cluster holds at the end.
+drain_run() {
+    local label=$1
+    start_etcd "drain-$label"
+    start_nodes 3 1024 "/drain-$label/"
+    local all=("${node_metrics[@]:1}")
+    "$LOADGEN" load --addr "${node_addr[1]}" --cluster-slots 1024 --mode leases --batch 500 --concurrency 8 \
+        --users 40000 --sessions-per-user 2.5 --duration 20s --rate 100000 --quiet \
+        --report "$OUT/drain-$label.json" >"$OUT/drain-$label.txt" &
+    local renewing=$!
+    until [ "$(metric_sum 'presenced_sessions ' "${all[@]}")" -ge 100000 ]; do sleep 0.1; done
+    sleep 8
+    local offline_before held
+    offline_before=$(metric_sum 'presenced_flips_total{state="offline"}' "${all[@]}")
+    local survivors=("${all[@]}")
+    if [ "$label" = sigterm ]; then
+        held=$(metric_sum 'presenced_sessions ' "${node_metrics[2]}")
+        survivors=("${node_metrics[1]}" "${node_metrics[3]}")
+        local stopped
+        stopped=$(date +%s%3N)
+        kill -TERM "${node_pid[2]}"
+        wait "${node_pid[2]}" || true
+        echo "  node-2 handed $held sessions over and exited $(( $(date +%s%3N) - stopped )) ms after SIGTERM"
+    fi
+    wait "$renewing"
+    echo "  OFFLINE flips: $(( $(metric_sum 'presenced_flips_total{state="offline"}' "${survivors[@]}") - offline_before ));" \
+        "sessions held at the end: $(metric_sum 'presenced_sessions ' "${survivors[@]}") of 100000"
+    report_field "$OUT/drain-$label.json" \
+        '"  renewals: %.0f/s, p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.2f ms; statuses %s" % (r["rps"], r["scenario"]["percentiles_ns"]["p50"]/1e6, r["scenario"]["percentiles_ns"]["p99"]/1e6, r["scenario"]["percentiles_ns"]["p999"]/1e6, r["scenario"]["percentiles_ns"]["max"]/1e6, r["statusCodeDistribution"])'
+    stop_all
+}
+
+drain() {
+    echo "== drain: 3 nodes, 100k sessions renewed at 100k/s for 20 s, nothing else happening"
+    drain_run steady
+    echo "== drain: the same, node-2 stopped with SIGTERM 8 s in (every slot it owns moves with its state)"
+    drain_run sigterm
+}
+
 case "${1:-all}" in
     scale) scale ;;
     lag) lag ;;
     move) move ;;
-    all) move; lag; scale ;;
-    *) echo "usage: $0 scale|lag|move|all" >&2; exit 2 ;;
+    drain) drain ;;
+    all) move; drain; lag; scale ;;
+    *) echo "usage: $0 scale|lag|move|drain|all" >&2; exit 2 ;;
 esac

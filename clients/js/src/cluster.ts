@@ -16,7 +16,8 @@
  * epoch than the route known comes from a node a moment behind etcd, and is
  * retried after the backoff too.
  *
- * A node that cannot be reached (it stopped, it died) is forgotten: its
+ * A node that cannot be reached (it stopped, it died) is forgotten, and not
+ * routed to for a second whatever refusals name it: its
  * users' items go to the node given (or, if that is the one gone, to another
  * node learned), which names their new owner. Of a batch that failed there,
  * the renewals are sent again (a renewal applied twice is one); any other
@@ -45,6 +46,14 @@ const MAX_HOPS = 5;
 /** The first wait before an item whose slot has no owner is sent again; it doubles per hop. */
 const NO_OWNER_BACKOFF_MS = 50;
 
+/**
+ * How long a node that could not be reached is not routed to, whatever
+ * refusals name it: until etcd's lease of a dead node expires, the other
+ * nodes still name it as its slots' owner, and every item sent there would
+ * wait out a reconnect instead of being refused at once.
+ */
+const UNREACHABLE_FOR_MS = 1000;
+
 const utf8 = new TextEncoder();
 
 /**
@@ -69,6 +78,8 @@ interface Route {
 export class ClusterLeases {
   private readonly routes: (Route | undefined)[];
   private readonly channels = new Map<string, LeaseChannel>();
+  /** Nodes that could not be reached, and until when (ms) they are not routed to. */
+  private readonly unreachable = new Map<string, number>();
   /** `http://` or `https://`, as the seed was given: owners are advertised as host:port. */
   private readonly scheme: string;
 
@@ -193,9 +204,11 @@ export class ClusterLeases {
    */
   private learn(notOwner: NotOwner): boolean {
     if (notOwner.ownerAddr === "" || notOwner.slot >= this.slots) return true;
+    const url = `${this.scheme}${notOwner.ownerAddr}`;
+    if (Date.now() < (this.unreachable.get(url) ?? 0)) return true;
     const known = this.routes[notOwner.slot];
     if (known === undefined || known.epoch <= notOwner.epoch) {
-      this.routes[notOwner.slot] = { epoch: notOwner.epoch, url: `${this.scheme}${notOwner.ownerAddr}` };
+      this.routes[notOwner.slot] = { epoch: notOwner.epoch, url };
       return true;
     }
     return false;
@@ -207,6 +220,10 @@ export class ClusterLeases {
    * Returns whether its items have somewhere else to go.
    */
   private forget(url: string): boolean {
+    this.unreachable.set(url, Date.now() + UNREACHABLE_FOR_MS);
+    // A new channel, when the node is routed to again, starts afresh.
+    this.channels.get(url)?.close();
+    this.channels.delete(url);
     for (let slot = 0; slot < this.routes.length; slot++) {
       if (this.routes[slot]?.url === url) this.routes[slot] = undefined;
     }

@@ -9,7 +9,8 @@ import { fileURLToPath } from "node:url";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 
-import { Backoff, RoomView, ViewerStore, leaseResult, pb, slotOf } from "../src/index.js";
+import { Backoff, ClusterLeases, RoomView, ViewerStore, leaseResult, pb, slotOf } from "../src/index.js";
+import type { LeaseChannel } from "../src/leaseChannel.js";
 import { nodeTransport } from "../src/node.js";
 import { TEST_TIMEOUT_MS, WIRES, withDeadline } from "./helpers.js";
 
@@ -202,4 +203,37 @@ test("slotOf is the server's slot function: FNV-1a-32 of the UTF-8 bytes modulo 
   assert.equal(slotOf("alice", 0xffffffff), 0x872213e7, "the whole hash, below 2^32 - 1");
   assert.equal(slotOf("alice", 1), 0);
   assert.equal(slotOf("alice", 0), 0, "no slots is taken as one");
+});
+
+test("ClusterLeases does not route to a node it could not reach for a second, whatever refusals name it", { timeout: TEST_TIMEOUT_MS }, async () => {
+  // node-b names node-a (dead, its lease not expired yet) as the owner of every slot.
+  const sent: string[] = [];
+  const open = (url: string) =>
+    ({
+      submitBatch: async (items: pb.LeaseItem[]) => {
+        sent.push(url);
+        if (url === "http://a:1") throw new ConnectError("connection refused", Code.Unavailable);
+        return items.map((item) =>
+          create(pb.LeaseResultSchema, {
+            code: Code.Unavailable,
+            message: "not mine",
+            notOwner: { slot: slotOf(item.op.value?.userId ?? "", 16), epoch: 7n, ownerId: "node-a", ownerAddr: "a:1" },
+          }),
+        );
+      },
+      close: () => {},
+    }) as unknown as LeaseChannel;
+  const leases = new ClusterLeases("http://b:1", 16, open);
+  const renew = { op: { case: "renew" as const, value: { userId: "u", sessionId: "s", generation: 1n } } };
+  const [first] = await leases.submitBatch([renew]);
+  assert.equal(first!.code, Code.Unavailable);
+  assert.deepEqual(sent.slice(0, 2), ["http://b:1", "http://a:1"], "sent to the seed, then to the owner it named");
+  assert.equal(sent.filter((url) => url === "http://a:1").length, 1, "node-a is tried once, then shunned");
+  sent.length = 0;
+  await leases.submitBatch([renew]);
+  assert.ok(!sent.includes("http://a:1"), `within the second, nothing goes to node-a: ${sent}`);
+  await new Promise((resolve) => setTimeout(resolve, 1100));
+  sent.length = 0;
+  await leases.submitBatch([renew]);
+  assert.ok(sent.includes("http://a:1"), "after it, node-a is tried again");
 });
