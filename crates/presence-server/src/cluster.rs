@@ -107,8 +107,29 @@ pub const MAX_SLOTS: u32 = 65_536;
 /// How long a read forwarded to another node may take (a Watch: to open).
 pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn too_slow_status() -> Status {
-    Status::deadline_exceeded(format!("no answer within {FORWARD_TIMEOUT:?}"))
+/// `call` to node `node`, given at most `within`: its answer, or the
+/// node's refusal, or `DEADLINE_EXCEEDED` naming it once the time is up.
+/// The wait is bounded here rather than by a grpc-timeout, which tonic would
+/// report as CANCELLED.
+pub(crate) async fn call_peer<T>(
+    node: &str,
+    within: Duration,
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T, ServiceError> {
+    let peer = |status| ServiceError::Peer { node: node.to_owned(), status };
+    match tokio::time::timeout(within, call).await {
+        Ok(answered) => Ok(answered.map_err(peer)?.into_inner()),
+        Err(_) => Err(peer(Status::deadline_exceeded(format!("no answer within {within:?}")))),
+    }
+}
+
+/// `message` as a request carrying `credential` (`authorization`), if any.
+pub(crate) fn with_credential<T>(message: T, credential: Option<&MetadataValue<Ascii>>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(credential) = credential {
+        request.metadata_mut().insert("authorization", credential.clone());
+    }
+    request
 }
 
 /// `--slots`' default.
@@ -309,14 +330,8 @@ impl Ownership {
     ) -> Result<Vec<pb::UserPresence>, ServiceError> {
         let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
         let mut client = membership.peers.client(address)?;
-        // The wait is bounded here rather than by a grpc-timeout, which tonic
-        // would report as CANCELLED: the caller gets DEADLINE_EXCEEDED.
         let request = forwarded(pb::SnapshotRequest { user_ids, viewer_id: viewer_id.to_owned() }, authorization);
-        let peer = |status| ServiceError::Peer { node: address.to_owned(), status };
-        let answered = tokio::time::timeout(FORWARD_TIMEOUT, client.snapshot(request))
-            .await
-            .map_err(|_| peer(too_slow_status()))?;
-        Ok(answered.map_err(peer)?.into_inner().users)
+        Ok(call_peer(address, FORWARD_TIMEOUT, client.snapshot(request)).await?.users)
     }
 
     /// Opens a Watch at the node at `address` for the caller, as
@@ -329,10 +344,7 @@ impl Ownership {
     ) -> Result<tonic::Streaming<pb::WatchEvent>, ServiceError> {
         let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
         let mut client = membership.peers.client(address)?;
-        let opened = client.watch(forwarded(request, authorization));
-        let peer = |status| ServiceError::Peer { node: address.to_owned(), status };
-        let opened = tokio::time::timeout(FORWARD_TIMEOUT, opened).await.map_err(|_| peer(too_slow_status()))?;
-        Ok(opened.map_err(peer)?.into_inner())
+        call_peer(address, FORWARD_TIMEOUT, client.watch(forwarded(request, authorization))).await
     }
 
     /// What may end this node's right to act for some user: the slot map's
@@ -598,11 +610,8 @@ pub(crate) async fn join_again_when_lost(context: Arc<crate::context::Context>) 
 
 /// `message` as a request forwarded to another node: marked so, with the caller's credentials.
 fn forwarded<T>(message: T, authorization: Option<&MetadataValue<Ascii>>) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
+    let mut request = with_credential(message, authorization);
     request.metadata_mut().insert(FORWARDED, MetadataValue::from_static("1"));
-    if let Some(authorization) = authorization {
-        request.metadata_mut().insert("authorization", authorization.clone());
-    }
     request
 }
 
@@ -628,14 +637,19 @@ impl OwnershipChanges {
     /// Returns once the map, the lease or its extension changed, or the
     /// right to act lapsed.
     pub(crate) async fn changed(&mut self) {
-        // Lost: acting only after joining again, which changes the lease.
-        let lapses = acting_until(*self.lease.borrow(), *self.extension.borrow())
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3_600));
+        // Lost: nothing lapses; acting again comes with a new lease (a change).
+        let lapses = acting_until(*self.lease.borrow(), *self.extension.borrow());
+        let lapsed = async {
+            match lapses {
+                Some(lapses) => tokio::time::sleep_until(lapses).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             changed = self.map.changed() => if changed.is_err() { std::future::pending::<()>().await },
             changed = self.lease.changed() => if changed.is_err() { std::future::pending::<()>().await },
             changed = self.extension.changed() => if changed.is_err() { std::future::pending::<()>().await },
-            () = tokio::time::sleep_until(lapses) => {}
+            () = lapsed => {}
         }
     }
 }

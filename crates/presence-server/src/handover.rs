@@ -37,7 +37,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Authenticator;
-use crate::cluster::Membership;
+use crate::cluster::{Membership, call_peer, with_credential};
 use crate::context::Context;
 use crate::error::ServiceError;
 use crate::privacy::HandedOver;
@@ -260,25 +260,16 @@ async fn send_state(
     first.slots = set.iter().collect();
     first.slot_count = membership.slot_count();
     first.map_revision = map_revision;
-    let mut request = Request::new(tokio_stream::iter(pieces));
-    if let Some(credential) = credential {
-        request.metadata_mut().insert("authorization", credential.clone());
-    }
+    let request = with_credential(tokio_stream::iter(pieces), credential);
     let mut client = membership.cluster_client(address)?;
-    let peer = |status| ServiceError::Peer { node: address.to_owned(), status };
-    let answered = tokio::time::timeout(TAKE_TIMEOUT, client.take_slots(request))
-        .await
-        .map_err(|_| peer(Status::deadline_exceeded(format!("no answer within {TAKE_TIMEOUT:?}"))))?;
-    Ok(answered.map_err(peer)?.into_inner())
+    call_peer(address, TAKE_TIMEOUT, client.take_slots(request)).await
 }
 
 /// Asks the node at `address` to drop what it took of `set` (best effort:
 /// it drops it by itself once the map does not give it the slots).
 async fn drop_at(membership: &Membership, address: &str, set: &SlotSet, credential: Option<&MetadataValue<Ascii>>) {
-    let mut request = Request::new(pb::DropSlotsRequest { slots: set.iter().collect(), slot_count: set.slots() });
-    if let Some(credential) = credential {
-        request.metadata_mut().insert("authorization", credential.clone());
-    }
+    let request =
+        with_credential(pb::DropSlotsRequest { slots: set.iter().collect(), slot_count: set.slots() }, credential);
     let dropped = match membership.cluster_client(address) {
         Ok(mut client) => client.drop_slots(request).await.map(drop).map_err(|status| status.to_string()),
         Err(error) => Err(error.to_string()),

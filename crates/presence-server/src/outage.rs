@@ -33,15 +33,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cluster::{Membership, call_peer, with_credential};
+use crate::context::Context;
 use parking_lot::Mutex;
 use presence_proto::v1 as pb;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tonic::Request;
-
-use crate::cluster::Membership;
-use crate::context::Context;
 
 /// How often a node whose keep-alives go unanswered asks the others, and
 /// how long it waits for their answers.
@@ -201,16 +199,12 @@ async fn ask_the_others(membership: &Membership) -> Verdict {
         }
         let Some(address) = nodes.address(&node).map(str::to_owned) else { continue };
         let client = membership.cluster_client(&address);
-        let token = membership.peer_token().cloned();
-        let from_node = membership.node().to_owned();
+        let request =
+            with_credential(pb::EtcdReachRequest { from_node: membership.node().to_owned() }, membership.peer_token());
         asked.spawn(async move {
             let Ok(mut client) = client else { return (node, None) };
-            let mut request = Request::new(pb::EtcdReachRequest { from_node });
-            if let Some(token) = token {
-                request.metadata_mut().insert("authorization", token);
-            }
-            match tokio::time::timeout(ROUND, client.etcd_reach(request)).await {
-                Ok(Ok(answer)) => (node, Some(answer.into_inner().etcd_answers)),
+            match call_peer(&node, ROUND, client.etcd_reach(request)).await {
+                Ok(answer) => (node, Some(answer.etcd_answers)),
                 // No answer: a node whose port refuses connections is not
                 // running, so acts on nothing; any other silence may be a
                 // node that etcd answers.

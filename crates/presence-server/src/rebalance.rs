@@ -14,13 +14,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use presence_cluster::rebalancing_move;
-use presence_proto::v1 as pb;
-use tonic::Request;
-
-use crate::cluster::Membership;
+use crate::cluster::{Membership, call_peer, with_credential};
 use crate::context::Context;
 use crate::error::ServiceError;
+use presence_cluster::rebalancing_move;
+use presence_proto::v1 as pb;
 
 /// How often the coordinator looks for an uneven map.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -84,15 +82,10 @@ async fn move_at(
     let Some(address) = membership.nodes().address(from).map(str::to_owned) else {
         return Err(ServiceError::MoveRefused(format!("node {from} is not registered any more")));
     };
-    let mut request = Request::new(pb::MoveSlotsRequest { slots: slots.to_vec(), to_node: to.to_owned() });
-    if let Some(token) = membership.peer_token() {
-        request.metadata_mut().insert("authorization", token.clone());
-    }
+    let request = with_credential(
+        pb::MoveSlotsRequest { slots: slots.to_vec(), to_node: to.to_owned() },
+        membership.peer_token(),
+    );
     let mut client = membership.cluster_client(&address)?;
-    let peer = |status| ServiceError::Peer { node: from.to_owned(), status };
-    let moved = tokio::time::timeout(MOVE_TIMEOUT, client.move_slots(request))
-        .await
-        .map_err(|_| peer(tonic::Status::deadline_exceeded(format!("no answer within {MOVE_TIMEOUT:?}"))))?
-        .map_err(peer)?;
-    Ok(moved.into_inner().epoch)
+    Ok(call_peer(from, MOVE_TIMEOUT, client.move_slots(request)).await?.epoch)
 }

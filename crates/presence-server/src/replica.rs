@@ -38,9 +38,9 @@ use presence_cluster::follower_of;
 use presence_core::{Changes, ConfigError, SlotSet, Store, StoreConfig, slot_of};
 use presence_proto::v1 as pb;
 use tokio::sync::mpsc;
-use tonic::{Request, Streaming};
+use tonic::Streaming;
 
-use crate::cluster::Membership;
+use crate::cluster::{Membership, with_credential};
 use crate::context::Context;
 use crate::error::ServiceError;
 use crate::metrics::names;
@@ -337,10 +337,7 @@ fn followers(membership: &Membership) -> BTreeMap<String, SlotSet> {
 fn open_link(membership: &Membership, address: &str) -> Result<mpsc::Sender<pb::FollowUpdate>, ServiceError> {
     let mut client = membership.cluster_client(address)?;
     let (sender, receiver) = mpsc::channel(4);
-    let mut request = Request::new(tokio_stream::wrappers::ReceiverStream::new(receiver));
-    if let Some(token) = membership.peer_token() {
-        request.metadata_mut().insert("authorization", token.clone());
-    }
+    let request = with_credential(tokio_stream::wrappers::ReceiverStream::new(receiver), membership.peer_token());
     let address = address.to_owned();
     tokio::spawn(async move {
         // Ends when the follower fails or the owner drops the sender; the
