@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::checker::{Allowances, Analysis, Expectation, Violation};
+use crate::checker::{Allowances, Analysis, Expectation, Obs, Violation};
 use crate::clients::Target;
 use crate::history::{CheckpointedUser, Op, Outcome, Record, Recorder, SessionState};
 use crate::server::{Launch, Server};
@@ -476,15 +476,24 @@ impl Kill9 {
         e
     }
 
-    /// Users that changed after the checkpoint: their highest version seen by
-    /// the kill is above the checkpointed one, or a call of theirs was under
-    /// way when the process died (applied or not, nobody knows).
+    /// Whether what `o` shows was made by the process that was killed: seen
+    /// by the kill, or answered to a call sent before it. The answer to such
+    /// a call may already sit in the socket's buffers and be read after the
+    /// kill was stamped; the process applied it all the same.
+    fn made_before_kill(&self, a: &Analysis<'_>, o: &Obs) -> bool {
+        o.at_us <= self.killed_at
+            || matches!(&a.records[o.index], Record::Call(call) if call.start_us <= self.killed_at)
+    }
+
+    /// Users that changed after the checkpoint: their highest version made
+    /// before the kill is above the checkpointed one, or a call of theirs was
+    /// under way when the process died (applied or not, nobody knows).
     fn changed_after_checkpoint(&self, a: &Analysis<'_>) -> HashSet<String> {
         let mut changed: HashSet<String> = a
             .observations
             .iter()
             .filter(|(user, observations)| {
-                let before = observations.iter().filter(|o| o.at_us <= self.killed_at).map(|o| o.version).max();
+                let before = observations.iter().filter(|o| self.made_before_kill(a, o)).map(|o| o.version).max();
                 before.unwrap_or(0) > self.checkpointed_version(user)
             })
             .map(|(user, _)| user.clone())
@@ -512,10 +521,14 @@ impl Kill9 {
         // From the kill on (calls under way between the quiet mark and the kill
         // still changed users before it); a restore shows checkpointed
         // versions, so only newer ones are flips after it.
+        let made_before_kill = |user: &str| {
+            let observations = a.observations.get(user).into_iter().flatten();
+            observations.filter(|o| self.made_before_kill(a, o)).map(|o| o.version).max().unwrap_or(0)
+        };
         let restart_flips = a
             .new_changes_between(self.killed_at, to)
             .into_iter()
-            .filter(|(u, o)| o.version > self.checkpointed_version(u));
+            .filter(|(u, o)| o.version > self.checkpointed_version(u) && o.version > made_before_kill(u));
         for (user, obs) in restart_flips {
             let count = per_user.entry(user).or_default();
             if obs.online {
@@ -571,7 +584,7 @@ impl Kill9 {
                 continue;
             }
             let closed_after = a.observations.get(&user.user).is_some_and(|obs| {
-                obs.iter().any(|o| o.at_us <= self.killed_at && o.version > user.version && !o.online)
+                obs.iter().any(|o| self.made_before_kill(a, o) && o.version > user.version && !o.online)
             });
             if !closed_after {
                 continue;
@@ -622,4 +635,91 @@ impl Kill9 {
 /// The default data directory for a run that needs one.
 pub fn scratch_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("presence-history-{name}-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checker::CheckConfig;
+    use crate::history::{Call, EventKind, Presence};
+
+    const CONFIG: CheckConfig = CheckConfig { ttl_ms: 1_200, heartbeat_ms: 400, delivery_bound_ms: 2_000 };
+
+    fn presence(user: &str, online: bool, version: u64) -> Presence {
+        Presence { user: user.into(), online, version }
+    }
+
+    fn call(op: Op, user: &str, (start_us, end_us): (u64, u64), online: bool, version: u64) -> Record {
+        Record::Call(Call {
+            client: "gw0".into(),
+            op,
+            user: user.into(),
+            session: "s".into(),
+            sent_generation: if op.is_register() { 0 } else { 7 },
+            start_us,
+            end_us,
+            outcome: Outcome::Ok {
+                changed: Some(true),
+                presence: Some(presence(user, online, version)),
+                generation: 7,
+            },
+        })
+    }
+
+    fn event(at_us: u64, kind: EventKind, user: &str, online: bool, version: u64) -> Record {
+        Record::Event { viewer: 0, stream: 2, at_us, kind, presence: presence(user, online, version) }
+    }
+
+    fn checkpointed(user: &str, version: u64) -> (String, CheckpointedUser) {
+        let leases = vec![("s".to_owned(), 7, 5_000_000)];
+        (user.to_owned(), CheckpointedUser { user: user.into(), version, online: true, leases })
+    }
+
+    /// The process is killed at 3.605 s, checkpointed with `a` ONLINE at 10
+    /// and `b` ONLINE at 20, and restarted at 3.8 s.
+    fn killed() -> Kill9 {
+        let checkpoint = [checkpointed("a", 10), checkpointed("b", 20)].into_iter().collect();
+        Kill9 { dir: None, checkpoint, killed_at: 3_605_000, restarted_at: 3_800_000 }
+    }
+
+    /// `a` is closed by a call sent before the kill whose answer is read
+    /// after it; the restore brings back the checkpointed lease, which
+    /// expires at its deadline. `b` did nothing.
+    fn history(b_flips: bool) -> Vec<Record> {
+        let mut h = vec![
+            Record::Phase { at_us: 1_000_000, name: "quiet".into() },
+            call(Op::Register, "a", (400_000, 410_000), true, 10),
+            call(Op::Register, "b", (420_000, 430_000), true, 20),
+            call(Op::Unregister, "a", (3_602_925, 3_611_245), false, 11),
+            event(3_900_000, EventKind::Opening { partial: false }, "a", true, 10),
+            event(3_900_000, EventKind::Opening { partial: false }, "b", true, 20),
+            event(5_021_817, EventKind::Update, "a", false, 12),
+        ];
+        if b_flips {
+            h.push(event(5_100_000, EventKind::Update, "b", false, 21));
+        }
+        h.push(Record::Phase { at_us: 9_000_000, name: "churn".into() });
+        h
+    }
+
+    #[test]
+    fn b3_a_close_answered_after_the_kill_was_applied_before_it() {
+        let records = history(false);
+        let analysis = Analysis::new(&records, CONFIG);
+        let fault = killed();
+        let flips = fault.only_changed_users_flip(&analysis);
+        assert!(flips.violations.is_empty(), "{:?}", flips.violations);
+        assert_eq!(flips.checked, 1, "a changed after the checkpoint, b did not");
+        let undone = fault.undone_unregisters_end(&analysis);
+        assert_eq!((undone.checked, undone.violations.len()), (1, 0), "{:?}", undone.violations);
+    }
+
+    #[test]
+    fn b3_a_user_unchanged_since_the_checkpoint_that_flips_is_flagged() {
+        let records = history(true);
+        let analysis = Analysis::new(&records, CONFIG);
+        let flips = killed().only_changed_users_flip(&analysis);
+        let flagged: Vec<&str> = flips.violations.iter().map(|v| v.user.as_str()).collect();
+        assert_eq!(flagged, ["b"], "{:?}", flips.violations);
+    }
 }
