@@ -1046,6 +1046,43 @@ async fn c3_a_move_that_cannot_be_made_is_refused_saying_why_and_changes_nothing
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_a_client_following_etcd_routes_to_every_owner_before_any_refusal_and_learns_a_move_from_etcd() {
+    let etcd = EtcdServer::start().await;
+    let (servers, map) = three_nodes_with(&etcd, fast_config, false).await;
+    let address: HashMap<&str, String> = NODES.iter().copied().zip(servers.iter().map(|s| s.url())).collect();
+    let leases = ClusterLeases::new(&servers[0].url(), SLOTS, LeaseChannelConfig::default()).unwrap();
+    leases.follow_etcd(std::slice::from_ref(&etcd.endpoint), PREFIX).await.unwrap();
+    assert_eq!(leases.known_slots(), SLOTS as usize, "every owner known from etcd, before any batch");
+    let users: Vec<String> = (0..200).map(|i| format!("follower-{i}")).collect();
+    for user in &users {
+        let owner = map.owner(slot_of(user, SLOTS)).unwrap();
+        assert_eq!(leases.route_of(user), address[owner.node.as_str()], "{user}");
+    }
+    let results = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
+    assert!(results.iter().all(|result| result.code == 0), "{results:?}");
+
+    // A move is learned from etcd, with no item sent meanwhile.
+    let slot = map.owned_by("node-a").next().unwrap();
+    let user = (0..).map(|i| format!("moved-{i}")).find(|user| slot_of(user, SLOTS) == slot).unwrap();
+    let mut at_a = presence_proto::v1::cluster_client::ClusterClient::connect(servers[0].url()).await.unwrap();
+    at_a.move_slots(pb::MoveSlotsRequest { slots: vec![slot], to_node: "node-b".into() }).await.unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while leases.route_of(&user) != address["node-b"] {
+        assert!(Instant::now() < deadline, "the move reached the client within {PATIENCE:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // No etcd to follow is a clear error naming where it was looked for.
+    let alone = ClusterLeases::new(&servers[0].url(), SLOTS, LeaseChannelConfig::default()).unwrap();
+    let error = alone.follow_etcd(&["http://127.0.0.1:1".to_owned()], PREFIX).await.unwrap_err();
+    assert!(error.to_string().contains("etcd at http://127.0.0.1:1"), "{error}");
+    assert_eq!(alone.known_slots(), 0);
+    for server in servers {
+        server.stop().await;
+    }
+}
+
 /// A task running until told to stop, and what it comes to.
 type Running<T> = (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<T>);
 

@@ -17,6 +17,14 @@
 //! means that node has not yet seen its ownership in etcd (its watch is a
 //! moment behind, as just after etcd came back): retried after the backoff.
 //!
+//! Given etcd ([`ClusterLeases::follow_etcd`]), it also keeps the routes
+//! current by watching the slot map and the node registrations there, as the
+//! nodes do: an item then goes straight to its owner, even the first one, and
+//! after a move or a takeover the new owner is known as soon as etcd says so.
+//! Refusals are still followed (the watch may be a moment behind, or etcd
+//! away): a route is only ever replaced by one of a higher or equal epoch,
+//! whichever of the two told it first.
+//!
 //! A node that cannot be reached (it stopped, it died) is forgotten: its
 //! users' items go to the node given (or, if that is the one gone, to another
 //! node learned), which names their new owner. Items that never reached it
@@ -27,6 +35,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use presence_cluster::{NodeSet, NodeSetWatch, SlotMap, SlotMapWatch};
 use presence_core::slot_of;
 use presence_proto::v1::{self as pb, lease_item, lease_result};
 use tonic::{Code, Status};
@@ -103,6 +112,33 @@ impl ClusterLeases {
     /// How many slots have a learned owner.
     pub fn known_slots(&self) -> usize {
         self.shared.routes.lock().expect("routes lock").iter().filter(|route| route.is_some()).count()
+    }
+
+    /// Keeps the routes current from the slot map in etcd (`endpoints`, the
+    /// nodes' `--etcd`; `prefix`, their key prefix, `/presenced/` unless set
+    /// otherwise): loaded now, then followed through a watch until this
+    /// client (every clone of it) is dropped. Fails if etcd cannot be reached
+    /// now; once following, an etcd that goes away leaves the routes as they
+    /// were and refusals keep them current until it is back.
+    pub async fn follow_etcd(&self, endpoints: &[String], prefix: &str) -> Result<(), ClientError> {
+        let etcd_error = |source: presence_cluster::Error| ClientError::Etcd { endpoints: endpoints.join(","), source };
+        let etcd = presence_cluster::Etcd::connect_any(endpoints).await.map_err(etcd_error)?;
+        let slots = SlotMapWatch::start(&etcd, prefix, self.shared.slots).await.map_err(etcd_error)?;
+        let nodes = NodeSetWatch::start(&etcd, prefix).await.map_err(etcd_error)?;
+        self.shared.follow(&slots.current(), &nodes.current());
+        let shared = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            let (mut map_changes, mut node_changes) = (slots.subscribe(), nodes.subscribe());
+            loop {
+                tokio::select! {
+                    changed = map_changes.changed() => if changed.is_err() { break },
+                    changed = node_changes.changed() => if changed.is_err() { break },
+                }
+                let Some(shared) = shared.upgrade() else { break };
+                shared.follow(&slots.current(), &nodes.current());
+            }
+        });
+        Ok(())
     }
 
     /// Registers a session (L1) at its user's owner.
@@ -277,6 +313,27 @@ impl ClusterLeases {
 }
 
 impl Shared {
+    /// Takes every route of `map` whose owner is registered in `nodes` and
+    /// whose epoch is not older than the route known. An owner etcd no longer
+    /// registers (it died, its slots are being taken over) keeps the route
+    /// known: the refusals name the new owner as soon as there is one.
+    fn follow(&self, map: &SlotMap, nodes: &NodeSet) {
+        let now = std::time::Instant::now();
+        let unreachable = self.unreachable.lock().expect("unreachable lock").clone();
+        let mut routes = self.routes.lock().expect("routes lock");
+        for (slot, route) in routes.iter_mut().enumerate() {
+            let Some(owner) = map.owner(slot as u32) else { continue };
+            let Some(address) = nodes.address(&owner.node) else { continue };
+            let address = format!("{}{address}", self.scheme);
+            if unreachable.get(&address).is_some_and(|until| now < *until) {
+                continue;
+            }
+            if route.as_ref().is_none_or(|known| known.epoch <= owner.epoch) {
+                *route = Some(Route { epoch: owner.epoch, address });
+            }
+        }
+    }
+
     /// Where `user_id`'s items go, in `routes`: its slot's learned owner, or the seed.
     fn route_in<'a>(&self, routes: &'a [Option<Route>], seed: &'a str, user_id: &str) -> &'a str {
         let slot = slot_of(user_id, self.slots) as usize;

@@ -24,4 +24,13 @@ pub enum ClientError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// etcd could not be read (to follow a cluster's slot map).
+    #[error("cannot read the slot map from etcd at {endpoints}: {source}")]
+    Etcd {
+        /// The endpoints as given.
+        endpoints: String,
+        /// What etcd (or the connection to it) answered.
+        #[source]
+        source: presence_cluster::Error,
+    },
 }
