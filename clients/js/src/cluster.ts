@@ -16,6 +16,13 @@
  * epoch than the route known comes from a node a moment behind etcd, and is
  * retried after the backoff too.
  *
+ * Given etcd ({@link ClusterLeases.followEtcd}), it also keeps the routes
+ * current by watching the slot map and the node registrations there, as the
+ * nodes do: an item then goes straight to its owner, even the first one, and
+ * after a move or a takeover the new owner is known as soon as etcd says so.
+ * Refusals are still followed (the watch may be a moment behind, or etcd
+ * away); a route is only ever replaced by one of an epoch not older.
+ *
  * A node that cannot be reached (it stopped, it died) is forgotten, and not
  * routed to for a second whatever refusals name it: its
  * users' items go to the node given (or, if that is the one gone, to another
@@ -28,6 +35,7 @@ import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import { sleep } from "./call.js";
+import { type ClusterView, EtcdFollower } from "./etcd.js";
 import {
   type LeaseItem,
   LeaseItemSchema,
@@ -82,6 +90,8 @@ export class ClusterLeases {
   private readonly unreachable = new Map<string, number>();
   /** `http://` or `https://`, as the seed was given: owners are advertised as host:port. */
   private readonly scheme: string;
+  /** The slot map followed in etcd, once {@link followEtcd} was called. */
+  private follower: EtcdFollower | undefined;
 
   /**
    * Routes over the cluster of `slots` slots (the nodes' `--slots`) that the
@@ -107,6 +117,37 @@ export class ClusterLeases {
   /** How many slots have a learned owner. */
   knownSlots(): number {
     return this.routes.filter((route) => route !== undefined).length;
+  }
+
+  /**
+   * Keeps the routes current from the slot map in etcd: `endpoints` are the
+   * nodes' `--etcd` URLs, `prefix` their `--etcd-prefix`. Resolves once the
+   * map is loaded (every owner known), then follows it until {@link close};
+   * rejects, naming the endpoints, if etcd cannot be read now. An etcd that
+   * goes away later leaves the routes as they were, and refusals keep them
+   * current until it is back.
+   */
+  async followEtcd(endpoints: string[], prefix = "/presenced/"): Promise<void> {
+    this.follower?.close();
+    this.follower = await EtcdFollower.start(endpoints, prefix, this.slots, (view) => this.follow(view));
+  }
+
+  /**
+   * Takes every route of `view` whose owner is registered and whose epoch is
+   * not older than the route known. An owner etcd no longer registers (it
+   * died, its slots are being taken over) keeps the route known: refusals
+   * name the new owner as soon as there is one.
+   */
+  private follow(view: ClusterView): void {
+    const now = Date.now();
+    view.owners.forEach((owner, slot) => {
+      const address = owner === undefined ? undefined : view.nodes.get(owner.node);
+      if (owner === undefined || address === undefined || slot >= this.slots) return;
+      const url = `${this.scheme}${address}`;
+      if (now < (this.unreachable.get(url) ?? 0)) return;
+      const known = this.routes[slot];
+      if (known === undefined || known.epoch <= owner.epoch) this.routes[slot] = { epoch: owner.epoch, url };
+    });
   }
 
   /** Registers a session (L1) at its user's owner. */
@@ -191,8 +232,9 @@ export class ClusterLeases {
     return results.map((result) => result ?? unavailable("not sent"));
   }
 
-  /** Closes every node's channel. */
+  /** Closes every node's channel, and stops following etcd. */
   close(): void {
+    this.follower?.close();
     for (const channel of this.channels.values()) channel.close();
   }
 

@@ -26,6 +26,7 @@
 export { Code, ConnectError, createClient } from "@connectrpc/connect";
 export { Backoff, type BackoffOptions } from "./backoff.js";
 export { ClusterLeases, slotOf } from "./cluster.js";
+export { type ClusterView, EtcdFollower, type SlotOwner } from "./etcd.js";
 export {
   LeaseChannel,
   leaseResult,

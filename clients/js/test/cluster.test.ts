@@ -147,3 +147,48 @@ test("C2: a ClusterLeases seeded with one node sends every user's items to its o
     assert.equal(user.version, versions.get(user.userId), `${user.userId}: no flip, the same version`);
   }
 });
+
+test("C2: a ClusterLeases following etcd routes to every owner before any refusal, and learns a drain from etcd", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  const etcd = await Etcd.start();
+  t.after(() => etcd.stop());
+  const names = ["node-a", "node-b", "node-c"];
+  const nodes = await Promise.all(
+    names.map(async (name) => {
+      const port = await freePort();
+      const args = ["--etcd", etcd.endpoint, "--node-id", name, "--advertise", `127.0.0.1:${port}`, "--slots", `${SLOTS}`,
+        "--etcd-prefix", PREFIX, "--etcd-lease-ttl-ms", "2000", "--cluster-settle-ms", "500"];
+      return Server.start(args, { listen: `127.0.0.1:${port}` });
+    }),
+  );
+  t.after(() => Promise.all(nodes.map((node) => node.kill())));
+  const urlOf = new Map(names.map((name, i) => [name, nodes[i]!.url]));
+  let owners = new Map<number, string>();
+  await until("every slot has an owner and every node some", async () => {
+    owners = await etcd.owners();
+    return owners.size === SLOTS && names.every((name) => [...owners.values()].includes(name));
+  });
+
+  const leases = connectClusterLeases(nodes[0]!.url, SLOTS);
+  t.after(() => leases.close());
+  await leases.followEtcd([etcd.endpoint], PREFIX);
+  assert.equal(leases.knownSlots(), SLOTS, "every owner known from etcd, before any batch");
+  const users = Array.from({ length: 200 }, (_, i) => `follower-${i}`);
+  for (const user of users) {
+    assert.equal(leases.routeOf(user), urlOf.get(owners.get(slotOf(user, SLOTS))!), `${user} is routed to its owner`);
+  }
+
+  // node-b drains on SIGTERM: the client learns the new owners from etcd, with no item sent.
+  const onB = users.filter((user) => owners.get(slotOf(user, SLOTS)) === "node-b");
+  assert.ok(onB.length > 0, "node-b owns some of the users");
+  await nodes[1]!.stop();
+  await until("node-b's users are routed elsewhere", async () => {
+    owners = await etcd.owners();
+    return onB.every((user) => leases.routeOf(user) === urlOf.get(owners.get(slotOf(user, SLOTS))!) && owners.get(slotOf(user, SLOTS)) !== "node-b");
+  });
+
+  // No etcd to follow is a clear error naming where it was looked for.
+  const alone = connectClusterLeases(nodes[0]!.url, SLOTS);
+  t.after(() => alone.close());
+  await assert.rejects(alone.followEtcd(["http://127.0.0.1:1"], PREFIX), /cannot read the slot map from etcd \(http:\/\/127\.0\.0\.1:1: /);
+  assert.equal(alone.knownSlots(), 0);
+});
