@@ -71,7 +71,11 @@ class Etcd {
   }
 }
 
-test("C2: a ClusterLeases seeded with one node sends every user's items to its owner", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+/**
+ * One etcd and three nodes (node-a, node-b, node-c) on loopback, stopped
+ * after `t`; resolves once every slot has an owner and every node some.
+ */
+async function threeNodes(t: { after(fn: () => unknown): void }) {
   const etcd = await Etcd.start();
   t.after(() => etcd.stop());
   const names = ["node-a", "node-b", "node-c"];
@@ -90,6 +94,12 @@ test("C2: a ClusterLeases seeded with one node sends every user's items to its o
     owners = await etcd.owners();
     return owners.size === SLOTS && names.every((name) => [...owners.values()].includes(name));
   });
+  return { etcd, nodes, urlOf, owners };
+}
+
+test("C2: a ClusterLeases seeded with one node sends every user's items to its owner", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  const { etcd, nodes, urlOf, owners: shared } = await threeNodes(t);
+  let owners = shared;
 
   const leases = connectClusterLeases(nodes[0]!.url, SLOTS);
   t.after(() => leases.close());
@@ -149,24 +159,8 @@ test("C2: a ClusterLeases seeded with one node sends every user's items to its o
 });
 
 test("C2: a ClusterLeases following etcd routes to every owner before any refusal, and learns a drain from etcd", { timeout: TEST_TIMEOUT_MS }, async (t) => {
-  const etcd = await Etcd.start();
-  t.after(() => etcd.stop());
-  const names = ["node-a", "node-b", "node-c"];
-  const nodes = await Promise.all(
-    names.map(async (name) => {
-      const port = await freePort();
-      const args = ["--etcd", etcd.endpoint, "--node-id", name, "--advertise", `127.0.0.1:${port}`, "--slots", `${SLOTS}`,
-        "--etcd-prefix", PREFIX, "--etcd-lease-ttl-ms", "2000", "--cluster-settle-ms", "500"];
-      return Server.start(args, { listen: `127.0.0.1:${port}` });
-    }),
-  );
-  t.after(() => Promise.all(nodes.map((node) => node.kill())));
-  const urlOf = new Map(names.map((name, i) => [name, nodes[i]!.url]));
-  let owners = new Map<number, string>();
-  await until("every slot has an owner and every node some", async () => {
-    owners = await etcd.owners();
-    return owners.size === SLOTS && names.every((name) => [...owners.values()].includes(name));
-  });
+  const { etcd, nodes, urlOf, owners: shared } = await threeNodes(t);
+  let owners = shared;
 
   const leases = connectClusterLeases(nodes[0]!.url, SLOTS);
   t.after(() => leases.close());
