@@ -848,6 +848,38 @@ async fn show_lunch_to_friend_only(client: &mut PresenceClient<Channel>, user: &
     client.set_visibility(visibility).await.unwrap();
 }
 
+/// Touches `user` and gives it the setting locale=fr, at its owner
+/// (`client`); answers the activity time the owner recorded.
+async fn touch_and_set_locale(client: &mut PresenceClient<Channel>, user: &str) -> i64 {
+    let touched = client.touch(pb::TouchRequest { user_id: user.into(), ..Default::default() }).await.unwrap();
+    let setting = pb::PutSettingRequest { user_id: user.into(), name: "locale".into(), value: b"fr".to_vec() };
+    client.put_setting(setting).await.unwrap();
+    touched.into_inner().last_active_at_ms
+}
+
+/// Asserts that `user`'s owner, asked through `client`'s node, holds the
+/// activity time and the setting [`touch_and_set_locale`] left.
+async fn assert_activity_and_locale_kept(client: &mut PresenceClient<Channel>, user: &str, last_active_at_ms: i64) {
+    let request = pb::SnapshotRequest { user_ids: vec![user.into()], ..Default::default() };
+    let seen = client.snapshot(request).await.unwrap().into_inner().users.remove(0);
+    assert_eq!(seen.last_active_at_ms, last_active_at_ms, "{user}'s last activity went with it: {seen:?}");
+    // Settings are read at the owner: follow the refusal there.
+    let request = pb::GetSettingsRequest { user_id: user.into() };
+    let settings = match client.get_settings(request.clone()).await {
+        Ok(answer) => answer.into_inner(),
+        Err(refused) => {
+            let owner = not_owner_of(&refused).owner_addr;
+            let mut at_owner = PresenceClient::connect(format!("http://{owner}")).await.unwrap();
+            at_owner.get_settings(request).await.unwrap().into_inner()
+        }
+    };
+    assert_eq!(
+        settings.settings,
+        HashMap::from([("locale".to_owned(), b"fr".to_vec())]),
+        "{user}'s settings went with it"
+    );
+}
+
 /// Asserts, through `viewer`, that "friend" sees `user` online with its "lunch" status and a stranger sees nothing.
 async fn assert_lunch_shown_to_friend_only(viewer: &mut PresenceClient<Channel>, user: &str) {
     for (who, sees) in [("friend", true), ("stranger", false)] {
@@ -868,6 +900,7 @@ async fn c3_a_planned_move_hands_slots_over_with_their_sessions_and_nobody_flips
     // One user of node-a shows a status, to its audience only.
     let private = users.iter().find(|user| map.owner(slot_of(user, SLOTS)).unwrap().node == "node-a").unwrap().clone();
     show_lunch_to_friend_only(&mut servers[0].client().await, &private).await;
+    let touched = touch_and_set_locale(&mut servers[0].client().await, &private).await;
     let mut viewer = servers[2].client().await;
     let before = presences(&mut viewer, &users).await;
     assert!(before.values().all(|presence| presence.state == pb::State::Online as i32));
@@ -918,8 +951,9 @@ async fn c3_a_planned_move_hands_slots_over_with_their_sessions_and_nobody_flips
         assert_eq!(after[user].state, pb::State::Online as i32, "{user}");
         assert_eq!(after[user].version, before[user].version, "{user}: no flip, so no new version (M4)");
     }
-    // Its status, visibility and audience went with it.
+    // Its status, visibility, audience, activity and settings went with it.
     assert_lunch_shown_to_friend_only(&mut viewer, &private).await;
+    assert_activity_and_locale_kept(&mut viewer, &private, touched).await;
     // The sessions kept their generations and run on the deadlines the renewals set.
     let mut at_b = servers[1].client().await;
     let sample = on_a[0];
@@ -1241,6 +1275,7 @@ async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_
     // One of node-a's users shows a status to its audience only.
     let private = on_a[0].clone();
     show_lunch_to_friend_only(&mut PresenceClient::connect(node_a.url()).await.unwrap(), &private).await;
+    let touched = touch_and_set_locale(&mut PresenceClient::connect(node_a.url()).await.unwrap(), &private).await;
     let mut viewer = servers[1].client().await;
     let before = presences(&mut viewer, &users).await;
     assert!(before.values().all(|presence| presence.state == pb::State::Online as i32));
@@ -1290,8 +1325,9 @@ async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_
     let seen = watcher.await.unwrap();
     assert_no_offline_and_no_version_back(&seen, "no OFFLINE for users whose gateway kept renewing");
     assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
-    // Its status, visibility and audience were in the copy.
+    // Its status, visibility, audience, activity and settings were in the copy.
     assert_lunch_shown_to_friend_only(&mut viewer, &private).await;
+    assert_activity_and_locale_kept(&mut viewer, &private, touched).await;
     // The gateway's unregister with the generation it holds removes the session.
     let generation = generations.iter().find(|(user, _)| *user == private).unwrap().1;
     let request =

@@ -12,9 +12,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashSet};
 use parking_lot::Mutex;
-use presence_core::{CompactString, Tick};
+use presence_core::{CompactString, SlotSet, Tick};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::StoreClock;
@@ -40,12 +40,67 @@ pub(crate) struct Activity {
     /// longer than this is forgotten, as the store forgets long-offline users
     /// (B6); 0 never forgets.
     forget_idle_after: Tick,
+    /// Users whose activity moved since a follower was last sent them (C4);
+    /// `None` unless tracked.
+    changed: Mutex<Option<HashSet<CompactString>>>,
 }
 
 impl Activity {
     pub(crate) fn new(durable: Option<Arc<DurableStore>>, write_interval: Duration, forget_idle_after: Tick) -> Self {
         let write_interval = u64::try_from(write_interval.as_millis()).unwrap_or(u64::MAX).max(1);
-        Activity { recent: Mutex::new(HashMap::new()), durable, write_interval, forget_idle_after }
+        Activity {
+            recent: Mutex::new(HashMap::new()),
+            durable,
+            write_interval,
+            forget_idle_after,
+            changed: Mutex::default(),
+        }
+    }
+
+    /// Starts noting whose activity moves, for [`Activity::take_changed`] (C4).
+    pub(crate) fn track_changes(&self) {
+        self.changed.lock().get_or_insert_with(HashSet::new);
+    }
+
+    /// The users whose activity moved since the last call.
+    pub(crate) fn take_changed(&self) -> Vec<CompactString> {
+        self.changed.lock().as_mut().map(|changed| changed.drain().collect()).unwrap_or_default()
+    }
+
+    /// The activity of every user of `slots` known here, in memory or on
+    /// disk, to hand over with them (C3) or copy to their follower (C4).
+    pub(crate) async fn in_slots(&self, slots: &SlotSet) -> Result<Vec<(CompactString, Tick)>, DurableError> {
+        let mut found: HashMap<CompactString, Tick> = HashMap::new();
+        if let Some(durable) = &self.durable {
+            let (durable, set) = (Arc::clone(durable), slots.clone());
+            for (user, at) in run_blocking(move || durable.activity_in(&set)).await? {
+                found.insert(user.into(), at);
+            }
+        }
+        for (user, entry) in self.recent.lock().iter().filter(|(user, _)| slots.holds(user.as_bytes())) {
+            let at = found.entry(user.clone()).or_default();
+            *at = (*at).max(entry.last_active_at);
+        }
+        Ok(found.into_iter().collect())
+    }
+
+    /// Takes the activity of users handed over by another node (C3, C4):
+    /// each time only moves forward. With a durable store they are on disk
+    /// already (`DurableStore::replace_users`).
+    pub(crate) fn take_over(&self, users: impl IntoIterator<Item = (CompactString, Tick)>, now: Tick) {
+        let mut recent = self.recent.lock();
+        for (user, at) in users.into_iter().filter(|(_, at)| *at > 0) {
+            let on_disk = if self.durable.is_some() { at } else { 0 };
+            let entry = recent.entry(user).or_insert(Entry { last_active_at: 0, durable: 0, written_at: now });
+            entry.last_active_at = entry.last_active_at.max(at);
+            entry.durable = entry.durable.max(on_disk);
+        }
+    }
+
+    /// Forgets the users of `slots` in memory, once another node has them
+    /// (their copy on disk goes with `DurableStore::forget_users`).
+    pub(crate) fn release(&self, slots: &SlotSet) {
+        self.recent.lock().retain(|user, _| !slots.holds(user.as_bytes()));
     }
 
     /// Records activity at `now`; returns the user's `last_active_at` once it is
@@ -59,6 +114,9 @@ impl Activity {
                 written_at: 0,
             });
             entry.last_active_at = entry.last_active_at.max(now);
+            if let Some(changed) = self.changed.lock().as_mut() {
+                changed.insert(CompactString::from(user_id));
+            }
             let due = entry.written_at == 0 || now.saturating_sub(entry.written_at) >= self.write_interval;
             if due && self.durable.is_some() {
                 entry.written_at = now;

@@ -144,7 +144,7 @@ impl PreparedServer {
         context.ownership = ownership;
         context.replica = replica;
         if context.replica.is_some() {
-            context.privacy.track_changes();
+            crate::user_data::track_changes(&context);
         }
         let context = Arc::new(context);
         if let Some(stored) = stored {

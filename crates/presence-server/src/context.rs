@@ -78,10 +78,7 @@ impl Context {
                 config.activity_write_interval,
                 config.store.forget_offline_after_ms,
             )),
-            settings: match durable {
-                Some(durable) => Settings::Durable(durable),
-                None => Settings::Memory(Default::default()),
-            },
+            settings: Settings::new(durable),
             watch_buffer: config.watch_buffer,
             watches: Watches::default(),
             room_member_cap: config.room_member_cap,

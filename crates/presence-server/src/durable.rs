@@ -19,6 +19,9 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::privacy::{HandedOver, RelationChange, Visibility};
 
+/// One user's settings, by name, in name order.
+pub(crate) type Named = Vec<(String, Vec<u8>)>;
+
 /// (user id, setting name) -> value.
 const SETTINGS: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("settings");
 /// user id -> last_active_at (store ms).
@@ -207,31 +210,22 @@ impl DurableStore {
     }
 
     /// Writes what users handed over by another node keep on disk (C3), in
-    /// one transaction: each user's visibility, grants and status replace
-    /// whatever this store held of them. Returns once it is on disk.
+    /// one transaction: each user's visibility, grants, status and settings
+    /// replace whatever this store held of them, and its activity time moves
+    /// forward to the one handed over. Returns once it is on disk.
     pub(crate) fn replace_users(&self, users: &[HandedOver]) -> Result<(), DurableError> {
         let txn = self.db.begin_write()?;
         {
             let (mut visibility, mut grants, mut statuses) =
                 (txn.open_table(VISIBILITY)?, txn.open_table(GRANTS)?, txn.open_table(STATUS)?);
+            let (mut activity, mut settings) = (txn.open_table(ACTIVITY)?, txn.open_table(SETTINGS)?);
             for user in users {
                 let id = user.user_id.as_str();
                 match user.visibility {
                     Some(chosen) => visibility.insert(id, stored::visibility_code(chosen)).map(drop)?,
                     None => visibility.remove(id).map(drop)?,
                 }
-                let mut granted = Vec::new();
-                for entry in grants.range((id, "")..)? {
-                    let (key, _) = entry?;
-                    let (owner, viewer) = key.value();
-                    if owner != id {
-                        break;
-                    }
-                    granted.push(viewer.to_owned());
-                }
-                for viewer in granted {
-                    grants.remove((id, viewer.as_str()))?;
-                }
+                remove_every_key_of(&mut grants, id)?;
                 for viewer in &user.audience {
                     grants.insert((id, viewer.as_str()), ())?;
                 }
@@ -239,19 +233,63 @@ impl DurableStore {
                     Some(status) => statuses.insert(id, encode_status(status).as_slice()).map(drop)?,
                     None => statuses.remove(id).map(drop)?,
                 }
+                let stored = activity.get(id)?.map(|value| value.value());
+                if user.last_active_at > 0 && stored.is_none_or(|stored| stored < user.last_active_at) {
+                    activity.insert(id, user.last_active_at)?;
+                }
+                remove_every_key_of(&mut settings, id)?;
+                for (name, value) in &user.settings {
+                    settings.insert((id, name.as_str()), value.as_slice())?;
+                }
             }
         }
         Ok(txn.commit()?)
     }
 
-    /// Deletes the visibility, grants and status of the users of `slots`
-    /// once another node has taken them over (C3), so that a restart of this
-    /// node does not bring back what their owner has changed since.
+    /// The activity time of every user of `slots` that has one on disk.
+    pub(crate) fn activity_in(&self, slots: &SlotSet) -> Result<Vec<(String, u64)>, DurableError> {
+        let txn = self.db.begin_read()?;
+        let mut found = Vec::new();
+        for entry in txn.open_table(ACTIVITY)?.iter()? {
+            let (user, at) = entry?;
+            if slots.holds(user.value().as_bytes()) {
+                found.push((user.value().to_owned(), at.value()));
+            }
+        }
+        Ok(found)
+    }
+
+    /// The settings of every user of `slots` that has some, by user, each in name order.
+    pub(crate) fn settings_in(&self, slots: &SlotSet) -> Result<Vec<(String, Named)>, DurableError> {
+        let txn = self.db.begin_read()?;
+        let mut found: Vec<(String, Named)> = Vec::new();
+        for entry in txn.open_table(SETTINGS)?.iter()? {
+            let (key, value) = entry?;
+            let (user, name) = key.value();
+            if !slots.holds(user.as_bytes()) {
+                continue;
+            }
+            let setting = (name.to_owned(), value.value().to_vec());
+            match found.last_mut() {
+                // Keys are in (user, name) order: a user's settings are together.
+                Some((last, settings)) if last == user => settings.push(setting),
+                _ => found.push((user.to_owned(), vec![setting])),
+            }
+        }
+        Ok(found)
+    }
+
+    /// Deletes the visibility, grants, status, activity and settings of the
+    /// users of `slots` once another node has taken them over (C3), so that a
+    /// restart of this node does not bring back what their owner has changed
+    /// since.
     pub(crate) fn forget_users(&self, slots: &SlotSet) -> Result<(), DurableError> {
         let txn = self.db.begin_write()?;
         txn.open_table(VISIBILITY)?.retain(|user, _| !slots.holds(user))?;
         txn.open_table(GRANTS)?.retain(|(user, _), ()| !slots.holds(user))?;
         txn.open_table(STATUS)?.retain(|user, _| !slots.holds(user))?;
+        txn.open_table(ACTIVITY)?.retain(|user, _| !slots.holds(user))?;
+        txn.open_table(SETTINGS)?.retain(|(user, _), _| !slots.holds(user))?;
         Ok(txn.commit()?)
     }
 
@@ -295,7 +333,7 @@ impl DurableStore {
     }
 
     /// Every setting of a user, by name.
-    pub(crate) fn settings(&self, user_id: &str) -> Result<Vec<(String, Vec<u8>)>, DurableError> {
+    pub(crate) fn settings(&self, user_id: &str) -> Result<Named, DurableError> {
         let txn = self.db.begin_read()?;
         let table = txn.open_table(SETTINGS)?;
         let mut settings = Vec::new();
@@ -333,6 +371,26 @@ impl DurableStore {
     }
 }
 
+/// Removes every `(user, _)` key of `table` (a user's grants, its settings).
+fn remove_every_key_of<V: redb::Value + 'static>(
+    table: &mut redb::Table<'_, (&'static str, &'static str), V>,
+    user: &str,
+) -> Result<(), DurableError> {
+    let mut seconds = Vec::new();
+    for entry in table.range((user, "")..)? {
+        let (key, _) = entry?;
+        let (owner, second) = key.value();
+        if owner != user {
+            break;
+        }
+        seconds.push(second.to_owned());
+    }
+    for second in seconds {
+        table.remove((user, second.as_str()))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,6 +421,37 @@ mod tests {
             [("status".to_string(), b"away".to_vec()), ("visibility".to_string(), b"audience".to_vec())]
         );
         assert_eq!(store.activity(&["alice", "bob", "carol"]).unwrap(), [Some(2_000), Some(1_000), None]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn c3_activity_and_settings_handed_over_replace_what_was_here_and_go_with_their_slots() {
+        let dir = scratch("handed-over");
+        let store = DurableStore::open(&dir.join("durable.redb")).unwrap();
+        store.put_setting("alice", "stale", b"gone after the handover").unwrap();
+        store.record_activity(&[("alice".into(), 5_000)]).unwrap();
+        let alice = HandedOver {
+            user_id: "alice".into(),
+            status: None,
+            visibility: None,
+            audience: Vec::new(),
+            last_active_at: 3_000,
+            settings: vec![("locale".into(), b"fr".to_vec())],
+        };
+        let bob = HandedOver { user_id: "bob".into(), last_active_at: 7_000, ..alice.clone() };
+        store.replace_users(&[alice, bob]).unwrap();
+        assert_eq!(store.settings("alice").unwrap(), [("locale".to_string(), b"fr".to_vec())], "replaced whole");
+        assert_eq!(store.activity(&["alice", "bob"]).unwrap(), [Some(5_000), Some(7_000)], "activity only moves on");
+
+        let slots = 16;
+        let of_alice = SlotSet::of(slots, [presence_core::slot_of("alice", slots)]);
+        assert_eq!(store.activity_in(&of_alice).unwrap(), [("alice".to_string(), 5_000)]);
+        let settings = store.settings_in(&of_alice).unwrap();
+        assert_eq!(settings, [("alice".to_string(), vec![("locale".to_string(), b"fr".to_vec())])]);
+        store.forget_users(&of_alice).unwrap();
+        assert!(store.settings("alice").unwrap().is_empty());
+        assert_eq!(store.activity(&["alice", "bob"]).unwrap(), [None, Some(7_000)], "only alice's slot forgotten");
+        assert_eq!(store.settings("bob").unwrap().len(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -41,13 +41,10 @@ use crate::cluster::{Membership, call_peer, with_credential};
 use crate::context::Context;
 use crate::error::ServiceError;
 use crate::privacy::HandedOver;
-use crate::wire;
+use crate::{user_data, wire};
 
 /// The state bytes one `SlotState` message carries: well under gRPC's 4 MiB.
 const PIECE_BYTES: usize = 1 << 20;
-
-/// Users' durable data per `SlotState` message.
-const DURABLE_PER_PIECE: usize = 1_000;
 
 /// The most state a node takes in one handover: far above the few hundred
 /// bytes per session of a real one, low enough that a caller cannot make the
@@ -177,7 +174,13 @@ async fn move_chunk(
         return Err(ServiceError::MoveAborted("the slot map changed as the move began; nothing moved".to_owned()));
     }
     let state = store.export_slots(&set, context.now());
-    let durable = context.privacy.hand_over(&set);
+    let durable = match user_data::in_slots(context, &set).await {
+        Ok(durable) => durable,
+        Err(error) => {
+            answer_again(context, membership, &set);
+            return Err(error);
+        }
+    };
     let bytes = state.len() as u64;
     let taken = send_state(membership, address, &set, map.revision(), state, durable, credential).await;
     let taken = match taken {
@@ -222,7 +225,7 @@ async fn move_chunk(
 /// returns how many users went.
 pub(crate) async fn drop_here(context: &Context, set: &SlotSet, why: &str) -> usize {
     let users = context.store().release_slots(context.now(), set);
-    if let Err(error) = context.privacy.release_slots(set).await {
+    if let Err(error) = user_data::release(context, set).await {
         tracing::warn!(%error, why, "slots dropped here, but their users' durable data could not be deleted");
     }
     users
@@ -248,10 +251,11 @@ async fn send_state(
         .chunks(PIECE_BYTES)
         .map(|piece| pb::SlotState { state: piece.to_vec(), ..pb::SlotState::default() })
         .collect();
-    pieces.extend(durable.chunks(DURABLE_PER_PIECE).map(|users| pb::SlotState {
-        durable: users.iter().map(wire::handed_over_message).collect(),
-        ..pb::SlotState::default()
-    }));
+    pieces.extend(
+        wire::handed_over_pieces(&durable, PIECE_BYTES)
+            .into_iter()
+            .map(|durable| pb::SlotState { durable, ..pb::SlotState::default() }),
+    );
     if pieces.is_empty() {
         pieces.push(pb::SlotState::default());
     }
@@ -444,7 +448,7 @@ async fn take_slots(
     let imported = context
         .apply(|store, now, changes| store.import(now, &state, changes))
         .map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
-    context.privacy.take_over(durable, now).await?;
+    user_data::take_over(context, durable, now).await?;
     membership.note_taken_in(&set);
     tracing::info!(
         from_node = first.from_node,

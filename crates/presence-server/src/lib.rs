@@ -38,6 +38,7 @@ mod settings;
 mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod user_data;
 mod watch;
 mod web;
 mod wire;

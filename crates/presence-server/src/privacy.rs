@@ -218,8 +218,9 @@ impl Relations {
 }
 
 /// What a user handed over to another node takes with it beside its leases
-/// (C3): its status and who may see it. Its groups stay: a group's members
-/// are spread over the nodes.
+/// (C3): its status, who may see it, its last activity and its settings
+/// (gathered in `user_data.rs`). Its groups stay: a group's members are
+/// spread over the nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HandedOver {
     pub(crate) user_id: CompactString,
@@ -227,6 +228,10 @@ pub(crate) struct HandedOver {
     /// `None`: the default.
     pub(crate) visibility: Option<Visibility>,
     pub(crate) audience: Vec<CompactString>,
+    /// Its last activity (store ms); 0: none known.
+    pub(crate) last_active_at: u64,
+    /// Its settings, by name, in name order.
+    pub(crate) settings: Vec<(String, Vec<u8>)>,
 }
 
 /// What one caller may be shown of one user, as read from the store.
@@ -296,8 +301,8 @@ impl Privacy {
         self.changed.lock().as_mut().map(|changed| changed.drain().collect()).unwrap_or_default()
     }
 
-    /// What each of `user_ids` keeps beside its leases, as a handover sends
-    /// it (all empty for a user with nothing), for its slot's follower (C4).
+    /// The status, visibility and audience of each of `user_ids` (all empty
+    /// for a user with nothing); `user_data.rs` adds the rest.
     pub(crate) fn durable_of(&self, user_ids: &[CompactString]) -> Vec<HandedOver> {
         let relations = self.relations.read();
         user_ids
@@ -309,6 +314,8 @@ impl Privacy {
                     status: self.store().status_of(user_id),
                     visibility: record.and_then(|record| record.visibility),
                     audience: record.map(|record| record.granted.iter().cloned().collect()).unwrap_or_default(),
+                    last_active_at: 0,
+                    settings: Vec::new(),
                 }
             })
             .collect()
@@ -346,13 +353,12 @@ impl Privacy {
         );
     }
 
-    /// The status, visibility and audience of the users of `slots`, to hand
-    /// over with them (C3).
-    pub(crate) fn hand_over(&self, slots: &SlotSet) -> Vec<HandedOver> {
+    /// The users of `slots` with a status, a visibility or an audience here.
+    pub(crate) fn users_in(&self, slots: &SlotSet) -> HashSet<CompactString> {
         let mut user_ids: HashSet<CompactString> =
             self.relations.read().users.keys().filter(|user| slots.holds(user.as_bytes())).cloned().collect();
         user_ids.extend(self.store().statuses_in(slots).into_iter().map(|(user_id, _)| user_id));
-        self.durable_of(&user_ids.into_iter().collect::<Vec<_>>())
+        user_ids
     }
 
     /// Takes over what users handed over by another node keep beside their

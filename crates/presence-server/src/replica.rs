@@ -45,6 +45,7 @@ use crate::context::Context;
 use crate::error::ServiceError;
 use crate::metrics::names;
 use crate::privacy::HandedOver;
+use crate::user_data;
 use crate::wire;
 
 /// How often an owner sends its followers what changed: the bound on how
@@ -278,7 +279,7 @@ pub(crate) async fn send_to_followers(context: Arc<Context>) {
         replica.prune(context.now(), membership);
         let taken_at_ms = unix_ms();
         let mut changed: HashSet<CompactString> = context.store().take_changed().into_iter().collect();
-        changed.extend(context.privacy.take_changed());
+        changed.extend(user_data::take_changed(&context));
         let assigned = followers(membership);
         links.retain(|node, link| assigned.contains_key(node) && !link.sender.is_closed());
         let mut changed_for: BTreeMap<&str, Vec<CompactString>> = BTreeMap::new();
@@ -369,13 +370,17 @@ async fn send_update(
     if !fresh.is_empty() {
         let (store, set, now) = (Arc::clone(context.store()), fresh.clone(), context.now());
         let state = tokio::task::spawn_blocking(move || store.export_slots(&set, now)).await.map_err(drop)?;
-        let durable = context.privacy.hand_over(fresh);
+        let durable = user_data::in_slots(context, fresh).await.map_err(|error| {
+            tracing::warn!(%error, "the durable data of slots to follow could not be read");
+        })?;
         send_pieces(link, header(fresh), state, Vec::new(), durable).await?;
     }
     let changed: Vec<CompactString> = changed.into_iter().filter(|user| !fresh.holds(user.as_bytes())).collect();
     if !changed.is_empty() {
         let (state, removed) = context.store().export_users(&changed, context.now());
-        let durable = context.privacy.durable_of(&changed);
+        let durable = user_data::of(context, &changed).await.map_err(|error| {
+            tracing::warn!(%error, "the durable data of changed users could not be read");
+        })?;
         let empty = SlotSet::new(membership.slot_count());
         send_pieces(link, header(&empty), state, removed, durable).await?;
     }
@@ -398,10 +403,11 @@ async fn send_pieces(
         removed_users: users.iter().map(ToString::to_string).collect(),
         ..Default::default()
     }));
-    pieces.extend(durable.chunks(USERS_PER_PIECE).map(|users| pb::FollowUpdate {
-        durable: users.iter().map(wire::handed_over_message).collect(),
-        ..Default::default()
-    }));
+    pieces.extend(
+        wire::handed_over_pieces(&durable, PIECE_BYTES)
+            .into_iter()
+            .map(|durable| pb::FollowUpdate { durable, ..Default::default() }),
+    );
     if pieces.is_empty() {
         pieces.push(pb::FollowUpdate::default());
     }
@@ -525,7 +531,7 @@ async fn take_in(
             return;
         }
     };
-    if let Err(error) = context.privacy.take_over(durable, now).await {
+    if let Err(error) = user_data::take_over(context, durable, now).await {
         tracing::error!(%error, "the durable data of slots taken over could not be written");
     }
     counter!(names::TAKEN_OVER_USERS).increment(taken.users as u64);

@@ -25,6 +25,7 @@ use tonic::Code;
 use crate::error::ServiceError;
 use crate::metrics::{LATENCY_BUCKETS, Totals};
 use crate::privacy::{HandedOver, Released, Visibility};
+use crate::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES};
 
 /// Most users one Snapshot or Watch may name.
 pub const MAX_USERS_PER_REQUEST: usize = 10_000;
@@ -601,7 +602,32 @@ pub(crate) fn handed_over_message(user: &HandedOver) -> pb::HandedOverUser {
             Visibility::Nobody => pb::Visibility::Nobody,
         }) as i32,
         audience: user.audience.iter().map(ToString::to_string).collect(),
+        last_active_at_ms: user.last_active_at,
+        settings: user.settings.iter().cloned().collect(),
     }
+}
+
+/// Users' durable data as one node hands it to another, in pieces of about
+/// `piece_bytes` encoded (a user's settings may be a few KiB each), each
+/// piece at least one user.
+pub(crate) fn handed_over_pieces(users: &[HandedOver], piece_bytes: usize) -> Vec<Vec<pb::HandedOverUser>> {
+    use prost::Message as _;
+    let mut pieces = Vec::new();
+    let (mut piece, mut bytes) = (Vec::new(), 0);
+    for user in users {
+        let message = handed_over_message(user);
+        let size = message.encoded_len();
+        if !piece.is_empty() && bytes + size > piece_bytes {
+            pieces.push(std::mem::take(&mut piece));
+            bytes = 0;
+        }
+        bytes += size;
+        piece.push(message);
+    }
+    if !piece.is_empty() {
+        pieces.push(piece);
+    }
+    pieces
 }
 
 /// A user's durable data as another node handed it over, as of `now`: a
@@ -624,7 +650,18 @@ pub(crate) fn handed_over(user: pb::HandedOverUser, now: u64) -> Result<HandedOv
         None => None,
     };
     let audience = user.audience.iter().map(|viewer| id("durable.audience", viewer)).collect::<Result<_, _>>()?;
-    Ok(HandedOver { user_id, status, visibility, audience })
+    for (name, value) in &user.settings {
+        if name.is_empty() || name.len() > MAX_SETTING_NAME_BYTES || value.len() > MAX_SETTING_VALUE_BYTES {
+            return Err(ServiceError::invalid(
+                "durable.settings",
+                format!("names of 1 to {MAX_SETTING_NAME_BYTES} bytes, values of at most {MAX_SETTING_VALUE_BYTES}"),
+            ));
+        }
+    }
+    // A map on the wire; in name order here, as `Settings::get` answers.
+    let settings: Vec<(String, Vec<u8>)> =
+        user.settings.into_iter().collect::<std::collections::BTreeMap<_, _>>().into_iter().collect();
+    Ok(HandedOver { user_id, status, visibility, audience, last_active_at: user.last_active_at_ms, settings })
 }
 
 #[cfg(test)]
@@ -723,6 +760,8 @@ mod tests {
             }),
             visibility: Some(Visibility::Audience),
             audience: vec!["v1".into(), "v2".into()],
+            last_active_at: 4_000,
+            settings: vec![("locale".into(), b"fr".to_vec()), ("theme".into(), b"dark".to_vec())],
         };
         assert_eq!(handed_over(handed_over_message(&user), 1_000).unwrap(), user);
         let ran_out = handed_over(handed_over_message(&user), 9_000).unwrap();
@@ -737,5 +776,13 @@ mod tests {
         assert!(
             matches!(handed_over(bad, 1_000), Err(ServiceError::InvalidArgument { field, .. }) if field == "durable.audience")
         );
+        for (name, value) in [(String::new(), Vec::new()), ("x".repeat(65), Vec::new()), ("big".into(), vec![0; 4_097])]
+        {
+            let mut bad = handed_over_message(&user);
+            bad.settings.insert(name, value);
+            assert!(
+                matches!(handed_over(bad, 1_000), Err(ServiceError::InvalidArgument { field, .. }) if field == "durable.settings")
+            );
+        }
     }
 }
