@@ -1046,6 +1046,190 @@ async fn c3_a_node_that_joins_is_given_its_share_of_the_slots_with_their_session
     }
 }
 
+/// The answer to `item` once it is not refused for want of an owner: a
+/// gateway sends a refused write again, as `ClusterLeases` does a few hops.
+async fn until_not_refused(leases: &ClusterLeases, item: pb::LeaseItem) -> pb::LeaseResult {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let result = leases.submit_batch(vec![item.clone()]).await.remove(0);
+        if result.code != Code::Unavailable as u32 || Instant::now() > deadline {
+            return result;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `q`-quantile of `durations` (sorted here), in ms.
+fn quantile_ms(durations: &mut [Duration], q: f64) -> f64 {
+    durations.sort();
+    let index = ((durations.len() as f64 * q).ceil() as usize).clamp(1, durations.len()) - 1;
+    durations[index].as_secs_f64() * 1_000.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c3_every_slot_of_a_node_moves_while_100k_sessions_renew_and_nobody_flips_or_loses_a_write() {
+    const SESSIONS: usize = 100_000;
+    const CHUNK: usize = 2_000;
+    const TTL_MS: u32 = 10_000;
+    let etcd = EtcdServer::start().await;
+    let (servers, map) = three_nodes_with(&etcd, fast_config, false).await;
+    let leases =
+        std::sync::Arc::new(ClusterLeases::new(&servers[2].url(), SLOTS, LeaseChannelConfig::default()).unwrap());
+    leases.follow_etcd(std::slice::from_ref(&etcd.endpoint), PREFIX).await.unwrap();
+    let with_ttl = |mut item: pb::LeaseItem| {
+        if let Some(pb::lease_item::Op::Register(register)) = item.op.as_mut() {
+            register.ttl_ms = TTL_MS;
+        }
+        item
+    };
+    let users: Vec<String> = (0..SESSIONS).map(|i| format!("steady-{i}")).collect();
+    let mut generations: Vec<(String, u64)> = Vec::with_capacity(SESSIONS);
+    for chunk in users.chunks(CHUNK) {
+        let results = leases.submit_batch(chunk.iter().map(|user| with_ttl(register(user))).collect()).await;
+        for (user, result) in chunk.iter().zip(results) {
+            match lease_result(result) {
+                Ok(pb::lease_result::Result::Register(registered)) => {
+                    generations.push((user.clone(), registered.generation))
+                }
+                other => panic!("{user}: {other:?}"),
+            }
+        }
+    }
+    // Users that leave during the move, and users that arrive during it.
+    let leaving: Vec<String> = (0..1_000).map(|i| format!("leaving-{i}")).collect();
+    let mut leaving_generations = Vec::new();
+    for user in &leaving {
+        match lease_result(until_not_refused(&leases, with_ttl(register(user))).await) {
+            Ok(pb::lease_result::Result::Register(registered)) => leaving_generations.push(registered.generation),
+            other => panic!("{user}: {other:?}"),
+        }
+    }
+    let arriving: Vec<String> = (0..1_000).map(|i| format!("arriving-{i}")).collect();
+    let mut viewer = servers[2].client().await;
+    let mut before = HashMap::new();
+    for chunk in users.chunks(10_000) {
+        before.extend(presences(&mut viewer, chunk).await);
+    }
+
+    // Every user renews every 2 s, a chunk of 2,000 every 40 ms, each
+    // chunk's answer timed from its send.
+    let (stop_renewing, mut renewing_stopped) = tokio::sync::oneshot::channel::<()>();
+    let renewer = {
+        let (leases, generations) = (std::sync::Arc::clone(&leases), std::sync::Arc::new(generations));
+        tokio::spawn(async move {
+            let mut chunks = tokio::task::JoinSet::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(40));
+            let mut next = 0;
+            loop {
+                tokio::select! {
+                    _ = &mut renewing_stopped => break,
+                    _ = tick.tick() => {}
+                }
+                let (leases, generations) = (std::sync::Arc::clone(&leases), std::sync::Arc::clone(&generations));
+                let range = next..(next + CHUNK).min(generations.len());
+                next = if range.end == generations.len() { 0 } else { range.end };
+                chunks.spawn(async move {
+                    let items =
+                        generations[range.clone()].iter().map(|(user, generation)| renew(user, *generation, TTL_MS));
+                    let sent = Instant::now();
+                    let results = leases.submit_batch(items.collect()).await;
+                    let failed: Vec<String> = generations[range]
+                        .iter()
+                        .zip(results)
+                        .filter(|(_, result)| result.code != 0)
+                        .map(|((user, _), result)| format!("{user}: {} {}", result.code, result.message))
+                        .collect();
+                    (sent, sent.elapsed(), failed)
+                });
+            }
+            let mut answered = Vec::new();
+            while let Some(chunk) = chunks.join_next().await {
+                answered.push(chunk.unwrap());
+            }
+            answered
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // Every slot of node-a goes to node-b while the renewals, the leaving
+    // users' unregisters and the arriving users' registers go on.
+    let moving: Vec<u32> = map.owned_by("node-a").collect();
+    let on_a = users.iter().filter(|user| moving.contains(&slot_of(user, SLOTS))).count();
+    let churn = {
+        let leases = std::sync::Arc::clone(&leases);
+        let (leaving, arriving) = (leaving.clone(), arriving.clone());
+        let leaving_generations = leaving_generations.clone();
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for ((gone, generation), new) in leaving.iter().zip(leaving_generations).zip(&arriving) {
+                let unregister = pb::UnregisterRequest {
+                    user_id: gone.clone(),
+                    session_id: "s".into(),
+                    generation,
+                    ..Default::default()
+                };
+                let item = pb::LeaseItem { op: Some(pb::lease_item::Op::Unregister(unregister)) };
+                answers.push((gone.clone(), until_not_refused(&leases, item).await));
+                answers.push((new.clone(), until_not_refused(&leases, with_ttl(register(new))).await));
+            }
+            answers
+        })
+    };
+    let move_started = Instant::now();
+    let mut at_a = presence_proto::v1::cluster_client::ClusterClient::connect(servers[0].url()).await.unwrap();
+    let answer =
+        at_a.move_slots(pb::MoveSlotsRequest { slots: moving.clone(), to_node: "node-b".into() }).await.unwrap();
+    let move_took = move_started.elapsed();
+    let moved = answer.into_inner();
+    // Beside the steady users, node-a's leaving and arriving ones of the moment.
+    assert!(moved.sessions as usize >= on_a, "every steady session of node-a moved: {moved:?}, {on_a} on node-a");
+    let move_ended = Instant::now();
+    let churned = churn.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let _ = stop_renewing.send(());
+    let chunks = renewer.await.unwrap();
+
+    // No write was lost: every unregister and register was applied.
+    for (user, result) in &churned {
+        assert_eq!(result.code, 0, "{user}: {result:?}");
+    }
+    let mut after = HashMap::new();
+    for chunk in users.chunks(10_000) {
+        after.extend(presences(&mut viewer, chunk).await);
+    }
+    for user in &users {
+        let (was, is) = (&before[user], &after[user]);
+        assert_eq!((is.state, is.version), (pb::State::Online as i32, was.version), "{user}: no flip, no new version");
+    }
+    let gone = presences(&mut viewer, &leaving).await;
+    assert!(gone.values().all(|presence| presence.state == pb::State::Offline as i32), "every leaving user left");
+    let new = presences(&mut viewer, &arriving).await;
+    assert!(new.values().all(|presence| presence.state == pb::State::Online as i32), "every arriving user arrived");
+    // Every renewal was answered, if after a retry.
+    let failed: Vec<&String> = chunks.iter().flat_map(|(_, _, failed)| failed).collect();
+    assert!(failed.is_empty(), "{} renewals failed, first {:?}", failed.len(), failed.first());
+
+    let (mut steady, mut during): (Vec<Duration>, Vec<Duration>) = (Vec::new(), Vec::new());
+    for (sent, took, _) in &chunks {
+        let overlaps = *sent <= move_ended && *sent + *took >= move_started;
+        if overlaps { during.push(*took) } else { steady.push(*took) }
+    }
+    println!(
+        "moved {} slots ({} users, {} sessions) of node-a to node-b in {move_took:?} under {SESSIONS} renewing sessions; \
+         renewal chunks of {CHUNK}: p99 {:.1} ms during the move ({} chunks), {:.1} ms otherwise ({} chunks)",
+        moving.len(),
+        moved.users,
+        moved.sessions,
+        quantile_ms(&mut during, 0.99),
+        during.len(),
+        quantile_ms(&mut steady, 0.99),
+        steady.len(),
+    );
+    for server in servers {
+        server.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c3_a_move_that_cannot_be_made_is_refused_saying_why_and_changes_nothing() {
     let etcd = EtcdServer::start().await;
