@@ -5,53 +5,26 @@
 // Protobuf literals end in `..Default::default()` so that they keep compiling as messages gain fields.
 #![allow(clippy::needless_update)]
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use common::cluster::*;
+use common::daemon;
 use presence_client::{ClusterLeases, LeaseChannelConfig, lease_result};
 use presence_cluster::testing::EtcdServer;
-use presence_cluster::{Etcd, SlotMap, SlotMapWatch, slot_of};
+use presence_cluster::{Etcd, slot_of};
 use presence_faults::DelayProxy;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
+use presence_server::ServerConfig;
 use presence_server::testing::{TestServer, fast_config};
-use presence_server::{ClusterConfig, ServerConfig};
 use prost::Message as _;
 use tokio::time::Instant;
 use tonic::Code;
 use tonic::transport::Channel;
-
-const SLOTS: u32 = 64;
-const PATIENCE: Duration = Duration::from_secs(20);
-const PREFIX: &str = "/test/";
-
-fn node_config(etcd: &EtcdServer, node: &str, addr: SocketAddr) -> ServerConfig {
-    node_config_with(etcd, node, addr, fast_config())
-}
-
-fn node_config_with(etcd: &EtcdServer, node: &str, addr: SocketAddr, base: ServerConfig) -> ServerConfig {
-    let mut cluster = ClusterConfig::new(vec![etcd.endpoint.clone()], node, addr.to_string());
-    cluster.slots = SLOTS;
-    cluster.prefix = PREFIX.to_owned();
-    cluster.lease_ttl = Duration::from_secs(2);
-    cluster.settle = Duration::from_millis(500);
-    ServerConfig { cluster: Some(cluster), ..base }
-}
-
-/// Waits until every slot has an owner and the map is as `done` wants it.
-async fn map_where(etcd: &Etcd, what: &str, done: impl Fn(&SlotMap) -> bool) -> SlotMap {
-    let watch = SlotMapWatch::start(etcd, PREFIX, SLOTS).await.unwrap();
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let map = watch.current();
-        if (0..SLOTS).all(|slot| map.owner(slot).is_some()) && done(&map) {
-            return (*map).clone();
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}: {map:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// `presenced cluster status --etcd ... EXTRA` against the test's cluster.
 fn cluster_status_output(etcd: &EtcdServer, extra: &[&str]) -> std::process::Output {
@@ -126,38 +99,6 @@ async fn assert_online_at_the_versions_before(
 async fn snapshot(client: &mut PresenceClient<Channel>, user: &str) -> Result<pb::UserPresence, tonic::Status> {
     let request = pb::SnapshotRequest { user_ids: vec![user.into()], ..Default::default() };
     Ok(client.snapshot(request).await?.into_inner().users.remove(0))
-}
-
-const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
-
-/// Three nodes started together, and the slot map once they share the slots
-/// (the coordinator of a new cluster waits for the nodes starting with it).
-async fn three_nodes(etcd: &EtcdServer) -> (Vec<TestServer>, SlotMap) {
-    three_nodes_with(etcd, fast_config, true).await
-}
-
-/// [`three_nodes`] on `base`'s settings, evening the slots out by themselves if `rebalance`.
-async fn three_nodes_with(
-    etcd: &EtcdServer,
-    base: fn() -> ServerConfig,
-    rebalance: bool,
-) -> (Vec<TestServer>, SlotMap) {
-    let mut servers = Vec::new();
-    for node in NODES {
-        servers.push(
-            TestServer::start_with(|addr| {
-                let mut config = node_config_with(etcd, node, addr, base());
-                config.cluster.as_mut().expect("a cluster node").rebalance = rebalance;
-                config
-            })
-            .await,
-        );
-    }
-    let map = map_where(&etcd.client().await, "every node owns slots", |map| {
-        NODES.iter().all(|node| map.owned_by(node).count() > 0)
-    })
-    .await;
-    (servers, map)
 }
 
 /// A Snapshot as a node forwards it: answered by the owner alone.
@@ -1406,10 +1347,6 @@ fn assert_no_offline_and_no_version_back(seen: &[(String, i32, u64)], what: &str
         assert!(*version >= previous, "{user}: version {version} after {previous}");
     }
 }
-
-#[path = "common/daemon.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod daemon;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_flips() {

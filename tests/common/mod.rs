@@ -5,6 +5,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod auth;
+pub mod cluster;
 pub mod daemon;
 pub mod scrape;
 
@@ -101,10 +102,27 @@ impl Viewer {
         Viewer::open_request(client, tonic::Request::new(request)).await
     }
 
+    /// Opens a watch of `users` at a cluster node, which merges the parts of
+    /// other owners into one stream: such a stream names no `watch_id` (it
+    /// is reopened rather than updated, C2).
+    pub async fn open_merged(client: &mut PresenceClient<Channel>, users: &[&str]) -> Viewer {
+        let request =
+            pb::WatchRequest { user_ids: users.iter().map(|u| u.to_string()).collect(), ..Default::default() };
+        Viewer::open_checked(client, tonic::Request::new(request), false).await
+    }
+
     /// Opens a watch with a request the caller prepared (credentials, viewer_id).
     pub async fn open_request(
         client: &mut PresenceClient<Channel>,
         request: tonic::Request<pb::WatchRequest>,
+    ) -> Viewer {
+        Viewer::open_checked(client, request, true).await
+    }
+
+    async fn open_checked(
+        client: &mut PresenceClient<Channel>,
+        request: tonic::Request<pb::WatchRequest>,
+        named: bool,
     ) -> Viewer {
         let stream = client.watch(request).await.expect("open watch").into_inner();
         let mut viewer = Viewer {
@@ -119,7 +137,7 @@ impl Viewer {
         };
         match viewer.next_event().await {
             watch_event::Event::Snapshot(snapshot) => {
-                assert!(!snapshot.watch_id.is_empty(), "the opening snapshot names the watch");
+                assert_eq!(!snapshot.watch_id.is_empty(), named, "the opening snapshot names the watch: {snapshot:?}");
                 viewer.watch_id = snapshot.watch_id.clone();
                 viewer.apply_snapshot(snapshot);
             }

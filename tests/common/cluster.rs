@@ -1,0 +1,75 @@
+//! A cluster of presenced nodes in this process, on loopback, joined
+//! through one etcd the test starts (`etcd` from PATH or
+//! `PRESENCED_ETCD_BIN`; `.ci/install-etcd`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use presence_cluster::testing::EtcdServer;
+use presence_cluster::{Etcd, SlotMap, SlotMapWatch};
+use presence_server::testing::{TestServer, fast_config};
+use presence_server::{ClusterConfig, ServerConfig};
+use tokio::time::Instant;
+
+pub const SLOTS: u32 = 64;
+pub const PATIENCE: Duration = Duration::from_secs(20);
+pub const PREFIX: &str = "/test/";
+
+pub fn node_config(etcd: &EtcdServer, node: &str, addr: SocketAddr) -> ServerConfig {
+    node_config_with(etcd, node, addr, fast_config())
+}
+
+pub fn node_config_with(etcd: &EtcdServer, node: &str, addr: SocketAddr, base: ServerConfig) -> ServerConfig {
+    let mut cluster = ClusterConfig::new(vec![etcd.endpoint.clone()], node, addr.to_string());
+    cluster.slots = SLOTS;
+    cluster.prefix = PREFIX.to_owned();
+    cluster.lease_ttl = Duration::from_secs(2);
+    cluster.settle = Duration::from_millis(500);
+    ServerConfig { cluster: Some(cluster), ..base }
+}
+
+/// Waits until every slot has an owner and the map is as `done` wants it.
+pub async fn map_where(etcd: &Etcd, what: &str, done: impl Fn(&SlotMap) -> bool) -> SlotMap {
+    let watch = SlotMapWatch::start(etcd, PREFIX, SLOTS).await.unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let map = watch.current();
+        if (0..SLOTS).all(|slot| map.owner(slot).is_some()) && done(&map) {
+            return (*map).clone();
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}: {map:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
+
+/// Three nodes started together, and the slot map once they share the slots
+/// (the coordinator of a new cluster waits for the nodes starting with it).
+pub async fn three_nodes(etcd: &EtcdServer) -> (Vec<TestServer>, SlotMap) {
+    three_nodes_with(etcd, fast_config, true).await
+}
+
+/// [`three_nodes`] on `base`'s settings, evening the slots out by themselves if `rebalance`.
+pub async fn three_nodes_with(
+    etcd: &EtcdServer,
+    base: fn() -> ServerConfig,
+    rebalance: bool,
+) -> (Vec<TestServer>, SlotMap) {
+    let mut servers = Vec::new();
+    for node in NODES {
+        servers.push(
+            TestServer::start_with(|addr| {
+                let mut config = node_config_with(etcd, node, addr, base());
+                config.cluster.as_mut().expect("a cluster node").rebalance = rebalance;
+                config
+            })
+            .await,
+        );
+    }
+    let map = map_where(&etcd.client().await, "every node owns slots", |map| {
+        NODES.iter().all(|node| map.owned_by(node).count() > 0)
+    })
+    .await;
+    (servers, map)
+}
