@@ -251,9 +251,17 @@ async fn c2_a_batch_sent_to_one_node_reaches_every_owner_and_any_node_answers_a_
 /// request, so that a non-owner refuses rather than forwards) every 20 ms
 /// until told to stop: `(when, Ok(()) or the refusal)`.
 fn ask_repeatedly(url: String, user: String) -> Running<Vec<(Instant, Result<(), tonic::Status>)>> {
+    ask_repeatedly_at(tonic::transport::Endpoint::from_shared(url).unwrap(), user)
+}
+
+/// [`ask_repeatedly`] through `endpoint` (from a chosen local address).
+fn ask_repeatedly_at(
+    endpoint: tonic::transport::Endpoint,
+    user: String,
+) -> Running<Vec<(Instant, Result<(), tonic::Status>)>> {
     let (stop, mut stopped) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(async move {
-        let mut client = PresenceClient::connect(url).await.unwrap();
+        let mut client = PresenceClient::new(endpoint.connect().await.unwrap());
         let mut answers = Vec::new();
         loop {
             let asked = Instant::now();
@@ -266,6 +274,41 @@ fn ask_repeatedly(url: String, user: String) -> Running<Vec<(Instant, Result<(),
         }
     });
     (stop, task)
+}
+
+/// The answers of node-a (cut off at `cut`) and of its slot's follower,
+/// asked all along, show one owner at a time (C1): node-a's last answer came
+/// before the follower's first, within node-a's lease of the cut; node-a's
+/// refusals after it name its own lapsed epoch and no owner; the follower's
+/// before it took over name node-a at that epoch; its ownership comes with a
+/// later one.
+fn assert_one_owner_at_a_time(
+    answers_a: &[(Instant, Result<(), tonic::Status>)],
+    answers_follower: &[(Instant, Result<(), tonic::Status>)],
+    cut: Instant,
+    (old_epoch, new_epoch): (i64, i64),
+) {
+    let last_a = answers_a.iter().filter(|(_, answer)| answer.is_ok()).map(|(at, _)| *at).max().unwrap();
+    let first_follower = answers_follower.iter().find(|(_, answer)| answer.is_ok()).map(|(at, _)| *at);
+    let first_follower = first_follower.expect("the follower answered once it took over");
+    assert!(
+        last_a < first_follower,
+        "node-a answered at {:?}, after the follower at {:?}",
+        last_a - cut,
+        first_follower - cut
+    );
+    assert!(last_a - cut < Duration::from_secs(2), "node-a acted {:?} after the cut, past its lease", last_a - cut);
+    for (at, answer) in answers_a.iter().filter(|(at, _)| *at > last_a) {
+        let refusal = answer.as_ref().unwrap_err();
+        assert_eq!(refusal.code(), Code::Unavailable, "{:?}: {refusal:?}", *at - cut);
+        let named = not_owner_of(refusal);
+        assert_eq!((named.owner_id.as_str(), named.epoch), ("", old_epoch), "{named:?}");
+    }
+    for (_, answer) in answers_follower.iter().filter(|(at, _)| *at < first_follower) {
+        let named = not_owner_of(answer.as_ref().unwrap_err());
+        assert_eq!((named.owner_id.as_str(), named.epoch), ("node-a", old_epoch), "{named:?}");
+    }
+    assert!(new_epoch > old_epoch, "the takeover's epoch {new_epoch} follows node-a's {old_epoch}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -337,31 +380,7 @@ async fn c1_a_node_cut_off_from_etcd_that_answers_the_others_stops_acting_before
     let (_, _) = (stop_a.send(()), stop_follower.send(()));
     let (answers_a, answers_follower) = (answers_a.await.unwrap(), answers_follower.await.unwrap());
 
-    // One owner at a time: node-a's last answer came before the follower's first.
-    let last_a = answers_a.iter().filter(|(_, answer)| answer.is_ok()).map(|(at, _)| *at).max().unwrap();
-    let first_follower = answers_follower.iter().find(|(_, answer)| answer.is_ok()).map(|(at, _)| *at);
-    let first_follower = first_follower.expect("the follower answered once it took over");
-    assert!(
-        last_a < first_follower,
-        "node-a answered at {:?}, after the follower at {:?}",
-        last_a - cut,
-        first_follower - cut
-    );
-    assert!(last_a - cut < Duration::from_secs(2), "node-a acted {:?} after the cut, past its lease", last_a - cut);
-    // node-a's refusals name its own lapsed epoch and no owner; the
-    // follower's, before it took over, node-a at that epoch; its ownership
-    // comes with a later one.
-    for (at, answer) in answers_a.iter().filter(|(at, _)| *at > last_a) {
-        let refusal = answer.as_ref().unwrap_err();
-        assert_eq!(refusal.code(), Code::Unavailable, "{:?}: {refusal:?}", *at - cut);
-        let named = not_owner_of(refusal);
-        assert_eq!((named.owner_id.as_str(), named.epoch), ("", old_epoch), "{named:?}");
-    }
-    for (_, answer) in answers_follower.iter().filter(|(at, _)| *at < first_follower) {
-        let named = not_owner_of(answer.as_ref().unwrap_err());
-        assert_eq!((named.owner_id.as_str(), named.epoch), ("node-a", old_epoch), "{named:?}");
-    }
-    assert!(new_epoch > old_epoch, "the takeover's epoch {new_epoch} follows node-a's {old_epoch}");
+    assert_one_owner_at_a_time(&answers_a, &answers_follower, cut, (old_epoch, new_epoch));
     // node-a's Watch ended when it stopped acting, so that its viewer reopens elsewhere.
     let ended = next_event(&mut watch).await.unwrap_err();
     assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
@@ -408,6 +427,109 @@ async fn c1_a_node_cut_off_from_etcd_that_answers_the_others_stops_acting_before
     for server in servers {
         server.stop().await;
     }
+}
+
+// Needs root, `ip` and `nft` (.ci/install-fault-tools); CI runs as root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c1_an_owner_partitioned_from_etcd_and_the_other_nodes_stops_acting_before_its_slots_are_taken_over() {
+    // node-a runs in a network namespace of its own, reached over a veth
+    // pair: etcd, node-b and node-c listen on the host's end (group 0's
+    // address), the test's probe of node-a comes from group 1's. The
+    // partition drops every packet between node-a and group 0, both ways.
+    let lab = presence_faults::NetLab::new(2).expect("a network namespace (root, ip, nft)");
+    let host = lab.group_ip(0);
+    let etcd = EtcdServer::start_on(host).await;
+    let advertise = format!("{}:{}", lab.server_ip(), daemon::free_port());
+    let slots = SLOTS.to_string();
+    let node_a = daemon::Daemon::start_through(
+        &["ip", "netns", "exec", lab.namespace()],
+        &advertise,
+        &[
+            "--etcd",
+            &etcd.endpoint,
+            "--node-id",
+            "node-a",
+            "--advertise",
+            &advertise,
+            "--slots",
+            &slots,
+            "--etcd-prefix",
+            PREFIX,
+            "--etcd-lease-ttl-ms",
+            "2000",
+            "--cluster-settle-ms",
+            "500",
+            // Open, on an address other than loopback: the lab's own network.
+            "--insecure",
+        ],
+        &[],
+        None,
+    );
+    let mut servers = Vec::new();
+    for node in &NODES[1..] {
+        servers.push(TestServer::start_with_at(host, |addr| node_config(&etcd, node, addr)).await);
+    }
+    let map = map_where(&etcd.client().await, "every node owns slots", |map| {
+        NODES.iter().all(|node| map.owned_by(node).count() > 0)
+    })
+    .await;
+    let user =
+        (0..).map(|i| format!("parted-{i}")).find(|user| map.owner(slot_of(user, SLOTS)).unwrap().node == "node-a");
+    let user = user.unwrap();
+    let slot = slot_of(&user, SLOTS);
+    let old_epoch = map.owner(slot).unwrap().epoch;
+    let others = ["node-b".to_owned(), "node-c".to_owned()];
+    let follower_name = presence_cluster::follower_of(slot, "node-a", &others).unwrap();
+    let follower = &servers[NODES[1..].iter().position(|node| *node == follower_name).unwrap()];
+    let (leases, _) = register_all(follower, std::slice::from_ref(&user)).await;
+    assert_eq!(leases.route_of(&user), format!("http://{advertise}"), "registered at node-a");
+    // The follower has had the copy for a few of the owner's intervals.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let probe = lab.endpoint(1, probe_port(&advertise));
+    let (stop_a, answers_a) = ask_repeatedly_at(probe, user.clone());
+    let (stop_follower, answers_follower) = ask_repeatedly(follower.url(), user.clone());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    lab.partition(0).unwrap();
+    let cut = Instant::now();
+    // node-a hears neither etcd nor the other nodes: it cannot tell an etcd
+    // outage from its own cut, so it stops at its lease's end; etcd expires
+    // the lease and the follower takes the slot over from its copy.
+    let taken =
+        map_where(&etcd.client().await, "node-a's slots taken over", |map| map.owned_by("node-a").count() == 0).await;
+    let new_epoch = taken.owner(slot).unwrap().epoch;
+    let deadline = Instant::now() + PATIENCE;
+    while forwarded_snapshot(&mut follower.client().await, &user).await.is_err() {
+        assert!(Instant::now() < deadline, "the follower did not take the slot over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, _) = (stop_a.send(()), stop_follower.send(()));
+    let (answers_a, answers_follower) = (answers_a.await.unwrap(), answers_follower.await.unwrap());
+    assert_one_owner_at_a_time(&answers_a, &answers_follower, cut, (old_epoch, new_epoch));
+
+    // The partition heals: node-a joins again, drops what it held and names the new owner.
+    lab.heal(0).unwrap();
+    let mut at_a = PresenceClient::new(lab.endpoint(0, probe_port(&advertise)).connect().await.unwrap());
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match forwarded_snapshot(&mut at_a, &user).await {
+            Err(refused) if not_owner_of(&refused).owner_id == follower_name => break,
+            other => assert!(Instant::now() < deadline, "node-a after the partition: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = at_a.stats(pb::StatsRequest::default()).await.unwrap().into_inner();
+    assert_eq!(stats.sessions, 0, "node-a dropped the sessions of the slots given away: {stats:?}");
+    node_a.stop().await;
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+/// The port of `host:port`.
+fn probe_port(address: &str) -> u16 {
+    address.rsplit(':').next().unwrap().parse().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,11 +26,31 @@ impl Daemon {
     /// Starts on `listen` (a fixed address lets clients reconnect after a restart),
     /// with stderr written to `stderr` if given.
     pub fn start_on(listen: &str, args: &[&str], env: &[(&str, &str)], stderr: Option<&Path>) -> Daemon {
+        Daemon::start_through(&[], listen, args, env, stderr)
+    }
+
+    /// [`Daemon::start_on`], run through `prefix` (`ip netns exec NAME`, to
+    /// start it in a network namespace).
+    pub fn start_through(
+        prefix: &[&str],
+        listen: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr: Option<&Path>,
+    ) -> Daemon {
         let stderr_target = match stderr {
             Some(path) => Stdio::from(std::fs::File::create(path).expect("create the stderr file")),
             None => Stdio::inherit(),
         };
-        let mut child = Command::new(BINARY)
+        let mut command = match prefix.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(BINARY);
+                command
+            }
+            None => Command::new(BINARY),
+        };
+        let mut child = command
             .args(["serve", "--listen", listen])
             .args(args)
             .env("RUST_LOG", std::env::var("PRESENCED_TEST_LOG").unwrap_or_else(|_| "warn".into()))

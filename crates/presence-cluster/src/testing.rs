@@ -41,10 +41,16 @@ impl EtcdServer {
     /// just before; should another process take one first (etcd then exits
     /// at once), it starts again on others.
     pub async fn start() -> EtcdServer {
+        EtcdServer::start_on(std::net::Ipv4Addr::LOCALHOST.into()).await
+    }
+
+    /// [`EtcdServer::start`], serving clients on `host` (an address other
+    /// than loopback, for nodes in another network namespace).
+    pub async fn start_on(host: std::net::IpAddr) -> EtcdServer {
         let data = TempDir(std::env::temp_dir().join(format!("presenced-etcd-{}-{}", std::process::id(), free_port())));
         let mut server = EtcdServer { child: None, endpoint: String::new(), peer_url: String::new(), data };
         for _ in 0..5 {
-            server.endpoint = format!("http://127.0.0.1:{}", free_port());
+            server.endpoint = format!("http://{host}:{}", free_port());
             server.peer_url = format!("http://127.0.0.1:{}", free_port());
             if server.run().await {
                 return server;

@@ -75,7 +75,12 @@ impl TestServer {
     /// A server on a free port of 127.0.0.1, configured knowing that port
     /// (a cluster node advertises its address).
     pub async fn start_with(config: impl FnOnce(SocketAddr) -> ServerConfig) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a free port");
+        Self::start_with_at(std::net::Ipv4Addr::LOCALHOST.into(), config).await
+    }
+
+    /// [`TestServer::start_with`] on a free port of `ip`.
+    pub async fn start_with_at(ip: std::net::IpAddr, config: impl FnOnce(SocketAddr) -> ServerConfig) -> Self {
+        let listener = TcpListener::bind((ip, 0)).await.expect("bind a free port");
         let addr = listener.local_addr().expect("a bound listener has an address");
         Self::serve(listener, config(addr))
     }
