@@ -440,31 +440,11 @@ async fn c1_an_owner_partitioned_from_etcd_and_the_other_nodes_stops_acting_befo
     let host = lab.group_ip(0);
     let etcd = EtcdServer::start_on(host).await;
     let advertise = format!("{}:{}", lab.server_ip(), daemon::free_port());
-    let slots = SLOTS.to_string();
-    let node_a = daemon::Daemon::start_through(
-        &["ip", "netns", "exec", lab.namespace()],
-        &advertise,
-        &[
-            "--etcd",
-            &etcd.endpoint,
-            "--node-id",
-            "node-a",
-            "--advertise",
-            &advertise,
-            "--slots",
-            &slots,
-            "--etcd-prefix",
-            PREFIX,
-            "--etcd-lease-ttl-ms",
-            "2000",
-            "--cluster-settle-ms",
-            "500",
-            // Open, on an address other than loopback: the lab's own network.
-            "--insecure",
-        ],
-        &[],
-        None,
-    );
+    let mut args = node_process_args(&etcd, "node-a", &advertise);
+    // Open, on an address other than loopback: the lab's own network.
+    args.push("--insecure".to_owned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let node_a = daemon::Daemon::start_through(&["ip", "netns", "exec", lab.namespace()], &advertise, &args, &[], None);
     let mut servers = Vec::new();
     for node in &NODES[1..] {
         servers.push(TestServer::start_with_at(host, |addr| node_config(&etcd, node, addr)).await);
@@ -1476,28 +1456,8 @@ async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_
     // node-a is a process of its own, to be killed; node-b and node-c run here.
     let port = daemon::free_port();
     let advertise = format!("127.0.0.1:{port}");
-    let slots = SLOTS.to_string();
-    let node_a = daemon::Daemon::start_on(
-        &advertise,
-        &[
-            "--etcd",
-            &etcd.endpoint,
-            "--node-id",
-            "node-a",
-            "--advertise",
-            &advertise,
-            "--slots",
-            &slots,
-            "--etcd-prefix",
-            PREFIX,
-            "--etcd-lease-ttl-ms",
-            "2000",
-            "--cluster-settle-ms",
-            "500",
-        ],
-        &[],
-        None,
-    );
+    let args = node_process_args(&etcd, "node-a", &advertise);
+    let node_a = daemon::Daemon::start_on(&advertise, &args.iter().map(String::as_str).collect::<Vec<_>>(), &[], None);
     // The restart grace, for which a follower holds what it takes over, as
     // long as the default TTL in production; here well past the time the
     // gateway's client takes to find the new owners.

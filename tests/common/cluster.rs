@@ -28,6 +28,20 @@ pub fn node_config_with(etcd: &EtcdServer, node: &str, addr: SocketAddr, base: S
     ServerConfig { cluster: Some(cluster), ..base }
 }
 
+/// The `presenced serve` flags of `node` as a process of its own, reached at
+/// `advertise`, with the settings [`node_config`] gives a node in the test.
+pub fn node_process_args(etcd: &EtcdServer, node: &str, advertise: &str) -> Vec<String> {
+    let slots = SLOTS.to_string();
+    let flags = [("--etcd", etcd.endpoint.as_str()), ("--node-id", node), ("--advertise", advertise)];
+    let settings = [
+        ("--slots", slots.as_str()),
+        ("--etcd-prefix", PREFIX),
+        ("--etcd-lease-ttl-ms", "2000"),
+        ("--cluster-settle-ms", "500"),
+    ];
+    flags.into_iter().chain(settings).flat_map(|(flag, value)| [flag.to_owned(), value.to_owned()]).collect()
+}
+
 /// Waits until every slot has an owner and the map is as `done` wants it.
 pub async fn map_where(etcd: &Etcd, what: &str, done: impl Fn(&SlotMap) -> bool) -> SlotMap {
     let watch = SlotMapWatch::start(etcd, PREFIX, SLOTS).await.unwrap();
