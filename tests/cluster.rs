@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::cluster::*;
 use common::daemon;
-use presence_client::{ClusterLeases, LeaseChannelConfig, lease_result};
+use presence_client::{ClusterLeases, LeaseChannelConfig, Session, SessionConfig, SessionState, lease_result};
 use presence_cluster::testing::EtcdServer;
 use presence_cluster::{Etcd, slot_of};
 use presence_faults::DelayProxy;
@@ -1084,6 +1084,61 @@ async fn c3_a_node_that_joins_is_given_its_share_of_the_slots_with_their_session
         let sessions = at_c.list_sessions(request).await.unwrap().into_inner().sessions;
         assert_eq!(sessions.iter().map(|s| s.generation).collect::<Vec<_>>(), vec![*generation], "{user}");
     }
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c3_sessions_over_cluster_leases_renew_at_their_owners_and_carry_on_through_a_drain() {
+    let etcd = EtcdServer::start().await;
+    let (mut servers, map) = three_nodes_with(&etcd, fast_config, false).await;
+    let leases = ClusterLeases::new(&servers[2].url(), SLOTS, LeaseChannelConfig::default()).unwrap();
+    leases.follow_etcd(std::slice::from_ref(&etcd.endpoint), PREFIX).await.unwrap();
+    // A gateway's sockets: one session per user, a third of them node-b's.
+    let users: Vec<String> = (0..60).map(|i| format!("socket-{i}")).collect();
+    let on_b: Vec<&String> =
+        users.iter().filter(|user| map.owner(slot_of(user, SLOTS)).unwrap().node == "node-b").collect();
+    assert!(!on_b.is_empty());
+    let config = SessionConfig { ttl_ms: 1_500, ..SessionConfig::with_heartbeat(Duration::from_millis(300)) };
+    let mut sessions = Vec::new();
+    for user in &users {
+        let session = Session::register(&leases, user.clone(), "tab", "gw", HashMap::new(), config.clone()).await;
+        let session = session.unwrap();
+        session.join("lobby", HashMap::from([("seat".to_owned(), user.clone())])).await.unwrap();
+        sessions.push(session);
+    }
+    let mut viewer = servers[0].client().await;
+    let before = presences(&mut viewer, &users).await;
+    assert!(before.values().all(|presence| presence.state == pb::State::Online as i32));
+    // Each session's lease and room membership are at its user's owner.
+    let mut at_b = servers[1].client().await;
+    let listed = at_b.list_sessions(pb::ListSessionsRequest { user_id: on_b[0].clone() }).await.unwrap();
+    assert_eq!(listed.into_inner().sessions[0].rooms, ["lobby"]);
+
+    // node-b drains on its stop; the sessions renew at the new owners,
+    // with no re-register, over five TTLs.
+    servers.remove(1).stop().await;
+    map_where(&etcd.client().await, "node-b drained", |map| map.owned_by("node-b").count() == 0).await;
+    tokio::time::sleep(Duration::from_millis(7_500)).await;
+    for (user, session) in users.iter().zip(&sessions) {
+        assert_eq!(
+            session.state(),
+            SessionState::Live { generation: session.generation() },
+            "{user}: renewed all along, never registered again"
+        );
+    }
+    let after = presences(&mut viewer, &users).await;
+    for user in &users {
+        assert_eq!(
+            (after[user].state, after[user].version),
+            (pb::State::Online as i32, before[user].version),
+            "{user}"
+        );
+    }
+    // Closing a session unregisters it at its owner, wherever that is now.
+    let closed = sessions.remove(users.iter().position(|user| user == on_b[0]).unwrap()).close().await.unwrap();
+    assert!(closed.removed && closed.changed, "{closed:?}");
     for server in servers {
         server.stop().await;
     }

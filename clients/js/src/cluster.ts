@@ -37,16 +37,29 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { sleep } from "./call.js";
 import { type ClusterView, EtcdFollower } from "./etcd.js";
 import {
+  type JoinResponse,
   type LeaseItem,
   LeaseItemSchema,
   type LeaseResult,
   LeaseResultSchema,
+  type LeaveResponse,
   type NotOwner,
   type RegisterResponse,
   type RenewResponse,
+  type SignalResponse,
   type UnregisterResponse,
 } from "./gen/presence/v1/presence_pb.js";
-import { type LeaseChannel, leaseResult, type RegisterInit, type RenewInit, type UnregisterInit } from "./leaseChannel.js";
+import {
+  type JoinInit,
+  type LeaseChannel,
+  type LeaseChannelConfig,
+  type LeaveInit,
+  leaseResult,
+  type RegisterInit,
+  type RenewInit,
+  type SignalInit,
+  type UnregisterInit,
+} from "./leaseChannel.js";
 
 /** How many times one item is sent on before its last refusal is its result. */
 const MAX_HOPS = 5;
@@ -74,6 +87,16 @@ export function slotOf(id: string, slots: number): number {
     hash = Math.imul(hash ^ byte, 0x01000193);
   }
   return (hash >>> 0) % Math.max(1, slots);
+}
+
+/** Each kind of lease item's answer. */
+interface Answers {
+  register: RegisterResponse;
+  renew: RenewResponse;
+  unregister: UnregisterResponse;
+  join: JoinResponse;
+  leave: LeaveResponse;
+  signal: SignalResponse;
 }
 
 /** A slot's owner, as the highest-epoch refusal about it named it. */
@@ -151,29 +174,46 @@ export class ClusterLeases {
   }
 
   /** Registers a session (L1) at its user's owner. */
-  async register(request: RegisterInit): Promise<RegisterResponse> {
-    const result = leaseResult(await this.submitItem({ op: { case: "register", value: request } }));
-    if (result.case !== "register") throw new ConnectError("a register answered with another result", Code.Internal);
-    return result.value;
+  register(request: RegisterInit): Promise<RegisterResponse> {
+    return this.answer({ case: "register", value: request }, "register");
   }
 
   /** Renews a lease (L2) at its user's owner. */
-  async renew(request: RenewInit): Promise<RenewResponse> {
-    const result = leaseResult(await this.submitItem({ op: { case: "renew", value: request } }));
-    if (result.case !== "renew") throw new ConnectError("a renewal answered with another result", Code.Internal);
-    return result.value;
+  renew(request: RenewInit): Promise<RenewResponse> {
+    return this.answer({ case: "renew", value: request }, "renew");
   }
 
   /** Unregisters a session (L3) at its user's owner. */
-  async unregister(request: UnregisterInit): Promise<UnregisterResponse> {
-    const result = leaseResult(await this.submitItem({ op: { case: "unregister", value: request } }));
-    if (result.case !== "unregister") throw new ConnectError("an unregister answered with another result", Code.Internal);
-    return result.value;
+  unregister(request: UnregisterInit): Promise<UnregisterResponse> {
+    return this.answer({ case: "unregister", value: request }, "unregister");
   }
 
-  private async submitItem(item: MessageInitShape<typeof LeaseItemSchema>): Promise<LeaseResult> {
-    const [result] = await this.submitBatch([item]);
-    return result!;
+  /** Puts a session in a room (R1), at its user's owner. */
+  join(request: JoinInit): Promise<JoinResponse> {
+    return this.answer({ case: "join", value: request }, "join");
+  }
+
+  /** Takes a session out of a room, at its user's owner. */
+  leave(request: LeaveInit): Promise<LeaveResponse> {
+    return this.answer({ case: "leave", value: request }, "leave");
+  }
+
+  /** Sets or clears a session's signal in a room (S3), at its user's owner. */
+  signal(request: SignalInit): Promise<SignalResponse> {
+    return this.answer({ case: "signal", value: request }, "signal");
+  }
+
+  /** The settings of the channels it opens (those of the seed's). */
+  get config(): LeaseChannelConfig {
+    return this.channel(this.seed).config;
+  }
+
+  /** One item's answer of the kind `kind`, or its refusal. */
+  private async answer<K extends keyof Answers>(op: MessageInitShape<typeof LeaseItemSchema>["op"], kind: K): Promise<Answers[K]> {
+    const [item] = await this.submitBatch([{ op }]);
+    const result = leaseResult(item!);
+    if (result.case !== kind) throw new ConnectError(`a ${kind} item answered with another result`, Code.Internal);
+    return result.value as Answers[K];
   }
 
   /**

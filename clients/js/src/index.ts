@@ -36,7 +36,7 @@ export {
   type LeaseResultValue,
 } from "./leaseChannel.js";
 export { transportLeaseWire, type LeaseSink, type LeaseStream, type LeaseWire } from "./leaseWire.js";
-export { Session, type SessionIdentity, type SessionOptions, type SessionState } from "./session.js";
+export { Session, type SessionIdentity, type SessionLeases, type SessionOptions, type SessionState } from "./session.js";
 export { ViewerStore, Watcher, type WatchOptions, type WatcherEvent } from "./viewer.js";
 export { RoomCountWatcher, RoomView, RoomWatcher, type RoomWatchOptions, type RoomWatcherEvent } from "./room.js";
 export * as pb from "./gen/presence/v1/presence_pb.js";

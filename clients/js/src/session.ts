@@ -2,7 +2,8 @@
  * One session's lease, kept alive by a background heartbeat.
  *
  * A {@link Session} is the gateway's handle on one authenticated socket. It
- * renews the lease through a shared {@link LeaseChannel}: the first beat after
+ * renews the lease through a shared {@link LeaseChannel} (or, in a cluster, a
+ * `ClusterLeases`: see {@link SessionLeases}): the first beat after
  * a random part of the interval (so that sessions registered together, as
  * after a gateway restart, do not renew in lockstep), then every interval, and
  * at once on {@link Session.touch} unless the last renewal was less than
@@ -24,7 +25,15 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { jitter } from "./backoff.js";
 import { now } from "./call.js";
 import type { JoinResponse, LeaveResponse, SignalResponse, UnregisterResponse } from "./gen/presence/v1/presence_pb.js";
-import { LeaseChannel, leaseResult } from "./leaseChannel.js";
+import { type LeaseChannel, type LeaseChannelConfig, leaseResult } from "./leaseChannel.js";
+
+/**
+ * Where a {@link Session}'s items go: one node's {@link LeaseChannel}, or a
+ * cluster's owners through a `ClusterLeases` (C2), which has the same calls.
+ */
+export type SessionLeases = Pick<LeaseChannel, "register" | "renew" | "unregister" | "join" | "leave" | "signal" | "submitBatch"> & {
+  readonly config: Pick<LeaseChannelConfig, "reconnect" | "maxBatch">;
+};
 
 /** How a {@link Session} keeps its lease. */
 export interface SessionOptions {
@@ -68,7 +77,7 @@ type Wake = "renew" | "close";
 
 /** One session's lease, kept alive in the background until {@link Session.close}. */
 export class Session {
-  private readonly channel: LeaseChannel;
+  private readonly channel: SessionLeases;
   private readonly identity: SessionIdentity;
   private readonly ttlMs: number;
   private readonly heartbeatMs: number;
@@ -89,7 +98,7 @@ export class Session {
   /** Room calls of one session go to the server one at a time, in order; a rejoin never crosses a leave. */
   private roomTurn: Promise<unknown> = Promise.resolve();
 
-  private constructor(channel: LeaseChannel, identity: SessionIdentity, options: SessionOptions, generation: bigint, registeredAt: number) {
+  private constructor(channel: SessionLeases, identity: SessionIdentity, options: SessionOptions, generation: bigint, registeredAt: number) {
     this.channel = channel;
     this.identity = { ...identity, metadata: { ...(identity.metadata ?? {}) } };
     this.ttlMs = options.ttlMs ?? 0;
@@ -108,7 +117,7 @@ export class Session {
    * Registers the session (L1) and starts renewing it in the background.
    * Rejects with the server's answer to the register: nothing runs then.
    */
-  static async register(channel: LeaseChannel, identity: SessionIdentity, options: SessionOptions = {}): Promise<Session> {
+  static async register(channel: SessionLeases, identity: SessionIdentity, options: SessionOptions = {}): Promise<Session> {
     const started = now();
     const registered = await channel.register(registerRequest(identity, options.ttlMs ?? 0));
     return new Session(channel, identity, options, registered.generation, started);

@@ -8,7 +8,7 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { rmSync } from "node:fs";
 import { test } from "node:test";
 
-import { slotOf, pb } from "../src/index.js";
+import { Session, slotOf, pb } from "../src/index.js";
 import { connectClusterLeases } from "../src/node.js";
 import { TEST_TIMEOUT_MS, Server, freePort, scratchDir, until } from "./helpers.js";
 
@@ -185,4 +185,36 @@ test("C2: a ClusterLeases following etcd routes to every owner before any refusa
   t.after(() => alone.close());
   await assert.rejects(alone.followEtcd(["http://127.0.0.1:1"], PREFIX), /cannot read the slot map from etcd \(http:\/\/127\.0\.0\.1:1: /);
   assert.equal(alone.knownSlots(), 0);
+});
+
+test("C3: Sessions over a ClusterLeases renew at their users' owners and carry on through a drain", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  const { etcd, nodes, owners } = await threeNodes(t);
+  const leases = connectClusterLeases(nodes[2]!.url, SLOTS);
+  t.after(() => leases.close());
+  await leases.followEtcd([etcd.endpoint], PREFIX);
+  const users = Array.from({ length: 60 }, (_, i) => `socket-${i}`);
+  const onB = users.filter((user) => owners.get(slotOf(user, SLOTS)) === "node-b");
+  assert.ok(onB.length > 0, "node-b owns some of the users");
+  const sessions = await Promise.all(
+    users.map((userId) => Session.register(leases, { userId, sessionId: "tab", gatewayId: "gw" }, { ttlMs: 1_500, heartbeatMs: 300 })),
+  );
+  t.after(() => Promise.all(sessions.map((session) => session.close().catch(() => undefined))));
+  for (const session of sessions) await session.join("lobby", { seat: "1" });
+  const listed = await nodes[1]!.client.listSessions({ userId: onB[0]! });
+  assert.deepEqual(listed.sessions[0]!.rooms, ["lobby"], "the session and its room are at its user's owner");
+  const { users: before } = await nodes[0]!.client.snapshot({ userIds: users });
+
+  // node-b drains on SIGTERM; the sessions renew at the new owners, with no re-register, over five TTLs.
+  await nodes[1]!.stop();
+  await new Promise((resolve) => setTimeout(resolve, 7_500));
+  sessions.forEach((session, i) => {
+    assert.deepEqual(session.state, { kind: "live", generation: session.generation }, `${users[i]}: renewed all along`);
+  });
+  const { users: after } = await nodes[0]!.client.snapshot({ userIds: users });
+  after.forEach((user, i) => {
+    assert.equal(user.state, pb.State.ONLINE, user.userId);
+    assert.equal(user.version, before[i]!.version, `${user.userId}: no flip, the same version`);
+  });
+  const closed = await sessions[users.indexOf(onB[0]!)]!.close();
+  assert.ok(closed.removed && closed.changed, "closed at its owner, wherever that is now");
 });

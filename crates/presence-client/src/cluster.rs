@@ -41,7 +41,7 @@ use presence_proto::v1::{self as pb, lease_item, lease_result};
 use tonic::{Code, Status};
 
 use crate::error::ClientError;
-use crate::lease_channel::{LeaseChannel, LeaseChannelConfig, lease_result};
+use crate::lease_channel::{LeaseChannel, LeaseChannelConfig, lease_item_calls, lease_result};
 
 /// How many times one item is sent on before its last refusal is its result.
 const MAX_HOPS: usize = 5;
@@ -141,28 +141,12 @@ impl ClusterLeases {
         Ok(())
     }
 
-    /// Registers a session (L1) at its user's owner.
-    pub async fn register(&self, request: pb::RegisterRequest) -> Result<pb::RegisterResponse, Status> {
-        match self.submit_item(lease_item::Op::Register(request)).await? {
-            lease_result::Result::Register(response) => Ok(response),
-            _ => Err(Status::internal("presenced answered a register item with another result")),
-        }
-    }
+    // register, renew, unregister, join, leave and signal, each at its user's owner.
+    lease_item_calls!();
 
-    /// Renews a lease (L2) at its user's owner.
-    pub async fn renew(&self, request: pb::RenewRequest) -> Result<pb::RenewResponse, Status> {
-        match self.submit_item(lease_item::Op::Renew(request)).await? {
-            lease_result::Result::Renew(response) => Ok(response),
-            _ => Err(Status::internal("presenced answered a renew item with another result")),
-        }
-    }
-
-    /// Unregisters a session (L3) at its user's owner.
-    pub async fn unregister(&self, request: pb::UnregisterRequest) -> Result<pb::UnregisterResponse, Status> {
-        match self.submit_item(lease_item::Op::Unregister(request)).await? {
-            lease_result::Result::Unregister(response) => Ok(response),
-            _ => Err(Status::internal("presenced answered an unregister item with another result")),
-        }
+    /// The settings each node's channel is opened with.
+    pub fn config(&self) -> &LeaseChannelConfig {
+        &self.shared.config
     }
 
     async fn submit_item(&self, op: lease_item::Op) -> Result<lease_result::Result, Status> {

@@ -166,55 +166,8 @@ impl LeaseChannel {
         }
     }
 
-    /// Registers a session (L1) as one item of a batch.
-    pub async fn register(&self, request: pb::RegisterRequest) -> Result<pb::RegisterResponse, Status> {
-        match self.submit_item(lease_item::Op::Register(request)).await? {
-            lease_result::Result::Register(response) => Ok(response),
-            other => Err(wrong_result("register", &other)),
-        }
-    }
-
-    /// Renews a lease (L2) as one item of a batch: `NOT_FOUND` when the lease is
-    /// gone, `FAILED_PRECONDITION` when a newer generation owns the session.
-    pub async fn renew(&self, request: pb::RenewRequest) -> Result<pb::RenewResponse, Status> {
-        match self.submit_item(lease_item::Op::Renew(request)).await? {
-            lease_result::Result::Renew(response) => Ok(response),
-            other => Err(wrong_result("renew", &other)),
-        }
-    }
-
-    /// Unregisters a session (L3) as one item of a batch.
-    pub async fn unregister(&self, request: pb::UnregisterRequest) -> Result<pb::UnregisterResponse, Status> {
-        match self.submit_item(lease_item::Op::Unregister(request)).await? {
-            lease_result::Result::Unregister(response) => Ok(response),
-            other => Err(wrong_result("unregister", &other)),
-        }
-    }
-
-    /// Puts a session in a room (R1) as one item of a batch: `NOT_FOUND` when
-    /// the lease is gone, `FAILED_PRECONDITION` for an older generation.
-    pub async fn join(&self, request: pb::JoinRequest) -> Result<pb::JoinResponse, Status> {
-        match self.submit_item(lease_item::Op::Join(request)).await? {
-            lease_result::Result::Join(response) => Ok(response),
-            other => Err(wrong_result("join", &other)),
-        }
-    }
-
-    /// Takes a session out of a room as one item of a batch.
-    pub async fn leave(&self, request: pb::LeaveRequest) -> Result<pb::LeaveResponse, Status> {
-        match self.submit_item(lease_item::Op::Leave(request)).await? {
-            lease_result::Result::Leave(response) => Ok(response),
-            other => Err(wrong_result("leave", &other)),
-        }
-    }
-
-    /// Sets or clears a session's signal in a room (S3) as one item of a batch.
-    pub async fn signal(&self, request: pb::SignalRequest) -> Result<pb::SignalResponse, Status> {
-        match self.submit_item(lease_item::Op::Signal(request)).await? {
-            lease_result::Result::Signal(response) => Ok(response),
-            other => Err(wrong_result("signal", &other)),
-        }
-    }
+    // register, renew, unregister, join, leave and signal, each one item of a batch.
+    lease_item_calls!();
 
     /// Sends these items as one batch (bypassing the coalescing), for load generators; results in item order.
     ///
@@ -260,7 +213,95 @@ pub fn lease_result(result: pb::LeaseResult) -> Result<lease_result::Result, Sta
     result.result.ok_or_else(|| Status::internal("presenced answered OK with no result"))
 }
 
-fn wrong_result(op: &str, result: &lease_result::Result) -> Status {
+/// The answer of the kind `$kind` in an item's result, or `INTERNAL` if the
+/// server answered the item with another kind.
+macro_rules! answer_of {
+    ($result:expr, $kind:ident) => {
+        match $result {
+            presence_proto::v1::lease_result::Result::$kind(response) => Ok(response),
+            other => Err($crate::lease_channel::wrong_result(&stringify!($kind).to_lowercase(), &other)),
+        }
+    };
+}
+pub(crate) use answer_of;
+
+/// The typed calls of one lease item each, over the type's own
+/// `submit_item(op) -> Result<lease_result::Result, Status>`: how the item
+/// travels (coalesced on one stream, or routed to its user's owner) is the type's.
+macro_rules! lease_item_calls {
+    () => {
+        /// Registers a session (L1).
+        pub async fn register(
+            &self,
+            request: presence_proto::v1::RegisterRequest,
+        ) -> Result<presence_proto::v1::RegisterResponse, tonic::Status> {
+            $crate::lease_channel::answer_of!(
+                self.submit_item(presence_proto::v1::lease_item::Op::Register(request)).await?,
+                Register
+            )
+        }
+
+        /// Renews a lease (L2): `NOT_FOUND` when the lease is gone,
+        /// `FAILED_PRECONDITION` when a newer generation owns the session.
+        pub async fn renew(
+            &self,
+            request: presence_proto::v1::RenewRequest,
+        ) -> Result<presence_proto::v1::RenewResponse, tonic::Status> {
+            $crate::lease_channel::answer_of!(
+                self.submit_item(presence_proto::v1::lease_item::Op::Renew(request)).await?,
+                Renew
+            )
+        }
+
+        /// Unregisters a session (L3); an older generation changes nothing.
+        pub async fn unregister(
+            &self,
+            request: presence_proto::v1::UnregisterRequest,
+        ) -> Result<presence_proto::v1::UnregisterResponse, tonic::Status> {
+            $crate::lease_channel::answer_of!(
+                self.submit_item(presence_proto::v1::lease_item::Op::Unregister(request)).await?,
+                Unregister
+            )
+        }
+
+        /// Puts a session in a room (R1): `NOT_FOUND` when the lease is gone,
+        /// `FAILED_PRECONDITION` for an older generation.
+        pub async fn join(
+            &self,
+            request: presence_proto::v1::JoinRequest,
+        ) -> Result<presence_proto::v1::JoinResponse, tonic::Status> {
+            $crate::lease_channel::answer_of!(
+                self.submit_item(presence_proto::v1::lease_item::Op::Join(request)).await?,
+                Join
+            )
+        }
+
+        /// Takes a session out of a room.
+        pub async fn leave(
+            &self,
+            request: presence_proto::v1::LeaveRequest,
+        ) -> Result<presence_proto::v1::LeaveResponse, tonic::Status> {
+            $crate::lease_channel::answer_of!(
+                self.submit_item(presence_proto::v1::lease_item::Op::Leave(request)).await?,
+                Leave
+            )
+        }
+
+        /// Sets or clears a session's signal in a room (S3).
+        pub async fn signal(
+            &self,
+            request: presence_proto::v1::SignalRequest,
+        ) -> Result<presence_proto::v1::SignalResponse, tonic::Status> {
+            $crate::lease_channel::answer_of!(
+                self.submit_item(presence_proto::v1::lease_item::Op::Signal(request)).await?,
+                Signal
+            )
+        }
+    };
+}
+pub(crate) use lease_item_calls;
+
+pub(crate) fn wrong_result(op: &str, result: &lease_result::Result) -> Status {
     let got = match result {
         lease_result::Result::Register(_) => "register",
         lease_result::Result::Renew(_) => "renew",

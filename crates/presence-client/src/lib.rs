@@ -11,6 +11,11 @@
 //!   stopped when a newer connection owns it (`FAILED_PRECONDITION`), and
 //!   unregistered on drop.
 //!
+//! In a cluster (`presenced serve --etcd ...`), [`ClusterLeases`] sends each
+//! item to its user's owner, learning the owners from refusals and, if told
+//! where etcd is, from the slot map there; a [`Session`] registers through it
+//! as through a [`LeaseChannel`] (see [`SessionLeases`]).
+//!
 //! Rooms and signals, gateway side: a [`Session`] joins a room with its
 //! metadata there ([`Session::join`], again to change the metadata),
 //! leaves it ([`Session::leave`]) and sets or clears ephemeral signals such as
@@ -103,7 +108,7 @@ pub use cluster::ClusterLeases;
 pub use error::ClientError;
 pub use lease_channel::{LeaseChannel, LeaseChannelConfig, LeaseChannelStats, lease_result};
 pub use room::{RoomCountWatcher, RoomView, RoomWatcher, RoomWatcherEvent};
-pub use session::{Session, SessionConfig, SessionState};
+pub use session::{Session, SessionConfig, SessionLeases, SessionState};
 pub use viewer::{ViewerStore, Watcher, WatcherEvent};
 
 /// The wire types of `presence.v1` (from `presence-proto`).

@@ -1,7 +1,9 @@
 //! One session's lease, kept alive by a background heartbeat task.
 //!
 //! A [`Session`] is the gateway's handle on one authenticated socket. Its task
-//! renews the lease through a shared [`LeaseChannel`]: the first beat after a
+//! renews the lease through a shared [`LeaseChannel`] (or, in a cluster, a
+//! [`ClusterLeases`], which sends each item to its user's owner: see
+//! [`SessionLeases`]): the first beat after a
 //! random part of the interval (so that sessions registered together, as after
 //! a gateway restart, do not renew in lockstep), then every interval, and at
 //! once on [`Session::touch`] unless the last renewal was too recent (the
@@ -35,7 +37,82 @@ use tokio::time::Instant;
 use tonic::{Code, Status};
 
 use crate::backoff::jitter;
-use crate::lease_channel::{LeaseChannel, lease_result};
+use crate::cluster::ClusterLeases;
+use crate::lease_channel::{LeaseChannel, LeaseChannelConfig, lease_result};
+
+/// Where a [`Session`]'s items go: one node's [`LeaseChannel`], or a
+/// cluster's owners through [`ClusterLeases`] (C2). Made from a reference to
+/// either (`&channel` or `&cluster`); cheap to clone.
+#[derive(Debug, Clone)]
+pub enum SessionLeases {
+    /// One node (or a single presenced).
+    Node(LeaseChannel),
+    /// A cluster: each item goes to its user's owner.
+    Cluster(ClusterLeases),
+}
+
+impl From<&LeaseChannel> for SessionLeases {
+    fn from(channel: &LeaseChannel) -> Self {
+        SessionLeases::Node(channel.clone())
+    }
+}
+
+impl From<&ClusterLeases> for SessionLeases {
+    fn from(cluster: &ClusterLeases) -> Self {
+        SessionLeases::Cluster(cluster.clone())
+    }
+}
+
+/// Calls the method of that name on whichever the session's items go through.
+macro_rules! either {
+    ($leases:expr, $method:ident($request:expr)) => {
+        match $leases {
+            SessionLeases::Node(channel) => channel.$method($request).await,
+            SessionLeases::Cluster(cluster) => cluster.$method($request).await,
+        }
+    };
+}
+
+impl SessionLeases {
+    async fn register(&self, request: pb::RegisterRequest) -> Result<pb::RegisterResponse, Status> {
+        either!(self, register(request))
+    }
+
+    async fn renew(&self, request: pb::RenewRequest) -> Result<pb::RenewResponse, Status> {
+        either!(self, renew(request))
+    }
+
+    async fn unregister(&self, request: pb::UnregisterRequest) -> Result<pb::UnregisterResponse, Status> {
+        either!(self, unregister(request))
+    }
+
+    async fn join(&self, request: pb::JoinRequest) -> Result<pb::JoinResponse, Status> {
+        either!(self, join(request))
+    }
+
+    async fn leave(&self, request: pb::LeaveRequest) -> Result<pb::LeaveResponse, Status> {
+        either!(self, leave(request))
+    }
+
+    async fn signal(&self, request: pb::SignalRequest) -> Result<pb::SignalResponse, Status> {
+        either!(self, signal(request))
+    }
+
+    /// The items as one batch; results in item order.
+    async fn submit_batch(&self, items: Vec<pb::LeaseItem>) -> Result<Vec<pb::LeaseResult>, Status> {
+        match self {
+            SessionLeases::Node(channel) => channel.submit_batch(items).await,
+            SessionLeases::Cluster(cluster) => Ok(cluster.submit_batch(items).await),
+        }
+    }
+
+    fn config(&self) -> &LeaseChannelConfig {
+        match self {
+            SessionLeases::Node(channel) => channel.config(),
+            SessionLeases::Cluster(cluster) => cluster.config(),
+        }
+    }
+}
 
 /// How a [`Session`] keeps its lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +182,7 @@ pub struct Session {
     /// Tells the task to unregister and stop; taken by `close` or `Drop`.
     close: Option<oneshot::Sender<CloseRequest>>,
     /// For `close` to unregister by itself if the task is gone.
-    channel: LeaseChannel,
+    channel: SessionLeases,
 }
 
 impl Session {
@@ -113,13 +190,14 @@ impl Session {
     ///
     /// Fails with the server's answer to the register: nothing runs then.
     pub async fn register(
-        channel: &LeaseChannel,
+        channel: impl Into<SessionLeases>,
         user_id: impl Into<String>,
         session_id: impl Into<String>,
         gateway_id: impl Into<String>,
         metadata: HashMap<String, String>,
         config: SessionConfig,
     ) -> Result<Session, Status> {
+        let channel: SessionLeases = channel.into();
         let identity = Identity {
             user_id: user_id.into(),
             session_id: session_id.into(),
@@ -140,7 +218,7 @@ impl Session {
         });
         let (close, closing) = oneshot::channel();
         tokio::spawn(heartbeat(Arc::clone(&shared), channel.clone(), closing));
-        Ok(Session { shared, close: Some(close), channel: channel.clone() })
+        Ok(Session { shared, close: Some(close), channel })
     }
 
     /// The user this session belongs to.
@@ -449,7 +527,7 @@ async fn wait(
 }
 
 /// The heartbeat task of one session.
-async fn heartbeat(shared: Arc<SessionShared>, channel: LeaseChannel, mut closing: oneshot::Receiver<CloseRequest>) {
+async fn heartbeat(shared: Arc<SessionShared>, channel: SessionLeases, mut closing: oneshot::Receiver<CloseRequest>) {
     let config = &shared.config;
     let backoff = channel.config().reconnect;
     let heartbeat = config.heartbeat;
@@ -539,7 +617,7 @@ async fn heartbeat(shared: Arc<SessionShared>, channel: LeaseChannel, mut closin
 /// sent or was shed, so that it is tried again after the next renewal; a
 /// join refused because the lease is gone or superseded is left to the
 /// renewals, which find the same.
-async fn rejoin(shared: &SessionShared, channel: &LeaseChannel) -> bool {
+async fn rejoin(shared: &SessionShared, channel: &SessionLeases) -> bool {
     let _turn = shared.room_calls.lock().await;
     let generation = shared.generation();
     let items: Vec<pb::LeaseItem> = shared
@@ -572,7 +650,7 @@ async fn rejoin(shared: &SessionShared, channel: &LeaseChannel) -> bool {
 }
 
 /// The task's last act: unregister, and answer `close` if it asked.
-async fn finish(shared: &SessionShared, channel: &LeaseChannel, request: CloseRequest) {
+async fn finish(shared: &SessionShared, channel: &SessionLeases, request: CloseRequest) {
     let result = unregister(shared, channel).await;
     if let Err(status) = &result {
         tracing::debug!(user_id = %shared.identity.user_id, %status, "unregister on close failed; the lease will expire");
@@ -582,7 +660,7 @@ async fn finish(shared: &SessionShared, channel: &LeaseChannel, request: CloseRe
     }
 }
 
-async fn unregister(shared: &SessionShared, channel: &LeaseChannel) -> Result<pb::UnregisterResponse, Status> {
+async fn unregister(shared: &SessionShared, channel: &SessionLeases) -> Result<pb::UnregisterResponse, Status> {
     channel
         .unregister(pb::UnregisterRequest {
             user_id: shared.identity.user_id.clone(),
