@@ -428,7 +428,11 @@ impl PresenceService {
     }
 
     async fn change_group(&self, request: Request<pb::GroupRequest>, join: bool) -> Answer<pb::GroupResponse> {
-        self.service_only(&request, if join { "JoinGroup" } else { "LeaveGroup" })?;
+        let operation = if join { "JoinGroup" } else { "LeaveGroup" };
+        self.service_only(&request, operation)?;
+        if self.context.ownership.is_cluster() {
+            return Err(ServiceError::GroupsPerNode { operation }.into());
+        }
         let request = request.get_ref();
         let group = wire::id("group_id", &request.group_id)?;
         let users = wire::nonempty_ids("user_ids", &request.user_ids)?;
