@@ -219,3 +219,24 @@ async fn b1_a_refused_field_travels_as_a_bad_request_detail() {
     assert_eq!(violation(client.set_status(status).await.unwrap_err()).0, "status.availability");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn b4_a_user_has_at_most_256_settings_and_replacing_one_is_always_allowed() {
+    let server = TestServer::start(fast_config()).await;
+    let mut client = server.client().await;
+    let put = |name: String, value: &[u8]| pb::PutSettingRequest { user_id: "ann".into(), name, value: value.to_vec() };
+    for i in 0..presence_server::MAX_SETTINGS_PER_USER {
+        client.put_setting(put(format!("s{i}"), b"v")).await.unwrap();
+    }
+    let refused = client.put_setting(put("one-more".into(), b"v")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("256 settings"), "{refused:?}");
+    client.put_setting(put("s0".into(), b"replaced")).await.expect("a name held is replaced");
+    let other = pb::PutSettingRequest { user_id: "bob".into(), name: "one-more".into(), value: b"v".to_vec() };
+    client.put_setting(other).await.expect("the limit is per user");
+    let settings = client.get_settings(pb::GetSettingsRequest { user_id: "ann".into() }).await.unwrap().into_inner();
+    assert_eq!(settings.settings.len(), 256);
+    assert_eq!(settings.settings["s0"], b"replaced");
+    assert!(!settings.settings.contains_key("one-more"));
+    server.stop().await;
+}

@@ -326,10 +326,35 @@ impl DurableStore {
     }
 
     /// Stores one setting; returns once it is on disk.
-    pub(crate) fn put_setting(&self, user_id: &str, name: &str, value: &[u8]) -> Result<(), DurableError> {
+    /// Writes one setting, unless it is a new name of a user that has
+    /// `most` settings already (then false, nothing written).
+    pub(crate) fn put_setting(
+        &self,
+        user_id: &str,
+        name: &str,
+        value: &[u8],
+        most: usize,
+    ) -> Result<bool, DurableError> {
         let txn = self.db.begin_write()?;
-        txn.open_table(SETTINGS)?.insert((user_id, name), value)?;
-        Ok(txn.commit()?)
+        {
+            let mut table = txn.open_table(SETTINGS)?;
+            if table.get((user_id, name))?.is_none() {
+                let mut held = 0;
+                for entry in table.range((user_id, "")..)? {
+                    let (key, _) = entry?;
+                    if key.value().0 != user_id || held >= most {
+                        break;
+                    }
+                    held += 1;
+                }
+                if held >= most {
+                    return Ok(false);
+                }
+            }
+            table.insert((user_id, name), value)?;
+        }
+        txn.commit()?;
+        Ok(true)
     }
 
     /// Every setting of a user, by name.
@@ -408,9 +433,11 @@ mod tests {
         let path = dir.join("durable.redb");
         {
             let store = DurableStore::open(&path).unwrap();
-            store.put_setting("alice", "visibility", b"audience").unwrap();
-            store.put_setting("alice", "status", b"away").unwrap();
-            store.put_setting("alicea", "status", b"other user").unwrap();
+            assert!(store.put_setting("alice", "visibility", b"audience", 2).unwrap());
+            assert!(store.put_setting("alice", "status", b"away", 2).unwrap());
+            assert!(!store.put_setting("alice", "third", b"past the most", 2).unwrap());
+            assert!(store.put_setting("alice", "status", b"away", 2).unwrap(), "a name held is replaced");
+            assert!(store.put_setting("alicea", "status", b"other user", 2).unwrap());
             store.record_activity(&[("alice".into(), 2_000), ("bob".into(), 1_000)]).unwrap();
             store.record_activity(&[("alice".into(), 1_500)]).unwrap(); // never backwards
         }
@@ -428,7 +455,7 @@ mod tests {
     fn c3_activity_and_settings_handed_over_replace_what_was_here_and_go_with_their_slots() {
         let dir = scratch("handed-over");
         let store = DurableStore::open(&dir.join("durable.redb")).unwrap();
-        store.put_setting("alice", "stale", b"gone after the handover").unwrap();
+        store.put_setting("alice", "stale", b"gone after the handover", 1).unwrap();
         store.record_activity(&[("alice".into(), 5_000)]).unwrap();
         let alice = HandedOver {
             user_id: "alice".into(),
@@ -493,7 +520,7 @@ mod tests {
             let status = Status { availability, text: text.into(), expires_at };
             store.write_status(user, Some(&status)).unwrap();
         }
-        store.put_setting("ann", "theme", b"dark").unwrap();
+        store.put_setting("ann", "theme", b"dark", 1).unwrap();
         store.record_activity(&[("ann".into(), 1_700_000_000_123), ("bob".into(), 1_700_000_000_456)]).unwrap();
     }
 

@@ -50,6 +50,14 @@ pub(crate) enum ServiceError {
     /// never tells which tokens or keys exist.
     #[error("{0}")]
     Unauthenticated(Cow<'static, str>),
+    /// A new setting of a user that has as many as one may have.
+    #[error("PutSetting: user {user_id} has {most} settings, the most one user may have; replace one of them")]
+    TooManySettings {
+        /// The user.
+        user_id: String,
+        /// The limit.
+        most: usize,
+    },
     /// A renewal shed under overload (B2): the next heartbeat carries the same information.
     #[error("renewal shed: the server is overloaded; the next heartbeat carries the same information")]
     RenewalShed,
@@ -179,7 +187,7 @@ impl ServiceError {
             ServiceError::Lease(LeaseError::InvalidArgument { .. }) => Code::InvalidArgument,
             ServiceError::PermissionDenied { .. } => Code::PermissionDenied,
             ServiceError::Unauthenticated(_) => Code::Unauthenticated,
-            ServiceError::RenewalShed => Code::ResourceExhausted,
+            ServiceError::RenewalShed | ServiceError::TooManySettings { .. } => Code::ResourceExhausted,
             ServiceError::RoomNotFound { .. } => Code::NotFound,
             ServiceError::RoomTooLarge { .. } => Code::FailedPrecondition,
             ServiceError::Durable(_) | ServiceError::ShuttingDown | ServiceError::NotOwner(_) => Code::Unavailable,

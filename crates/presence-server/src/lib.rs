@@ -65,7 +65,7 @@ pub use cluster::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
 pub use hub::{Delivery, Hub, Mailbox, Subscription};
 pub use leases::{LeasesStream, MAX_BATCH_ITEMS};
 pub use service::PresenceService;
-pub use settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES};
+pub use settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
 pub use watch::WatchStream;
 pub use wire::MAX_USERS_PER_REQUEST;
 

@@ -25,7 +25,7 @@ use crate::metrics::RenewResult;
 use crate::ops;
 use crate::privacy::{RelationChange, Shown};
 use crate::rooms::{self, RoomStream};
-use crate::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES};
+use crate::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
 use crate::watch::{self, WatchStream};
 use crate::wire;
 
@@ -396,8 +396,11 @@ impl PresenceApi for PresenceService {
             let reason = format!("{} bytes, more than the limit of {MAX_SETTING_VALUE_BYTES}", request.value.len());
             return Err(ServiceError::invalid("value", reason).into());
         }
+        let user_id = request.user_id.clone();
         let put = self.context.settings.put(request.user_id, request.name, request.value).await;
-        put.map_err(ServiceError::from)?;
+        if !put.map_err(ServiceError::from)? {
+            return Err(ServiceError::TooManySettings { user_id, most: MAX_SETTINGS_PER_USER }.into());
+        }
         Ok(Response::new(pb::PutSettingResponse {}))
     }
 

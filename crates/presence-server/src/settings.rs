@@ -19,6 +19,9 @@ use crate::durable::{DurableError, DurableStore, Named, run_blocking};
 pub const MAX_SETTING_NAME_BYTES: usize = 64;
 /// Largest setting value, in bytes.
 pub const MAX_SETTING_VALUE_BYTES: usize = 4_096;
+/// Most settings one user may have: with the two limits above, about 1 MiB
+/// at most, so that a user's data always fits a handover's piece (C3).
+pub const MAX_SETTINGS_PER_USER: usize = 256;
 
 /// Where settings live.
 #[derive(Debug)]
@@ -48,21 +51,29 @@ impl Settings {
         Settings { kept, changed: Mutex::default() }
     }
 
-    pub(crate) async fn put(&self, user_id: String, name: String, value: Vec<u8>) -> Result<(), DurableError> {
+    /// Writes one setting; false (nothing written) for a new name of a user
+    /// that has [`MAX_SETTINGS_PER_USER`] already.
+    pub(crate) async fn put(&self, user_id: String, name: String, value: Vec<u8>) -> Result<bool, DurableError> {
         let user = CompactString::from(user_id.as_str());
-        match &self.kept {
+        let written = match &self.kept {
             Kept::Memory(map) => {
-                map.lock().entry(user_id).or_default().insert(name, value);
+                let mut map = map.lock();
+                let named = map.entry(user_id).or_default();
+                let room = named.contains_key(&name) || named.len() < MAX_SETTINGS_PER_USER;
+                if room {
+                    named.insert(name, value);
+                }
+                room
             }
             Kept::Durable(store) => {
                 let store = Arc::clone(store);
-                run_blocking(move || store.put_setting(&user_id, &name, &value)).await?;
+                run_blocking(move || store.put_setting(&user_id, &name, &value, MAX_SETTINGS_PER_USER)).await?
             }
-        }
-        if let Some(changed) = self.changed.lock().as_mut() {
+        };
+        if let (true, Some(changed)) = (written, self.changed.lock().as_mut()) {
             changed.insert(user);
         }
-        Ok(())
+        Ok(written)
     }
 
     pub(crate) async fn get(&self, user_id: String) -> Result<Named, DurableError> {

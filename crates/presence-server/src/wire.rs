@@ -25,7 +25,7 @@ use tonic::Code;
 use crate::error::ServiceError;
 use crate::metrics::{LATENCY_BUCKETS, Totals};
 use crate::privacy::{HandedOver, Released, Visibility};
-use crate::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES};
+use crate::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
 
 /// Most users one Snapshot or Watch may name.
 pub const MAX_USERS_PER_REQUEST: usize = 10_000;
@@ -650,6 +650,12 @@ pub(crate) fn handed_over(user: pb::HandedOverUser, now: u64) -> Result<HandedOv
         None => None,
     };
     let audience = user.audience.iter().map(|viewer| id("durable.audience", viewer)).collect::<Result<_, _>>()?;
+    if user.settings.len() > MAX_SETTINGS_PER_USER {
+        return Err(ServiceError::invalid(
+            "durable.settings",
+            format!("more than {MAX_SETTINGS_PER_USER} for one user"),
+        ));
+    }
     for (name, value) in &user.settings {
         if name.is_empty() || name.len() > MAX_SETTING_NAME_BYTES || value.len() > MAX_SETTING_VALUE_BYTES {
             return Err(ServiceError::invalid(
