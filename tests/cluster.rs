@@ -250,15 +250,12 @@ async fn c2_a_batch_sent_to_one_node_reaches_every_owner_and_any_node_answers_a_
 /// Every answer one node gave for `user`, asked directly (a forwarded
 /// request, so that a non-owner refuses rather than forwards) every 20 ms
 /// until told to stop: `(when, Ok(()) or the refusal)`.
-fn ask_repeatedly(url: String, user: String) -> Running<Vec<(Instant, Result<(), tonic::Status>)>> {
+fn ask_repeatedly(url: String, user: String) -> Asked {
     ask_repeatedly_at(tonic::transport::Endpoint::from_shared(url).unwrap(), user)
 }
 
 /// [`ask_repeatedly`] through `endpoint` (from a chosen local address).
-fn ask_repeatedly_at(
-    endpoint: tonic::transport::Endpoint,
-    user: String,
-) -> Running<Vec<(Instant, Result<(), tonic::Status>)>> {
+fn ask_repeatedly_at(endpoint: tonic::transport::Endpoint, user: String) -> Asked {
     let (stop, mut stopped) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(async move {
         let mut client = PresenceClient::new(endpoint.connect().await.unwrap());
@@ -274,6 +271,35 @@ fn ask_repeatedly_at(
         }
     });
     (stop, task)
+}
+
+/// Answers to a Snapshot asked again and again, as [`ask_repeatedly`] gathers them.
+type Asked = Running<Vec<(Instant, Result<(), tonic::Status>)>>;
+
+/// Once node-a was cut off at `cut`: waits until etcd has given all its
+/// slots away and `follower` answers for `user`, stops the two askers (of
+/// node-a, then of the follower) and asserts [`assert_one_owner_at_a_time`].
+async fn assert_taken_over_by_one_owner_at_a_time(
+    etcd: &EtcdServer,
+    follower: &TestServer,
+    user: &str,
+    old_epoch: i64,
+    cut: Instant,
+    [(stop_a, answers_a), (stop_follower, answers_follower)]: [Asked; 2],
+) {
+    let taken =
+        map_where(&etcd.client().await, "node-a's slots taken over", |map| map.owned_by("node-a").count() == 0).await;
+    let new_epoch = taken.owner(slot_of(user, SLOTS)).unwrap().epoch;
+    let deadline = Instant::now() + PATIENCE;
+    while forwarded_snapshot(&mut follower.client().await, user).await.is_err() {
+        assert!(Instant::now() < deadline, "the follower did not take the slot over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The askers hear the follower's answers too before they stop.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, _) = (stop_a.send(()), stop_follower.send(()));
+    let (answers_a, answers_follower) = (answers_a.await.unwrap(), answers_follower.await.unwrap());
+    assert_one_owner_at_a_time(&answers_a, &answers_follower, cut, (old_epoch, new_epoch));
 }
 
 /// The answers of node-a (cut off at `cut`) and of its slot's follower,
@@ -367,20 +393,8 @@ async fn c1_a_node_cut_off_from_etcd_that_answers_the_others_stops_acting_before
     // answers them, so it stops acting when its lease lapses (TTL 2 s less
     // the margin); etcd expires the lease, and the coordinator gives its
     // slots to their followers, which take them over with their copies.
-    let taken =
-        map_where(&etcd.client().await, "node-a's slots taken over", |map| map.owned_by("node-a").count() == 0).await;
-    let new_epoch = taken.owner(slot).unwrap().epoch;
-    let deadline = Instant::now() + PATIENCE;
-    while forwarded_snapshot(&mut follower.client().await, &user).await.is_err() {
-        assert!(Instant::now() < deadline, "the follower did not take the slot over");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // The askers hear the follower's answers too before they stop.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (_, _) = (stop_a.send(()), stop_follower.send(()));
-    let (answers_a, answers_follower) = (answers_a.await.unwrap(), answers_follower.await.unwrap());
-
-    assert_one_owner_at_a_time(&answers_a, &answers_follower, cut, (old_epoch, new_epoch));
+    let asked = [(stop_a, answers_a), (stop_follower, answers_follower)];
+    assert_taken_over_by_one_owner_at_a_time(&etcd, follower, &user, old_epoch, cut, asked).await;
     // node-a's Watch ended when it stopped acting, so that its viewer reopens elsewhere.
     let ended = next_event(&mut watch).await.unwrap_err();
     assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
@@ -475,18 +489,8 @@ async fn c1_an_owner_partitioned_from_etcd_and_the_other_nodes_stops_acting_befo
     // node-a hears neither etcd nor the other nodes: it cannot tell an etcd
     // outage from its own cut, so it stops at its lease's end; etcd expires
     // the lease and the follower takes the slot over from its copy.
-    let taken =
-        map_where(&etcd.client().await, "node-a's slots taken over", |map| map.owned_by("node-a").count() == 0).await;
-    let new_epoch = taken.owner(slot).unwrap().epoch;
-    let deadline = Instant::now() + PATIENCE;
-    while forwarded_snapshot(&mut follower.client().await, &user).await.is_err() {
-        assert!(Instant::now() < deadline, "the follower did not take the slot over");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (_, _) = (stop_a.send(()), stop_follower.send(()));
-    let (answers_a, answers_follower) = (answers_a.await.unwrap(), answers_follower.await.unwrap());
-    assert_one_owner_at_a_time(&answers_a, &answers_follower, cut, (old_epoch, new_epoch));
+    let asked = [(stop_a, answers_a), (stop_follower, answers_follower)];
+    assert_taken_over_by_one_owner_at_a_time(&etcd, follower, &user, old_epoch, cut, asked).await;
 
     // The partition heals: node-a joins again, drops what it held and names the new owner.
     lab.heal(0).unwrap();
