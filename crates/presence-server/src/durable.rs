@@ -338,18 +338,8 @@ impl DurableStore {
         let txn = self.db.begin_write()?;
         {
             let mut table = txn.open_table(SETTINGS)?;
-            if table.get((user_id, name))?.is_none() {
-                let mut held = 0;
-                for entry in table.range((user_id, "")..)? {
-                    let (key, _) = entry?;
-                    if key.value().0 != user_id || held >= most {
-                        break;
-                    }
-                    held += 1;
-                }
-                if held >= most {
-                    return Ok(false);
-                }
+            if table.get((user_id, name))?.is_none() && seconds_of(&table, user_id)?.len() >= most {
+                return Ok(false);
             }
             table.insert((user_id, name), value)?;
         }
@@ -396,11 +386,12 @@ impl DurableStore {
     }
 }
 
-/// Removes every `(user, _)` key of `table` (a user's grants, its settings).
-fn remove_every_key_of<V: redb::Value + 'static>(
-    table: &mut redb::Table<'_, (&'static str, &'static str), V>,
+/// The second halves of the `(user, _)` keys of `table`: a user's granted
+/// viewers, its setting names.
+fn seconds_of<V: redb::Value + 'static>(
+    table: &impl ReadableTable<(&'static str, &'static str), V>,
     user: &str,
-) -> Result<(), DurableError> {
+) -> Result<Vec<String>, DurableError> {
     let mut seconds = Vec::new();
     for entry in table.range((user, "")..)? {
         let (key, _) = entry?;
@@ -410,7 +401,15 @@ fn remove_every_key_of<V: redb::Value + 'static>(
         }
         seconds.push(second.to_owned());
     }
-    for second in seconds {
+    Ok(seconds)
+}
+
+/// Removes every `(user, _)` key of `table` (a user's grants, its settings).
+fn remove_every_key_of<V: redb::Value + 'static>(
+    table: &mut redb::Table<'_, (&'static str, &'static str), V>,
+    user: &str,
+) -> Result<(), DurableError> {
+    for second in seconds_of(table, user)? {
         table.remove((user, second.as_str()))?;
     }
     Ok(())
