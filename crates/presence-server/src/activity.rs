@@ -40,8 +40,8 @@ pub(crate) struct Activity {
     /// longer than this is forgotten, as the store forgets long-offline users
     /// (B6); 0 never forgets.
     forget_idle_after: Tick,
-    /// Users whose activity moved since a follower was last sent them (C4);
-    /// `None` unless tracked.
+    /// Users whose activity was due to be written since a follower was last
+    /// sent them (C4); `None` unless tracked.
     changed: Mutex<Option<HashSet<CompactString>>>,
 }
 
@@ -62,7 +62,14 @@ impl Activity {
         self.changed.lock().get_or_insert_with(HashSet::new);
     }
 
-    /// The users whose activity moved since the last call.
+    fn note_changed<'a>(&self, users: impl IntoIterator<Item = &'a str>) {
+        if let Some(changed) = self.changed.lock().as_mut() {
+            changed.extend(users.into_iter().map(CompactString::from));
+        }
+    }
+
+    /// The users whose activity moved since the last call: at most once a
+    /// write interval each, with the writes to disk (S2).
     pub(crate) fn take_changed(&self) -> Vec<CompactString> {
         self.changed.lock().as_mut().map(|changed| changed.drain().collect()).unwrap_or_default()
     }
@@ -114,15 +121,15 @@ impl Activity {
                 written_at: 0,
             });
             entry.last_active_at = entry.last_active_at.max(now);
-            if let Some(changed) = self.changed.lock().as_mut() {
-                changed.insert(CompactString::from(user_id));
-            }
             let due = entry.written_at == 0 || now.saturating_sub(entry.written_at) >= self.write_interval;
             if due && self.durable.is_some() {
                 entry.written_at = now;
             }
             (entry.last_active_at, due)
         };
+        if write {
+            self.note_changed([user_id]);
+        }
         if let (true, Some(durable)) = (write, &self.durable) {
             let durable = Arc::clone(durable);
             let entries = vec![(user_id.to_owned(), last_active_at)];
@@ -189,6 +196,9 @@ impl Activity {
         if batch.is_empty() {
             return Ok(0);
         }
+        // The follower is sent activity as the disk is: at most once an
+        // interval per user (what a takeover may lose is what a crash may).
+        self.note_changed(batch.iter().map(|(id, _)| id.as_str()));
         let written = batch.len();
         let store = Arc::clone(durable);
         let entries = batch.clone();
@@ -245,5 +255,25 @@ mod tests {
         never.touch("u", 1).await.unwrap();
         never.flush(u64::MAX, false).await.unwrap();
         assert_eq!(never.last_active_at(&["u"]).await.unwrap(), [1], "0 never forgets");
+    }
+
+    #[tokio::test]
+    async fn c4_a_follower_is_sent_activity_as_the_disk_is_at_most_once_an_interval() {
+        let dir = std::env::temp_dir().join(format!("presenced-activity-follow-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = Arc::new(DurableStore::open(&dir.join("durable.redb")).unwrap());
+        let activity = Activity::new(Some(store), Duration::from_secs(60), 0);
+        activity.track_changes();
+        activity.touch("ann", 1_000).await.unwrap();
+        assert_eq!(activity.take_changed(), ["ann"], "the first touch is written, and sent");
+        activity.touch("ann", 2_000).await.unwrap();
+        activity.touch("ann", 3_000).await.unwrap();
+        activity.flush(30_000, false).await.unwrap();
+        assert!(activity.take_changed().is_empty(), "touches within the interval wait for it");
+        activity.flush(61_000, false).await.unwrap();
+        assert_eq!(activity.take_changed(), ["ann"], "the interval's last touch goes with its write");
+        assert_eq!(activity.in_slots(&SlotSet::of(1, [0])).await.unwrap(), [("ann".into(), 3_000)]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
