@@ -126,11 +126,16 @@ export class EtcdFollower {
   private async load(): Promise<string> {
     const failures: string[] = [];
     for (const endpoint of this.endpoints) {
+      // Given up after the timeout, or at close (AbortSignal.any needs Node 20.3).
+      const load = new AbortController();
+      const timer = setTimeout(() => load.abort(), LOAD_TIMEOUT_MS);
+      const onClose = () => load.abort();
+      this.abort.signal.addEventListener("abort", onClose);
       try {
         const response = await fetch(`${endpoint}/v3/kv/range`, {
           method: "POST",
           body: JSON.stringify({ key: toBase64(this.prefix), range_end: prefixEnd(this.prefix) }),
-          signal: AbortSignal.any([this.abort.signal, AbortSignal.timeout(LOAD_TIMEOUT_MS)]),
+          signal: load.signal,
         });
         if (!response.ok) throw new Error(`HTTP ${response.status}: ${await response.text()}`);
         const answer = (await response.json()) as RangeAnswer;
@@ -144,6 +149,9 @@ export class EtcdFollower {
         return endpoint;
       } catch (error) {
         failures.push(`${endpoint}: ${error instanceof Error ? error.message : String(error)}`);
+      } finally {
+        clearTimeout(timer);
+        this.abort.signal.removeEventListener("abort", onClose);
       }
     }
     throw new Error(`cannot read the slot map from etcd (${failures.join("; ")})`);
