@@ -1173,21 +1173,25 @@ async fn c3_every_slot_of_a_node_moves_while_100k_sessions_renew_and_nobody_flip
     const SESSIONS: usize = 100_000;
     const CHUNK: usize = 2_000;
     const TTL_MS: u32 = 10_000;
+    // The users that leave or arrive are not renewed: their leases outlast
+    // the churn, however slowly it runs one at a time (60 s: the most a
+    // lease may ask for here).
+    const CHURN_TTL_MS: u32 = 60_000;
     let etcd = EtcdServer::start().await;
     let (servers, map) = three_nodes_with(&etcd, fast_config, false).await;
     let leases =
         std::sync::Arc::new(ClusterLeases::new(&servers[2].url(), SLOTS, LeaseChannelConfig::default()).unwrap());
     leases.follow_etcd(std::slice::from_ref(&etcd.endpoint), PREFIX).await.unwrap();
-    let with_ttl = |mut item: pb::LeaseItem| {
+    let with_ttl = |mut item: pb::LeaseItem, ttl_ms: u32| {
         if let Some(pb::lease_item::Op::Register(register)) = item.op.as_mut() {
-            register.ttl_ms = TTL_MS;
+            register.ttl_ms = ttl_ms;
         }
         item
     };
     let users: Vec<String> = (0..SESSIONS).map(|i| format!("steady-{i}")).collect();
     let mut generations: Vec<(String, u64)> = Vec::with_capacity(SESSIONS);
     for chunk in users.chunks(CHUNK) {
-        let results = leases.submit_batch(chunk.iter().map(|user| with_ttl(register(user))).collect()).await;
+        let results = leases.submit_batch(chunk.iter().map(|user| with_ttl(register(user), TTL_MS)).collect()).await;
         for (user, result) in chunk.iter().zip(results) {
             match lease_result(result) {
                 Ok(pb::lease_result::Result::Register(registered)) => {
@@ -1201,7 +1205,7 @@ async fn c3_every_slot_of_a_node_moves_while_100k_sessions_renew_and_nobody_flip
     let leaving: Vec<String> = (0..1_000).map(|i| format!("leaving-{i}")).collect();
     let mut leaving_generations = Vec::new();
     for user in &leaving {
-        match lease_result(until_not_refused(&leases, with_ttl(register(user))).await) {
+        match lease_result(until_not_refused(&leases, with_ttl(register(user), CHURN_TTL_MS)).await) {
             Ok(pb::lease_result::Result::Register(registered)) => leaving_generations.push(registered.generation),
             other => panic!("{user}: {other:?}"),
         }
@@ -1272,7 +1276,7 @@ async fn c3_every_slot_of_a_node_moves_while_100k_sessions_renew_and_nobody_flip
                 };
                 let item = pb::LeaseItem { op: Some(pb::lease_item::Op::Unregister(unregister)) };
                 answers.push((gone.clone(), until_not_refused(&leases, item).await));
-                answers.push((new.clone(), until_not_refused(&leases, with_ttl(register(new))).await));
+                answers.push((new.clone(), until_not_refused(&leases, with_ttl(register(new), CHURN_TTL_MS)).await));
             }
             answers
         })
