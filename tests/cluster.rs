@@ -1337,7 +1337,7 @@ async fn c3_every_slot_of_a_node_moves_while_100k_sessions_renew_and_nobody_flip
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c2_what_is_not_cluster_wide_yet_is_refused_saying_so() {
+async fn c2_rooms_are_not_cluster_wide_yet_and_are_refused_saying_so() {
     let etcd = EtcdServer::start().await;
     let (servers, _) = three_nodes(&etcd).await;
     let mut client = servers[0].client().await;
@@ -1354,20 +1354,6 @@ async fn c2_what_is_not_cluster_wide_yet_is_refused_saying_so() {
         (
             "SetRoomAccess",
             client.set_room_access(pb::SetRoomAccessRequest { room_id: "lobby".into(), access: 2 }).await.map(drop),
-        ),
-        (
-            "JoinGroup",
-            client
-                .join_group(pb::GroupRequest { group_id: "team".into(), user_ids: vec!["ann".into(), "bob".into()] })
-                .await
-                .map(drop),
-        ),
-        (
-            "LeaveGroup",
-            client
-                .leave_group(pb::GroupRequest { group_id: "team".into(), user_ids: vec!["ann".into()] })
-                .await
-                .map(drop),
         ),
     ];
     for (operation, answer) in refusals {
@@ -1645,6 +1631,131 @@ async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_
         pb::UnregisterRequest { user_id: private.clone(), session_id: "s".into(), generation, ..Default::default() };
     let unregistered = leases.unregister(request).await.unwrap();
     assert!(unregistered.removed && unregistered.changed, "{unregistered:?}");
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+/// Whether `viewer` sees `user` ONLINE, asked at `client`'s node.
+async fn sees_online(client: &mut PresenceClient<Channel>, viewer: &str, user: &str) -> bool {
+    let request = pb::SnapshotRequest { user_ids: vec![user.into()], viewer_id: viewer.into() };
+    client.snapshot(request).await.unwrap().into_inner().users.remove(0).state == pb::State::Online as i32
+}
+
+/// The group ledger a node holds, sorted.
+async fn group_ledger(server: &TestServer) -> Vec<(String, String, u64, bool)> {
+    let mut cluster = presence_proto::v1::cluster_client::ClusterClient::connect(server.url()).await.unwrap();
+    let mut pieces = cluster.group_ledger(pb::GroupLedgerRequest { digest: 0 }).await.unwrap().into_inner();
+    let mut entries = Vec::new();
+    while let Some(piece) = pieces.message().await.unwrap() {
+        entries
+            .extend(piece.entries.into_iter().map(|entry| (entry.group_id, entry.user_id, entry.stamp, entry.member)));
+    }
+    entries.sort();
+    entries
+}
+
+fn group(group: &str, users: &[&str]) -> pb::GroupRequest {
+    pb::GroupRequest { group_id: group.into(), user_ids: users.iter().map(|user| (*user).into()).collect() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p4_group_memberships_written_at_any_node_hold_at_every_node_and_a_node_that_joins_later_catches_up() {
+    let etcd = EtcdServer::start().await;
+    let mut servers = Vec::new();
+    for node in &NODES[..2] {
+        servers.push(TestServer::start_with(|addr| node_config(&etcd, node, addr)).await);
+    }
+    let client = etcd.client().await;
+    let map = map_where(&client, "node-a and node-b share the slots", |map| {
+        NODES[..2].iter().all(|node| map.owned_by(node).count() > 0)
+    })
+    .await;
+    // Users shown to their audience only, online, spread over both nodes.
+    let users: Vec<String> = (0..60).map(|i| format!("member-{i}")).collect();
+    let (_leases, _) = register_all(&servers[0], &users).await;
+    let owner_index = |map: &presence_cluster::SlotMap, user: &str| {
+        let owner = map.owner(slot_of(user, SLOTS)).unwrap().node.clone();
+        NODES.iter().position(|node| *node == owner).unwrap()
+    };
+    for user in &users {
+        let request = pb::SetVisibilityRequest {
+            user_id: user.clone(),
+            visibility: pb::Visibility::Audience as i32,
+            ..Default::default()
+        };
+        servers[owner_index(&map, user)].client().await.set_visibility(request).await.unwrap();
+    }
+    let ann = users.iter().find(|user| owner_index(&map, user) == 0).unwrap().clone();
+    let (mut at_a, mut at_b) = (servers[0].client().await, servers[1].client().await);
+
+    // bob watches ann (owned by node-a) through node-b: hidden, so offline.
+    let watch = pb::WatchRequest { user_ids: vec![ann.clone()], viewer_id: "bob".into(), ..Default::default() };
+    let mut stream = at_b.watch(watch).await.unwrap().into_inner();
+    let Some(pb::watch_event::Event::Snapshot(first)) = next_event(&mut stream).await.unwrap().event else {
+        panic!("a watch opens with a snapshot")
+    };
+    assert_eq!(first.users[0].state, pb::State::Offline as i32, "hidden from bob: {first:?}");
+
+    // Joined at node-b, a node that owns neither: node-a shows ann to bob
+    // as soon as the call returns, and bob's open stream shows her online.
+    at_b.join_group(group("team", &[&ann, "bob"])).await.unwrap();
+    assert!(sees_online(&mut at_a, "bob", &ann).await, "node-a took the join before the call returned");
+    let update = next_event(&mut stream).await.unwrap();
+    let Some(pb::watch_event::Event::Update(shown)) = update.event else { panic!("an update: {update:?}") };
+    assert_eq!((shown.user_id.as_str(), shown.state), (ann.as_str(), pb::State::Online as i32));
+
+    // Left at node-a, another node than the join's: hidden again at once, everywhere.
+    at_a.leave_group(group("team", &["bob"])).await.unwrap();
+    for client in [&mut at_a, &mut at_b] {
+        assert!(!sees_online(client, "bob", &ann).await, "bob left the group");
+    }
+    let update = next_event(&mut stream).await.unwrap();
+    let Some(pb::watch_event::Event::Update(hidden)) = update.event else { panic!("an update: {update:?}") };
+    assert_eq!((hidden.user_id.as_str(), hidden.state), (ann.as_str(), pb::State::Offline as i32));
+    assert!(hidden.version > shown.version, "versions never go back (M4)");
+
+    // Joins and leaves of the same pairs at both nodes at once end the same at both.
+    let mut racing = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let (mut at_a, mut at_b) = (at_a.clone(), at_b.clone());
+        racing.spawn(async move {
+            let (user, crew) = (format!("member-{i}"), format!("crew-{}", i % 3));
+            let (joined, left) = tokio::join!(
+                at_a.join_group(group(&crew, &[&user, "dave"])),
+                at_b.leave_group(group(&crew, &[&user])),
+            );
+            joined.unwrap();
+            left.unwrap();
+        });
+    }
+    while let Some(raced) = racing.join_next().await {
+        raced.unwrap();
+    }
+
+    // All the users and dave in "crowd", before node-c exists.
+    let everyone: Vec<&str> = users.iter().map(String::as_str).chain(["dave"]).collect();
+    at_a.join_group(group("crowd", &everyone)).await.unwrap();
+    let ledger = group_ledger(&servers[0]).await;
+    assert_eq!(group_ledger(&servers[1]).await, ledger, "node-a and node-b hold the same ledger");
+    assert!(ledger.iter().any(|(group, _, _, member)| group == "team" && !member), "the leave is kept as an entry");
+
+    // node-c joins and is given slots with their users: it catches up with
+    // the ledger, so it shows its users to dave (crowd) and not to erin.
+    servers.push(TestServer::start_with(|addr| node_config(&etcd, "node-c", addr)).await);
+    let map = map_where(&client, "node-c owns its share", |map| map.owned_by("node-c").count() >= 20).await;
+    let deadline = Instant::now() + PATIENCE;
+    while group_ledger(&servers[2]).await != ledger {
+        assert!(Instant::now() < deadline, "node-c caught up with the ledger within {PATIENCE:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut at_c = servers[2].client().await;
+    let on_c: Vec<&String> = users.iter().filter(|user| owner_index(&map, user) == 2).collect();
+    assert!(on_c.len() >= 5, "node-c owns {} of the users", on_c.len());
+    for user in on_c {
+        assert!(sees_online(&mut at_c, "dave", user).await, "{user} is in dave's crowd");
+        assert!(!sees_online(&mut at_c, "erin", user).await, "{user} shares no group with erin");
+    }
     for server in servers {
         server.stop().await;
     }

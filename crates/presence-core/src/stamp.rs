@@ -27,26 +27,26 @@ pub const MAX_STAMP: u64 = u64::MAX >> 1;
 
 /// Issues strictly increasing stamps.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct StampClock {
+pub struct StampClock {
     /// The last stamp issued; every later one is greater.
     last: u64,
 }
 
 impl StampClock {
     /// The last stamp issued.
-    pub(crate) fn last(&self) -> u64 {
+    pub fn last(&self) -> u64 {
         self.last
     }
 
     /// Makes every later stamp greater than `stamp` (a restored checkpoint's,
     /// at most [`MAX_STAMP`]).
-    pub(crate) fn raise_to(&mut self, stamp: u64) {
+    pub fn raise_to(&mut self, stamp: u64) {
         debug_assert!(stamp <= MAX_STAMP, "a restored stamp {stamp} beyond any a store issues");
         self.last = self.last.max(stamp);
     }
 
     /// A stamp greater than every earlier one and not below `now`'s floor.
-    pub(crate) fn next(&mut self, now: Tick) -> u64 {
+    pub fn next(&mut self, now: Tick) -> u64 {
         let floor = now.min(MAX_TICK) << COUNTER_BITS;
         self.last = floor.max(self.last + 1);
         self.last

@@ -146,6 +146,9 @@ impl PreparedServer {
         if context.replica.is_some() {
             crate::user_data::track_changes(&context);
         }
+        if context.ownership.is_cluster() {
+            context.privacy.keep_group_tombstones();
+        }
         let context = Arc::new(context);
         if let Some(stored) = stored {
             context.privacy.load(stored, started);

@@ -527,6 +527,13 @@ impl Membership {
         self.nodes.current()
     }
 
+    /// Every other live node as last seen, with its address.
+    pub(crate) fn others(&self) -> Vec<(String, String)> {
+        let nodes = self.nodes();
+        let others = nodes.ids().into_iter().filter(|node| node != self.node());
+        others.filter_map(|node| nodes.address(&node).map(str::to_owned).map(|address| (node, address))).collect()
+    }
+
     /// Whether this node may act on its slots now.
     pub(crate) fn acting_now(&self) -> bool {
         self.is_acting(Instant::now())

@@ -17,6 +17,7 @@ use std::path::Path;
 use presence_core::{Availability, SlotSet, Status};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
+use crate::groups::GroupEntry;
 use crate::privacy::{HandedOver, RelationChange, Visibility};
 
 /// One user's settings, by name, in name order.
@@ -30,8 +31,12 @@ const ACTIVITY: TableDefinition<'_, &str, u64> = TableDefinition::new("activity"
 const VISIBILITY: TableDefinition<'_, &str, u8> = TableDefinition::new("visibility");
 /// (user id, viewer id) -> (): the viewers a user granted.
 const GRANTS: TableDefinition<'_, (&str, &str), ()> = TableDefinition::new("grants");
-/// (group id, user id) -> (): group memberships.
+/// (group id, user id) -> (): group memberships as builds before the group
+/// ledger kept them; moved into [`GROUP_ENTRIES`] when the store is opened.
 const MEMBERS: TableDefinition<'_, (&str, &str), ()> = TableDefinition::new("members");
+/// (group id, user id) -> (stamp, member): the group ledger (`groups.rs`),
+/// members and, in a cluster, the leaves it keeps.
+const GROUP_ENTRIES: TableDefinition<'_, (&str, &str), (u64, bool)> = TableDefinition::new("group_entries");
 /// user id -> status: availability as a [`stored`] code (u8), expires_at u64
 /// little-endian (0 = never), then the text's UTF-8 bytes.
 const STATUS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("status");
@@ -109,8 +114,8 @@ pub(crate) struct Relations {
     pub(crate) visibility: Vec<(String, Visibility)>,
     /// (user, viewer) grants.
     pub(crate) grants: Vec<(String, String)>,
-    /// (group, user) memberships.
-    pub(crate) members: Vec<(String, String)>,
+    /// The group ledger's entries.
+    pub(crate) groups: Vec<GroupEntry>,
     /// (user, status).
     pub(crate) statuses: Vec<(String, Status)>,
 }
@@ -162,8 +167,21 @@ impl DurableStore {
         txn.open_table(ACTIVITY)?;
         txn.open_table(VISIBILITY)?;
         txn.open_table(GRANTS)?;
-        txn.open_table(MEMBERS)?;
         txn.open_table(STATUS)?;
+        {
+            // Memberships an earlier build kept become ledger entries older
+            // than any write stamped since (stamp 0).
+            let mut members = txn.open_table(MEMBERS)?;
+            let mut entries = txn.open_table(GROUP_ENTRIES)?;
+            for entry in members.iter()? {
+                let (key, _) = entry?;
+                let (group, user) = key.value();
+                if entries.get((group, user))?.is_none() {
+                    entries.insert((group, user), (0, true))?;
+                }
+            }
+            members.retain(|_, ()| false)?;
+        }
         txn.commit()?;
         Ok(DurableStore { db })
     }
@@ -175,17 +193,50 @@ impl DurableStore {
             RelationChange::Visibility { user, visibility } => {
                 txn.open_table(VISIBILITY)?.insert(user.as_str(), stored::visibility_code(*visibility))?;
             }
-            RelationChange::Audience { user, viewers: others, grant: add }
-            | RelationChange::Membership { group: user, users: others, join: add } => {
-                let table = if matches!(change, RelationChange::Audience { .. }) { GRANTS } else { MEMBERS };
-                let mut table = txn.open_table(table)?;
-                for other in others {
-                    let key = (user.as_str(), other.as_str());
-                    if *add {
+            RelationChange::Audience { user, viewers, grant } => {
+                let mut table = txn.open_table(GRANTS)?;
+                for viewer in viewers {
+                    let key = (user.as_str(), viewer.as_str());
+                    if *grant {
                         table.insert(key, ())?;
                     } else {
                         table.remove(key)?;
                     }
+                }
+            }
+        }
+        Ok(txn.commit()?)
+    }
+
+    /// Writes group ledger entries (each newer than the one stored) in one
+    /// transaction; a leave is kept only with `keep_tombstones`. Returns once
+    /// it is on disk.
+    pub(crate) fn write_groups(&self, entries: &[GroupEntry], keep_tombstones: bool) -> Result<(), DurableError> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut table = txn.open_table(GROUP_ENTRIES)?;
+            for entry in entries {
+                let key = (entry.group.as_str(), entry.user.as_str());
+                if entry.member || keep_tombstones {
+                    table.insert(key, (entry.stamp, entry.member))?;
+                } else {
+                    table.remove(key)?;
+                }
+            }
+        }
+        Ok(txn.commit()?)
+    }
+
+    /// Deletes the given group ledger entries where no newer one replaced them.
+    pub(crate) fn forget_group_entries(&self, entries: &[GroupEntry]) -> Result<(), DurableError> {
+        let txn = self.db.begin_write()?;
+        {
+            let mut table = txn.open_table(GROUP_ENTRIES)?;
+            for entry in entries {
+                let key = (entry.group.as_str(), entry.user.as_str());
+                let stored = table.get(key)?.map(|value| value.value());
+                if stored == Some((entry.stamp, entry.member)) {
+                    table.remove(key)?;
                 }
             }
         }
@@ -310,10 +361,10 @@ impl DurableStore {
             let (user, viewer) = key.value();
             relations.grants.push((user.to_owned(), viewer.to_owned()));
         }
-        for entry in txn.open_table(MEMBERS)?.iter()? {
-            let (key, _) = entry?;
-            let (group, user) = key.value();
-            relations.members.push((group.to_owned(), user.to_owned()));
+        for entry in txn.open_table(GROUP_ENTRIES)?.iter()? {
+            let (key, value) = entry?;
+            let ((group, user), (stamp, member)) = (key.value(), value.value());
+            relations.groups.push(GroupEntry { group: group.into(), user: user.into(), stamp, member });
         }
         for entry in txn.open_table(STATUS)?.iter()? {
             let (user, bytes) = entry?;
@@ -503,13 +554,9 @@ mod tests {
                 grant: true,
             })
             .unwrap();
-        store
-            .write_relations(&RelationChange::Membership {
-                group: "team".into(),
-                users: ids(&["ann", "dan"]),
-                join: true,
-            })
-            .unwrap();
+        let joined =
+            ["ann", "dan"].map(|user| GroupEntry { group: "team".into(), user: user.into(), stamp: 0, member: true });
+        store.write_groups(&joined, false).unwrap();
         let statuses = [
             ("ann", Availability::Available, "", None),
             ("bob", Availability::Away, "lunch", Some(1_800_000_000_000)),
@@ -521,6 +568,36 @@ mod tests {
         }
         store.put_setting("ann", "theme", b"dark", 1).unwrap();
         store.record_activity(&[("ann".into(), 1_700_000_000_123), ("bob".into(), 1_700_000_000_456)]).unwrap();
+    }
+
+    /// Memberships kept by builds before the group ledger become its
+    /// entries, once; leaves are kept only when asked, and a forgotten
+    /// tombstone goes only if no newer entry replaced it.
+    #[test]
+    fn b4_group_memberships_move_into_the_ledger_and_tombstones_stay_as_asked() {
+        let path = scratch("groups").join("durable.redb");
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(MEMBERS).unwrap().insert(("team", "ann"), ()).unwrap();
+            txn.commit().unwrap();
+        }
+        let entry = |user: &str, stamp: u64, member: bool| GroupEntry {
+            group: "team".into(),
+            user: user.into(),
+            stamp,
+            member,
+        };
+        let store = DurableStore::open(&path).unwrap();
+        assert_eq!(store.relations().unwrap().groups, [entry("ann", 0, true)]);
+        store.write_groups(&[entry("ann", 5, false), entry("bob", 6, true)], true).unwrap();
+        store.write_groups(&[entry("cid", 7, true)], false).unwrap();
+        store.write_groups(&[entry("cid", 8, false)], false).unwrap();
+        drop(store);
+        let store = DurableStore::open(&path).unwrap();
+        assert_eq!(store.relations().unwrap().groups, [entry("ann", 5, false), entry("bob", 6, true)]);
+        store.forget_group_entries(&[entry("ann", 5, false), entry("bob", 4, false)]).unwrap();
+        assert_eq!(store.relations().unwrap().groups, [entry("bob", 6, true)]);
     }
 
     #[test]
@@ -545,7 +622,13 @@ mod tests {
             ]
         );
         assert_eq!(relations.grants, [("ann".into(), "bob".into()), ("ann".into(), "cat".into())]);
-        assert_eq!(relations.members, [("team".into(), "ann".into()), ("team".into(), "dan".into())]);
+        // Written as an earlier build kept memberships, read as ledger entries.
+        let groups: Vec<(&str, &str, u64, bool)> = relations
+            .groups
+            .iter()
+            .map(|entry| (entry.group.as_str(), entry.user.as_str(), entry.stamp, entry.member))
+            .collect();
+        assert_eq!(groups, [("team", "ann", 0, true), ("team", "dan", 0, true)]);
         let statuses: Vec<(String, Availability, String, Option<u64>)> = relations
             .statuses
             .into_iter()
@@ -605,10 +688,12 @@ mod tests {
             let (key, value) = entry.unwrap();
             rows.push(format!("status {:?} {:?}", key.value(), value.value()));
         }
-        for (name, table) in [("grants", GRANTS), ("members", MEMBERS)] {
-            for entry in txn.open_table(table).unwrap().iter().unwrap() {
-                rows.push(format!("{name} {:?}", entry.unwrap().0.value()));
-            }
+        for entry in txn.open_table(GRANTS).unwrap().iter().unwrap() {
+            rows.push(format!("grants {:?}", entry.unwrap().0.value()));
+        }
+        for entry in txn.open_table(GROUP_ENTRIES).unwrap().iter().unwrap() {
+            let (key, value) = entry.unwrap();
+            rows.push(format!("group_entries {:?} {:?}", key.value(), value.value()));
         }
         for entry in txn.open_table(SETTINGS).unwrap().iter().unwrap() {
             let (key, value) = entry.unwrap();

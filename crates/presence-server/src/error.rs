@@ -112,18 +112,6 @@ pub(crate) enum ServiceError {
         /// The RPC refused.
         operation: &'static str,
     },
-    /// A group change in cluster mode: a group's members are spread over
-    /// the nodes, and a relation kept at the node called only would answer
-    /// audiences differently at each (a LeaveGroup at another node than the
-    /// JoinGroup would leave the user shown, against P4).
-    #[error(
-        "{operation}: this node is one of a cluster, and group relations are not kept across the nodes yet; \
-         grant audiences per viewer (GrantAudience), which go with their user"
-    )]
-    GroupsPerNode {
-        /// The RPC refused.
-        operation: &'static str,
-    },
     /// A Cluster RPC at a node that is not one of a cluster.
     #[error("{operation}: this node is not one of a cluster (serve --etcd)")]
     NotClustered {
@@ -191,10 +179,9 @@ impl ServiceError {
             ServiceError::RoomNotFound { .. } => Code::NotFound,
             ServiceError::RoomTooLarge { .. } => Code::FailedPrecondition,
             ServiceError::Durable(_) | ServiceError::ShuttingDown | ServiceError::NotOwner(_) => Code::Unavailable,
-            ServiceError::RoomsPerNode { .. }
-            | ServiceError::GroupsPerNode { .. }
-            | ServiceError::NotClustered { .. }
-            | ServiceError::MoveRefused(_) => Code::FailedPrecondition,
+            ServiceError::RoomsPerNode { .. } | ServiceError::NotClustered { .. } | ServiceError::MoveRefused(_) => {
+                Code::FailedPrecondition
+            }
             ServiceError::MoveAborted(_) => Code::Aborted,
             ServiceError::Etcd(_) => Code::Unavailable,
             ServiceError::Peer { status, .. } => status.code(),

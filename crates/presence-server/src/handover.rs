@@ -379,6 +379,29 @@ impl Cluster for ClusterService {
         self.service_only(&request, "EtcdReach")?;
         Ok(Response::new(crate::outage::answer(membership(&self.context, "EtcdReach")?).await))
     }
+
+    async fn merge_groups(
+        &self,
+        request: Request<pb::GroupEntries>,
+    ) -> Result<Response<pb::MergeGroupsResponse>, Status> {
+        self.service_only(&request, "MergeGroups")?;
+        membership(&self.context, "MergeGroups")?;
+        let entries = wire::group_entries(request.into_inner())?;
+        let newer = self.context.privacy.merge_groups(entries).await?.len();
+        Ok(Response::new(pb::MergeGroupsResponse { newer: u32::try_from(newer).unwrap_or(u32::MAX) }))
+    }
+
+    type GroupLedgerStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::GroupEntries, Status>>>;
+
+    async fn group_ledger(
+        &self,
+        request: Request<pb::GroupLedgerRequest>,
+    ) -> Result<Response<Self::GroupLedgerStream>, Status> {
+        self.service_only(&request, "GroupLedger")?;
+        membership(&self.context, "GroupLedger")?;
+        let pieces = crate::group_sync::ledger_pieces(&self.context, request.get_ref().digest);
+        Ok(Response::new(tokio_stream::iter(pieces.into_iter().map(Ok).collect::<Vec<_>>())))
+    }
 }
 
 /// `slots` of a cluster of `slot_count`, checked against this one's.

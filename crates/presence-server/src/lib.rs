@@ -22,6 +22,8 @@ mod expiry;
 mod fanin;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod group_sync;
+mod groups;
 mod handover;
 mod hub;
 mod leases;
@@ -286,6 +288,7 @@ async fn serve_prepared(
     tokio::spawn(outage::ride_out(Arc::clone(&context)));
     tokio::spawn(cluster::join_again_when_lost(Arc::clone(&context)));
     tokio::spawn(rebalance::rebalance(Arc::clone(&context)));
+    tokio::spawn(group_sync::catch_up(Arc::clone(&context)));
     tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
     let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
 

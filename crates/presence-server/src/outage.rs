@@ -191,13 +191,8 @@ pub(crate) async fn ride_out(context: Arc<Context>) {
 
 /// One round: every other node of the last node set seen, at once.
 async fn ask_the_others(membership: &Membership) -> Verdict {
-    let nodes = membership.nodes();
     let mut asked = JoinSet::new();
-    for node in nodes.ids() {
-        if node == membership.node() {
-            continue;
-        }
-        let Some(address) = nodes.address(&node).map(str::to_owned) else { continue };
+    for (node, address) in membership.others() {
         let client = membership.cluster_client(&address);
         let request =
             with_credential(pb::EtcdReachRequest { from_node: membership.node().to_owned() }, membership.peer_token());

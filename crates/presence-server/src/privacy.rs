@@ -25,6 +25,7 @@ use presence_core::{CompactString, Presence, SlotSet, State, Status, Store, User
 
 use crate::durable::{self, DurableStore, run_blocking};
 use crate::error::ServiceError;
+use crate::groups::{GroupEntry, GroupLedger, Merged};
 use crate::hub::{Pending, Subscription, Transition};
 use crate::publish::Publisher;
 use crate::sync::RwLock;
@@ -40,25 +41,20 @@ pub enum Visibility {
     Nobody,
 }
 
-/// One change of relations.
+/// One change of a user's own relations (group memberships are entries of
+/// the group ledger, `groups.rs`).
 #[derive(Debug, Clone)]
 pub(crate) enum RelationChange {
     Visibility { user: CompactString, visibility: Visibility },
     Audience { user: CompactString, viewers: Vec<CompactString>, grant: bool },
-    Membership { group: CompactString, users: Vec<CompactString>, join: bool },
 }
 
 impl RelationChange {
-    /// Users whose audience the change may alter, and viewers whose view of
-    /// others it may alter: the streams to look at again.
-    pub(crate) fn affected(&self) -> (Vec<CompactString>, Vec<CompactString>) {
+    /// The user whose audience the change alters: its viewers' streams are
+    /// to be looked at again.
+    fn user(&self) -> &CompactString {
         match self {
-            RelationChange::Visibility { user, .. } | RelationChange::Audience { user, .. } => {
-                (vec![user.clone()], Vec::new())
-            }
-            // Joining a group puts each joiner in the other members' audience and
-            // them in the joiner's: both sides' streams may change.
-            RelationChange::Membership { users, .. } => (users.clone(), users.clone()),
+            RelationChange::Visibility { user, .. } | RelationChange::Audience { user, .. } => user,
         }
     }
 }
@@ -85,6 +81,10 @@ impl UserRelations {
 #[derive(Debug)]
 pub(crate) struct Relations {
     default_visibility: Visibility,
+    /// Every group membership as last written, with the stamps that order
+    /// writes made on different nodes; `members` and the users' `groups`
+    /// are its members.
+    ledger: GroupLedger,
     /// Users with any relation.
     users: HashMap<CompactString, UserRelations>,
     /// group -> its members.
@@ -130,7 +130,13 @@ impl ViewerLens<'_> {
 
 impl Relations {
     fn new(default_visibility: Visibility) -> Self {
-        Relations { default_visibility, users: HashMap::new(), members: HashMap::new(), invisible: HashSet::new() }
+        Relations {
+            default_visibility,
+            ledger: GroupLedger::default(),
+            users: HashMap::new(),
+            members: HashMap::new(),
+            invisible: HashSet::new(),
+        }
     }
 
     /// The relations as `viewer` sees them; `None` is a service caller acting for no viewer.
@@ -165,27 +171,31 @@ impl Relations {
                 }
                 self.forget_if_empty(user);
             }
-            RelationChange::Membership { group, users, join: true } => {
-                self.members.entry(group.clone()).or_default().extend(users.iter().cloned());
-                for user in users {
-                    self.users.entry(user.clone()).or_default().groups.insert(group.clone());
-                }
+        }
+    }
+
+    /// Takes in a group ledger entry; returns whether the user's membership
+    /// of the group changed.
+    fn merge_group_entry(&mut self, entry: &GroupEntry) -> bool {
+        match self.ledger.merge(entry) {
+            Merged::Stale | Merged::Restamped => false,
+            Merged::Membership(true) => {
+                self.members.entry(entry.group.clone()).or_default().insert(entry.user.clone());
+                self.users.entry(entry.user.clone()).or_default().groups.insert(entry.group.clone());
+                true
             }
-            RelationChange::Membership { group, users, join: false } => {
-                if let Some(members) = self.members.get_mut(group) {
-                    for user in users {
-                        members.remove(user);
-                    }
+            Merged::Membership(false) => {
+                if let Some(members) = self.members.get_mut(&entry.group) {
+                    members.remove(&entry.user);
                     if members.is_empty() {
-                        self.members.remove(group);
+                        self.members.remove(&entry.group);
                     }
                 }
-                for user in users {
-                    if let Some(record) = self.users.get_mut(user) {
-                        record.groups.remove(group);
-                    }
-                    self.forget_if_empty(user);
+                if let Some(record) = self.users.get_mut(&entry.user) {
+                    record.groups.remove(&entry.group);
                 }
+                self.forget_if_empty(&entry.user);
+                true
             }
         }
     }
@@ -219,8 +229,8 @@ impl Relations {
 
 /// What a user handed over to another node takes with it beside its leases
 /// (C3): its status, who may see it, its last activity and its settings
-/// (gathered in `user_data.rs`). Its groups stay: a group's members are
-/// spread over the nodes.
+/// (gathered in `user_data.rs`). Its groups stay: every node holds every
+/// group membership (`groups.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HandedOver {
     pub(crate) user_id: CompactString,
@@ -327,7 +337,7 @@ impl Privacy {
 
     /// Puts the relations and statuses kept on disk back in memory, at start.
     pub(crate) fn load(&self, stored: durable::Relations, now: u64) {
-        let count = (stored.visibility.len(), stored.grants.len(), stored.members.len(), stored.statuses.len());
+        let count = (stored.visibility.len(), stored.grants.len(), stored.groups.len(), stored.statuses.len());
         let mut relations = self.relations.write();
         for (user, visibility) in stored.visibility {
             relations.apply(&RelationChange::Visibility { user: user.into(), visibility });
@@ -335,8 +345,8 @@ impl Privacy {
         for (user, viewer) in stored.grants {
             relations.apply(&RelationChange::Audience { user: user.into(), viewers: vec![viewer.into()], grant: true });
         }
-        for (group, user) in stored.members {
-            relations.apply(&RelationChange::Membership { group: group.into(), users: vec![user.into()], join: true });
+        for entry in &stored.groups {
+            relations.merge_group_entry(entry);
         }
         for (user, status) in stored.statuses {
             if status.expires_at.is_some_and(|at| at <= now) {
@@ -347,7 +357,7 @@ impl Privacy {
         tracing::info!(
             visibilities = count.0,
             grants = count.1,
-            memberships = count.2,
+            group_entries = count.2,
             statuses = count.3,
             "loaded relations"
         );
@@ -528,18 +538,110 @@ impl Privacy {
         }
         let mut relations = self.relations.write();
         relations.apply(&change);
-        let (users, viewers) = change.affected();
+        let user = change.user().clone();
         if let Some(changed) = self.changed.lock().as_mut() {
-            changed.extend(users.iter().cloned());
+            changed.insert(user.clone());
         }
-        let transitions =
-            self.publisher.hub.reconcile(&users, &viewers, |viewer, user| relations.can_see(viewer, user));
+        self.show_changed_relations(relations, &[user], &[]);
+        Ok(())
+    }
+
+    /// Makes the open streams show what changed relations now allow (P4):
+    /// `users`' audiences changed, and `viewers`' view of others. Called with
+    /// the relations just changed, still write-locked.
+    fn show_changed_relations(
+        &self,
+        relations: impl std::ops::Deref<Target = Relations>,
+        users: &[CompactString],
+        viewers: &[CompactString],
+    ) {
+        let transitions = self.publisher.hub.reconcile(users, viewers, |viewer, user| relations.can_see(viewer, user));
         self.apply_transitions(transitions);
         drop(relations);
         // Room watchers that may see these users differently start over from a fresh snapshot.
         let rooms: Vec<CompactString> = users.iter().flat_map(|user| self.store().rooms_of(user)).collect();
-        self.publisher.rooms.relations_changed(&rooms, &viewers);
-        Ok(())
+        self.publisher.rooms.relations_changed(&rooms, viewers);
+    }
+
+    /// Makes a cluster node keep group leaves as tombstones (`groups.rs`);
+    /// called before the stored relations are loaded.
+    pub(crate) fn keep_group_tombstones(&self) {
+        self.relations.write().ledger = GroupLedger::new(true);
+    }
+
+    /// `users` join (`join`) or leave `group`, written here: the entries this
+    /// node stamped for them, of which those that changed anything are
+    /// returned, for the other nodes of a cluster.
+    pub(crate) async fn change_groups(
+        &self,
+        group: CompactString,
+        users: Vec<CompactString>,
+        join: bool,
+    ) -> Result<Vec<GroupEntry>, ServiceError> {
+        let _writer = self.writer.lock().await;
+        let entries = self.relations.write().ledger.stamp(self.publisher.clock.now(), &group, &users, join);
+        self.merge_groups_held(entries).await
+    }
+
+    /// Takes in group ledger entries written elsewhere: on disk first
+    /// (synced), then in memory, then to the open streams whose view they
+    /// change (P4). Returns the entries that were newer than those held.
+    pub(crate) async fn merge_groups(&self, entries: Vec<GroupEntry>) -> Result<Vec<GroupEntry>, ServiceError> {
+        let _writer = self.writer.lock().await;
+        self.merge_groups_held(entries).await
+    }
+
+    /// [`Privacy::merge_groups`] for a caller holding the writer.
+    async fn merge_groups_held(&self, entries: Vec<GroupEntry>) -> Result<Vec<GroupEntry>, ServiceError> {
+        let (newer, keep_tombstones) = {
+            let relations = self.relations.read();
+            let mut newer: Vec<GroupEntry> = Vec::new();
+            for entry in entries {
+                // Of two entries of one pair in one batch, the one that wins.
+                match newer.iter_mut().find(|held| held.group == entry.group && held.user == entry.user) {
+                    Some(held) if (entry.stamp, !entry.member) > (held.stamp, !held.member) => *held = entry,
+                    Some(_) => {}
+                    None if relations.ledger.is_newer(&entry) => newer.push(entry),
+                    None => {}
+                }
+            }
+            (newer, relations.ledger.keeps_tombstones())
+        };
+        if newer.is_empty() {
+            return Ok(newer);
+        }
+        if let Some(durable) = &self.durable {
+            let (durable, write) = (Arc::clone(durable), newer.clone());
+            run_blocking(move || durable.write_groups(&write, keep_tombstones)).await?;
+        }
+        let mut relations = self.relations.write();
+        let mut moved: Vec<CompactString> = Vec::new();
+        for entry in &newer {
+            if relations.merge_group_entry(entry) && !moved.contains(&entry.user) {
+                moved.push(entry.user.clone());
+            }
+        }
+        // Joining a group puts the joiner in the other members' audience and
+        // them in the joiner's: both sides' streams may change.
+        self.show_changed_relations(relations, &moved, &moved);
+        Ok(newer)
+    }
+
+    /// The digest of the group ledger, and with `whole`, its entries.
+    pub(crate) fn group_ledger(&self, whole: bool) -> (u64, Vec<GroupEntry>) {
+        let relations = self.relations.read();
+        (relations.ledger.digest(), if whole { relations.ledger.entries() } else { Vec::new() })
+    }
+
+    /// Forgets the group tombstones past the horizon, on disk and in memory.
+    pub(crate) async fn forget_old_group_tombstones(&self) -> Result<usize, ServiceError> {
+        let _writer = self.writer.lock().await;
+        let old = self.relations.write().ledger.forget_old_tombstones(self.publisher.clock.now());
+        if let (Some(durable), false) = (&self.durable, old.is_empty()) {
+            let (durable, old) = (Arc::clone(durable), old.clone());
+            run_blocking(move || durable.forget_group_entries(&old)).await?;
+        }
+        Ok(old.len())
     }
 
     /// Sets (or clears) a user's status: on disk first (synced), then in the
@@ -602,6 +704,10 @@ mod tests {
         ids.iter().map(|id| CompactString::from(*id)).collect()
     }
 
+    fn member(group: &str, user: &str, stamp: u64, member: bool) -> GroupEntry {
+        GroupEntry { group: group.into(), user: user.into(), stamp, member }
+    }
+
     #[test]
     fn p2_visibility_audience_and_groups_decide_who_sees_whom() {
         let mut relations = Relations::new(Visibility::Audience);
@@ -613,11 +719,9 @@ mod tests {
         assert!(relations.can_see(Some("bob"), "alice"));
         assert!(!relations.can_see(Some("alice"), "bob"), "a grant is one way");
 
-        relations.apply(&RelationChange::Membership {
-            group: "team".into(),
-            users: ids(&["alice", "carol"]),
-            join: true,
-        });
+        for (user, stamp) in [("alice", 1), ("carol", 2)] {
+            relations.merge_group_entry(&member("team", user, stamp, true));
+        }
         assert!(relations.can_see(Some("carol"), "alice") && relations.can_see(Some("alice"), "carol"));
         assert!(!relations.can_see(Some("dave"), "alice"));
 
@@ -630,7 +734,7 @@ mod tests {
 
         relations.apply(&RelationChange::Visibility { user: "alice".into(), visibility: Visibility::Audience });
         relations.apply(&RelationChange::Audience { user: "alice".into(), viewers: ids(&["bob"]), grant: false });
-        relations.apply(&RelationChange::Membership { group: "team".into(), users: ids(&["carol"]), join: false });
+        relations.merge_group_entry(&member("team", "carol", 3, false));
         assert!(!relations.can_see(Some("bob"), "alice") && !relations.can_see(Some("carol"), "alice"));
         assert!(relations.members.get("team").is_some_and(|m| m.len() == 1));
         assert!(!relations.users.contains_key("carol"), "a user with no relation left is forgotten");

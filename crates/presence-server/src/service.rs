@@ -433,13 +433,13 @@ impl PresenceService {
     async fn change_group(&self, request: Request<pb::GroupRequest>, join: bool) -> Answer<pb::GroupResponse> {
         let operation = if join { "JoinGroup" } else { "LeaveGroup" };
         self.service_only(&request, operation)?;
-        if self.context.ownership.is_cluster() {
-            return Err(ServiceError::GroupsPerNode { operation }.into());
-        }
         let request = request.get_ref();
         let group = wire::id("group_id", &request.group_id)?;
         let users = wire::nonempty_ids("user_ids", &request.user_ids)?;
-        self.context.privacy.change(RelationChange::Membership { group, users, join }).await?;
+        let written = self.context.privacy.change_groups(group, users, join).await?;
+        if let (Some(membership), false) = (self.context.ownership.membership(), written.is_empty()) {
+            crate::group_sync::send_to_the_others(membership, &written).await;
+        }
         Ok(Response::new(pb::GroupResponse {}))
     }
 }

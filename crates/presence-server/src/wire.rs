@@ -23,6 +23,7 @@ use presence_proto::v1::{self as pb, lease_result, watch_event};
 use tonic::Code;
 
 use crate::error::ServiceError;
+use crate::groups::GroupEntry;
 use crate::metrics::{LATENCY_BUCKETS, Totals};
 use crate::privacy::{HandedOver, Released, Visibility};
 use crate::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
@@ -611,11 +612,15 @@ pub(crate) fn handed_over_message(user: &HandedOver) -> pb::HandedOverUser {
 /// `piece_bytes` encoded (a user's settings may be a few KiB each), each
 /// piece at least one user.
 pub(crate) fn handed_over_pieces(users: &[HandedOver], piece_bytes: usize) -> Vec<Vec<pb::HandedOverUser>> {
-    use prost::Message as _;
+    pieces(users.iter().map(handed_over_message), piece_bytes)
+}
+
+/// `messages` cut into pieces of about `piece_bytes` encoded (a message
+/// larger than that is a piece of its own), in order.
+fn pieces<M: prost::Message>(messages: impl IntoIterator<Item = M>, piece_bytes: usize) -> Vec<Vec<M>> {
     let mut pieces = Vec::new();
     let (mut piece, mut bytes) = (Vec::new(), 0);
-    for user in users {
-        let message = handed_over_message(user);
+    for message in messages {
         let size = message.encoded_len();
         if !piece.is_empty() && bytes + size > piece_bytes {
             pieces.push(std::mem::take(&mut piece));
@@ -670,6 +675,39 @@ pub(crate) fn handed_over(user: pb::HandedOverUser, now: u64) -> Result<HandedOv
     Ok(HandedOver { user_id, status, visibility, audience, last_active_at: user.last_active_at_ms, settings })
 }
 
+/// The group ledger's entries as sent between nodes, in pieces of about `piece_bytes`.
+pub(crate) fn group_entry_pieces(entries: &[GroupEntry], piece_bytes: usize) -> Vec<pb::GroupEntries> {
+    let messages = entries.iter().map(|entry| pb::GroupEntry {
+        group_id: entry.group.to_string(),
+        user_id: entry.user.to_string(),
+        stamp: entry.stamp,
+        member: entry.member,
+    });
+    pieces(messages, piece_bytes).into_iter().map(|entries| pb::GroupEntries { entries }).collect()
+}
+
+/// Group ledger entries another node sent: ids checked as a request's are,
+/// and no stamp beyond any a node issues.
+pub(crate) fn group_entries(sent: pb::GroupEntries) -> Result<Vec<GroupEntry>, ServiceError> {
+    sent.entries
+        .into_iter()
+        .map(|entry| {
+            if entry.stamp > presence_core::stamp::MAX_STAMP {
+                return Err(ServiceError::invalid(
+                    "entries.stamp",
+                    format!("{} is beyond any stamp a node issues", entry.stamp),
+                ));
+            }
+            Ok(GroupEntry {
+                group: id("entries.group_id", &entry.group_id)?,
+                user: id("entries.user_id", &entry.user_id)?,
+                stamp: entry.stamp,
+                member: entry.member,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -680,6 +718,29 @@ mod tests {
             Err(ServiceError::InvalidArgument { field, .. }) => field.into_owned(),
             other => panic!("expected a refused field, got {other:?}"),
         }
+    }
+
+    /// B1: group entries from another node are checked as a request is;
+    /// pieces keep every entry, in order.
+    #[test]
+    fn b1_group_entries_from_a_node_name_the_bad_field_and_pieces_keep_them_all() {
+        let sent = |group: &str, stamp: u64| pb::GroupEntries {
+            entries: vec![pb::GroupEntry { group_id: group.into(), user_id: "ann".into(), stamp, member: true }],
+        };
+        assert_eq!(field_of(group_entries(sent("", 1))), "entries.group_id");
+        assert_eq!(field_of(group_entries(sent("team", presence_core::stamp::MAX_STAMP + 1))), "entries.stamp");
+        let entries: Vec<GroupEntry> = (0..1_000)
+            .map(|i| GroupEntry {
+                group: format!("group-{i}").into(),
+                user: "ann".into(),
+                stamp: i,
+                member: i % 2 == 0,
+            })
+            .collect();
+        let pieces = group_entry_pieces(&entries, 4_096);
+        assert!(pieces.len() > 1, "cut in pieces");
+        let back: Vec<GroupEntry> = pieces.into_iter().flat_map(|piece| group_entries(piece).unwrap()).collect();
+        assert_eq!(back, entries);
     }
 
     #[test]
