@@ -22,6 +22,7 @@ use crate::cluster::{FORWARD_TIMEOUT, Membership, call_peer, with_credential};
 use crate::context::Context;
 use crate::error::ServiceError;
 use crate::groups::GroupEntry;
+use crate::metrics::names;
 use crate::wire;
 
 /// How often a node compares its ledger with another node's.
@@ -58,6 +59,7 @@ pub(crate) async fn send_to_the_others(membership: &Membership, entries: &[Group
     while let Some(done) = sent.join_next().await {
         if let Ok(Err((node, err))) = done {
             tracing::warn!(node, %err, "a node did not take a group change; the catch-up will bring it");
+            metrics::counter!(names::GROUP_SENDS_MISSED).increment(1);
             missed.push(node);
         }
     }
@@ -118,7 +120,9 @@ async fn merge_ledger_of(
         let Some(piece) = piece else { break };
         let entries = wire::group_entries(piece)?;
         merged += entries.len();
-        newer += context.privacy.merge_groups(entries).await?.len();
+        let merged_newer = context.privacy.merge_groups(entries).await?.len();
+        metrics::counter!(names::GROUP_ENTRIES_MERGED, "via" => "catch_up").increment(merged_newer as u64);
+        newer += merged_newer;
     }
     if newer > 0 {
         tracing::info!(node, merged, newer, "group catch-up: merged another node's ledger");

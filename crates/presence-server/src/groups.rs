@@ -47,7 +47,7 @@ pub(crate) struct GroupEntry {
 impl GroupEntry {
     /// Whether this entry wins over `(stamp, member)`: a newer stamp, or
     /// the same stamp and a leave over a join.
-    fn beats(&self, stamp: u64, member: bool) -> bool {
+    pub(crate) fn beats(&self, stamp: u64, member: bool) -> bool {
         (self.stamp, !self.member) > (stamp, !member)
     }
 

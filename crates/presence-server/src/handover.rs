@@ -388,6 +388,7 @@ impl Cluster for ClusterService {
         membership(&self.context, "MergeGroups")?;
         let entries = wire::group_entries(request.into_inner())?;
         let newer = self.context.privacy.merge_groups(entries).await?.len();
+        metrics::counter!(crate::metrics::names::GROUP_ENTRIES_MERGED, "via" => "sent").increment(newer as u64);
         Ok(Response::new(pb::MergeGroupsResponse { newer: u32::try_from(newer).unwrap_or(u32::MAX) }))
     }
 

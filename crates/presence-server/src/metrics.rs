@@ -92,6 +92,10 @@ pub mod names {
     pub const FOLLOWER_LAG_SECONDS: &str = "presenced_follower_lag_seconds";
     /// Users taken over from this node's copy when their owner died (counter, C4).
     pub const TAKEN_OVER_USERS: &str = "presenced_taken_over_users_total";
+    /// Group ledger entries newer than this node's, taken in from other nodes, by `via`: sent (another node's write), catch_up (counter).
+    pub const GROUP_ENTRIES_MERGED: &str = "presenced_group_entries_merged_total";
+    /// Group changes this node wrote that another node did not take when sent; the catch-up brings them there (counter).
+    pub const GROUP_SENDS_MISSED: &str = "presenced_group_sends_missed_total";
 }
 
 /// Counts a periodic checkpoint, written or not (B3).

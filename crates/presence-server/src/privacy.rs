@@ -595,16 +595,19 @@ impl Privacy {
     async fn merge_groups_held(&self, entries: Vec<GroupEntry>) -> Result<Vec<GroupEntry>, ServiceError> {
         let (newer, keep_tombstones) = {
             let relations = self.relations.read();
-            let mut newer: Vec<GroupEntry> = Vec::new();
+            // Of two entries of one pair in one batch, the one that wins.
+            let mut winners: HashMap<(CompactString, CompactString), GroupEntry> = HashMap::new();
             for entry in entries {
-                // Of two entries of one pair in one batch, the one that wins.
-                match newer.iter_mut().find(|held| held.group == entry.group && held.user == entry.user) {
-                    Some(held) if (entry.stamp, !entry.member) > (held.stamp, !held.member) => *held = entry,
-                    Some(_) => {}
-                    None if relations.ledger.is_newer(&entry) => newer.push(entry),
-                    None => {}
+                let key = (entry.group.clone(), entry.user.clone());
+                match winners.get(&key) {
+                    Some(held) if !entry.beats(held.stamp, held.member) => {}
+                    _ => {
+                        winners.insert(key, entry);
+                    }
                 }
             }
+            let newer: Vec<GroupEntry> =
+                winners.into_values().filter(|entry| relations.ledger.is_newer(entry)).collect();
             (newer, relations.ledger.keeps_tombstones())
         };
         if newer.is_empty() {
@@ -615,12 +618,13 @@ impl Privacy {
             run_blocking(move || durable.write_groups(&write, keep_tombstones)).await?;
         }
         let mut relations = self.relations.write();
-        let mut moved: Vec<CompactString> = Vec::new();
+        let mut moved: HashSet<CompactString> = HashSet::new();
         for entry in &newer {
-            if relations.merge_group_entry(entry) && !moved.contains(&entry.user) {
-                moved.push(entry.user.clone());
+            if relations.merge_group_entry(entry) {
+                moved.insert(entry.user.clone());
             }
         }
+        let moved: Vec<CompactString> = moved.into_iter().collect();
         // Joining a group puts the joiner in the other members' audience and
         // them in the joiner's: both sides' streams may change.
         self.show_changed_relations(relations, &moved, &moved);
