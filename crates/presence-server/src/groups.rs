@@ -220,6 +220,47 @@ mod tests {
         assert_ne!(forward.digest(), GroupLedger::new(true).digest(), "a ledger holding entries has a digest of them");
     }
 
+    proptest::proptest! {
+        /// P2 across nodes, for any writes: two cluster nodes that take in
+        /// the same entries in different orders, one of them some twice, hold
+        /// the same entries and digest, and the memberships of the writes
+        /// that win. (A single node keeps no tombstones, so is not order-free:
+        /// it needs not be, taking in only its own writes, in stamp order.)
+        #[test]
+        fn p2_any_entries_merged_in_any_two_orders_converge(
+            writes in proptest::collection::vec((0u8..3, 0u8..4, 0u64..40, proptest::bool::ANY), 0..60),
+            shuffle in proptest::collection::vec(proptest::num::usize::ANY, 60),
+        ) {
+            let writes: Vec<GroupEntry> = writes
+                .into_iter()
+                .map(|(group, user, stamp, member)| entry(&format!("g{group}"), &format!("u{user}"), stamp, member))
+                .collect();
+            let mut reordered = writes.clone();
+            for (at, pick) in shuffle.iter().enumerate().take(reordered.len()) {
+                let len = reordered.len();
+                reordered.swap(at, at + pick % (len - at));
+            }
+            let (mut one, mut other) = (GroupLedger::new(true), GroupLedger::new(true));
+            for write in &writes {
+                one.merge(write);
+            }
+            for write in reordered.iter().chain(writes.iter().step_by(2)) {
+                other.merge(write);
+            }
+            proptest::prop_assert_eq!(held(&one), held(&other));
+            proptest::prop_assert_eq!(one.digest(), other.digest());
+            // Each pair ends as its winning write says.
+            for write in &writes {
+                let winner = writes
+                    .iter()
+                    .filter(|other| other.group == write.group && other.user == write.user)
+                    .fold(write, |best, other| if other.beats(best.stamp, best.member) { other } else { best });
+                let member = held(&one).iter().any(|held| held.group == write.group && held.user == write.user && held.member);
+                proptest::prop_assert_eq!(member, winner.member, "{:?}", winner);
+            }
+        }
+    }
+
     /// A late join older than the leave held does not bring the member back;
     /// merging says exactly when the membership changed.
     #[test]
