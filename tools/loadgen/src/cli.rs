@@ -107,6 +107,15 @@ pub(crate) struct Common {
     /// at `--addr` and sends each item to its user's owner. 0: one node.
     #[arg(long, default_value_t = 0)]
     pub(crate) cluster_slots: u32,
+    /// With `--cluster-slots`: etcd endpoints (comma-separated) whose slot
+    /// map the `ClusterLeases` follows, so that every item goes straight to
+    /// its owner from the first batch on and a move is learnt without a
+    /// refusal. Without it, owners are learnt from refusals.
+    #[arg(long, value_delimiter = ',', requires = "cluster_slots")]
+    pub(crate) etcd: Vec<String>,
+    /// The cluster's `--etcd-prefix`.
+    #[arg(long, default_value = "/presenced/")]
+    pub(crate) etcd_prefix: String,
 }
 
 impl Common {
@@ -117,6 +126,8 @@ impl Common {
             addr: self.addr.clone(),
             redis_url: self.redis_url.clone(),
             cluster_slots: self.cluster_slots,
+            etcd: self.etcd.clone(),
+            etcd_prefix: self.etcd_prefix.clone(),
         }
     }
 }

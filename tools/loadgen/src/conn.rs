@@ -75,6 +75,10 @@ pub(crate) struct Endpoints {
     pub(crate) redis_url: String,
     /// presenced: the cluster's slot count, or 0 for one node.
     pub(crate) cluster_slots: u32,
+    /// presenced: etcd endpoints whose slot map a cluster's client follows (none: learn from refusals).
+    pub(crate) etcd: Vec<String>,
+    /// The cluster's key prefix in etcd.
+    pub(crate) etcd_prefix: String,
 }
 
 impl Endpoints {
@@ -167,6 +171,12 @@ pub(crate) async fn open_conns(spec: &ConnSpec) -> Result<Vec<Conn>, String> {
                 // One ClusterLeases keeps a stream per node; every worker shares it.
                 let cluster = ClusterLeases::new(&spec.endpoints.presenced_uri(), spec.endpoints.cluster_slots, config)
                     .map_err(|e| e.to_string())?;
+                if !spec.endpoints.etcd.is_empty() {
+                    cluster
+                        .follow_etcd(&spec.endpoints.etcd, &spec.endpoints.etcd_prefix)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
                 out.extend((0..workers).map(|_| Conn::Leases(LeaseSink::Cluster(cluster.clone()))));
                 return Ok(out);
             }
