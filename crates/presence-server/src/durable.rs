@@ -398,20 +398,25 @@ impl DurableStore {
         Ok(true)
     }
 
-    /// Every setting of a user, by name.
-    pub(crate) fn settings(&self, user_id: &str) -> Result<Named, DurableError> {
+    /// The settings of each of `user_ids`, in order, read in one transaction.
+    pub(crate) fn settings_of<S: AsRef<str>>(&self, user_ids: &[S]) -> Result<Vec<Named>, DurableError> {
         let txn = self.db.begin_read()?;
         let table = txn.open_table(SETTINGS)?;
-        let mut settings = Vec::new();
-        for entry in table.range((user_id, "")..)? {
-            let (key, value) = entry?;
-            let (owner, name) = key.value();
-            if owner != user_id {
-                break;
+        let mut all = Vec::with_capacity(user_ids.len());
+        for user_id in user_ids {
+            let user_id = user_id.as_ref();
+            let mut settings = Vec::new();
+            for entry in table.range((user_id, "")..)? {
+                let (key, value) = entry?;
+                let (owner, name) = key.value();
+                if owner != user_id {
+                    break;
+                }
+                settings.push((name.to_owned(), value.value().to_vec()));
             }
-            settings.push((name.to_owned(), value.value().to_vec()));
+            all.push(settings);
         }
-        Ok(settings)
+        Ok(all)
     }
 
     /// Records activity times, each only moving forward; returns once they are on disk.
@@ -470,6 +475,10 @@ fn remove_every_key_of<V: redb::Value + 'static>(
 mod tests {
     use super::*;
 
+    fn settings_of(store: &DurableStore, user_id: &str) -> Named {
+        store.settings_of(&[user_id]).unwrap().remove(0)
+    }
+
     fn scratch(name: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("presenced-durable-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -492,7 +501,7 @@ mod tests {
             store.record_activity(&[("alice".into(), 1_500)]).unwrap(); // never backwards
         }
         let store = DurableStore::open(&path).unwrap();
-        let settings = store.settings("alice").unwrap();
+        let settings = settings_of(&store, "alice");
         assert_eq!(
             settings,
             [("status".to_string(), b"away".to_vec()), ("visibility".to_string(), b"audience".to_vec())]
@@ -517,7 +526,7 @@ mod tests {
         };
         let bob = HandedOver { user_id: "bob".into(), last_active_at: 7_000, ..alice.clone() };
         store.replace_users(&[alice, bob]).unwrap();
-        assert_eq!(store.settings("alice").unwrap(), [("locale".to_string(), b"fr".to_vec())], "replaced whole");
+        assert_eq!(settings_of(&store, "alice"), [("locale".to_string(), b"fr".to_vec())], "replaced whole");
         assert_eq!(store.activity(&["alice", "bob"]).unwrap(), [Some(5_000), Some(7_000)], "activity only moves on");
 
         let slots = 16;
@@ -526,9 +535,9 @@ mod tests {
         let settings = store.settings_in(&of_alice).unwrap();
         assert_eq!(settings, [("alice".to_string(), vec![("locale".to_string(), b"fr".to_vec())])]);
         store.forget_users(&of_alice).unwrap();
-        assert!(store.settings("alice").unwrap().is_empty());
+        assert!(settings_of(&store, "alice").is_empty());
         assert_eq!(store.activity(&["alice", "bob"]).unwrap(), [None, Some(7_000)], "only alice's slot forgotten");
-        assert_eq!(store.settings("bob").unwrap().len(), 1);
+        assert_eq!(settings_of(&store, "bob").len(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -642,7 +651,7 @@ mod tests {
                 ("cat".into(), Availability::DoNotDisturb, "héllo".into(), None),
             ]
         );
-        assert_eq!(store.settings("ann").unwrap(), [("theme".to_string(), b"dark".to_vec())]);
+        assert_eq!(settings_of(&store, "ann"), [("theme".to_string(), b"dark".to_vec())]);
         assert_eq!(
             store.activity(&["ann", "bob", "cat"]).unwrap(),
             [Some(1_700_000_000_123), Some(1_700_000_000_456), None]

@@ -77,16 +77,27 @@ impl Settings {
     }
 
     pub(crate) async fn get(&self, user_id: String) -> Result<Named, DurableError> {
+        Ok(self.get_many(vec![user_id]).await?.pop().unwrap_or_default())
+    }
+
+    /// The settings of each of `user_ids`, in order; from disk in one read.
+    pub(crate) async fn get_many(&self, user_ids: Vec<String>) -> Result<Vec<Named>, DurableError> {
         match &self.kept {
             Kept::Memory(map) => {
-                let mut settings: Named =
-                    map.lock().get(&user_id).map(|named| named.clone().into_iter().collect()).unwrap_or_default();
-                settings.sort();
-                Ok(settings)
+                let map = map.lock();
+                Ok(user_ids
+                    .iter()
+                    .map(|user_id| {
+                        let mut settings: Named =
+                            map.get(user_id).map(|named| named.clone().into_iter().collect()).unwrap_or_default();
+                        settings.sort();
+                        settings
+                    })
+                    .collect())
             }
             Kept::Durable(store) => {
                 let store = Arc::clone(store);
-                run_blocking(move || store.settings(&user_id)).await
+                run_blocking(move || store.settings_of(&user_ids)).await
             }
         }
     }

@@ -48,9 +48,10 @@ pub(crate) async fn in_slots(context: &Context, slots: &SlotSet) -> Result<Vec<H
 pub(crate) async fn of(context: &Context, user_ids: &[CompactString]) -> Result<Vec<HandedOver>, ServiceError> {
     let mut data = context.privacy.durable_of(user_ids);
     let activity = context.activity.last_active_at(user_ids).await?;
-    for (user, last_active_at) in data.iter_mut().zip(activity) {
+    let settings = context.settings.get_many(user_ids.iter().map(ToString::to_string).collect()).await?;
+    for ((user, last_active_at), settings) in data.iter_mut().zip(activity).zip(settings) {
         user.last_active_at = last_active_at;
-        user.settings = context.settings.get(user.user_id.to_string()).await?;
+        user.settings = settings;
     }
     Ok(data)
 }
