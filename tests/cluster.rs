@@ -1636,10 +1636,20 @@ async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_
     }
 }
 
-/// Whether `viewer` sees `user` ONLINE, asked at `client`'s node.
+/// Whether `viewer` sees `user` ONLINE, asked at `client`'s node; a refusal
+/// while the user's slot is being taken in there is asked again.
 async fn sees_online(client: &mut PresenceClient<Channel>, viewer: &str, user: &str) -> bool {
     let request = pb::SnapshotRequest { user_ids: vec![user.into()], viewer_id: viewer.into() };
-    client.snapshot(request).await.unwrap().into_inner().users.remove(0).state == pb::State::Online as i32
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match client.snapshot(request.clone()).await {
+            Ok(answer) => return answer.into_inner().users[0].state == pb::State::Online as i32,
+            Err(refused) if refused.code() == Code::Unavailable && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(refused) => panic!("Snapshot of {user} for {viewer}: {refused:?}"),
+        }
+    }
 }
 
 /// The group ledger a node holds, sorted.
