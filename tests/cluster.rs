@@ -1770,3 +1770,64 @@ async fn p4_group_memberships_written_at_any_node_hold_at_every_node_and_a_node_
         server.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p4_a_node_back_on_its_data_directory_after_missing_a_leave_takes_the_leave_and_nobody_brings_it_back() {
+    let etcd = EtcdServer::start().await;
+    let dir = daemon::scratch_dir("cluster-groups");
+    let with_disk = |addr| ServerConfig { data_dir: Some(dir.clone()), ..node_config(&etcd, "node-a", addr) };
+    let mut servers = vec![TestServer::start_with(with_disk).await];
+    for node in &NODES[1..] {
+        servers.push(TestServer::start_with(|addr| node_config(&etcd, node, addr)).await);
+    }
+    let client = etcd.client().await;
+    let map =
+        map_where(&client, "every node owns slots", |map| NODES.iter().all(|node| map.owned_by(node).count() > 0))
+            .await;
+    // ann, online and shown to her audience only, owned by node-b or node-c.
+    let ann = (0..)
+        .map(|i| format!("ann-{i}"))
+        .find(|user| map.owner(slot_of(user, SLOTS)).unwrap().node != "node-a")
+        .unwrap();
+    let (_leases, _) = register_all(&servers[1], std::slice::from_ref(&ann)).await;
+    let visibility = pb::SetVisibilityRequest {
+        user_id: ann.clone(),
+        visibility: pb::Visibility::Audience as i32,
+        ..Default::default()
+    };
+    let owner = NODES.iter().position(|node| *node == map.owner(slot_of(&ann, SLOTS)).unwrap().node).unwrap();
+    servers[owner].client().await.set_visibility(visibility).await.unwrap();
+    let mut at_b = servers[1].client().await;
+    at_b.join_group(group("team", &[&ann, "bob"])).await.unwrap();
+    assert!(group_ledger(&servers[0]).await.iter().any(|(_, user, _, member)| user == "bob" && *member));
+
+    // node-a stops with bob a member on its disk; bob leaves while it is away.
+    let addr = servers[0].addr;
+    servers.remove(0).stop().await;
+    at_b.leave_group(group("team", &["bob"])).await.unwrap();
+    assert!(!sees_online(&mut at_b, "bob", &ann).await, "bob left the group");
+
+    // Back on its data directory, node-a catches up with the leave: every
+    // node ends with the same ledger, bob a member at none of them.
+    servers.insert(0, TestServer::start_on(addr, with_disk(addr)).await);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let ledgers =
+            [group_ledger(&servers[0]).await, group_ledger(&servers[1]).await, group_ledger(&servers[2]).await];
+        if ledgers.iter().all(|ledger| *ledger == ledgers[0]) {
+            let bob: Vec<_> = ledgers[0].iter().filter(|(_, user, _, _)| user == "bob").collect();
+            assert!(bob.len() == 1 && !bob[0].3, "bob's leave is the entry every node keeps: {bob:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the nodes' ledgers agree within {PATIENCE:?}: {ledgers:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Two catch-up rounds later (one every 5 s), still nobody shows ann to bob.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    for server in &servers {
+        assert!(!sees_online(&mut server.client().await, "bob", &ann).await, "bob left the group, at {}", server.addr);
+    }
+    for server in servers {
+        server.stop().await;
+    }
+}
