@@ -1655,7 +1655,7 @@ async fn sees_online(client: &mut PresenceClient<Channel>, viewer: &str, user: &
 /// The group ledger a node holds, sorted.
 async fn group_ledger(server: &TestServer) -> Vec<(String, String, u64, bool)> {
     let mut cluster = presence_proto::v1::cluster_client::ClusterClient::connect(server.url()).await.unwrap();
-    let mut pieces = cluster.group_ledger(pb::GroupLedgerRequest { digest: 0 }).await.unwrap().into_inner();
+    let mut pieces = cluster.group_ledger(pb::GroupLedgerRequest { digests: Vec::new() }).await.unwrap().into_inner();
     let mut entries = Vec::new();
     while let Some(piece) = pieces.message().await.unwrap() {
         entries

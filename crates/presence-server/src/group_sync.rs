@@ -6,8 +6,9 @@
 //! the change once the call returns; a node that does not answer in time is
 //! logged and left to the catch-up. The catch-up: as it starts, a node asks
 //! every other node for its ledger, then every [`CATCH_UP_INTERVAL`] one
-//! node at random, sending its own digest; a node whose digest differs
-//! answers its whole ledger, which the asker merges. Merging is order-free,
+//! node at random, sending the digests of the 256 parts of its own; the node
+//! asked answers the entries of the parts whose digests differ, which the
+//! asker merges. Merging is order-free,
 //! so what one node missed (it was down, cut off, or joined later) reaches
 //! it from any node that has it, and every node that merged the same entries
 //! holds the same memberships.
@@ -27,9 +28,6 @@ use crate::wire;
 
 /// How often a node compares its ledger with another node's.
 pub(crate) const CATCH_UP_INTERVAL: Duration = Duration::from_secs(5);
-
-/// How often tombstones past the horizon are forgotten.
-const FORGET_INTERVAL: Duration = Duration::from_secs(600);
 
 /// Entries are sent in pieces of about this many bytes.
 const PIECE_BYTES: usize = 1 << 20;
@@ -70,7 +68,6 @@ pub(crate) async fn send_to_the_others(membership: &Membership, entries: &[Group
 pub(crate) async fn catch_up(context: Arc<Context>) {
     let Some(membership) = context.ownership.membership() else { return };
     let mut first = true;
-    let mut forgotten_at = tokio::time::Instant::now();
     loop {
         let others = membership.others();
         let asked: Vec<(String, String)> = if first {
@@ -84,13 +81,12 @@ pub(crate) async fn catch_up(context: Arc<Context>) {
                 tracing::debug!(node, %err, "group catch-up: no ledger from this node this round");
             }
         }
-        if forgotten_at.elapsed() >= FORGET_INTERVAL {
-            forgotten_at = tokio::time::Instant::now();
-            match context.privacy.forget_old_group_tombstones().await {
-                Ok(0) => {}
-                Ok(forgotten) => tracing::info!(forgotten, "forgot group leaves past the horizon"),
-                Err(err) => tracing::warn!(%err, "group leaves past the horizon not forgotten"),
-            }
+        // Every round: the oldest tombstones are found without a scan, and
+        // nodes that forget the same ones soon after the hour agree again.
+        match context.privacy.forget_old_group_tombstones().await {
+            Ok(0) => {}
+            Ok(forgotten) => tracing::info!(forgotten, "forgot group leaves past the horizon"),
+            Err(err) => tracing::warn!(%err, "group leaves past the horizon not forgotten"),
         }
         tokio::select! {
             () = tokio::time::sleep(CATCH_UP_INTERVAL) => {}
@@ -107,8 +103,8 @@ async fn merge_ledger_of(
     address: &str,
 ) -> Result<(), ServiceError> {
     let mut client = membership.cluster_client(address)?;
-    let (digest, _) = context.privacy.group_ledger(false);
-    let request = with_credential(pb::GroupLedgerRequest { digest }, membership.peer_token());
+    let digests = context.privacy.group_digests();
+    let request = with_credential(pb::GroupLedgerRequest { digests }, membership.peer_token());
     let mut pieces = call_peer(node, FORWARD_TIMEOUT, client.group_ledger(request)).await?;
     let (mut merged, mut newer) = (0, 0);
     loop {
@@ -130,11 +126,8 @@ async fn merge_ledger_of(
     Ok(())
 }
 
-/// What a node answers to [`merge_ledger_of`]: its ledger in pieces, or
-/// nothing when the digests agree.
-pub(crate) fn ledger_pieces(context: &Context, digest: u64) -> Vec<pb::GroupEntries> {
-    if context.privacy.group_ledger(false).0 == digest {
-        return Vec::new();
-    }
-    wire::group_entry_pieces(&context.privacy.group_ledger(true).1, PIECE_BYTES)
+/// What a node answers to [`merge_ledger_of`]: the entries of the parts of
+/// its ledger whose digest differs from the asker's, in pieces.
+pub(crate) fn ledger_pieces(context: &Context, digests: &[u64]) -> Vec<pb::GroupEntries> {
+    wire::group_entry_pieces(&context.privacy.group_entries_differing(digests), PIECE_BYTES)
 }

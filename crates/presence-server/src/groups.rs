@@ -24,6 +24,8 @@
 
 use std::hash::{Hash, Hasher};
 
+use std::collections::BTreeSet;
+
 use hashbrown::HashMap;
 use presence_core::CompactString;
 use presence_core::stamp::{COUNTER_BITS, StampClock};
@@ -74,21 +76,54 @@ pub(crate) enum Merged {
     Membership(bool),
 }
 
+/// How many parts a ledger's digest has: two nodes compare the parts and
+/// send each other only the entries of the parts that differ.
+pub(crate) const DIGEST_PARTS: usize = 256;
+
+/// The horizon moves in steps of this much, so that nodes whose clocks
+/// agree forget the same tombstones and their digests agree again.
+const HORIZON_STEP_MS: u64 = 60 * 60 * 1000;
+
+/// The digest part of a (group, user) pair: the same on every node of one build.
+fn part_of(group: &str, user: &str) -> usize {
+    #[allow(deprecated)]
+    let mut hasher = std::hash::SipHasher::new();
+    (group, user).hash(&mut hasher);
+    (hasher.finish() % DIGEST_PARTS as u64) as usize
+}
+
 /// Every (group, user) entry this node holds, members and tombstones.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct GroupLedger {
     entries: HashMap<(CompactString, CompactString), (u64, bool)>,
-    /// The XOR of the entries' digests, kept as they change: two ledgers
-    /// holding the same entries have the same digest.
-    digest: u64,
+    /// Per part, the XOR of its entries' digests, kept as they change: two
+    /// ledgers holding the same entries have the same digests.
+    digests: Vec<u64>,
+    /// The tombstones held, oldest first, to forget them without a scan.
+    tombstones: BTreeSet<(u64, CompactString, CompactString)>,
+    /// Tombstones older than this stamp are forgotten, and not taken in again.
+    forgotten_below: u64,
     clock: StampClock,
     /// Whether leaves are kept as tombstones (in a cluster).
     keep_tombstones: bool,
 }
 
+impl Default for GroupLedger {
+    fn default() -> Self {
+        GroupLedger::new(false)
+    }
+}
+
 impl GroupLedger {
     pub(crate) fn new(keep_tombstones: bool) -> Self {
-        GroupLedger { keep_tombstones, ..GroupLedger::default() }
+        GroupLedger {
+            entries: HashMap::new(),
+            digests: vec![0; DIGEST_PARTS],
+            tombstones: BTreeSet::new(),
+            forgotten_below: 0,
+            clock: StampClock::default(),
+            keep_tombstones,
+        }
     }
 
     /// Entries for a write served here at store time `now`: `users` join
@@ -111,13 +146,19 @@ impl GroupLedger {
         self.keep_tombstones
     }
 
+    /// Whether a leave stamped `stamp` is kept as a tombstone.
+    fn keeps_tombstone(&self, stamp: u64) -> bool {
+        self.keep_tombstones && stamp >= self.forgotten_below
+    }
+
     /// Whether `entry` would change what is held.
     pub(crate) fn is_newer(&self, entry: &GroupEntry) -> bool {
         match self.entries.get(&(entry.group.clone(), entry.user.clone())) {
             Some(&(stamp, member)) => entry.beats(stamp, member),
             // A leave of a pair never held changes nothing, but is kept in a
-            // cluster, where a join it beats may still be on its way.
-            None => entry.member || self.keep_tombstones,
+            // cluster, where a join it beats may still be on its way, unless
+            // it is past the horizon (then forgotten everywhere).
+            None => entry.member || self.keeps_tombstone(entry.stamp),
         }
     }
 
@@ -128,29 +169,46 @@ impl GroupLedger {
         }
         self.clock.raise_to(entry.stamp);
         let key = (entry.group.clone(), entry.user.clone());
+        let part = part_of(&key.0, &key.1);
         let was_member = match self.entries.remove(&key) {
             Some((stamp, member)) => {
-                self.digest ^= GroupEntry { group: key.0.clone(), user: key.1.clone(), stamp, member }.digest();
+                let held = GroupEntry { group: key.0.clone(), user: key.1.clone(), stamp, member };
+                self.digests[part] ^= held.digest();
+                if !member {
+                    self.tombstones.remove(&(stamp, key.0.clone(), key.1.clone()));
+                }
                 member
             }
             None => false,
         };
-        if entry.member || self.keep_tombstones {
-            self.digest ^= entry.digest();
+        if entry.member || self.keeps_tombstone(entry.stamp) {
+            self.digests[part] ^= entry.digest();
+            if !entry.member {
+                self.tombstones.insert((entry.stamp, key.0.clone(), key.1.clone()));
+            }
             self.entries.insert(key, (entry.stamp, entry.member));
         }
         if was_member == entry.member { Merged::Restamped } else { Merged::Membership(entry.member) }
     }
 
-    /// The digest of every entry held.
-    pub(crate) fn digest(&self) -> u64 {
-        self.digest
+    /// The digest of each part of the ledger.
+    pub(crate) fn digests(&self) -> Vec<u64> {
+        self.digests.clone()
     }
 
-    /// Every entry held, members and tombstones.
-    pub(crate) fn entries(&self) -> Vec<GroupEntry> {
+    /// The entries held, members and tombstones, of the parts whose digest
+    /// differs from `theirs`; every entry when `theirs` is not a digest of
+    /// [`DIGEST_PARTS`] parts.
+    pub(crate) fn entries_differing(&self, theirs: &[u64]) -> Vec<GroupEntry> {
+        let whole = theirs.len() != DIGEST_PARTS;
         self.entries
             .iter()
+            .filter(|((group, user), _)| {
+                whole || {
+                    let part = part_of(group, user);
+                    theirs[part] != self.digests[part]
+                }
+            })
             .map(|((group, user), &(stamp, member))| GroupEntry {
                 group: group.clone(),
                 user: user.clone(),
@@ -160,15 +218,21 @@ impl GroupLedger {
             .collect()
     }
 
-    /// Forgets the tombstones older than [`TOMBSTONE_HORIZON_MS`] before
-    /// store time `now`; returns them, to forget on disk too.
+    /// Forgets the tombstones older than the horizon at store time `now`
+    /// ([`TOMBSTONE_HORIZON_MS`] back, in steps of an hour, so that nodes
+    /// forget the same ones); returns them, to forget on disk too.
     pub(crate) fn forget_old_tombstones(&mut self, now: u64) -> Vec<GroupEntry> {
-        let horizon = now.saturating_sub(TOMBSTONE_HORIZON_MS) << COUNTER_BITS;
-        let old: Vec<GroupEntry> =
-            self.entries().into_iter().filter(|entry| !entry.member && entry.stamp < horizon).collect();
-        for entry in &old {
-            self.entries.remove(&(entry.group.clone(), entry.user.clone()));
-            self.digest ^= entry.digest();
+        let step = now - now % HORIZON_STEP_MS;
+        let horizon = step.saturating_sub(TOMBSTONE_HORIZON_MS) << COUNTER_BITS;
+        self.forgotten_below = self.forgotten_below.max(horizon);
+        let mut old = Vec::new();
+        while let Some(first) = self.tombstones.first().filter(|(stamp, _, _)| *stamp < horizon) {
+            let (stamp, group, user) = first.clone();
+            self.tombstones.pop_first();
+            self.entries.remove(&(group.clone(), user.clone()));
+            let entry = GroupEntry { group, user, stamp, member: false };
+            self.digests[part_of(&entry.group, &entry.user)] ^= entry.digest();
+            old.push(entry);
         }
         old
     }
@@ -183,7 +247,7 @@ mod tests {
     }
 
     fn held(ledger: &GroupLedger) -> Vec<GroupEntry> {
-        let mut entries = ledger.entries();
+        let mut entries = ledger.entries_differing(&[]);
         entries.sort_by(|a, b| (&a.group, &a.user).cmp(&(&b.group, &b.user)));
         entries
     }
@@ -210,14 +274,33 @@ mod tests {
             backward.merge(write);
         }
         assert_eq!(held(&forward), held(&backward));
-        assert_eq!(forward.digest(), backward.digest());
+        assert_eq!(forward.digests(), backward.digests());
         let members: Vec<(String, String)> = held(&forward)
             .into_iter()
             .filter(|entry| entry.member)
             .map(|entry| (entry.group.to_string(), entry.user.to_string()))
             .collect();
         assert_eq!(members, [("ops".into(), "ann".into()), ("team".into(), "cid".into())]);
-        assert_ne!(forward.digest(), GroupLedger::new(true).digest(), "a ledger holding entries has a digest of them");
+        assert_ne!(
+            forward.digests(),
+            GroupLedger::new(true).digests(),
+            "a ledger holding entries has a digest of them"
+        );
+        // A ledger that lacks one entry is sent the entries of that entry's part only.
+        let mut lacking = GroupLedger::new(true);
+        for write in writes.iter().filter(|write| write.user != "cid") {
+            lacking.merge(write);
+        }
+        let sent = forward.entries_differing(&lacking.digests());
+        assert!(
+            sent.contains(&entry("team", "cid", 13, true)) && sent.len() < forward.entries_differing(&[]).len(),
+            "{sent:?}"
+        );
+        for entry in &sent {
+            lacking.merge(entry);
+        }
+        assert_eq!(lacking.digests(), forward.digests());
+        assert!(forward.entries_differing(&forward.digests()).is_empty());
     }
 
     proptest::proptest! {
@@ -248,7 +331,7 @@ mod tests {
                 other.merge(write);
             }
             proptest::prop_assert_eq!(held(&one), held(&other));
-            proptest::prop_assert_eq!(one.digest(), other.digest());
+            proptest::prop_assert_eq!(one.digests(), other.digests());
             // Each pair ends as its winning write says.
             for write in &writes {
                 let winner = writes
@@ -296,22 +379,33 @@ mod tests {
         let mut single = GroupLedger::new(false);
         single.merge(&entry("team", "ann", 10, true));
         single.merge(&entry("team", "ann", 11, false));
-        assert!(single.entries().is_empty());
-        assert_eq!(single.digest(), 0);
+        assert!(single.entries_differing(&[]).is_empty());
+        assert!(single.digests().iter().all(|&digest| digest == 0));
 
         let mut cluster = GroupLedger::new(true);
-        let day = TOMBSTONE_HORIZON_MS;
+        let (day, hour) = (TOMBSTONE_HORIZON_MS, HORIZON_STEP_MS);
         cluster.merge(&entry("team", "ann", 1_000 << COUNTER_BITS, false));
         cluster.merge(&entry("team", "bob", (day + 1_000) << COUNTER_BITS, false));
         cluster.merge(&entry("team", "cid", 500 << COUNTER_BITS, true));
-        assert!(cluster.forget_old_tombstones(day).is_empty(), "nothing is a day old yet");
-        let forgotten = cluster.forget_old_tombstones(day + 1_001);
+        assert!(cluster.forget_old_tombstones(day + hour - 1).is_empty(), "the horizon moves by the hour");
+        let forgotten = cluster.forget_old_tombstones(day + hour);
         assert_eq!(forgotten, [entry("team", "ann", 1_000 << COUNTER_BITS, false)]);
         assert_eq!(held(&cluster).len(), 2, "a member, however old, and the newer tombstone stay");
+        assert_eq!(
+            cluster.merge(&entry("team", "ann", 1_000 << COUNTER_BITS, false)),
+            Merged::Stale,
+            "a tombstone past the horizon, sent by a node that has not forgotten it yet, is not taken in again"
+        );
+        assert_eq!(
+            cluster.merge(&entry("team", "cid", 900 << COUNTER_BITS, false)),
+            Merged::Membership(false),
+            "but it still ends an older membership"
+        );
+        assert_eq!(held(&cluster).len(), 1);
         let mut fresh = GroupLedger::new(true);
-        for entry in cluster.entries() {
+        for entry in cluster.entries_differing(&[]) {
             fresh.merge(&entry);
         }
-        assert_eq!(fresh.digest(), cluster.digest(), "the digest follows what is forgotten");
+        assert_eq!(fresh.digests(), cluster.digests(), "the digest follows what is forgotten");
     }
 }

@@ -400,7 +400,7 @@ impl Cluster for ClusterService {
     ) -> Result<Response<Self::GroupLedgerStream>, Status> {
         self.service_only(&request, "GroupLedger")?;
         membership(&self.context, "GroupLedger")?;
-        let pieces = crate::group_sync::ledger_pieces(&self.context, request.get_ref().digest);
+        let pieces = crate::group_sync::ledger_pieces(&self.context, &request.get_ref().digests);
         Ok(Response::new(tokio_stream::iter(pieces.into_iter().map(Ok).collect::<Vec<_>>())))
     }
 }

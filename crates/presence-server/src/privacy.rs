@@ -631,10 +631,14 @@ impl Privacy {
         Ok(newer)
     }
 
-    /// The digest of the group ledger, and with `whole`, its entries.
-    pub(crate) fn group_ledger(&self, whole: bool) -> (u64, Vec<GroupEntry>) {
-        let relations = self.relations.read();
-        (relations.ledger.digest(), if whole { relations.ledger.entries() } else { Vec::new() })
+    /// The digest of each part of the group ledger.
+    pub(crate) fn group_digests(&self) -> Vec<u64> {
+        self.relations.read().ledger.digests()
+    }
+
+    /// The group ledger's entries of the parts whose digest differs from `theirs`.
+    pub(crate) fn group_entries_differing(&self, theirs: &[u64]) -> Vec<GroupEntry> {
+        self.relations.read().ledger.entries_differing(theirs)
     }
 
     /// Forgets the group tombstones past the horizon, on disk and in memory.
