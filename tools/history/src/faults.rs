@@ -295,7 +295,10 @@ pub struct Kill9 {
     dir: Option<PathBuf>,
     /// What the last checkpoint held when the process died, by user.
     checkpoint: HashMap<String, CheckpointedUser>,
-    /// When it died and when it was back, on the history clock.
+    /// When the signal was sent: the process may die, and its connections
+    /// break, from then on.
+    kill_sent_at: u64,
+    /// When it was dead (its exit reaped) and when it was back, on the history clock.
     pub(crate) killed_at: u64,
     restarted_at: u64,
 }
@@ -362,6 +365,7 @@ impl Fault for Kill9 {
     }
 
     fn inject(&mut self, cx: &mut FaultCx<'_>) -> Result<(), String> {
+        self.kill_sent_at = cx.recorder.now_us();
         cx.server.kill9()?;
         self.killed_at = cx.recorder.now_us();
         let dir = self.dir.as_ref().ok_or("not configured")?;
@@ -487,7 +491,10 @@ impl Kill9 {
 
     /// Users that changed after the checkpoint: their highest version made
     /// before the kill is above the checkpointed one, or a call of theirs was
-    /// under way when the process died (applied or not, nobody knows).
+    /// under way when the process died (applied or not, nobody knows): sent
+    /// before its exit was reaped and failed with no definite outcome once the
+    /// signal was sent (a connection broken by the death may be seen before
+    /// the exit is reaped).
     fn changed_after_checkpoint(&self, a: &Analysis<'_>) -> HashSet<String> {
         let mut changed: HashSet<String> = a
             .observations
@@ -501,7 +508,7 @@ impl Kill9 {
         for record in a.records {
             if let Record::Call(call) = record
                 && call.start_us <= self.killed_at
-                && call.end_us >= self.killed_at
+                && call.end_us >= self.kill_sent_at
                 && !call.outcome.is_definite()
             {
                 changed.insert(call.user.clone());
@@ -679,7 +686,7 @@ mod tests {
     /// and `b` ONLINE at 20, and restarted at 3.8 s.
     fn killed() -> Kill9 {
         let checkpoint = [checkpointed("a", 10), checkpointed("b", 20)].into_iter().collect();
-        Kill9 { dir: None, checkpoint, killed_at: 3_605_000, restarted_at: 3_800_000 }
+        Kill9 { dir: None, checkpoint, kill_sent_at: 3_604_000, killed_at: 3_605_000, restarted_at: 3_800_000 }
     }
 
     /// `a` is closed by a call sent before the kill whose answer is read
@@ -712,6 +719,40 @@ mod tests {
         assert_eq!(flips.checked, 1, "a changed after the checkpoint, b did not");
         let undone = fault.undone_unregisters_end(&analysis);
         assert_eq!((undone.checked, undone.violations.len()), (1, 0), "{:?}", undone.violations);
+    }
+
+    /// `b` is closed by a call whose stream broke with the process (no
+    /// definite outcome), seen between the signal and the reaped exit, and
+    /// `b` then flips OFFLINE after the restart: the close was under way
+    /// when the process died, so `b` may have changed. The same broken call
+    /// ended before the signal was sent excuses nothing.
+    fn broken_close_of_b(start_us: u64, end_us: u64) -> Vec<Record> {
+        let mut h = history(true);
+        let broken = Record::Call(Call {
+            client: "gw1".into(),
+            op: Op::Unregister,
+            user: "b".into(),
+            session: "s".into(),
+            sent_generation: 7,
+            start_us,
+            end_us,
+            outcome: Outcome::Err { code: "Unavailable".into(), message: "the lease stream broke".into() },
+        });
+        h.insert(4, broken);
+        h
+    }
+
+    #[test]
+    fn b3_a_close_broken_by_the_death_may_have_changed_its_user() {
+        let records = broken_close_of_b(3_603_500, 3_604_500);
+        let flips = killed().only_changed_users_flip(&Analysis::new(&records, CONFIG));
+        assert!(flips.violations.is_empty(), "{:?}", flips.violations);
+        assert_eq!(flips.checked, 2, "a and b may have changed after the checkpoint");
+
+        let records = broken_close_of_b(3_600_000, 3_603_000);
+        let flips = killed().only_changed_users_flip(&Analysis::new(&records, CONFIG));
+        let flagged: Vec<&str> = flips.violations.iter().map(|v| v.user.as_str()).collect();
+        assert_eq!(flagged, ["b"], "broken before the signal: {:?}", flips.violations);
     }
 
     #[test]
