@@ -141,14 +141,15 @@ impl GroupLedger {
             .collect()
     }
 
-    /// Whether leaves are kept as tombstones.
-    pub(crate) fn keeps_tombstones(&self) -> bool {
-        self.keep_tombstones
-    }
-
     /// Whether a leave stamped `stamp` is kept as a tombstone.
     fn keeps_tombstone(&self, stamp: u64) -> bool {
         self.keep_tombstones && stamp >= self.forgotten_below
+    }
+
+    /// Whether the ledger holds a row for `entry` once it is merged (else
+    /// the pair's row goes): on disk as in memory.
+    pub(crate) fn keeps_row(&self, entry: &GroupEntry) -> bool {
+        entry.member || self.keeps_tombstone(entry.stamp)
     }
 
     /// Whether `entry` would change what is held.
@@ -181,7 +182,7 @@ impl GroupLedger {
             }
             None => false,
         };
-        if entry.member || self.keeps_tombstone(entry.stamp) {
+        if self.keeps_row(entry) {
             self.digests[part] ^= entry.digest();
             if !entry.member {
                 self.tombstones.insert((entry.stamp, key.0.clone(), key.1.clone()));

@@ -82,13 +82,10 @@ impl UserRelations {
 pub(crate) struct Relations {
     default_visibility: Visibility,
     /// Every group membership as last written, with the stamps that order
-    /// writes made on different nodes; `members` and the users' `groups`
-    /// are its members.
+    /// writes made on different nodes; the users' `groups` are its members.
     ledger: GroupLedger,
     /// Users with any relation.
     users: HashMap<CompactString, UserRelations>,
-    /// group -> its members.
-    members: HashMap<CompactString, HashSet<CompactString>>,
     /// Users whose own visibility is nobody.
     invisible: HashSet<CompactString>,
 }
@@ -134,7 +131,6 @@ impl Relations {
             default_visibility,
             ledger: GroupLedger::default(),
             users: HashMap::new(),
-            members: HashMap::new(),
             invisible: HashSet::new(),
         }
     }
@@ -180,17 +176,10 @@ impl Relations {
         match self.ledger.merge(entry) {
             Merged::Stale | Merged::Restamped => false,
             Merged::Membership(true) => {
-                self.members.entry(entry.group.clone()).or_default().insert(entry.user.clone());
                 self.users.entry(entry.user.clone()).or_default().groups.insert(entry.group.clone());
                 true
             }
             Merged::Membership(false) => {
-                if let Some(members) = self.members.get_mut(&entry.group) {
-                    members.remove(&entry.user);
-                    if members.is_empty() {
-                        self.members.remove(&entry.group);
-                    }
-                }
                 if let Some(record) = self.users.get_mut(&entry.user) {
                     record.groups.remove(&entry.group);
                 }
@@ -593,7 +582,7 @@ impl Privacy {
 
     /// [`Privacy::merge_groups`] for a caller holding the writer.
     async fn merge_groups_held(&self, entries: Vec<GroupEntry>) -> Result<Vec<GroupEntry>, ServiceError> {
-        let (newer, keep_tombstones) = {
+        let (newer, rows) = {
             let relations = self.relations.read();
             // Of two entries of one pair in one batch, the one that wins.
             let mut winners: HashMap<(CompactString, CompactString), GroupEntry> = HashMap::new();
@@ -608,14 +597,16 @@ impl Privacy {
             }
             let newer: Vec<GroupEntry> =
                 winners.into_values().filter(|entry| relations.ledger.is_newer(entry)).collect();
-            (newer, relations.ledger.keeps_tombstones())
+            let rows: Vec<bool> = newer.iter().map(|entry| relations.ledger.keeps_row(entry)).collect();
+            (newer, rows)
         };
         if newer.is_empty() {
             return Ok(newer);
         }
         if let Some(durable) = &self.durable {
-            let (durable, write) = (Arc::clone(durable), newer.clone());
-            run_blocking(move || durable.write_groups(&write, keep_tombstones)).await?;
+            let write: Vec<(GroupEntry, bool)> = newer.iter().cloned().zip(rows).collect();
+            let durable = Arc::clone(durable);
+            run_blocking(move || durable.write_groups(&write)).await?;
         }
         let mut relations = self.relations.write();
         let mut moved: HashSet<CompactString> = HashSet::new();
@@ -744,7 +735,9 @@ mod tests {
         relations.apply(&RelationChange::Audience { user: "alice".into(), viewers: ids(&["bob"]), grant: false });
         relations.merge_group_entry(&member("team", "carol", 3, false));
         assert!(!relations.can_see(Some("bob"), "alice") && !relations.can_see(Some("carol"), "alice"));
-        assert!(relations.members.get("team").is_some_and(|m| m.len() == 1));
+        let team: Vec<GroupEntry> =
+            relations.ledger.entries_differing(&[]).into_iter().filter(|entry| entry.member).collect();
+        assert_eq!(team, [member("team", "alice", 1, true)], "alice stays in the team, carol left it");
         assert!(!relations.users.contains_key("carol"), "a user with no relation left is forgotten");
     }
 }
