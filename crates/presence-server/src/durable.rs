@@ -209,15 +209,15 @@ impl DurableStore {
     }
 
     /// Writes group ledger entries (each newer than the one stored) in one
-    /// transaction; a leave is kept only with `keep_tombstones`. Returns once
-    /// it is on disk.
-    pub(crate) fn write_groups(&self, entries: &[GroupEntry], keep_tombstones: bool) -> Result<(), DurableError> {
+    /// transaction, each with whether the ledger keeps a row for it (else
+    /// the pair's row goes). Returns once it is on disk.
+    pub(crate) fn write_groups(&self, entries: &[(GroupEntry, bool)]) -> Result<(), DurableError> {
         let txn = self.db.begin_write()?;
         {
             let mut table = txn.open_table(GROUP_ENTRIES)?;
-            for entry in entries {
+            for (entry, kept) in entries {
                 let key = (entry.group.as_str(), entry.user.as_str());
-                if entry.member || keep_tombstones {
+                if *kept {
                     table.insert(key, (entry.stamp, entry.member))?;
                 } else {
                     table.remove(key)?;
@@ -402,21 +402,10 @@ impl DurableStore {
     pub(crate) fn settings_of<S: AsRef<str>>(&self, user_ids: &[S]) -> Result<Vec<Named>, DurableError> {
         let txn = self.db.begin_read()?;
         let table = txn.open_table(SETTINGS)?;
-        let mut all = Vec::with_capacity(user_ids.len());
-        for user_id in user_ids {
-            let user_id = user_id.as_ref();
-            let mut settings = Vec::new();
-            for entry in table.range((user_id, "")..)? {
-                let (key, value) = entry?;
-                let (owner, name) = key.value();
-                if owner != user_id {
-                    break;
-                }
-                settings.push((name.to_owned(), value.value().to_vec()));
-            }
-            all.push(settings);
-        }
-        Ok(all)
+        user_ids
+            .iter()
+            .map(|user_id| rows_of(&table, user_id.as_ref(), |name, value| (name.to_owned(), value.to_vec())))
+            .collect()
     }
 
     /// Records activity times, each only moving forward; returns once they are on disk.
@@ -442,22 +431,32 @@ impl DurableStore {
     }
 }
 
+/// The `(user, _)` rows of `table`, each made into a `T` from the key's
+/// second half and the value: a user's granted viewers, its settings.
+fn rows_of<V: redb::Value + 'static, T>(
+    table: &impl ReadableTable<(&'static str, &'static str), V>,
+    user: &str,
+    mut row: impl FnMut(&str, V::SelfType<'_>) -> T,
+) -> Result<Vec<T>, DurableError> {
+    let mut rows = Vec::new();
+    for entry in table.range((user, "")..)? {
+        let (key, value) = entry?;
+        let (owner, second) = key.value();
+        if owner != user {
+            break;
+        }
+        rows.push(row(second, value.value()));
+    }
+    Ok(rows)
+}
+
 /// The second halves of the `(user, _)` keys of `table`: a user's granted
 /// viewers, its setting names.
 fn seconds_of<V: redb::Value + 'static>(
     table: &impl ReadableTable<(&'static str, &'static str), V>,
     user: &str,
 ) -> Result<Vec<String>, DurableError> {
-    let mut seconds = Vec::new();
-    for entry in table.range((user, "")..)? {
-        let (key, _) = entry?;
-        let (owner, second) = key.value();
-        if owner != user {
-            break;
-        }
-        seconds.push(second.to_owned());
-    }
-    Ok(seconds)
+    rows_of(table, user, |second, _| second.to_owned())
 }
 
 /// Removes every `(user, _)` key of `table` (a user's grants, its settings).
@@ -565,7 +564,7 @@ mod tests {
             .unwrap();
         let joined =
             ["ann", "dan"].map(|user| GroupEntry { group: "team".into(), user: user.into(), stamp: 0, member: true });
-        store.write_groups(&joined, false).unwrap();
+        store.write_groups(&joined.map(|entry| (entry, true))).unwrap();
         let statuses = [
             ("ann", Availability::Available, "", None),
             ("bob", Availability::Away, "lunch", Some(1_800_000_000_000)),
@@ -580,7 +579,7 @@ mod tests {
     }
 
     /// Memberships kept by builds before the group ledger become its
-    /// entries, once; leaves are kept only when asked, and a forgotten
+    /// entries, once; a leave's row is kept only when asked, and a forgotten
     /// tombstone goes only if no newer entry replaced it.
     #[test]
     fn b4_group_memberships_move_into_the_ledger_and_tombstones_stay_as_asked() {
@@ -599,9 +598,9 @@ mod tests {
         };
         let store = DurableStore::open(&path).unwrap();
         assert_eq!(store.relations().unwrap().groups, [entry("ann", 0, true)]);
-        store.write_groups(&[entry("ann", 5, false), entry("bob", 6, true)], true).unwrap();
-        store.write_groups(&[entry("cid", 7, true)], false).unwrap();
-        store.write_groups(&[entry("cid", 8, false)], false).unwrap();
+        store.write_groups(&[(entry("ann", 5, false), true), (entry("bob", 6, true), true)]).unwrap();
+        store.write_groups(&[(entry("cid", 7, true), true)]).unwrap();
+        store.write_groups(&[(entry("cid", 8, false), false)]).unwrap();
         drop(store);
         let store = DurableStore::open(&path).unwrap();
         assert_eq!(store.relations().unwrap().groups, [entry("ann", 5, false), entry("bob", 6, true)]);
