@@ -33,16 +33,16 @@ pub(crate) const CATCH_UP_INTERVAL: Duration = Duration::from_secs(5);
 const PIECE_BYTES: usize = 1 << 20;
 
 /// Sends entries this node wrote to every other node of the cluster, all at
-/// once; returns the nodes that did not take them (the catch-up will bring
-/// them there).
-pub(crate) async fn send_to_the_others(membership: &Membership, entries: &[GroupEntry]) -> Vec<String> {
+/// once; a node that does not take them is logged and counted (the
+/// catch-up will bring them there).
+pub(crate) async fn send_to_the_others(membership: &Membership, entries: &[GroupEntry]) {
+    // Cut and encoded once, whatever the number of nodes.
+    let pieces = wire::group_entry_pieces(entries, PIECE_BYTES);
     let mut sent = JoinSet::new();
     for (node, address) in membership.others() {
         let client = membership.cluster_client(&address);
-        let pieces: Vec<_> = wire::group_entry_pieces(entries, PIECE_BYTES)
-            .into_iter()
-            .map(|piece| with_credential(piece, membership.peer_token()))
-            .collect();
+        let pieces: Vec<_> =
+            pieces.iter().map(|piece| with_credential(piece.clone(), membership.peer_token())).collect();
         sent.spawn(async move {
             let mut client = client.map_err(|err| (node.clone(), err))?;
             for piece in pieces {
@@ -53,15 +53,12 @@ pub(crate) async fn send_to_the_others(membership: &Membership, entries: &[Group
             Ok::<_, (String, ServiceError)>(())
         });
     }
-    let mut missed = Vec::new();
     while let Some(done) = sent.join_next().await {
         if let Ok(Err((node, err))) = done {
             tracing::warn!(node, %err, "a node did not take a group change; the catch-up will bring it");
             metrics::counter!(names::GROUP_SENDS_MISSED).increment(1);
-            missed.push(node);
         }
     }
-    missed
 }
 
 /// Runs the catch-up for as long as the node serves.
