@@ -14,6 +14,7 @@ pub mod checkpoint;
 mod config;
 mod error;
 mod interner;
+mod room_intake;
 mod room_names;
 mod rooms;
 mod shard;
@@ -31,6 +32,8 @@ pub use config::{
     ConfigError, MAX_FORGET_OFFLINE_AFTER_MS, MAX_OFFLINE_GRACE_MS, MIN_FORGET_OFFLINE_AFTER_MS, StoreConfig,
 };
 pub use error::LeaseError;
+pub use room_intake::{LEFT_KEPT_MS, RoomFactScan, StampedRoomFact};
+pub use rooms::{MemberMetadata, RoomFact};
 pub use shard::{LeaseView, MAX_ROOMS_PER_SESSION, SIGNAL_CHANGES_PER_SECOND, SessionView};
 pub use slots::{SlotSet, slot_of};
 pub use store::Store;

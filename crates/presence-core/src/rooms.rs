@@ -31,6 +31,7 @@ use compact_str::CompactString;
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 
 use crate::checkpoint::CheckpointWriter;
+use crate::room_intake::{Admitted, RoomIntake};
 use crate::stamp::StampClock;
 use crate::types::{
     RoomAccess, RoomChange, RoomChangeKind, RoomEventBody, RoomMember, RoomMetadata, RoomView, SIGNAL_SET_CAP,
@@ -42,17 +43,19 @@ use crate::wheel::Tick;
 /// shared by the sessions' side and the room's, holding the [`RoomMetadata`]
 /// that changes and views hand out, so that handing it out copies nothing.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct MemberMetadata(Option<Arc<RoomMetadata>>);
+pub struct MemberMetadata(Option<Arc<RoomMetadata>>);
 
 impl MemberMetadata {
     /// No metadata.
     pub(crate) const NONE: MemberMetadata = MemberMetadata(None);
 
-    pub(crate) fn new(entries: &[(String, String)]) -> Self {
+    /// Metadata of `entries` (none when empty).
+    pub fn new(entries: &[(String, String)]) -> Self {
         MemberMetadata((!entries.is_empty()).then(|| Arc::new(Arc::from(entries))))
     }
 
-    pub(crate) fn entries(&self) -> &[(String, String)] {
+    /// The entries, in the order they were given.
+    pub fn entries(&self) -> &[(String, String)] {
         self.0.as_deref().map_or(&[], |entries| entries)
     }
 
@@ -126,18 +129,41 @@ impl Eq for MemberMetadata {}
 /// shard names the room by its [`RoomName`](crate::room_names::RoomName),
 /// which the store turns into the room's id before the room side sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RoomFact<R = CompactString> {
+pub enum RoomFact<R = CompactString> {
     /// The user has `sessions` sessions in the room (at least one) and shows `metadata`.
-    Member { room_id: R, user_id: CompactString, sessions: u32, metadata: MemberMetadata },
+    Member {
+        /// The room.
+        room_id: R,
+        /// The user.
+        user_id: CompactString,
+        /// Its sessions in the room.
+        sessions: u32,
+        /// What it shows: its most recent session's metadata in the room.
+        metadata: MemberMetadata,
+    },
     /// The user has no session in the room any more.
-    Left { room_id: R, user_id: CompactString },
+    Left {
+        /// The room.
+        room_id: R,
+        /// The user.
+        user_id: CompactString,
+    },
     /// At least one of the user's sessions signals `kind` in the room (`on`), or none does any more.
-    Signal { room_id: R, user_id: CompactString, kind: CompactString, on: bool },
+    Signal {
+        /// The room.
+        room_id: R,
+        /// The user.
+        user_id: CompactString,
+        /// What it signals ("typing").
+        kind: CompactString,
+        /// Whether it does now.
+        on: bool,
+    },
 }
 
 impl<R> RoomFact<R> {
     /// The room the fact is about.
-    pub(crate) fn room_id(&self) -> &R {
+    pub fn room_id(&self) -> &R {
         match self {
             RoomFact::Member { room_id, .. } | RoomFact::Left { room_id, .. } | RoomFact::Signal { room_id, .. } => {
                 room_id
@@ -154,6 +180,15 @@ impl<R> RoomFact<R> {
             }
             RoomFact::Left { user_id, .. } => RoomFact::Left { room_id, user_id },
             RoomFact::Signal { user_id, kind, on, .. } => RoomFact::Signal { room_id, user_id, kind, on },
+        }
+    }
+
+    /// The user the fact is about.
+    pub fn user_id(&self) -> &CompactString {
+        match self {
+            RoomFact::Member { user_id, .. } | RoomFact::Left { user_id, .. } | RoomFact::Signal { user_id, .. } => {
+                user_id
+            }
         }
     }
 }
@@ -316,11 +351,121 @@ pub(crate) struct RoomShard {
     rooms: HashMap<CompactString, Room>,
     /// Hashes the members' ids for every room's index.
     hasher: DefaultHashBuilder,
+    /// On a cluster node, what the shard took in of other nodes' facts
+    /// (see `room_intake.rs`); empty elsewhere.
+    intake: RoomIntake,
 }
 
 impl RoomShard {
     pub(crate) fn new(now: Tick) -> Self {
-        RoomShard { now, stamps: StampClock::default(), rooms: HashMap::new(), hasher: DefaultHashBuilder::default() }
+        RoomShard {
+            now,
+            stamps: StampClock::default(),
+            rooms: HashMap::new(),
+            hasher: DefaultHashBuilder::default(),
+            intake: RoomIntake::default(),
+        }
+    }
+
+    /// Applies a fact a node sent, made at `stamp`, unless the shard took in
+    /// a fact of its user in its room at least as new (see `room_intake.rs`).
+    /// Returns whether it was taken in.
+    pub(crate) fn take_in(
+        &mut self,
+        now: Tick,
+        source: &str,
+        stamp: u64,
+        fact: RoomFact,
+        changes: &mut Vec<RoomChange>,
+    ) -> bool {
+        self.now = self.now.max(now);
+        match self.intake.admit(self.now, source, stamp, &fact) {
+            Admitted::Stale => return false,
+            Admitted::Newer => {}
+            Admitted::FromAnotherNode => {
+                // Its new node sends the signals it has; the old node's end here.
+                self.end_signals_of(now, fact.room_id(), fact.user_id(), &[], changes);
+            }
+        }
+        self.apply(now, fact, changes);
+        true
+    }
+
+    /// Ends the member's signals in the room but those of `kinds`.
+    fn end_signals_of(
+        &mut self,
+        now: Tick,
+        room_id: &CompactString,
+        user_id: &CompactString,
+        kinds: &[CompactString],
+        changes: &mut Vec<RoomChange>,
+    ) {
+        let sent: Vec<CompactString> = self.rooms.get(room_id.as_str()).map_or(Vec::new(), |room| {
+            room.signals
+                .iter()
+                .filter(|set| set.users.contains(user_id) && !kinds.contains(&set.kind))
+                .map(|set| set.kind.clone())
+                .collect()
+        });
+        for kind in sent {
+            let fact = RoomFact::Signal { room_id: room_id.clone(), user_id: user_id.clone(), kind, on: false };
+            self.apply(now, fact, changes);
+        }
+    }
+
+    /// Takes in the part of a node's scan that falls in this shard (see
+    /// [`RoomFactScan`](crate::room_intake::RoomFactScan)): its facts, then,
+    /// for each member in rooms `rooms` accepts whose last fact came from
+    /// `source` and is not newer than the scan of its user (`scanned_at`,
+    /// `None`: the scan leaves the user out), what the scan leaves out: the
+    /// member left, or stopped signalling the kinds it does not list.
+    pub(crate) fn take_in_scan(
+        &mut self,
+        now: Tick,
+        source: &str,
+        facts: Vec<(u64, RoomFact)>,
+        rooms: &dyn Fn(&str) -> bool,
+        scanned_at: &dyn Fn(&str) -> u64,
+        changes: &mut Vec<RoomChange>,
+    ) {
+        let mut asserted: HashMap<(CompactString, CompactString), Vec<CompactString>> = HashMap::new();
+        for (stamp, fact) in facts {
+            let key = (fact.room_id().clone(), fact.user_id().clone());
+            let kinds = asserted.entry(key).or_default();
+            if let RoomFact::Signal { kind, .. } = &fact {
+                kinds.push(kind.clone());
+            }
+            self.take_in(now, source, stamp, fact, changes);
+        }
+        for (room_id, user_id) in self.intake.members_from(source, rooms) {
+            let at = scanned_at(&user_id);
+            if self.intake.stamp(&room_id, &user_id).is_some_and(|stamp| stamp > at) {
+                continue;
+            }
+            match asserted.get(&(room_id.clone(), user_id.clone())) {
+                None => {
+                    self.take_in(now, source, at.max(1), RoomFact::Left { room_id, user_id }, changes);
+                }
+                Some(kinds) => {
+                    let kinds = kinds.clone();
+                    self.end_signals_of(now, &room_id, &user_id, &kinds, changes);
+                }
+            }
+        }
+    }
+
+    /// Forgets the members and signals of the rooms `rooms` accepts, and what
+    /// the intake holds of them, publishing nothing: another node owns them
+    /// now. Their access stays, for when they come back.
+    pub(crate) fn forget_rooms(&mut self, rooms: &dyn Fn(&str) -> bool) {
+        self.intake.forget_rooms(rooms);
+        for (room_id, room) in self.rooms.iter_mut() {
+            if rooms(room_id) {
+                let access = room.access;
+                *room = Room { version: room.version, access, ..Room::default() };
+            }
+        }
+        self.rooms.retain(|_, room| !room.is_empty());
     }
 
     /// Applies one user's fact, appending the change watchers see, if any.

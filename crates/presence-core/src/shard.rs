@@ -881,6 +881,51 @@ impl Shard {
         rooms
     }
 
+    /// Where each user `users` accepts stands in each room it is in now: a
+    /// `Member` fact per room and a `Signal` fact per kind it sends there, as
+    /// of the stamp returned, which every fact the shard makes later exceeds
+    /// (C1: a node re-asserting its users to the rooms' owners).
+    pub(crate) fn room_facts_held(
+        &mut self,
+        now: Tick,
+        users: &dyn Fn(&str) -> bool,
+        out: &mut Vec<RoomFact<RoomName>>,
+    ) -> u64 {
+        let now = self.advance(now);
+        for slot in 0..self.users.len() as u32 {
+            let user = &self.users[slot as usize];
+            if user.rooms == NIL || !users(&user.id) {
+                continue;
+            }
+            let user_id = user.id.clone();
+            let mut rooms: Vec<RoomName> = self.user_memberships(slot).map(|at| self.membership(at).room).collect();
+            rooms.sort_unstable();
+            rooms.dedup();
+            for room in rooms {
+                let (sessions, shown) = self.user_in_room(slot, room);
+                let metadata = shown.cloned().unwrap_or_default();
+                out.push(RoomFact::Member { room_id: room, user_id: user_id.clone(), sessions, metadata });
+            }
+            let mut signals: Vec<(RoomName, CompactString)> = self
+                .lease_indices(slot)
+                .filter_map(|index| self.signals.get(&index))
+                .flat_map(|signals| signals.active.iter().map(|signal| (signal.room, signal.kind.clone())))
+                .collect();
+            signals.sort_unstable();
+            signals.dedup();
+            for (room, kind) in signals {
+                out.push(RoomFact::Signal { room_id: room, user_id: user_id.clone(), kind, on: true });
+            }
+        }
+        self.stamps.next(now)
+    }
+
+    /// A stamp for a fact leaving the shard (see `room_intake.rs`): greater
+    /// than every stamp the shard issued before.
+    pub(crate) fn fact_stamp(&mut self) -> u64 {
+        self.stamps.next(self.now)
+    }
+
     /// Hands over the facts made for the room side since the last call.
     pub(crate) fn take_facts(&mut self) -> Vec<RoomFact<RoomName>> {
         std::mem::take(&mut self.facts)

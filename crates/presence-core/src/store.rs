@@ -14,14 +14,15 @@ use compact_str::CompactString;
 use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointWriter, UserRecord};
 use crate::config::{ConfigError, StoreConfig};
 use crate::error::LeaseError;
+use crate::room_intake::{RoomFactScan, StampedRoomFact};
 use crate::room_names::{RoomName, RoomNames};
-use crate::rooms::RoomShard;
+use crate::rooms::{RoomFact, RoomShard};
 use crate::shard::{LeaseView, SessionView, Shard};
 use crate::slots::SlotSet;
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 use crate::types::{
     Changes, Imported, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked,
-    RoomAccess, RoomChange, RoomRef, RoomView, Signalled, Status, StoreStats, Unregistered, UserView,
+    RoomAccess, RoomRef, RoomView, Signalled, Status, StoreStats, Unregistered, UserView,
 };
 use crate::validate;
 use crate::wheel::Tick;
@@ -50,9 +51,6 @@ pub struct Store {
     /// as 4-byte names (see `room_names.rs`); its locks come after a user
     /// shard's, never with a room shard's.
     names: RoomNames,
-    /// Independent of the shards' own table hashers, so that the bits that pick
-    /// a shard do not also cluster the users inside it.
-    shard_hasher: foldhash::fast::FixedState,
     /// The time the expiry driver will next wake at (`u64::MAX`: wake on any new timer).
     alarm: AtomicU64,
     waker: Option<ExpiryWaker>,
@@ -61,6 +59,9 @@ pub struct Store {
     forgotten: AtomicU64,
     /// The cluster slots being handed over, whose users' timers wait (C3).
     expiry_paused: Mutex<Option<Arc<SlotSet>>>,
+    /// Whether the user shards' room facts leave the store (a cluster node,
+    /// where the rooms' owners take them in) rather than feed its room shards.
+    room_facts_out: AtomicBool,
 }
 
 impl std::fmt::Debug for Store {
@@ -80,11 +81,11 @@ impl Store {
             config,
             shards,
             rooms,
-            shard_hasher: foldhash::fast::FixedState::with_seed(0x7072_6573_656e_6365),
             alarm: AtomicU64::new(u64::MAX),
             expiry_paused: Mutex::new(None),
             waker: None,
             forgotten: AtomicU64::new(0),
+            room_facts_out: AtomicBool::new(false),
         })
     }
 
@@ -318,7 +319,7 @@ impl Store {
             let mut shard = shard.lock();
             let forgotten = shard.forgotten();
             more |= shard.expire(now, budget.max(1), paused.as_deref(), &mut changes.users);
-            self.hand_facts_on(&mut shard, &mut changes.rooms);
+            self.hand_facts_on(&mut shard, changes);
             self.forgotten.fetch_add(shard.forgotten() - forgotten, Ordering::Relaxed);
             // The driver computes its next wake-up itself after this call, so
             // the timers it rescheduled here must not wake it again later.
@@ -457,21 +458,114 @@ impl Store {
 
     /// Which room shard a room lives in: the same hash as users', on the room id (C1).
     fn room_shard_of(&self, room_id: &str) -> usize {
-        (self.shard_hasher.hash_one(room_id) >> 32) as usize & (self.rooms.len() - 1)
+        shard_index(room_id, self.rooms.len())
     }
 
     /// Applies the facts the user shard made to the room shards, one room
-    /// shard lock at a time, while the caller still holds the user shard's.
-    fn hand_facts_on(&self, shard: &mut Shard, changes: &mut Vec<RoomChange>) {
+    /// shard lock at a time, while the caller still holds the user shard's;
+    /// or, on a store that sends them out, stamps them for the rooms' owners.
+    fn hand_facts_on(&self, shard: &mut Shard, changes: &mut Changes) {
         let now = shard.now();
+        let out = self.room_facts_out.load(Ordering::Relaxed);
         for fact in shard.take_facts() {
             let fact = fact.naming(|&name| self.names.id(name));
-            self.rooms[self.room_shard_of(fact.room_id())].lock().apply(now, fact, changes);
+            if out {
+                changes.room_facts.push(StampedRoomFact { stamp: shard.fact_stamp(), fact });
+            } else {
+                self.rooms[self.room_shard_of(fact.room_id())].lock().apply(now, fact, &mut changes.rooms);
+            }
         }
         // Only now, with every fact named: a fact may name a room whose last
         // reference its operation released.
         for name in shard.take_released() {
             self.names.release(name);
+        }
+    }
+
+    /// Makes the user shards' room facts leave the store, stamped, in
+    /// [`Changes::room_facts`], for the rooms' owners to take in (C1, see
+    /// `room_intake.rs`), rather than feed this store's room shards, which
+    /// then hold only what [`Store::take_in_room_facts`] brings. A cluster
+    /// node calls it before it serves.
+    pub fn send_room_facts_out(&self) {
+        self.room_facts_out.store(true, Ordering::Relaxed);
+    }
+
+    /// Takes in room facts a node (`source`) sent, this node owning their
+    /// rooms (C1): each is applied unless a fact of its user in its room at
+    /// least as new was taken in before. Returns each fact's room version
+    /// after it, in the order given.
+    pub fn take_in_room_facts(
+        &self,
+        now: Tick,
+        source: &str,
+        facts: Vec<StampedRoomFact>,
+        changes: &mut Changes,
+    ) -> Vec<u64> {
+        facts
+            .into_iter()
+            .map(|StampedRoomFact { stamp, fact }| {
+                let room_id = fact.room_id().clone();
+                let mut rooms = self.room_shard(&room_id).lock();
+                rooms.take_in(now, source, stamp, fact, &mut changes.rooms);
+                rooms.version(&room_id)
+            })
+            .collect()
+    }
+
+    /// Where the users `users` accepts stand in the rooms `rooms` accepts
+    /// (see [`RoomFactScan`]): what a node re-asserts to a room's owner that
+    /// may have missed some of its facts. One user shard lock at a time.
+    pub fn room_facts_held(
+        &self,
+        now: Tick,
+        users: &dyn Fn(&str) -> bool,
+        rooms: &dyn Fn(&str) -> bool,
+    ) -> RoomFactScan {
+        let mut scan = RoomFactScan::default();
+        let mut facts = Vec::new();
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            let stamp = shard.room_facts_held(now, users, &mut facts);
+            for fact in facts.drain(..) {
+                let fact = fact.naming(|&name| self.names.id(name));
+                if rooms(fact.room_id()) {
+                    scan.facts.push(StampedRoomFact { stamp, fact });
+                }
+            }
+            scan.shard_stamps.push(stamp);
+        }
+        scan
+    }
+
+    /// Takes in a node's scan of the rooms `rooms` accepts (see
+    /// [`RoomFactScan`]): its facts, and, for each member whose last fact
+    /// came from `source` and that the scan leaves out, a leave as of the
+    /// scan of its user's shard (a signal it leaves out ends likewise).
+    pub fn take_in_room_scan(
+        &self,
+        now: Tick,
+        source: &str,
+        rooms: &dyn Fn(&str) -> bool,
+        scan: RoomFactScan,
+        changes: &mut Changes,
+    ) {
+        let mut by_shard: Vec<Vec<(u64, RoomFact)>> = (0..self.rooms.len()).map(|_| Vec::new()).collect();
+        for StampedRoomFact { stamp, fact } in scan.facts {
+            by_shard[self.room_shard_of(fact.room_id())].push((stamp, fact));
+        }
+        let stamps = scan.shard_stamps;
+        let scanned_at = |user_id: &str| stamps.get(shard_index(user_id, stamps.len())).copied().unwrap_or(0);
+        for (shard, facts) in self.rooms.iter().zip(by_shard) {
+            shard.lock().take_in_scan(now, source, facts, rooms, &scanned_at, &mut changes.rooms);
+        }
+    }
+
+    /// Forgets, publishing nothing, the members and signals of the rooms
+    /// `rooms` accepts, which another node owns now (C1); their access stays.
+    pub fn forget_rooms(&self, rooms: &dyn Fn(&str) -> bool) {
+        for shard in self.rooms.iter() {
+            shard.lock().forget_rooms(rooms);
         }
     }
 
@@ -833,7 +927,7 @@ impl Store {
     /// Which shard a user lives in.
     pub fn shard_of(&self, user_id: &str) -> usize {
         // The high bits: foldhash mixes them best.
-        (self.shard_hasher.hash_one(user_id) >> 32) as usize & (self.shards.len() - 1)
+        shard_index(user_id, self.shards.len())
     }
 
     /// Runs `op` on the user's shard under its lock, then wakes the expiry
@@ -856,7 +950,7 @@ impl Store {
     ) -> R {
         let mut shard = self.shards[index].lock();
         let result = op(&mut shard, &mut changes.users);
-        self.hand_facts_on(&mut shard, &mut changes.rooms);
+        self.hand_facts_on(&mut shard, changes);
         let earliest_new_timer = shard.take_earliest_new_timer();
         drop(shard);
         if let (Some(deadline), Some(waker)) = (earliest_new_timer, &self.waker)
@@ -866,6 +960,16 @@ impl Store {
         }
         result
     }
+}
+
+/// The shard of `user_id` in a store of `shards` shards (a power of two), the
+/// same in every store, so that a room owner knows which of a node's user
+/// shards a user's facts come from. Its hash is independent of the shards'
+/// own table hashers, so that the bits that pick a shard do not also cluster
+/// the users inside it.
+fn shard_index(user_id: &str, shards: usize) -> usize {
+    const SHARD_HASHER: foldhash::fast::FixedState = foldhash::fast::FixedState::with_seed(0x7072_6573_656e_6365);
+    (SHARD_HASHER.hash_one(user_id) >> 32) as usize & shards.saturating_sub(1)
 }
 
 /// A room operation's ids are valid (B1).

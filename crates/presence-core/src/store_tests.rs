@@ -2554,3 +2554,267 @@ fn c4_a_copy_started_afresh_replaces_its_slots_and_a_damaged_one_changes_nothing
         assert_eq!(presence(&copy, sec(1), user).state, State::Online, "{user} is not in the slots");
     }
 }
+
+// ---- Rooms across nodes (C1, R5): facts stamped out of one store, taken in by another ----
+
+/// The session's current generation.
+fn generation(store: &Store, user_id: &str, session_id: &str) -> u64 {
+    let sessions = store.sessions(T0, user_id).expect("known user");
+    sessions.iter().find(|view| view.lease.session_id == session_id).expect("known session").lease.generation
+}
+
+/// The session's room reference at its current generation.
+fn at<'a>(store: &Store, user_id: &'a str, session_id: &'a str, room_id: &'a str) -> crate::RoomRef<'a> {
+    room(user_id, session_id, generation(store, user_id, session_id), room_id)
+}
+
+/// A cluster node's store: its room facts leave it.
+fn node_store() -> Store {
+    let store = small_store();
+    store.send_room_facts_out();
+    store
+}
+
+/// A room's members (user, sessions, shown metadata) and signals (kind, users), sorted.
+type RoomState = (Vec<(String, u32, Vec<(String, String)>)>, Vec<(String, Vec<String>)>);
+
+/// Who is in the room, with sessions and shown metadata, and who signals what: a room as every viewer sees it, versions aside.
+fn room_state(store: &Store, room_id: &str) -> RoomState {
+    let view = store.room(room_id, usize::MAX);
+    let mut members: Vec<_> = view
+        .members
+        .expect("listed")
+        .into_iter()
+        .map(|member| (member.user_id.to_string(), member.sessions, member.metadata.to_vec()))
+        .collect();
+    members.sort();
+    let mut signals: Vec<_> = view
+        .signals
+        .into_iter()
+        .map(|(kind, users, _)| {
+            let mut users: Vec<String> = users.into_iter().map(|user| user.to_string()).collect();
+            users.sort();
+            (kind.to_string(), users)
+        })
+        .collect();
+    signals.sort();
+    (members, signals)
+}
+
+/// C1, R1, R2, S3: the room operations of users on two nodes, their facts
+/// taken in by the room's owner, leave the owner's room as one store doing
+/// them all would hold it, with a larger version after every change and the
+/// nodes' own room shards untouched.
+#[test]
+fn c1_a_rooms_owner_taking_in_two_nodes_facts_holds_what_one_store_would() {
+    let (a, b, owner, single) = (node_store(), node_store(), small_store(), small_store());
+    let mut versions = Vec::new();
+    let mut step = |node: &Store, name: &str, op: &dyn Fn(&Store, &mut Changes)| {
+        let mut changes = Changes::default();
+        op(node, &mut changes);
+        assert!(changes.rooms.is_empty(), "a node's own room shards are not fed");
+        let mut taken = Changes::default();
+        versions.extend(owner.take_in_room_facts(T0, name, changes.room_facts, &mut taken));
+        op(&single, &mut Changes::default());
+    };
+    let register_on = |user: &'static str, session: &'static str| {
+        move |store: &Store, changes: &mut Changes| {
+            store.register(T0, &reg(user, session, "g", 200), changes).unwrap();
+        }
+    };
+    step(&a, "a", &register_on("u1", "s1"));
+    step(&a, "a", &register_on("u1", "s2"));
+    step(&b, "b", &register_on("u2", "s1"));
+    let joins: &[(&str, &str, &str)] = &[("u1", "s1", "phone"), ("u1", "s2", "tablet"), ("u2", "s1", "web")];
+    for &(user, session, device) in joins {
+        let node = if user == "u1" { &a } else { &b };
+        let name = if user == "u1" { "a" } else { "b" };
+        step(node, name, &|store: &Store, changes: &mut Changes| {
+            store.join(T0, &at(store, user, session, "r"), &meta(device), changes).unwrap();
+        });
+    }
+    step(&b, "b", &|store: &Store, changes: &mut Changes| {
+        store.signal(T0, &at(store, "u2", "s1", "r"), "typing", 5_000, changes).unwrap();
+    });
+    assert_eq!(room_state(&owner, "r"), room_state(&single, "r"));
+    assert_eq!(room_state(&owner, "r").0.len(), 2);
+    step(&a, "a", &|store: &Store, changes: &mut Changes| {
+        store.leave(T0, &at(store, "u1", "s2", "r"), changes).unwrap();
+    });
+    step(&b, "b", &|store: &Store, changes: &mut Changes| {
+        store.unregister(T0, "u2", "s1", generation(store, "u2", "s1"), 0, changes).unwrap();
+    });
+    assert_eq!(room_state(&owner, "r"), room_state(&single, "r"));
+    assert_eq!(room_state(&owner, "r").0, vec![("u1".to_string(), 1, meta("phone"))]);
+    assert!(versions.windows(2).all(|pair| pair[0] <= pair[1]), "{versions:?}");
+    assert!(versions.last() > versions.first());
+    assert_eq!(a.room("r", usize::MAX).users, 0, "the node holds no room of its own");
+}
+
+/// C3, M4: a user handed from node A to node B joins nothing anew: B's
+/// facts carry greater stamps than every fact A made, so A's facts that
+/// arrive late (a leave, a join) are refused, and the owner keeps B's word.
+/// The user's signal did not move with it and ends.
+#[test]
+fn c3_a_moved_users_late_facts_from_its_old_node_are_refused() {
+    let (a, b, owner) = (node_store(), node_store(), small_store());
+    let mut early = Changes::default();
+    register(&a, T0, reg("u", "s", "g", 200), &mut early);
+    a.join(T0, &at(&a, "u", "s", "r"), &meta("phone"), &mut early).unwrap();
+    a.signal(T0, &at(&a, "u", "s", "r"), "typing", 5_000, &mut early).unwrap();
+    let mut late = Changes::default();
+    a.leave(T0 + 1, &at(&a, "u", "s", "r"), &mut late).unwrap();
+    a.join(T0 + 2, &at(&a, "u", "s", "r"), &meta("laptop"), &mut late).unwrap();
+    owner.take_in_room_facts(T0, "a", early.room_facts, &mut Changes::default());
+    assert!(owner.room("r", usize::MAX).signals.len() == 1);
+
+    let (bytes, _) = a.export_users(&["u".into()], T0 + 3);
+    let mut moved = Changes::default();
+    b.import(T0 + 3, &bytes, &mut moved).unwrap();
+    let mut seen = Changes::default();
+    owner.take_in_room_facts(T0 + 3, "b", moved.room_facts, &mut seen);
+    assert_eq!(room_state(&owner, "r").0, vec![("u".to_string(), 1, meta("laptop"))]);
+    assert!(owner.room("r", usize::MAX).signals.is_empty(), "the signal stayed on node A");
+
+    let mut after = Changes::default();
+    let versions = owner.take_in_room_facts(T0 + 4, "a", late.room_facts, &mut after);
+    assert!(after.rooms.is_empty(), "late facts of the old node change nothing: {:?}", after.rooms);
+    assert_eq!(room_state(&owner, "r").0, vec![("u".to_string(), 1, meta("laptop"))]);
+    assert!(versions.iter().all(|&version| version == owner.room("r", 0).version));
+}
+
+/// C1: a node that lost facts on their way re-asserts where its users stand:
+/// the owner takes a member the scan leaves out for one that left and ends
+/// signals it leaves out, keeps members other nodes sent, and keeps a join
+/// made after the scan that reached it first.
+#[test]
+fn c1_a_nodes_scan_mends_the_facts_its_rooms_owner_missed() {
+    let (a, b, owner) = (node_store(), node_store(), small_store());
+    let mut sent = Changes::default();
+    for user in ["u1", "u2"] {
+        register(&a, T0, reg(user, "s", "g", 200), &mut sent);
+        a.join(T0, &at(&a, user, "s", "r"), &[], &mut sent).unwrap();
+        a.join(T0, &at(&a, user, "s", "other"), &[], &mut sent).unwrap();
+    }
+    a.signal(T0, &at(&a, "u1", "s", "r"), "typing", 5_000, &mut sent).unwrap();
+    register(&b, T0, reg("w", "s", "g", 200), &mut sent);
+    b.join(T0, &at(&b, "w", "s", "r"), &[], &mut sent).unwrap();
+    let (from_a, from_b): (Vec<_>, Vec<_>) = sent.room_facts.into_iter().partition(|fact| fact.fact.user_id() != "w");
+    owner.take_in_room_facts(T0, "a", from_a, &mut Changes::default());
+    owner.take_in_room_facts(T0, "b", from_b, &mut Changes::default());
+
+    let mut lost = Changes::default();
+    a.leave(T0 + 1, &at(&a, "u2", "s", "r"), &mut lost).unwrap();
+    a.signal(T0 + 1, &at(&a, "u1", "s", "r"), "typing", 0, &mut lost).unwrap();
+    let only_r = |room_id: &str| room_id == "r";
+    let scan = a.room_facts_held(T0 + 2, &|_| true, &only_r);
+    assert!(scan.facts.iter().all(|fact| fact.fact.room_id() == "r"));
+    let mut after_scan = Changes::default();
+    register(&a, T0 + 3, reg("u3", "s", "g", 200), &mut after_scan);
+    a.join(T0 + 3, &at(&a, "u3", "s", "r"), &[], &mut after_scan).unwrap();
+    owner.take_in_room_facts(T0 + 3, "a", after_scan.room_facts, &mut Changes::default());
+
+    let mut mended = Changes::default();
+    owner.take_in_room_scan(T0 + 4, "a", &only_r, scan, &mut mended);
+    let users: Vec<String> = room_state(&owner, "r").0.into_iter().map(|(user, ..)| user).collect();
+    assert_eq!(users, ["u1", "u3", "w"]);
+    assert!(owner.room("r", usize::MAX).signals.is_empty());
+    assert_eq!(owner.room("other", usize::MAX).users, 2, "a room the scan was not about is left alone");
+    assert!(!mended.rooms.is_empty());
+}
+
+/// C1: a room whose slot another node owns now is forgotten without a word,
+/// its access kept for when it comes back.
+#[test]
+fn c1_rooms_given_up_are_forgotten_publishing_nothing() {
+    let (a, owner) = (node_store(), small_store());
+    let mut sent = Changes::default();
+    register(&a, T0, reg("u", "s", "g", 200), &mut sent);
+    a.join(T0, &at(&a, "u", "s", "r"), &[], &mut sent).unwrap();
+    a.join(T0, &at(&a, "u", "s", "kept"), &[], &mut sent).unwrap();
+    owner.take_in_room_facts(T0, "a", sent.room_facts, &mut Changes::default());
+    owner.set_room_access("r", crate::RoomAccess::Public).unwrap();
+    owner.forget_rooms(&|room_id| room_id == "r");
+    let view = owner.room("r", usize::MAX);
+    assert_eq!((view.users, view.access), (0, crate::RoomAccess::Public));
+    assert_eq!(owner.room("kept", usize::MAX).users, 1);
+}
+
+/// C1, C3: however two nodes' fact streams interleave on their way to a
+/// room's owner (each in the order its node made them), and wherever a user
+/// moves from one node to the other on the way, the owner ends up holding the
+/// rooms one store doing every operation would hold (the moved user's
+/// signals end, as they do not move).
+mod rooms_across_nodes {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// (user 0..4, session 0..2, action 0..5, room 0..2, metadata 0..2)
+    type Op = (usize, usize, u8, usize, usize);
+
+    fn run(store: &Store, now: Tick, (user, session, action, room_at, device): Op, changes: &mut Changes) {
+        let (user, session) = (["u0", "u1", "u2", "u3"][user], ["s0", "s1"][session]);
+        let room_id = ["r0", "r1"][room_at];
+        let generation = store.sessions(now, user).ok().and_then(|sessions| {
+            sessions.iter().find(|view| view.lease.session_id == session).map(|v| v.lease.generation)
+        });
+        let Some(generation) = generation else {
+            store.register(now, &reg(user, session, "g", 200), changes).unwrap();
+            return;
+        };
+        let target = room(user, session, generation, room_id);
+        let _ = match action {
+            0 | 1 => store.join(now, &target, &meta(["phone", "web"][device]), changes).map(|_| ()),
+            2 => store.leave(now, &target, changes).map(|_| ()),
+            3 => store.signal(now, &target, "typing", 100 * (device as u32), changes).map(|_| ()),
+            _ => store.unregister(now, user, session, generation, 0, changes).map(|_| ()),
+        };
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        #[test]
+        fn c1_any_interleaving_of_two_nodes_facts_converges(
+            ops in prop::collection::vec((0..4usize, 0..2usize, 0..5u8, 0..2usize, 0..2usize), 1..60),
+            order in prop::collection::vec(any::<bool>(), 0..400),
+            move_at in 0..60usize,
+        ) {
+            let (a, b, owner, single) = (node_store(), node_store(), small_store(), small_store());
+            let (mut from_a, mut from_b) = (Changes::default(), Changes::default());
+            for (step, &op) in ops.iter().enumerate() {
+                let now = T0 + step as Tick;
+                if step == move_at {
+                    let (bytes, _) = a.export_users(&["u0".into()], now);
+                    b.import(now, &bytes, &mut from_b).unwrap();
+                    a.release_users(now, &["u0".into()]);
+                    for (session, room_id) in [("s0", "r0"), ("s0", "r1"), ("s1", "r0"), ("s1", "r1")] {
+                        if let Ok(sessions) = single.sessions(now, "u0")
+                            && let Some(view) = sessions.iter().find(|view| view.lease.session_id == session)
+                        {
+                            let target = room("u0", session, view.lease.generation, room_id);
+                            let _ = single.signal(now, &target, "typing", 0, &mut Changes::default());
+                        }
+                    }
+                }
+                let on_a = op.0 == 1 || (op.0 == 0 && step < move_at);
+                let (node, facts) = if on_a { (&a, &mut from_a) } else { (&b, &mut from_b) };
+                run(node, now, op, facts);
+                run(&single, now, op, &mut Changes::default());
+            }
+            let (mut from_a, mut from_b) = (from_a.room_facts.into_iter(), from_b.room_facts.into_iter());
+            let mut order = order.into_iter();
+            loop {
+                let fact = match order.next() {
+                    Some(true) => from_a.next().map(|fact| ("a", fact)).or_else(|| from_b.next().map(|fact| ("b", fact))),
+                    _ => from_b.next().map(|fact| ("b", fact)).or_else(|| from_a.next().map(|fact| ("a", fact))),
+                };
+                let Some((source, fact)) = fact else { break };
+                owner.take_in_room_facts(T0 + 100, source, vec![fact], &mut Changes::default());
+            }
+            for room_id in ["r0", "r1"] {
+                prop_assert_eq!(room_state(&owner, room_id), room_state(&single, room_id));
+            }
+        }
+    }
+}

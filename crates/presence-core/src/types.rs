@@ -100,12 +100,16 @@ pub struct Changes {
     pub users: Vec<PresenceChange>,
     /// Changes of rooms, in the order they were made (each room's in version order).
     pub rooms: Vec<RoomChange>,
+    /// On a store that sends its room facts out (a cluster node), the facts
+    /// its user shards made, in the order they were made, for the rooms'
+    /// owners (see `room_intake.rs`); empty otherwise.
+    pub room_facts: Vec<crate::room_intake::StampedRoomFact>,
 }
 
 impl Changes {
     /// Whether the operation changed nothing anyone sees.
     pub fn is_empty(&self) -> bool {
-        self.users.is_empty() && self.rooms.is_empty()
+        self.users.is_empty() && self.rooms.is_empty() && self.room_facts.is_empty()
     }
 }
 
