@@ -138,6 +138,15 @@ impl RoomIntake {
             .collect()
     }
 
+    /// The nodes that sent the last fact of some member.
+    pub(crate) fn sources(&self) -> Vec<CompactString> {
+        let mut sending = vec![false; self.sources.len()];
+        for held in self.registers.values().filter(|held| held.member) {
+            sending[usize::from(held.source)] = true;
+        }
+        self.sources.iter().zip(sending).filter(|(_, sending)| *sending).map(|(source, _)| source.clone()).collect()
+    }
+
     /// Forgets everything of the rooms `rooms` accepts.
     pub(crate) fn forget_rooms(&mut self, rooms: &dyn Fn(&str) -> bool) {
         self.registers.retain(|(room_id, _), _| !rooms(room_id));

@@ -454,6 +454,21 @@ impl RoomShard {
         }
     }
 
+    /// Takes every member whose last fact `source` sent for one that left,
+    /// just after that fact: a node gone from the cluster, whose users that
+    /// live on were taken in since by other nodes, with later facts.
+    pub(crate) fn forget_source(&mut self, now: Tick, source: &str, changes: &mut Vec<RoomChange>) {
+        for (room_id, user_id) in self.intake.members_from(source, &|_| true) {
+            let stamp = self.intake.stamp(&room_id, &user_id).unwrap_or(0) + 1;
+            self.take_in(now, source, stamp, RoomFact::Left { room_id, user_id }, changes);
+        }
+    }
+
+    /// The nodes that sent the last fact of some member here.
+    pub(crate) fn fact_sources(&self) -> Vec<CompactString> {
+        self.intake.sources()
+    }
+
     /// Forgets the members and signals of the rooms `rooms` accepts, and what
     /// the intake holds of them, publishing nothing: another node owns them
     /// now. Their access stays, for when they come back.

@@ -486,9 +486,12 @@ impl Store {
     /// [`Changes::room_facts`], for the rooms' owners to take in (C1, see
     /// `room_intake.rs`), rather than feed this store's room shards, which
     /// then hold only what [`Store::take_in_room_facts`] brings. A cluster
-    /// node calls it before it serves.
+    /// node calls it before it serves. What the room shards held (members a
+    /// restored checkpoint brought) is forgotten: the rooms' owners take those
+    /// members in from this node's scans.
     pub fn send_room_facts_out(&self) {
         self.room_facts_out.store(true, Ordering::Relaxed);
+        self.forget_rooms(&|_| true);
     }
 
     /// Takes in room facts a node (`source`) sent, this node owning their
@@ -558,6 +561,23 @@ impl Store {
         let scanned_at = |user_id: &str| stamps.get(shard_index(user_id, stamps.len())).copied().unwrap_or(0);
         for (shard, facts) in self.rooms.iter().zip(by_shard) {
             shard.lock().take_in_scan(now, source, facts, rooms, &scanned_at, &mut changes.rooms);
+        }
+    }
+
+    /// The nodes whose facts hold some member of this store's rooms (C1).
+    pub fn room_fact_sources(&self) -> Vec<CompactString> {
+        let mut sources: Vec<CompactString> = self.rooms.iter().flat_map(|shard| shard.lock().fact_sources()).collect();
+        sources.sort_unstable();
+        sources.dedup();
+        sources
+    }
+
+    /// Takes every member whose last fact node `source` sent for one that
+    /// left (C1): `source` is gone from the cluster, and the users of it that
+    /// live on were taken over by other nodes, whose later facts hold them.
+    pub fn forget_room_fact_source(&self, now: Tick, source: &str, changes: &mut Changes) {
+        for shard in self.rooms.iter() {
+            shard.lock().forget_source(now, source, &mut changes.rooms);
         }
     }
 
@@ -818,8 +838,17 @@ impl Store {
     /// what the dead node did after the copy was made is unknown, so each
     /// user it knew online is held online until `hold_until` (as after a
     /// restart, B3) and each lease lives until then at least, for its gateway
-    /// to renew it or register it again. Publishes nothing.
-    pub fn take_over(&self, now: Tick, bytes: &[u8], hold_until: Tick) -> Result<Imported, CheckpointError> {
+    /// to renew it or register it again. Publishes no change; on a store that
+    /// sends its room facts out, the taken users' room facts are put in
+    /// `changes` (their rooms' owners then hear the users from this node, and
+    /// end the signals the dead node's users sent there).
+    pub fn take_over(
+        &self,
+        now: Tick,
+        bytes: &[u8],
+        hold_until: Tick,
+        changes: &mut Changes,
+    ) -> Result<Imported, CheckpointError> {
         let copy = self.decode_raising_clocks(bytes)?;
         let mut imported = Imported::default();
         // Room changes are not published either: nobody watches rooms by
@@ -833,6 +862,7 @@ impl Store {
                 shard.take_over_user(now, &record, hold_until, &self.names, users);
             });
         }
+        changes.room_facts.append(&mut unpublished.room_facts);
         Ok(imported)
     }
 

@@ -2512,7 +2512,7 @@ fn c4_a_taken_over_user_stays_online_renews_its_sessions_and_keeps_its_version()
     }
     let at = T0 + 10_000;
     let taken = heir
-        .take_over(at, &copy.export_slots(&SlotSet::of(1, [0]), at), at + 3_000)
+        .take_over(at, &copy.export_slots(&SlotSet::of(1, [0]), at), at + 3_000, &mut Changes::default())
         .expect("a whole copy is taken over");
     assert_eq!(taken, Imported { users: 3, sessions: 2 });
     for user in ["renewed", "silent", "gone"] {
@@ -2721,6 +2721,38 @@ fn c1_a_nodes_scan_mends_the_facts_its_rooms_owner_missed() {
     assert!(owner.room("r", usize::MAX).signals.is_empty());
     assert_eq!(owner.room("other", usize::MAX).users, 2, "a room the scan was not about is left alone");
     assert!(!mended.rooms.is_empty());
+}
+
+/// C1, C4: the members a node gone from the cluster last spoke for leave its
+/// rooms when it is forgotten; a user of it that another node took in since,
+/// and other nodes' members, stay.
+#[test]
+fn c4_a_gone_nodes_members_leave_but_those_taken_over_stay() {
+    let (a, b, owner) = (node_store(), node_store(), small_store());
+    let mut from_a = Changes::default();
+    for user in ["lost", "saved"] {
+        register(&a, T0, reg(user, "s", "g", 200), &mut from_a);
+        a.join(T0, &at(&a, user, "s", "r"), &[], &mut from_a).unwrap();
+    }
+    let mut from_b = Changes::default();
+    register(&b, T0, reg("w", "s", "g", 200), &mut from_b);
+    b.join(T0, &at(&b, "w", "s", "r"), &[], &mut from_b).unwrap();
+    owner.take_in_room_facts(T0, "a", from_a.room_facts, &mut Changes::default());
+    owner.take_in_room_facts(T0, "b", from_b.room_facts, &mut Changes::default());
+    // b takes "saved" over from its copy of a: its facts speak for it now.
+    let (copy, _) = a.export_users(&["saved".into()], T0 + 1);
+    let mut taken = Changes::default();
+    b.take_over(T0 + 1, &copy, T0 + 3_000, &mut taken).unwrap();
+    assert!(!taken.room_facts.is_empty(), "a take-over tells the rooms' owners");
+    owner.take_in_room_facts(T0 + 1, "b", taken.room_facts, &mut Changes::default());
+    assert_eq!(owner.room_fact_sources(), ["a", "b"]);
+
+    let mut forgotten = Changes::default();
+    owner.forget_room_fact_source(T0 + 2, "a", &mut forgotten);
+    let users: Vec<String> = room_state(&owner, "r").0.into_iter().map(|(user, ..)| user).collect();
+    assert_eq!(users, ["saved", "w"]);
+    assert_eq!(forgotten.rooms.len(), 1, "one leave published: {:?}", forgotten.rooms);
+    assert_eq!(owner.room_fact_sources(), ["b"]);
 }
 
 /// C1: a room whose slot another node owns now is forgotten without a word,
