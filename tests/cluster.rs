@@ -1337,37 +1337,6 @@ async fn c3_every_slot_of_a_node_moves_while_100k_sessions_renew_and_nobody_flip
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c2_rooms_are_not_cluster_wide_yet_and_are_refused_saying_so() {
-    let etcd = EtcdServer::start().await;
-    let (servers, _) = three_nodes(&etcd).await;
-    let mut client = servers[0].client().await;
-    let room = || pb::RoomSnapshotRequest { room_id: "lobby".into(), ..Default::default() };
-    let refusals = [
-        ("RoomSnapshot", client.room_snapshot(room()).await.map(drop)),
-        (
-            "WatchRoom",
-            client
-                .watch_room(pb::WatchRoomRequest { room_id: "lobby".into(), mode: 1, ..Default::default() })
-                .await
-                .map(drop),
-        ),
-        (
-            "SetRoomAccess",
-            client.set_room_access(pb::SetRoomAccessRequest { room_id: "lobby".into(), access: 2 }).await.map(drop),
-        ),
-    ];
-    for (operation, answer) in refusals {
-        let refused = answer.unwrap_err();
-        assert_eq!(refused.code(), Code::FailedPrecondition, "{operation}: {refused:?}");
-        assert!(refused.message().starts_with(operation), "{operation}: {refused:?}");
-        assert!(refused.message().contains("cluster"), "{operation}: {refused:?}");
-    }
-    for server in servers {
-        server.stop().await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c3_a_move_that_cannot_be_made_is_refused_saying_why_and_changes_nothing() {
     let etcd = EtcdServer::start().await;
     let (servers, map) = three_nodes(&etcd).await;

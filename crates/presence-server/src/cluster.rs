@@ -347,6 +347,32 @@ impl Ownership {
         call_peer(address, FORWARD_TIMEOUT, client.watch(forwarded(request, authorization))).await
     }
 
+    /// Asks the room's owner at `address` for a RoomSnapshot, for the caller
+    /// and with its credentials (C1).
+    pub(crate) async fn forward_room_snapshot(
+        &self,
+        address: &str,
+        request: pb::RoomSnapshotRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<pb::RoomSnapshot, ServiceError> {
+        let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
+        let mut client = membership.peers.client(address)?;
+        call_peer(address, FORWARD_TIMEOUT, client.room_snapshot(forwarded(request, authorization))).await
+    }
+
+    /// Opens a WatchRoom at the room's owner at `address`, as
+    /// [`Ownership::forward_room_snapshot`] asks for a RoomSnapshot.
+    pub(crate) async fn forward_watch_room(
+        &self,
+        address: &str,
+        request: pb::WatchRoomRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<tonic::Streaming<pb::RoomEvent>, ServiceError> {
+        let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
+        let mut client = membership.peers.client(address)?;
+        call_peer(address, FORWARD_TIMEOUT, client.watch_room(forwarded(request, authorization))).await
+    }
+
     /// What may end this node's right to act for some user: the slot map's
     /// changes, the lease's, and the instant the lease lapses unless etcd
     /// confirms it again. `None` for a single node, which owns everyone for good.
@@ -359,7 +385,7 @@ impl Ownership {
         })
     }
 
-    /// Whether this is a cluster node (room reads are per node there).
+    /// Whether this is a cluster node.
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Ownership::Cluster(_))
     }
@@ -491,6 +517,11 @@ impl Membership {
     /// The slot map this node acts on (see [`Membership::acted`]).
     pub(crate) fn acted_map(&self) -> Arc<SlotMap> {
         self.acted.borrow().clone()
+    }
+
+    /// Changes of the slot map this node acts on, to wait on.
+    pub(crate) fn acted_changes(&self) -> tokio::sync::watch::Receiver<Arc<SlotMap>> {
+        self.acted.subscribe()
     }
 
     /// Acts on `map` from now on: the state of every slot it gives this node is here.

@@ -23,6 +23,7 @@ use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::privacy::{Privacy, Shown};
 use crate::publish::Publisher;
+use crate::room_sync::{RoomAnswer, RoomRoutes};
 use crate::rooms::RoomHub;
 use crate::settings::Settings;
 use crate::watch::Watches;
@@ -54,6 +55,9 @@ pub(crate) struct Context {
     pub(crate) ownership: Ownership,
     /// The copies of the slots this cluster node follows (C4); `None` on a single node.
     pub(crate) replica: Option<crate::replica::Replica>,
+    /// Where this cluster node sends each room's facts, and which of its
+    /// room slots it is rebuilding (`room_sync.rs`).
+    pub(crate) room_routes: RoomRoutes,
 }
 
 impl Context {
@@ -67,8 +71,14 @@ impl Context {
         config: &ServerConfig,
         stopping: CancellationToken,
     ) -> Self {
-        let publisher =
-            Publisher { store, hub: Arc::new(Hub::default()), rooms: Arc::default(), clock, metrics: Metrics::new() };
+        let publisher = Publisher {
+            store,
+            hub: Arc::new(Hub::default()),
+            rooms: Arc::default(),
+            clock,
+            metrics: Metrics::new(),
+            room_facts: Arc::default(),
+        };
         let granularity_ms = u64::try_from(config.last_seen_granularity.as_millis()).unwrap_or(u64::MAX);
         Context {
             privacy: Privacy::new(config.default_visibility, durable.clone(), publisher.clone(), granularity_ms),
@@ -86,6 +96,7 @@ impl Context {
             started: Instant::now(),
             ownership: Ownership::Single,
             replica: None,
+            room_routes: RoomRoutes::default(),
         }
     }
 
@@ -114,6 +125,17 @@ impl Context {
         self.publisher.apply(operation)
     }
 
+    /// [`Context::apply`] for an operation on rooms: on a cluster node, the
+    /// room facts it made go to their rooms' owners, whose answer (the room
+    /// versions after it) [`hear_rooms`] waits for.
+    pub(crate) fn apply_to_rooms<T>(
+        &self,
+        operation: impl FnOnce(&Store, u64, &mut Changes) -> T,
+    ) -> (T, tokio::sync::oneshot::Receiver<RoomAnswer>) {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        (self.publisher.apply_hearing_rooms(operation, Some(answer)), answered)
+    }
+
     /// The wire form of users as read for one caller: hidden users exactly as
     /// users never seen (P3), visible ones with their status and, offline,
     /// their coarse last seen (P5); exact activity times only for a service
@@ -138,5 +160,27 @@ impl Context {
                 wire::released(user_id, &self.privacy.release(shown, last_active_at, exact_activity))
             })
             .collect())
+    }
+}
+
+/// What the rooms' owners answered for an operation of
+/// [`Context::apply_to_rooms`], heard within the forwarding time: `None` when
+/// the operation made no room fact or the node sends none (a single node,
+/// whose store answered the versions itself).
+pub(crate) async fn hear_rooms(answered: tokio::sync::oneshot::Receiver<RoomAnswer>) -> Option<RoomAnswer> {
+    match tokio::time::timeout(crate::cluster::FORWARD_TIMEOUT, answered).await {
+        Ok(Ok(heard)) => Some(heard),
+        // Dropped unanswered: no fact was made, or none leaves this store.
+        Ok(Err(_)) => None,
+        Err(_) => Some(Err("the room's owner".into())),
+    }
+}
+
+/// The version of `room_id` the owners answered, if they answered one.
+pub(crate) fn room_version_heard(heard: &Option<RoomAnswer>, room_id: &str) -> Result<Option<u64>, ServiceError> {
+    match heard {
+        None => Ok(None),
+        Some(Ok(versions)) => Ok(versions.get(room_id).copied()),
+        Some(Err(node)) => Err(ServiceError::RoomOwnerUnreachable { node: node.clone() }),
     }
 }

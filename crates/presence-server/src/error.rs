@@ -103,15 +103,41 @@ pub(crate) enum ServiceError {
         /// Its answer.
         status: tonic::Status,
     },
-    /// A room read in cluster mode, where a room's members are spread over
-    /// the nodes that own their users.
+    /// A room request a cluster node cannot serve yet (a viewer's read,
+    /// count mode, SetRoomAccess): it needs each member's privacy at the
+    /// room's owner, which holds only the members' facts.
     #[error(
-        "{operation}: rooms are read per node and this node is one of a cluster; cluster-wide rooms are not built yet"
+        "{operation}: {what} is not built for a cluster yet; a service acting for no viewer reads rooms in member mode"
     )]
     RoomsPerNode {
         /// The RPC refused.
         operation: &'static str,
+        /// What of it.
+        what: &'static str,
     },
+    /// A room's owner did not take a change of its members (C1): the
+    /// member's own state changed, and the call may be made again.
+    #[error("the owner of the room ({node}) did not take the change yet; the call may be made again")]
+    RoomOwnerUnreachable {
+        /// The room's owner, as this node saw it.
+        node: String,
+    },
+    /// Room facts, or a room read, reached a node that does not own the room.
+    #[error("room {room_id:?}: this node does not own its slot")]
+    RoomsNotHere {
+        /// The room.
+        room_id: String,
+    },
+    /// A room whose slot this node just gained and whose members it is
+    /// still gathering from the other nodes.
+    #[error("room {room_id:?}: its slot came to this node and its members are being gathered; try again shortly")]
+    RoomRebuilding {
+        /// The room.
+        room_id: String,
+    },
+    /// A task of the server's own failed.
+    #[error("{0}")]
+    Internal(String),
     /// A Cluster RPC at a node that is not one of a cluster.
     #[error("{operation}: this node is not one of a cluster (serve --etcd)")]
     NotClustered {
@@ -179,6 +205,10 @@ impl ServiceError {
             ServiceError::RoomNotFound { .. } => Code::NotFound,
             ServiceError::RoomTooLarge { .. } => Code::FailedPrecondition,
             ServiceError::Durable(_) | ServiceError::ShuttingDown | ServiceError::NotOwner(_) => Code::Unavailable,
+            ServiceError::RoomOwnerUnreachable { .. }
+            | ServiceError::RoomsNotHere { .. }
+            | ServiceError::RoomRebuilding { .. } => Code::Unavailable,
+            ServiceError::Internal(_) => Code::Internal,
             ServiceError::RoomsPerNode { .. } | ServiceError::NotClustered { .. } | ServiceError::MoveRefused(_) => {
                 Code::FailedPrecondition
             }

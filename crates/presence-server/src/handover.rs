@@ -403,10 +403,23 @@ impl Cluster for ClusterService {
         let pieces = crate::group_sync::ledger_pieces(&self.context, &request.get_ref().digests);
         Ok(Response::new(tokio_stream::iter(pieces.into_iter().map(Ok).collect::<Vec<_>>())))
     }
+
+    async fn take_room_facts(&self, request: Request<pb::RoomFacts>) -> Result<Response<pb::RoomFactsTaken>, Status> {
+        self.service_only(&request, "TakeRoomFacts")?;
+        let membership = membership(&self.context, "TakeRoomFacts")?;
+        let versions = crate::room_sync::take_in(&self.context, membership, request.into_inner())?;
+        Ok(Response::new(pb::RoomFactsTaken { versions }))
+    }
+
+    async fn room_scan(&self, request: Request<pb::RoomScanRequest>) -> Result<Response<pb::RoomFacts>, Status> {
+        self.service_only(&request, "RoomScan")?;
+        let membership = membership(&self.context, "RoomScan")?;
+        Ok(Response::new(crate::room_sync::scan_for(&self.context, membership, request.into_inner()).await?))
+    }
 }
 
 /// `slots` of a cluster of `slot_count`, checked against this one's.
-fn slot_set(membership: &Membership, slots: &[u32], slot_count: u32) -> Result<SlotSet, ServiceError> {
+pub(crate) fn slot_set(membership: &Membership, slots: &[u32], slot_count: u32) -> Result<SlotSet, ServiceError> {
     let count = membership.slot_count();
     if slot_count != count {
         return Err(ServiceError::invalid("slot_count", format!("{slot_count}, but this cluster has {count} slots")));

@@ -125,8 +125,17 @@ async fn next_job(queues: &Receivers, stopping: &tokio_util::sync::CancellationT
 /// A worker: applies queued batches until the queue closes or the server stops.
 async fn work(context: Arc<Context>, queues: Receivers) {
     while let Some(job) = next_job(&queues, &context.stopping).await {
-        let results = apply(&context, job.batch, job.shed_renewals);
-        let _ = job.reply.send(results);
+        let rooms = rooms_named(&job.batch);
+        let (results, answered) = apply_hearing_rooms(&context, job.batch, job.shed_renewals);
+        if rooms.iter().all(Option::is_none) {
+            let _ = job.reply.send(results);
+        } else {
+            // The rooms' owners answer the room versions (a cluster node):
+            // waited for aside, so that the worker goes on with the next batch.
+            tokio::spawn(async move {
+                let _ = job.reply.send(with_room_versions(results, &rooms, answered).await);
+            });
+        }
         // A batch is a burst of CPU work: let other tasks (readers, viewers) in between.
         tokio::task::yield_now().await;
     }
@@ -138,13 +147,60 @@ async fn work(context: Arc<Context>, queues: Receivers) {
 /// which applies each user's in order; a register or unregister between them
 /// ends the run, so every item still sees exactly the items before it.
 pub(crate) fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bool) -> pb::LeaseResults {
+    apply_hearing_rooms(context, batch, shed_renewals).0
+}
+
+/// The room each item names (Join, Leave, Signal), by item.
+fn rooms_named(batch: &LeaseBatchFrame) -> Vec<Option<String>> {
+    let room = |room_id: &bytes::Bytes| Some(String::from_utf8_lossy(room_id).into_owned());
+    batch
+        .items
+        .iter()
+        .map(|item| match &item.op {
+            Some(LeaseOpFrame::Join(frame)) => room(&frame.room_id),
+            Some(LeaseOpFrame::Leave(frame)) => room(&frame.room_id),
+            Some(LeaseOpFrame::Signal(frame)) => room(&frame.room_id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A batch's results with the room versions the rooms' owners answered (a
+/// cluster node, C1): the version of each Join, Leave and Signal done is its
+/// room's; if an owner did not take the facts, those items are refused as
+/// the unary calls are (`UNAVAILABLE`: they may be made again).
+async fn with_room_versions(
+    mut results: pb::LeaseResults,
+    rooms: &[Option<String>],
+    answered: tokio::sync::oneshot::Receiver<crate::room_sync::RoomAnswer>,
+) -> pb::LeaseResults {
+    let heard = crate::context::hear_rooms(answered).await;
+    for (result, room) in results.results.iter_mut().zip(rooms) {
+        let Some(room) = room else { continue };
+        match (&mut result.result, crate::context::room_version_heard(&heard, room)) {
+            (Some(lease_result::Result::Join(joined)), Ok(Some(version))) => joined.room_version = version,
+            (Some(lease_result::Result::Leave(left)), Ok(Some(version))) => left.room_version = version,
+            (Some(lease_result::Result::Signal(signalled)), Ok(Some(version))) => signalled.room_version = version,
+            (Some(_), Err(refusal)) => *result = wire::lease_refused(&refusal),
+            _ => {}
+        }
+    }
+    results
+}
+
+/// [`apply`], with what the owners of the rooms the batch changed answer (see [`Context::apply_to_rooms`]).
+fn apply_hearing_rooms(
+    context: &Context,
+    batch: LeaseBatchFrame,
+    shed_renewals: bool,
+) -> (pb::LeaseResults, tokio::sync::oneshot::Receiver<crate::room_sync::RoomAnswer>) {
     let started = std::time::Instant::now();
     let metrics = context.metrics();
     let mut renewals = [0u64; RenewResult::COUNT];
     let mut results = Vec::with_capacity(batch.items.len());
     // One look at the slot map for the whole batch (C2).
     let ownership = context.ownership.view();
-    context.apply(|store, now, changes| {
+    let ((), answered) = context.apply_to_rooms(|store, now, changes| {
         let mut run: Vec<presence_core::Renewal<'_>> = Vec::new();
         for item in &batch.items {
             if let Some(user_id) = item.user_id()
@@ -218,7 +274,7 @@ pub(crate) fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bo
     }
     metrics.shed.increment(renewals[RenewResult::Shed as usize]);
     metrics.renewal_seconds.record(started.elapsed().as_secs_f64());
-    pb::LeaseResults { batch_id: batch.batch_id, results }
+    (pb::LeaseResults { batch_id: batch.batch_id, results }, answered)
 }
 
 /// Applies a run of renewals, appends their answers to `results` and counts them.

@@ -34,6 +34,7 @@ pub mod privacy;
 mod publish;
 mod rebalance;
 mod replica;
+mod room_sync;
 mod rooms;
 mod service;
 mod settings;
@@ -289,6 +290,14 @@ async fn serve_prepared(
     tokio::spawn(cluster::join_again_when_lost(Arc::clone(&context)));
     tokio::spawn(rebalance::rebalance(Arc::clone(&context)));
     tokio::spawn(group_sync::catch_up(Arc::clone(&context)));
+    if context.ownership.is_cluster() {
+        // Rooms live at their room slot's owner: facts go there from now on.
+        context.store().send_room_facts_out();
+        let queue = room_sync::start(&context);
+        let _ = context.publisher.room_facts.set(queue);
+        tokio::spawn(room_sync::rebuild_rooms(Arc::clone(&context)));
+        tokio::spawn(room_sync::forget_gone_nodes(Arc::clone(&context)));
+    }
     tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
     let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
 

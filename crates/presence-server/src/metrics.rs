@@ -96,6 +96,8 @@ pub mod names {
     pub const GROUP_ENTRIES_MERGED: &str = "presenced_group_entries_merged_total";
     /// Group changes this node wrote that another node did not take when sent; the catch-up brings them there (counter).
     pub const GROUP_SENDS_MISSED: &str = "presenced_group_sends_missed_total";
+    /// Room facts this node's users made that did not reach their room's owner: a full queue, or no owner yet; the owner is sent a scan instead (counter, C1).
+    pub const ROOM_FACTS_DROPPED: &str = "presenced_room_facts_dropped_total";
 }
 
 /// Counts a periodic checkpoint, written or not (B3).

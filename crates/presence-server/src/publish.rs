@@ -6,15 +6,17 @@
 //! and flipped its user). [`Publisher::apply`] owns that pattern, so no handler
 //! can forget it.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use presence_core::{Changes, PresenceChange, RoomChange, Store};
+use tokio::sync::oneshot;
 
 use crate::clock::StoreClock;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 #[cfg(test)]
 use crate::metrics::names;
+use crate::room_sync::{RoomAnswer, RoomFactQueue};
 use crate::rooms::RoomHub;
 
 /// Publishes changes to the viewers of this process.
@@ -30,17 +32,36 @@ pub(crate) struct Publisher {
     pub(crate) clock: StoreClock,
     /// Counts what was published.
     pub(crate) metrics: Metrics,
+    /// On a cluster node, where the store's room facts go: to their rooms'
+    /// owners (`room_sync.rs`). Set once, as the node starts routing.
+    pub(crate) room_facts: Arc<OnceLock<Arc<RoomFactQueue>>>,
 }
 
 impl Publisher {
     /// Runs one store operation at the current tick and publishes the changes
     /// it caused, whatever it answers.
     pub(crate) fn apply<T>(&self, operation: impl FnOnce(&Store, u64, &mut Changes) -> T) -> T {
+        self.apply_hearing_rooms(operation, None)
+    }
+
+    /// [`Publisher::apply`], and the room facts the operation made, if any,
+    /// are sent to their rooms' owners with `answer` to hear what they
+    /// answered (dropped, unanswered, when there were none).
+    pub(crate) fn apply_hearing_rooms<T>(
+        &self,
+        operation: impl FnOnce(&Store, u64, &mut Changes) -> T,
+        answer: Option<oneshot::Sender<RoomAnswer>>,
+    ) -> T {
         let mut changes = Changes::default();
-        let answer = operation(&self.store, self.clock.now(), &mut changes);
+        let answered = operation(&self.store, self.clock.now(), &mut changes);
         self.publish(&changes.users);
         self.publish_rooms(&changes.rooms);
-        answer
+        if !changes.room_facts.is_empty()
+            && let Some(queue) = self.room_facts.get()
+        {
+            queue.send(changes.room_facts, answer);
+        }
+        answered
     }
 
     /// Publishes room changes to the room watchers of this process, in order, and counts them.
@@ -102,6 +123,7 @@ mod tests {
                 rooms: Arc::default(),
                 clock,
                 metrics: Metrics::new(),
+                room_facts: Arc::default(),
             };
             let registration =
                 Registration { user_id: "u", session_id: "s", gateway_id: "gw", ttl_ms: 0, metadata: &[] };

@@ -524,7 +524,9 @@ async fn take_in(
     crate::handover::answer_again(context, membership, &from_copy);
     let (state, durable) = replica.take(now, &from_copy);
     let bytes = state.len();
-    let taken = match context.store().take_over(now, &state, now.saturating_add(replica.hold_ms)) {
+    let hold_until = now.saturating_add(replica.hold_ms);
+    // Through the publisher: the users' room facts go to their rooms' owners.
+    let taken = match context.apply(|store, _, changes| store.take_over(now, &state, hold_until, changes)) {
         Ok(taken) => taken,
         Err(damaged) => {
             tracing::error!(%damaged, slots = from_copy.len(), "a follower's copy could not be taken over");

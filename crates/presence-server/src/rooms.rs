@@ -263,6 +263,14 @@ impl RoomHub {
         delivered
     }
 
+    /// This node no longer answers for the rooms `rooms` accepts (their slot
+    /// moved, C1): their watchers check, and end.
+    pub(crate) fn end_rooms(&self, rooms: &dyn Fn(&str) -> bool) {
+        for topic in self.topics.iter().filter(|topic| rooms(topic.key())) {
+            topic.value().iter().for_each(|mailbox| mailbox.mark(false));
+        }
+    }
+
     /// The room's access changed: its watchers check whether they may still read it.
     pub(crate) fn access_changed(&self, room_id: &str) {
         if let Some(watchers) = self.topics.get(room_id) {
@@ -419,6 +427,42 @@ pub(crate) async fn watch(
     Ok(RoomStream::new(rx))
 }
 
+/// A WatchRoom opened at the room's owner at `owner`, relayed to the caller
+/// as it comes (C1). It ends as the owner's stream ends: with the owner's
+/// status when the owner ended it; `UNAVAILABLE` naming the owner when the
+/// connection broke or the stream stopped without one (the owner died or
+/// stopped: the caller opens it again, at the room's next owner).
+pub(crate) fn relay(context: Arc<Context>, owner: String, mut upstream: tonic::Streaming<pb::RoomEvent>) -> RoomStream {
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    tokio::spawn(async move {
+        let _watcher = OpenGauge::open(&context.metrics().room_watchers);
+        let ended = loop {
+            let event = tokio::select! {
+                event = upstream.message() => event,
+                () = tx.closed() => return,
+                () = context.stopping.cancelled() => break ServiceError::ShuttingDown.into(),
+            };
+            match event {
+                Ok(Some(event)) => {
+                    if tx.send(Ok(event)).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => break Status::unavailable(format!("the room's owner at {owner} ended the watch; reopen")),
+                Err(status) if matches!(status.code(), tonic::Code::Unknown | tonic::Code::Cancelled) => {
+                    break Status::unavailable(format!(
+                        "the room's owner at {owner} stopped answering ({}); reopen",
+                        status.message()
+                    ));
+                }
+                Err(status) => break Status::new(status.code(), format!("{owner}: {}", status.message())),
+            }
+        };
+        let _ = tx.send(Err(ended)).await;
+    });
+    RoomStream::new(rx)
+}
+
 /// Member mode's snapshot: refused past the member cap, naming count mode.
 fn member_snapshot(context: &Context, request: &RoomRequest) -> Result<pb::RoomSnapshot, ServiceError> {
     let snapshot = snapshot(context, request)?;
@@ -447,8 +491,11 @@ async fn members(
             () = context.stopping.cancelled() => return Err(ServiceError::ShuttingDown),
         }
         let (delivery, recheck) = mailbox.take();
-        if recheck && !may_read(context, request) {
-            return Err(not_visible(&request.room_id));
+        if recheck {
+            crate::room_sync::still_here(context, &request.room_id)?;
+            if !may_read(context, request) {
+                return Err(not_visible(&request.room_id));
+            }
         }
         let events = match delivery {
             RoomDelivery::Resync => {
@@ -537,6 +584,7 @@ async fn counts(
                 () = context.stopping.cancelled() => return Err(ServiceError::ShuttingDown),
             }
         }
+        crate::room_sync::still_here(context, &request.room_id)?;
         if !may_read(context, request) {
             return Err(not_visible(&request.room_id));
         }

@@ -17,13 +17,14 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Authenticator, Caller};
 use crate::cluster::{self, OwnershipView};
-use crate::context::Context;
+use crate::context::{Context, hear_rooms, room_version_heard};
 use crate::error::ServiceError;
 use crate::fanin;
 use crate::leases::{self, LeaseQueue, LeasesStream};
 use crate::metrics::RenewResult;
 use crate::ops;
 use crate::privacy::{RelationChange, Shown};
+use crate::room_sync::{self, RoomPlace};
 use crate::rooms::{self, RoomStream};
 use crate::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
 use crate::watch::{self, WatchStream};
@@ -63,12 +64,22 @@ impl PresenceService {
         Ok(view)
     }
 
-    /// Refuses a room RPC on a cluster node, where rooms are not cluster-wide yet.
-    fn rooms_here(&self, operation: &'static str) -> Result<(), ServiceError> {
-        match self.context.ownership.is_cluster() {
-            true => Err(ServiceError::RoomsPerNode { operation }),
-            false => Ok(()),
+    /// Where a room read is answered (C1): here, or at the room slot's owner,
+    /// to which it is forwarded. A cluster node answers a service acting for
+    /// no viewer; a viewer's read needs its members' privacy at the room's
+    /// owner, which is not built yet.
+    fn room_place<T>(
+        &self,
+        request: &Request<T>,
+        room: &rooms::RoomRequest,
+        operation: &'static str,
+    ) -> Result<RoomPlace, ServiceError> {
+        let Some(membership) = self.context.ownership.membership() else { return Ok(RoomPlace::Here) };
+        if room.viewer.is_some() {
+            return Err(ServiceError::RoomsPerNode { operation, what: "a viewer's room read" });
         }
+        let forwarded = request.metadata().contains_key(cluster::FORWARDED);
+        room_sync::place_of(&self.context, membership, &room.room_id, forwarded)
     }
 
     /// Who a Snapshot or Watch answers for: the viewer itself, or the viewer a
@@ -253,53 +264,95 @@ impl PresenceApi for PresenceService {
     }
 
     async fn join(&self, request: Request<pb::JoinRequest>) -> Answer<pb::JoinResponse> {
-        answer((|| {
+        let (mut joined, answered) = (|| {
             self.service_only(&request, "Join")?;
             let _owned = self.owns(&request.get_ref().user_id)?;
             let input = wire::join_request(request.get_ref());
             let metrics = self.context.metrics();
-            self.context.apply(|store, now, changes| ops::join(store, metrics, now, &input, changes))
-        })())
+            let (joined, answered) =
+                self.context.apply_to_rooms(|store, now, changes| ops::join(store, metrics, now, &input, changes));
+            Ok::<_, ServiceError>((joined?, answered))
+        })()?;
+        if let Some(version) = room_version_heard(&hear_rooms(answered).await, &request.get_ref().room_id)? {
+            joined.room_version = version;
+        }
+        Ok(Response::new(joined))
     }
 
     async fn leave(&self, request: Request<pb::LeaveRequest>) -> Answer<pb::LeaveResponse> {
-        answer((|| {
+        let (mut left, answered) = (|| {
             self.service_only(&request, "Leave")?;
             let _owned = self.owns(&request.get_ref().user_id)?;
             let room = wire::leave_request(request.get_ref());
-            self.context.apply(|store, now, changes| ops::leave(store, now, &room, changes))
-        })())
+            let (left, answered) =
+                self.context.apply_to_rooms(|store, now, changes| ops::leave(store, now, &room, changes));
+            Ok::<_, ServiceError>((left?, answered))
+        })()?;
+        if let Some(version) = room_version_heard(&hear_rooms(answered).await, &request.get_ref().room_id)? {
+            left.room_version = version;
+        }
+        Ok(Response::new(left))
     }
 
     async fn signal(&self, request: Request<pb::SignalRequest>) -> Answer<pb::SignalResponse> {
-        answer((|| {
+        let (mut signalled, answered) = (|| {
             self.service_only(&request, "Signal")?;
             let _owned = self.owns(&request.get_ref().user_id)?;
             let input = wire::signal_request(request.get_ref());
             let metrics = self.context.metrics();
-            self.context.apply(|store, now, changes| ops::signal(store, metrics, now, &input, changes))
-        })())
+            let (signalled, answered) =
+                self.context.apply_to_rooms(|store, now, changes| ops::signal(store, metrics, now, &input, changes));
+            Ok::<_, ServiceError>((signalled?, answered))
+        })()?;
+        if let Some(version) = room_version_heard(&hear_rooms(answered).await, &request.get_ref().room_id)? {
+            signalled.room_version = version;
+        }
+        Ok(Response::new(signalled))
     }
 
     async fn room_snapshot(&self, request: Request<pb::RoomSnapshotRequest>) -> Answer<pb::RoomSnapshot> {
-        self.rooms_here("RoomSnapshot")?;
         let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
-        answer(rooms::snapshot(&self.context, &room))
+        match self.room_place(&request, &room, "RoomSnapshot")? {
+            RoomPlace::Here => answer(rooms::snapshot(&self.context, &room)),
+            RoomPlace::At(address) => {
+                let authorization = request.metadata().get("authorization");
+                let forwarded =
+                    self.context.ownership.forward_room_snapshot(&address, request.get_ref().clone(), authorization);
+                Ok(Response::new(forwarded.await?))
+            }
+        }
     }
 
     type WatchRoomStream = RoomStream;
 
     async fn watch_room(&self, request: Request<pb::WatchRoomRequest>) -> Answer<Self::WatchRoomStream> {
-        self.rooms_here("WatchRoom")?;
         let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
         let count_interval = wire::room_watch_mode(request.get_ref().mode, request.get_ref().count_interval_ms)?;
-        Ok(Response::new(rooms::watch(Arc::clone(&self.context), room, count_interval).await?))
+        let place = self.room_place(&request, &room, "WatchRoom")?;
+        if count_interval.is_some() && self.context.ownership.is_cluster() {
+            // Counts leave out invisible members, whose visibility only their own node knows.
+            return Err(ServiceError::RoomsPerNode { operation: "WatchRoom", what: "count mode" }.into());
+        }
+        match place {
+            RoomPlace::Here => Ok(Response::new(rooms::watch(Arc::clone(&self.context), room, count_interval).await?)),
+            RoomPlace::At(address) => {
+                let authorization = request.metadata().get("authorization");
+                let upstream = self
+                    .context
+                    .ownership
+                    .forward_watch_room(&address, request.get_ref().clone(), authorization)
+                    .await?;
+                Ok(Response::new(rooms::relay(Arc::clone(&self.context), address, upstream)))
+            }
+        }
     }
 
     async fn set_room_access(&self, request: Request<pb::SetRoomAccessRequest>) -> Answer<pb::SetRoomAccessResponse> {
         answer((|| {
             self.service_only(&request, "SetRoomAccess")?;
-            self.rooms_here("SetRoomAccess")?;
+            if self.context.ownership.is_cluster() {
+                return Err(ServiceError::RoomsPerNode { operation: "SetRoomAccess", what: "room access" });
+            }
             let request = request.get_ref();
             let access = wire::room_access(request.access)?;
             self.context.store().set_room_access(&request.room_id, access)?;

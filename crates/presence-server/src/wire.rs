@@ -12,9 +12,9 @@
 use std::time::Duration;
 
 use presence_core::{
-    Availability, CompactString, Joined, Left, Presence, Registered, Registration, Renewal, Renewed, Revoked,
-    RoomAccess, RoomMember, RoomRef, SessionView, Signalled, State, StoreConfig, StoreStats, UnregisterOutcome,
-    Unregistered,
+    Availability, CompactString, Joined, Left, MemberMetadata, Presence, Registered, Registration, Renewal, Renewed,
+    Revoked, RoomAccess, RoomFact, RoomFactScan, RoomMember, RoomRef, SessionView, Signalled, StampedRoomFact, State,
+    StoreConfig, StoreStats, UnregisterOutcome, Unregistered,
 };
 use presence_proto::lease_frames::{
     JoinFrame, LeaveFrame, MetadataEntryFrame, RegisterFrame, RenewFrame, SignalFrame, UnregisterFrame,
@@ -708,6 +708,109 @@ pub(crate) fn group_entries(sent: pb::GroupEntries) -> Result<Vec<GroupEntry>, S
         .collect()
 }
 
+/// Room facts this node's users made, for their rooms' owner (C1, `room_sync.rs`).
+pub(crate) fn room_facts_message(from_node: &str, facts: &[StampedRoomFact]) -> pb::RoomFacts {
+    pb::RoomFacts {
+        from_node: from_node.to_owned(),
+        facts: facts.iter().map(room_fact_message).collect(),
+        ..Default::default()
+    }
+}
+
+/// A scan of where this node's users stand in the rooms of `slots` (see [`RoomFactScan`]).
+pub(crate) fn room_scan_message(from_node: &str, scan: &RoomFactScan, slots: &presence_core::SlotSet) -> pb::RoomFacts {
+    pb::RoomFacts {
+        from_node: from_node.to_owned(),
+        facts: scan.facts.iter().map(room_fact_message).collect(),
+        scan: true,
+        slots: slots.iter().collect(),
+        slot_count: slots.slots(),
+        shard_stamps: scan.shard_stamps.clone(),
+    }
+}
+
+fn room_fact_message(StampedRoomFact { stamp, fact }: &StampedRoomFact) -> pb::RoomFact {
+    let mut message = pb::RoomFact {
+        room_id: fact.room_id().to_string(),
+        user_id: fact.user_id().to_string(),
+        stamp: *stamp,
+        ..Default::default()
+    };
+    match fact {
+        RoomFact::Member { sessions, metadata, .. } => {
+            message.kind = pb::RoomFactKind::RoomFactMember.into();
+            message.sessions = *sessions;
+            message.metadata = metadata
+                .entries()
+                .iter()
+                .map(|(key, value)| pb::RoomFactMetadata { key: key.clone(), value: value.clone() })
+                .collect();
+        }
+        RoomFact::Left { .. } => message.kind = pb::RoomFactKind::RoomFactLeft.into(),
+        RoomFact::Signal { kind, on, .. } => {
+            message.kind = pb::RoomFactKind::RoomFactSignal.into();
+            message.signal_kind = kind.to_string();
+            message.on = *on;
+        }
+    }
+    message
+}
+
+/// The facts another node sent, checked (B1): a node's own stores made them,
+/// so anything out of their bounds is damage, refused whole, naming the field.
+pub(crate) fn room_facts(sent: Vec<pb::RoomFact>) -> Result<Vec<StampedRoomFact>, ServiceError> {
+    sent.into_iter()
+        .map(|fact| {
+            let stamp = fact.stamp;
+            if stamp == 0 || stamp > presence_core::stamp::MAX_STAMP {
+                return Err(ServiceError::invalid(
+                    "facts.stamp",
+                    format!("{} is not a stamp a node issues", fact.stamp),
+                ));
+            }
+            let (room_id, user_id) = (id("facts.room_id", &fact.room_id)?, id("facts.user_id", &fact.user_id)?);
+            let fact = match pb::RoomFactKind::try_from(fact.kind) {
+                Ok(pb::RoomFactKind::RoomFactMember) => {
+                    if fact.sessions == 0 {
+                        return Err(ServiceError::invalid("facts.sessions", "a member has at least one session"));
+                    }
+                    if fact.metadata.len() > presence_core::MAX_METADATA_ENTRIES
+                        || fact.metadata.iter().any(|entry| {
+                            entry.key.is_empty()
+                                || entry.key.len() > presence_core::MAX_METADATA_KEY_BYTES
+                                || entry.value.len() > presence_core::MAX_METADATA_VALUE_BYTES
+                        })
+                    {
+                        return Err(ServiceError::invalid("facts.metadata", "beyond the limits of room metadata"));
+                    }
+                    let entries: Vec<(String, String)> =
+                        fact.metadata.into_iter().map(|entry| (entry.key, entry.value)).collect();
+                    RoomFact::Member {
+                        room_id,
+                        user_id,
+                        sessions: fact.sessions,
+                        metadata: MemberMetadata::new(&entries),
+                    }
+                }
+                Ok(pb::RoomFactKind::RoomFactLeft) => RoomFact::Left { room_id, user_id },
+                Ok(pb::RoomFactKind::RoomFactSignal) => {
+                    if fact.signal_kind.is_empty() || fact.signal_kind.len() > presence_core::MAX_SIGNAL_KIND_BYTES {
+                        return Err(ServiceError::invalid(
+                            "facts.signal_kind",
+                            format!("must be 1 to {} bytes", presence_core::MAX_SIGNAL_KIND_BYTES),
+                        ));
+                    }
+                    RoomFact::Signal { room_id, user_id, kind: fact.signal_kind.into(), on: fact.on }
+                }
+                Err(_) => {
+                    return Err(ServiceError::invalid("facts.kind", format!("{} is no kind of room fact", fact.kind)));
+                }
+            };
+            Ok(StampedRoomFact { stamp, fact })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -741,6 +844,51 @@ mod tests {
         assert!(pieces.len() > 1, "cut in pieces");
         let back: Vec<GroupEntry> = pieces.into_iter().flat_map(|piece| group_entries(piece).unwrap()).collect();
         assert_eq!(back, entries);
+    }
+
+    /// B1, C1: room facts from a node read back as they were sent; one out
+    /// of bounds is refused naming its field.
+    #[test]
+    fn b1_room_facts_from_a_node_read_back_and_a_bad_one_names_its_field() {
+        let facts = vec![
+            StampedRoomFact {
+                stamp: 7,
+                fact: RoomFact::Member {
+                    room_id: "lobby".into(),
+                    user_id: "ann".into(),
+                    sessions: 2,
+                    metadata: MemberMetadata::new(&[("z".into(), "1".into()), ("a".into(), "2".into())]),
+                },
+            },
+            StampedRoomFact { stamp: 8, fact: RoomFact::Left { room_id: "lobby".into(), user_id: "bob".into() } },
+            StampedRoomFact {
+                stamp: 9,
+                fact: RoomFact::Signal {
+                    room_id: "lobby".into(),
+                    user_id: "ann".into(),
+                    kind: "typing".into(),
+                    on: true,
+                },
+            },
+        ];
+        let sent = room_facts_message("node-a", &facts);
+        assert_eq!((sent.from_node.as_str(), sent.scan), ("node-a", false));
+        assert_eq!(room_facts(sent.facts.clone()).unwrap(), facts, "metadata keeps its order");
+        let bad = |change: fn(&mut pb::RoomFact)| {
+            let mut fact = sent.facts[0].clone();
+            change(&mut fact);
+            field_of(room_facts(vec![fact]))
+        };
+        assert_eq!(bad(|fact| fact.stamp = 0), "facts.stamp");
+        assert_eq!(bad(|fact| fact.stamp = presence_core::stamp::MAX_STAMP + 1), "facts.stamp");
+        assert_eq!(bad(|fact| fact.room_id = String::new()), "facts.room_id");
+        assert_eq!(bad(|fact| fact.user_id = "x".repeat(300)), "facts.user_id");
+        assert_eq!(bad(|fact| fact.sessions = 0), "facts.sessions");
+        assert_eq!(bad(|fact| fact.metadata[0].key = String::new()), "facts.metadata");
+        assert_eq!(bad(|fact| fact.kind = 9), "facts.kind");
+        let mut signal = sent.facts[2].clone();
+        signal.signal_kind = String::new();
+        assert_eq!(field_of(room_facts(vec![signal])), "facts.signal_kind");
     }
 
     #[test]

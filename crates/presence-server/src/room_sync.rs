@@ -1,0 +1,547 @@
+//! Rooms across nodes (C1, R5): every room lives at the node that owns its
+//! room id's slot, whoever owns its members.
+//!
+//! A cluster node's store hands its users' room facts out, stamped (see
+//! `presence_core::room_intake`). The router here sends each to the owner of
+//! its room's slot: facts for this node's own rooms are taken in at once,
+//! the others queue per destination node and go in the order they were made,
+//! one call at a time. Join, Leave and Signal wait for the owner's answer,
+//! which carries the room version they answer with. The owner takes facts in
+//! by stamp, so a user that moves between nodes never goes back.
+//!
+//! Facts can be lost on the way (a node down or cut off, a queue that
+//! overflowed, a node that restarted). A destination that may have missed
+//! some is sent a scan before anything else: where this node's users stand in
+//! the rooms it owns, from which the owner mends what it missed.
+//!
+//! A node that starts owning room slots (a move, a takeover, the cluster's
+//! first map) rebuilds their rooms before it answers for them: it asks every
+//! other node for a scan of those slots ([`rebuild_rooms`]), and each node
+//! asked sends its later facts of those rooms to it from then on, even
+//! before its own map shows the new owner. A node that stops owning room
+//! slots forgets their rooms and ends their watchers, which open again
+//! through any node at the new owner.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hashbrown::{HashMap, HashSet};
+use parking_lot::Mutex;
+use presence_cluster::SlotMap;
+use presence_core::{CompactString, SlotSet, StampedRoomFact, slot_of};
+use presence_proto::v1 as pb;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::cluster::{FORWARD_TIMEOUT, Membership, call_peer, with_credential};
+use crate::context::Context;
+use crate::error::ServiceError;
+use crate::wire;
+
+/// Batches of facts made and not yet routed; past it, facts are dropped and
+/// every destination is sent a scan instead.
+const ROUTER_QUEUE: usize = 4_096;
+
+/// Batches queued for one destination.
+const DESTINATION_QUEUE: usize = 1_024;
+
+/// How often a destination that needs a scan and has no facts coming is tried.
+const SCAN_RETRY: Duration = Duration::from_secs(1);
+
+/// The room version of each room a batch of facts touched, after them.
+pub(crate) type RoomVersions = HashMap<CompactString, u64>;
+
+/// What the owners answered for a batch: the versions, or the owner that did not take it.
+pub(crate) type RoomAnswer = Result<RoomVersions, String>;
+
+/// One operation's facts, and where to tell their owners' answer.
+#[derive(Debug)]
+pub(crate) struct FactBatch {
+    facts: Vec<StampedRoomFact>,
+    answer: Option<oneshot::Sender<RoomAnswer>>,
+}
+
+/// The store's side of the router: where the publisher puts facts.
+#[derive(Debug)]
+pub(crate) struct RoomFactQueue {
+    sender: mpsc::Sender<FactBatch>,
+    /// Set when facts were dropped for want of room: every destination then
+    /// needs a scan.
+    overflowed: AtomicBool,
+}
+
+impl RoomFactQueue {
+    /// Queues an operation's facts; `answer` hears from their owners. A full
+    /// queue drops them (the answer hears so) and has every owner sent a scan.
+    pub(crate) fn send(&self, facts: Vec<StampedRoomFact>, answer: Option<oneshot::Sender<RoomAnswer>>) {
+        if let Err(mpsc::error::TrySendError::Full(batch) | mpsc::error::TrySendError::Closed(batch)) =
+            self.sender.try_send(FactBatch { facts, answer })
+        {
+            self.overflowed.store(true, Ordering::Release);
+            metrics::counter!(crate::metrics::names::ROOM_FACTS_DROPPED).increment(batch.facts.len() as u64);
+            if let Some(answer) = batch.answer {
+                let _ = answer.send(Err("any, this node's queue of room facts being full".into()));
+            }
+        }
+    }
+}
+
+/// Where this node sends the facts of each room slot, and which of its own
+/// room slots are being rebuilt.
+#[derive(Debug, Default)]
+pub(crate) struct RoomRoutes {
+    /// Slots a node said it owns from an epoch on (in a RoomScan) that this
+    /// node's map may not show yet.
+    claimed: Mutex<HashMap<u32, (String, i64)>>,
+    /// This node's room slots whose rooms are not rebuilt yet: their reads wait.
+    rebuilding: Mutex<HashSet<u32>>,
+}
+
+impl RoomRoutes {
+    /// The node that owns `slot`: the map's owner, unless a node claimed it
+    /// from a later epoch.
+    pub(crate) fn owner(&self, map: &SlotMap, slot: u32) -> Option<String> {
+        let owner = map.owner(slot);
+        let mut claimed = self.claimed.lock();
+        match (claimed.get(&slot), owner) {
+            (Some((node, epoch)), Some(owner)) if *epoch > owner.epoch => Some(node.clone()),
+            (Some((node, _)), None) => Some(node.clone()),
+            (Some(_), Some(owner)) => {
+                claimed.remove(&slot);
+                Some(owner.node.clone())
+            }
+            (None, owner) => owner.map(|owner| owner.node.clone()),
+        }
+    }
+
+    fn claim(&self, slots: &SlotSet, node: &str, epoch: i64) {
+        let mut claimed = self.claimed.lock();
+        for slot in slots.iter() {
+            claimed.insert(slot, (node.to_owned(), epoch));
+        }
+    }
+
+    /// Whether `slot`'s rooms are being rebuilt here.
+    pub(crate) fn is_rebuilding(&self, slot: u32) -> bool {
+        self.rebuilding.lock().contains(&slot)
+    }
+}
+
+/// Starts routing the store's room facts (a cluster node): returns the
+/// queue the publisher feeds, and runs the router until the server stops.
+pub(crate) fn start(context: &Arc<Context>) -> Arc<RoomFactQueue> {
+    let (sender, receiver) = mpsc::channel(ROUTER_QUEUE);
+    let queue = Arc::new(RoomFactQueue { sender, overflowed: AtomicBool::new(false) });
+    tokio::spawn(route(Arc::clone(context), Arc::clone(&queue), receiver));
+    queue
+}
+
+/// One destination's queue, and whether it needs a scan before more facts.
+struct Destination {
+    sender: mpsc::Sender<(Vec<StampedRoomFact>, oneshot::Sender<RoomAnswer>)>,
+    needs_scan: Arc<AtomicBool>,
+}
+
+async fn route(context: Arc<Context>, queue: Arc<RoomFactQueue>, mut batches: mpsc::Receiver<FactBatch>) {
+    let Some(membership) = context.ownership.membership() else { return };
+    // Every owner hears from this node at once, with a scan: it may hold
+    // users (restored from its data directory) that the owners never had.
+    let mut destinations: HashMap<String, Destination> = HashMap::new();
+    let map = membership.acted_map();
+    for slot in 0..membership.slot_count() {
+        if let Some(owner) = map.owner(slot).filter(|owner| owner.node != membership.node()) {
+            destinations
+                .entry(owner.node.clone())
+                .or_insert_with(|| open_destination(Arc::clone(&context), owner.node.clone()));
+        }
+    }
+    loop {
+        let batch = tokio::select! {
+            batch = batches.recv() => match batch { Some(batch) => batch, None => return },
+            () = context.stopping.cancelled() => return,
+        };
+        if queue.overflowed.swap(false, Ordering::AcqRel) {
+            destinations.values().for_each(|destination| destination.needs_scan.store(true, Ordering::Release));
+        }
+        let map = membership.acted_map();
+        let mut by_owner: HashMap<String, Vec<StampedRoomFact>> = HashMap::new();
+        for fact in batch.facts {
+            let slot = slot_of(fact.fact.room_id().as_bytes(), membership.slot_count());
+            match context.room_routes.owner(&map, slot) {
+                Some(owner) => by_owner.entry(owner).or_default().push(fact),
+                // No owner yet (a new cluster): its first owner rebuilds from scans.
+                None => metrics::counter!(crate::metrics::names::ROOM_FACTS_DROPPED).increment(1),
+            }
+        }
+        let mut parts = Vec::new();
+        for (owner, facts) in by_owner {
+            if owner == membership.node() {
+                let rooms: Vec<CompactString> = facts.iter().map(|fact| fact.fact.room_id().clone()).collect();
+                let node = membership.node().to_owned();
+                let versions =
+                    context.apply(|store, now, changes| store.take_in_room_facts(now, &node, facts, changes));
+                parts.push(Part::Done(Ok(rooms.into_iter().zip(versions).collect())));
+                continue;
+            }
+            let destination = destinations
+                .entry(owner.clone())
+                .or_insert_with(|| open_destination(Arc::clone(&context), owner.clone()));
+            if destination.sender.is_closed() {
+                *destination = open_destination(Arc::clone(&context), owner.clone());
+            }
+            let (answer, answered) = oneshot::channel();
+            match destination.sender.try_send((facts, answer)) {
+                Ok(()) => parts.push(Part::Pending(owner, answered)),
+                Err(_) => {
+                    destination.needs_scan.store(true, Ordering::Release);
+                    parts.push(Part::Done(Err(owner)));
+                }
+            }
+        }
+        if let Some(answer) = batch.answer {
+            tokio::spawn(async move {
+                let _ = answer.send(gather(parts).await);
+            });
+        }
+    }
+}
+
+/// One owner's share of a batch.
+enum Part {
+    Done(RoomAnswer),
+    Pending(String, oneshot::Receiver<RoomAnswer>),
+}
+
+/// The owners' answers to one batch, as one.
+async fn gather(parts: Vec<Part>) -> RoomAnswer {
+    let mut versions = RoomVersions::new();
+    for part in parts {
+        let answered = match part {
+            Part::Done(answered) => answered?,
+            Part::Pending(owner, answered) => answered.await.map_err(|_| owner)??,
+        };
+        for (room, version) in answered {
+            let at = versions.entry(room).or_default();
+            *at = (*at).max(version);
+        }
+    }
+    Ok(versions)
+}
+
+/// Opens the queue to `node`, whose sender starts with a scan: this node may
+/// hold users whose facts `node` never had (it restarted, or was away).
+fn open_destination(context: Arc<Context>, node: String) -> Destination {
+    let (sender, receiver) = mpsc::channel(DESTINATION_QUEUE);
+    let needs_scan = Arc::new(AtomicBool::new(true));
+    tokio::spawn(send_to(context, node, receiver, Arc::clone(&needs_scan)));
+    Destination { sender, needs_scan }
+}
+
+/// Sends one destination its facts, in order, each batch once its scan is in.
+async fn send_to(
+    context: Arc<Context>,
+    node: String,
+    mut batches: mpsc::Receiver<(Vec<StampedRoomFact>, oneshot::Sender<RoomAnswer>)>,
+    needs_scan: Arc<AtomicBool>,
+) {
+    let Some(membership) = context.ownership.membership() else { return };
+    loop {
+        let next = tokio::select! {
+            next = batches.recv() => match next { Some(next) => Some(next), None => return },
+            () = tokio::time::sleep(SCAN_RETRY), if needs_scan.load(Ordering::Acquire) => None,
+            () = context.stopping.cancelled() => return,
+        };
+        if needs_scan.load(Ordering::Acquire) {
+            match send_scan(&context, membership, &node).await {
+                Ok(()) => needs_scan.store(false, Ordering::Release),
+                Err(err) => tracing::debug!(node, %err, "no room scan to this node yet"),
+            }
+        }
+        let Some((facts, answer)) = next else { continue };
+        let rooms: Vec<CompactString> = facts.iter().map(|fact| fact.fact.room_id().clone()).collect();
+        let sent = send_facts(membership, &node, wire::room_facts_message(membership.node(), &facts)).await;
+        let answered = match sent {
+            Ok(versions) => Ok(rooms.into_iter().zip(versions).collect()),
+            Err(err) => {
+                tracing::debug!(node, %err, "room facts not taken; the node gets a scan");
+                needs_scan.store(true, Ordering::Release);
+                Err(node.clone())
+            }
+        };
+        let _ = answer.send(answered);
+    }
+}
+
+async fn send_facts(membership: &Membership, node: &str, facts: pb::RoomFacts) -> Result<Vec<u64>, ServiceError> {
+    let address = membership.nodes().address(node).map(str::to_owned);
+    let address = address.ok_or_else(|| ServiceError::RoomOwnerUnreachable { node: node.to_owned() })?;
+    let mut client = membership.cluster_client(&address)?;
+    let request = with_credential(facts, membership.peer_token());
+    Ok(call_peer(node, FORWARD_TIMEOUT, client.take_room_facts(request)).await?.versions)
+}
+
+/// Sends `node` where this node's users stand in the rooms it owns.
+async fn send_scan(context: &Arc<Context>, membership: &Membership, node: &str) -> Result<(), ServiceError> {
+    let map = membership.acted_map();
+    let mut slots = SlotSet::new(membership.slot_count());
+    for slot in 0..membership.slot_count() {
+        if context.room_routes.owner(&map, slot).as_deref() == Some(node) {
+            slots.insert(slot);
+        }
+    }
+    if slots.is_empty() {
+        // It owns no room now: nothing to mend there.
+        return Ok(());
+    }
+    let message = scan_message(context, membership, &slots).await?;
+    send_facts(membership, node, message).await.map(drop)
+}
+
+/// A scan of this node's users in the rooms of `slots`, made off the runtime's threads.
+async fn scan_message(
+    context: &Arc<Context>,
+    membership: &Membership,
+    slots: &SlotSet,
+) -> Result<pb::RoomFacts, ServiceError> {
+    let (store, now, node, slots) =
+        (Arc::clone(context.store()), context.now(), membership.node().to_owned(), slots.clone());
+    tokio::task::spawn_blocking(move || {
+        let scan = store.room_facts_held(now, &|_| true, &|room_id| slots.holds(room_id.as_bytes()));
+        wire::room_scan_message(&node, &scan, &slots)
+    })
+    .await
+    .map_err(|_| ServiceError::Internal("a room scan did not finish".into()))
+}
+
+/// Where a room request is answered (C1): here, or at the room slot's
+/// owner's address. A request forwarded here already is not sent on.
+pub(crate) enum RoomPlace {
+    Here,
+    At(String),
+}
+
+/// Where a room read for `room_id` is answered, on a cluster node.
+pub(crate) fn place_of(
+    context: &Context,
+    membership: &Membership,
+    room_id: &str,
+    forwarded: bool,
+) -> Result<RoomPlace, ServiceError> {
+    let slot = slot_of(room_id.as_bytes(), membership.slot_count());
+    let owner = context.room_routes.owner(&membership.acted_map(), slot);
+    let not_here = || ServiceError::RoomsNotHere { room_id: room_id.to_owned() };
+    match owner {
+        Some(owner) if owner == membership.node() => {
+            if !membership.acting_now() {
+                return Err(not_here());
+            }
+            if context.room_routes.is_rebuilding(slot) {
+                return Err(ServiceError::RoomRebuilding { room_id: room_id.to_owned() });
+            }
+            Ok(RoomPlace::Here)
+        }
+        Some(owner) if !forwarded => {
+            membership.nodes().address(&owner).map(|address| RoomPlace::At(address.to_owned())).ok_or_else(not_here)
+        }
+        _ => Err(not_here()),
+    }
+}
+
+/// Whether this node still answers for `room_id` (a single node always).
+pub(crate) fn still_here(context: &Context, room_id: &str) -> Result<(), ServiceError> {
+    match context.ownership.membership() {
+        None => Ok(()),
+        Some(membership) => place_of(context, membership, room_id, true).map(drop),
+    }
+}
+
+/// Takes in facts a node sent (TakeRoomFacts): a batch for rooms this node
+/// owns, or a scan of the rooms of some of its slots.
+pub(crate) fn take_in(
+    context: &Context,
+    membership: &Membership,
+    sent: pb::RoomFacts,
+) -> Result<Vec<u64>, ServiceError> {
+    let from = wire::id("from_node", &sent.from_node)?;
+    let map = membership.acted_map();
+    let owned = |room_id: &str| {
+        membership.acting_now() && membership.owns(&map, slot_of(room_id.as_bytes(), membership.slot_count()))
+    };
+    if sent.scan {
+        let slots = crate::handover::slot_set(membership, &sent.slots, sent.slot_count)?;
+        let scan =
+            presence_core::RoomFactScan { facts: wire::room_facts(sent.facts)?, shard_stamps: sent.shard_stamps };
+        let rooms = |room_id: &str| slots.holds(room_id.as_bytes()) && owned(room_id);
+        context.apply(|store, now, changes| store.take_in_room_scan(now, &from, &rooms, scan, changes));
+        return Ok(Vec::new());
+    }
+    let facts = wire::room_facts(sent.facts)?;
+    if let Some(fact) = facts.iter().find(|fact| !owned(fact.fact.room_id())) {
+        return Err(ServiceError::RoomsNotHere { room_id: fact.fact.room_id().to_string() });
+    }
+    Ok(context.apply(|store, now, changes| store.take_in_room_facts(now, &from, facts, changes)))
+}
+
+/// Answers a RoomScan: from now on the facts of `slots` go to the node that
+/// asked, and here is where this node's users stand in their rooms.
+pub(crate) async fn scan_for(
+    context: &Arc<Context>,
+    membership: &Membership,
+    request: pb::RoomScanRequest,
+) -> Result<pb::RoomFacts, ServiceError> {
+    let from = wire::id("from_node", &request.from_node)?;
+    let slots = crate::handover::slot_set(membership, &request.slots, request.slot_count)?;
+    context.room_routes.claim(&slots, &from, request.epoch);
+    // The users this node took over in the map change that gave the asker
+    // its slots are here once this node acts on that map: wait for it, a
+    // while at most (a node cut off from etcd answers with what it has).
+    let mut maps = membership.acted_changes();
+    let caught_up = tokio::time::timeout(FORWARD_TIMEOUT / 2, async {
+        while maps.borrow_and_update().revision() < request.epoch {
+            if maps.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    let _ = caught_up.await;
+    scan_message(context, membership, &slots).await
+}
+
+/// Keeps this node's rooms those of the room slots it owns, for as long as
+/// it serves: rooms of slots it gains are rebuilt from every node's scan
+/// before they are answered for, rooms of slots it loses are forgotten and
+/// their watchers ended.
+pub(crate) async fn rebuild_rooms(context: Arc<Context>) {
+    let Some(membership) = context.ownership.membership() else { return };
+    let mut maps = membership.acted_changes();
+    let mut owned = SlotSet::new(membership.slot_count());
+    loop {
+        let map = maps.borrow_and_update().clone();
+        let mut now_owned = SlotSet::new(membership.slot_count());
+        map.owned_by(membership.node()).for_each(|slot| now_owned.insert(slot));
+        let lost: SlotSet = difference(&owned, &now_owned);
+        let gained: SlotSet = difference(&now_owned, &owned);
+        if !lost.is_empty() {
+            let rooms = |room_id: &str| lost.holds(room_id.as_bytes());
+            context.store().forget_rooms(&rooms);
+            context.rooms().end_rooms(&rooms);
+        }
+        if !gained.is_empty() {
+            rebuild(&context, membership, &map, &gained).await;
+        }
+        owned = now_owned;
+        tokio::select! {
+            changed = maps.changed() => if changed.is_err() { return },
+            () = context.stopping.cancelled() => return,
+        }
+    }
+}
+
+fn difference(from: &SlotSet, taking: &SlotSet) -> SlotSet {
+    let mut left = from.clone();
+    taking.iter().for_each(|slot| left.remove(slot));
+    left
+}
+
+/// Rebuilds the rooms of `slots`, newly this node's: each other live node's
+/// scan, then this node's own users'; their reads wait meanwhile.
+async fn rebuild(context: &Arc<Context>, membership: &Membership, map: &SlotMap, slots: &SlotSet) {
+    {
+        let mut rebuilding = context.room_routes.rebuilding.lock();
+        rebuilding.extend(slots.iter());
+    }
+    let epoch = slots.iter().filter_map(|slot| map.owner(slot).map(|owner| owner.epoch)).max().unwrap_or(0);
+    let request = pb::RoomScanRequest {
+        from_node: membership.node().to_owned(),
+        slots: slots.iter().collect(),
+        slot_count: membership.slot_count(),
+        epoch,
+    };
+    let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
+    let mut asked: HashSet<String> = HashSet::new();
+    for (node, address) in membership.others() {
+        let scanned = async {
+            let mut client = membership.cluster_client(&address)?;
+            let request = with_credential(request.clone(), membership.peer_token());
+            call_peer(&node, FORWARD_TIMEOUT, client.room_scan(request)).await
+        };
+        match scanned.await {
+            Ok(scan) => {
+                let scan = presence_core::RoomFactScan {
+                    facts: match wire::room_facts(scan.facts) {
+                        Ok(facts) => facts,
+                        Err(err) => {
+                            tracing::warn!(node, %err, "a node's room scan was refused");
+                            continue;
+                        }
+                    },
+                    shard_stamps: scan.shard_stamps,
+                };
+                context.apply(|store, now, changes| store.take_in_room_scan(now, &node, &rooms, scan, changes));
+                asked.insert(node);
+            }
+            // Its facts come with its scan once it answers again (its sender to this node needs one).
+            Err(err) => tracing::warn!(node, %err, "no room scan from this node for the slots this node gained"),
+        }
+    }
+    let own = {
+        let (store, now) = (Arc::clone(context.store()), context.now());
+        let slots = slots.clone();
+        tokio::task::spawn_blocking(move || {
+            store.room_facts_held(now, &|_| true, &|room_id| slots.holds(room_id.as_bytes()))
+        })
+        .await
+    };
+    if let Ok(own) = own {
+        let node = membership.node().to_owned();
+        context.apply(|store, now, changes| store.take_in_room_scan(now, &node, &rooms, own, changes));
+    }
+    let mut rebuilding = context.room_routes.rebuilding.lock();
+    slots.iter().for_each(|slot| {
+        rebuilding.remove(&slot);
+    });
+    drop(rebuilding);
+    tracing::info!(
+        slots = slots.iter().count(),
+        nodes = asked.len(),
+        "rebuilt the rooms of the slots this node gained"
+    );
+}
+
+/// How long a node that sent room facts is gone (not registered, owning no
+/// slot) before the members it last spoke for are taken to have left.
+const GONE_FOR: Duration = Duration::from_secs(10);
+
+/// Takes the members that only a node gone from the cluster spoke for to have
+/// left, once it is gone for [`GONE_FOR`]: its users that live on were taken
+/// over by other nodes meanwhile, whose facts speak for them now, and what
+/// is left is users it registered after its follower's last copy, gone
+/// with it.
+pub(crate) async fn forget_gone_nodes(context: Arc<Context>) {
+    let Some(membership) = context.ownership.membership() else { return };
+    let mut gone_since: HashMap<CompactString, Instant> = HashMap::new();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(GONE_FOR / 4) => {}
+            () = context.stopping.cancelled() => return,
+        }
+        let (nodes, map) = (membership.nodes().ids(), membership.acted_map());
+        let sources = context.store().room_fact_sources();
+        gone_since.retain(|source, _| sources.contains(source));
+        for source in sources {
+            let gone = source != membership.node()
+                && !nodes.iter().any(|node| *node == source)
+                && map.owned_by(&source).next().is_none();
+            if !gone {
+                gone_since.remove(&source);
+                continue;
+            }
+            let since = *gone_since.entry(source.clone()).or_insert_with(Instant::now);
+            if since.elapsed() >= GONE_FOR {
+                tracing::info!(node = %source, "members a gone node last spoke for have left its rooms");
+                context.apply(|store, now, changes| store.forget_room_fact_source(now, &source, changes));
+                gone_since.remove(&source);
+            }
+        }
+    }
+}
