@@ -300,22 +300,19 @@ async fn c1_a_rooms_members_on_every_node_make_one_room_that_any_node_reads() {
 }
 
 /// What a cluster node cannot serve yet is refused saying so, whatever node
-/// is asked: a viewer's room read (its members' privacy is not at the
-/// room's owner), count mode (invisible members are not known there), room
-/// access.
+/// is asked: count mode (invisible members are known at their own nodes
+/// only), room access.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c2_room_reads_a_cluster_cannot_serve_yet_are_refused_saying_so() {
+async fn c2_room_requests_a_cluster_cannot_serve_yet_are_refused_saying_so() {
     let etcd = EtcdServer::start().await;
     let (servers, _) = three_nodes(&etcd).await;
     let mut client = servers[0].client().await;
-    let as_viewer = pb::RoomSnapshotRequest { room_id: ROOM.into(), viewer_id: "alice".into() };
     let counts = pb::WatchRoomRequest {
         room_id: ROOM.into(),
         mode: pb::RoomWatchMode::RoomWatchCount as i32,
         ..Default::default()
     };
     let refusals = [
-        ("RoomSnapshot", "viewer", client.room_snapshot(as_viewer).await.map(drop)),
         ("WatchRoom", "count mode", client.watch_room(counts).await.map(drop)),
         (
             "SetRoomAccess",
@@ -329,6 +326,91 @@ async fn c2_room_reads_a_cluster_cannot_serve_yet_are_refused_saying_so() {
         assert!(refused.message().starts_with(operation), "{operation}: {refused:?}");
         assert!(refused.message().contains(what) && refused.message().contains("cluster"), "{operation}: {refused:?}");
     }
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+/// The members a viewer's room read lists, by user.
+async fn listed_to(client: &mut PresenceClient<Channel>, viewer: &str) -> Result<Vec<String>, tonic::Status> {
+    let request = pb::RoomSnapshotRequest { room_id: ROOM.into(), viewer_id: viewer.into() };
+    let snapshot = client.room_snapshot(request).await?.into_inner();
+    let mut users: Vec<String> = snapshot.members.into_iter().map(|member| member.user_id).collect();
+    users.sort();
+    assert_eq!(snapshot.users as usize, users.len(), "users counts those listed");
+    Ok(users)
+}
+
+/// The users a room snapshot event lists, sorted.
+fn users_of(snapshot: &pb::RoomSnapshot) -> Vec<String> {
+    let mut users: Vec<String> = snapshot.members.iter().map(|member| member.user_id.clone()).collect();
+    users.sort();
+    users
+}
+
+/// R4, P2–P4 across nodes: the room's owner lists to a viewer the members
+/// their own nodes let it see (an invisible one never, an audience one that
+/// granted it), at every node alike; a room the viewer is not in is unknown
+/// to it; a viewer's watch starts over when a member's relations change at
+/// the member's node, without it, or with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_a_viewer_reads_a_room_across_nodes_as_each_members_own_node_allows() {
+    let etcd = EtcdServer::start().await;
+    let (servers, map, members) = a_room_with_a_member_at_every_node(&etcd).await;
+    let room_owner = map.owner(slot_of(ROOM, SLOTS)).unwrap().node.clone();
+    let (viewer, _, _) = members.iter().find(|(_, node, _)| *node == room_owner).unwrap().clone();
+    let others: Vec<&(String, &str, u64)> = members.iter().filter(|(_, node, _)| *node != room_owner).collect();
+    let (hidden, hidden_node) = (others[0].0.clone(), others[0].1);
+    let (granting, granting_node) = (others[1].0.clone(), others[1].1);
+    let visibility = |user: &str, visibility: pb::Visibility| pb::SetVisibilityRequest {
+        user_id: user.into(),
+        visibility: visibility as i32,
+    };
+    let mut at_hidden = server_of(&servers, hidden_node).client().await;
+    at_hidden.set_visibility(visibility(&hidden, pb::Visibility::Nobody)).await.unwrap();
+    let mut at_granting = server_of(&servers, granting_node).client().await;
+    at_granting.set_visibility(visibility(&granting, pb::Visibility::Audience)).await.unwrap();
+    let grant = pb::AudienceRequest { user_id: granting.clone(), viewer_ids: vec![viewer.clone()] };
+    at_granting.grant_audience(grant.clone()).await.unwrap();
+    for (user, node, generation) in &members {
+        server_of(&servers, node).client().await.join(join(user, *generation, node)).await.unwrap();
+    }
+
+    let mut shown = vec![viewer.clone(), granting.clone()];
+    shown.sort();
+    for server in &servers {
+        let mut client = server.client().await;
+        assert_eq!(listed_to(&mut client, &viewer).await.unwrap(), shown, "at {}", server.url());
+        let stranger = listed_to(&mut client, "stranger").await.unwrap_err();
+        assert_eq!(stranger.code(), Code::NotFound, "a room the viewer is not in: {stranger:?}");
+        let to_hidden = listed_to(&mut client, &hidden).await.unwrap();
+        assert!(
+            to_hidden.contains(&hidden) && !to_hidden.contains(&granting),
+            "an invisible member sees itself: {to_hidden:?}"
+        );
+    }
+
+    // A watch at a node that is neither the room's nor the granting member's.
+    let watcher_node = NODES.iter().find(|node| **node != room_owner && **node != granting_node).unwrap();
+    let mut client = server_of(&servers, watcher_node).client().await;
+    let mut request = members_of(ROOM);
+    request.viewer_id = viewer.clone();
+    let mut stream = client.watch_room(request).await.unwrap().into_inner();
+    let Ok(room_event::Event::Snapshot(first)) = next_room_event(&mut stream).await else { panic!("a snapshot first") };
+    assert_eq!(users_of(&first), shown);
+
+    at_granting.revoke_audience(grant).await.unwrap();
+    let Ok(room_event::Event::Snapshot(resynced)) = next_room_event(&mut stream).await else {
+        panic!("a fresh snapshot after the member's node changed its audience")
+    };
+    assert_eq!(users_of(&resynced), vec![viewer.clone()]);
+    at_hidden.set_visibility(visibility(&hidden, pb::Visibility::Everyone)).await.unwrap();
+    let Ok(room_event::Event::Snapshot(shown_again)) = next_room_event(&mut stream).await else {
+        panic!("a fresh snapshot after the member's node made it visible")
+    };
+    let mut both = vec![viewer.clone(), hidden.clone()];
+    both.sort();
+    assert_eq!(users_of(&shown_again), both);
     for server in servers {
         server.stop().await;
     }

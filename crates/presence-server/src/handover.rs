@@ -411,6 +411,13 @@ impl Cluster for ClusterService {
         Ok(Response::new(pb::RoomFactsTaken { versions }))
     }
 
+    async fn may_view(&self, request: Request<pb::MayViewRequest>) -> Result<Response<pb::MayViewResponse>, Status> {
+        self.service_only(&request, "MayView")?;
+        membership(&self.context, "MayView")?;
+        let visible = crate::room_sync::answer_may_view(&self.context, request.get_ref())?;
+        Ok(Response::new(pb::MayViewResponse { visible }))
+    }
+
     async fn room_scan(&self, request: Request<pb::RoomScanRequest>) -> Result<Response<pb::RoomFacts>, Status> {
         self.service_only(&request, "RoomScan")?;
         let membership = membership(&self.context, "RoomScan")?;

@@ -550,6 +550,10 @@ impl Privacy {
         // Room watchers that may see these users differently start over from a fresh snapshot.
         let rooms: Vec<CompactString> = users.iter().flat_map(|user| self.store().rooms_of(user)).collect();
         self.publisher.rooms.relations_changed(&rooms, viewers);
+        // On a cluster node those rooms live at their owners: they are told.
+        if let Some(queue) = self.publisher.room_facts.get() {
+            queue.send_relations_changed(rooms);
+        }
     }
 
     /// Makes a cluster node keep group leaves as tombstones (`groups.rs`);

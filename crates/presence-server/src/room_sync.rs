@@ -54,10 +54,13 @@ pub(crate) type RoomVersions = HashMap<CompactString, u64>;
 /// What the owners answered for a batch: the versions, or the owner that did not take it.
 pub(crate) type RoomAnswer = Result<RoomVersions, String>;
 
-/// One operation's facts, and where to tell their owners' answer.
+/// One operation's facts, and where to tell their owners' answer; or rooms
+/// whose viewers' watches are to start over, a member's relations having
+/// changed here (P4).
 #[derive(Debug)]
 pub(crate) struct FactBatch {
     facts: Vec<StampedRoomFact>,
+    relations_changed: Vec<CompactString>,
     answer: Option<oneshot::Sender<RoomAnswer>>,
 }
 
@@ -74,8 +77,21 @@ impl RoomFactQueue {
     /// Queues an operation's facts; `answer` hears from their owners. A full
     /// queue drops them (the answer hears so) and has every owner sent a scan.
     pub(crate) fn send(&self, facts: Vec<StampedRoomFact>, answer: Option<oneshot::Sender<RoomAnswer>>) {
+        self.queue(FactBatch { facts, relations_changed: Vec::new(), answer });
+    }
+
+    /// Tells the owners of `rooms` that a member's relations changed here
+    /// (P4): their viewers' watches start over. Dropped with a full queue,
+    /// as facts are.
+    pub(crate) fn send_relations_changed(&self, rooms: Vec<CompactString>) {
+        if !rooms.is_empty() {
+            self.queue(FactBatch { facts: Vec::new(), relations_changed: rooms, answer: None });
+        }
+    }
+
+    fn queue(&self, batch: FactBatch) {
         if let Err(mpsc::error::TrySendError::Full(batch) | mpsc::error::TrySendError::Closed(batch)) =
-            self.sender.try_send(FactBatch { facts, answer })
+            self.sender.try_send(batch)
         {
             self.overflowed.store(true, Ordering::Release);
             metrics::counter!(crate::metrics::names::ROOM_FACTS_DROPPED).increment(batch.facts.len() as u64);
@@ -136,9 +152,17 @@ pub(crate) fn start(context: &Arc<Context>) -> Arc<RoomFactQueue> {
     queue
 }
 
+/// What goes to one destination in one call: facts, or rooms whose
+/// viewers' watches start over, and where the owner's answer goes.
+struct Outgoing {
+    facts: Vec<StampedRoomFact>,
+    relations_changed: Vec<CompactString>,
+    answer: Option<oneshot::Sender<RoomAnswer>>,
+}
+
 /// One destination's queue, and whether it needs a scan before more facts.
 struct Destination {
-    sender: mpsc::Sender<(Vec<StampedRoomFact>, oneshot::Sender<RoomAnswer>)>,
+    sender: mpsc::Sender<Outgoing>,
     needs_scan: Arc<AtomicBool>,
 }
 
@@ -164,20 +188,29 @@ async fn route(context: Arc<Context>, queue: Arc<RoomFactQueue>, mut batches: mp
             destinations.values().for_each(|destination| destination.needs_scan.store(true, Ordering::Release));
         }
         let map = membership.acted_map();
-        let mut by_owner: HashMap<String, Vec<StampedRoomFact>> = HashMap::new();
+        let owner_of =
+            |room_id: &str| context.room_routes.owner(&map, slot_of(room_id.as_bytes(), membership.slot_count()));
+        let mut by_owner: HashMap<String, Outgoing> = HashMap::new();
+        let outgoing = || Outgoing { facts: Vec::new(), relations_changed: Vec::new(), answer: None };
         for fact in batch.facts {
-            let slot = slot_of(fact.fact.room_id().as_bytes(), membership.slot_count());
-            match context.room_routes.owner(&map, slot) {
-                Some(owner) => by_owner.entry(owner).or_default().push(fact),
+            match owner_of(fact.fact.room_id()) {
+                Some(owner) => by_owner.entry(owner).or_insert_with(outgoing).facts.push(fact),
                 // No owner yet (a new cluster): its first owner rebuilds from scans.
                 None => metrics::counter!(crate::metrics::names::ROOM_FACTS_DROPPED).increment(1),
             }
         }
+        for room_id in batch.relations_changed {
+            if let Some(owner) = owner_of(&room_id) {
+                by_owner.entry(owner).or_insert_with(outgoing).relations_changed.push(room_id);
+            }
+        }
         let mut parts = Vec::new();
-        for (owner, facts) in by_owner {
+        for (owner, mut sent) in by_owner {
             if owner == membership.node() {
-                let rooms: Vec<CompactString> = facts.iter().map(|fact| fact.fact.room_id().clone()).collect();
+                context.rooms().relations_changed(&sent.relations_changed, &[]);
+                let rooms: Vec<CompactString> = sent.facts.iter().map(|fact| fact.fact.room_id().clone()).collect();
                 let node = membership.node().to_owned();
+                let facts = sent.facts;
                 let versions =
                     context.apply(|store, now, changes| store.take_in_room_facts(now, &node, facts, changes));
                 parts.push(Part::Done(Ok(rooms.into_iter().zip(versions).collect())));
@@ -190,7 +223,8 @@ async fn route(context: Arc<Context>, queue: Arc<RoomFactQueue>, mut batches: mp
                 *destination = open_destination(Arc::clone(&context), owner.clone());
             }
             let (answer, answered) = oneshot::channel();
-            match destination.sender.try_send((facts, answer)) {
+            sent.answer = Some(answer);
+            match destination.sender.try_send(sent) {
                 Ok(()) => parts.push(Part::Pending(owner, answered)),
                 Err(_) => {
                     destination.needs_scan.store(true, Ordering::Release);
@@ -241,7 +275,7 @@ fn open_destination(context: Arc<Context>, node: String) -> Destination {
 async fn send_to(
     context: Arc<Context>,
     node: String,
-    mut batches: mpsc::Receiver<(Vec<StampedRoomFact>, oneshot::Sender<RoomAnswer>)>,
+    mut batches: mpsc::Receiver<Outgoing>,
     needs_scan: Arc<AtomicBool>,
 ) {
     let Some(membership) = context.ownership.membership() else { return };
@@ -257,10 +291,11 @@ async fn send_to(
                 Err(err) => tracing::debug!(node, %err, "no room scan to this node yet"),
             }
         }
-        let Some((facts, answer)) = next else { continue };
+        let Some(Outgoing { facts, relations_changed, answer }) = next else { continue };
         let rooms: Vec<CompactString> = facts.iter().map(|fact| fact.fact.room_id().clone()).collect();
-        let sent = send_facts(membership, &node, wire::room_facts_message(membership.node(), &facts)).await;
-        let answered = match sent {
+        let mut message = wire::room_facts_message(membership.node(), &facts);
+        message.relations_changed = relations_changed.iter().map(ToString::to_string).collect();
+        let answered = match send_facts(membership, &node, message).await {
             Ok(versions) => Ok(rooms.into_iter().zip(versions).collect()),
             Err(err) => {
                 tracing::debug!(node, %err, "room facts not taken; the node gets a scan");
@@ -268,7 +303,9 @@ async fn send_to(
                 Err(node.clone())
             }
         };
-        let _ = answer.send(answered);
+        if let Some(answer) = answer {
+            let _ = answer.send(answered);
+        }
     }
 }
 
@@ -379,7 +416,14 @@ pub(crate) fn take_in(
     if let Some(fact) = facts.iter().find(|fact| !owned(fact.fact.room_id())) {
         return Err(ServiceError::RoomsNotHere { room_id: fact.fact.room_id().to_string() });
     }
-    Ok(context.apply(|store, now, changes| store.take_in_room_facts(now, &from, facts, changes)))
+    let relations_changed: Vec<CompactString> = sent
+        .relations_changed
+        .iter()
+        .map(|room_id| wire::id("relations_changed", room_id))
+        .collect::<Result<_, _>>()?;
+    let versions = context.apply(|store, now, changes| store.take_in_room_facts(now, &from, facts, changes));
+    context.rooms().relations_changed(&relations_changed, &[]);
+    Ok(versions)
 }
 
 /// Answers a RoomScan: from now on the facts of `slots` go to the node that
@@ -544,4 +588,59 @@ pub(crate) async fn forget_gone_nodes(context: Arc<Context>) {
             }
         }
     }
+}
+
+/// Which of `users` `viewer` may see (R4), each by its own node's relations:
+/// this node's users here, the others' asked of their owners (MayView), all
+/// at once. A user whose slot has no owner now is taken as hidden.
+pub(crate) async fn may_view(
+    context: &Context,
+    viewer: &str,
+    users: Vec<CompactString>,
+) -> Result<HashMap<CompactString, bool>, ServiceError> {
+    let here = |user: &CompactString| context.privacy.can_see(Some(viewer), user);
+    let Some(membership) = context.ownership.membership() else {
+        return Ok(users.into_iter().map(|user| (user.clone(), here(&user))).collect());
+    };
+    let map = membership.acted_map();
+    let mut seen = HashMap::new();
+    let mut by_owner: HashMap<String, Vec<CompactString>> = HashMap::new();
+    for user in users {
+        match map.owner(slot_of(user.as_bytes(), membership.slot_count())) {
+            Some(owner) if owner.node == membership.node() => {
+                let visible = here(&user);
+                seen.insert(user, visible);
+            }
+            Some(owner) => by_owner.entry(owner.node.clone()).or_default().push(user),
+            None => {
+                seen.insert(user, false);
+            }
+        }
+    }
+    let asked = by_owner.into_iter().map(|(node, users)| async move {
+        let address = membership.nodes().address(&node).map(str::to_owned);
+        let address = address.ok_or_else(|| ServiceError::RoomOwnerUnreachable { node: node.clone() })?;
+        let mut client = membership.cluster_client(&address)?;
+        let request = pb::MayViewRequest {
+            viewer_id: viewer.to_owned(),
+            user_ids: users.iter().map(ToString::to_string).collect(),
+        };
+        let request = with_credential(request, membership.peer_token());
+        let visible = call_peer(&node, FORWARD_TIMEOUT, client.may_view(request)).await?.visible;
+        if visible.len() != users.len() {
+            return Err(ServiceError::Internal(format!("{node} answered MayView for the wrong number of users")));
+        }
+        Ok::<_, ServiceError>(users.into_iter().zip(visible).collect::<Vec<_>>())
+    });
+    for answer in futures_util::future::join_all(asked).await {
+        seen.extend(answer?);
+    }
+    Ok(seen)
+}
+
+/// Answers a MayView: which of the users `viewer` may see by this node's relations.
+pub(crate) fn answer_may_view(context: &Context, request: &pb::MayViewRequest) -> Result<Vec<bool>, ServiceError> {
+    let viewer = wire::id("viewer_id", &request.viewer_id)?;
+    let users = wire::user_ids("user_ids", &request.user_ids)?;
+    Ok(users.iter().map(|user| context.privacy.can_see(Some(&viewer), user)).collect())
 }

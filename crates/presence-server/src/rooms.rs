@@ -307,6 +307,71 @@ pub(crate) struct RoomRequest {
     pub(crate) viewer: Option<CompactString>,
 }
 
+/// Which of a room's members one caller may see (R4). On one node, the
+/// relations here decide. On a cluster node the room's members are users of
+/// every node, and each node holds only its own users' visibility and
+/// audience: the others' are asked of their nodes (`room_sync::may_view`)
+/// before they are shown, once per member for as long as the lens is kept
+/// (a watch keeps it until it resyncs, which a change of a member's
+/// relations at its node makes it do).
+#[derive(Debug)]
+pub(crate) struct MemberLens {
+    viewer: Option<CompactString>,
+    /// What the members' own nodes answered; empty outside a cluster.
+    asked: HashMap<CompactString, bool>,
+}
+
+impl MemberLens {
+    pub(crate) fn new(request: &RoomRequest) -> Self {
+        MemberLens { viewer: request.viewer.clone(), asked: HashMap::new() }
+    }
+
+    /// Asks the nodes of those of `users` not asked yet (on a cluster node, for a viewer).
+    async fn learn<'a>(
+        &mut self,
+        context: &Context,
+        users: impl IntoIterator<Item = &'a CompactString>,
+    ) -> Result<(), ServiceError> {
+        let Some(viewer) = &self.viewer else { return Ok(()) };
+        if !context.ownership.is_cluster() {
+            return Ok(());
+        }
+        let mut new: Vec<CompactString> =
+            users.into_iter().filter(|user| !self.asked.contains_key(*user)).cloned().collect();
+        new.sort_unstable();
+        new.dedup();
+        if !new.is_empty() {
+            self.asked.extend(crate::room_sync::may_view(context, viewer, new).await?);
+        }
+        Ok(())
+    }
+
+    /// Whether the caller may see `user` (learned first, on a cluster node).
+    fn can_see(&self, context: &Context, user: &str) -> bool {
+        match self.asked.get(user) {
+            Some(&visible) => visible,
+            None => context.privacy.can_see(self.viewer.as_deref(), user),
+        }
+    }
+
+    /// Those of `items` whose user (`user(item)`) the caller may see; the
+    /// relations here are read once for all the users not asked elsewhere.
+    fn visible<T>(&self, context: &Context, items: Vec<T>, user: impl Fn(&T) -> &str) -> Vec<T> {
+        if self.asked.is_empty() {
+            return context.privacy.visible(self.viewer.as_deref(), items, user);
+        }
+        let (asked, here): (Vec<T>, Vec<T>) = items.into_iter().partition(|item| self.asked.contains_key(user(item)));
+        let mut shown = context.privacy.visible(self.viewer.as_deref(), here, &user);
+        shown.extend(asked.into_iter().filter(|item| self.asked[user(item)]));
+        shown
+    }
+
+    /// Forgets what was asked: relations changed somewhere.
+    fn forget(&mut self) {
+        self.asked.clear();
+    }
+}
+
 /// The refusal for a room the caller may not read, the same as for a room that does not exist.
 fn not_visible(room_id: &str) -> ServiceError {
     ServiceError::RoomNotFound { room_id: room_id.into() }
@@ -322,11 +387,18 @@ fn may_read(context: &Context, request: &RoomRequest) -> bool {
 
 /// The room as `request`'s caller may see it (R4, R6): hidden members left
 /// out; past `member_cap` members, only the counts.
-pub(crate) fn snapshot(context: &Context, request: &RoomRequest) -> Result<pb::RoomSnapshot, ServiceError> {
+pub(crate) async fn snapshot(
+    context: &Context,
+    request: &RoomRequest,
+    lens: &mut MemberLens,
+) -> Result<pb::RoomSnapshot, ServiceError> {
     if !may_read(context, request) {
         return Err(not_visible(&request.room_id));
     }
     let view = context.store().room(&request.room_id, context.room_member_cap);
+    let listed_users = view.members.iter().flatten().map(|member| &member.user_id);
+    let signalling = view.signals.iter().flat_map(|(_, users, _)| users);
+    lens.learn(context, listed_users.chain(signalling)).await?;
     let Some(members) = view.members else {
         let (users, sessions) = context.privacy.counted(context.store(), &request.room_id, view.users, view.sessions);
         return Ok(pb::RoomSnapshot {
@@ -335,16 +407,12 @@ pub(crate) fn snapshot(context: &Context, request: &RoomRequest) -> Result<pb::R
             users,
             sessions,
             members_omitted: true,
-            signals: signal_sets(context, request, &view.room_id, view.version, view.signals),
+            signals: signal_sets(context, lens, &view.room_id, view.version, view.signals),
             ..Default::default()
         });
     };
-    let listed: Vec<pb::RoomMember> = context
-        .privacy
-        .visible(request.viewer.as_deref(), members, |member| &member.user_id)
-        .iter()
-        .map(wire::room_member)
-        .collect();
+    let listed: Vec<pb::RoomMember> =
+        members.iter().filter(|member| lens.can_see(context, &member.user_id)).map(wire::room_member).collect();
     Ok(pb::RoomSnapshot {
         room_id: view.room_id.to_string(),
         version: view.version,
@@ -352,27 +420,27 @@ pub(crate) fn snapshot(context: &Context, request: &RoomRequest) -> Result<pb::R
         sessions: listed.iter().map(|member| member.sessions).sum(),
         members: listed,
         members_omitted: false,
-        signals: signal_sets(context, request, &view.room_id, view.version, view.signals),
+        signals: signal_sets(context, lens, &view.room_id, view.version, view.signals),
     })
 }
 
 fn signal_sets(
     context: &Context,
-    request: &RoomRequest,
+    lens: &MemberLens,
     room_id: &str,
     version: u64,
     signals: Vec<(CompactString, Vec<CompactString>, u32)>,
 ) -> Vec<pb::SignalSet> {
     signals
         .into_iter()
-        .map(|(kind, user_ids, count)| signal_set(context, request, room_id, version, &kind, user_ids, count))
+        .map(|(kind, user_ids, count)| signal_set(context, lens, room_id, version, &kind, user_ids, count))
         .collect()
 }
 
 /// A signal set as the viewer may see it: hidden users left out of the list and the count.
 fn signal_set(
     context: &Context,
-    request: &RoomRequest,
+    lens: &MemberLens,
     room_id: &str,
     version: u64,
     kind: &str,
@@ -380,7 +448,7 @@ fn signal_set(
     count: u32,
 ) -> pb::SignalSet {
     let listed = user_ids.len() as u32;
-    let shown = context.privacy.visible(request.viewer.as_deref(), user_ids, |user_id| user_id);
+    let shown = lens.visible(context, user_ids, |user_id| user_id);
     pb::SignalSet {
         room_id: room_id.to_owned(),
         version,
@@ -413,12 +481,13 @@ pub(crate) async fn watch(
             // Subscribed before the snapshot is read, so no change falls between them.
             let subscription =
                 context.rooms().subscribe(&request.room_id, request.viewer.clone(), context.watch_buffer);
-            let first = member_snapshot(&context, &request)?;
+            let mut lens = MemberLens::new(&request);
+            let first = member_snapshot(&context, &request, &mut lens).await?;
             subscription.mailbox.hold(first.version);
             tx.try_send(Ok(room_event(room_event::Event::Snapshot(first)))).expect("a new channel has room");
             tokio::spawn(async move {
                 let _watcher = OpenGauge::open(&context.metrics().room_watchers);
-                if let Err(err) = members(&context, &request, &subscription.mailbox, &tx).await {
+                if let Err(err) = members(&context, &request, &mut lens, &subscription.mailbox, &tx).await {
                     let _ = tx.send(Err(err.into())).await;
                 }
             });
@@ -464,8 +533,12 @@ pub(crate) fn relay(context: Arc<Context>, owner: String, mut upstream: tonic::S
 }
 
 /// Member mode's snapshot: refused past the member cap, naming count mode.
-fn member_snapshot(context: &Context, request: &RoomRequest) -> Result<pb::RoomSnapshot, ServiceError> {
-    let snapshot = snapshot(context, request)?;
+async fn member_snapshot(
+    context: &Context,
+    request: &RoomRequest,
+    lens: &mut MemberLens,
+) -> Result<pb::RoomSnapshot, ServiceError> {
+    let snapshot = snapshot(context, request, lens).await?;
     if snapshot.members_omitted {
         return Err(ServiceError::RoomTooLarge { room_id: request.room_id.clone(), cap: context.room_member_cap });
     }
@@ -481,6 +554,7 @@ fn room_event(event: room_event::Event) -> pb::RoomEvent {
 async fn members(
     context: &Context,
     request: &RoomRequest,
+    lens: &mut MemberLens,
     mailbox: &RoomMailbox,
     tx: &mpsc::Sender<Result<pb::RoomEvent, Status>>,
 ) -> Result<(), ServiceError> {
@@ -499,11 +573,14 @@ async fn members(
         }
         let events = match delivery {
             RoomDelivery::Resync => {
-                let fresh = member_snapshot(context, request)?;
+                // A resync may follow a change of relations: everything is asked again.
+                lens.forget();
+                let fresh = member_snapshot(context, request, lens).await?;
                 mailbox.hold(fresh.version);
                 vec![room_event(room_event::Event::Snapshot(fresh))]
             }
             RoomDelivery::Changes(changes) => {
+                lens.learn(context, changes.iter().flat_map(change_users)).await?;
                 let mut events = Vec::with_capacity(changes.len());
                 for change in changes {
                     if change.users as usize > context.room_member_cap {
@@ -512,7 +589,7 @@ async fn members(
                             cap: context.room_member_cap,
                         });
                     }
-                    if let Some(event) = member_event(context, request, change) {
+                    if let Some(event) = member_event(context, lens, change) {
                         events.push(event);
                     }
                 }
@@ -528,11 +605,20 @@ async fn members(
     }
 }
 
+/// The users a room change shows.
+fn change_users(change: &RoomChange) -> Vec<&CompactString> {
+    match &change.body {
+        RoomEventBody::Member { member, .. } => vec![&member.user_id],
+        RoomEventBody::Signals { user_ids, .. } => user_ids.iter().collect(),
+        RoomEventBody::Sessions => Vec::new(),
+    }
+}
+
 /// A room change as the viewer may see it; `None` for a hidden member's.
-fn member_event(context: &Context, request: &RoomRequest, change: RoomChange) -> Option<pb::RoomEvent> {
+fn member_event(context: &Context, lens: &MemberLens, change: RoomChange) -> Option<pb::RoomEvent> {
     match change.body {
         RoomEventBody::Member { kind, member } => {
-            if !context.privacy.can_see(request.viewer.as_deref(), &member.user_id) {
+            if !lens.can_see(context, &member.user_id) {
                 return None;
             }
             let kind = match kind {
@@ -549,7 +635,7 @@ fn member_event(context: &Context, request: &RoomRequest, change: RoomChange) ->
         }
         RoomEventBody::Signals { kind, user_ids, count } => Some(room_event(room_event::Event::Signals(signal_set(
             context,
-            request,
+            lens,
             &change.room_id,
             change.version,
             &kind,

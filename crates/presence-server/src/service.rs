@@ -65,19 +65,9 @@ impl PresenceService {
     }
 
     /// Where a room read is answered (C1): here, or at the room slot's owner,
-    /// to which it is forwarded. A cluster node answers a service acting for
-    /// no viewer; a viewer's read needs its members' privacy at the room's
-    /// owner, which is not built yet.
-    fn room_place<T>(
-        &self,
-        request: &Request<T>,
-        room: &rooms::RoomRequest,
-        operation: &'static str,
-    ) -> Result<RoomPlace, ServiceError> {
+    /// to which it is forwarded.
+    fn room_place<T>(&self, request: &Request<T>, room: &rooms::RoomRequest) -> Result<RoomPlace, ServiceError> {
         let Some(membership) = self.context.ownership.membership() else { return Ok(RoomPlace::Here) };
-        if room.viewer.is_some() {
-            return Err(ServiceError::RoomsPerNode { operation, what: "a viewer's room read" });
-        }
         let forwarded = request.metadata().contains_key(cluster::FORWARDED);
         room_sync::place_of(&self.context, membership, &room.room_id, forwarded)
     }
@@ -312,8 +302,11 @@ impl PresenceApi for PresenceService {
 
     async fn room_snapshot(&self, request: Request<pb::RoomSnapshotRequest>) -> Answer<pb::RoomSnapshot> {
         let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
-        match self.room_place(&request, &room, "RoomSnapshot")? {
-            RoomPlace::Here => answer(rooms::snapshot(&self.context, &room)),
+        match self.room_place(&request, &room)? {
+            RoomPlace::Here => {
+                let mut lens = rooms::MemberLens::new(&room);
+                Ok(Response::new(rooms::snapshot(&self.context, &room, &mut lens).await?))
+            }
             RoomPlace::At(address) => {
                 let authorization = request.metadata().get("authorization");
                 let forwarded =
@@ -328,7 +321,7 @@ impl PresenceApi for PresenceService {
     async fn watch_room(&self, request: Request<pb::WatchRoomRequest>) -> Answer<Self::WatchRoomStream> {
         let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
         let count_interval = wire::room_watch_mode(request.get_ref().mode, request.get_ref().count_interval_ms)?;
-        let place = self.room_place(&request, &room, "WatchRoom")?;
+        let place = self.room_place(&request, &room)?;
         if count_interval.is_some() && self.context.ownership.is_cluster() {
             // Counts leave out invisible members, whose visibility only their own node knows.
             return Err(ServiceError::RoomsPerNode { operation: "WatchRoom", what: "count mode" }.into());

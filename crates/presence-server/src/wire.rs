@@ -726,6 +726,7 @@ pub(crate) fn room_scan_message(from_node: &str, scan: &RoomFactScan, slots: &pr
         slots: slots.iter().collect(),
         slot_count: slots.slots(),
         shard_stamps: scan.shard_stamps.clone(),
+        relations_changed: Vec::new(),
     }
 }
 
