@@ -301,7 +301,7 @@ async fn c1_a_rooms_members_on_every_node_make_one_room_that_any_node_reads() {
 
 /// What a cluster node cannot serve yet is refused saying so, whatever node
 /// is asked: count mode (invisible members are known at their own nodes
-/// only), room access.
+/// only).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c2_room_requests_a_cluster_cannot_serve_yet_are_refused_saying_so() {
     let etcd = EtcdServer::start().await;
@@ -312,14 +312,7 @@ async fn c2_room_requests_a_cluster_cannot_serve_yet_are_refused_saying_so() {
         mode: pb::RoomWatchMode::RoomWatchCount as i32,
         ..Default::default()
     };
-    let refusals = [
-        ("WatchRoom", "count mode", client.watch_room(counts).await.map(drop)),
-        (
-            "SetRoomAccess",
-            "room access",
-            client.set_room_access(pb::SetRoomAccessRequest { room_id: ROOM.into(), access: 2 }).await.map(drop),
-        ),
-    ];
+    let refusals = [("WatchRoom", "count mode", client.watch_room(counts).await.map(drop))];
     for (operation, what, answer) in refusals {
         let refused = answer.unwrap_err();
         assert_eq!(refused.code(), Code::FailedPrecondition, "{operation}: {refused:?}");
@@ -411,6 +404,63 @@ async fn r4_a_viewer_reads_a_room_across_nodes_as_each_members_own_node_allows()
     let mut both = vec![viewer.clone(), hidden.clone()];
     both.sort();
     assert_eq!(users_of(&shown_again), both);
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+fn access(access: pb::RoomAccess) -> pb::SetRoomAccessRequest {
+    pb::SetRoomAccessRequest { room_id: ROOM.into(), access: access as i32 }
+}
+
+/// R4, C1, C3: a room's access set at any node is set by the room's owner and
+/// kept at every node: a caller that is not a member reads a public room at
+/// any node, still after the room's slot moved, until it is made a members'
+/// room again, which ends that caller's watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r4_a_rooms_access_set_at_any_node_holds_at_every_node_and_moves_with_its_slot() {
+    let etcd = EtcdServer::start().await;
+    let (servers, map, members) = a_room_with_a_member_at_every_node(&etcd).await;
+    for (user, node, generation) in &members {
+        server_of(&servers, node).client().await.join(join(user, *generation, node)).await.unwrap();
+    }
+    let room_slot = slot_of(ROOM, SLOTS);
+    let room_owner = map.owner(room_slot).unwrap().node.clone();
+    let elsewhere: Vec<&str> = NODES.iter().copied().filter(|node| *node != room_owner).collect();
+    for server in &servers {
+        let refused = listed_to(&mut server.client().await, "stranger").await.unwrap_err();
+        assert_eq!(refused.code(), Code::NotFound, "a members' room: {refused:?}");
+    }
+    server_of(&servers, elsewhere[0]).client().await.set_room_access(access(pb::RoomAccess::Public)).await.unwrap();
+    for server in &servers {
+        listed_to(&mut server.client().await, "stranger").await.expect("a public room, at every node");
+    }
+
+    // The room's slot moves; the new owner had the access already.
+    let request = pb::MoveSlotsRequest { slots: vec![room_slot], to_node: elsewhere[1].to_string() };
+    let cluster_url = server_of(&servers, &room_owner).url();
+    let mut cluster = presence_proto::v1::cluster_client::ClusterClient::connect(cluster_url).await.unwrap();
+    cluster.move_slots(request).await.unwrap();
+    map_where(&etcd.client().await, "the room's slot moved", |map| {
+        map.owner(room_slot).is_some_and(|owner| owner.node == elsewhere[1])
+    })
+    .await;
+    let mut at_other = server_of(&servers, elsewhere[0]).client().await;
+    room_snapshot_once_answered(&mut at_other).await;
+    listed_to(&mut at_other, "stranger").await.expect("still public at the new owner");
+    let mut request = members_of(ROOM);
+    request.viewer_id = "stranger".into();
+    let mut stream = at_other.watch_room(request).await.unwrap().into_inner();
+    assert!(matches!(next_room_event(&mut stream).await, Ok(room_event::Event::Snapshot(_))));
+
+    // Made a members' room again, at the old owner: the stranger may read it nowhere, and its watch ends.
+    server_of(&servers, &room_owner).client().await.set_room_access(access(pb::RoomAccess::Members)).await.unwrap();
+    let status = ended(&mut stream, "the stranger's watch ends").await;
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    for server in &servers {
+        let refused = listed_to(&mut server.client().await, "stranger").await.unwrap_err();
+        assert_eq!(refused.code(), Code::NotFound, "a members' room again: {refused:?}");
+    }
     for server in servers {
         server.stop().await;
     }

@@ -265,6 +265,10 @@ struct Room {
     sessions: u32,
     /// Who may see it; a room with non-default access is kept while empty.
     access: RoomAccess,
+    /// On a cluster node, the stamp of the room owner's clock `access` was
+    /// set at, which orders the settings every node is sent (0: set here,
+    /// or restored).
+    access_stamp: u64,
     /// Dense: a member that leaves is replaced by the last one.
     members: Vec<Member>,
     /// Positions in `members`, by the hash of the member's id.
@@ -476,8 +480,8 @@ impl RoomShard {
         self.intake.forget_rooms(rooms);
         for (room_id, room) in self.rooms.iter_mut() {
             if rooms(room_id) {
-                let access = room.access;
-                *room = Room { version: room.version, access, ..Room::default() };
+                let (access, access_stamp) = (room.access, room.access_stamp);
+                *room = Room { version: room.version, access, access_stamp, ..Room::default() };
             }
         }
         self.rooms.retain(|_, room| !room.is_empty());
@@ -628,6 +632,35 @@ impl RoomShard {
             members,
             signals,
         }
+    }
+
+    /// Sets who may see the room as the room's owner decided at `stamp` (C1),
+    /// unless a later setting is held; returns whether it was taken.
+    pub(crate) fn set_access_stamped(&mut self, room_id: &str, access: RoomAccess, stamp: u64) -> bool {
+        if self.rooms.get(room_id).is_some_and(|room| room.access_stamp >= stamp) {
+            return false;
+        }
+        self.set_access(room_id, access);
+        if let Some(room) = self.rooms.get_mut(room_id) {
+            room.access_stamp = stamp;
+        }
+        true
+    }
+
+    /// A stamp for a room's access set now (see [`RoomShard::set_access_stamped`]).
+    pub(crate) fn access_stamp(&mut self, now: Tick) -> u64 {
+        self.now = self.now.max(now);
+        self.stamps.next(self.now)
+    }
+
+    /// The rooms `rooms` accepts whose access is not the default or was set
+    /// by a room's owner, with the stamp it was set at.
+    pub(crate) fn accesses(&self, rooms: &dyn Fn(&str) -> bool) -> Vec<(CompactString, RoomAccess, u64)> {
+        self.rooms
+            .iter()
+            .filter(|(room_id, room)| (room.access != RoomAccess::default() || room.access_stamp > 0) && rooms(room_id))
+            .map(|(room_id, room)| (room_id.clone(), room.access, room.access_stamp))
+            .collect()
     }
 
     /// Sets who may see the room; a room with non-default access is kept while empty.

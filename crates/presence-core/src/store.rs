@@ -392,6 +392,30 @@ impl Store {
         Ok(())
     }
 
+    /// Sets who may see the room as its owner does on a cluster (C1, R4):
+    /// stamped by the room shard's clock, for every other node to take in
+    /// with [`Store::take_room_access`]. Returns the stamp.
+    pub fn set_room_access_stamped(&self, now: Tick, room_id: &str, access: RoomAccess) -> Result<u64, LeaseError> {
+        validate::id("room_id", room_id)?;
+        let mut shard = self.room_shard(room_id).lock();
+        let stamp = shard.access_stamp(now);
+        shard.set_access_stamped(room_id, access, stamp);
+        Ok(stamp)
+    }
+
+    /// Takes in a room's access as its owner set it at `stamp`, unless a later
+    /// setting is held here; returns whether it was taken.
+    pub fn take_room_access(&self, room_id: &str, access: RoomAccess, stamp: u64) -> bool {
+        self.room_shard(room_id).lock().set_access_stamped(room_id, access, stamp)
+    }
+
+    /// The access of the rooms `rooms` accepts that is not the default or
+    /// was set by a room's owner, with its stamp: what a node tells a room's
+    /// new owner.
+    pub fn room_accesses(&self, rooms: &dyn Fn(&str) -> bool) -> Vec<(CompactString, RoomAccess, u64)> {
+        self.rooms.iter().flat_map(|shard| shard.lock().accesses(rooms)).collect()
+    }
+
     /// Whether the user has a session in the room.
     pub fn is_member(&self, room_id: &str, user_id: &str) -> bool {
         self.room_shard(room_id).lock().is_member(room_id, user_id)

@@ -360,6 +360,19 @@ impl Ownership {
         call_peer(address, FORWARD_TIMEOUT, client.room_snapshot(forwarded(request, authorization))).await
     }
 
+    /// Asks the room's owner at `address` to set the room's access, for the
+    /// caller and with its credentials (C1).
+    pub(crate) async fn forward_set_room_access(
+        &self,
+        address: &str,
+        request: pb::SetRoomAccessRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<pb::SetRoomAccessResponse, ServiceError> {
+        let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
+        let mut client = membership.peers.client(address)?;
+        call_peer(address, FORWARD_TIMEOUT, client.set_room_access(forwarded(request, authorization))).await
+    }
+
     /// Opens a WatchRoom at the room's owner at `address`, as
     /// [`Ownership::forward_room_snapshot`] asks for a RoomSnapshot.
     pub(crate) async fn forward_watch_room(

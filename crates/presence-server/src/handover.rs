@@ -418,6 +418,17 @@ impl Cluster for ClusterService {
         Ok(Response::new(pb::MayViewResponse { visible }))
     }
 
+    async fn take_room_access(
+        &self,
+        request: Request<pb::RoomAccessEntries>,
+    ) -> Result<Response<pb::TakeRoomAccessResponse>, Status> {
+        self.service_only(&request, "TakeRoomAccess")?;
+        membership(&self.context, "TakeRoomAccess")?;
+        let entries = wire::room_access_entries_sent(request.into_inner().entries)?;
+        crate::room_sync::take_access(&self.context, &entries, true);
+        Ok(Response::new(pb::TakeRoomAccessResponse {}))
+    }
+
     async fn room_scan(&self, request: Request<pb::RoomScanRequest>) -> Result<Response<pb::RoomFacts>, Status> {
         self.service_only(&request, "RoomScan")?;
         let membership = membership(&self.context, "RoomScan")?;

@@ -343,8 +343,11 @@ async fn scan_message(
     let (store, now, node, slots) =
         (Arc::clone(context.store()), context.now(), membership.node().to_owned(), slots.clone());
     tokio::task::spawn_blocking(move || {
-        let scan = store.room_facts_held(now, &|_| true, &|room_id| slots.holds(room_id.as_bytes()));
-        wire::room_scan_message(&node, &scan, &slots)
+        let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
+        let scan = store.room_facts_held(now, &|_| true, &rooms);
+        let mut message = wire::room_scan_message(&node, &scan, &slots);
+        message.access = wire::room_access_entries(&store.room_accesses(&rooms));
+        message
     })
     .await
     .map_err(|_| ServiceError::Internal("a room scan did not finish".into()))
@@ -511,6 +514,10 @@ async fn rebuild(context: &Arc<Context>, membership: &Membership, map: &SlotMap,
         };
         match scanned.await {
             Ok(scan) => {
+                match wire::room_access_entries_sent(scan.access) {
+                    Ok(entries) => take_access(context, &entries, false),
+                    Err(err) => tracing::warn!(node, %err, "a node's room access was refused"),
+                }
                 let scan = presence_core::RoomFactScan {
                     facts: match wire::room_facts(scan.facts) {
                         Ok(facts) => facts,
@@ -643,4 +650,44 @@ pub(crate) fn answer_may_view(context: &Context, request: &pb::MayViewRequest) -
     let viewer = wire::id("viewer_id", &request.viewer_id)?;
     let users = wire::user_ids("user_ids", &request.user_ids)?;
     Ok(users.iter().map(|user| context.privacy.can_see(Some(&viewer), user)).collect())
+}
+
+/// Takes in rooms' access as their owners set it; `serving`: this node may
+/// serve those rooms, whose watchers then check whether they may still read.
+pub(crate) fn take_access(
+    context: &Context,
+    entries: &[(CompactString, presence_core::RoomAccess, u64)],
+    serving: bool,
+) {
+    for (room_id, access, stamp) in entries {
+        if context.store().take_room_access(room_id, *access, *stamp) && serving {
+            context.rooms().access_changed(room_id);
+        }
+    }
+}
+
+/// Sends a room's access, as this node, its owner, set it, to every other
+/// node, all at once, before SetRoomAccess answers: the room's next owner
+/// has it whichever node that is. A node that does not take it in time is
+/// logged; it is sent the access again with the scans of a rebuild.
+pub(crate) async fn send_access_to_the_others(
+    membership: &Membership,
+    entry: (CompactString, presence_core::RoomAccess, u64),
+) {
+    let entries = pb::RoomAccessEntries { entries: wire::room_access_entries(&[entry]) };
+    let sent = membership.others().into_iter().map(|(node, address)| {
+        let request = with_credential(entries.clone(), membership.peer_token());
+        async move {
+            let answered = async {
+                let mut client = membership.cluster_client(&address)?;
+                call_peer(&node, FORWARD_TIMEOUT, client.take_room_access(request)).await
+            };
+            answered.await.map_err(|err| (node, err))
+        }
+    });
+    for answer in futures_util::future::join_all(sent).await {
+        if let Err((node, err)) = answer {
+            tracing::warn!(node, %err, "a node did not take a room's access; a rebuild at it will bring it");
+        }
+    }
 }

@@ -341,17 +341,32 @@ impl PresenceApi for PresenceService {
     }
 
     async fn set_room_access(&self, request: Request<pb::SetRoomAccessRequest>) -> Answer<pb::SetRoomAccessResponse> {
-        answer((|| {
-            self.service_only(&request, "SetRoomAccess")?;
-            if self.context.ownership.is_cluster() {
-                return Err(ServiceError::RoomsPerNode { operation: "SetRoomAccess", what: "room access" });
+        self.service_only(&request, "SetRoomAccess")?;
+        let access = wire::room_access(request.get_ref().access)?;
+        let room_id = wire::id("room_id", &request.get_ref().room_id)?;
+        let context = &self.context;
+        let Some(membership) = context.ownership.membership() else {
+            context.store().set_room_access(&room_id, access).map_err(ServiceError::from)?;
+            context.rooms().access_changed(&room_id);
+            return Ok(Response::new(pb::SetRoomAccessResponse {}));
+        };
+        // The room's owner sets it, and every node keeps it (C1).
+        let forwarded = request.metadata().contains_key(cluster::FORWARDED);
+        match room_sync::place_of(context, membership, &room_id, forwarded)? {
+            RoomPlace::Here => {
+                let stamp = context.store().set_room_access_stamped(context.now(), &room_id, access);
+                let stamp = stamp.map_err(ServiceError::from)?;
+                context.rooms().access_changed(&room_id);
+                room_sync::send_access_to_the_others(membership, (room_id, access, stamp)).await;
             }
-            let request = request.get_ref();
-            let access = wire::room_access(request.access)?;
-            self.context.store().set_room_access(&request.room_id, access)?;
-            self.context.rooms().access_changed(&request.room_id);
-            Ok(pb::SetRoomAccessResponse {})
-        })())
+            RoomPlace::At(address) => {
+                let authorization = request.metadata().get("authorization");
+                let forwarded =
+                    context.ownership.forward_set_room_access(&address, request.get_ref().clone(), authorization);
+                forwarded.await?;
+            }
+        }
+        Ok(Response::new(pb::SetRoomAccessResponse {}))
     }
 
     async fn list_sessions(&self, request: Request<pb::ListSessionsRequest>) -> Answer<pb::ListSessionsResponse> {

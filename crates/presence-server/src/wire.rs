@@ -727,7 +727,41 @@ pub(crate) fn room_scan_message(from_node: &str, scan: &RoomFactScan, slots: &pr
         slot_count: slots.slots(),
         shard_stamps: scan.shard_stamps.clone(),
         relations_changed: Vec::new(),
+        access: Vec::new(),
     }
+}
+
+/// Rooms' access as their owners set it, for another node.
+pub(crate) fn room_access_entries(entries: &[(CompactString, RoomAccess, u64)]) -> Vec<pb::RoomAccessEntry> {
+    entries
+        .iter()
+        .map(|(room_id, access, stamp)| pb::RoomAccessEntry {
+            room_id: room_id.to_string(),
+            access: match access {
+                RoomAccess::Members => pb::RoomAccess::Members,
+                RoomAccess::Public => pb::RoomAccess::Public,
+            }
+            .into(),
+            stamp: *stamp,
+        })
+        .collect()
+}
+
+/// Rooms' access another node sent, checked (B1).
+pub(crate) fn room_access_entries_sent(
+    sent: Vec<pb::RoomAccessEntry>,
+) -> Result<Vec<(CompactString, RoomAccess, u64)>, ServiceError> {
+    sent.into_iter()
+        .map(|entry| {
+            if entry.stamp > presence_core::stamp::MAX_STAMP {
+                return Err(ServiceError::invalid(
+                    "entries.stamp",
+                    format!("{} is not a stamp a node issues", entry.stamp),
+                ));
+            }
+            Ok((id("entries.room_id", &entry.room_id)?, room_access(entry.access)?, entry.stamp))
+        })
+        .collect()
 }
 
 fn room_fact_message(StampedRoomFact { stamp, fact }: &StampedRoomFact) -> pb::RoomFact {
