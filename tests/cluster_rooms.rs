@@ -215,7 +215,10 @@ async fn c1_a_rooms_members_on_every_node_make_one_room_that_any_node_reads() {
         );
         last = joined.room_version;
     }
-    let (typist, typist_node, typist_generation) = &members[1];
+    // The typist's node is not the room's: its calls' versions come from the owner.
+    let typist_at = members.iter().position(|(_, node, _)| *node != room_owner).unwrap();
+    let rest: Vec<usize> = (0..members.len()).filter(|&at| at != typist_at).collect();
+    let (typist, typist_node, typist_generation) = &members[typist_at];
     let typing = pb::SignalRequest {
         user_id: typist.clone(),
         session_id: "s".into(),
@@ -224,7 +227,7 @@ async fn c1_a_rooms_members_on_every_node_make_one_room_that_any_node_reads() {
         kind: "typing".into(),
         ttl_ms: 5_000,
     };
-    let signalled = server_of(&servers, typist_node).client().await.signal(typing).await.unwrap().into_inner();
+    let signalled = server_of(&servers, typist_node).client().await.signal(typing.clone()).await.unwrap().into_inner();
     assert!(signalled.changed && signalled.room_version > last);
     match next_room_event(&mut stream).await.unwrap() {
         room_event::Event::Signals(set) => {
@@ -233,6 +236,18 @@ async fn c1_a_rooms_members_on_every_node_make_one_room_that_any_node_reads() {
         other => panic!("expected the signal set, got {other:?}"),
     }
     last = signalled.room_version;
+    // A call that changes nothing at the room answers its version all the same.
+    let renewed = server_of(&servers, typist_node).client().await.signal(typing.clone()).await.unwrap().into_inner();
+    assert_eq!((renewed.changed, renewed.room_version), (false, last), "a renewed signal");
+    let (other, other_node, other_generation) = &members[rest[0]];
+    let not_in = pb::LeaveRequest {
+        user_id: other.clone(),
+        session_id: "s".into(),
+        generation: *other_generation,
+        room_id: "elsewhere".into(),
+    };
+    let answered = server_of(&servers, other_node).client().await.leave(not_in).await.unwrap().into_inner();
+    assert!(!answered.removed, "{answered:?}");
 
     // A Join in a Leases batch, routed by a gateway's ClusterLeases, answers the owner's version too.
     let leases = presence_client::ClusterLeases::new(&servers[0].url(), SLOTS, Default::default()).unwrap();
@@ -267,7 +282,7 @@ async fn c1_a_rooms_members_on_every_node_make_one_room_that_any_node_reads() {
     }
 
     // A leave, and a lease that ends, at their own nodes.
-    let (leaver, leaver_node, leaver_generation) = &members[2];
+    let (leaver, leaver_node, leaver_generation) = &members[rest[1]];
     let leave = pb::LeaveRequest {
         user_id: leaver.clone(),
         session_id: "s".into(),
@@ -277,7 +292,7 @@ async fn c1_a_rooms_members_on_every_node_make_one_room_that_any_node_reads() {
     let left = server_of(&servers, leaver_node).client().await.leave(leave).await.unwrap().into_inner();
     assert!(left.removed && left.changed && left.room_version > last);
     assert_eq!(next_change(&mut stream).await, (pb::RoomChangeKind::RoomChangeLeft, leaver.clone(), left.room_version));
-    let (gone, gone_node, gone_generation) = &members[0];
+    let (gone, gone_node, gone_generation) = &members[rest[0]];
     let unregister = pb::UnregisterRequest {
         user_id: gone.clone(),
         session_id: "s".into(),
@@ -299,26 +314,64 @@ async fn c1_a_rooms_members_on_every_node_make_one_room_that_any_node_reads() {
     }
 }
 
-/// What a cluster node cannot serve yet is refused saying so, whatever node
-/// is asked: count mode (invisible members are known at their own nodes
-/// only).
+/// The next count a count-mode watch sends: (users, sessions).
+async fn next_count(stream: &mut tonic::Streaming<pb::RoomEvent>) -> (u32, u32) {
+    match next_room_event(stream).await.expect("a healthy stream") {
+        room_event::Event::Count(count) => (count.users, count.sessions),
+        other => panic!("expected a count, got {other:?}"),
+    }
+}
+
+/// R3, R4 across nodes: a count-mode watch at any node counts the members of
+/// every node but those their own nodes hold invisible, and follows a
+/// member's visibility as its node changes it, and members coming.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn c2_room_requests_a_cluster_cannot_serve_yet_are_refused_saying_so() {
+async fn r3_counts_from_any_node_leave_out_members_their_own_nodes_hold_invisible() {
     let etcd = EtcdServer::start().await;
-    let (servers, _) = three_nodes(&etcd).await;
-    let mut client = servers[0].client().await;
+    let (servers, map, members) = a_room_with_a_member_at_every_node(&etcd).await;
+    let room_owner = map.owner(slot_of(ROOM, SLOTS)).unwrap().node.clone();
+    let (shy, shy_node, _) = members.iter().find(|(_, node, _)| *node != room_owner).unwrap().clone();
+    let mut at_shy = server_of(&servers, shy_node).client().await;
+    let visibility =
+        |visibility: pb::Visibility| pb::SetVisibilityRequest { user_id: shy.clone(), visibility: visibility as i32 };
+    at_shy.set_visibility(visibility(pb::Visibility::Nobody)).await.unwrap();
+    for (user, node, generation) in &members {
+        server_of(&servers, node).client().await.join(join(user, *generation, node)).await.unwrap();
+    }
+    let watcher_node = NODES.iter().find(|node| **node != room_owner).unwrap();
     let counts = pb::WatchRoomRequest {
         room_id: ROOM.into(),
         mode: pb::RoomWatchMode::RoomWatchCount as i32,
+        count_interval_ms: 100,
         ..Default::default()
     };
-    let refusals = [("WatchRoom", "count mode", client.watch_room(counts).await.map(drop))];
-    for (operation, what, answer) in refusals {
-        let refused = answer.unwrap_err();
-        assert_eq!(refused.code(), Code::FailedPrecondition, "{operation}: {refused:?}");
-        assert!(refused.message().starts_with(operation), "{operation}: {refused:?}");
-        assert!(refused.message().contains(what) && refused.message().contains("cluster"), "{operation}: {refused:?}");
-    }
+    let mut client = server_of(&servers, watcher_node).client().await;
+    let mut stream = client.watch_room(counts).await.unwrap().into_inner();
+    assert_eq!(next_count(&mut stream).await, (2, 2), "the invisible member is counted by nobody");
+    let snapshot = room_snapshot(&mut client).await.unwrap();
+    assert_eq!((snapshot.users, snapshot.members.len()), (3, 3), "a service acting for no viewer lists it");
+
+    at_shy.set_visibility(visibility(pb::Visibility::Everyone)).await.unwrap();
+    assert_eq!(next_count(&mut stream).await, (3, 3), "counted once its node says it is visible");
+    let (second, second_node, _) = members.iter().find(|(user, ..)| *user != shy).unwrap();
+    let node = server_of(&servers, second_node);
+    let generation = {
+        let mut client = node.client().await;
+        let request = pb::RegisterRequest {
+            user_id: second.clone(),
+            session_id: "tab".into(),
+            gateway_id: "gw".into(),
+            ttl_ms: 60_000,
+            ..Default::default()
+        };
+        client.register(request).await.unwrap().into_inner().generation
+    };
+    let mut tab = join(second, generation, "tab");
+    tab.session_id = "tab".into();
+    node.client().await.join(tab).await.unwrap();
+    assert_eq!(next_count(&mut stream).await, (3, 4), "a second session of a member");
+    at_shy.set_visibility(visibility(pb::Visibility::Nobody)).await.unwrap();
+    assert_eq!(next_count(&mut stream).await, (2, 3));
     for server in servers {
         server.stop().await;
     }

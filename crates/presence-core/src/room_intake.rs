@@ -41,6 +41,17 @@ pub struct StampedRoomFact {
     pub stamp: u64,
     /// What it says.
     pub fact: RoomFact,
+    /// For a `Member` fact: the user's own node holds it invisible, so that
+    /// the room's counts leave it out (R4). The store makes every fact with
+    /// `false`; the node that sends it knows the user's visibility.
+    pub invisible: bool,
+}
+
+impl StampedRoomFact {
+    /// A fact made at `stamp`, of a user not known to be invisible.
+    pub fn new(stamp: u64, fact: RoomFact) -> Self {
+        StampedRoomFact { stamp, fact, invisible: false }
+    }
 }
 
 /// Where a node's users stand in the rooms asked about: a `Member` fact for
@@ -88,6 +99,8 @@ struct Register {
     source: u16,
     /// Whether the user is in the room.
     member: bool,
+    /// Whether its node holds it invisible.
+    invisible: bool,
 }
 
 impl RoomIntake {
@@ -95,7 +108,7 @@ impl RoomIntake {
     /// every fact of its user in its room taken in so far; if so it is
     /// recorded, for the caller to apply. A signal of a user that is not in
     /// the room is refused: it can only be a fact whose membership was lost.
-    pub(crate) fn admit(&mut self, now: Tick, source: &str, stamp: u64, fact: &RoomFact) -> Admitted {
+    pub(crate) fn admit(&mut self, now: Tick, source: &str, stamp: u64, fact: &RoomFact, invisible: bool) -> Admitted {
         self.forget_left(now);
         let key = (fact.room_id().clone(), fact.user_id().clone());
         let held = self.registers.get(&key).copied();
@@ -112,11 +125,23 @@ impl RoomIntake {
         if !member {
             self.left.push_back((now, key.0.clone(), key.1.clone(), stamp));
         }
-        self.registers.insert(key, Register { stamp, source, member });
+        let invisible = match fact {
+            RoomFact::Member { .. } => invisible,
+            // A signal says nothing of visibility: it stays as the membership said.
+            RoomFact::Signal { .. } => held.is_some_and(|held| held.invisible),
+            RoomFact::Left { .. } => false,
+        };
+        self.registers.insert(key, Register { stamp, source, member, invisible });
         match held {
             Some(held) if held.member && held.source != source => Admitted::FromAnotherNode,
             _ => Admitted::Newer,
         }
+    }
+
+    /// Whether `user_id` is a member of `room_id` its node holds invisible.
+    pub(crate) fn is_invisible(&self, room_id: &str, user_id: &str) -> bool {
+        let key = (CompactString::from(room_id), CompactString::from(user_id));
+        self.registers.get(&key).is_some_and(|held| held.member && held.invisible)
     }
 
     /// The stamp of the last fact of `user_id` in `room_id` taken in.

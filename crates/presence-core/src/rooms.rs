@@ -31,7 +31,7 @@ use compact_str::CompactString;
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 
 use crate::checkpoint::CheckpointWriter;
-use crate::room_intake::{Admitted, RoomIntake};
+use crate::room_intake::{Admitted, RoomIntake, StampedRoomFact};
 use crate::stamp::StampClock;
 use crate::types::{
     RoomAccess, RoomChange, RoomChangeKind, RoomEventBody, RoomMember, RoomMetadata, RoomView, SIGNAL_SET_CAP,
@@ -277,6 +277,9 @@ struct Room {
     metadata: MetadataSlots,
     /// One set per kind with at least one user signalling it.
     signals: Vec<SignalSet>,
+    /// Of the members and their sessions, those whose own node holds them
+    /// invisible (a room taken in from other nodes, R4): counted by nobody.
+    invisible: (u32, u32),
 }
 
 impl Room {
@@ -378,12 +381,37 @@ impl RoomShard {
         &mut self,
         now: Tick,
         source: &str,
-        stamp: u64,
-        fact: RoomFact,
+        fact: StampedRoomFact,
         changes: &mut Vec<RoomChange>,
     ) -> bool {
         self.now = self.now.max(now);
-        match self.intake.admit(self.now, source, stamp, &fact) {
+        let (room_id, user_id) = (fact.fact.room_id().clone(), fact.fact.user_id().clone());
+        let hidden_before = self.hidden_sessions(&room_id, &user_id);
+        let admitted = self.admit_and_apply(now, source, fact, changes);
+        let hidden_after = self.hidden_sessions(&room_id, &user_id);
+        if hidden_before != hidden_after
+            && let Some(room) = self.rooms.get_mut(room_id.as_str())
+        {
+            let (users, sessions) = &mut room.invisible;
+            *users = *users + u32::from(hidden_after.is_some()) - u32::from(hidden_before.is_some());
+            *sessions = *sessions + hidden_after.unwrap_or(0) - hidden_before.unwrap_or(0);
+        }
+        admitted
+    }
+
+    /// The sessions in the room of a member its node holds invisible; `None` for any other user.
+    fn hidden_sessions(&self, room_id: &str, user_id: &str) -> Option<u32> {
+        self.intake.is_invisible(room_id, user_id).then(|| self.member_sessions(room_id, user_id))
+    }
+
+    fn admit_and_apply(
+        &mut self,
+        now: Tick,
+        source: &str,
+        StampedRoomFact { stamp, fact, invisible }: StampedRoomFact,
+        changes: &mut Vec<RoomChange>,
+    ) -> bool {
+        match self.intake.admit(self.now, source, stamp, &fact, invisible) {
             Admitted::Stale => return false,
             Admitted::Newer => {}
             Admitted::FromAnotherNode => {
@@ -417,6 +445,15 @@ impl RoomShard {
         }
     }
 
+    /// The room's version and its counts of users and sessions but those
+    /// whose own node holds them invisible (see [`RoomShard::take_in`]).
+    pub(crate) fn visible_tally(&self, room_id: &str) -> (u64, u32, u32) {
+        self.rooms.get(room_id).map_or((0, 0, 0), |room| {
+            let (users, sessions) = room.invisible;
+            (room.version, room.members.len() as u32 - users, room.sessions - sessions)
+        })
+    }
+
     /// Takes in the part of a node's scan that falls in this shard (see
     /// [`RoomFactScan`](crate::room_intake::RoomFactScan)): its facts, then,
     /// for each member in rooms `rooms` accepts whose last fact came from
@@ -427,19 +464,19 @@ impl RoomShard {
         &mut self,
         now: Tick,
         source: &str,
-        facts: Vec<(u64, RoomFact)>,
+        facts: Vec<StampedRoomFact>,
         rooms: &dyn Fn(&str) -> bool,
         scanned_at: &dyn Fn(&str) -> u64,
         changes: &mut Vec<RoomChange>,
     ) {
         let mut asserted: HashMap<(CompactString, CompactString), Vec<CompactString>> = HashMap::new();
-        for (stamp, fact) in facts {
-            let key = (fact.room_id().clone(), fact.user_id().clone());
+        for fact in facts {
+            let key = (fact.fact.room_id().clone(), fact.fact.user_id().clone());
             let kinds = asserted.entry(key).or_default();
-            if let RoomFact::Signal { kind, .. } = &fact {
+            if let RoomFact::Signal { kind, .. } = &fact.fact {
                 kinds.push(kind.clone());
             }
-            self.take_in(now, source, stamp, fact, changes);
+            self.take_in(now, source, fact, changes);
         }
         for (room_id, user_id) in self.intake.members_from(source, rooms) {
             let at = scanned_at(&user_id);
@@ -448,7 +485,8 @@ impl RoomShard {
             }
             match asserted.get(&(room_id.clone(), user_id.clone())) {
                 None => {
-                    self.take_in(now, source, at.max(1), RoomFact::Left { room_id, user_id }, changes);
+                    let left = StampedRoomFact::new(at.max(1), RoomFact::Left { room_id, user_id });
+                    self.take_in(now, source, left, changes);
                 }
                 Some(kinds) => {
                     let kinds = kinds.clone();
@@ -464,7 +502,7 @@ impl RoomShard {
     pub(crate) fn forget_source(&mut self, now: Tick, source: &str, changes: &mut Vec<RoomChange>) {
         for (room_id, user_id) in self.intake.members_from(source, &|_| true) {
             let stamp = self.intake.stamp(&room_id, &user_id).unwrap_or(0) + 1;
-            self.take_in(now, source, stamp, RoomFact::Left { room_id, user_id }, changes);
+            self.take_in(now, source, StampedRoomFact::new(stamp, RoomFact::Left { room_id, user_id }), changes);
         }
     }
 

@@ -894,30 +894,43 @@ impl Shard {
         let now = self.advance(now);
         for slot in 0..self.users.len() as u32 {
             let user = &self.users[slot as usize];
-            if user.rooms == NIL || !users(&user.id) {
-                continue;
-            }
-            let user_id = user.id.clone();
-            let mut rooms: Vec<RoomName> = self.user_memberships(slot).map(|at| self.membership(at).room).collect();
-            rooms.sort_unstable();
-            rooms.dedup();
-            for room in rooms {
-                let (sessions, shown) = self.user_in_room(slot, room);
-                let metadata = shown.cloned().unwrap_or_default();
-                out.push(RoomFact::Member { room_id: room, user_id: user_id.clone(), sessions, metadata });
-            }
-            let mut signals: Vec<(RoomName, CompactString)> = self
-                .lease_indices(slot)
-                .filter_map(|index| self.signals.get(&index))
-                .flat_map(|signals| signals.active.iter().map(|signal| (signal.room, signal.kind.clone())))
-                .collect();
-            signals.sort_unstable();
-            signals.dedup();
-            for (room, kind) in signals {
-                out.push(RoomFact::Signal { room_id: room, user_id: user_id.clone(), kind, on: true });
+            if user.rooms != NIL && users(&user.id) {
+                self.user_room_facts(slot, out);
             }
         }
         self.stamps.next(now)
+    }
+
+    /// [`Shard::room_facts_held`] of one user.
+    pub(crate) fn room_facts_of(&mut self, now: Tick, user_id: &str, out: &mut Vec<RoomFact<RoomName>>) -> u64 {
+        let now = self.advance(now);
+        if let Some(slot) = self.find(user_id) {
+            self.user_room_facts(slot, out);
+        }
+        self.stamps.next(now)
+    }
+
+    /// Where the user in `slot` stands in each room it is in.
+    fn user_room_facts(&self, slot: u32, out: &mut Vec<RoomFact<RoomName>>) {
+        let user_id = self.users[slot as usize].id.clone();
+        let mut rooms: Vec<RoomName> = self.user_memberships(slot).map(|at| self.membership(at).room).collect();
+        rooms.sort_unstable();
+        rooms.dedup();
+        for room in rooms {
+            let (sessions, shown) = self.user_in_room(slot, room);
+            let metadata = shown.cloned().unwrap_or_default();
+            out.push(RoomFact::Member { room_id: room, user_id: user_id.clone(), sessions, metadata });
+        }
+        let mut signals: Vec<(RoomName, CompactString)> = self
+            .lease_indices(slot)
+            .filter_map(|index| self.signals.get(&index))
+            .flat_map(|signals| signals.active.iter().map(|signal| (signal.room, signal.kind.clone())))
+            .collect();
+        signals.sort_unstable();
+        signals.dedup();
+        for (room, kind) in signals {
+            out.push(RoomFact::Signal { room_id: room, user_id: user_id.clone(), kind, on: true });
+        }
     }
 
     /// A stamp for a fact leaving the shard (see `room_intake.rs`): greater

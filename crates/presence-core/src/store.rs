@@ -16,7 +16,7 @@ use crate::config::{ConfigError, StoreConfig};
 use crate::error::LeaseError;
 use crate::room_intake::{RoomFactScan, StampedRoomFact};
 use crate::room_names::{RoomName, RoomNames};
-use crate::rooms::{RoomFact, RoomShard};
+use crate::rooms::RoomShard;
 use crate::shard::{LeaseView, SessionView, Shard};
 use crate::slots::SlotSet;
 use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
@@ -427,6 +427,13 @@ impl Store {
         self.room_shard(room_id).lock().tally(room_id)
     }
 
+    /// The room's version and counts of users and sessions but the members
+    /// their own nodes hold invisible (C1, R4): a room taken in from nodes'
+    /// facts counts what its viewers may count.
+    pub fn room_visible_tally(&self, room_id: &str) -> (u64, u32, u32) {
+        self.room_shard(room_id).lock().visible_tally(room_id)
+    }
+
     /// Who may read the room (R4).
     pub fn room_access(&self, room_id: &str) -> RoomAccess {
         self.room_shard(room_id).lock().access(room_id)
@@ -494,7 +501,7 @@ impl Store {
         for fact in shard.take_facts() {
             let fact = fact.naming(|&name| self.names.id(name));
             if out {
-                changes.room_facts.push(StampedRoomFact { stamp: shard.fact_stamp(), fact });
+                changes.room_facts.push(StampedRoomFact::new(shard.fact_stamp(), fact));
             } else {
                 self.rooms[self.room_shard_of(fact.room_id())].lock().apply(now, fact, &mut changes.rooms);
             }
@@ -531,10 +538,10 @@ impl Store {
     ) -> Vec<u64> {
         facts
             .into_iter()
-            .map(|StampedRoomFact { stamp, fact }| {
-                let room_id = fact.room_id().clone();
+            .map(|fact| {
+                let room_id = fact.fact.room_id().clone();
                 let mut rooms = self.room_shard(&room_id).lock();
-                rooms.take_in(now, source, stamp, fact, &mut changes.rooms);
+                rooms.take_in(now, source, fact, &mut changes.rooms);
                 rooms.version(&room_id)
             })
             .collect()
@@ -557,12 +564,22 @@ impl Store {
             for fact in facts.drain(..) {
                 let fact = fact.naming(|&name| self.names.id(name));
                 if rooms(fact.room_id()) {
-                    scan.facts.push(StampedRoomFact { stamp, fact });
+                    scan.facts.push(StampedRoomFact::new(stamp, fact));
                 }
             }
             scan.shard_stamps.push(stamp);
         }
         scan
+    }
+
+    /// Where one user stands in each room it is in, stamped now: what its
+    /// node says again when something the facts carry changed (C1: its
+    /// visibility, which the rooms' counts follow).
+    pub fn room_facts_of(&self, now: Tick, user_id: &str) -> Vec<StampedRoomFact> {
+        let mut shard = self.shards[self.shard_of(user_id)].lock();
+        let mut facts = Vec::new();
+        let stamp = shard.room_facts_of(now, user_id, &mut facts);
+        facts.into_iter().map(|fact| StampedRoomFact::new(stamp, fact.naming(|&name| self.names.id(name)))).collect()
     }
 
     /// Takes in a node's scan of the rooms `rooms` accepts (see
@@ -577,9 +594,9 @@ impl Store {
         scan: RoomFactScan,
         changes: &mut Changes,
     ) {
-        let mut by_shard: Vec<Vec<(u64, RoomFact)>> = (0..self.rooms.len()).map(|_| Vec::new()).collect();
-        for StampedRoomFact { stamp, fact } in scan.facts {
-            by_shard[self.room_shard_of(fact.room_id())].push((stamp, fact));
+        let mut by_shard: Vec<Vec<StampedRoomFact>> = (0..self.rooms.len()).map(|_| Vec::new()).collect();
+        for fact in scan.facts {
+            by_shard[self.room_shard_of(fact.fact.room_id())].push(fact);
         }
         let stamps = scan.shard_stamps;
         let scanned_at = |user_id: &str| stamps.get(shard_index(user_id, stamps.len())).copied().unwrap_or(0);

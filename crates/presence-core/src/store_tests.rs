@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::{
     Changes, Imported, LeaseError, LeaseView, Presence, PresenceChange, Registered, Registration, Revoked, RoomRef,
-    SlotSet, State, Store, StoreConfig, StoreStats, Tick, UnregisterOutcome, Unregistered,
+    SlotSet, StampedRoomFact, State, Store, StoreConfig, StoreStats, Tick, UnregisterOutcome, Unregistered,
 };
 
 /// A realistic Unix-millisecond start, so that stamps are far from zero.
@@ -2753,6 +2753,54 @@ fn c4_a_gone_nodes_members_leave_but_those_taken_over_stay() {
     assert_eq!(users, ["saved", "w"]);
     assert_eq!(forgotten.rooms.len(), 1, "one leave published: {:?}", forgotten.rooms);
     assert_eq!(owner.room_fact_sources(), ["b"]);
+}
+
+/// C1, R4: a room taken in from nodes' facts counts, for viewers, only the
+/// members their own nodes do not hold invisible, sessions too, as their
+/// visibility changes and they come and go.
+#[test]
+fn c1_a_rooms_visible_counts_leave_out_members_their_nodes_hold_invisible() {
+    let (a, owner) = (node_store(), small_store());
+    let mut sent = Changes::default();
+    for (user, sessions) in [("shy", 2), ("open", 1)] {
+        for session in ["s1", "s2"].into_iter().take(sessions) {
+            register(&a, T0, reg(user, session, "g", 200), &mut sent);
+            a.join(T0, &at(&a, user, session, "r"), &[], &mut sent).unwrap();
+        }
+    }
+    let marked = |facts: Vec<StampedRoomFact>, shy: bool| -> Vec<StampedRoomFact> {
+        facts
+            .into_iter()
+            .map(|mut fact| {
+                fact.invisible = shy && fact.fact.user_id() == "shy";
+                fact
+            })
+            .collect()
+    };
+    let counted = || {
+        let (_, users, sessions) = owner.room_visible_tally("r");
+        (users, sessions)
+    };
+    owner.take_in_room_facts(T0, "a", marked(sent.room_facts, true), &mut Changes::default());
+    assert_eq!(counted(), (1, 1), "shy and its two sessions are counted by nobody");
+    assert_eq!(owner.room("r", usize::MAX).users, 2, "though it is a member");
+
+    // shy becomes visible at its node, which says so again.
+    let scan = a.room_facts_held(T0 + 1, &|user| user == "shy", &|_| true);
+    owner.take_in_room_facts(T0 + 1, "a", marked(scan.facts, false), &mut Changes::default());
+    assert_eq!(counted(), (2, 3));
+    // And invisible again; then one of its sessions leaves, then the other.
+    let scan = a.room_facts_held(T0 + 2, &|user| user == "shy", &|_| true);
+    owner.take_in_room_facts(T0 + 2, "a", marked(scan.facts, true), &mut Changes::default());
+    let mut left = Changes::default();
+    a.leave(T0 + 3, &at(&a, "shy", "s1", "r"), &mut left).unwrap();
+    owner.take_in_room_facts(T0 + 3, "a", marked(left.room_facts, true), &mut Changes::default());
+    assert_eq!(counted(), (1, 1));
+    assert_eq!(owner.room("r", usize::MAX).sessions, 2);
+    let mut left = Changes::default();
+    a.leave(T0 + 4, &at(&a, "shy", "s2", "r"), &mut left).unwrap();
+    owner.take_in_room_facts(T0 + 4, "a", marked(left.room_facts, true), &mut Changes::default());
+    assert_eq!((counted(), owner.room("r", usize::MAX).users), ((1, 1), 1));
 }
 
 /// C1: a room whose slot another node owns now is forgotten without a word,

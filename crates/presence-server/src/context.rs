@@ -176,11 +176,18 @@ pub(crate) async fn hear_rooms(answered: tokio::sync::oneshot::Receiver<RoomAnsw
     }
 }
 
-/// The version of `room_id` the owners answered, if they answered one.
-pub(crate) fn room_version_heard(heard: &Option<RoomAnswer>, room_id: &str) -> Result<Option<u64>, ServiceError> {
+/// The version of `room_id` after an operation of [`Context::apply_to_rooms`]:
+/// the one its owner answered, or, when the operation made no fact of that
+/// room, the one the owner holds (`None` on a single node, whose store
+/// answered it already).
+pub(crate) async fn room_version_after(
+    context: &Context,
+    heard: &Option<RoomAnswer>,
+    room_id: &str,
+) -> Result<Option<u64>, ServiceError> {
     match heard {
-        None => Ok(None),
-        Some(Ok(versions)) => Ok(versions.get(room_id).copied()),
+        Some(Ok(versions)) if versions.contains_key(room_id) => Ok(versions.get(room_id).copied()),
         Some(Err(node)) => Err(ServiceError::RoomOwnerUnreachable { node: node.clone() }),
+        _ => crate::room_sync::room_version(context, room_id).await,
     }
 }

@@ -103,18 +103,6 @@ pub(crate) enum ServiceError {
         /// Its answer.
         status: tonic::Status,
     },
-    /// A room request a cluster node cannot serve yet (a viewer's read,
-    /// count mode, SetRoomAccess): it needs each member's privacy at the
-    /// room's owner, which holds only the members' facts.
-    #[error(
-        "{operation}: {what} is not built for a cluster yet; a service acting for no viewer reads rooms in member mode"
-    )]
-    RoomsPerNode {
-        /// The RPC refused.
-        operation: &'static str,
-        /// What of it.
-        what: &'static str,
-    },
     /// A room's owner did not take a change of its members (C1): the
     /// member's own state changed, and the call may be made again.
     #[error("the owner of the room ({node}) did not take the change yet; the call may be made again")]
@@ -209,9 +197,7 @@ impl ServiceError {
             | ServiceError::RoomsNotHere { .. }
             | ServiceError::RoomRebuilding { .. } => Code::Unavailable,
             ServiceError::Internal(_) => Code::Internal,
-            ServiceError::RoomsPerNode { .. } | ServiceError::NotClustered { .. } | ServiceError::MoveRefused(_) => {
-                Code::FailedPrecondition
-            }
+            ServiceError::NotClustered { .. } | ServiceError::MoveRefused(_) => Code::FailedPrecondition,
             ServiceError::MoveAborted(_) => Code::Aborted,
             ServiceError::Etcd(_) => Code::Unavailable,
             ServiceError::Peer { status, .. } => status.code(),

@@ -407,8 +407,7 @@ impl Cluster for ClusterService {
     async fn take_room_facts(&self, request: Request<pb::RoomFacts>) -> Result<Response<pb::RoomFactsTaken>, Status> {
         self.service_only(&request, "TakeRoomFacts")?;
         let membership = membership(&self.context, "TakeRoomFacts")?;
-        let versions = crate::room_sync::take_in(&self.context, membership, request.into_inner())?;
-        Ok(Response::new(pb::RoomFactsTaken { versions }))
+        Ok(Response::new(crate::room_sync::take_in(&self.context, membership, request.into_inner())?))
     }
 
     async fn may_view(&self, request: Request<pb::MayViewRequest>) -> Result<Response<pb::MayViewResponse>, Status> {

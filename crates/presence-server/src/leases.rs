@@ -132,8 +132,9 @@ async fn work(context: Arc<Context>, queues: Receivers) {
         } else {
             // The rooms' owners answer the room versions (a cluster node):
             // waited for aside, so that the worker goes on with the next batch.
+            let context = Arc::clone(&context);
             tokio::spawn(async move {
-                let _ = job.reply.send(with_room_versions(results, &rooms, answered).await);
+                let _ = job.reply.send(with_room_versions(context, results, &rooms, answered).await);
             });
         }
         // A batch is a burst of CPU work: let other tasks (readers, viewers) in between.
@@ -170,6 +171,7 @@ fn rooms_named(batch: &LeaseBatchFrame) -> Vec<Option<String>> {
 /// room's; if an owner did not take the facts, those items are refused as
 /// the unary calls are (`UNAVAILABLE`: they may be made again).
 async fn with_room_versions(
+    context: Arc<Context>,
     mut results: pb::LeaseResults,
     rooms: &[Option<String>],
     answered: tokio::sync::oneshot::Receiver<crate::room_sync::RoomAnswer>,
@@ -177,7 +179,10 @@ async fn with_room_versions(
     let heard = crate::context::hear_rooms(answered).await;
     for (result, room) in results.results.iter_mut().zip(rooms) {
         let Some(room) = room else { continue };
-        match (&mut result.result, crate::context::room_version_heard(&heard, room)) {
+        if result.result.is_none() {
+            continue;
+        }
+        match (&mut result.result, crate::context::room_version_after(&context, &heard, room).await) {
             (Some(lease_result::Result::Join(joined)), Ok(Some(version))) => joined.room_version = version,
             (Some(lease_result::Result::Leave(left)), Ok(Some(version))) => left.room_version = version,
             (Some(lease_result::Result::Signal(signalled)), Ok(Some(version))) => signalled.room_version = version,

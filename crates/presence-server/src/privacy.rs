@@ -483,6 +483,11 @@ impl Privacy {
         }
     }
 
+    /// Whether no viewer but itself may see `user`.
+    pub(crate) fn is_invisible(&self, user: &str) -> bool {
+        self.relations.read().is_invisible(user)
+    }
+
     /// Whether `viewer` may see `user` now.
     pub(crate) fn can_see(&self, viewer: Option<&str>, user: &str) -> bool {
         self.relations.read().can_see(viewer, user)
@@ -531,7 +536,12 @@ impl Privacy {
         if let Some(changed) = self.changed.lock().as_mut() {
             changed.insert(user.clone());
         }
-        self.show_changed_relations(relations, &[user], &[]);
+        self.show_changed_relations(relations, std::slice::from_ref(&user), &[]);
+        if let (RelationChange::Visibility { .. }, Some(queue)) = (&change, self.publisher.room_facts.get()) {
+            // The rooms' owners count the user as its visibility says (R4):
+            // it says where it stands again, which the router marks so.
+            queue.send(self.store().room_facts_of(self.publisher.clock.now(), &user), None);
+        }
         Ok(())
     }
 

@@ -2,12 +2,14 @@
 //! room id's slot, whoever owns its members.
 //!
 //! A cluster node's store hands its users' room facts out, stamped (see
-//! `presence_core::room_intake`). The router here sends each to the owner of
-//! its room's slot: facts for this node's own rooms are taken in at once,
-//! the others queue per destination node and go in the order they were made,
-//! one call at a time. Join, Leave and Signal wait for the owner's answer,
-//! which carries the room version they answer with. The owner takes facts in
-//! by stamp, so a user that moves between nodes never goes back.
+//! `presence_core::room_intake`). The router here marks the member facts of
+//! users this node holds invisible (the owner's counts leave them out, R4)
+//! and sends each fact to the owner of its room's slot: facts for this
+//! node's own rooms are taken in at once, the others queue per destination
+//! node and go in the order they were made, one call at a time (carrying
+//! whatever queued up meanwhile). Join, Leave and Signal wait for the owner's
+//! answer, which carries the room version they answer with. The owner takes
+//! facts in by stamp, so a user that moves between nodes never goes back.
 //!
 //! Facts can be lost on the way (a node down or cut off, a queue that
 //! overflowed, a node that restarted). A destination that may have missed
@@ -21,6 +23,12 @@
 //! before its own map shows the new owner. A node that stops owning room
 //! slots forgets their rooms and ends their watchers, which open again
 //! through any node at the new owner.
+//!
+//! Privacy stays where each user's relations are: the owner asks a member's
+//! node which members a viewer may see ([`may_view`]), and a change of a
+//! member's relations is sent to the owners of its rooms, whose viewers'
+//! watches start over. A room's access is set by its owner and kept at every
+//! node ([`send_access_to_the_others`]), so that its next owner has it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,6 +52,9 @@ const ROUTER_QUEUE: usize = 4_096;
 
 /// Batches queued for one destination.
 const DESTINATION_QUEUE: usize = 1_024;
+
+/// Most queued batches one call to a destination carries.
+const COALESCED: usize = 256;
 
 /// How often a destination that needs a scan and has no facts coming is tried.
 const SCAN_RETRY: Duration = Duration::from_secs(1);
@@ -187,12 +198,14 @@ async fn route(context: Arc<Context>, queue: Arc<RoomFactQueue>, mut batches: mp
         if queue.overflowed.swap(false, Ordering::AcqRel) {
             destinations.values().for_each(|destination| destination.needs_scan.store(true, Ordering::Release));
         }
+        let mut facts = batch.facts;
+        mark_invisible(&context, &mut facts);
         let map = membership.acted_map();
         let owner_of =
             |room_id: &str| context.room_routes.owner(&map, slot_of(room_id.as_bytes(), membership.slot_count()));
         let mut by_owner: HashMap<String, Outgoing> = HashMap::new();
         let outgoing = || Outgoing { facts: Vec::new(), relations_changed: Vec::new(), answer: None };
-        for fact in batch.facts {
+        for fact in facts {
             match owner_of(fact.fact.room_id()) {
                 Some(owner) => by_owner.entry(owner).or_insert_with(outgoing).facts.push(fact),
                 // No owner yet (a new cluster): its first owner rebuilds from scans.
@@ -291,20 +304,36 @@ async fn send_to(
                 Err(err) => tracing::debug!(node, %err, "no room scan to this node yet"),
             }
         }
-        let Some(Outgoing { facts, relations_changed, answer }) = next else { continue };
-        let rooms: Vec<CompactString> = facts.iter().map(|fact| fact.fact.room_id().clone()).collect();
-        let mut message = wire::room_facts_message(membership.node(), &facts);
-        message.relations_changed = relations_changed.iter().map(ToString::to_string).collect();
-        let answered = match send_facts(membership, &node, message).await {
-            Ok(versions) => Ok(rooms.into_iter().zip(versions).collect()),
-            Err(err) => {
-                tracing::debug!(node, %err, "room facts not taken; the node gets a scan");
-                needs_scan.store(true, Ordering::Release);
-                Err(node.clone())
+        let Some(first) = next else { continue };
+        // What queued up meanwhile goes in the same call, in order.
+        let mut sending = vec![first];
+        while sending.len() < COALESCED
+            && let Ok(more) = batches.try_recv()
+        {
+            sending.push(more);
+        }
+        let mut message = wire::room_facts_message(membership.node(), &[]);
+        let mut answers = Vec::with_capacity(sending.len());
+        for Outgoing { facts, relations_changed, answer } in sending {
+            let rooms: Vec<CompactString> = facts.iter().map(|fact| fact.fact.room_id().clone()).collect();
+            message.facts.extend(facts.iter().map(wire::room_fact_message));
+            message.relations_changed.extend(relations_changed.iter().map(ToString::to_string));
+            answers.push((rooms, answer));
+        }
+        let answered = send_facts(membership, &node, message).await;
+        if let Err(err) = &answered {
+            tracing::debug!(node, %err, "room facts not taken; the node gets a scan");
+            needs_scan.store(true, Ordering::Release);
+        }
+        let mut versions = answered.map(Vec::into_iter);
+        for (rooms, answer) in answers {
+            let told = match &mut versions {
+                Ok(versions) => Ok(rooms.into_iter().zip(versions.by_ref()).collect()),
+                Err(_) => Err(node.clone()),
+            };
+            if let Some(answer) = answer {
+                let _ = answer.send(told);
             }
-        };
-        if let Some(answer) = answer {
-            let _ = answer.send(answered);
         }
     }
 }
@@ -315,6 +344,29 @@ async fn send_facts(membership: &Membership, node: &str, facts: pb::RoomFacts) -
     let mut client = membership.cluster_client(&address)?;
     let request = with_credential(facts, membership.peer_token());
     Ok(call_peer(node, FORWARD_TIMEOUT, client.take_room_facts(request)).await?.versions)
+}
+
+/// The room's version at its owner: what a Join, Leave or Signal that made
+/// no fact answers (on a single node the store answered it already).
+pub(crate) async fn room_version(context: &Context, room_id: &str) -> Result<Option<u64>, ServiceError> {
+    let Some(membership) = context.ownership.membership() else { return Ok(None) };
+    let owner =
+        context.room_routes.owner(&membership.acted_map(), slot_of(room_id.as_bytes(), membership.slot_count()));
+    let Some(owner) = owner else { return Err(ServiceError::RoomOwnerUnreachable { node: "none yet".into() }) };
+    if owner == membership.node() {
+        return Ok(Some(context.store().room_tally(room_id).0));
+    }
+    let address = membership.nodes().address(&owner).map(str::to_owned);
+    let address = address.ok_or_else(|| ServiceError::RoomOwnerUnreachable { node: owner.clone() })?;
+    let mut client = membership.cluster_client(&address)?;
+    let asked = pb::RoomFacts {
+        from_node: membership.node().to_owned(),
+        versions_of: vec![room_id.to_owned()],
+        ..Default::default()
+    };
+    let answer =
+        call_peer(&owner, FORWARD_TIMEOUT, client.take_room_facts(with_credential(asked, membership.peer_token())));
+    Ok(answer.await?.room_versions.first().copied())
 }
 
 /// Sends `node` where this node's users stand in the rooms it owns.
@@ -334,23 +386,37 @@ async fn send_scan(context: &Arc<Context>, membership: &Membership, node: &str) 
     send_facts(membership, node, message).await.map(drop)
 }
 
-/// A scan of this node's users in the rooms of `slots`, made off the runtime's threads.
+/// Marks the member facts of users this node holds invisible (R4): the
+/// rooms' owners count them for nobody.
+fn mark_invisible(context: &Context, facts: &mut [StampedRoomFact]) {
+    for fact in facts.iter_mut().filter(|fact| matches!(fact.fact, presence_core::RoomFact::Member { .. })) {
+        fact.invisible = context.privacy.is_invisible(fact.fact.user_id());
+    }
+}
+
+/// A scan of this node's users in the rooms of `slots`, made off the
+/// runtime's threads, its member facts marked as [`mark_invisible`] does.
+async fn scan_of(context: &Arc<Context>, slots: &SlotSet) -> Result<presence_core::RoomFactScan, ServiceError> {
+    let (store, now, slots) = (Arc::clone(context.store()), context.now(), slots.clone());
+    let scanned = tokio::task::spawn_blocking(move || {
+        store.room_facts_held(now, &|_| true, &|room_id| slots.holds(room_id.as_bytes()))
+    });
+    let mut scan = scanned.await.map_err(|_| ServiceError::Internal("a room scan did not finish".into()))?;
+    mark_invisible(context, &mut scan.facts);
+    Ok(scan)
+}
+
+/// [`scan_of`] as sent to another node, with the rooms' access.
 async fn scan_message(
     context: &Arc<Context>,
     membership: &Membership,
     slots: &SlotSet,
 ) -> Result<pb::RoomFacts, ServiceError> {
-    let (store, now, node, slots) =
-        (Arc::clone(context.store()), context.now(), membership.node().to_owned(), slots.clone());
-    tokio::task::spawn_blocking(move || {
-        let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
-        let scan = store.room_facts_held(now, &|_| true, &rooms);
-        let mut message = wire::room_scan_message(&node, &scan, &slots);
-        message.access = wire::room_access_entries(&store.room_accesses(&rooms));
-        message
-    })
-    .await
-    .map_err(|_| ServiceError::Internal("a room scan did not finish".into()))
+    let scan = scan_of(context, slots).await?;
+    let mut message = wire::room_scan_message(membership.node(), &scan, slots);
+    let accesses = context.store().room_accesses(&|room_id| slots.holds(room_id.as_bytes()));
+    message.access = wire::room_access_entries(&accesses);
+    Ok(message)
 }
 
 /// Where a room request is answered (C1): here, or at the room slot's
@@ -401,7 +467,7 @@ pub(crate) fn take_in(
     context: &Context,
     membership: &Membership,
     sent: pb::RoomFacts,
-) -> Result<Vec<u64>, ServiceError> {
+) -> Result<pb::RoomFactsTaken, ServiceError> {
     let from = wire::id("from_node", &sent.from_node)?;
     let map = membership.acted_map();
     let owned = |room_id: &str| {
@@ -413,7 +479,15 @@ pub(crate) fn take_in(
             presence_core::RoomFactScan { facts: wire::room_facts(sent.facts)?, shard_stamps: sent.shard_stamps };
         let rooms = |room_id: &str| slots.holds(room_id.as_bytes()) && owned(room_id);
         context.apply(|store, now, changes| store.take_in_room_scan(now, &from, &rooms, scan, changes));
-        return Ok(Vec::new());
+        return Ok(pb::RoomFactsTaken::default());
+    }
+    let mut room_versions = Vec::with_capacity(sent.versions_of.len());
+    for room_id in &sent.versions_of {
+        let room_id = wire::id("versions_of", room_id)?;
+        if !owned(&room_id) {
+            return Err(ServiceError::RoomsNotHere { room_id: room_id.to_string() });
+        }
+        room_versions.push(context.store().room_tally(&room_id).0);
     }
     let facts = wire::room_facts(sent.facts)?;
     if let Some(fact) = facts.iter().find(|fact| !owned(fact.fact.room_id())) {
@@ -426,7 +500,7 @@ pub(crate) fn take_in(
         .collect::<Result<_, _>>()?;
     let versions = context.apply(|store, now, changes| store.take_in_room_facts(now, &from, facts, changes));
     context.rooms().relations_changed(&relations_changed, &[]);
-    Ok(versions)
+    Ok(pb::RoomFactsTaken { versions, room_versions })
 }
 
 /// Answers a RoomScan: from now on the facts of `slots` go to the node that
@@ -504,47 +578,27 @@ async fn rebuild(context: &Arc<Context>, membership: &Membership, map: &SlotMap,
         slot_count: membership.slot_count(),
         epoch,
     };
-    let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
-    let mut asked: HashSet<String> = HashSet::new();
-    for (node, address) in membership.others() {
-        let scanned = async {
-            let mut client = membership.cluster_client(&address)?;
-            let request = with_credential(request.clone(), membership.peer_token());
-            call_peer(&node, FORWARD_TIMEOUT, client.room_scan(request)).await
-        };
-        match scanned.await {
-            Ok(scan) => {
-                match wire::room_access_entries_sent(scan.access) {
-                    Ok(entries) => take_access(context, &entries, false),
-                    Err(err) => tracing::warn!(node, %err, "a node's room access was refused"),
-                }
-                let scan = presence_core::RoomFactScan {
-                    facts: match wire::room_facts(scan.facts) {
-                        Ok(facts) => facts,
-                        Err(err) => {
-                            tracing::warn!(node, %err, "a node's room scan was refused");
-                            continue;
-                        }
-                    },
-                    shard_stamps: scan.shard_stamps,
-                };
-                context.apply(|store, now, changes| store.take_in_room_scan(now, &node, &rooms, scan, changes));
-                asked.insert(node);
+    let asking = membership.others().into_iter().map(|(node, _)| {
+        let request = request.clone();
+        async move {
+            let scanned = scan_at(context, membership, &node, request.clone()).await;
+            (node, request, scanned)
+        }
+    });
+    let mut asked = 0;
+    for (node, request, scanned) in futures_util::future::join_all(asking).await {
+        match scanned {
+            Ok(()) => asked += 1,
+            Err(err) => {
+                // Asked again, aside: the rooms answer meanwhile without that node's members.
+                tracing::warn!(node, %err, "no room scan from this node for the slots this node gained yet");
+                tokio::spawn(scan_later(Arc::clone(context), node, request));
             }
-            // Its facts come with its scan once it answers again (its sender to this node needs one).
-            Err(err) => tracing::warn!(node, %err, "no room scan from this node for the slots this node gained"),
         }
     }
-    let own = {
-        let (store, now) = (Arc::clone(context.store()), context.now());
-        let slots = slots.clone();
-        tokio::task::spawn_blocking(move || {
-            store.room_facts_held(now, &|_| true, &|room_id| slots.holds(room_id.as_bytes()))
-        })
-        .await
-    };
-    if let Ok(own) = own {
+    if let Ok(own) = scan_of(context, slots).await {
         let node = membership.node().to_owned();
+        let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
         context.apply(|store, now, changes| store.take_in_room_scan(now, &node, &rooms, own, changes));
     }
     let mut rebuilding = context.room_routes.rebuilding.lock();
@@ -552,11 +606,51 @@ async fn rebuild(context: &Arc<Context>, membership: &Membership, map: &SlotMap,
         rebuilding.remove(&slot);
     });
     drop(rebuilding);
-    tracing::info!(
-        slots = slots.iter().count(),
-        nodes = asked.len(),
-        "rebuilt the rooms of the slots this node gained"
-    );
+    tracing::info!(slots = slots.iter().count(), nodes = asked, "rebuilt the rooms of the slots this node gained");
+}
+
+/// Asks `node` for a scan of the slots `request` names, and takes it in.
+async fn scan_at(
+    context: &Context,
+    membership: &Membership,
+    node: &str,
+    request: pb::RoomScanRequest,
+) -> Result<(), ServiceError> {
+    let address = membership.nodes().address(node).map(str::to_owned);
+    let address = address.ok_or_else(|| ServiceError::RoomOwnerUnreachable { node: node.to_owned() })?;
+    let mut client = membership.cluster_client(&address)?;
+    let request = with_credential(request, membership.peer_token());
+    let scan = call_peer(node, FORWARD_TIMEOUT, client.room_scan(request)).await?;
+    take_access(context, &wire::room_access_entries_sent(scan.access)?, false);
+    let slots = crate::handover::slot_set(membership, &scan.slots, scan.slot_count)?;
+    let scan = presence_core::RoomFactScan { facts: wire::room_facts(scan.facts)?, shard_stamps: scan.shard_stamps };
+    let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
+    context.apply(|store, now, changes| store.take_in_room_scan(now, node, &rooms, scan, changes));
+    Ok(())
+}
+
+/// How many times a node that did not answer a rebuild's scan is asked again, a second apart.
+const SCAN_TRIES: u32 = 30;
+
+/// Asks `node` again for the scan a rebuild did not get, while it is one of
+/// the cluster and this node still owns those slots.
+async fn scan_later(context: Arc<Context>, node: String, request: pb::RoomScanRequest) {
+    let Some(membership) = context.ownership.membership() else { return };
+    for _ in 0..SCAN_TRIES {
+        tokio::select! {
+            () = tokio::time::sleep(SCAN_RETRY) => {}
+            () = context.stopping.cancelled() => return,
+        }
+        let map = membership.acted_map();
+        let still_ours = request.slots.iter().all(|&slot| membership.owns(&map, slot));
+        if !still_ours || membership.nodes().address(&node).is_none() {
+            return;
+        }
+        match scan_at(&context, membership, &node, request.clone()).await {
+            Ok(()) => return tracing::info!(node, "took in a node's room scan asked again"),
+            Err(err) => tracing::debug!(node, %err, "no room scan from this node yet"),
+        }
+    }
 }
 
 /// How long a node that sent room facts is gone (not registered, owning no

@@ -400,7 +400,7 @@ pub(crate) async fn snapshot(
     let signalling = view.signals.iter().flat_map(|(_, users, _)| users);
     lens.learn(context, listed_users.chain(signalling)).await?;
     let Some(members) = view.members else {
-        let (users, sessions) = context.privacy.counted(context.store(), &request.room_id, view.users, view.sessions);
+        let (_, users, sessions) = counted(context, &request.room_id);
         return Ok(pb::RoomSnapshot {
             room_id: view.room_id.to_string(),
             version: view.version,
@@ -646,6 +646,18 @@ fn member_event(context: &Context, lens: &MemberLens, change: RoomChange) -> Opt
     }
 }
 
+/// The room's version, and its users and sessions as counted for anyone:
+/// invisible members are counted by nobody (R4). A cluster's room counts
+/// what the members' own nodes said of their visibility.
+fn counted(context: &Context, room_id: &str) -> (u64, u32, u32) {
+    if context.ownership.is_cluster() {
+        return context.store().room_visible_tally(room_id);
+    }
+    let (version, users, sessions) = context.store().room_tally(room_id);
+    let (users, sessions) = context.privacy.counted(context.store(), room_id, users, sessions);
+    (version, users, sessions)
+}
+
 /// Feeds a count-mode stream: the counts at once, then whenever they changed,
 /// at most once per `interval`.
 async fn counts(
@@ -674,8 +686,8 @@ async fn counts(
         if !may_read(context, request) {
             return Err(not_visible(&request.room_id));
         }
-        let (version, users, sessions) = context.store().room_tally(&request.room_id);
-        let counts = context.privacy.counted(context.store(), &request.room_id, users, sessions);
+        let (version, users, sessions) = counted(context, &request.room_id);
+        let counts = (users, sessions);
         if sent == Some(counts) {
             continue;
         }

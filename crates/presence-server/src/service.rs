@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Authenticator, Caller};
 use crate::cluster::{self, OwnershipView};
-use crate::context::{Context, hear_rooms, room_version_heard};
+use crate::context::{Context, hear_rooms, room_version_after};
 use crate::error::ServiceError;
 use crate::fanin;
 use crate::leases::{self, LeaseQueue, LeasesStream};
@@ -263,7 +263,9 @@ impl PresenceApi for PresenceService {
                 self.context.apply_to_rooms(|store, now, changes| ops::join(store, metrics, now, &input, changes));
             Ok::<_, ServiceError>((joined?, answered))
         })()?;
-        if let Some(version) = room_version_heard(&hear_rooms(answered).await, &request.get_ref().room_id)? {
+        if let Some(version) =
+            room_version_after(&self.context, &hear_rooms(answered).await, &request.get_ref().room_id).await?
+        {
             joined.room_version = version;
         }
         Ok(Response::new(joined))
@@ -278,7 +280,9 @@ impl PresenceApi for PresenceService {
                 self.context.apply_to_rooms(|store, now, changes| ops::leave(store, now, &room, changes));
             Ok::<_, ServiceError>((left?, answered))
         })()?;
-        if let Some(version) = room_version_heard(&hear_rooms(answered).await, &request.get_ref().room_id)? {
+        if let Some(version) =
+            room_version_after(&self.context, &hear_rooms(answered).await, &request.get_ref().room_id).await?
+        {
             left.room_version = version;
         }
         Ok(Response::new(left))
@@ -294,7 +298,9 @@ impl PresenceApi for PresenceService {
                 self.context.apply_to_rooms(|store, now, changes| ops::signal(store, metrics, now, &input, changes));
             Ok::<_, ServiceError>((signalled?, answered))
         })()?;
-        if let Some(version) = room_version_heard(&hear_rooms(answered).await, &request.get_ref().room_id)? {
+        if let Some(version) =
+            room_version_after(&self.context, &hear_rooms(answered).await, &request.get_ref().room_id).await?
+        {
             signalled.room_version = version;
         }
         Ok(Response::new(signalled))
@@ -322,10 +328,6 @@ impl PresenceApi for PresenceService {
         let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
         let count_interval = wire::room_watch_mode(request.get_ref().mode, request.get_ref().count_interval_ms)?;
         let place = self.room_place(&request, &room)?;
-        if count_interval.is_some() && self.context.ownership.is_cluster() {
-            // Counts leave out invisible members, whose visibility only their own node knows.
-            return Err(ServiceError::RoomsPerNode { operation: "WatchRoom", what: "count mode" }.into());
-        }
         match place {
             RoomPlace::Here => Ok(Response::new(rooms::watch(Arc::clone(&self.context), room, count_interval).await?)),
             RoomPlace::At(address) => {

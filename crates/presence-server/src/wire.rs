@@ -728,6 +728,7 @@ pub(crate) fn room_scan_message(from_node: &str, scan: &RoomFactScan, slots: &pr
         shard_stamps: scan.shard_stamps.clone(),
         relations_changed: Vec::new(),
         access: Vec::new(),
+        versions_of: Vec::new(),
     }
 }
 
@@ -764,11 +765,13 @@ pub(crate) fn room_access_entries_sent(
         .collect()
 }
 
-fn room_fact_message(StampedRoomFact { stamp, fact }: &StampedRoomFact) -> pb::RoomFact {
+/// One room fact as sent to its room's owner.
+pub(crate) fn room_fact_message(StampedRoomFact { stamp, fact, invisible }: &StampedRoomFact) -> pb::RoomFact {
     let mut message = pb::RoomFact {
         room_id: fact.room_id().to_string(),
         user_id: fact.user_id().to_string(),
         stamp: *stamp,
+        invisible: *invisible,
         ..Default::default()
     };
     match fact {
@@ -796,7 +799,7 @@ fn room_fact_message(StampedRoomFact { stamp, fact }: &StampedRoomFact) -> pb::R
 pub(crate) fn room_facts(sent: Vec<pb::RoomFact>) -> Result<Vec<StampedRoomFact>, ServiceError> {
     sent.into_iter()
         .map(|fact| {
-            let stamp = fact.stamp;
+            let (stamp, invisible) = (fact.stamp, fact.invisible);
             if stamp == 0 || stamp > presence_core::stamp::MAX_STAMP {
                 return Err(ServiceError::invalid(
                     "facts.stamp",
@@ -841,7 +844,7 @@ pub(crate) fn room_facts(sent: Vec<pb::RoomFact>) -> Result<Vec<StampedRoomFact>
                     return Err(ServiceError::invalid("facts.kind", format!("{} is no kind of room fact", fact.kind)));
                 }
             };
-            Ok(StampedRoomFact { stamp, fact })
+            Ok(StampedRoomFact { stamp, fact, invisible })
         })
         .collect()
 }
@@ -887,6 +890,7 @@ mod tests {
     fn b1_room_facts_from_a_node_read_back_and_a_bad_one_names_its_field() {
         let facts = vec![
             StampedRoomFact {
+                invisible: true,
                 stamp: 7,
                 fact: RoomFact::Member {
                     room_id: "lobby".into(),
@@ -895,16 +899,11 @@ mod tests {
                     metadata: MemberMetadata::new(&[("z".into(), "1".into()), ("a".into(), "2".into())]),
                 },
             },
-            StampedRoomFact { stamp: 8, fact: RoomFact::Left { room_id: "lobby".into(), user_id: "bob".into() } },
-            StampedRoomFact {
-                stamp: 9,
-                fact: RoomFact::Signal {
-                    room_id: "lobby".into(),
-                    user_id: "ann".into(),
-                    kind: "typing".into(),
-                    on: true,
-                },
-            },
+            StampedRoomFact::new(8, RoomFact::Left { room_id: "lobby".into(), user_id: "bob".into() }),
+            StampedRoomFact::new(
+                9,
+                RoomFact::Signal { room_id: "lobby".into(), user_id: "ann".into(), kind: "typing".into(), on: true },
+            ),
         ];
         let sent = room_facts_message("node-a", &facts);
         assert_eq!((sent.from_node.as_str(), sent.scan), ("node-a", false));
