@@ -742,6 +742,11 @@ impl RoomShard {
         }
     }
 
+    /// The last room version stamp the shard issued.
+    pub(crate) fn last_stamp(&self) -> u64 {
+        self.stamps.last()
+    }
+
     /// Makes every room version from now on greater than `last_stamp`.
     pub(crate) fn restore_clock(&mut self, last_stamp: u64) {
         self.stamps.raise_to(last_stamp);

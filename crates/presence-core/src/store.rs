@@ -622,6 +622,19 @@ impl Store {
         }
     }
 
+    /// The greatest room version stamp this store issued: what a node hands
+    /// a room's next owner, whose versions then go on above it (M4).
+    pub fn room_clock(&self) -> u64 {
+        self.rooms.iter().map(|shard| shard.lock().last_stamp()).max().unwrap_or(0)
+    }
+
+    /// Makes every room version from now on greater than `stamp` (another
+    /// node's [`Store::room_clock`], at most [`MAX_STAMP`](crate::stamp::MAX_STAMP)).
+    pub fn raise_room_clocks(&self, stamp: u64) {
+        let stamp = stamp.min(crate::stamp::MAX_STAMP);
+        self.rooms.iter().for_each(|shard| shard.lock().restore_clock(stamp));
+    }
+
     /// Forgets, publishing nothing, the members and signals of the rooms
     /// `rooms` accepts, which another node owns now (C1); their access stays.
     pub fn forget_rooms(&self, rooms: &dyn Fn(&str) -> bool) {

@@ -2803,6 +2803,26 @@ fn c1_a_rooms_visible_counts_leave_out_members_their_nodes_hold_invisible() {
     assert_eq!((counted(), owner.room("r", usize::MAX).users), ((1, 1), 1));
 }
 
+/// M4, C3: a room's new owner whose clock runs behind its old owner's
+/// numbers versions above the old owner's once it raised its clocks to the
+/// old owner's room clock, as a move's scan carries it.
+#[test]
+fn m4_a_rooms_new_owner_numbers_versions_above_the_old_owners_clock() {
+    let (a, old_owner, new_owner) = (node_store(), small_store(), small_store());
+    let mut sent = Changes::default();
+    register(&a, T0, reg("u", "s", "g", 200), &mut sent);
+    a.join(T0, &at(&a, "u", "s", "r"), &[], &mut sent).unwrap();
+    // The old owner's clock is 10 s ahead of the new owner's.
+    let facts = sent.room_facts;
+    let before = *old_owner.take_in_room_facts(sec(10), "a", facts.clone(), &mut Changes::default()).last().unwrap();
+    assert!(old_owner.room_clock() >= before);
+    let behind = *small_store().take_in_room_facts(T0, "a", facts.clone(), &mut Changes::default()).last().unwrap();
+    assert!(behind < before, "a clock behind numbers lower versions");
+    new_owner.raise_room_clocks(old_owner.room_clock());
+    let after = *new_owner.take_in_room_facts(T0, "a", facts, &mut Changes::default()).last().unwrap();
+    assert!(after > before, "{after} after {before}");
+}
+
 /// C1: a room whose slot another node owns now is forgotten without a word,
 /// its access kept for when it comes back.
 #[test]

@@ -416,6 +416,7 @@ async fn scan_message(
     let mut message = wire::room_scan_message(membership.node(), &scan, slots);
     let accesses = context.store().room_accesses(&|room_id| slots.holds(room_id.as_bytes()));
     message.access = wire::room_access_entries(&accesses);
+    message.room_clock = context.store().room_clock();
     Ok(message)
 }
 
@@ -621,6 +622,9 @@ async fn scan_at(
     let mut client = membership.cluster_client(&address)?;
     let request = with_credential(request, membership.peer_token());
     let scan = call_peer(node, FORWARD_TIMEOUT, client.room_scan(request)).await?;
+    // Versions here go on above every one the node issued: the rooms' old
+    // owner, when it is alive to answer, among them (M4).
+    context.store().raise_room_clocks(scan.room_clock);
     take_access(context, &wire::room_access_entries_sent(scan.access)?, false);
     let slots = crate::handover::slot_set(membership, &scan.slots, scan.slot_count)?;
     let scan = presence_core::RoomFactScan { facts: wire::room_facts(scan.facts)?, shard_stamps: scan.shard_stamps };

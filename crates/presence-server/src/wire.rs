@@ -729,6 +729,7 @@ pub(crate) fn room_scan_message(from_node: &str, scan: &RoomFactScan, slots: &pr
         relations_changed: Vec::new(),
         access: Vec::new(),
         versions_of: Vec::new(),
+        room_clock: 0,
     }
 }
 
