@@ -1800,3 +1800,73 @@ async fn p4_a_node_back_on_its_data_directory_after_missing_a_leave_takes_the_le
         server.stop().await;
     }
 }
+
+/// Nodes that allow 16 streams a connection (`--max-streams-per-connection`).
+fn few_streams_config() -> ServerConfig {
+    ServerConfig { max_streams_per_connection: 16, ..fast_config() }
+}
+
+/// C2, B5: a node relays to an owner more viewers' watches than one
+/// connection between them allows: every Watch and WatchRoom opens with its
+/// snapshot, carries the owner's changes, and a forwarded read still answers
+/// beside them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_a_node_relays_more_watches_to_an_owner_than_one_connection_between_them_carries() {
+    let etcd = EtcdServer::start().await;
+    let (servers, map) = three_nodes_with(&etcd, few_streams_config, false).await;
+    let at_b = |id: &String| map.owner(slot_of(id, SLOTS)).unwrap().node == "node-b";
+    let user = (0..).map(|i| format!("watched-{i}")).find(at_b).unwrap();
+    let room = (0..).map(|i| format!("room-{i}")).find(at_b).unwrap();
+    // 24 of each from node-a, 8 streams a viewer connection: 48 streams
+    // node-a keeps open at node-b, three times what a connection allows.
+    let (mut watches, mut room_watches) = (Vec::new(), Vec::new());
+    for _ in 0..6 {
+        let mut viewer = servers[0].client().await;
+        for _ in 0..4 {
+            let request = pb::WatchRequest { user_ids: vec![user.clone()], ..Default::default() };
+            let mut stream = viewer.watch(request).await.expect("a Watch forwarded to node-b").into_inner();
+            let opening = next_event(&mut stream).await.expect("an opening snapshot");
+            assert!(matches!(opening.event, Some(pb::watch_event::Event::Snapshot(_))), "{opening:?}");
+            watches.push(stream);
+            let request = pb::WatchRoomRequest {
+                room_id: room.clone(),
+                mode: pb::RoomWatchMode::RoomWatchMembers as i32,
+                ..Default::default()
+            };
+            let mut stream = viewer.watch_room(request).await.expect("a WatchRoom forwarded to node-b").into_inner();
+            let opening = tokio::time::timeout(PATIENCE, stream.message()).await.expect("in time").unwrap().unwrap();
+            assert!(matches!(opening.event, Some(pb::room_event::Event::Snapshot(_))), "{opening:?}");
+            room_watches.push(stream);
+        }
+    }
+    assert_eq!((watches.len(), room_watches.len()), (24, 24));
+    let mut viewer = servers[0].client().await;
+    assert_eq!(snapshot(&mut viewer, &user).await.unwrap().state, pb::State::Offline as i32);
+
+    // The user goes ONLINE and joins the room at node-b: every stream carries it.
+    let mut owner = servers[1].client().await;
+    let Some(pb::lease_item::Op::Register(request)) = register(&user).op else { unreachable!() };
+    let generation = owner.register(request).await.unwrap().into_inner().generation;
+    let join = pb::JoinRequest {
+        user_id: user.clone(),
+        session_id: "s".into(),
+        generation,
+        room_id: room.clone(),
+        ..Default::default()
+    };
+    owner.join(join).await.unwrap();
+    for stream in &mut watches {
+        let update = next_event(stream).await.expect("the user's flip");
+        assert!(
+            matches!(&update.event, Some(pb::watch_event::Event::Update(u)) if u.state == pb::State::Online as i32),
+            "{update:?}"
+        );
+    }
+    for stream in &mut room_watches {
+        let change = tokio::time::timeout(PATIENCE, stream.message()).await.expect("in time").unwrap().unwrap();
+        assert!(matches!(change.event, Some(pb::room_event::Event::Change(_))), "{change:?}");
+    }
+    for server in servers {
+        server.stop().await;
+    }
+}

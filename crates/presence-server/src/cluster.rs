@@ -24,14 +24,15 @@ use presence_cluster::{
     Coordinator, Etcd, LeaseState, NodeLease, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, register_node,
 };
 use presence_core::{SlotSet, slot_of};
-use presence_proto::v1::{self as pb, cluster_client::ClusterClient, presence_client::PresenceClient};
+use presence_proto::v1::{self as pb, cluster_client::ClusterClient};
 use tokio::time::Instant;
 use tonic::Status;
 use tonic::metadata::{Ascii, MetadataValue};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::error::ServiceError;
 use crate::outage::Outage;
+use crate::peers::{PeerStream, Peers};
 
 /// How to join a cluster: `serve --etcd ... --node-id ... --advertise ...`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,8 +229,12 @@ pub(crate) struct Membership {
 }
 
 impl Ownership {
-    /// Joins the cluster `config` describes, or stays a single node.
-    pub(crate) async fn join(config: Option<&ClusterConfig>) -> Result<Ownership, JoinError> {
+    /// Joins the cluster `config` describes, or stays a single node; the
+    /// cluster's nodes allow `max_streams_per_connection` streams a connection.
+    pub(crate) async fn join(
+        config: Option<&ClusterConfig>,
+        max_streams_per_connection: u32,
+    ) -> Result<Ownership, JoinError> {
         let Some(config) = config else { return Ok(Ownership::Single) };
         let etcd = Etcd::connect_any(&config.etcd)
             .await
@@ -267,7 +272,7 @@ impl Ownership {
             taken_in: Mutex::new(SlotSet::new(config.slots)),
             map,
             nodes,
-            peers: Peers::default(),
+            peers: Peers::new(max_streams_per_connection),
             coordinator: Mutex::new(coordinator),
             advertise: config.advertise.clone(),
             settle: config.settle,
@@ -341,10 +346,11 @@ impl Ownership {
         address: &str,
         request: pb::WatchRequest,
         authorization: Option<&MetadataValue<Ascii>>,
-    ) -> Result<tonic::Streaming<pb::WatchEvent>, ServiceError> {
+    ) -> Result<PeerStream<pb::WatchEvent>, ServiceError> {
         let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
-        let mut client = membership.peers.client(address)?;
-        call_peer(address, FORWARD_TIMEOUT, client.watch(forwarded(request, authorization))).await
+        let (mut client, place) = membership.peers.stream_client(address)?;
+        let stream = call_peer(address, FORWARD_TIMEOUT, client.watch(forwarded(request, authorization))).await?;
+        Ok(PeerStream::new(stream, place))
     }
 
     /// Asks the room's owner at `address` for a RoomSnapshot, for the caller
@@ -380,10 +386,11 @@ impl Ownership {
         address: &str,
         request: pb::WatchRoomRequest,
         authorization: Option<&MetadataValue<Ascii>>,
-    ) -> Result<tonic::Streaming<pb::RoomEvent>, ServiceError> {
+    ) -> Result<PeerStream<pb::RoomEvent>, ServiceError> {
         let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
-        let mut client = membership.peers.client(address)?;
-        call_peer(address, FORWARD_TIMEOUT, client.watch_room(forwarded(request, authorization))).await
+        let (mut client, place) = membership.peers.stream_client(address)?;
+        let stream = call_peer(address, FORWARD_TIMEOUT, client.watch_room(forwarded(request, authorization))).await?;
+        Ok(PeerStream::new(stream, place))
     }
 
     /// What may end this node's right to act for some user: the slot map's
@@ -787,36 +794,6 @@ pub(crate) struct Routes {
 /// The metadata a node adds to a request it forwards to another node: that
 /// node answers for its own users only and forwards nothing.
 pub(crate) const FORWARDED: &str = "presenced-forwarded";
-
-/// Clients of the other nodes, for forwarded reads, made on first use.
-#[derive(Debug, Default)]
-pub(crate) struct Peers {
-    channels: Mutex<std::collections::HashMap<String, Channel>>,
-}
-
-impl Peers {
-    /// A client of the node at `address` (host:port).
-    pub(crate) fn client(&self, address: &str) -> Result<PresenceClient<Channel>, ServiceError> {
-        Ok(PresenceClient::new(self.channel(address)?))
-    }
-
-    /// The channel to the node at `address`; the connection is made by the first call.
-    fn channel(&self, address: &str) -> Result<Channel, ServiceError> {
-        let mut channels = self.channels.lock();
-        if let Some(channel) = channels.get(address) {
-            return Ok(channel.clone());
-        }
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|_| ServiceError::Peer { node: address.to_owned(), status: Status::internal("bad address") })?
-            .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5));
-        let channel = endpoint.connect_lazy();
-        channels.insert(address.to_owned(), channel.clone());
-        Ok(channel)
-    }
-}
 
 /// A refusal's pointer to a slot's owner (`presence.v1.NotOwner`).
 #[derive(Debug, Clone, PartialEq, Eq)]

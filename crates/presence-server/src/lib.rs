@@ -30,6 +30,7 @@ mod leases;
 pub mod metrics;
 mod ops;
 mod outage;
+mod peers;
 pub mod privacy;
 mod publish;
 mod rebalance;
@@ -262,7 +263,8 @@ async fn serve_prepared(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let ownership = cluster::Ownership::join(prepared.config.cluster.as_ref()).await?;
+    let ownership =
+        cluster::Ownership::join(prepared.config.cluster.as_ref(), prepared.config.max_streams_per_connection).await?;
     let bootstrap::Restored { config, context, auth, expiry_wake, data_dir, cors_origins } =
         prepared.restore(ownership)?;
     let (store, clock, stopping) =

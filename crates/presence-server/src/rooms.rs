@@ -501,7 +501,11 @@ pub(crate) async fn watch(
 /// status when the owner ended it; `UNAVAILABLE` naming the owner when the
 /// connection broke or the stream stopped without one (the owner died or
 /// stopped: the caller opens it again, at the room's next owner).
-pub(crate) fn relay(context: Arc<Context>, owner: String, mut upstream: tonic::Streaming<pb::RoomEvent>) -> RoomStream {
+pub(crate) fn relay(
+    context: Arc<Context>,
+    owner: String,
+    mut upstream: crate::peers::PeerStream<pb::RoomEvent>,
+) -> RoomStream {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(async move {
         let _watcher = OpenGauge::open(&context.metrics().room_watchers);
