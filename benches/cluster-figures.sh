@@ -7,13 +7,14 @@
 #   bash benches/cluster-figures.sh lag      # follower lag while 100k renewals/s go on
 #   bash benches/cluster-figures.sh move     # a slot move: time and bytes per 10k sessions
 #   bash benches/cluster-figures.sh drain    # every slot of a node moved (SIGTERM) under 100k renewals/s
+#   bash benches/cluster-figures.sh rooms    # room watchers and updates through 3 nodes vs one node
 #   bash benches/cluster-figures.sh all
 #
-# Knobs: SESSIONS (scale, default 4000000), DURATION (scale, default 20s),
-# NODES (scale, default 4), RATE (lag, default 100000), PER_SLOT (move,
-# default 10000 sessions per slot). Reports (the load generator's JSON) go to
-# target/cluster-figures/. Needs etcd (bash .ci/install-etcd); builds the
-# release binaries if missing.
+# Knobs: SESSIONS (scale, default 4000000), DURATION (scale and rooms,
+# default 20s), NODES (scale, default 4), RATE (lag, default 100000),
+# PER_SLOT (move, default 10000 sessions per slot), ROOMS (rooms, default
+# 10000). Reports (the load generator's JSON) go to target/cluster-figures/.
+# Needs etcd (bash .ci/install-etcd); builds the release binaries if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,7 +61,7 @@ start_nodes() {
 }
 
 # A field of a load generator report: report_field FILE python-expression-on-r
-report_field() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1"; }
+report_field() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1" "${@:3}"; }
 
 scale() {
     local sessions=${SESSIONS:-4000000} duration=${DURATION:-20s} nodes=${NODES:-4}
@@ -217,11 +218,50 @@ drain() {
     drain_run sigterm
 }
 
+# room-members (tools/loadgen/README.md) through a cluster of 3 nodes and on
+# one node: rooms of 50 members (distinct users spread over every node),
+# 5 member watchers per room, every watcher and every batch entering at
+# node-1 (the cluster client sends each item to its user's owner; node-1
+# forwards a WatchRoom to its room's owner), members updating their room
+# metadata, stamped with the send time, at 2,000/s. A member's update goes
+# from its owner to its room's owner (Cluster/TakeRoomFacts) before the
+# batch is answered, then to the watchers, relayed by node-1 where the room
+# lives elsewhere.
+rooms_run() {
+    local label=$1
+    shift
+    "$LOADGEN" room-members "$@" --rooms "${ROOMS:-10000}" --members 50 --watchers-per-room 5 --churn-rate 2000 \
+        --duration "${DURATION:-20s}" --quiet --report "$OUT/rooms-$label.json" >"$OUT/rooms-$label.txt"
+    report_field "$OUT/rooms-$label.json" \
+        '"  %s: %d watchers open in %.1f s (%d refused); updates %.0f/s of %.0f asked (%d errors), batch p99 %.2f ms; changes delivered %.0f/s (%d of %d), %d resyncs; change -> watcher p50 %.2f ms, p99 %.2f ms, max %.2f ms" % (sys.argv[2], r["scenario"]["watchers_open"], r["scenario"]["watchers_opened_in_ms"]/1e3, r["scenario"]["watchers_refused"], r["scenario"]["updates"]["per_s"], r["scenario"]["updates"]["rate_asked"], r["scenario"]["updates"]["errors"], r["scenario"]["updates"]["batch_p99_ns"]/1e6, r["scenario"]["events_per_s"], r["scenario"]["events"], r["scenario"]["events_expected"], r["scenario"]["resyncs"], r["scenario"]["delivery_p50_ns"]/1e6, r["scenario"]["delivery_p99_ns"]/1e6, r["scenario"]["delivery_max_ns"]/1e6)' \
+        "$label"
+}
+
+rooms() {
+    echo "== rooms: 3 nodes, ${ROOMS:-10000} rooms x 50 members, 5 member watchers a room, 2,000 updates/s, all entering at node-1"
+    start_etcd rooms
+    start_nodes 3 1024 /rooms/
+    rooms_run cluster --addr "${node_addr[1]}" --cluster-slots 1024 --etcd "$endpoint" --etcd-prefix /rooms/
+    for n in 1 2 3; do echo "  node-$n resident: $(rss_mib "${node_pid[n]}") MiB"; done
+    stop_all
+    echo "== rooms: one node (no etcd), the same generator"
+    local port
+    port=$(free_port)
+    RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --min-renew-interval-ms 0 >"$work/single.log" 2>&1 &
+    pids+=($!)
+    local single=$!
+    until "$BIN" get nobody --addr "127.0.0.1:$port" >/dev/null 2>&1; do sleep 0.1; done
+    rooms_run single --addr "127.0.0.1:$port"
+    echo "  single node resident: $(rss_mib "$single") MiB"
+    stop_all
+}
+
 case "${1:-all}" in
     scale) scale ;;
     lag) lag ;;
     move) move ;;
     drain) drain ;;
-    all) move; drain; lag; scale ;;
-    *) echo "usage: $0 scale|lag|move|drain|all" >&2; exit 2 ;;
+    rooms) rooms ;;
+    all) move; drain; lag; rooms; scale ;;
+    *) echo "usage: $0 scale|lag|move|drain|rooms|all" >&2; exit 2 ;;
 esac
