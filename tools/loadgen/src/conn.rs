@@ -138,6 +138,10 @@ pub(crate) struct ConnSpec {
     pub(crate) max_delay: Duration,
 }
 
+/// Why `--cluster-slots` refuses unary calls.
+const UNARY_IN_A_CLUSTER: &str = "--cluster-slots sends items in Leases batches to their users' owners; unary calls \
+     would all go to --addr: use --mode leases (fanout's flips: --churn-mode leases)";
+
 /// Opens one connection per worker (sharing the underlying HTTP/2 connections or
 /// `Leases` streams round-robin on presenced).
 pub(crate) async fn open_conns(spec: &ConnSpec) -> Result<Vec<Conn>, String> {
@@ -145,6 +149,11 @@ pub(crate) async fn open_conns(spec: &ConnSpec) -> Result<Vec<Conn>, String> {
     let connections = spec.connections.clamp(1, workers);
     let mut out = Vec::with_capacity(workers as usize);
     match (spec.endpoints.target, spec.mode) {
+        (TargetKind::Presenced, Mode::Unary) if spec.endpoints.cluster_slots > 0 => {
+            // A unary call goes to --addr whoever owns its user; only the
+            // cluster client sends each item to its owner.
+            return Err(UNARY_IN_A_CLUSTER.into());
+        }
         (TargetKind::Presenced, Mode::Unary) => {
             let mut channels = Vec::new();
             for _ in 0..connections {
@@ -820,6 +829,27 @@ mod tests {
         assert_eq!(Mode::Leases.items_per_call(0), 1);
         assert_eq!(Mode::Leases.label(TargetKind::Redis), "pipelined");
         assert_eq!(Mode::Unary.label(TargetKind::Redis), "unpipelined");
+    }
+
+    #[tokio::test]
+    async fn unary_calls_to_a_cluster_are_refused_naming_the_mode_that_routes_them() {
+        let endpoints = Endpoints {
+            target: TargetKind::Presenced,
+            addr: "127.0.0.1:1".into(),
+            redis_url: String::new(),
+            cluster_slots: 1024,
+            etcd: Vec::new(),
+            etcd_prefix: "/presenced/".into(),
+        };
+        let spec = ConnSpec {
+            endpoints,
+            mode: Mode::Unary,
+            concurrency: 1,
+            connections: 1,
+            batch: 1,
+            max_delay: Duration::ZERO,
+        };
+        assert_eq!(open_conns(&spec).await.err().as_deref(), Some(UNARY_IN_A_CLUSTER));
     }
 
     #[test]
