@@ -8,12 +8,14 @@
 #   bash benches/cluster-figures.sh move     # a slot move: time and bytes per 10k sessions
 #   bash benches/cluster-figures.sh drain    # every slot of a node moved (SIGTERM) under 100k renewals/s
 #   bash benches/cluster-figures.sh rooms    # room watchers and updates through 3 nodes vs one node
+#   bash benches/cluster-figures.sh watch    # viewers' merged Watch through 3 nodes vs one node vs Redis
 #   bash benches/cluster-figures.sh all
 #
-# Knobs: SESSIONS (scale, default 4000000), DURATION (scale and rooms,
-# default 20s), NODES (scale, default 4), RATE (lag, default 100000),
+# Knobs: SESSIONS (scale, default 4000000), DURATION (scale, rooms and
+# watch, default 20s), NODES (scale, default 4), RATE (lag, default 100000),
 # PER_SLOT (move, default 10000 sessions per slot), ROOMS (rooms, default
-# 10000). Reports (the load generator's JSON) go to target/cluster-figures/.
+# 10000), VIEWERS (watch, default 1000). Reports (the load generator's JSON)
+# go to target/cluster-figures/.
 # Needs etcd (bash .ci/install-etcd); builds the release binaries if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -256,12 +258,54 @@ rooms() {
     stop_all
 }
 
+# fanout (tools/loadgen/README.md) through a cluster of 3 nodes, on one node
+# and against one redis-server running the seed's design: VIEWERS viewers
+# (default 1000), each watching 500 of 100,000 users, at node-1, which
+# watches each part at its owner and merges (C2); users flipping at
+# 1,000/s and a gateway renewing 10,000 other sessions, both through Leases
+# batches (the cluster client sends each item to its owner).
+watch_run() {
+    local label=$1
+    shift
+    "$LOADGEN" fanout "$@" --viewers "${VIEWERS:-1000}" --watch 500 --population 100000 --churn-rate 1000 \
+        --duration "${DURATION:-20s}" --mode leases --churn-mode leases --quiet --report "$OUT/watch-$label.json" \
+        >"$OUT/watch-$label.txt"
+    report_field "$OUT/watch-$label.json" \
+        '"  %s: flips %.0f/s (%d errors), events delivered %.0f/s, %d resyncs; flip -> viewer p50 %.2f ms, p99 %.2f ms; gateway renewal p99 %.2f ms" % (sys.argv[2], r["scenario"]["phase_plain"]["flips_per_s"], r["scenario"]["phase_plain"]["flip_errors"], r["scenario"]["phase_plain"]["events_per_s"], r["scenario"]["phase_plain"]["resyncs"], r["scenario"]["phase_plain"]["delivery_p50_ns"]/1e6, r["scenario"]["phase_plain"]["delivery_p99_ns"]/1e6, r["scenario"]["phase_plain"]["gateway_renew"]["p99_ns"]/1e6)' \
+        "$label"
+}
+
+watch() {
+    echo "== watch: 3 nodes, ${VIEWERS:-1000} viewers x 500 of 100,000 users at node-1, 1,000 flips/s"
+    start_etcd watch
+    start_nodes 3 1024 /watch/
+    watch_run cluster --addr "${node_addr[1]}" --cluster-slots 1024 --etcd "$endpoint" --etcd-prefix /watch/
+    stop_all
+    echo "== watch: one node (no etcd), the same generator"
+    local port
+    port=$(free_port)
+    RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --min-renew-interval-ms 0 >"$work/single.log" 2>&1 &
+    pids+=($!)
+    until "$BIN" get nobody --addr "127.0.0.1:$port" >/dev/null 2>&1; do sleep 0.1; done
+    watch_run single --addr "127.0.0.1:$port"
+    stop_all
+    command -v redis-server >/dev/null || { echo "  (no redis-server: apt-get install redis-server)"; return; }
+    echo "== watch: one redis-server with the seed's scripts and pub/sub, the same generator"
+    port=$(free_port)
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no >"$work/redis.log" 2>&1 &
+    pids+=($!)
+    until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+    watch_run redis --target redis --redis-url "redis://127.0.0.1:$port"
+    stop_all
+}
+
 case "${1:-all}" in
     scale) scale ;;
     lag) lag ;;
     move) move ;;
     drain) drain ;;
     rooms) rooms ;;
-    all) move; drain; lag; rooms; scale ;;
-    *) echo "usage: $0 scale|lag|move|drain|rooms|all" >&2; exit 2 ;;
+    watch) watch ;;
+    all) move; drain; lag; rooms; watch; scale ;;
+    *) echo "usage: $0 scale|lag|move|drain|rooms|watch|all" >&2; exit 2 ;;
 esac
