@@ -125,17 +125,20 @@ async fn next_job(queues: &Receivers, stopping: &tokio_util::sync::CancellationT
 /// A worker: applies queued batches until the queue closes or the server stops.
 async fn work(context: Arc<Context>, queues: Receivers) {
     while let Some(job) = next_job(&queues, &context.stopping).await {
-        let rooms = rooms_named(&job.batch);
+        let rooms = rooms_to_hear(&context, &job.batch);
         let (results, answered) = apply_hearing_rooms(&context, job.batch, job.shed_renewals);
-        if rooms.iter().all(Option::is_none) {
-            let _ = job.reply.send(results);
-        } else {
-            // The rooms' owners answer the room versions (a cluster node):
-            // waited for aside, so that the worker goes on with the next batch.
-            let context = Arc::clone(&context);
-            tokio::spawn(async move {
-                let _ = job.reply.send(with_room_versions(context, results, &rooms, answered).await);
-            });
+        match rooms {
+            None => {
+                let _ = job.reply.send(results);
+            }
+            Some(rooms) => {
+                // The rooms' owners answer the room versions: waited for
+                // aside, so that the worker goes on with the next batch.
+                let context = Arc::clone(&context);
+                tokio::spawn(async move {
+                    let _ = job.reply.send(with_room_versions(context, results, &rooms, answered).await);
+                });
+            }
         }
         // A batch is a burst of CPU work: let other tasks (readers, viewers) in between.
         tokio::task::yield_now().await;
@@ -151,19 +154,21 @@ pub(crate) fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bo
     apply_hearing_rooms(context, batch, shed_renewals).0
 }
 
-/// The room each item names (Join, Leave, Signal), by item.
-fn rooms_named(batch: &LeaseBatchFrame) -> Vec<Option<String>> {
-    let room = |room_id: &bytes::Bytes| Some(String::from_utf8_lossy(room_id).into_owned());
-    batch
-        .items
-        .iter()
-        .map(|item| match &item.op {
-            Some(LeaseOpFrame::Join(frame)) => room(&frame.room_id),
-            Some(LeaseOpFrame::Leave(frame)) => room(&frame.room_id),
-            Some(LeaseOpFrame::Signal(frame)) => room(&frame.room_id),
-            _ => None,
-        })
-        .collect()
+/// On a cluster node, the room each item names (Join, Leave, Signal), by
+/// item, whose version its owner answers; `None` for a batch that names no
+/// room, and on a single node, whose store answers room versions itself.
+fn rooms_to_hear(context: &Context, batch: &LeaseBatchFrame) -> Option<Vec<Option<String>>> {
+    context.ownership.membership()?;
+    let room_of = |item: &LeaseItemFrame| match &item.op {
+        Some(LeaseOpFrame::Join(frame)) => Some(frame.room_id.clone()),
+        Some(LeaseOpFrame::Leave(frame)) => Some(frame.room_id.clone()),
+        Some(LeaseOpFrame::Signal(frame)) => Some(frame.room_id.clone()),
+        _ => None,
+    };
+    batch.items.iter().any(|item| room_of(item).is_some()).then(|| {
+        let name = |room_id: bytes::Bytes| String::from_utf8_lossy(&room_id).into_owned();
+        batch.items.iter().map(|item| room_of(item).map(name)).collect()
+    })
 }
 
 /// A batch's results with the room versions the rooms' owners answered (a
