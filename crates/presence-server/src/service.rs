@@ -64,6 +64,27 @@ impl PresenceService {
         Ok(view)
     }
 
+    /// Serves a Join, Leave or Signal (`rpc`) of `user_id` in `room_id` with
+    /// `operation`; with it, the room's version as its owner answered it, or
+    /// `None` on a single node, whose store's answer carries it.
+    async fn room_item<M, T>(
+        &self,
+        request: &Request<M>,
+        rpc: &'static str,
+        user_id: &str,
+        room_id: &str,
+        operation: impl FnOnce(&presence_core::Store, u64, &mut presence_core::Changes) -> Result<T, ServiceError>,
+    ) -> Result<(T, Option<u64>), ServiceError> {
+        // The ownership view is not held across the wait for the room's owner.
+        let (done, answered) = {
+            self.service_only(request, rpc)?;
+            let _owned = self.owns(user_id)?;
+            self.context.apply_to_rooms(operation)
+        };
+        let done = done?;
+        Ok((done, room_version_after(&self.context, &hear_rooms(answered).await, room_id).await?))
+    }
+
     /// Where a room read is answered (C1): here, or at the room slot's owner,
     /// to which it is forwarded.
     fn room_place<T>(&self, request: &Request<T>, room: &rooms::RoomRequest) -> Result<RoomPlace, ServiceError> {
@@ -254,55 +275,35 @@ impl PresenceApi for PresenceService {
     }
 
     async fn join(&self, request: Request<pb::JoinRequest>) -> Answer<pb::JoinResponse> {
-        let (mut joined, answered) = (|| {
-            self.service_only(&request, "Join")?;
-            let _owned = self.owns(&request.get_ref().user_id)?;
-            let input = wire::join_request(request.get_ref());
-            let metrics = self.context.metrics();
-            let (joined, answered) =
-                self.context.apply_to_rooms(|store, now, changes| ops::join(store, metrics, now, &input, changes));
-            Ok::<_, ServiceError>((joined?, answered))
-        })()?;
-        if let Some(version) =
-            room_version_after(&self.context, &hear_rooms(answered).await, &request.get_ref().room_id).await?
-        {
-            joined.room_version = version;
-        }
+        let (call, metrics) = (request.get_ref(), self.context.metrics());
+        let (mut joined, version) = self
+            .room_item(&request, "Join", &call.user_id, &call.room_id, |store, now, changes| {
+                ops::join(store, metrics, now, &wire::join_request(call), changes)
+            })
+            .await?;
+        joined.room_version = version.unwrap_or(joined.room_version);
         Ok(Response::new(joined))
     }
 
     async fn leave(&self, request: Request<pb::LeaveRequest>) -> Answer<pb::LeaveResponse> {
-        let (mut left, answered) = (|| {
-            self.service_only(&request, "Leave")?;
-            let _owned = self.owns(&request.get_ref().user_id)?;
-            let room = wire::leave_request(request.get_ref());
-            let (left, answered) =
-                self.context.apply_to_rooms(|store, now, changes| ops::leave(store, now, &room, changes));
-            Ok::<_, ServiceError>((left?, answered))
-        })()?;
-        if let Some(version) =
-            room_version_after(&self.context, &hear_rooms(answered).await, &request.get_ref().room_id).await?
-        {
-            left.room_version = version;
-        }
+        let call = request.get_ref();
+        let (mut left, version) = self
+            .room_item(&request, "Leave", &call.user_id, &call.room_id, |store, now, changes| {
+                ops::leave(store, now, &wire::leave_request(call), changes)
+            })
+            .await?;
+        left.room_version = version.unwrap_or(left.room_version);
         Ok(Response::new(left))
     }
 
     async fn signal(&self, request: Request<pb::SignalRequest>) -> Answer<pb::SignalResponse> {
-        let (mut signalled, answered) = (|| {
-            self.service_only(&request, "Signal")?;
-            let _owned = self.owns(&request.get_ref().user_id)?;
-            let input = wire::signal_request(request.get_ref());
-            let metrics = self.context.metrics();
-            let (signalled, answered) =
-                self.context.apply_to_rooms(|store, now, changes| ops::signal(store, metrics, now, &input, changes));
-            Ok::<_, ServiceError>((signalled?, answered))
-        })()?;
-        if let Some(version) =
-            room_version_after(&self.context, &hear_rooms(answered).await, &request.get_ref().room_id).await?
-        {
-            signalled.room_version = version;
-        }
+        let (call, metrics) = (request.get_ref(), self.context.metrics());
+        let (mut signalled, version) = self
+            .room_item(&request, "Signal", &call.user_id, &call.room_id, |store, now, changes| {
+                ops::signal(store, metrics, now, &wire::signal_request(call), changes)
+            })
+            .await?;
+        signalled.room_version = version.unwrap_or(signalled.room_version);
         Ok(Response::new(signalled))
     }
 
