@@ -19,7 +19,6 @@ use crate::clock::StoreClock;
 use crate::cluster::Ownership;
 use crate::durable::DurableStore;
 use crate::error::ServiceError;
-use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::privacy::{Privacy, Shown};
 use crate::publish::Publisher;
@@ -71,14 +70,7 @@ impl Context {
         config: &ServerConfig,
         stopping: CancellationToken,
     ) -> Self {
-        let publisher = Publisher {
-            store,
-            hub: Arc::new(Hub::default()),
-            rooms: Arc::default(),
-            clock,
-            metrics: Metrics::new(),
-            room_facts: Arc::default(),
-        };
+        let publisher = Publisher::new(store, clock);
         let granularity_ms = u64::try_from(config.last_seen_granularity.as_millis()).unwrap_or(u64::MAX);
         Context {
             privacy: Privacy::new(config.default_visibility, durable.clone(), publisher.clone(), granularity_ms),

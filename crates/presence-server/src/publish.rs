@@ -38,6 +38,18 @@ pub(crate) struct Publisher {
 }
 
 impl Publisher {
+    /// A publisher of `store`'s changes to no watcher yet, reading `clock`.
+    pub(crate) fn new(store: Arc<Store>, clock: StoreClock) -> Self {
+        Publisher {
+            store,
+            hub: Arc::new(Hub::default()),
+            rooms: Arc::default(),
+            clock,
+            metrics: Metrics::new(),
+            room_facts: Arc::default(),
+        }
+    }
+
     /// Runs one store operation at the current tick and publishes the changes
     /// it caused, whatever it answers.
     pub(crate) fn apply<T>(&self, operation: impl FnOnce(&Store, u64, &mut Changes) -> T) -> T {
@@ -117,14 +129,7 @@ mod tests {
         metrics::with_local_recorder(&recorder, || {
             let clock = StoreClock::start();
             let store = Arc::new(Store::new(StoreConfig::default(), clock.now()).unwrap());
-            let publisher = Publisher {
-                store,
-                hub: Arc::new(Hub::default()),
-                rooms: Arc::default(),
-                clock,
-                metrics: Metrics::new(),
-                room_facts: Arc::default(),
-            };
+            let publisher = Publisher::new(store, clock);
             let registration =
                 Registration { user_id: "u", session_id: "s", gateway_id: "gw", ttl_ms: 0, metadata: &[] };
             publisher.apply(|store, now, changes| store.register(now, &registration, changes)).unwrap();
