@@ -318,6 +318,13 @@ impl ClusterService {
     fn service_only<T>(&self, request: &Request<T>, operation: &'static str) -> Result<(), ServiceError> {
         self.auth.caller(request.metadata())?.require_service(operation)
     }
+
+    /// This node's part in its cluster, for a call another node (a service
+    /// caller) makes of it: `operation` is refused otherwise.
+    fn node_call<T>(&self, request: &Request<T>, operation: &'static str) -> Result<&Membership, ServiceError> {
+        self.service_only(request, operation)?;
+        membership(&self.context, operation)
+    }
 }
 
 #[tonic::async_trait]
@@ -351,8 +358,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::DropSlotsRequest>,
     ) -> Result<Response<pb::DropSlotsResponse>, Status> {
-        self.service_only(&request, "DropSlots")?;
-        let membership = membership(&self.context, "DropSlots")?;
+        let membership = self.node_call(&request, "DropSlots")?;
         let request = request.into_inner();
         let set = slot_set(membership, &request.slots, request.slot_count)?;
         let map = membership.map();
@@ -376,16 +382,14 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::EtcdReachRequest>,
     ) -> Result<Response<pb::EtcdReachResponse>, Status> {
-        self.service_only(&request, "EtcdReach")?;
-        Ok(Response::new(crate::outage::answer(membership(&self.context, "EtcdReach")?).await))
+        Ok(Response::new(crate::outage::answer(self.node_call(&request, "EtcdReach")?).await))
     }
 
     async fn merge_groups(
         &self,
         request: Request<pb::GroupEntries>,
     ) -> Result<Response<pb::MergeGroupsResponse>, Status> {
-        self.service_only(&request, "MergeGroups")?;
-        membership(&self.context, "MergeGroups")?;
+        self.node_call(&request, "MergeGroups")?;
         let entries = wire::group_entries(request.into_inner())?;
         let newer = self.context.privacy.merge_groups(entries).await?.len();
         metrics::counter!(crate::metrics::names::GROUP_ENTRIES_MERGED, "via" => "sent").increment(newer as u64);
@@ -398,21 +402,18 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::GroupLedgerRequest>,
     ) -> Result<Response<Self::GroupLedgerStream>, Status> {
-        self.service_only(&request, "GroupLedger")?;
-        membership(&self.context, "GroupLedger")?;
+        self.node_call(&request, "GroupLedger")?;
         let pieces = crate::group_sync::ledger_pieces(&self.context, &request.get_ref().digests);
         Ok(Response::new(tokio_stream::iter(pieces.into_iter().map(Ok).collect::<Vec<_>>())))
     }
 
     async fn take_room_facts(&self, request: Request<pb::RoomFacts>) -> Result<Response<pb::RoomFactsTaken>, Status> {
-        self.service_only(&request, "TakeRoomFacts")?;
-        let membership = membership(&self.context, "TakeRoomFacts")?;
+        let membership = self.node_call(&request, "TakeRoomFacts")?;
         Ok(Response::new(crate::room_sync::take_in(&self.context, membership, request.into_inner())?))
     }
 
     async fn may_view(&self, request: Request<pb::MayViewRequest>) -> Result<Response<pb::MayViewResponse>, Status> {
-        self.service_only(&request, "MayView")?;
-        membership(&self.context, "MayView")?;
+        self.node_call(&request, "MayView")?;
         let visible = crate::room_sync::answer_may_view(&self.context, request.get_ref())?;
         Ok(Response::new(pb::MayViewResponse { visible }))
     }
@@ -421,16 +422,14 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::RoomAccessEntries>,
     ) -> Result<Response<pb::TakeRoomAccessResponse>, Status> {
-        self.service_only(&request, "TakeRoomAccess")?;
-        membership(&self.context, "TakeRoomAccess")?;
+        self.node_call(&request, "TakeRoomAccess")?;
         let entries = wire::room_access_entries_sent(request.into_inner().entries)?;
         crate::room_sync::take_access(&self.context, &entries, true);
         Ok(Response::new(pb::TakeRoomAccessResponse {}))
     }
 
     async fn room_scan(&self, request: Request<pb::RoomScanRequest>) -> Result<Response<pb::RoomFacts>, Status> {
-        self.service_only(&request, "RoomScan")?;
-        let membership = membership(&self.context, "RoomScan")?;
+        let membership = self.node_call(&request, "RoomScan")?;
         Ok(Response::new(crate::room_sync::scan_for(&self.context, membership, request.into_inner()).await?))
     }
 }
