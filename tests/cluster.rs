@@ -1517,22 +1517,10 @@ fn assert_no_offline_and_no_version_back(seen: &[(String, i32, u64)], what: &str
 async fn c4_a_node_killed_with_kill_9_is_taken_over_by_its_followers_and_nobody_flips() {
     let etcd = EtcdServer::start().await;
     // node-a is a process of its own, to be killed; node-b and node-c run here.
-    let port = daemon::free_port();
-    let advertise = format!("127.0.0.1:{port}");
-    let args = node_process_args(&etcd, "node-a", &advertise);
-    let node_a = daemon::Daemon::start_on(&advertise, &args.iter().map(String::as_str).collect::<Vec<_>>(), &[], None);
     // The restart grace, for which a follower holds what it takes over, as
     // long as the default TTL in production; here well past the time the
     // gateway's client takes to find the new owners.
-    let held = || ServerConfig { restart_grace: Some(Duration::from_secs(5)), ..fast_config() };
-    let mut servers = Vec::new();
-    for node in &NODES[1..] {
-        servers.push(TestServer::start_with(|addr| node_config_with(&etcd, node, addr, held())).await);
-    }
-    let map = map_where(&etcd.client().await, "every node owns slots", |map| {
-        NODES.iter().all(|node| map.owned_by(node).count() > 0)
-    })
-    .await;
+    let (node_a, servers, map) = node_a_apart(&etcd, Duration::from_secs(5)).await;
     let users: Vec<String> = (0..600).map(|i| format!("survivor-{i}")).collect();
     let (leases, generations) = register_all(&servers[1], &users).await;
     let on_a: Vec<&String> =

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::cluster::*;
-use common::daemon;
 use common::{PATIENCE as WAIT, within};
 use presence_cluster::slot_of;
 use presence_cluster::testing::EtcdServer;
@@ -599,22 +598,7 @@ async fn c3_a_room_keeps_its_members_and_its_versions_grow_when_its_slot_or_a_me
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c4_a_rooms_owner_killed_with_kill_9_is_followed_by_a_node_that_gathers_its_members() {
     let etcd = EtcdServer::start().await;
-    let port = daemon::free_port();
-    let advertise = format!("127.0.0.1:{port}");
-    let args = node_process_args(&etcd, "node-a", &advertise);
-    let node_a = daemon::Daemon::start_on(&advertise, &args.iter().map(String::as_str).collect::<Vec<_>>(), &[], None);
-    let held = || presence_server::ServerConfig {
-        restart_grace: Some(Duration::from_secs(30)),
-        ..presence_server::testing::fast_config()
-    };
-    let mut servers = Vec::new();
-    for node in &NODES[1..] {
-        servers.push(TestServer::start_with(|addr| node_config_with(&etcd, node, addr, held())).await);
-    }
-    let map = map_where(&etcd.client().await, "every node owns slots", |map| {
-        NODES.iter().all(|node| map.owned_by(node).count() > 0)
-    })
-    .await;
+    let (node_a, servers, map) = node_a_apart(&etcd, Duration::from_secs(30)).await;
     let room =
         (0..).map(|i| format!("hall-{i}")).find(|room| map.owner(slot_of(room, SLOTS)).unwrap().node == "node-a");
     let room = room.unwrap();

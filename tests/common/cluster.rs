@@ -42,6 +42,29 @@ pub fn node_process_args(etcd: &EtcdServer, node: &str, advertise: &str) -> Vec<
     flags.into_iter().chain(settings).flat_map(|(flag, value)| [flag.to_owned(), value.to_owned()]).collect()
 }
 
+/// node-a as a `presenced` process of its own (for a `kill -9`), node-b and
+/// node-c in this process, each holding what it takes over for
+/// `restart_grace`, and the slot map once every node owns slots.
+pub async fn node_a_apart(
+    etcd: &EtcdServer,
+    restart_grace: Duration,
+) -> (super::daemon::Daemon, Vec<TestServer>, SlotMap) {
+    let advertise = format!("127.0.0.1:{}", super::daemon::free_port());
+    let args = node_process_args(etcd, "node-a", &advertise);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let node_a = super::daemon::Daemon::start_on(&advertise, &args, &[], None);
+    let mut servers = Vec::new();
+    for node in &NODES[1..] {
+        let held = ServerConfig { restart_grace: Some(restart_grace), ..fast_config() };
+        servers.push(TestServer::start_with(|addr| node_config_with(etcd, node, addr, held)).await);
+    }
+    let map = map_where(&etcd.client().await, "every node owns slots", |map| {
+        NODES.iter().all(|node| map.owned_by(node).count() > 0)
+    })
+    .await;
+    (node_a, servers, map)
+}
+
 /// Waits until every slot has an owner and the map is as `done` wants it.
 pub async fn map_where(etcd: &Etcd, what: &str, done: impl Fn(&SlotMap) -> bool) -> SlotMap {
     let watch = SlotMapWatch::start(etcd, PREFIX, SLOTS).await.unwrap();
