@@ -62,6 +62,30 @@ start_nodes() {
     done
 }
 
+# Starts one presenced node without etcd, the cluster's figures' baseline;
+# sets single_addr and single_pid once it answers.
+start_single() {
+    local port
+    port=$(free_port)
+    RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --min-renew-interval-ms 0 >"$work/single.log" 2>&1 &
+    pids+=($!)
+    single_pid=$!
+    single_addr="127.0.0.1:$port"
+    until "$BIN" get nobody --addr "$single_addr" >/dev/null 2>&1; do sleep 0.1; done
+}
+
+# Starts one redis-server that keeps nothing on disk, for the seed's design;
+# sets redis_url and redis_pid once it answers.
+start_redis() {
+    local port
+    port=$(free_port)
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no >"$work/redis.log" 2>&1 &
+    pids+=($!)
+    redis_pid=$!
+    redis_url="redis://127.0.0.1:$port"
+    until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+}
+
 # A field of a load generator report: report_field FILE python-expression-on-r
 report_field() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1" "${@:3}"; }
 
@@ -81,14 +105,9 @@ scale() {
     report_field "$OUT/scale-cluster.json" '"  statuses: %s" % r["statusCodeDistribution"]'
     stop_all
     echo "== scale: one node (no etcd), $sessions sessions, the same generator"
-    local port
-    port=$(free_port)
-    RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --min-renew-interval-ms 0 >"$work/single.log" 2>&1 &
-    pids+=($!)
-    local single=$!
-    until "$BIN" get nobody --addr "127.0.0.1:$port" >/dev/null 2>&1; do sleep 0.1; done
-    "$LOADGEN" load --addr "127.0.0.1:$port" "${gen[@]}" --report "$OUT/scale-single.json" >"$OUT/scale-single.txt"
-    echo "  single node resident: $(rss_mib "$single") MiB"
+    start_single
+    "$LOADGEN" load --addr "$single_addr" "${gen[@]}" --report "$OUT/scale-single.json" >"$OUT/scale-single.txt"
+    echo "  single node resident: $(rss_mib "$single_pid") MiB"
     report_field "$OUT/scale-single.json" \
         '"  single: %.0f renewals/s, p50 %.2f ms, p99 %.2f ms, registers %.0f/s, generator %.0f%% of the cores" % (r["rps"], r["scenario"]["percentiles_ns"]["p50"]/1e6, r["scenario"]["percentiles_ns"]["p99"]/1e6, r["scenario"]["registers_per_s"], 100*r["scenario"]["generator_cpu_share"])'
     stop_all
@@ -96,14 +115,10 @@ scale() {
     # load generator speaks no Redis Cluster), the same population and batches.
     command -v redis-server >/dev/null || { echo "  (no redis-server: apt-get install redis-server)"; return; }
     echo "== scale: one redis-server with the seed's scripts, $sessions sessions, the same generator"
-    port=$(free_port)
-    redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no >"$work/redis.log" 2>&1 &
-    pids+=($!)
-    local redis=$!
-    until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
-    "$LOADGEN" load --target redis --redis-url "redis://127.0.0.1:$port" "${gen[@]}" --report "$OUT/scale-redis.json" \
+    start_redis
+    "$LOADGEN" load --target redis --redis-url "$redis_url" "${gen[@]}" --report "$OUT/scale-redis.json" \
         >"$OUT/scale-redis.txt"
-    echo "  redis-server resident: $(rss_mib "$redis") MiB"
+    echo "  redis-server resident: $(rss_mib "$redis_pid") MiB"
     report_field "$OUT/scale-redis.json" \
         '"  redis: %.0f renewals/s, p50 %.2f ms, p99 %.2f ms, registers %.0f/s, generator %.0f%% of the cores" % (r["rps"], r["scenario"]["percentiles_ns"]["p50"]/1e6, r["scenario"]["percentiles_ns"]["p99"]/1e6, r["scenario"]["registers_per_s"], 100*r["scenario"]["generator_cpu_share"])'
     stop_all
@@ -247,14 +262,9 @@ rooms() {
     for n in 1 2 3; do echo "  node-$n resident: $(rss_mib "${node_pid[n]}") MiB"; done
     stop_all
     echo "== rooms: one node (no etcd), the same generator"
-    local port
-    port=$(free_port)
-    RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --min-renew-interval-ms 0 >"$work/single.log" 2>&1 &
-    pids+=($!)
-    local single=$!
-    until "$BIN" get nobody --addr "127.0.0.1:$port" >/dev/null 2>&1; do sleep 0.1; done
-    rooms_run single --addr "127.0.0.1:$port"
-    echo "  single node resident: $(rss_mib "$single") MiB"
+    start_single
+    rooms_run single --addr "$single_addr"
+    echo "  single node resident: $(rss_mib "$single_pid") MiB"
     stop_all
 }
 
@@ -282,20 +292,13 @@ watch() {
     watch_run cluster --addr "${node_addr[1]}" --cluster-slots 1024 --etcd "$endpoint" --etcd-prefix /watch/
     stop_all
     echo "== watch: one node (no etcd), the same generator"
-    local port
-    port=$(free_port)
-    RUST_LOG=warn "$BIN" serve --listen "127.0.0.1:$port" --min-renew-interval-ms 0 >"$work/single.log" 2>&1 &
-    pids+=($!)
-    until "$BIN" get nobody --addr "127.0.0.1:$port" >/dev/null 2>&1; do sleep 0.1; done
-    watch_run single --addr "127.0.0.1:$port"
+    start_single
+    watch_run single --addr "$single_addr"
     stop_all
     command -v redis-server >/dev/null || { echo "  (no redis-server: apt-get install redis-server)"; return; }
     echo "== watch: one redis-server with the seed's scripts and pub/sub, the same generator"
-    port=$(free_port)
-    redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save '' --appendonly no >"$work/redis.log" 2>&1 &
-    pids+=($!)
-    until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
-    watch_run redis --target redis --redis-url "redis://127.0.0.1:$port"
+    start_redis
+    watch_run redis --target redis --redis-url "$redis_url"
     stop_all
 }
 
