@@ -18,7 +18,9 @@
 //!   followed from etcd, and changed only by compare-and-swap on the epoch.
 //! - [`Coordinator`]: one node at a time, elected through etcd's election
 //!   API, gives every slot without a live owner to a live node
-//!   ([`repairs`]), its writes fenced by its leadership.
+//!   ([`repairs`]), its writes fenced by its leadership; for a grace after
+//!   an etcd outage, only once the nodes whose leases etcd let go could
+//!   have joined again.
 //!
 //! Without `--etcd` none of this runs (C5).
 
@@ -30,7 +32,7 @@ mod slots;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use coordinator::{Coordinator, election_name};
+pub use coordinator::{Campaigner, Coordinator, election_name};
 pub use etcd::{Error, Etcd, api};
 pub use lease::{ANSWER_WAIT, LeaseState, NodeLease};
 pub use presence_core::slot_of;

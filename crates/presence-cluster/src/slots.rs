@@ -158,6 +158,14 @@ pub(crate) struct Fence {
     pub(crate) create_revision: i64,
 }
 
+impl Fence {
+    /// Whether the key still exists as it was created: the leadership it
+    /// stands for is still this node's.
+    pub(crate) async fn holds(&self, etcd: &Etcd) -> Result<bool, Error> {
+        Ok(etcd.get(&self.key).await?.is_some_and(|kv| kv.create_revision == self.create_revision))
+    }
+}
+
 /// What a fenced claim came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum FencedClaim {

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use presence_cluster::testing::EtcdServer;
 use presence_cluster::{
-    Claim, Coordinator, Etcd, LeaseState, NodeLease, SlotMap, SlotMapWatch, SlotOwner, claim_slot, follower_of,
-    register_node,
+    Campaigner, Claim, Coordinator, Etcd, LeaseState, NodeLease, SlotMap, SlotMapWatch, SlotOwner, claim_slot,
+    follower_of, register_node,
 };
 use tokio::time::Instant;
 
@@ -23,6 +23,26 @@ async fn until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
         assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// `node` campaigning with no settle time and no outage seen.
+fn campaigner(node: &str) -> Campaigner {
+    campaigner_seeing(node, tokio::sync::watch::channel(None).1, Duration::ZERO)
+}
+
+/// `node` campaigning with no settle time, seeing etcd come back at the
+/// instants `etcd_back` carries, and holding a gone owner's slots for `rejoin_grace` after.
+fn campaigner_seeing(
+    node: &str,
+    etcd_back: tokio::sync::watch::Receiver<Option<Instant>>,
+    rejoin_grace: Duration,
+) -> Campaigner {
+    Campaigner { node: node.to_owned(), settle: Duration::ZERO, etcd_back, rejoin_grace }
+}
+
+/// Every slot's owner, in slot order.
+fn owners(map: &SlotMap) -> Vec<Option<SlotOwner>> {
+    (0..map.slots()).map(|slot| map.owner(slot).cloned()).collect()
 }
 
 async fn node_registered(etcd: &Etcd, prefix: &str, node: &str) -> bool {
@@ -161,7 +181,7 @@ async fn c4_the_elected_coordinator_gives_every_slot_a_live_owner_and_a_dead_nod
     }
     let mut nodes = BTreeMap::new();
     for (node, lease) in leases {
-        let coordinator = Coordinator::start(&etcd, "/c4/", SLOTS, node, lease.id(), Duration::ZERO);
+        let coordinator = Coordinator::start(&etcd, "/c4/", SLOTS, &lease, campaigner(node));
         nodes.insert(node, (lease, coordinator));
     }
     let map = SlotMapWatch::start(&etcd, "/c4/", SLOTS).await.unwrap();
@@ -212,21 +232,32 @@ async fn c4_the_elected_coordinator_gives_every_slot_a_live_owner_and_a_dead_nod
     assert_eq!(gained.len(), 2, "the dead node's slots go to both others: {gained:?}");
 }
 
+/// Nodes "a" and "b" registered under `prefix` on leases of `ttl` (less
+/// `margin`), each campaigning: "a" elected, then "b" in line behind it.
+async fn elected_and_next_in_line(
+    etcd: &Etcd,
+    prefix: &str,
+    slots: u32,
+    ttl: Duration,
+    margin: Duration,
+) -> ((NodeLease, Coordinator), (NodeLease, Coordinator)) {
+    let (a, b) =
+        (NodeLease::grant(etcd, ttl, margin).await.unwrap(), NodeLease::grant(etcd, ttl, margin).await.unwrap());
+    register_node(etcd, prefix, "a", "127.0.0.1:7001", a.id()).await.unwrap();
+    register_node(etcd, prefix, "b", "127.0.0.1:7002", b.id()).await.unwrap();
+    let first = Coordinator::start(etcd, prefix, slots, &a, campaigner("a"));
+    until("a is elected", async || first.is_leading()).await;
+    let second = Coordinator::start(etcd, prefix, slots, &b, campaigner("b"));
+    ((a, first), (b, second))
+}
+
 #[tokio::test]
 async fn c1_a_coordinator_that_lost_its_election_is_fenced_off_and_steps_down() {
     const SLOTS: u32 = 8;
     let server = EtcdServer::start().await;
     let etcd = server.client().await;
-    let ttl = Duration::from_secs(5);
-    let (a, b) = (
-        NodeLease::grant(&etcd, ttl, Duration::from_secs(1)).await.unwrap(),
-        NodeLease::grant(&etcd, ttl, Duration::from_secs(1)).await.unwrap(),
-    );
-    register_node(&etcd, "/fence/", "a", "127.0.0.1:7001", a.id()).await.unwrap();
-    register_node(&etcd, "/fence/", "b", "127.0.0.1:7002", b.id()).await.unwrap();
-    let first = Coordinator::start(&etcd, "/fence/", SLOTS, "a", a.id(), Duration::ZERO);
-    until("a is elected", async || first.is_leading()).await;
-    let second = Coordinator::start(&etcd, "/fence/", SLOTS, "b", b.id(), Duration::ZERO);
+    let ((a, first), (_b, second)) =
+        elected_and_next_in_line(&etcd, "/fence/", SLOTS, Duration::from_secs(5), Duration::from_secs(1)).await;
     let map = SlotMapWatch::start(&etcd, "/fence/", SLOTS).await.unwrap();
     until("every slot has an owner", async || loads(&map.current()).values().sum::<usize>() == SLOTS as usize).await;
 
@@ -241,4 +272,81 @@ async fn c1_a_coordinator_that_lost_its_election_is_fenced_off_and_steps_down() 
     until("a steps down", async || !first.is_leading()).await;
     until("the slot has an owner again", async || map.current().owner(0).is_some()).await;
     assert!(second.is_leading());
+}
+
+#[tokio::test]
+async fn c1_campaigns_from_before_etcd_let_every_lease_go_lead_nothing_after() {
+    const SLOTS: u32 = 8;
+    let server = EtcdServer::start().await;
+    let etcd = server.client().await;
+    let ttl = Duration::from_secs(1);
+    let ((a, first), (b, second)) =
+        elected_and_next_in_line(&etcd, "/stale/", SLOTS, ttl, Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!second.is_leading(), "b waits in line behind a");
+
+    // etcd freezes past the TTL; at the thaw it lets both leases go, with
+    // both election keys, and answers b's waiting campaign: b's key is gone
+    // too, so that campaign is stale and b leads nothing.
+    server.signal("-STOP");
+    tokio::time::sleep(ttl * 2 + Duration::from_millis(500)).await;
+    server.signal("-CONT");
+    until("etcd says both leases are gone", async || a.state() == LeaseState::Lost && b.state() == LeaseState::Lost)
+        .await;
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_millis(1_500) {
+        assert!(!first.is_leading() && !second.is_leading(), "a coordinator on a lease etcd let go");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(etcd.leader(&presence_cluster::election_name("/stale/")).await.unwrap(), None, "nobody campaigns");
+}
+
+#[tokio::test]
+async fn c4_after_etcd_came_back_a_gone_owners_slots_wait_for_the_rejoin_grace_and_a_node_back_within_it_keeps_them() {
+    const SLOTS: u32 = 64;
+    const GRACE: Duration = Duration::from_secs(2);
+    let server = EtcdServer::start().await;
+    let etcd = server.client().await;
+    let ttl = Duration::from_secs(5);
+    let mut leases = BTreeMap::new();
+    for (index, node) in ["a", "b", "c"].into_iter().enumerate() {
+        let lease = NodeLease::grant(&etcd, ttl, Duration::from_millis(200)).await.unwrap();
+        register_node(&etcd, "/grace/", node, &format!("127.0.0.1:{}", 7001 + index), lease.id()).await.unwrap();
+        leases.insert(node, lease);
+    }
+    let (etcd_back, seen_back) = tokio::sync::watch::channel(None);
+    let coordinator =
+        Coordinator::start(&etcd, "/grace/", SLOTS, &leases["a"], campaigner_seeing("a", seen_back, GRACE));
+    let map = SlotMapWatch::start(&etcd, "/grace/", SLOTS).await.unwrap();
+    until("every node owns slots", async || loads(&map.current()).len() == 3).await;
+    assert!(coordinator.is_leading());
+    let before = map.current();
+
+    // etcd comes back after an outage (as a's lease saw it), having let b's
+    // and c's leases go; b joins again 300 ms later, c never does.
+    let back = Instant::now();
+    etcd_back.send_replace(Some(back));
+    leases.remove("b").unwrap().revoke().await.unwrap();
+    leases.remove("c").unwrap().revoke().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b_again = NodeLease::grant(&etcd, ttl, Duration::from_millis(200)).await.unwrap();
+    register_node(&etcd, "/grace/", "b", "127.0.0.1:7002", b_again.id()).await.unwrap();
+    // Within the grace nothing moves, not even c's slots.
+    while back.elapsed() < GRACE - Duration::from_millis(200) {
+        assert_eq!(owners(&map.current()), owners(&before), "a slot moved {:?} into the grace", back.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Past it, c's slots go to their followers; b keeps its own, at their epochs.
+    until("c's slots have live owners", async || !loads(&map.current()).contains_key("c")).await;
+    assert!(back.elapsed() >= GRACE, "c's slots moved {:?} after etcd came back", back.elapsed());
+    let after = map.current();
+    let live = vec!["a".to_owned(), "b".to_owned()];
+    for slot in 0..SLOTS {
+        let (was, now) = (before.owner(slot).unwrap(), after.owner(slot).unwrap());
+        if was.node == "c" {
+            assert_eq!(Some(now.node.as_str()), follower_of(slot, "c", &live), "slot {slot}");
+        } else {
+            assert_eq!(now, was, "slot {slot}: its owner, back within the grace, keeps it");
+        }
+    }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use presence_cluster::{
-    Coordinator, Etcd, LeaseState, NodeLease, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, register_node,
+    Campaigner, Coordinator, Etcd, LeaseState, NodeLease, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, register_node,
 };
 use presence_core::{SlotSet, slot_of};
 use presence_proto::v1::{self as pb, cluster_client::ClusterClient};
@@ -180,6 +180,11 @@ pub(crate) struct Membership {
     lease_state: Arc<tokio::sync::watch::Sender<LeaseState>>,
     /// Whether etcd answers this node's keep-alives now, relayed likewise.
     etcd_answering: Arc<tokio::sync::watch::Sender<bool>>,
+    /// When this node last saw etcd come back after an outage: its
+    /// keep-alives were answered again, or it joined again after etcd let
+    /// its lease go. The coordinator gives no gone node's slots away for a
+    /// while after it (see `presence_cluster::Campaigner`).
+    etcd_back: Arc<tokio::sync::watch::Sender<Option<Instant>>>,
     /// Acting past the lease while etcd is down for every node (`outage`).
     outage: Outage,
     /// The lease itself, taken to revoke it when the node leaves.
@@ -243,8 +248,9 @@ impl Ownership {
         register_node(&etcd, &config.prefix, &config.node_id, &config.advertise, lease.id()).await?;
         let map = SlotMapWatch::start(&etcd, &config.prefix, config.slots).await?;
         let nodes = NodeSetWatch::start(&etcd, &config.prefix).await?;
-        let coordinator =
-            Coordinator::start(&etcd, &config.prefix, config.slots, &config.node_id, lease.id(), config.settle);
+        let etcd_back = Arc::new(tokio::sync::watch::Sender::new(None));
+        let campaigner = campaigner(&config.node_id, config.settle, &etcd_back, config.lease_ttl);
+        let coordinator = Coordinator::start(&etcd, &config.prefix, config.slots, &lease, campaigner);
         tracing::info!(
             node = config.node_id,
             advertise = config.advertise,
@@ -264,6 +270,7 @@ impl Ownership {
             slots: config.slots,
             lease_state: Arc::new(tokio::sync::watch::Sender::new(lease.state())),
             etcd_answering: Arc::new(tokio::sync::watch::Sender::new(true)),
+            etcd_back,
             outage: Outage::default(),
             lease: Mutex::new(None),
             left: AtomicBool::new(false),
@@ -465,15 +472,28 @@ impl Membership {
         matches!(*self.lease_state.borrow(), LeaseState::Lost)
     }
 
+    /// Changes of the lease in force's state, to wait on.
+    pub(crate) fn lease_changes(&self) -> tokio::sync::watch::Receiver<LeaseState> {
+        self.lease_state.subscribe()
+    }
+
     /// Makes `lease` the one in force: its state and whether etcd answers it
-    /// are relayed to every check from now on, until it is dropped.
+    /// are relayed to every check from now on, until it is dropped. They are
+    /// published once here, before this returns, so that whoever looks next
+    /// sees this lease's state, not the lost one's.
     fn relay(&self, lease: NodeLease) {
         let (mut state, mut answering) = (lease.subscribe(), lease.answering());
-        let (publish_state, publish_answering) = (Arc::clone(&self.lease_state), Arc::clone(&self.etcd_answering));
+        let mut relayed = Relayed {
+            state: Arc::clone(&self.lease_state),
+            answering: Arc::clone(&self.etcd_answering),
+            etcd_back: Arc::clone(&self.etcd_back),
+            outage_after: self.lease_ttl / 2,
+            silent_since: None,
+        };
+        relayed.publish(*state.borrow_and_update(), *answering.borrow_and_update());
         tokio::spawn(async move {
             loop {
-                publish_state.send_replace(*state.borrow_and_update());
-                publish_answering.send_replace(*answering.borrow_and_update());
+                relayed.publish(*state.borrow_and_update(), *answering.borrow_and_update());
                 // Ends when the lease's keeper stops: it was dropped, or etcd said it was gone.
                 tokio::select! {
                     changed = state.changed() => if changed.is_err() { break },
@@ -494,8 +514,11 @@ impl Membership {
     async fn join_again(&self) -> Result<i64, presence_cluster::Error> {
         let lease = NodeLease::grant(&self.etcd, self.lease_ttl, LEASE_MARGIN).await?;
         let revision = register_node(&self.etcd, &self.prefix, &self.node, &self.advertise, lease.id()).await?;
-        *self.coordinator.lock() =
-            Coordinator::start(&self.etcd, &self.prefix, self.slots, &self.node, lease.id(), self.settle);
+        // etcd let this node's lease go: it may have let the others' go too
+        // (it was away longer than the TTL), and they are joining again.
+        self.etcd_back.send_replace(Some(Instant::now()));
+        let campaigner = campaigner(&self.node, self.settle, &self.etcd_back, self.lease_ttl);
+        *self.coordinator.lock() = Coordinator::start(&self.etcd, &self.prefix, self.slots, &lease, campaigner);
         // The map as etcd holds it after the registration; the map this node
         // acts on follows etcd's view of it (replica::act_on_the_map).
         let caught_up = SlotMap::load(&self.etcd, &self.prefix, self.slots).await?.latest_epoch();
@@ -576,6 +599,17 @@ impl Membership {
     /// The live nodes as last seen.
     pub(crate) fn nodes(&self) -> Arc<NodeSet> {
         self.nodes.current()
+    }
+
+    /// The live nodes' ids as last seen, this node's among them even while
+    /// its registration is gone (etcd let its lease go and it is joining
+    /// again): it still runs, and holds what it holds.
+    pub(crate) fn live_ids(&self) -> Vec<String> {
+        let mut ids = self.nodes().ids();
+        if let Err(at) = ids.binary_search_by(|id| id.as_str().cmp(&self.node)) {
+            ids.insert(at, self.node.clone());
+        }
+        ids
     }
 
     /// Every other live node as last seen, with its address.
@@ -662,6 +696,50 @@ pub(crate) async fn join_again_when_lost(context: Arc<crate::context::Context>) 
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
+        }
+    }
+}
+
+/// This node as a campaigner for coordinator: a node whose lease etcd let
+/// go in an outage learns it at its next keep-alive (a third of the TTL)
+/// and joins again at once, so a whole TTL after etcd came back every node
+/// still running has.
+fn campaigner(
+    node: &str,
+    settle: Duration,
+    etcd_back: &tokio::sync::watch::Sender<Option<Instant>>,
+    lease_ttl: Duration,
+) -> Campaigner {
+    Campaigner { node: node.to_owned(), settle, etcd_back: etcd_back.subscribe(), rejoin_grace: lease_ttl }
+}
+
+/// Where the lease in force's state is relayed to.
+struct Relayed {
+    state: Arc<tokio::sync::watch::Sender<LeaseState>>,
+    answering: Arc<tokio::sync::watch::Sender<bool>>,
+    etcd_back: Arc<tokio::sync::watch::Sender<Option<Instant>>>,
+    /// How long etcd must leave this node unanswered for its answering
+    /// again to count as coming back from an outage: half the TTL. A
+    /// shorter silence let no lease go (every node renews every third of
+    /// the TTL), and a slow answer or two must not hold repairs back.
+    outage_after: Duration,
+    /// Since when etcd has not answered this node's keep-alives.
+    silent_since: Option<Instant>,
+}
+
+impl Relayed {
+    /// Publishes the lease's state and whether etcd answers it, and notes
+    /// etcd coming back after an outage.
+    fn publish(&mut self, state: LeaseState, answering: bool) {
+        self.state.send_replace(state);
+        self.answering.send_replace(answering);
+        let now = Instant::now();
+        if !answering {
+            self.silent_since.get_or_insert(now);
+        } else if let Some(since) = self.silent_since.take()
+            && now.duration_since(since) >= self.outage_after
+        {
+            self.etcd_back.send_replace(Some(now));
         }
     }
 }

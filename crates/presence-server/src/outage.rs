@@ -144,11 +144,15 @@ enum Verdict {
 /// case; until the server stops.
 pub(crate) async fn ride_out(context: Arc<Context>) {
     let Some(membership) = context.ownership.membership() else { return };
-    let mut answering = membership.etcd_answering();
+    let (mut answering, mut lease) = (membership.etcd_answering(), membership.lease_changes());
     loop {
-        while *answering.borrow_and_update() {
+        // Until etcd leaves a lease this node holds unanswered: a node whose
+        // lease etcd let go joins again instead (`cluster`).
+        while *answering.borrow_and_update() || membership.lease_lost() {
+            lease.mark_unchanged();
             tokio::select! {
                 changed = answering.changed() => if changed.is_err() { return },
+                changed = lease.changed() => if changed.is_err() { return },
                 () = context.stopping.cancelled() => return,
             }
         }

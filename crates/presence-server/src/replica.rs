@@ -160,7 +160,7 @@ impl Replica {
     /// another node than the one the copy came from, or another node follows
     /// them now. Slots the map gives this node are kept, to be taken over.
     fn prune(&self, now: u64, membership: &Membership) {
-        let (map, nodes) = (membership.map(), membership.nodes().ids());
+        let (map, nodes) = (membership.map(), membership.live_ids());
         let stale = {
             let followed = self.followed.lock();
             let stale = followed.iter().enumerate().filter_map(|(slot, from)| {
