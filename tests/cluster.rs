@@ -68,7 +68,12 @@ fn register(user: &str) -> pb::LeaseItem {
 /// A gateway's `ClusterLeases` entering at `entry`, and the generation of
 /// each of `users`' sessions, registered through it.
 async fn register_all(entry: &TestServer, users: &[String]) -> (std::sync::Arc<ClusterLeases>, Vec<(String, u64)>) {
-    let leases = std::sync::Arc::new(ClusterLeases::new(&entry.url(), SLOTS, LeaseChannelConfig::default()).unwrap());
+    register_all_at(&entry.url(), users).await
+}
+
+/// [`register_all`] entering at the node at `url`.
+async fn register_all_at(url: &str, users: &[String]) -> (std::sync::Arc<ClusterLeases>, Vec<(String, u64)>) {
+    let leases = std::sync::Arc::new(ClusterLeases::new(url, SLOTS, LeaseChannelConfig::default()).unwrap());
     let registered = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
     let mut generations = Vec::new();
     for (user, result) in users.iter().zip(registered) {
@@ -1857,4 +1862,267 @@ async fn c2_a_node_relays_more_watches_to_an_owner_than_one_connection_between_t
     for server in servers {
         server.stop().await;
     }
+}
+
+// etcd outages longer than the lease TTL, with the nodes coming back at
+// different moments, as real nodes do (C3, C4, M4): at the thaw etcd lets
+// every node's lease go at once, and each node learns it at its own next
+// keep-alive. Each test goes through several outages on one cluster;
+// `PRESENCED_THAW_ROUNDS` sets how many (the soak in docs/cluster.md runs 50).
+
+/// How many outages a thaw test goes through: `PRESENCED_THAW_ROUNDS`, or `default`.
+fn thaw_rounds(default: usize) -> usize {
+    std::env::var("PRESENCED_THAW_ROUNDS").ok().and_then(|rounds| rounds.parse().ok()).unwrap_or(default)
+}
+
+/// The three nodes as processes of their own, so that one can be held back
+/// with SIGSTOP, each logging at info to `<node>.log` in `logs`; and the slot
+/// map once every node owns slots.
+async fn three_node_processes(etcd: &EtcdServer, logs: &std::path::Path) -> Vec<daemon::Daemon> {
+    let mut nodes = Vec::new();
+    for node in NODES {
+        let advertise = format!("127.0.0.1:{}", daemon::free_port());
+        let args = node_process_args(etcd, node, &advertise);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let log = logs.join(format!("{node}.log"));
+        nodes.push(daemon::Daemon::start_on(&advertise, &args, &[("RUST_LOG", "info")], Some(&log)));
+    }
+    map_where(&etcd.client().await, "every node owns slots", |map| {
+        NODES.iter().all(|node| map.owned_by(node).count() > 0)
+    })
+    .await;
+    nodes
+}
+
+/// Which node coordinates now, by etcd's election.
+async fn coordinator(etcd: &Etcd) -> String {
+    let leader = etcd.leader(&presence_cluster::election_name(PREFIX)).await.unwrap();
+    String::from_utf8(leader.expect("a coordinator")).unwrap()
+}
+
+/// Freezes etcd (SIGSTOP) for twice the nodes' lease TTL, then thaws it
+/// with each node held back (SIGSTOP from 100 ms before the thaw) until
+/// `holds[i]` after it (`ZERO`: not held). Returns once every node is
+/// registered again under a new lease and every slot has a registered owner.
+async fn freeze_and_thaw_staggered(etcd: &EtcdServer, nodes: &[daemon::Daemon], holds: [Duration; 3]) {
+    let client = etcd.client().await;
+    let before = registrations(&client).await;
+    assert_eq!(before.len(), NODES.len(), "every node is registered before the outage: {before:?}");
+    etcd.signal("-STOP");
+    tokio::time::sleep(Duration::from_millis(3_900)).await;
+    let held: Vec<usize> = (0..nodes.len()).filter(|&node| !holds[node].is_zero()).collect();
+    held.iter().for_each(|&node| nodes[node].pause());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    etcd.signal("-CONT");
+    let thawed = Instant::now();
+    let mut by_hold = held.clone();
+    by_hold.sort_by_key(|&node| holds[node]);
+    for node in by_hold {
+        tokio::time::sleep_until(thawed + holds[node]).await;
+        nodes[node].resume();
+    }
+    let deadline = Instant::now() + PATIENCE;
+    let after = loop {
+        let now = registrations(&client).await;
+        if now.len() == NODES.len() && now.iter().all(|(node, lease)| before[node] != *lease) {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "the nodes did not all join again under new leases: {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    map_where(&client, "every slot has a registered owner", |map| {
+        (0..SLOTS).all(|slot| after.contains_key(&map.owner(slot).unwrap().node))
+    })
+    .await;
+}
+
+/// A gateway renewing 300 users' sessions every 200 ms through the routing
+/// client, and a viewer watching them at one node, reopening with the
+/// versions it holds, while a test breaks things; [`Traffic::finish`]
+/// asserts that nothing showed.
+struct Traffic {
+    users: Vec<String>,
+    viewer_url: String,
+    before: HashMap<String, pb::UserPresence>,
+    renewing: Running<Vec<(Instant, Vec<String>)>>,
+    watching: Running<Vec<(String, i32, u64)>>,
+    /// When each outage began, and what it was.
+    outages: Vec<(Instant, String)>,
+}
+
+impl Traffic {
+    /// Registers `name-0` … `name-299` entering at `entry`, and watches them at `viewer_url`.
+    async fn start(name: &str, entry: &str, viewer_url: &str) -> Traffic {
+        let users: Vec<String> = (0..300).map(|i| format!("{name}-{i}")).collect();
+        let (leases, generations) = register_all_at(entry, &users).await;
+        let mut viewer = PresenceClient::connect(viewer_url.to_owned()).await.unwrap();
+        let before = presences(&mut viewer, &users).await;
+        let watching = watch_through_failures(viewer_url.to_owned(), users.clone());
+        // Sessions of a 3 s TTL, renewed every 200 ms.
+        let renewing = keep_renewing_by_round(leases, generations, 3_000);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Traffic { users, viewer_url: viewer_url.to_owned(), before, renewing, watching, outages: Vec::new() }
+    }
+
+    /// Notes that an outage described by `what` began at `started`.
+    fn outage(&mut self, started: Instant, what: String) {
+        self.outages.push((started, what));
+    }
+
+    /// Stops, and asserts what C4 and M4 promise: no session lost (no
+    /// renewal answered `NOT_FOUND`, naming the outage it was lost in),
+    /// the last renewals all answered, nobody shown OFFLINE, no version
+    /// going back at the viewer, and every user online at the version it
+    /// had. `logs` says where the nodes' logs are.
+    async fn finish(self, logs: &std::path::Path) {
+        let Traffic { users, viewer_url, before, renewing, watching, outages } = self;
+        let _ = renewing.0.send(());
+        let rounds = renewing.1.await.unwrap();
+        let _ = watching.0.send(());
+        let seen = watching.1.await.unwrap();
+        let lost: Vec<String> = rounds
+            .iter()
+            .flat_map(|(at, failed)| failed.iter().map(move |failure| (*at, failure)))
+            .filter(|(_, failure)| failure.contains("code: 5,"))
+            .map(|(at, failure)| {
+                let outage =
+                    outages.iter().rev().find(|(started, _)| *started <= at).map_or("before", |(_, what)| what);
+                format!("{outage}: {failure}")
+            })
+            .collect();
+        let logs = logs.display();
+        assert!(lost.is_empty(), "{} renewals met NOT_FOUND (logs in {logs}), first {:?}", lost.len(), lost.first());
+        let settled = rounds.iter().rev().take(3).flat_map(|(_, failed)| failed).collect::<Vec<_>>();
+        assert!(settled.is_empty(), "the last rounds of renewals failed (logs in {logs}): {settled:?}");
+        assert_no_offline_and_no_version_back(&seen, "no OFFLINE through the outages");
+        let mut viewer = PresenceClient::connect(viewer_url).await.unwrap();
+        assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
+    }
+}
+
+/// Runs `rounds` etcd outages on three node processes under [`Traffic`]
+/// entering at node-a and watched at node-b; each outage's thaw holds the
+/// nodes back as `holds(round, coordinator)` says (by index into `NODES`).
+/// Then asserts that nothing showed, and that every user is at one node only.
+async fn staggered_thaws(name: &str, rounds: usize, holds: impl Fn(usize, usize) -> [Duration; 3]) {
+    let logs = daemon::scratch_dir(name);
+    let etcd = EtcdServer::start().await;
+    let nodes = three_node_processes(&etcd, &logs).await;
+    let mut traffic = Traffic::start(name, &nodes[0].url(), &nodes[1].url()).await;
+    let client = etcd.client().await;
+    for round in 0..rounds {
+        let coordinator = coordinator(&client).await;
+        let coordinator = NODES.iter().position(|node| *node == coordinator).unwrap();
+        let holds = holds(round, coordinator);
+        traffic.outage(Instant::now(), format!("outage {round} (coordinator {}, holds {holds:?})", NODES[coordinator]));
+        freeze_and_thaw_staggered(&etcd, &nodes, holds).await;
+        // Renewals go on at whichever node the map gives each user now.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+    }
+    let users = traffic.users.clone();
+    traffic.finish(&logs).await;
+    // Each node joined again once per lease etcd let go.
+    for node in NODES {
+        let log = std::fs::read_to_string(logs.join(format!("{node}.log"))).unwrap();
+        let joined = log.matches("joined the cluster again").count();
+        assert_eq!(
+            joined,
+            rounds,
+            "{node} joined again {joined} times in {rounds} outages (logs in {})",
+            logs.display()
+        );
+    }
+    let map = map_where(&client, "the map after the outages", |_| true).await;
+    for user in &users {
+        let owner = &map.owner(slot_of(user, SLOTS)).unwrap().node;
+        for (node, process) in NODES.iter().zip(&nodes) {
+            let mut client = PresenceClient::connect(process.url()).await.unwrap();
+            let answered = forwarded_snapshot(&mut client, user).await;
+            assert_eq!(answered.is_ok(), node == owner, "{user} at {node} (owner {owner}): {answered:?}");
+        }
+    }
+    for node in nodes {
+        node.stop().await;
+    }
+    let _ = std::fs::remove_dir_all(&logs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c4_nodes_that_come_back_from_an_etcd_freeze_at_different_moments_keep_their_slots_and_nobody_flips() {
+    // One node free at the thaw, one held back 40 ms, one 300 ms; which is
+    // which turns with each outage.
+    let steps = [0, 40, 300].map(Duration::from_millis);
+    staggered_thaws("thaw-staggered", thaw_rounds(3), |round, _| {
+        [0, 1, 2].map(|node| steps[(node + round) % steps.len()])
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c4_a_coordinator_that_comes_back_from_an_etcd_freeze_last_takes_nothing_and_nobody_flips() {
+    // The coordinator of the moment is held back 600 ms, the others 0 and 40 ms.
+    staggered_thaws("thaw-coordinator-last", thaw_rounds(3), |round, coordinator| {
+        let others = [0, 40].map(Duration::from_millis);
+        let mut others = others.iter().cycle().skip(round);
+        [0, 1, 2].map(|node| if node == coordinator { Duration::from_millis(600) } else { *others.next().unwrap() })
+    })
+    .await;
+}
+
+// Needs root, `ip` and `nft` (.ci/install-fault-tools); CI runs as root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c4_a_node_cut_off_from_etcd_alone_past_the_lease_ttl_is_taken_over_and_joins_again_and_nobody_flips() {
+    // node-a runs in a network namespace of its own; etcd listens on the
+    // host's group 1 address, node-b, node-c, the gateway and the viewer on
+    // group 0's. Cutting group 1 off cuts node-a from etcd alone: it still
+    // hears the other nodes, which tell it that etcd answers them.
+    let name = "cut-off-alone";
+    let logs = daemon::scratch_dir(name);
+    let lab = presence_faults::NetLab::new(2).expect("a network namespace (root, ip, nft)");
+    let etcd = EtcdServer::start_on(lab.group_ip(1)).await;
+    let advertise = format!("{}:{}", lab.server_ip(), daemon::free_port());
+    let mut args = node_process_args(&etcd, "node-a", &advertise);
+    // Open, on an address other than loopback: the lab's own network.
+    args.push("--insecure".to_owned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let log = logs.join("node-a.log");
+    let prefix = ["ip", "netns", "exec", lab.namespace()];
+    let node_a = daemon::Daemon::start_through(&prefix, &advertise, &args, &[("RUST_LOG", "info")], Some(&log));
+    let mut servers = Vec::new();
+    for node in &NODES[1..] {
+        // Holding what they take over for as long as the default TTL in
+        // production: well past the time the gateway's client takes to find the new owners.
+        let held = || ServerConfig { restart_grace: Some(Duration::from_secs(5)), ..fast_config() };
+        servers
+            .push(TestServer::start_with_at(lab.group_ip(0), |addr| node_config_with(&etcd, node, addr, held())).await);
+    }
+    let client = etcd.client().await;
+    let a_owns_slots = |map: &presence_cluster::SlotMap| NODES.iter().all(|node| map.owned_by(node).count() > 0);
+    map_where(&client, "every node owns slots", a_owns_slots).await;
+    let mut traffic = Traffic::start(name, &servers[0].url(), &servers[0].url()).await;
+    for round in 0..thaw_rounds(2) {
+        let before = registrations(&client).await["node-a"];
+        traffic.outage(Instant::now(), format!("cut {round}"));
+        lab.partition(1).unwrap();
+        // node-a stops acting when its lease lapses; etcd expires the lease,
+        // and the coordinator gives its slots to their followers at once
+        // (etcd answered it throughout), which take them over from their copies.
+        map_where(&client, "node-a's slots taken over", |map| map.owned_by("node-a").count() == 0).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        lab.heal(1).unwrap();
+        // node-a joins again under a new lease, and is given slots back by planned moves.
+        let deadline = Instant::now() + PATIENCE;
+        while registrations(&client).await.get("node-a").is_none_or(|lease| *lease == before) {
+            assert!(Instant::now() < deadline, "node-a did not join again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        map_where(&client, "node-a owns slots again", a_owns_slots).await;
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+    }
+    traffic.finish(&logs).await;
+    node_a.stop().await;
+    for server in servers {
+        server.stop().await;
+    }
+    let _ = std::fs::remove_dir_all(&logs);
 }
