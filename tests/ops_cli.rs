@@ -1,4 +1,4 @@
-//! O4, the operator's command line: `presenced get`, `watch`, `sessions`,
+//! O4, the operator's command line: `presenced get`, `watch`, `register`, `sessions`,
 //! `revoke`, `room` and `stats` run as a user runs them, against a real
 //! `presenced serve`, readable and with `--json`, and the exit status each
 //! outcome gives a script.
@@ -378,4 +378,53 @@ async fn o4_exit_status_tells_unknown_unreachable_denied_invalid_and_usage_apart
     assert_eq!(presenced(&["get", "u1", "--addr", "http://not a uri"], &[]).code, Some(2));
     let help = presenced(&["get", "--help"], &[]);
     assert!(help.stdout.contains("4  unauthenticated or permission denied"), "the exit statuses are in --help");
+}
+
+#[tokio::test]
+async fn o4_register_plays_a_gateway_renewing_until_interrupted_then_unregisters() {
+    let daemon = Daemon::start(&[], &[]);
+    let mut client = client(&daemon).await;
+    let args = ["register", "u1", "laptop", "--room", "doc-7", "--meta", "device=cli", "--ttl-ms", "1000"];
+    let session = Running::start(&daemon, &[&args[..], &["--heartbeat-ms", "200"]].concat());
+    let registered = session.line();
+    assert!(registered.contains("REGISTERED    u1/laptop  generation "), "{registered:?}");
+    let joined = session.line();
+    assert!(joined.contains("JOINED        u1/laptop  room doc-7, version "), "{joined:?}");
+
+    // Past its 1 s TTL the session is still there: it renews.
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let request = pb::SnapshotRequest { user_ids: vec!["u1".into()], ..Default::default() };
+    let presence = client.snapshot(request.clone()).await.unwrap().into_inner().users.remove(0);
+    assert_eq!(presence.state, pb::State::Online as i32, "{presence:?}");
+    let request_sessions = pb::ListSessionsRequest { user_id: "u1".into() };
+    let sessions = client.list_sessions(request_sessions).await.unwrap().into_inner().sessions;
+    let listed: Vec<_> =
+        sessions.iter().map(|s| (s.session_id.as_str(), s.gateway_id.as_str(), s.rooms.clone())).collect();
+    assert_eq!(listed, [("laptop", "presenced-cli", vec!["doc-7".to_owned()])]);
+    assert_eq!(sessions[0].metadata.get("device").map(String::as_str), Some("cli"));
+
+    // The server loses the lease: the next renewal meets NOT_FOUND and the
+    // session registers again, saying so.
+    client.revoke(pb::RevokeRequest { user_id: "u1".into(), session_id: "laptop".into() }).await.unwrap();
+    let again = session.line();
+    assert!(again.contains("REREGISTERED  u1/laptop  the server had lost the lease"), "{again:?}");
+
+    // Ctrl-C unregisters: the user goes OFFLINE at once, and it exits 0.
+    assert_eq!(session.interrupt().await, Some(0));
+    let presence = client.snapshot(request).await.unwrap().into_inner().users.remove(0);
+    assert_eq!(presence.state, pb::State::Offline as i32, "unregistered on exit: {presence:?}");
+
+    // With --json, one object per step.
+    let session = Running::start(&daemon, &["register", "u2", "tab", "--json"]);
+    let first: Value = serde_json::from_str(&session.line()).unwrap();
+    assert_eq!((&first["registered"]["user_id"], &first["registered"]["session_id"]), (&"u2".into(), &"tab".into()));
+    assert!(first["registered"]["generation"].as_str().is_some_and(|generation| generation.parse::<u64>().is_ok()));
+    assert_eq!(session.interrupt().await, Some(0));
+
+    // A refused register says why, and exits as the table says.
+    let ran = against(&daemon, &["register", "", "s"]);
+    assert_eq!(ran.code, Some(5), "an empty user id");
+    assert!(ran.stderr.contains("user_id"), "names the field: {:?}", ran.stderr);
+    assert_eq!(against(&daemon, &["register", "u1", "s", "--meta", "novalue"]).code, Some(2));
+    assert_eq!(against(&daemon, &["register", "u1", "s", "--heartbeat-ms", "0"]).code, Some(2));
 }

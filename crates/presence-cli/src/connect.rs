@@ -37,6 +37,8 @@ pub struct Target {
 #[derive(Debug, Clone)]
 pub(crate) struct Connection {
     pub(crate) client: PresenceClient<Channel>,
+    /// The connection itself, for a Leases stream (`register`).
+    pub(crate) channel: Channel,
     /// `Bearer TOKEN`, checked once, before anything is sent.
     authorization: Option<AsciiMetadataValue>,
     /// The token as given, for the watchers, which add it to every reopen themselves.
@@ -58,7 +60,12 @@ impl Connection {
             None => None,
         };
         let channel = endpoint.connect().await.map_err(|err| Failure::unreachable(&uri, &err))?;
-        Ok(Connection { client: PresenceClient::new(channel), authorization, token: target.token.clone() })
+        Ok(Connection {
+            client: PresenceClient::new(channel.clone()),
+            channel,
+            authorization,
+            token: target.token.clone(),
+        })
     }
 
     /// `message` as a unary call: with the credentials and a time limit.

@@ -6,11 +6,11 @@ use std::error::Error;
 
 use tonic::{Code, Status};
 
-/// What the exit statuses mean, for `--help` and the README.
+/// What the exit statuses mean, for `--help` and docs/guide.md.
 pub const EXIT_CODES: &str = "\
-Exit status of the client commands (get, watch, sessions, revoke, room, stats, cluster status):
+Exit status of the client commands (get, watch, sessions, revoke, room, stats, register, cluster status):
   0  success (a user never seen is OFFLINE at version 0, a room never used is empty:
-     both are answers, not errors; an interrupted watch also exits 0)
+     both are answers, not errors; an interrupted watch or register also exits 0)
   1  not found: revoke found no session to revoke, or the server answered NOT_FOUND
      (a room the token may not read)
   2  usage error (unknown flag, missing argument, unusable --addr or --token)

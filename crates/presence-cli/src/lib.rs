@@ -1,6 +1,7 @@
 //! The client subcommands of the `presenced` binary (O4): `get`, `watch`,
 //! `sessions`, `revoke`, `room` and `stats`, over the public gRPC API with
-//! the caller's token, readable by default and JSON with `--json`; and
+//! the caller's token, readable by default and JSON with `--json`;
+//! `register`, which plays a gateway's session from the terminal; and
 //! `cluster status`, which reads a cluster's slot map from etcd, and
 //! `cluster move`, which asks a slot's owner to hand it over.
 //!
@@ -16,6 +17,7 @@ mod connect;
 mod exit;
 mod json;
 mod output;
+mod register;
 mod text;
 mod watch;
 
@@ -47,6 +49,10 @@ pub enum Command {
     /// Print the service's own figures: what it holds, totals, expiry lag, TTL settings.
     #[command(after_help = EXIT_CODES)]
     Stats(StatsArgs),
+    /// Play a gateway: register USER's SESSION (and join --room), renew it
+    /// until interrupted, then unregister it. A session to watch in the first minute.
+    #[command(after_help = EXIT_CODES)]
+    Register(RegisterArgs),
     /// A cluster's slot map and nodes, as etcd holds them.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -169,6 +175,35 @@ pub struct RoomArgs {
     target: Target,
 }
 
+/// `presenced register USER SESSION [--room ROOM]...`
+#[derive(Debug, Args)]
+pub struct RegisterArgs {
+    /// The user the session belongs to.
+    #[arg(value_name = "USER")]
+    user: String,
+    /// The session's id (a device, a tab).
+    #[arg(value_name = "SESSION")]
+    session: String,
+    /// A room to put the session in once registered (repeatable).
+    #[arg(long = "room", value_name = "ROOM")]
+    rooms: Vec<String>,
+    /// The gateway the session is registered from, as `sessions` shows it.
+    #[arg(long, value_name = "ID", default_value = "presenced-cli")]
+    gateway: String,
+    /// The lease's time to live; 0 takes the server's default.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    ttl_ms: u32,
+    /// How often the lease is renewed: well under the TTL (the default
+    /// TTL, 30 s, then tolerates two lost beats).
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    heartbeat_ms: u64,
+    /// Session metadata, in `sessions` and the rooms' member lists (repeatable).
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = register::key_value)]
+    metadata: Vec<(String, String)>,
+    #[command(flatten)]
+    target: Target,
+}
+
 /// `presenced stats`
 #[derive(Debug, Args)]
 pub struct StatsArgs {
@@ -194,6 +229,7 @@ pub fn run(command: Command) -> ExitCode {
             Command::Revoke(args) => commands::revoke(args).await,
             Command::Room(args) => commands::room(args).await,
             Command::Stats(args) => commands::stats(args).await,
+            Command::Register(args) => register::register(args).await,
             Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args).await,
             Command::Cluster(ClusterCommand::Move(args)) => cluster::move_slot(args).await,
         }

@@ -42,7 +42,7 @@ pub(crate) async fn watch(args: WatchArgs) -> Result<(), Failure> {
 }
 
 /// Completes on the first SIGINT or SIGTERM (Ctrl-C elsewhere).
-fn interrupted() -> Result<impl Future<Output = ()>, Failure> {
+pub(crate) fn interrupted() -> Result<impl Future<Output = ()>, Failure> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
