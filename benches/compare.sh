@@ -197,7 +197,7 @@ for scenario in $SCENARIOS; do
             --duration "$LOAD_DURATION" --register-mode leases --connections "$CONNECTIONS")
         for t in presenced redis; do
             # Unary: one core's worth of server each. Redis is one thread; presenced gets one
-            # connection thread (README, "--connection-threads"). The generator is one event
+            # connection thread (docs/guide.md, "--connection-threads"). The generator is one event
             # loop (--threads 1) for both, and has the other core.
             PRESENCED_EXTRA=(--connection-threads 1)
             fresh_servers
@@ -284,7 +284,7 @@ for scenario in $SCENARIOS; do
         ;;
     fanout-million)
         # presenced only: 1,000 viewers x 500 of 5,000 users, flips sent through a coalescing
-        # LeaseChannel, viewers asking for a batch window (README, "batch_window_ms").
+        # LeaseChannel, viewers asking for a batch window (docs/guide.md, "batch_window_ms").
         # Then the same without a window: one event per change.
         for window in "$FANOUT_MILLION_WINDOW_MS" 0; do
             name=fanout-million-presenced
