@@ -2,7 +2,8 @@
 //! configuration, request helpers, and the viewer-side bookkeeping the tests
 //! check streams with.
 
-#![allow(dead_code, unreachable_pub)]
+// Helpers are `pub` for the test modules beside `common`; the binary exports nothing.
+#![allow(unreachable_pub)]
 
 pub mod auth;
 pub mod cluster;
@@ -13,8 +14,6 @@ use std::collections::HashMap;
 
 use presence_proto::v1::presence_client::PresenceClient;
 use presence_proto::v1::{self as pb, watch_event};
-// Each test binary uses its own part of the harness.
-#[allow(unused_imports)]
 pub use presence_server::testing::{PATIENCE, TestServer, fast_config, within};
 use tonic::transport::Channel;
 

@@ -2,13 +2,11 @@
 //! checkpoints without stopping the service, and a slow disk does not slow
 //! renewals. Needs root (a tmpfs and a FUSE mount, from presence-faults).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::daemon::{Daemon, free_port, scratch_dir, until_checkpointed};
-use common::scrape::scrape_until;
-use common::*;
+use crate::common::daemon::{Daemon, free_port, scratch_dir, until_checkpointed};
+use crate::common::scrape::scrape_until;
+use crate::common::*;
 use presence_faults::{SlowDisk, SmallDisk};
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;

@@ -2,12 +2,10 @@
 //! sessions with their rooms and deadlines, `Stats` the service's own
 //! figures, and both are for service callers only.
 
-mod common;
-
 use std::time::Duration;
 
-use common::auth::{SERVICE, secured_config, viewer_token};
-use common::*;
+use crate::common::auth::{SERVICE, secured_config, viewer_token};
+use crate::common::*;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
 use tonic::Code;

@@ -3,15 +3,13 @@
 //! `presenced serve`, readable and with `--json`, and the exit status each
 //! outcome gives a script.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 
-use common::auth::{SECRET, SERVICE, viewer_token};
-use common::daemon::{BINARY, Daemon, free_port};
-use common::*;
+use crate::common::auth::{SECRET, SERVICE, viewer_token};
+use crate::common::daemon::{BINARY, Daemon, free_port};
+use crate::common::*;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
 use serde_json::Value;

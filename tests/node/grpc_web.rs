@@ -9,15 +9,13 @@
 //! message), and the answer read frame by frame as it arrives, so that a
 //! stream held back until its end would be seen.
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::common::auth::{SERVICE, secured_config, viewer_token};
+use crate::common::*;
 use bytes::Bytes;
-use common::auth::{SERVICE, secured_config, viewer_token};
-use common::*;
 use http::header::{self, HeaderName};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -442,7 +440,7 @@ async fn o5_cors_lets_in_the_configured_origins_only() {
 async fn o4_the_console_is_served_from_the_binary_and_anything_else_is_404() {
     let server = TestServer::start(fast_config()).await;
     let mut page = Page::connect(server.addr).await;
-    let index = include_bytes!("../crates/presence-server/console/index.html");
+    let index = include_bytes!("../../crates/presence-server/console/index.html");
     for path in ["/console/", "/console/index.html", "/console/?user=alice"] {
         let (head, body) = page.get(path).await;
         assert_eq!(head.status, StatusCode::OK, "{path}");

@@ -4,11 +4,9 @@
 //! handshake is closed after `handshake_timeout`, and one connection gets
 //! at most `max_streams_per_connection` concurrent streams.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
 use presence_server::ServerConfig;
@@ -265,12 +263,12 @@ async fn until_server(
 /// preface, the server's memory and descriptors while they are open, and
 /// after the timeout, four times over. Linux only (it reads /proc); needs `ulimit -n` above
 /// 3,100. Run with
-/// `cargo test -p presenced --test connection_limits -- --ignored --nocapture`.
+/// `cargo test -p presenced --test it node::connection_limits -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: 3,000 sockets and the default 10 s handshake timeout"]
 async fn measure_3000_idle_connections_are_closed_after_the_default_handshake_timeout() {
     const IDLE: usize = 3_000;
-    let daemon = common::daemon::Daemon::start(&[], &[]);
+    let daemon = crate::common::daemon::Daemon::start(&[], &[]);
     let pid = daemon.child.id();
     let mut client = PresenceClient::connect(daemon.url()).await.unwrap();
     client.register(register("u1", "s1", "gw", 0)).await.unwrap(); // warm: one served connection

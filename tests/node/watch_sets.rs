@@ -3,13 +3,11 @@
 //! resuming a Watch with the versions the viewer holds, which must tell a
 //! viewer nothing about a hidden user that a user never seen would not.
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::auth;
-use common::auth::{SERVICE, secured_config};
-use common::*;
+use crate::common::auth;
+use crate::common::auth::{SERVICE, secured_config};
+use crate::common::*;
 use presence_proto::v1::presence_client::PresenceClient;
 use presence_proto::v1::{self as pb, watch_event};
 use prost::Message;

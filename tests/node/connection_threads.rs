@@ -3,11 +3,9 @@
 //! thread's connection reach viewers on another's, a shutdown drains them all,
 //! and a server whose `serve` future is dropped leaves no connection served.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
 use tokio::net::TcpListener;

@@ -2,13 +2,11 @@
 //! seen (byte for byte), live audience changes on open streams, status and
 //! coarse last seen, and relations that survive kill -9.
 
-mod common;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::auth::{self, SECRET, SERVICE, viewer_token};
-use common::daemon::{Daemon, scratch_dir};
-use common::*;
+use crate::common::auth::{self, SECRET, SERVICE, viewer_token};
+use crate::common::daemon::{Daemon, scratch_dir};
+use crate::common::*;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
 use presence_server::ServerConfig;

@@ -6,13 +6,11 @@
 // Protobuf literals end in `..Default::default()` so that they keep compiling as messages gain fields.
 #![allow(clippy::needless_update)]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::cluster::*;
-use common::{PATIENCE as WAIT, within};
+use crate::common::cluster::*;
+use crate::common::{PATIENCE as WAIT, within};
 use presence_cluster::slot_of;
 use presence_cluster::testing::EtcdServer;
 use presence_proto::v1::presence_client::PresenceClient;

@@ -2,9 +2,7 @@
 //! other viewers, and when it reads again it is resynced with a fresh
 //! snapshot, never left with a silent gap.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use presence_proto::v1::{self as pb, lease_item};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;

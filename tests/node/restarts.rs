@@ -1,14 +1,12 @@
 //! B3, B4, M4 and S2 with the real binary as a child process: restarts,
 //! planned or not, lose nothing that was promised and flood no one.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::daemon::{Daemon, free_port, scratch_dir, until_checkpointed};
-use common::*;
+use crate::common::daemon::{Daemon, free_port, scratch_dir, until_checkpointed};
+use crate::common::*;
 use presence_client::{LeaseChannel, LeaseChannelConfig};
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;

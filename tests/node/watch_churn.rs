@@ -2,9 +2,7 @@
 //! watch; every update a viewer gets is newer than what it holds, and once the
 //! churn stops every viewer ends equal to a fresh Snapshot.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use presence_proto::v1 as pb;
 
 const USERS: usize = 16;

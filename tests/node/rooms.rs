@@ -2,12 +2,10 @@
 //! membership derived from sessions, member and count watchers, who may read
 //! a room, the member cap, signals that expire, and damped flaps.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::auth::{SERVICE, secured_config, viewer_token};
-use common::*;
+use crate::common::auth::{SERVICE, secured_config, viewer_token};
+use crate::common::*;
 use presence_proto::v1::presence_client::PresenceClient;
 use presence_proto::v1::{self as pb, room_event};
 use tonic::Code;

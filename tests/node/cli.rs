@@ -2,14 +2,12 @@
 //! reflection, configuration from flags and environment, clear refusals, and
 //! a graceful SIGTERM.
 
-mod common;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::daemon::{BINARY, Daemon, free_port};
-use common::scrape::{sample, scrape, scrape_when};
-use common::*;
+use crate::common::daemon::{BINARY, Daemon, free_port};
+use crate::common::scrape::{sample, scrape, scrape_when};
+use crate::common::*;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
 use tokio_stream::StreamExt;
@@ -200,7 +198,7 @@ fn run_with_deadline(args: &[&str]) -> (Option<i32>, String, String) {
 /// empty, the exit status is 2, and stderr is one line naming the setting.
 #[test]
 fn b7_a_bad_configuration_is_refused_before_anything_is_announced() {
-    let dir = common::daemon::scratch_dir("b7");
+    let dir = crate::common::daemon::scratch_dir("b7");
     let file = dir.join("a-file");
     std::fs::write(&file, "not a directory").unwrap();
     let not_a_key = dir.join("not-a-key.pem");

@@ -2,9 +2,7 @@
 //! one result per item in order, refusals that fail only their item, and a
 //! stream that survives them.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use presence_proto::v1::{self as pb, lease_item, lease_result};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;

@@ -1,9 +1,7 @@
 //! B1: bad input gets INVALID_ARGUMENT naming the field, and leaves every
 //! other piece of state exactly as it was.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
 use tonic::transport::Channel;

@@ -5,11 +5,9 @@
 //! naive design it names: a user-level flag, a delete without a generation
 //! check, a renewal that recreates what it does not find.
 
-mod common;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 use presence_cluster::slot_of;
 use presence_cluster::testing::EtcdServer;
 use presence_proto::v1 as pb;

@@ -1,0 +1,19 @@
+//! One node: `presenced serve` without `--etcd`, in this process or as a
+//! child process, over real gRPC, gRPC-Web and the command line.
+
+mod bad_input;
+mod cli;
+mod connection_limits;
+mod connection_threads;
+mod disk_faults;
+mod grpc_web;
+mod leases;
+mod ops;
+mod ops_cli;
+mod privacy;
+mod restarts;
+mod rooms;
+mod seed_timelines;
+mod slow_viewer;
+mod watch_churn;
+mod watch_sets;
