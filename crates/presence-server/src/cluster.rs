@@ -30,7 +30,7 @@ use tonic::Status;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
 
-use crate::error::ServiceError;
+use crate::error::{NotOwner, ServiceError};
 use crate::outage::Outage;
 use crate::peers::{PeerStream, Peers};
 
@@ -873,11 +873,22 @@ pub(crate) struct Routes {
 /// node answers for its own users only and forwards nothing.
 pub(crate) const FORWARDED: &str = "presenced-forwarded";
 
-/// A refusal's pointer to a slot's owner (`presence.v1.NotOwner`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NotOwner {
-    pub(crate) slot: u32,
-    pub(crate) epoch: i64,
-    pub(crate) owner_id: String,
-    pub(crate) owner_addr: String,
+/// `slots` of a cluster of `slot_count`, checked against this one's.
+pub(crate) fn slot_set(membership: &Membership, slots: &[u32], slot_count: u32) -> Result<SlotSet, ServiceError> {
+    let count = membership.slot_count();
+    if slot_count != count {
+        return Err(ServiceError::invalid("slot_count", format!("{slot_count}, but this cluster has {count} slots")));
+    }
+    checked_slots(count, slots)
+}
+
+/// `slots` as a set, once each is one of the cluster's `count` and there is one at least.
+pub(crate) fn checked_slots(count: u32, slots: &[u32]) -> Result<SlotSet, ServiceError> {
+    if slots.is_empty() {
+        return Err(ServiceError::invalid("slots", "name at least one slot"));
+    }
+    if let Some(bad) = slots.iter().find(|&&slot| slot >= count) {
+        return Err(ServiceError::invalid("slots", format!("{bad} is not one of the cluster's {count} slots")));
+    }
+    Ok(SlotSet::of(count, slots.iter().copied()))
 }

@@ -17,8 +17,17 @@ use tonic_types::{ErrorDetails, StatusExt};
 use presence_proto::v1 as pb;
 use prost::Message as _;
 
-use crate::cluster::NotOwner;
 use crate::durable::DurableError;
+
+/// A refusal's pointer to a slot's owner (`presence.v1.NotOwner`): what a
+/// node that does not act for a user says of the node that does (C2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NotOwner {
+    pub(crate) slot: u32,
+    pub(crate) epoch: i64,
+    pub(crate) owner_id: String,
+    pub(crate) owner_addr: String,
+}
 
 /// Why the service refused a request. Every refusal changed nothing.
 #[derive(Debug, thiserror::Error)]

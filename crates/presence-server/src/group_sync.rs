@@ -20,11 +20,11 @@ use presence_proto::v1 as pb;
 use tokio::task::JoinSet;
 
 use crate::cluster::{FORWARD_TIMEOUT, Membership, call_peer, with_credential};
+use crate::cluster_wire;
 use crate::context::Context;
 use crate::error::ServiceError;
 use crate::groups::GroupEntry;
 use crate::metrics::names;
-use crate::wire;
 
 /// How often a node compares its ledger with another node's.
 pub(crate) const CATCH_UP_INTERVAL: Duration = Duration::from_secs(5);
@@ -37,7 +37,7 @@ const PIECE_BYTES: usize = 1 << 20;
 /// catch-up will bring them there).
 pub(crate) async fn send_to_the_others(membership: &Membership, entries: &[GroupEntry]) {
     // Cut and encoded once, whatever the number of nodes.
-    let pieces = wire::group_entry_pieces(entries, PIECE_BYTES);
+    let pieces = cluster_wire::group_entry_pieces(entries, PIECE_BYTES);
     let mut sent = JoinSet::new();
     for (node, address) in membership.others() {
         let client = membership.cluster_client(&address);
@@ -111,7 +111,7 @@ async fn merge_ledger_of(
         })?;
         let piece = piece.map_err(|status| ServiceError::Peer { node: node.to_owned(), status })?;
         let Some(piece) = piece else { break };
-        let entries = wire::group_entries(piece)?;
+        let entries = cluster_wire::group_entries(piece)?;
         merged += entries.len();
         let merged_newer = context.privacy.merge_groups(entries).await?.len();
         metrics::counter!(names::GROUP_ENTRIES_MERGED, "via" => "catch_up").increment(merged_newer as u64);
@@ -126,5 +126,5 @@ async fn merge_ledger_of(
 /// What a node answers to [`merge_ledger_of`]: the entries of the parts of
 /// its ledger whose digest differs from the asker's, in pieces.
 pub(crate) fn ledger_pieces(context: &Context, digests: &[u64]) -> Vec<pb::GroupEntries> {
-    wire::group_entry_pieces(&context.privacy.group_entries_differing(digests), PIECE_BYTES)
+    cluster_wire::group_entry_pieces(&context.privacy.group_entries_differing(digests), PIECE_BYTES)
 }

@@ -32,16 +32,15 @@ use std::time::{Duration, Instant};
 
 use presence_cluster::{MOVES_PER_TXN, move_slots as give_slots, repairs};
 use presence_core::SlotSet;
-use presence_proto::v1::{self as pb, cluster_server::Cluster};
+use presence_proto::v1 as pb;
+use tonic::Streaming;
 use tonic::metadata::{Ascii, MetadataValue};
-use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::Authenticator;
-use crate::cluster::{Membership, call_peer, with_credential};
+use crate::cluster::{Membership, call_peer, checked_slots, slot_set, with_credential};
 use crate::context::Context;
 use crate::error::ServiceError;
 use crate::privacy::HandedOver;
-use crate::{user_data, wire};
+use crate::{cluster_wire, user_data};
 
 /// The state bytes one `SlotState` message carries: well under gRPC's 4 MiB.
 const PIECE_BYTES: usize = 1 << 20;
@@ -109,7 +108,7 @@ pub(crate) async fn move_slots(
 }
 
 /// The cluster membership, or the refusal of `operation` on a single node.
-fn membership<'a>(context: &'a Context, operation: &'static str) -> Result<&'a Membership, ServiceError> {
+pub(crate) fn membership<'a>(context: &'a Context, operation: &'static str) -> Result<&'a Membership, ServiceError> {
     context.ownership.membership().ok_or(ServiceError::NotClustered { operation })
 }
 
@@ -252,7 +251,7 @@ async fn send_state(
         .map(|piece| pb::SlotState { state: piece.to_vec(), ..pb::SlotState::default() })
         .collect();
     pieces.extend(
-        wire::handed_over_pieces(&durable, PIECE_BYTES)
+        cluster_wire::handed_over_pieces(&durable, PIECE_BYTES)
             .into_iter()
             .map(|durable| pb::SlotState { durable, ..pb::SlotState::default() }),
     );
@@ -303,160 +302,9 @@ async fn outcome(membership: &Membership, seen: &[(u32, i64)], to_node: &str) ->
     }
 }
 
-/// The gRPC `presence.v1.Cluster` service.
-#[derive(Debug, Clone)]
-pub(crate) struct ClusterService {
-    context: Arc<Context>,
-    auth: Arc<Authenticator>,
-}
-
-impl ClusterService {
-    pub(crate) fn new(context: Arc<Context>, auth: Arc<Authenticator>) -> Self {
-        ClusterService { context, auth }
-    }
-
-    fn service_only<T>(&self, request: &Request<T>, operation: &'static str) -> Result<(), ServiceError> {
-        self.auth.caller(request.metadata())?.require_service(operation)
-    }
-
-    /// This node's part in its cluster, for a call another node (a service
-    /// caller) makes of it: `operation` is refused otherwise.
-    fn node_call<T>(&self, request: &Request<T>, operation: &'static str) -> Result<&Membership, ServiceError> {
-        self.service_only(request, operation)?;
-        membership(&self.context, operation)
-    }
-}
-
-#[tonic::async_trait]
-impl Cluster for ClusterService {
-    async fn move_slots(
-        &self,
-        request: Request<pb::MoveSlotsRequest>,
-    ) -> Result<Response<pb::MoveSlotsResponse>, Status> {
-        self.service_only(&request, "MoveSlots")?;
-        let credential = request.metadata().get("authorization").cloned();
-        let asked = request.into_inner();
-        let moved = move_slots(&self.context, &asked.slots, &asked.to_node, credential.as_ref()).await?;
-        Ok(Response::new(pb::MoveSlotsResponse {
-            epoch: moved.epoch,
-            users: moved.users,
-            sessions: moved.sessions,
-            bytes: moved.bytes,
-            elapsed_ms: u32::try_from(moved.elapsed.as_millis()).unwrap_or(u32::MAX),
-        }))
-    }
-
-    async fn take_slots(
-        &self,
-        request: Request<Streaming<pb::SlotState>>,
-    ) -> Result<Response<pb::TakeSlotsResponse>, Status> {
-        self.service_only(&request, "TakeSlots")?;
-        Ok(Response::new(take_slots(&self.context, request.into_inner()).await?))
-    }
-
-    async fn drop_slots(
-        &self,
-        request: Request<pb::DropSlotsRequest>,
-    ) -> Result<Response<pb::DropSlotsResponse>, Status> {
-        let membership = self.node_call(&request, "DropSlots")?;
-        let request = request.into_inner();
-        let set = slot_set(membership, &request.slots, request.slot_count)?;
-        let map = membership.map();
-        if let Some(slot) = set.iter().find(|&slot| membership.owns(&map, slot)) {
-            return Err(ServiceError::MoveRefused(format!("slot {slot} is this node's: its state stays")).into());
-        }
-        let users = self.context.store().release_slots(self.context.now(), &set);
-        self.context.privacy.release_slots(&set).await?;
-        Ok(Response::new(pb::DropSlotsResponse { users: users as u64 }))
-    }
-
-    async fn follow(
-        &self,
-        request: Request<Streaming<pb::FollowUpdate>>,
-    ) -> Result<Response<pb::FollowResponse>, Status> {
-        self.service_only(&request, "Follow")?;
-        Ok(Response::new(crate::replica::follow(&self.context, request.into_inner()).await?))
-    }
-
-    async fn etcd_reach(
-        &self,
-        request: Request<pb::EtcdReachRequest>,
-    ) -> Result<Response<pb::EtcdReachResponse>, Status> {
-        Ok(Response::new(crate::outage::answer(self.node_call(&request, "EtcdReach")?).await))
-    }
-
-    async fn merge_groups(
-        &self,
-        request: Request<pb::GroupEntries>,
-    ) -> Result<Response<pb::MergeGroupsResponse>, Status> {
-        self.node_call(&request, "MergeGroups")?;
-        let entries = wire::group_entries(request.into_inner())?;
-        let newer = self.context.privacy.merge_groups(entries).await?.len();
-        metrics::counter!(crate::metrics::names::GROUP_ENTRIES_MERGED, "via" => "sent").increment(newer as u64);
-        Ok(Response::new(pb::MergeGroupsResponse { newer: u32::try_from(newer).unwrap_or(u32::MAX) }))
-    }
-
-    type GroupLedgerStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::GroupEntries, Status>>>;
-
-    async fn group_ledger(
-        &self,
-        request: Request<pb::GroupLedgerRequest>,
-    ) -> Result<Response<Self::GroupLedgerStream>, Status> {
-        self.node_call(&request, "GroupLedger")?;
-        let pieces = crate::group_sync::ledger_pieces(&self.context, &request.get_ref().digests);
-        Ok(Response::new(tokio_stream::iter(pieces.into_iter().map(Ok).collect::<Vec<_>>())))
-    }
-
-    async fn take_room_facts(&self, request: Request<pb::RoomFacts>) -> Result<Response<pb::RoomFactsTaken>, Status> {
-        let membership = self.node_call(&request, "TakeRoomFacts")?;
-        Ok(Response::new(crate::room_sync::take_in(&self.context, membership, request.into_inner())?))
-    }
-
-    async fn may_view(&self, request: Request<pb::MayViewRequest>) -> Result<Response<pb::MayViewResponse>, Status> {
-        self.node_call(&request, "MayView")?;
-        let visible = crate::room_sync::answer_may_view(&self.context, request.get_ref())?;
-        Ok(Response::new(pb::MayViewResponse { visible }))
-    }
-
-    async fn take_room_access(
-        &self,
-        request: Request<pb::RoomAccessEntries>,
-    ) -> Result<Response<pb::TakeRoomAccessResponse>, Status> {
-        self.node_call(&request, "TakeRoomAccess")?;
-        let entries = wire::room_access_entries_sent(request.into_inner().entries)?;
-        crate::room_sync::take_access(&self.context, &entries, true);
-        Ok(Response::new(pb::TakeRoomAccessResponse {}))
-    }
-
-    async fn room_scan(&self, request: Request<pb::RoomScanRequest>) -> Result<Response<pb::RoomFacts>, Status> {
-        let membership = self.node_call(&request, "RoomScan")?;
-        Ok(Response::new(crate::room_sync::scan_for(&self.context, membership, request.into_inner()).await?))
-    }
-}
-
-/// `slots` of a cluster of `slot_count`, checked against this one's.
-pub(crate) fn slot_set(membership: &Membership, slots: &[u32], slot_count: u32) -> Result<SlotSet, ServiceError> {
-    let count = membership.slot_count();
-    if slot_count != count {
-        return Err(ServiceError::invalid("slot_count", format!("{slot_count}, but this cluster has {count} slots")));
-    }
-    checked_slots(count, slots)
-}
-
-/// `slots` as a set, once each is one of the cluster's `count` and there is one at least.
-fn checked_slots(count: u32, slots: &[u32]) -> Result<SlotSet, ServiceError> {
-    if slots.is_empty() {
-        return Err(ServiceError::invalid("slots", "name at least one slot"));
-    }
-    if let Some(bad) = slots.iter().find(|&&slot| slot >= count) {
-        return Err(ServiceError::invalid("slots", format!("{bad} is not one of the cluster's {count} slots")));
-    }
-    Ok(SlotSet::of(count, slots.iter().copied()))
-}
-
 /// Takes the state of slots another node hands over: into the store, then
 /// the durable data; answers how much it took.
-async fn take_slots(
+pub(crate) async fn take_slots(
     context: &Arc<Context>,
     mut pieces: Streaming<pb::SlotState>,
 ) -> Result<pb::TakeSlotsResponse, ServiceError> {
@@ -494,7 +342,8 @@ async fn take_slots(
         durable.extend(piece.durable);
     }
     let now = context.now();
-    let durable = durable.into_iter().map(|user| wire::handed_over(user, now)).collect::<Result<Vec<_>, _>>()?;
+    let durable =
+        durable.into_iter().map(|user| cluster_wire::handed_over(user, now)).collect::<Result<Vec<_>, _>>()?;
     let _one_at_a_time = membership.handing_over.lock().await;
     // Slots that come back here are answered again once the map says so.
     answer_again(context, membership, &set);

@@ -13,6 +13,8 @@ mod bootstrap;
 pub mod checker;
 mod clock;
 mod cluster;
+mod cluster_service;
+mod cluster_wire;
 mod connections;
 mod context;
 mod data_dir;
@@ -305,7 +307,7 @@ async fn serve_prepared(
 
     let service_context = Arc::clone(&context);
     let auth = Arc::new(auth);
-    let cluster = ClusterServer::new(handover::ClusterService::new(Arc::clone(&context), Arc::clone(&auth)));
+    let cluster = ClusterServer::new(cluster_service::ClusterService::new(Arc::clone(&context), Arc::clone(&auth)));
     let presence = PresenceServer::new(PresenceService::new(context, lease_queue, auth))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
     let (health, health_service) = tonic_health::server::health_reporter();

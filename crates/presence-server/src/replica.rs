@@ -41,6 +41,7 @@ use tokio::sync::mpsc;
 use tonic::Streaming;
 
 use crate::cluster::{Membership, with_credential};
+use crate::cluster_wire;
 use crate::context::Context;
 use crate::error::ServiceError;
 use crate::metrics::names;
@@ -232,7 +233,7 @@ pub(crate) async fn follow(
         }
         let now = context.now();
         for user in piece.durable {
-            update.durable.push(wire::handed_over(user, now)?);
+            update.durable.push(cluster_wire::handed_over(user, now)?);
         }
         if piece.complete {
             let update = pending.take().expect("an update is pending");
@@ -404,7 +405,7 @@ async fn send_pieces(
         ..Default::default()
     }));
     pieces.extend(
-        wire::handed_over_pieces(&durable, PIECE_BYTES)
+        cluster_wire::handed_over_pieces(&durable, PIECE_BYTES)
             .into_iter()
             .map(|durable| pb::FollowUpdate { durable, ..Default::default() }),
     );

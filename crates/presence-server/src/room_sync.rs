@@ -42,6 +42,7 @@ use presence_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::cluster::{FORWARD_TIMEOUT, Membership, call_peer, with_credential};
+use crate::cluster_wire;
 use crate::context::Context;
 use crate::error::ServiceError;
 use crate::wire;
@@ -312,11 +313,11 @@ async fn send_to(
         {
             sending.push(more);
         }
-        let mut message = wire::room_facts_message(membership.node(), &[]);
+        let mut message = cluster_wire::room_facts_message(membership.node(), &[]);
         let mut answers = Vec::with_capacity(sending.len());
         for Outgoing { facts, relations_changed, answer } in sending {
             let rooms: Vec<CompactString> = facts.iter().map(|fact| fact.fact.room_id().clone()).collect();
-            message.facts.extend(facts.iter().map(wire::room_fact_message));
+            message.facts.extend(facts.iter().map(cluster_wire::room_fact_message));
             message.relations_changed.extend(relations_changed.iter().map(ToString::to_string));
             answers.push((rooms, answer));
         }
@@ -413,9 +414,9 @@ async fn scan_message(
     slots: &SlotSet,
 ) -> Result<pb::RoomFacts, ServiceError> {
     let scan = scan_of(context, slots).await?;
-    let mut message = wire::room_scan_message(membership.node(), &scan, slots);
+    let mut message = cluster_wire::room_scan_message(membership.node(), &scan, slots);
     let accesses = context.store().room_accesses(&|room_id| slots.holds(room_id.as_bytes()));
-    message.access = wire::room_access_entries(&accesses);
+    message.access = cluster_wire::room_access_entries(&accesses);
     message.room_clock = context.store().room_clock();
     Ok(message)
 }
@@ -475,9 +476,11 @@ pub(crate) fn take_in(
         membership.acting_now() && membership.owns(&map, slot_of(room_id.as_bytes(), membership.slot_count()))
     };
     if sent.scan {
-        let slots = crate::handover::slot_set(membership, &sent.slots, sent.slot_count)?;
-        let scan =
-            presence_core::RoomFactScan { facts: wire::room_facts(sent.facts)?, shard_stamps: sent.shard_stamps };
+        let slots = crate::cluster::slot_set(membership, &sent.slots, sent.slot_count)?;
+        let scan = presence_core::RoomFactScan {
+            facts: cluster_wire::room_facts(sent.facts)?,
+            shard_stamps: sent.shard_stamps,
+        };
         let rooms = |room_id: &str| slots.holds(room_id.as_bytes()) && owned(room_id);
         context.apply(|store, now, changes| store.take_in_room_scan(now, &from, &rooms, scan, changes));
         return Ok(pb::RoomFactsTaken::default());
@@ -490,7 +493,7 @@ pub(crate) fn take_in(
         }
         room_versions.push(context.store().room_tally(&room_id).0);
     }
-    let facts = wire::room_facts(sent.facts)?;
+    let facts = cluster_wire::room_facts(sent.facts)?;
     if let Some(fact) = facts.iter().find(|fact| !owned(fact.fact.room_id())) {
         return Err(ServiceError::RoomsNotHere { room_id: fact.fact.room_id().to_string() });
     }
@@ -512,7 +515,7 @@ pub(crate) async fn scan_for(
     request: pb::RoomScanRequest,
 ) -> Result<pb::RoomFacts, ServiceError> {
     let from = wire::id("from_node", &request.from_node)?;
-    let slots = crate::handover::slot_set(membership, &request.slots, request.slot_count)?;
+    let slots = crate::cluster::slot_set(membership, &request.slots, request.slot_count)?;
     context.room_routes.claim(&slots, &from, request.epoch);
     // The users this node took over in the map change that gave the asker
     // its slots are here once this node acts on that map: wait for it, a
@@ -625,9 +628,10 @@ async fn scan_at(
     // Versions here go on above every one the node issued: the rooms' old
     // owner, when it is alive to answer, among them (M4).
     context.store().raise_room_clocks(scan.room_clock);
-    take_access(context, &wire::room_access_entries_sent(scan.access)?, false);
-    let slots = crate::handover::slot_set(membership, &scan.slots, scan.slot_count)?;
-    let scan = presence_core::RoomFactScan { facts: wire::room_facts(scan.facts)?, shard_stamps: scan.shard_stamps };
+    take_access(context, &cluster_wire::room_access_entries_sent(scan.access)?, false);
+    let slots = crate::cluster::slot_set(membership, &scan.slots, scan.slot_count)?;
+    let scan =
+        presence_core::RoomFactScan { facts: cluster_wire::room_facts(scan.facts)?, shard_stamps: scan.shard_stamps };
     let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
     context.apply(|store, now, changes| store.take_in_room_scan(now, node, &rooms, scan, changes));
     Ok(())
@@ -772,7 +776,7 @@ pub(crate) async fn send_access_to_the_others(
     membership: &Membership,
     entry: (CompactString, presence_core::RoomAccess, u64),
 ) {
-    let entries = pb::RoomAccessEntries { entries: wire::room_access_entries(&[entry]) };
+    let entries = pb::RoomAccessEntries { entries: cluster_wire::room_access_entries(&[entry]) };
     let sent = membership.others().into_iter().map(|(node, address)| {
         let request = with_credential(entries.clone(), membership.peer_token());
         async move {

@@ -1,0 +1,149 @@
+//! The gRPC `presence.v1.Cluster` service: what one node asks of another.
+//!
+//! Each call is checked here (a service caller; a cluster node for the calls
+//! only nodes make) and handed to the module that owns its idea: planned
+//! moves to `handover`, followers' copies to `replica`, the outage question
+//! to `outage`, groups to `privacy` and `group_sync`, rooms to `room_sync`.
+
+use std::sync::Arc;
+
+use presence_proto::v1::{self as pb, cluster_server::Cluster};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::auth::Authenticator;
+use crate::cluster::{Membership, slot_set};
+use crate::cluster_wire;
+use crate::context::Context;
+use crate::error::ServiceError;
+use crate::handover::{membership, move_slots, take_slots};
+
+/// The gRPC `presence.v1.Cluster` service.
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterService {
+    context: Arc<Context>,
+    auth: Arc<Authenticator>,
+}
+
+impl ClusterService {
+    pub(crate) fn new(context: Arc<Context>, auth: Arc<Authenticator>) -> Self {
+        ClusterService { context, auth }
+    }
+
+    fn service_only<T>(&self, request: &Request<T>, operation: &'static str) -> Result<(), ServiceError> {
+        self.auth.caller(request.metadata())?.require_service(operation)
+    }
+
+    /// This node's part in its cluster, for a call another node (a service
+    /// caller) makes of it: `operation` is refused otherwise.
+    fn node_call<T>(&self, request: &Request<T>, operation: &'static str) -> Result<&Membership, ServiceError> {
+        self.service_only(request, operation)?;
+        membership(&self.context, operation)
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for ClusterService {
+    async fn move_slots(
+        &self,
+        request: Request<pb::MoveSlotsRequest>,
+    ) -> Result<Response<pb::MoveSlotsResponse>, Status> {
+        self.service_only(&request, "MoveSlots")?;
+        let credential = request.metadata().get("authorization").cloned();
+        let asked = request.into_inner();
+        let moved = move_slots(&self.context, &asked.slots, &asked.to_node, credential.as_ref()).await?;
+        Ok(Response::new(pb::MoveSlotsResponse {
+            epoch: moved.epoch,
+            users: moved.users,
+            sessions: moved.sessions,
+            bytes: moved.bytes,
+            elapsed_ms: u32::try_from(moved.elapsed.as_millis()).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn take_slots(
+        &self,
+        request: Request<Streaming<pb::SlotState>>,
+    ) -> Result<Response<pb::TakeSlotsResponse>, Status> {
+        self.service_only(&request, "TakeSlots")?;
+        Ok(Response::new(take_slots(&self.context, request.into_inner()).await?))
+    }
+
+    async fn drop_slots(
+        &self,
+        request: Request<pb::DropSlotsRequest>,
+    ) -> Result<Response<pb::DropSlotsResponse>, Status> {
+        let membership = self.node_call(&request, "DropSlots")?;
+        let request = request.into_inner();
+        let set = slot_set(membership, &request.slots, request.slot_count)?;
+        let map = membership.map();
+        if let Some(slot) = set.iter().find(|&slot| membership.owns(&map, slot)) {
+            return Err(ServiceError::MoveRefused(format!("slot {slot} is this node's: its state stays")).into());
+        }
+        let users = self.context.store().release_slots(self.context.now(), &set);
+        self.context.privacy.release_slots(&set).await?;
+        Ok(Response::new(pb::DropSlotsResponse { users: users as u64 }))
+    }
+
+    async fn follow(
+        &self,
+        request: Request<Streaming<pb::FollowUpdate>>,
+    ) -> Result<Response<pb::FollowResponse>, Status> {
+        self.service_only(&request, "Follow")?;
+        Ok(Response::new(crate::replica::follow(&self.context, request.into_inner()).await?))
+    }
+
+    async fn etcd_reach(
+        &self,
+        request: Request<pb::EtcdReachRequest>,
+    ) -> Result<Response<pb::EtcdReachResponse>, Status> {
+        Ok(Response::new(crate::outage::answer(self.node_call(&request, "EtcdReach")?).await))
+    }
+
+    async fn merge_groups(
+        &self,
+        request: Request<pb::GroupEntries>,
+    ) -> Result<Response<pb::MergeGroupsResponse>, Status> {
+        self.node_call(&request, "MergeGroups")?;
+        let entries = cluster_wire::group_entries(request.into_inner())?;
+        let newer = self.context.privacy.merge_groups(entries).await?.len();
+        metrics::counter!(crate::metrics::names::GROUP_ENTRIES_MERGED, "via" => "sent").increment(newer as u64);
+        Ok(Response::new(pb::MergeGroupsResponse { newer: u32::try_from(newer).unwrap_or(u32::MAX) }))
+    }
+
+    type GroupLedgerStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::GroupEntries, Status>>>;
+
+    async fn group_ledger(
+        &self,
+        request: Request<pb::GroupLedgerRequest>,
+    ) -> Result<Response<Self::GroupLedgerStream>, Status> {
+        self.node_call(&request, "GroupLedger")?;
+        let pieces = crate::group_sync::ledger_pieces(&self.context, &request.get_ref().digests);
+        Ok(Response::new(tokio_stream::iter(pieces.into_iter().map(Ok).collect::<Vec<_>>())))
+    }
+
+    async fn take_room_facts(&self, request: Request<pb::RoomFacts>) -> Result<Response<pb::RoomFactsTaken>, Status> {
+        let membership = self.node_call(&request, "TakeRoomFacts")?;
+        Ok(Response::new(crate::room_sync::take_in(&self.context, membership, request.into_inner())?))
+    }
+
+    async fn may_view(&self, request: Request<pb::MayViewRequest>) -> Result<Response<pb::MayViewResponse>, Status> {
+        self.node_call(&request, "MayView")?;
+        let visible = crate::room_sync::answer_may_view(&self.context, request.get_ref())?;
+        Ok(Response::new(pb::MayViewResponse { visible }))
+    }
+
+    async fn take_room_access(
+        &self,
+        request: Request<pb::RoomAccessEntries>,
+    ) -> Result<Response<pb::TakeRoomAccessResponse>, Status> {
+        self.node_call(&request, "TakeRoomAccess")?;
+        let entries = cluster_wire::room_access_entries_sent(request.into_inner().entries)?;
+        crate::room_sync::take_access(&self.context, &entries, true);
+        Ok(Response::new(pb::TakeRoomAccessResponse {}))
+    }
+
+    async fn room_scan(&self, request: Request<pb::RoomScanRequest>) -> Result<Response<pb::RoomFacts>, Status> {
+        let membership = self.node_call(&request, "RoomScan")?;
+        Ok(Response::new(crate::room_sync::scan_for(&self.context, membership, request.into_inner()).await?))
+    }
+}
