@@ -31,7 +31,6 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
 
 use crate::error::{NotOwner, ServiceError};
-use crate::outage::Outage;
 use crate::peers::{PeerStream, Peers};
 
 /// How to join a cluster: `serve --etcd ... --node-id ... --advertise ...`.
@@ -891,4 +890,69 @@ pub(crate) fn checked_slots(count: u32, slots: &[u32]) -> Result<SlotSet, Servic
         return Err(ServiceError::invalid("slots", format!("{bad} is not one of the cluster's {count} slots")));
     }
     Ok(SlotSet::of(count, slots.iter().copied()))
+}
+
+/// How long past the send time of a round that every other node answered
+/// "etcd does not answer me either" the node may act.
+pub(crate) const EXTENSION: Duration = Duration::from_millis(1_000);
+
+/// How long a node that answered "etcd does not answer me" takes over no
+/// other node's slots: the extension and a margin for clock rates.
+pub(crate) const PROMISE: Duration = Duration::from_millis(1_500);
+
+/// A node's part in riding out etcd outages.
+#[derive(Debug)]
+pub(crate) struct Outage {
+    /// Until when the others' answers let this node act past its lease.
+    extended_until: tokio::sync::watch::Sender<Option<Instant>>,
+    /// Until when this node promised the others to take over no slot.
+    no_takeover_before: Mutex<Option<Instant>>,
+}
+
+impl Default for Outage {
+    fn default() -> Self {
+        Outage { extended_until: tokio::sync::watch::Sender::new(None), no_takeover_before: Mutex::new(None) }
+    }
+}
+
+impl Outage {
+    /// Until when the others' answers let this node act past its lease.
+    pub(crate) fn extended_until(&self) -> Option<Instant> {
+        *self.extended_until.borrow()
+    }
+
+    /// Changes of [`Outage::extended_until`], to wait on.
+    pub(crate) fn extensions(&self) -> tokio::sync::watch::Receiver<Option<Instant>> {
+        self.extended_until.subscribe()
+    }
+
+    pub(crate) fn extend_to(&self, until: Instant) {
+        self.extended_until.send_if_modified(|extended| {
+            let later = extended.is_none_or(|extended| extended < until);
+            if later {
+                *extended = Some(until);
+            }
+            later
+        });
+    }
+
+    /// Promises to take over no slot of another node until `now` + [`PROMISE`].
+    pub(crate) fn promise(&self, now: Instant) {
+        let until = now + PROMISE;
+        let mut promised = self.no_takeover_before.lock();
+        if promised.is_none_or(|promised| promised < until) {
+            *promised = Some(until);
+        }
+    }
+
+    /// Returns once every promise this node made has run out.
+    pub(crate) async fn promises_kept(&self) {
+        loop {
+            let until = *self.no_takeover_before.lock();
+            match until {
+                Some(until) if Instant::now() < until => tokio::time::sleep_until(until).await,
+                _ => return,
+            }
+        }
+    }
 }

@@ -36,6 +36,7 @@ mod peers;
 pub mod privacy;
 mod publish;
 mod rebalance;
+mod relations;
 mod replica;
 mod room_sync;
 mod rooms;

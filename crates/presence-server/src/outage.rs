@@ -26,6 +26,9 @@
 //! renews every lease in full when it comes back up, so nobody's lapses for
 //! the outage. Planned moves are refused meanwhile (they need etcd).
 //!
+//! The state this keeps (the extension, the promises) is the membership's
+//! (`cluster::Outage`); this module asks and answers.
+//!
 //! What this cannot see: a node that joined after every node it asks lost
 //! etcd is not asked. Should etcd answer that node alone, it could be given
 //! slots that their old owner still serves (docs/cluster.md, "Limits").
@@ -33,11 +36,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cluster::{Membership, call_peer, with_credential};
+use crate::cluster::{EXTENSION, Membership, PROMISE, call_peer, with_credential};
 use crate::context::Context;
-use parking_lot::Mutex;
 use presence_proto::v1 as pb;
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -45,76 +46,11 @@ use tokio::time::Instant;
 /// how long it waits for their answers.
 pub(crate) const ROUND: Duration = Duration::from_millis(250);
 
-/// How long past the send time of a round that every other node answered
-/// "etcd does not answer me either" the node may act.
-pub(crate) const EXTENSION: Duration = Duration::from_millis(1_000);
-
-/// How long a node that answered "etcd does not answer me" takes over no
-/// other node's slots: the extension and a margin for clock rates.
-pub(crate) const PROMISE: Duration = Duration::from_millis(1_500);
-
 /// How long a node asked may wait for etcd's answer: well within a round.
 const PROBE: Duration = Duration::from_millis(150);
 
 /// How long a connect to a node that did not answer may take to be refused.
 const REFUSED_WITHIN: Duration = Duration::from_millis(200);
-
-/// A node's part in riding out etcd outages.
-#[derive(Debug)]
-pub(crate) struct Outage {
-    /// Until when the others' answers let this node act past its lease.
-    extended_until: watch::Sender<Option<Instant>>,
-    /// Until when this node promised the others to take over no slot.
-    no_takeover_before: Mutex<Option<Instant>>,
-}
-
-impl Default for Outage {
-    fn default() -> Self {
-        Outage { extended_until: watch::Sender::new(None), no_takeover_before: Mutex::new(None) }
-    }
-}
-
-impl Outage {
-    /// Until when the others' answers let this node act past its lease.
-    pub(crate) fn extended_until(&self) -> Option<Instant> {
-        *self.extended_until.borrow()
-    }
-
-    /// Changes of [`Outage::extended_until`], to wait on.
-    pub(crate) fn extensions(&self) -> watch::Receiver<Option<Instant>> {
-        self.extended_until.subscribe()
-    }
-
-    fn extend_to(&self, until: Instant) {
-        self.extended_until.send_if_modified(|extended| {
-            let later = extended.is_none_or(|extended| extended < until);
-            if later {
-                *extended = Some(until);
-            }
-            later
-        });
-    }
-
-    /// Promises to take over no slot of another node until `now` + [`PROMISE`].
-    fn promise(&self, now: Instant) {
-        let until = now + PROMISE;
-        let mut promised = self.no_takeover_before.lock();
-        if promised.is_none_or(|promised| promised < until) {
-            *promised = Some(until);
-        }
-    }
-
-    /// Returns once every promise this node made has run out.
-    pub(crate) async fn promises_kept(&self) {
-        loop {
-            let until = *self.no_takeover_before.lock();
-            match until {
-                Some(until) if Instant::now() < until => tokio::time::sleep_until(until).await,
-                _ => return,
-            }
-        }
-    }
-}
 
 /// The answer to another node's `Cluster/EtcdReach`: whether etcd answers
 /// this node now, found by asking it (within [`PROBE`]) rather than from
@@ -238,6 +174,7 @@ async fn refuses_connections(address: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::Outage;
 
     #[tokio::test(start_paused = true)]
     async fn a_promise_holds_back_takeovers_for_its_length_and_a_later_one_extends_it() {

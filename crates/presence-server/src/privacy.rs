@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use hashbrown::{HashMap, HashSet};
-use presence_core::{CompactString, Presence, SlotSet, State, Status, Store, UserView};
+use presence_core::{CompactString, Presence, SlotSet, State, Store, UserView};
 
 use crate::durable::{self, DurableStore, run_blocking};
 use crate::error::ServiceError;
@@ -30,34 +30,8 @@ use crate::hub::{Pending, Subscription, Transition};
 use crate::publish::Publisher;
 use crate::sync::RwLock;
 
-/// A user's choice of who may see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Visibility {
-    /// Every viewer.
-    Everyone,
-    /// The user's audience: granted viewers and members of its groups.
-    Audience,
-    /// Nobody but the user itself (invisible).
-    Nobody,
-}
-
-/// One change of a user's own relations (group memberships are entries of
-/// the group ledger, `groups.rs`).
-#[derive(Debug, Clone)]
-pub(crate) enum RelationChange {
-    Visibility { user: CompactString, visibility: Visibility },
-    Audience { user: CompactString, viewers: Vec<CompactString>, grant: bool },
-}
-
-impl RelationChange {
-    /// The user whose audience the change alters: its viewers' streams are
-    /// to be looked at again.
-    fn user(&self) -> &CompactString {
-        match self {
-            RelationChange::Visibility { user, .. } | RelationChange::Audience { user, .. } => user,
-        }
-    }
-}
+pub use crate::relations::Visibility;
+pub(crate) use crate::relations::{HandedOver, RelationChange};
 
 /// One user's side of the relations: everything `can_see` needs about it in
 /// one place, so that checking a user costs one lookup.
@@ -214,23 +188,6 @@ impl Relations {
             self.users.remove(user);
         }
     }
-}
-
-/// What a user handed over to another node takes with it beside its leases
-/// (C3): its status, who may see it, its last activity and its settings
-/// (gathered in `user_data.rs`). Its groups stay: every node holds every
-/// group membership (`groups.rs`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HandedOver {
-    pub(crate) user_id: CompactString,
-    pub(crate) status: Option<Status>,
-    /// `None`: the default.
-    pub(crate) visibility: Option<Visibility>,
-    pub(crate) audience: Vec<CompactString>,
-    /// Its last activity (store ms); 0: none known.
-    pub(crate) last_active_at: u64,
-    /// Its settings, by name, in name order.
-    pub(crate) settings: Vec<(String, Vec<u8>)>,
 }
 
 /// What one caller may be shown of one user, as read from the store.
