@@ -6,8 +6,11 @@
 Every `crate::x::...` path in a file (on `use` lines and inline; comment
 lines and `#[cfg(test)]` modules at the end of a file left out) is an arrow
 from that file's module to module `x` (for `crate::x::y` where `x/y.rs`
-exists, to `x::y`). Prints the arrows' count, every strongly connected set
-of more than one module (an import circle), and every two-module cycle.
+exists, to `x::y`); so are `super::x` paths, and a folder module's
+(`x/mod.rs`) paths to its own children (`y::...`). Prints the arrows'
+count, every strongly connected set of more than one module (an import
+circle), every two-module cycle, and the arrows between the server's
+folders against the one direction `api -> cluster -> node`.
 Exit status 0 whatever it finds: it measures, it does not judge.
 """
 
@@ -45,10 +48,32 @@ def code_of(path):
     return [line for line in lines if not line.lstrip().startswith("//")]
 
 
+def resolve(found, parts):
+    """The longest prefix of `parts` that names a module of the crate."""
+    for length in range(len(parts), 0, -1):
+        target = "::".join(parts[:length])
+        if target in found:
+            return target
+    return None
+
+
 def arrows(found):
     graph = defaultdict(set)
     for module, path in found.items():
+        folder = path.endswith(os.sep + "mod.rs")
+        parent = module.rsplit("::", 1)[0] if "::" in module else "crate"
         for line in code_of(path):
+            relative = []
+            for match in re.finditer(r"(?<![\w:])super::((?:\w+::)*\w+)", line):
+                relative.append(([] if parent == "crate" else parent.split("::")) + match.group(1).split("::"))
+            if folder:
+                for match in re.finditer(r"(?<![\w:])(\w+)::", line):
+                    if f"{module}::{match.group(1)}" in found:
+                        relative.append(module.split("::") + [match.group(1)])
+            for parts in relative:
+                target = resolve(found, parts)
+                if target and target != module:
+                    graph[module].add(target)
             for match in re.finditer(r"crate::((?:\w+::)*\w+)", line):
                 parts = match.group(1).split("::")
                 # The longest prefix that names a module of the crate.
@@ -128,6 +153,16 @@ def main():
     for a, b in pairs:
         print(f"two-module cycle: {a} <-> {b}")
     print(f"{len(circles)} circles, {len(pairs)} two-module cycles")
+    # The folders' one direction: api -> cluster -> node, never back.
+    rank = {"node": 0, "cluster": 1, "api": 2}
+    folder_of = lambda module: module.split("::")[0]
+    against = sorted(
+        (a, b) for a in graph for b in graph[a]
+        if folder_of(a) in rank and folder_of(b) in rank and rank[folder_of(a)] < rank[folder_of(b)]
+    )
+    for a, b in against:
+        print(f"against api -> cluster -> node: {a} -> {b}")
+    print(f"{len(against)} arrows against the folders' direction")
 
 
 if __name__ == "__main__":
