@@ -19,11 +19,12 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
-use crate::cluster::Ownership;
-use crate::context::Context;
-use crate::data_dir::DataDir;
-use crate::durable::{self, DurableStore};
-use crate::replica::Replica;
+use crate::cluster::ClusterNode;
+use crate::cluster::membership::Membership;
+use crate::cluster::replica::Replica;
+use crate::node::context::Context;
+use crate::node::data_dir::DataDir;
+use crate::node::durable::{self, DurableStore};
 use crate::{ServeError, ServerConfig, StoreClock};
 
 /// A server whose configuration has been checked and whose data directory is
@@ -59,6 +60,8 @@ pub(crate) struct Restored {
     pub(crate) config: ServerConfig,
     /// The state every handler and task shares.
     pub(crate) context: Arc<Context>,
+    /// This node's part in its cluster; `None` for a single node.
+    pub(crate) cluster: Option<Arc<ClusterNode>>,
     /// Who is calling, for the service.
     pub(crate) auth: Authenticator,
     /// Woken by the store when a deadline earlier than any other is set, so
@@ -93,8 +96,11 @@ impl PreparedServer {
         if let Some(cluster) = &config.cluster {
             cluster.validate()?;
         }
-        let cors_origins =
-            config.cors_origins.iter().map(|origin| crate::web::parse_cors_origin(origin)).collect::<Result<_, _>>()?;
+        let cors_origins = config
+            .cors_origins
+            .iter()
+            .map(|origin| crate::api::web::parse_cors_origin(origin))
+            .collect::<Result<_, _>>()?;
         let data_dir_error = |path: &Path, message: String| ServeError::DataDir { path: path.to_owned(), message };
         let (data_dir, durable, stored) = match &config.data_dir {
             Some(path) => {
@@ -115,7 +121,7 @@ impl PreparedServer {
     /// after the listener is bound: while a large checkpoint loads,
     /// reconnecting gateways wait in the listen backlog instead of being
     /// refused and backing off.
-    pub(crate) fn restore(self, ownership: Ownership) -> Result<Restored, ServeError> {
+    pub(crate) fn restore(self, membership: Option<Membership>) -> Result<Restored, ServeError> {
         let PreparedServer { config, clock, auth, data_dir, durable, stored, cors_origins } = self;
         let started = clock.now();
         let hold_until = started.saturating_add(config.restart_grace_ms());
@@ -132,27 +138,26 @@ impl PreparedServer {
             let wake = Arc::clone(&expiry_wake);
             move || wake.notify_one()
         }));
-        let replica = match ownership.membership() {
+        let stopping = CancellationToken::new();
+        let (context, cluster) = match membership {
+            None => (Context::new(store, clock, durable, &config, stopping), None),
             Some(membership) => {
+                // Followers' copies are made of what changed (C4).
                 store.track_changes();
                 let hold_ms = config.restart_grace_ms();
-                Some(Replica::new(&config.store, started, membership.slot_count(), hold_ms)?)
+                let replica = Replica::new(&config.store, started, membership.slot_count(), hold_ms)?;
+                let cluster = Arc::new(ClusterNode::new(membership, replica));
+                let placement: Arc<dyn crate::node::placement::Placement> = cluster.clone();
+                let context = Context::placed(store, clock, durable, &config, stopping, placement);
+                crate::node::user_data::track_changes(&context);
+                context.privacy.keep_group_tombstones();
+                (context, Some(cluster))
             }
-            None => None,
         };
-        let mut context = Context::new(store, clock, durable, &config, CancellationToken::new());
-        context.ownership = ownership;
-        context.replica = replica;
-        if context.replica.is_some() {
-            crate::user_data::track_changes(&context);
-        }
-        if context.ownership.is_cluster() {
-            context.privacy.keep_group_tombstones();
-        }
         let context = Arc::new(context);
         if let Some(stored) = stored {
             context.privacy.load(stored, started);
         }
-        Ok(Restored { config, context, auth, expiry_wake, data_dir, cors_origins })
+        Ok(Restored { config, context, cluster, auth, expiry_wake, data_dir, cors_origins })
     }
 }

@@ -9,11 +9,11 @@ use presence_core::{Changes, CompactString, Presence, Store, Tick};
 use tokio_util::sync::CancellationToken;
 
 use crate::ServerConfig;
-use crate::clock::StoreClock;
-use crate::context::Context;
-use crate::hub::{Hub, Subscription};
-use crate::privacy::Shown;
-use crate::{expiry, watch};
+use crate::node::clock::StoreClock;
+use crate::node::context::Context;
+use crate::node::hub::{Hub, Subscription};
+use crate::node::privacy::Shown;
+use crate::{node::expiry, node::watch};
 
 /// One server's shared state, as its handlers and tasks reach it.
 #[derive(Debug)]

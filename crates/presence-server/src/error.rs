@@ -17,7 +17,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 use presence_proto::v1 as pb;
 use prost::Message as _;
 
-use crate::durable::DurableError;
+use crate::node::durable::DurableError;
 
 /// A refusal's pointer to a slot's owner (`presence.v1.NotOwner`): what a
 /// node that does not act for a user says of the node that does (C2).
@@ -151,6 +151,12 @@ pub(crate) enum ServiceError {
     /// etcd could not be reached, or refused a step.
     #[error("etcd: {0}")]
     Etcd(String),
+    /// A stream that cannot go on as it is (a part of a merged Watch ended
+    /// or resynced, this node stopped acting for a watched user, a room's
+    /// owner ended its relayed watch): the client opens it again, resuming
+    /// with the versions it holds (E8).
+    #[error("{0}")]
+    Reopen(String),
 }
 
 fn not_owner_message(not_owner: &NotOwner) -> String {
@@ -208,10 +214,16 @@ impl ServiceError {
             ServiceError::Internal(_) => Code::Internal,
             ServiceError::NotClustered { .. } | ServiceError::MoveRefused(_) => Code::FailedPrecondition,
             ServiceError::MoveAborted(_) => Code::Aborted,
-            ServiceError::Etcd(_) => Code::Unavailable,
+            ServiceError::Etcd(_) | ServiceError::Reopen(_) => Code::Unavailable,
             ServiceError::Peer { status, .. } => status.code(),
         }
     }
+}
+
+/// Another node's `status`, passed on to this node's caller with the node
+/// (`whose`) named: its code, and its message after the name.
+pub(crate) fn relayed(whose: &str, status: &Status) -> Status {
+    Status::new(status.code(), format!("{whose}: {}", status.message()))
 }
 
 impl From<LeaseError> for ServiceError {
@@ -277,6 +289,13 @@ mod tests {
         assert!(denied.get_details_bad_request().is_none(), "only a refused field carries a BadRequest");
         assert_eq!(Status::from(ServiceError::RenewalShed).code(), Code::ResourceExhausted);
         assert_eq!(Status::from(ServiceError::ShuttingDown).code(), Code::Unavailable);
+        let reopen = Status::from(ServiceError::Reopen("every part of this watch ended; reopen".into()));
+        assert_eq!((reopen.code(), reopen.message()), (Code::Unavailable, "every part of this watch ended; reopen"));
+        let relayed = relayed("node at 10.0.0.2:4000", &Status::permission_denied("Watch: requires a viewer"));
+        assert_eq!(
+            (relayed.code(), relayed.message()),
+            (Code::PermissionDenied, "node at 10.0.0.2:4000: Watch: requires a viewer")
+        );
         assert_eq!(
             Status::from(ServiceError::Unauthenticated("invalid credentials".into())).code(),
             Code::Unauthenticated

@@ -26,14 +26,14 @@ use tokio_util::sync::CancellationToken;
 use tonic::Request;
 use tonic::metadata::{MetadataMap, MetadataValue};
 
+use crate::api::service::PresenceService;
 use crate::auth::{AuthConfig, Authenticator};
-use crate::clock::StoreClock;
-use crate::context::Context;
-use crate::durable::{self, stored};
-use crate::leases::{self, LeaseQueue};
-use crate::privacy::Visibility;
-use crate::service::PresenceService;
-use crate::{ServerConfig, wire};
+use crate::node::clock::StoreClock;
+use crate::node::context::Context;
+use crate::node::durable::{self, stored};
+use crate::node::leases::{self, LeaseQueue};
+use crate::node::privacy::Visibility;
+use crate::{ServerConfig, node::wire};
 
 /// The store a fuzzed request meets: the default limits (TTL bounds, the
 /// renewal throttle, metadata sizes), with few shards so that creating one
@@ -98,7 +98,7 @@ pub fn request(method: u8, body: &[u8]) {
     // receiver is kept so that the queue stays open, as in a running server.
     let (queue, _jobs) = LeaseQueue::new(Arc::clone(&context), 1);
     let auth = Authenticator::new(AuthConfig::default()).expect("the open configuration is valid");
-    let service = PresenceService::new(Arc::clone(&context), queue, Arc::new(auth));
+    let service = PresenceService::new(Arc::clone(&context), None, queue, Arc::new(auth));
     // One runtime per input: dropping it ends whatever a handler spawned
     // (a Watch stream's forwarder), so nothing outlives the input.
     let runtime =

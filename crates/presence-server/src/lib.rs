@@ -5,50 +5,28 @@
 //! expiry driver, health checking and reflection. [`serve`] takes an already
 //! bound listener and a shutdown future, so tests bind `127.0.0.1:0` and the
 //! binary stays a thin layer of configuration and signals.
+//!
+//! Three folders, one direction (`api → cluster → node`): `node/` is one
+//! node's presence service and names nothing of the others; `cluster/` is
+//! what runs only with `--etcd`, plugged into the node through
+//! `node::placement`; `api/` is the edge of the process, which decides once
+//! per request whether it is answered here or by another node. [`serve`]
+//! composes them: a single node gets the `SingleNode` placement and starts
+//! no cluster task.
 
-mod activity;
+mod api;
 mod auth;
 mod bootstrap;
 #[cfg(feature = "shuttle")]
 pub mod checker;
-mod clock;
 mod cluster;
-mod cluster_service;
-mod cluster_wire;
-mod connections;
-mod context;
-mod data_dir;
-mod durable;
 mod error;
-mod expiry;
-mod fanin;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-mod group_sync;
-mod groups;
-mod handover;
-mod hub;
-mod leases;
 pub mod metrics;
-mod ops;
-mod outage;
-mod peers;
-pub mod privacy;
-mod publish;
-mod rebalance;
-mod relations;
-mod replica;
-mod room_sync;
-mod rooms;
-mod service;
-mod settings;
-mod sync;
+mod node;
 #[cfg(feature = "testing")]
 pub mod testing;
-mod user_data;
-mod watch;
-mod web;
-mod wire;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -57,24 +35,31 @@ use std::time::Duration;
 
 use presence_core::{ConfigError, Store, StoreConfig};
 
-use crate::data_dir::DataDir;
-use crate::leases::LeaseQueue;
-use crate::privacy::Visibility;
+use crate::api::connections;
+use crate::api::web;
+use crate::cluster::handover;
+use crate::cluster::membership::Membership;
+use crate::cluster::service::ClusterService;
+use crate::node::data_dir::DataDir;
+use crate::node::leases::LeaseQueue;
+use crate::node::privacy::Visibility;
+use crate::node::{activity, clock, expiry};
 use presence_proto::v1::cluster_server::ClusterServer;
 use presence_proto::v1::presence_server::PresenceServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use api::service::PresenceService;
 pub use auth::{AuthConfig, AuthConfigError};
 pub use bootstrap::PreparedServer;
-pub use clock::StoreClock;
-pub use cluster::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
-pub use hub::{Delivery, Hub, Mailbox, Subscription};
-pub use leases::{LeasesStream, MAX_BATCH_ITEMS};
-pub use service::PresenceService;
-pub use settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
-pub use watch::WatchStream;
-pub use wire::MAX_USERS_PER_REQUEST;
+pub use cluster::membership::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
+pub use node::clock::StoreClock;
+pub use node::hub::{Delivery, Hub, Mailbox, Subscription};
+pub use node::leases::{LeasesStream, MAX_BATCH_ITEMS};
+pub use node::privacy;
+pub use node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
+pub use node::watch::WatchStream;
+pub use node::wire::MAX_USERS_PER_REQUEST;
 
 /// Largest request the server decodes; larger ones are refused before decoding.
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
@@ -103,7 +88,7 @@ pub struct ServerConfig {
     /// Threads that serve connections, each on its own single-threaded event
     /// loop (by default one per CPU); 0 serves them on the caller's runtime.
     /// Connection threads make small unary calls much cheaper and cost
-    /// `Leases` and Watch nothing measurable. See `connections.rs` and
+    /// `Leases` and Watch nothing measurable. See `api/connections.rs` and
     /// `docs/benchmarks.md`.
     pub connection_threads: usize,
     /// Where checkpoints and durable data live; `None` keeps everything in
@@ -266,10 +251,12 @@ async fn serve_prepared(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let ownership =
-        cluster::Ownership::join(prepared.config.cluster.as_ref(), prepared.config.max_streams_per_connection).await?;
-    let bootstrap::Restored { config, context, auth, expiry_wake, data_dir, cors_origins } =
-        prepared.restore(ownership)?;
+    let membership = match prepared.config.cluster.as_ref() {
+        Some(config) => Some(Membership::join(config, prepared.config.max_streams_per_connection).await?),
+        None => None,
+    };
+    let bootstrap::Restored { config, context, cluster, auth, expiry_wake, data_dir, cors_origins } =
+        prepared.restore(membership)?;
     let (store, clock, stopping) =
         (Arc::clone(context.store()), context.publisher.clock.clone(), context.stopping.clone());
     tokio::spawn(clock::keep_reading(clock.clone(), stopping.clone(), {
@@ -289,27 +276,17 @@ async fn serve_prepared(
     });
 
     let expiry = tokio::spawn(expiry::run(Arc::clone(&context), expiry_wake, config.expiry_batch));
-    tokio::spawn(replica::send_to_followers(Arc::clone(&context)));
-    tokio::spawn(replica::act_on_the_map(Arc::clone(&context)));
-    tokio::spawn(outage::ride_out(Arc::clone(&context)));
-    tokio::spawn(cluster::join_again_when_lost(Arc::clone(&context)));
-    tokio::spawn(rebalance::rebalance(Arc::clone(&context)));
-    tokio::spawn(group_sync::catch_up(Arc::clone(&context)));
-    if context.ownership.is_cluster() {
-        // Rooms live at their room slot's owner: facts go there from now on.
-        context.store().send_room_facts_out();
-        let queue = room_sync::start(&context);
-        let _ = context.publisher.room_facts.set(queue);
-        tokio::spawn(room_sync::rebuild_rooms(Arc::clone(&context)));
-        tokio::spawn(room_sync::forget_gone_nodes(Arc::clone(&context)));
+    if let Some(cluster) = &cluster {
+        cluster::start(&context, cluster);
     }
     tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
     let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
 
     let service_context = Arc::clone(&context);
     let auth = Arc::new(auth);
-    let cluster = ClusterServer::new(cluster_service::ClusterService::new(Arc::clone(&context), Arc::clone(&auth)));
-    let presence = PresenceServer::new(PresenceService::new(context, lease_queue, auth))
+    let cluster_server =
+        ClusterServer::new(ClusterService::new(Arc::clone(&context), cluster.clone(), Arc::clone(&auth)));
+    let presence = PresenceServer::new(PresenceService::new(context, cluster.clone(), lease_queue, auth))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<PresenceServer<PresenceService>>().await;
@@ -333,20 +310,22 @@ async fn serve_prepared(
         .with_keepalive(Some(Duration::from_secs(60)));
     tracing::info!(addr = ?local_addr, shards = config.store.shards, "serving");
     let stop_signal = {
-        let ownership_context = Arc::clone(&service_context);
+        let drain_context = Arc::clone(&service_context);
         let stopping = stopping.clone();
         let health = health.clone();
         async move {
             shutdown.await;
             tracing::info!("shutting down: no new connections, ending watch streams");
-            handover::drain(&ownership_context).await;
-            ownership_context.ownership.leave().await;
+            if let Some(cluster) = &cluster {
+                handover::drain(&drain_context, cluster).await;
+                cluster.membership.leave().await;
+            }
             health.set_not_serving::<PresenceServer<PresenceService>>().await;
             stopping.cancel();
         }
     };
     let routes = tonic::service::Routes::new(presence)
-        .add_service(cluster)
+        .add_service(cluster_server)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

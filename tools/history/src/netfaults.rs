@@ -372,7 +372,7 @@ impl Fault for PartitionGateways {
                     Some(format!("OFFLINE only {} ms after the partition", (off.at_us - inject) / 1_000))
                 }
                 // The server's clock counts whole milliseconds, rounding down
-                // (`crates/presence-server/src/clock.rs`), so a renewal's
+                // (`crates/presence-server/src/node/clock.rs`), so a renewal's
                 // deadline may lie up to one tick (1 ms) before receipt + TTL.
                 [off] if last_ack.is_some_and(|ack| off.at_us + TICK_US < ack + ttl) => Some(format!(
                     "OFFLINE {} ms after the last acknowledged renewal, before a TTL",

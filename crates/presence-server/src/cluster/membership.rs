@@ -12,8 +12,8 @@
 //! lease and the coordinator give them to another node: two nodes never both
 //! act for one slot.
 //!
-//! Without `--etcd` the node owns everything and nothing of this runs (C5):
-//! [`Ownership::Single`] checks nothing.
+//! Without `--etcd` nothing of this exists (C5): the node is a
+//! `SingleNode` placement, which checks nothing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,8 +30,8 @@ use tonic::Status;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
 
+use crate::cluster::peers::{PeerStream, Peers};
 use crate::error::{NotOwner, ServiceError};
-use crate::peers::{PeerStream, Peers};
 
 /// How to join a cluster: `serve --etcd ... --node-id ... --advertise ...`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,8 +104,7 @@ impl ClusterConfig {
 /// The most slots a cluster may have: the slot map is read whole.
 pub const MAX_SLOTS: u32 = 65_536;
 
-/// How long a read forwarded to another node may take (a Watch: to open).
-pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) use crate::node::placement::FORWARD_TIMEOUT;
 
 /// `call` to node `node`, given at most `within`: its answer, or the
 /// node's refusal, or `DEADLINE_EXCEEDED` naming it once the time is up.
@@ -157,15 +156,6 @@ pub enum JoinError {
     /// etcd refused a step of joining.
     #[error("joining the cluster through etcd: {0}")]
     Etcd(#[from] presence_cluster::Error),
-}
-
-/// Which users this node may act for.
-#[derive(Debug)]
-pub(crate) enum Ownership {
-    /// A single node (no `--etcd`): every user.
-    Single,
-    /// A cluster node: the users of the slots it owns while its lease holds.
-    Cluster(Box<Membership>),
 }
 
 /// A node's part in its cluster, kept while it serves.
@@ -232,14 +222,10 @@ pub(crate) struct Membership {
     peer_token: Option<MetadataValue<Ascii>>,
 }
 
-impl Ownership {
-    /// Joins the cluster `config` describes, or stays a single node; the
-    /// cluster's nodes allow `max_streams_per_connection` streams a connection.
-    pub(crate) async fn join(
-        config: Option<&ClusterConfig>,
-        max_streams_per_connection: u32,
-    ) -> Result<Ownership, JoinError> {
-        let Some(config) = config else { return Ok(Ownership::Single) };
+impl Membership {
+    /// Joins the cluster `config` describes; the cluster's nodes allow
+    /// `max_streams_per_connection` streams a connection.
+    pub(crate) async fn join(config: &ClusterConfig, max_streams_per_connection: u32) -> Result<Membership, JoinError> {
         let etcd = Etcd::connect_any(&config.etcd)
             .await
             .map_err(|last| JoinError::Unreachable { endpoints: config.etcd.clone(), last })?;
@@ -292,41 +278,27 @@ impl Ownership {
             peer_token,
         };
         membership.relay(lease);
-        Ok(Ownership::Cluster(Box::new(membership)))
+        Ok(membership)
     }
 
     /// What this node owns as of now, to check a request (or a whole batch) against.
     pub(crate) fn view(&self) -> OwnershipView<'_> {
-        match self {
-            Ownership::Single => OwnershipView::Single,
-            Ownership::Cluster(membership) => OwnershipView::Cluster {
-                // Taken first: a handover that starts refusing a slot waits
-                // for every view taken before, and every later view sees it.
-                leaving: membership.leaving.read(),
-                node: &membership.node,
-                slots: membership.slots,
-                acting: membership.is_acting(Instant::now()),
-                map: membership.acted_map(),
-                nodes: membership.nodes.current(),
-            },
+        OwnershipView {
+            // Taken first: a handover that starts refusing a slot waits
+            // for every view taken before, and every later view sees it.
+            leaving: self.leaving.read(),
+            node: &self.node,
+            slots: self.slots,
+            acting: self.is_acting(Instant::now()),
+            map: self.acted_map(),
+            nodes: self.nodes.current(),
         }
     }
 
-    /// Held by a request whose write awaits the disk from before its
+    /// Held (read) by a request whose write awaits the disk from before its
     /// ownership check to the end of its write (see [`Membership::leaving`]).
-    pub(crate) async fn hold_for_durable_write(&self) -> Option<tokio::sync::RwLockReadGuard<'_, ()>> {
-        match self {
-            Ownership::Single => None,
-            Ownership::Cluster(membership) => Some(membership.durable_gate.read().await),
-        }
-    }
-
-    /// This node's part in its cluster; `None` for a single node.
-    pub(crate) fn membership(&self) -> Option<&Membership> {
-        match self {
-            Ownership::Single => None,
-            Ownership::Cluster(membership) => Some(membership),
-        }
+    pub(crate) fn durable_gate(&self) -> &tokio::sync::RwLock<()> {
+        &self.durable_gate
     }
 
     /// Asks the node at `address` for a Snapshot of `user_ids`, for the same
@@ -339,21 +311,21 @@ impl Ownership {
         viewer_id: &str,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<Vec<pb::UserPresence>, ServiceError> {
-        let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
+        let membership = self;
         let mut client = membership.peers.client(address)?;
         let request = forwarded(pb::SnapshotRequest { user_ids, viewer_id: viewer_id.to_owned() }, authorization);
         Ok(call_peer(address, FORWARD_TIMEOUT, client.snapshot(request)).await?.users)
     }
 
     /// Opens a Watch at the node at `address` for the caller, as
-    /// [`Ownership::forward_snapshot`] asks for a Snapshot.
+    /// [`Membership::forward_snapshot`] asks for a Snapshot.
     pub(crate) async fn forward_watch(
         &self,
         address: &str,
         request: pb::WatchRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<PeerStream<pb::WatchEvent>, ServiceError> {
-        let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
+        let membership = self;
         let (mut client, place) = membership.peers.stream_client(address)?;
         let stream = call_peer(address, FORWARD_TIMEOUT, client.watch(forwarded(request, authorization))).await?;
         Ok(PeerStream::new(stream, place))
@@ -367,7 +339,7 @@ impl Ownership {
         request: pb::RoomSnapshotRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<pb::RoomSnapshot, ServiceError> {
-        let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
+        let membership = self;
         let mut client = membership.peers.client(address)?;
         call_peer(address, FORWARD_TIMEOUT, client.room_snapshot(forwarded(request, authorization))).await
     }
@@ -380,20 +352,20 @@ impl Ownership {
         request: pb::SetRoomAccessRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<pb::SetRoomAccessResponse, ServiceError> {
-        let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
+        let membership = self;
         let mut client = membership.peers.client(address)?;
         call_peer(address, FORWARD_TIMEOUT, client.set_room_access(forwarded(request, authorization))).await
     }
 
     /// Opens a WatchRoom at the room's owner at `address`, as
-    /// [`Ownership::forward_room_snapshot`] asks for a RoomSnapshot.
+    /// [`Membership::forward_room_snapshot`] asks for a RoomSnapshot.
     pub(crate) async fn forward_watch_room(
         &self,
         address: &str,
         request: pb::WatchRoomRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<PeerStream<pb::RoomEvent>, ServiceError> {
-        let Ownership::Cluster(membership) = self else { unreachable!("a single node forwards nothing") };
+        let membership = self;
         let (mut client, place) = membership.peers.stream_client(address)?;
         let stream = call_peer(address, FORWARD_TIMEOUT, client.watch_room(forwarded(request, authorization))).await?;
         Ok(PeerStream::new(stream, place))
@@ -402,25 +374,19 @@ impl Ownership {
     /// What may end this node's right to act for some user: the slot map's
     /// changes, the lease's, and the instant the lease lapses unless etcd
     /// confirms it again. `None` for a single node, which owns everyone for good.
-    pub(crate) fn changes(&self) -> Option<OwnershipChanges> {
-        let Ownership::Cluster(membership) = self else { return None };
-        Some(OwnershipChanges {
-            map: membership.acted.subscribe(),
-            lease: membership.lease_state.subscribe(),
-            extension: membership.outage.extensions(),
-        })
-    }
-
-    /// Whether this is a cluster node.
-    pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Ownership::Cluster(_))
+    pub(crate) fn changes(&self) -> OwnershipChanges {
+        OwnershipChanges {
+            map: self.acted.subscribe(),
+            lease: self.lease_state.subscribe(),
+            extension: self.outage.extensions(),
+        }
     }
 
     /// Leaves the cluster at a planned stop: the lease is revoked, so that
     /// the coordinator gives this node's slots to the others at once rather
     /// than a TTL later.
     pub(crate) async fn leave(&self) {
-        let Ownership::Cluster(membership) = self else { return };
+        let membership = self;
         membership.left.store(true, Ordering::Release);
         let Some(lease) = membership.lease.lock().take() else { return };
         let node = &membership.node;
@@ -429,9 +395,7 @@ impl Ownership {
             Err(error) => tracing::warn!(node, %error, "could not revoke the lease; it expires by its TTL"),
         }
     }
-}
 
-impl Membership {
     /// Whether this node may act on its slots at `now`: it has not left, and
     /// etcd confirmed its lease recently enough, or etcd is down for every
     /// node and the others' answers let it act on (`outage`).
@@ -661,8 +625,11 @@ impl Membership {
 /// (it was cut off from etcd, or etcd was away, for longer than the TTL),
 /// trying every second until etcd takes the new registration; until the
 /// server stops or the node leaves. Meanwhile the node acts for nobody.
-pub(crate) async fn join_again_when_lost(context: Arc<crate::context::Context>) {
-    let Some(membership) = context.ownership.membership() else { return };
+pub(crate) async fn join_again_when_lost(
+    context: Arc<crate::node::context::Context>,
+    cluster: Arc<super::ClusterNode>,
+) {
+    let membership = &cluster.membership;
     let mut state = membership.lease_state.subscribe();
     loop {
         while !matches!(*state.borrow_and_update(), LeaseState::Lost) {
@@ -760,7 +727,7 @@ fn acting_until(lease: LeaseState, extended_until: Option<Instant>) -> Option<In
     }
 }
 
-/// Waits for changes of a node's ownership (see [`Ownership::changes`]).
+/// Waits for changes of a node's ownership (see [`Membership::changes`]).
 #[derive(Debug)]
 pub(crate) struct OwnershipChanges {
     map: tokio::sync::watch::Receiver<Arc<SlotMap>>,
@@ -789,27 +756,23 @@ impl OwnershipChanges {
     }
 }
 
-/// This node's ownership at one instant.
+/// This node's ownership at one instant: the slots `map` gives `node`, if
+/// `acting`, less those `leaving`.
 #[derive(Debug)]
-pub(crate) enum OwnershipView<'a> {
-    /// Every user.
-    Single,
-    /// The slots `map` gives `node`, if `acting`.
-    Cluster {
-        node: &'a str,
-        slots: u32,
-        acting: bool,
-        map: Arc<SlotMap>,
-        nodes: Arc<NodeSet>,
-        leaving: RwLockReadGuard<'a, SlotSet>,
-    },
+pub(crate) struct OwnershipView<'a> {
+    node: &'a str,
+    slots: u32,
+    acting: bool,
+    map: Arc<SlotMap>,
+    nodes: Arc<NodeSet>,
+    leaving: RwLockReadGuard<'a, SlotSet>,
 }
 
 impl OwnershipView<'_> {
     /// `Ok` when this node may act for `user_id` now; else the refusal that
     /// names the owner.
     pub(crate) fn check(&self, user_id: impl AsRef<[u8]>) -> Result<(), ServiceError> {
-        let OwnershipView::Cluster { node, slots, acting, map, nodes, leaving, .. } = self else { return Ok(()) };
+        let OwnershipView { node, slots, acting, map, nodes, leaving } = self;
         if user_id.as_ref().is_empty() {
             // Any node refuses it as INVALID_ARGUMENT, naming the field.
             return Ok(());
@@ -833,14 +796,10 @@ impl OwnershipView<'_> {
     }
 
     /// Which of `user_ids` this node answers itself and which each other
-    /// node does, by index: `None` when this node answers them all (always,
-    /// on a single node, which checks nothing). Refused when some user's slot
+    /// node does, by index: `None` when this node answers them all. Refused when some user's slot
     /// has no owner that may act now, or when `forwarded` (a node's forwarded
     /// request, which is never sent on again) and some user is not this node's.
     pub(crate) fn route<S: AsRef<str>>(&self, user_ids: &[S], forwarded: bool) -> Result<Option<Routes>, ServiceError> {
-        if matches!(self, OwnershipView::Single) {
-            return Ok(None);
-        }
         let mut routes = Routes::default();
         for (index, user_id) in user_ids.iter().enumerate() {
             match self.check(user_id.as_ref()) {
@@ -954,5 +913,11 @@ impl Outage {
                 _ => return,
             }
         }
+    }
+}
+
+impl crate::node::placement::UserCheck for OwnershipView<'_> {
+    fn check(&self, user_id: &[u8]) -> Result<(), ServiceError> {
+        OwnershipView::check(self, user_id)
     }
 }

@@ -17,8 +17,8 @@ use std::path::Path;
 use presence_core::{Availability, SlotSet, Status};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::groups::GroupEntry;
-use crate::relations::{HandedOver, RelationChange, Visibility};
+use crate::node::groups::GroupEntry;
+use crate::node::relations::{HandedOver, RelationChange, Visibility};
 
 /// One user's settings, by name, in name order.
 pub(crate) type Named = Vec<(String, Vec<u8>)>;
@@ -548,7 +548,7 @@ mod tests {
     const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/durable-v1.redb");
 
     fn write_golden_contents(store: &DurableStore) {
-        use crate::relations::RelationChange;
+        use crate::node::relations::RelationChange;
         let ids = |ids: &[&str]| ids.iter().map(|id| (*id).into()).collect::<Vec<_>>();
         for (user, visibility) in
             [("ann", Visibility::Everyone), ("bob", Visibility::Audience), ("cat", Visibility::Nobody)]

@@ -1,7 +1,7 @@
 //! The `presence.v1.Presence` gRPC service: requests in, store operations, changes published.
 //!
 //! Each handler authenticates the caller, turns the request into core values
-//! (`wire.rs`), runs one operation through the context (which publishes what
+//! (`node/wire.rs`), runs one operation through the context (which publishes what
 //! it changed, even when it refused the request: a refused renewal may have
 //! found an expired lease) and turns the answer back into a message. Every
 //! refusal is a [`ServiceError`]; the one conversion to `tonic::Status` is in
@@ -16,34 +16,51 @@ use presence_proto::v1::{self as pb, presence_server::Presence as PresenceApi};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Authenticator, Caller};
-use crate::cluster::{self, OwnershipView};
-use crate::context::{Context, hear_rooms, room_version_after};
+use crate::cluster::ClusterNode;
+use crate::cluster::fanin;
+use crate::cluster::membership::{FORWARDED, Routes};
+use crate::cluster::room_sync::{self, RoomPlace};
 use crate::error::ServiceError;
-use crate::fanin;
-use crate::leases::{self, LeaseQueue, LeasesStream};
 use crate::metrics::RenewResult;
-use crate::ops;
-use crate::privacy::{RelationChange, Shown};
-use crate::room_sync::{self, RoomPlace};
-use crate::rooms::{self, RoomStream};
-use crate::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
-use crate::watch::{self, WatchStream};
-use crate::wire;
+use crate::node::context::{Context, hear_rooms, room_version_after};
+use crate::node::leases::{self, LeaseQueue, LeasesStream};
+use crate::node::ops;
+use crate::node::placement::Acting;
+use crate::node::privacy::{RelationChange, Shown};
+use crate::node::rooms::{self, RoomStream};
+use crate::node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
+use crate::node::watch::{self, WatchStream};
+use crate::node::wire;
 
 /// The `presence.v1.Presence` service of one server.
 #[derive(Debug, Clone)]
 pub struct PresenceService {
     context: Arc<Context>,
+    /// This node's part in its cluster; `None` on a single node, which
+    /// answers everything here.
+    cluster: Option<Arc<ClusterNode>>,
     leases: LeaseQueue,
     auth: Arc<Authenticator>,
+}
+
+/// Where a room request is answered (C1): here, or at its room slot's owner
+/// in this node's cluster, at that address.
+enum RoomAt<'a> {
+    Here,
+    Owner(&'a Arc<ClusterNode>, String),
 }
 
 /// A handler's answer; the refusal becomes a status in one place.
 type Answer<T> = Result<Response<T>, Status>;
 
 impl PresenceService {
-    pub(crate) fn new(context: Arc<Context>, leases: LeaseQueue, auth: Arc<Authenticator>) -> Self {
-        PresenceService { context, leases, auth }
+    pub(crate) fn new(
+        context: Arc<Context>,
+        cluster: Option<Arc<ClusterNode>>,
+        leases: LeaseQueue,
+        auth: Arc<Authenticator>,
+    ) -> Self {
+        PresenceService { context, cluster, leases, auth }
     }
 
     fn caller<T>(&self, request: &Request<T>) -> Result<Caller, ServiceError> {
@@ -58,10 +75,23 @@ impl PresenceService {
     /// `Ok` when this node may act for `user_id` (always, outside a cluster;
     /// C2), with the view checked: a write holds it until it is done, so
     /// that a handover of the user's slot cannot start in between (C3).
-    fn owns(&self, user_id: &str) -> Result<OwnershipView<'_>, ServiceError> {
-        let view = self.context.ownership.view();
-        view.check(user_id)?;
-        Ok(view)
+    fn owns(&self, user_id: &str) -> Result<Acting<'_>, ServiceError> {
+        let acting = self.context.placement.acting();
+        acting.check(user_id)?;
+        Ok(acting)
+    }
+
+    /// Where the users of a request are answered, once per request (C2):
+    /// `None` when this node answers them all (always, on a single node);
+    /// else this node's cluster and the routes. A `forwarded` request is
+    /// answered here or refused.
+    fn routes<S: AsRef<str>>(
+        &self,
+        user_ids: &[S],
+        forwarded: bool,
+    ) -> Result<Option<(&Arc<ClusterNode>, Routes)>, ServiceError> {
+        let Some(cluster) = &self.cluster else { return Ok(None) };
+        Ok(cluster.membership.view().route(user_ids, forwarded)?.map(|routes| (cluster, routes)))
     }
 
     /// Serves a Join, Leave or Signal (`rpc`) of `user_id` in `room_id` with
@@ -87,10 +117,13 @@ impl PresenceService {
 
     /// Where a room read is answered (C1): here, or at the room slot's owner,
     /// to which it is forwarded.
-    fn room_place<T>(&self, request: &Request<T>, room: &rooms::RoomRequest) -> Result<RoomPlace, ServiceError> {
-        let Some(membership) = self.context.ownership.membership() else { return Ok(RoomPlace::Here) };
-        let forwarded = request.metadata().contains_key(cluster::FORWARDED);
-        room_sync::place_of(&self.context, membership, &room.room_id, forwarded)
+    fn room_place<T>(&self, request: &Request<T>, room_id: &str) -> Result<RoomAt<'_>, ServiceError> {
+        let Some(cluster) = &self.cluster else { return Ok(RoomAt::Here) };
+        let forwarded = request.metadata().contains_key(FORWARDED);
+        Ok(match room_sync::place_of(cluster, room_id, forwarded)? {
+            RoomPlace::Here => RoomAt::Here,
+            RoomPlace::At(address) => RoomAt::Owner(cluster, address),
+        })
     }
 
     /// Who a Snapshot or Watch answers for: the viewer itself, or the viewer a
@@ -196,9 +229,9 @@ impl PresenceApi for PresenceService {
     async fn snapshot(&self, request: Request<pb::SnapshotRequest>) -> Answer<pb::SnapshotResponse> {
         let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id)?;
         let user_ids = wire::user_ids("user_ids", &request.get_ref().user_ids)?;
-        let forwarded = request.metadata().contains_key(cluster::FORWARDED);
+        let forwarded = request.metadata().contains_key(FORWARDED);
         let context = &self.context;
-        let Some(routes) = context.ownership.view().route(&user_ids, forwarded)? else {
+        let Some((cluster, routes)) = self.routes(&user_ids, forwarded)? else {
             let shown = context.privacy.shown(viewer.as_deref(), &user_ids)?;
             let users = context.released(&user_ids, &shown, viewer.is_none()).await?;
             return Ok(Response::new(pb::SnapshotResponse { users }));
@@ -215,12 +248,14 @@ impl PresenceApi for PresenceService {
         let viewer_id = &request.get_ref().viewer_id;
         let asked = routes.remote.iter().map(|(address, indices)| {
             let ids = indices.iter().map(|&index| user_ids[index].to_string()).collect();
-            self.context.ownership.forward_snapshot(address, ids, viewer_id, authorization)
+            cluster.membership.forward_snapshot(address, ids, viewer_id, authorization)
         });
-        for (indices, answer) in routes.remote.values().zip(join_all(asked).await) {
+        for ((address, indices), answer) in routes.remote.iter().zip(join_all(asked).await) {
             let answer = answer?;
             if answer.len() != indices.len() {
-                return Err(Status::internal("a node answered a forwarded Snapshot with the wrong number of users"));
+                let wrong =
+                    format!("the node at {address} answered a forwarded Snapshot with the wrong number of users");
+                return Err(ServiceError::Internal(wrong).into());
             }
             for (&index, user) in indices.iter().zip(answer) {
                 users[index] = Some(user);
@@ -236,17 +271,16 @@ impl PresenceApi for PresenceService {
         let request_metadata = request.metadata();
         let request = request.get_ref();
         let user_ids = wire::user_ids("user_ids", &request.user_ids)?;
-        let forwarded = request_metadata.contains_key(cluster::FORWARDED);
-        let routes = self.context.ownership.view().route(&user_ids, forwarded)?;
+        let forwarded = request_metadata.contains_key(FORWARDED);
+        let routes = self.routes(&user_ids, forwarded)?;
         let batch_window = wire::batch_window(request.batch_window_ms)?;
         let known_versions = wire::known_versions(&request.known_versions)?;
         let options = watch::WatchOptions { viewer, batch_window, known_versions };
-        let Some(routes) = routes else {
+        let Some((cluster, routes)) = routes else {
             // A cluster node's own Watch is guarded by its ownership; a single node's needs nothing.
-            let guarded = self.context.ownership.is_cluster().then(|| user_ids.clone());
-            let stream = watch::open(Arc::clone(&self.context), user_ids, options).await?;
-            return Ok(Response::new(match guarded {
-                Some(users) => fanin::guarded(Arc::clone(&self.context), users, stream),
+            let stream = watch::open(Arc::clone(&self.context), user_ids.clone(), options).await?;
+            return Ok(Response::new(match &self.cluster {
+                Some(cluster) => fanin::guarded(Arc::clone(cluster), user_ids, stream),
                 None => stream,
             }));
         };
@@ -259,7 +293,7 @@ impl PresenceApi for PresenceService {
             .collect();
         let authorization = request_metadata.get("authorization");
         let remote = fanin::Remote { users, request, authorization };
-        Ok(Response::new(fanin::open(Arc::clone(&self.context), local, options, remote).await?))
+        Ok(Response::new(fanin::open(Arc::clone(&self.context), cluster, local, options, remote).await?))
     }
 
     async fn update_watch(&self, request: Request<pb::UpdateWatchRequest>) -> Answer<pb::UpdateWatchResponse> {
@@ -269,7 +303,11 @@ impl PresenceApi for PresenceService {
             add: wire::user_ids("add_user_ids", &request.add_user_ids)?,
             remove: wire::user_ids("remove_user_ids", &request.remove_user_ids)?,
         };
-        self.context.ownership.view().check_all(&update.add)?;
+        {
+            // Checked apart: a cluster node's view is never held across an await.
+            let acting = self.context.placement.acting();
+            update.add.iter().try_for_each(|user_id| acting.check(user_id))?;
+        }
         self.context.watches.update(&request.watch_id, viewer.as_deref(), update).await?;
         Ok(Response::new(pb::UpdateWatchResponse {}))
     }
@@ -309,15 +347,15 @@ impl PresenceApi for PresenceService {
 
     async fn room_snapshot(&self, request: Request<pb::RoomSnapshotRequest>) -> Answer<pb::RoomSnapshot> {
         let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
-        match self.room_place(&request, &room)? {
-            RoomPlace::Here => {
+        match self.room_place(&request, &room.room_id)? {
+            RoomAt::Here => {
                 let mut lens = rooms::MemberLens::new(&room);
                 Ok(Response::new(rooms::snapshot(&self.context, &room, &mut lens).await?))
             }
-            RoomPlace::At(address) => {
+            RoomAt::Owner(cluster, address) => {
                 let authorization = request.metadata().get("authorization");
                 let forwarded =
-                    self.context.ownership.forward_room_snapshot(&address, request.get_ref().clone(), authorization);
+                    cluster.membership.forward_room_snapshot(&address, request.get_ref().clone(), authorization);
                 Ok(Response::new(forwarded.await?))
             }
         }
@@ -328,17 +366,14 @@ impl PresenceApi for PresenceService {
     async fn watch_room(&self, request: Request<pb::WatchRoomRequest>) -> Answer<Self::WatchRoomStream> {
         let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
         let count_interval = wire::room_watch_mode(request.get_ref().mode, request.get_ref().count_interval_ms)?;
-        let place = self.room_place(&request, &room)?;
+        let place = self.room_place(&request, &room.room_id)?;
         match place {
-            RoomPlace::Here => Ok(Response::new(rooms::watch(Arc::clone(&self.context), room, count_interval).await?)),
-            RoomPlace::At(address) => {
+            RoomAt::Here => Ok(Response::new(rooms::watch(Arc::clone(&self.context), room, count_interval).await?)),
+            RoomAt::Owner(cluster, address) => {
                 let authorization = request.metadata().get("authorization");
-                let upstream = self
-                    .context
-                    .ownership
-                    .forward_watch_room(&address, request.get_ref().clone(), authorization)
-                    .await?;
-                Ok(Response::new(rooms::relay(Arc::clone(&self.context), address, upstream)))
+                let upstream =
+                    cluster.membership.forward_watch_room(&address, request.get_ref().clone(), authorization).await?;
+                Ok(Response::new(fanin::relay(Arc::clone(&self.context), address, upstream)))
             }
         }
     }
@@ -348,14 +383,15 @@ impl PresenceApi for PresenceService {
         let access = wire::room_access(request.get_ref().access)?;
         let room_id = wire::id("room_id", &request.get_ref().room_id)?;
         let context = &self.context;
-        let Some(membership) = context.ownership.membership() else {
+        let Some(cluster) = &self.cluster else {
             context.store().set_room_access(&room_id, access).map_err(ServiceError::from)?;
             context.rooms().access_changed(&room_id);
             return Ok(Response::new(pb::SetRoomAccessResponse {}));
         };
         // The room's owner sets it, and every node keeps it (C1).
-        let forwarded = request.metadata().contains_key(cluster::FORWARDED);
-        match room_sync::place_of(context, membership, &room_id, forwarded)? {
+        let forwarded = request.metadata().contains_key(FORWARDED);
+        let membership = &cluster.membership;
+        match room_sync::place_of(cluster, &room_id, forwarded)? {
             RoomPlace::Here => {
                 let stamp = context.store().set_room_access_stamped(context.now(), &room_id, access);
                 let stamp = stamp.map_err(ServiceError::from)?;
@@ -364,8 +400,7 @@ impl PresenceApi for PresenceService {
             }
             RoomPlace::At(address) => {
                 let authorization = request.metadata().get("authorization");
-                let forwarded =
-                    context.ownership.forward_set_room_access(&address, request.get_ref().clone(), authorization);
+                let forwarded = membership.forward_set_room_access(&address, request.get_ref().clone(), authorization);
                 forwarded.await?;
             }
         }
@@ -400,7 +435,7 @@ impl PresenceApi for PresenceService {
         let request = request.into_inner();
         let user_id = wire::id("user_id", &request.user_id)?;
         caller.require_self_or_service(&user_id, "SetStatus")?;
-        let _durable = self.context.ownership.hold_for_durable_write().await;
+        let _durable = self.context.hold_for_durable_write().await;
         self.owns(&user_id)?;
         let context = &self.context;
         let status = request.status.map(|status| wire::status(status, context.now())).transpose()?;
@@ -414,7 +449,7 @@ impl PresenceApi for PresenceService {
         let request = request.get_ref();
         let user = wire::id("user_id", &request.user_id)?;
         caller.require_self_or_service(&user, "SetVisibility")?;
-        let _durable = self.context.ownership.hold_for_durable_write().await;
+        let _durable = self.context.hold_for_durable_write().await;
         self.owns(&user)?;
         let visibility = wire::visibility(request.visibility)?;
         self.context.privacy.change(RelationChange::Visibility { user, visibility }).await?;
@@ -440,7 +475,7 @@ impl PresenceApi for PresenceService {
     async fn touch(&self, request: Request<pb::TouchRequest>) -> Answer<pb::TouchResponse> {
         self.service_only(&request, "Touch")?;
         let user_id = wire::id("user_id", &request.get_ref().user_id)?;
-        let _durable = self.context.ownership.hold_for_durable_write().await;
+        let _durable = self.context.hold_for_durable_write().await;
         self.owns(&user_id)?;
         let context = &self.context;
         let last_active_at = context.activity.touch(&user_id, context.now()).await.map_err(ServiceError::from)?;
@@ -451,7 +486,7 @@ impl PresenceApi for PresenceService {
         self.service_only(&request, "PutSetting")?;
         let request = request.into_inner();
         wire::id("user_id", &request.user_id)?;
-        let _durable = self.context.ownership.hold_for_durable_write().await;
+        let _durable = self.context.hold_for_durable_write().await;
         self.owns(&request.user_id)?;
         if request.name.is_empty() || request.name.len() > MAX_SETTING_NAME_BYTES {
             return Err(ServiceError::invalid("name", format!("must be 1 to {MAX_SETTING_NAME_BYTES} bytes")).into());
@@ -487,7 +522,7 @@ impl PresenceService {
         self.service_only(&request, if grant { "GrantAudience" } else { "RevokeAudience" })?;
         let request = request.get_ref();
         let user = wire::id("user_id", &request.user_id)?;
-        let _durable = self.context.ownership.hold_for_durable_write().await;
+        let _durable = self.context.hold_for_durable_write().await;
         self.owns(&user)?;
         let viewers = wire::nonempty_ids("viewer_ids", &request.viewer_ids)?;
         self.context.privacy.change(RelationChange::Audience { user, viewers, grant }).await?;
@@ -501,8 +536,8 @@ impl PresenceService {
         let group = wire::id("group_id", &request.group_id)?;
         let users = wire::nonempty_ids("user_ids", &request.user_ids)?;
         let written = self.context.privacy.change_groups(group, users, join).await?;
-        if let (Some(membership), false) = (self.context.ownership.membership(), written.is_empty()) {
-            crate::group_sync::send_to_the_others(membership, &written).await;
+        if let (Some(cluster), false) = (&self.cluster, written.is_empty()) {
+            crate::cluster::group_sync::send_to_the_others(&cluster.membership, &written).await;
         }
         Ok(Response::new(pb::GroupResponse {}))
     }

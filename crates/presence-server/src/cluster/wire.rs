@@ -3,16 +3,16 @@
 //! room facts and rooms' access, and the checks of what another node sent
 //! (B1: a node's own stores made them, so anything out of bounds is damage,
 //! refused whole, naming the field). The client API's conversions are
-//! `wire.rs`'s; these use them for the parts the two share (ids, statuses).
+//! `node/wire.rs`'s; these use them for the parts the two share (ids, statuses).
 
 use presence_core::{CompactString, MemberMetadata, RoomAccess, RoomFact, RoomFactScan, StampedRoomFact};
 use presence_proto::v1 as pb;
 
 use crate::error::ServiceError;
-use crate::groups::GroupEntry;
-use crate::privacy::{HandedOver, Visibility};
-use crate::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
-use crate::wire::{id, room_access, status, status_message, visibility};
+use crate::node::groups::GroupEntry;
+use crate::node::privacy::{HandedOver, Visibility};
+use crate::node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
+use crate::node::wire::{id, room_access, status, status_message, visibility};
 
 /// A user's durable data as one node hands it to another (C3).
 pub(crate) fn handed_over_message(user: &HandedOver) -> pb::HandedOverUser {

@@ -41,11 +41,13 @@ use presence_core::{CompactString, SlotSet, StampedRoomFact, slot_of};
 use presence_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::cluster::{FORWARD_TIMEOUT, Membership, call_peer, with_credential};
-use crate::cluster_wire;
-use crate::context::Context;
+use crate::cluster::ClusterNode;
+use crate::cluster::membership::{FORWARD_TIMEOUT, Membership, call_peer, with_credential};
+use crate::cluster::wire as cluster_wire;
 use crate::error::ServiceError;
-use crate::wire;
+use crate::node::context::Context;
+use crate::node::placement::{RoomAnswer, RoomFactSink, RoomVersions};
+use crate::node::wire;
 
 /// Batches of facts made and not yet routed; past it, facts are dropped and
 /// every destination is sent a scan instead.
@@ -59,12 +61,6 @@ const COALESCED: usize = 256;
 
 /// How often a destination that needs a scan and has no facts coming is tried.
 const SCAN_RETRY: Duration = Duration::from_secs(1);
-
-/// The room version of each room a batch of facts touched, after them.
-pub(crate) type RoomVersions = HashMap<CompactString, u64>;
-
-/// What the owners answered for a batch: the versions, or the owner that did not take it.
-pub(crate) type RoomAnswer = Result<RoomVersions, String>;
 
 /// One operation's facts, and where to tell their owners' answer; or rooms
 /// whose viewers' watches are to start over, a member's relations having
@@ -85,22 +81,24 @@ pub(crate) struct RoomFactQueue {
     overflowed: AtomicBool,
 }
 
-impl RoomFactQueue {
+impl RoomFactSink for RoomFactQueue {
     /// Queues an operation's facts; `answer` hears from their owners. A full
     /// queue drops them (the answer hears so) and has every owner sent a scan.
-    pub(crate) fn send(&self, facts: Vec<StampedRoomFact>, answer: Option<oneshot::Sender<RoomAnswer>>) {
+    fn send(&self, facts: Vec<StampedRoomFact>, answer: Option<oneshot::Sender<RoomAnswer>>) {
         self.queue(FactBatch { facts, relations_changed: Vec::new(), answer });
     }
 
     /// Tells the owners of `rooms` that a member's relations changed here
     /// (P4): their viewers' watches start over. Dropped with a full queue,
     /// as facts are.
-    pub(crate) fn send_relations_changed(&self, rooms: Vec<CompactString>) {
+    fn send_relations_changed(&self, rooms: Vec<CompactString>) {
         if !rooms.is_empty() {
             self.queue(FactBatch { facts: Vec::new(), relations_changed: rooms, answer: None });
         }
     }
+}
 
+impl RoomFactQueue {
     fn queue(&self, batch: FactBatch) {
         if let Err(mpsc::error::TrySendError::Full(batch) | mpsc::error::TrySendError::Closed(batch)) =
             self.sender.try_send(batch)
@@ -157,10 +155,10 @@ impl RoomRoutes {
 
 /// Starts routing the store's room facts (a cluster node): returns the
 /// queue the publisher feeds, and runs the router until the server stops.
-pub(crate) fn start(context: &Arc<Context>) -> Arc<RoomFactQueue> {
+pub(crate) fn start(context: &Arc<Context>, cluster: &Arc<ClusterNode>) -> Arc<RoomFactQueue> {
     let (sender, receiver) = mpsc::channel(ROUTER_QUEUE);
     let queue = Arc::new(RoomFactQueue { sender, overflowed: AtomicBool::new(false) });
-    tokio::spawn(route(Arc::clone(context), Arc::clone(&queue), receiver));
+    tokio::spawn(route(Arc::clone(context), Arc::clone(cluster), Arc::clone(&queue), receiver));
     queue
 }
 
@@ -178,8 +176,13 @@ struct Destination {
     needs_scan: Arc<AtomicBool>,
 }
 
-async fn route(context: Arc<Context>, queue: Arc<RoomFactQueue>, mut batches: mpsc::Receiver<FactBatch>) {
-    let Some(membership) = context.ownership.membership() else { return };
+async fn route(
+    context: Arc<Context>,
+    cluster: Arc<ClusterNode>,
+    queue: Arc<RoomFactQueue>,
+    mut batches: mpsc::Receiver<FactBatch>,
+) {
+    let membership = &cluster.membership;
     // Every owner hears from this node at once, with a scan: it may hold
     // users (restored from its data directory) that the owners never had.
     let mut destinations: HashMap<String, Destination> = HashMap::new();
@@ -188,7 +191,7 @@ async fn route(context: Arc<Context>, queue: Arc<RoomFactQueue>, mut batches: mp
         if let Some(owner) = map.owner(slot).filter(|owner| owner.node != membership.node()) {
             destinations
                 .entry(owner.node.clone())
-                .or_insert_with(|| open_destination(Arc::clone(&context), owner.node.clone()));
+                .or_insert_with(|| open_destination(&context, &cluster, owner.node.clone()));
         }
     }
     loop {
@@ -203,7 +206,7 @@ async fn route(context: Arc<Context>, queue: Arc<RoomFactQueue>, mut batches: mp
         mark_invisible(&context, &mut facts);
         let map = membership.acted_map();
         let owner_of =
-            |room_id: &str| context.room_routes.owner(&map, slot_of(room_id.as_bytes(), membership.slot_count()));
+            |room_id: &str| cluster.room_routes.owner(&map, slot_of(room_id.as_bytes(), membership.slot_count()));
         let mut by_owner: HashMap<String, Outgoing> = HashMap::new();
         let outgoing = || Outgoing { facts: Vec::new(), relations_changed: Vec::new(), answer: None };
         for fact in facts {
@@ -232,9 +235,9 @@ async fn route(context: Arc<Context>, queue: Arc<RoomFactQueue>, mut batches: mp
             }
             let destination = destinations
                 .entry(owner.clone())
-                .or_insert_with(|| open_destination(Arc::clone(&context), owner.clone()));
+                .or_insert_with(|| open_destination(&context, &cluster, owner.clone()));
             if destination.sender.is_closed() {
-                *destination = open_destination(Arc::clone(&context), owner.clone());
+                *destination = open_destination(&context, &cluster, owner.clone());
             }
             let (answer, answered) = oneshot::channel();
             sent.answer = Some(answer);
@@ -278,21 +281,22 @@ async fn gather(parts: Vec<Part>) -> RoomAnswer {
 
 /// Opens the queue to `node`, whose sender starts with a scan: this node may
 /// hold users whose facts `node` never had (it restarted, or was away).
-fn open_destination(context: Arc<Context>, node: String) -> Destination {
+fn open_destination(context: &Arc<Context>, cluster: &Arc<ClusterNode>, node: String) -> Destination {
     let (sender, receiver) = mpsc::channel(DESTINATION_QUEUE);
     let needs_scan = Arc::new(AtomicBool::new(true));
-    tokio::spawn(send_to(context, node, receiver, Arc::clone(&needs_scan)));
+    tokio::spawn(send_to(Arc::clone(context), Arc::clone(cluster), node, receiver, Arc::clone(&needs_scan)));
     Destination { sender, needs_scan }
 }
 
 /// Sends one destination its facts, in order, each batch once its scan is in.
 async fn send_to(
     context: Arc<Context>,
+    cluster: Arc<ClusterNode>,
     node: String,
     mut batches: mpsc::Receiver<Outgoing>,
     needs_scan: Arc<AtomicBool>,
 ) {
-    let Some(membership) = context.ownership.membership() else { return };
+    let membership = &cluster.membership;
     loop {
         let next = tokio::select! {
             next = batches.recv() => match next { Some(next) => Some(next), None => return },
@@ -300,7 +304,7 @@ async fn send_to(
             () = context.stopping.cancelled() => return,
         };
         if needs_scan.load(Ordering::Acquire) {
-            match send_scan(&context, membership, &node).await {
+            match send_scan(&context, &cluster, &node).await {
                 Ok(()) => needs_scan.store(false, Ordering::Release),
                 Err(err) => tracing::debug!(node, %err, "no room scan to this node yet"),
             }
@@ -348,11 +352,15 @@ async fn send_facts(membership: &Membership, node: &str, facts: pb::RoomFacts) -
 }
 
 /// The room's version at its owner: what a Join, Leave or Signal that made
-/// no fact answers (on a single node the store answered it already).
-pub(crate) async fn room_version(context: &Context, room_id: &str) -> Result<Option<u64>, ServiceError> {
-    let Some(membership) = context.ownership.membership() else { return Ok(None) };
+/// no fact answers (`Placement::room_version`).
+pub(crate) async fn room_version(
+    context: &Context,
+    cluster: &ClusterNode,
+    room_id: &str,
+) -> Result<Option<u64>, ServiceError> {
+    let membership = &cluster.membership;
     let owner =
-        context.room_routes.owner(&membership.acted_map(), slot_of(room_id.as_bytes(), membership.slot_count()));
+        cluster.room_routes.owner(&membership.acted_map(), slot_of(room_id.as_bytes(), membership.slot_count()));
     let Some(owner) = owner else { return Err(ServiceError::RoomOwnerUnreachable { node: "none yet".into() }) };
     if owner == membership.node() {
         return Ok(Some(context.store().room_tally(room_id).0));
@@ -371,11 +379,12 @@ pub(crate) async fn room_version(context: &Context, room_id: &str) -> Result<Opt
 }
 
 /// Sends `node` where this node's users stand in the rooms it owns.
-async fn send_scan(context: &Arc<Context>, membership: &Membership, node: &str) -> Result<(), ServiceError> {
+async fn send_scan(context: &Arc<Context>, cluster: &ClusterNode, node: &str) -> Result<(), ServiceError> {
+    let membership = &cluster.membership;
     let map = membership.acted_map();
     let mut slots = SlotSet::new(membership.slot_count());
     for slot in 0..membership.slot_count() {
-        if context.room_routes.owner(&map, slot).as_deref() == Some(node) {
+        if cluster.room_routes.owner(&map, slot).as_deref() == Some(node) {
             slots.insert(slot);
         }
     }
@@ -429,21 +438,17 @@ pub(crate) enum RoomPlace {
 }
 
 /// Where a room read for `room_id` is answered, on a cluster node.
-pub(crate) fn place_of(
-    context: &Context,
-    membership: &Membership,
-    room_id: &str,
-    forwarded: bool,
-) -> Result<RoomPlace, ServiceError> {
+pub(crate) fn place_of(cluster: &ClusterNode, room_id: &str, forwarded: bool) -> Result<RoomPlace, ServiceError> {
+    let membership = &cluster.membership;
     let slot = slot_of(room_id.as_bytes(), membership.slot_count());
-    let owner = context.room_routes.owner(&membership.acted_map(), slot);
+    let owner = cluster.room_routes.owner(&membership.acted_map(), slot);
     let not_here = || ServiceError::RoomsNotHere { room_id: room_id.to_owned() };
     match owner {
         Some(owner) if owner == membership.node() => {
             if !membership.acting_now() {
                 return Err(not_here());
             }
-            if context.room_routes.is_rebuilding(slot) {
+            if cluster.room_routes.is_rebuilding(slot) {
                 return Err(ServiceError::RoomRebuilding { room_id: room_id.to_owned() });
             }
             Ok(RoomPlace::Here)
@@ -452,14 +457,6 @@ pub(crate) fn place_of(
             membership.nodes().address(&owner).map(|address| RoomPlace::At(address.to_owned())).ok_or_else(not_here)
         }
         _ => Err(not_here()),
-    }
-}
-
-/// Whether this node still answers for `room_id` (a single node always).
-pub(crate) fn still_here(context: &Context, room_id: &str) -> Result<(), ServiceError> {
-    match context.ownership.membership() {
-        None => Ok(()),
-        Some(membership) => place_of(context, membership, room_id, true).map(drop),
     }
 }
 
@@ -476,7 +473,7 @@ pub(crate) fn take_in(
         membership.acting_now() && membership.owns(&map, slot_of(room_id.as_bytes(), membership.slot_count()))
     };
     if sent.scan {
-        let slots = crate::cluster::slot_set(membership, &sent.slots, sent.slot_count)?;
+        let slots = crate::cluster::membership::slot_set(membership, &sent.slots, sent.slot_count)?;
         let scan = presence_core::RoomFactScan {
             facts: cluster_wire::room_facts(sent.facts)?,
             shard_stamps: sent.shard_stamps,
@@ -511,12 +508,13 @@ pub(crate) fn take_in(
 /// asked, and here is where this node's users stand in their rooms.
 pub(crate) async fn scan_for(
     context: &Arc<Context>,
-    membership: &Membership,
+    cluster: &ClusterNode,
     request: pb::RoomScanRequest,
 ) -> Result<pb::RoomFacts, ServiceError> {
+    let membership = &cluster.membership;
     let from = wire::id("from_node", &request.from_node)?;
-    let slots = crate::cluster::slot_set(membership, &request.slots, request.slot_count)?;
-    context.room_routes.claim(&slots, &from, request.epoch);
+    let slots = crate::cluster::membership::slot_set(membership, &request.slots, request.slot_count)?;
+    cluster.room_routes.claim(&slots, &from, request.epoch);
     // The users this node took over in the map change that gave the asker
     // its slots are here once this node acts on that map: wait for it, a
     // while at most (a node cut off from etcd answers with what it has).
@@ -536,8 +534,8 @@ pub(crate) async fn scan_for(
 /// it serves: rooms of slots it gains are rebuilt from every node's scan
 /// before they are answered for, rooms of slots it loses are forgotten and
 /// their watchers ended.
-pub(crate) async fn rebuild_rooms(context: Arc<Context>) {
-    let Some(membership) = context.ownership.membership() else { return };
+pub(crate) async fn rebuild_rooms(context: Arc<Context>, cluster: Arc<ClusterNode>) {
+    let membership = &cluster.membership;
     let mut maps = membership.acted_changes();
     let mut owned = SlotSet::new(membership.slot_count());
     loop {
@@ -552,7 +550,7 @@ pub(crate) async fn rebuild_rooms(context: Arc<Context>) {
             context.rooms().end_rooms(&rooms);
         }
         if !gained.is_empty() {
-            rebuild(&context, membership, &map, &gained).await;
+            rebuild(&context, &cluster, &map, &gained).await;
         }
         owned = now_owned;
         tokio::select! {
@@ -570,9 +568,10 @@ fn difference(from: &SlotSet, taking: &SlotSet) -> SlotSet {
 
 /// Rebuilds the rooms of `slots`, newly this node's: each other live node's
 /// scan, then this node's own users'; their reads wait meanwhile.
-async fn rebuild(context: &Arc<Context>, membership: &Membership, map: &SlotMap, slots: &SlotSet) {
+async fn rebuild(context: &Arc<Context>, cluster: &Arc<ClusterNode>, map: &SlotMap, slots: &SlotSet) {
+    let membership = &cluster.membership;
     {
-        let mut rebuilding = context.room_routes.rebuilding.lock();
+        let mut rebuilding = cluster.room_routes.rebuilding.lock();
         rebuilding.extend(slots.iter());
     }
     let epoch = slots.iter().filter_map(|slot| map.owner(slot).map(|owner| owner.epoch)).max().unwrap_or(0);
@@ -596,7 +595,7 @@ async fn rebuild(context: &Arc<Context>, membership: &Membership, map: &SlotMap,
             Err(err) => {
                 // Asked again, aside: the rooms answer meanwhile without that node's members.
                 tracing::warn!(node, %err, "no room scan from this node for the slots this node gained yet");
-                tokio::spawn(scan_later(Arc::clone(context), node, request));
+                tokio::spawn(scan_later(Arc::clone(context), Arc::clone(cluster), node, request));
             }
         }
     }
@@ -605,7 +604,7 @@ async fn rebuild(context: &Arc<Context>, membership: &Membership, map: &SlotMap,
         let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
         context.apply(|store, now, changes| store.take_in_room_scan(now, &node, &rooms, own, changes));
     }
-    let mut rebuilding = context.room_routes.rebuilding.lock();
+    let mut rebuilding = cluster.room_routes.rebuilding.lock();
     slots.iter().for_each(|slot| {
         rebuilding.remove(&slot);
     });
@@ -629,7 +628,7 @@ async fn scan_at(
     // owner, when it is alive to answer, among them (M4).
     context.store().raise_room_clocks(scan.room_clock);
     take_access(context, &cluster_wire::room_access_entries_sent(scan.access)?, false);
-    let slots = crate::cluster::slot_set(membership, &scan.slots, scan.slot_count)?;
+    let slots = crate::cluster::membership::slot_set(membership, &scan.slots, scan.slot_count)?;
     let scan =
         presence_core::RoomFactScan { facts: cluster_wire::room_facts(scan.facts)?, shard_stamps: scan.shard_stamps };
     let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
@@ -642,8 +641,8 @@ const SCAN_TRIES: u32 = 30;
 
 /// Asks `node` again for the scan a rebuild did not get, while it is one of
 /// the cluster and this node still owns those slots.
-async fn scan_later(context: Arc<Context>, node: String, request: pb::RoomScanRequest) {
-    let Some(membership) = context.ownership.membership() else { return };
+async fn scan_later(context: Arc<Context>, cluster: Arc<ClusterNode>, node: String, request: pb::RoomScanRequest) {
+    let membership = &cluster.membership;
     for _ in 0..SCAN_TRIES {
         tokio::select! {
             () = tokio::time::sleep(SCAN_RETRY) => {}
@@ -670,8 +669,8 @@ const GONE_FOR: Duration = Duration::from_secs(10);
 /// over by other nodes meanwhile, whose facts speak for them now, and what
 /// is left is users it registered after its follower's last copy, gone
 /// with it.
-pub(crate) async fn forget_gone_nodes(context: Arc<Context>) {
-    let Some(membership) = context.ownership.membership() else { return };
+pub(crate) async fn forget_gone_nodes(context: Arc<Context>, cluster: Arc<ClusterNode>) {
+    let membership = &cluster.membership;
     let mut gone_since: HashMap<CompactString, Instant> = HashMap::new();
     loop {
         tokio::select! {
@@ -704,13 +703,12 @@ pub(crate) async fn forget_gone_nodes(context: Arc<Context>) {
 /// at once. A user whose slot has no owner now is taken as hidden.
 pub(crate) async fn may_view(
     context: &Context,
+    cluster: &ClusterNode,
     viewer: &str,
     users: Vec<CompactString>,
 ) -> Result<HashMap<CompactString, bool>, ServiceError> {
     let here = |user: &CompactString| context.privacy.can_see(Some(viewer), user);
-    let Some(membership) = context.ownership.membership() else {
-        return Ok(users.into_iter().map(|user| (user.clone(), here(&user))).collect());
-    };
+    let membership = &cluster.membership;
     let map = membership.acted_map();
     let mut seen = HashMap::new();
     let mut by_owner: HashMap<String, Vec<CompactString>> = HashMap::new();

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use presence_core::{Store, Tick};
 use tokio::sync::Notify;
 
-use crate::context::Context;
+use crate::node::context::Context;
 
 /// Users forgotten after which the driver trims the allocator: a few MiB of
 /// records, worth a trim (measured: 1.2 ms after 1M users forgotten, 54 ms
@@ -100,8 +100,8 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use crate::ServerConfig;
-    use crate::clock::StoreClock;
-    use crate::hub::Delivery;
+    use crate::node::clock::StoreClock;
+    use crate::node::hub::Delivery;
 
     /// Seed 000's timeline 2 on the server's own clock, paused: the last
     /// device heartbeats, then dies silently right after a beat. The OFFLINE

@@ -40,14 +40,15 @@ use presence_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tonic::Streaming;
 
-use crate::cluster::{Membership, with_credential};
-use crate::cluster_wire;
-use crate::context::Context;
+use crate::cluster::ClusterNode;
+use crate::cluster::membership::{Membership, with_credential};
+use crate::cluster::wire as cluster_wire;
 use crate::error::ServiceError;
 use crate::metrics::names;
-use crate::privacy::HandedOver;
-use crate::user_data;
-use crate::wire;
+use crate::node::context::Context;
+use crate::node::privacy::HandedOver;
+use crate::node::user_data;
+use crate::node::wire;
 
 /// How often an owner sends its followers what changed: the bound on how
 /// much a follower's copy lags behind (plus the time to send it).
@@ -183,11 +184,10 @@ impl Replica {
 /// The follower's side of `Cluster/Follow`: applies each whole update.
 pub(crate) async fn follow(
     context: &Context,
+    cluster: &ClusterNode,
     mut pieces: Streaming<pb::FollowUpdate>,
 ) -> Result<pb::FollowResponse, ServiceError> {
-    let (Some(membership), Some(replica)) = (context.ownership.membership(), context.replica.as_ref()) else {
-        return Err(ServiceError::NotClustered { operation: "Follow" });
-    };
+    let (membership, replica) = (&cluster.membership, &cluster.replica);
     let mut updates = 0;
     let mut pending: Option<Update> = None;
     while let Some(piece) = pieces.message().await.map_err(|status| ServiceError::Peer {
@@ -264,10 +264,8 @@ struct Link {
 /// The owner's side: sends each follower what changed in its slots, every
 /// [`FOLLOW_INTERVAL`], until the server stops. Also drops the copies this
 /// node no longer needs.
-pub(crate) async fn send_to_followers(context: Arc<Context>) {
-    let (Some(membership), Some(replica)) = (context.ownership.membership(), context.replica.as_ref()) else {
-        return;
-    };
+pub(crate) async fn send_to_followers(context: Arc<Context>, cluster: Arc<ClusterNode>) {
+    let (membership, replica) = (&cluster.membership, &cluster.replica);
     let mut links: HashMap<String, Link> = HashMap::new();
     let mut broken: HashMap<String, tokio::time::Instant> = HashMap::new();
     let mut ticks = tokio::time::interval(FOLLOW_INTERVAL);
@@ -432,10 +430,8 @@ async fn send_pieces(
 /// Follows etcd's slot map for this node: before it acts on a map that
 /// gives it a slot another node owned, it takes in that slot's state from
 /// its copy, unless a handover brought it (see the module's description).
-pub(crate) async fn act_on_the_map(context: Arc<Context>) {
-    let (Some(membership), Some(replica)) = (context.ownership.membership(), context.replica.as_ref()) else {
-        return;
-    };
+pub(crate) async fn act_on_the_map(context: Arc<Context>, cluster: Arc<ClusterNode>) {
+    let (membership, replica) = (&cluster.membership, &cluster.replica);
     let mut changes = membership.map_changes();
     loop {
         let (map, acted) = (membership.map(), membership.acted_map());
@@ -474,7 +470,7 @@ async fn drop_given_away(
     if given_away.is_empty() {
         return;
     }
-    let users = crate::handover::drop_here(context, &given_away, "slots given to other nodes").await;
+    let users = crate::cluster::handover::drop_here(context, &given_away, "slots given to other nodes").await;
     tracing::warn!(
         slots = given_away.len(),
         users,
@@ -522,7 +518,7 @@ async fn take_in(
     if from_copy.is_empty() {
         return;
     }
-    crate::handover::answer_again(context, membership, &from_copy);
+    crate::cluster::handover::answer_again(context, membership, &from_copy);
     let (state, durable) = replica.take(now, &from_copy);
     let bytes = state.len();
     let hold_until = now.saturating_add(replica.hold_ms);

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use hashbrown::{HashMap, HashSet};
 use presence_core::{CompactString, Presence, PresenceChange, Status};
 
-use crate::sync::{AtomicU64, DashMap, Entry, Mutex, Notify, Ordering};
+use crate::node::sync::{AtomicU64, DashMap, Entry, Mutex, Notify, Ordering};
 
 /// The topics of one process.
 #[derive(Debug, Default)]

@@ -1,7 +1,7 @@
 //! The lease operations, shared by the unary RPCs and the items of a Leases
 //! batch so that both answer and count alike.
 //!
-//! Each takes a core input (see `wire.rs` for where requests become inputs),
+//! Each takes a core input (see `node/wire.rs` for where requests become inputs),
 //! runs one store operation at `now`, appends the changes it caused to
 //! `changes` (the caller publishes them, whatever the result) and counts the
 //! outcome.
@@ -11,7 +11,7 @@ use presence_proto::v1 as pb;
 
 use crate::error::ServiceError;
 use crate::metrics::{Metrics, RenewResult};
-use crate::wire::{self, JoinInput, RegisterInput, SignalInput, UnregisterInput};
+use crate::node::wire::{self, JoinInput, RegisterInput, SignalInput, UnregisterInput};
 
 pub(crate) fn register(
     store: &Store,

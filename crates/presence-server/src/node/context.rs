@@ -14,19 +14,18 @@ use presence_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 
 use crate::ServerConfig;
-use crate::activity::Activity;
-use crate::clock::StoreClock;
-use crate::cluster::Ownership;
-use crate::durable::DurableStore;
 use crate::error::ServiceError;
 use crate::metrics::Metrics;
-use crate::privacy::{Privacy, Shown};
-use crate::publish::Publisher;
-use crate::room_sync::{RoomAnswer, RoomRoutes};
-use crate::rooms::RoomHub;
-use crate::settings::Settings;
-use crate::watch::Watches;
-use crate::wire;
+use crate::node::activity::Activity;
+use crate::node::clock::StoreClock;
+use crate::node::durable::DurableStore;
+use crate::node::placement::{FORWARD_TIMEOUT, Placement, RoomAnswer, SingleNode};
+use crate::node::privacy::{Privacy, Shown};
+use crate::node::publish::Publisher;
+use crate::node::rooms::RoomHub;
+use crate::node::settings::Settings;
+use crate::node::watch::Watches;
+use crate::node::wire;
 
 /// The shared state of one running server.
 #[derive(Debug)]
@@ -50,17 +49,13 @@ pub(crate) struct Context {
     pub(crate) stopping: CancellationToken,
     /// When the server was made, for the uptime `Stats` reports.
     pub(crate) started: Instant,
-    /// Which users this node may act for: all, or its slots of a cluster (C1).
-    pub(crate) ownership: Ownership,
-    /// The copies of the slots this cluster node follows (C4); `None` on a single node.
-    pub(crate) replica: Option<crate::replica::Replica>,
-    /// Where this cluster node sends each room's facts, and which of its
-    /// room slots it is rebuilding (`room_sync.rs`).
-    pub(crate) room_routes: RoomRoutes,
+    /// Which users and rooms this node answers for: all of them on a single
+    /// node, its slots' on a cluster node (C1).
+    pub(crate) placement: Arc<dyn Placement>,
 }
 
 impl Context {
-    /// The context of a server over `store`, with `durable` as its data
+    /// The context of a single node over `store`, with `durable` as its data
     /// directory's store (or none: memory only). Relations kept on disk are
     /// loaded separately (`Privacy::load`).
     pub(crate) fn new(
@@ -69,6 +64,18 @@ impl Context {
         durable: Option<Arc<DurableStore>>,
         config: &ServerConfig,
         stopping: CancellationToken,
+    ) -> Self {
+        Context::placed(store, clock, durable, config, stopping, Arc::new(SingleNode))
+    }
+
+    /// [`Context::new`] for a node whose users and rooms `placement` places.
+    pub(crate) fn placed(
+        store: Arc<Store>,
+        clock: StoreClock,
+        durable: Option<Arc<DurableStore>>,
+        config: &ServerConfig,
+        stopping: CancellationToken,
+        placement: Arc<dyn Placement>,
     ) -> Self {
         let publisher = Publisher::new(store, clock);
         let granularity_ms = u64::try_from(config.last_seen_granularity.as_millis()).unwrap_or(u64::MAX);
@@ -86,9 +93,17 @@ impl Context {
             room_member_cap: config.room_member_cap,
             stopping,
             started: Instant::now(),
-            ownership: Ownership::Single,
-            replica: None,
-            room_routes: RoomRoutes::default(),
+            placement,
+        }
+    }
+
+    /// Held by a request whose write awaits the disk, from before its check
+    /// of [`Placement::acting`] to the end of its write (C3): a handover of
+    /// its user's slot waits for it. Nothing on a single node.
+    pub(crate) async fn hold_for_durable_write(&self) -> Option<tokio::sync::RwLockReadGuard<'_, ()>> {
+        match self.placement.durable_gate() {
+            Some(gate) => Some(gate.read().await),
+            None => None,
         }
     }
 
@@ -160,7 +175,7 @@ impl Context {
 /// the operation made no room fact or the node sends none (a single node,
 /// whose store answered the versions itself).
 pub(crate) async fn hear_rooms(answered: tokio::sync::oneshot::Receiver<RoomAnswer>) -> Option<RoomAnswer> {
-    match tokio::time::timeout(crate::cluster::FORWARD_TIMEOUT, answered).await {
+    match tokio::time::timeout(FORWARD_TIMEOUT, answered).await {
         Ok(Ok(heard)) => Some(heard),
         // Dropped unanswered: no fact was made, or none leaves this store.
         Ok(Err(_)) => None,
@@ -180,6 +195,7 @@ pub(crate) async fn room_version_after(
     match heard {
         Some(Ok(versions)) if versions.contains_key(room_id) => Ok(versions.get(room_id).copied()),
         Some(Err(node)) => Err(ServiceError::RoomOwnerUnreachable { node: node.clone() }),
-        _ => crate::room_sync::room_version(context, room_id).await,
+        _ if !context.placement.rooms_at_their_owners() => Ok(None),
+        _ => context.placement.room_version(context, room_id).await,
     }
 }

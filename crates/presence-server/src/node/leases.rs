@@ -20,10 +20,10 @@ use presence_proto::v1::{self as pb, lease_result};
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Status, Streaming};
 
-use crate::context::Context;
 use crate::error::ServiceError;
 use crate::metrics::RenewResult;
-use crate::{ops, wire};
+use crate::node::context::Context;
+use crate::{node::ops, node::wire};
 
 pub use presence_proto::lease_frames::MAX_BATCH_ITEMS;
 
@@ -158,7 +158,9 @@ pub(crate) fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bo
 /// item, whose version its owner answers; `None` for a batch that names no
 /// room, and on a single node, whose store answers room versions itself.
 fn rooms_to_hear(context: &Context, batch: &LeaseBatchFrame) -> Option<Vec<Option<String>>> {
-    context.ownership.membership()?;
+    if !context.placement.rooms_at_their_owners() {
+        return None;
+    }
     let room_of = |item: &LeaseItemFrame| match &item.op {
         Some(LeaseOpFrame::Join(frame)) => Some(frame.room_id.clone()),
         Some(LeaseOpFrame::Leave(frame)) => Some(frame.room_id.clone()),
@@ -179,15 +181,15 @@ async fn with_room_versions(
     context: Arc<Context>,
     mut results: pb::LeaseResults,
     rooms: &[Option<String>],
-    answered: tokio::sync::oneshot::Receiver<crate::room_sync::RoomAnswer>,
+    answered: tokio::sync::oneshot::Receiver<crate::node::placement::RoomAnswer>,
 ) -> pb::LeaseResults {
-    let heard = crate::context::hear_rooms(answered).await;
+    let heard = crate::node::context::hear_rooms(answered).await;
     for (result, room) in results.results.iter_mut().zip(rooms) {
         let Some(room) = room else { continue };
         if result.result.is_none() {
             continue;
         }
-        match (&mut result.result, crate::context::room_version_after(&context, &heard, room).await) {
+        match (&mut result.result, crate::node::context::room_version_after(&context, &heard, room).await) {
             (Some(lease_result::Result::Join(joined)), Ok(Some(version))) => joined.room_version = version,
             (Some(lease_result::Result::Leave(left)), Ok(Some(version))) => left.room_version = version,
             (Some(lease_result::Result::Signal(signalled)), Ok(Some(version))) => signalled.room_version = version,
@@ -203,18 +205,18 @@ fn apply_hearing_rooms(
     context: &Context,
     batch: LeaseBatchFrame,
     shed_renewals: bool,
-) -> (pb::LeaseResults, tokio::sync::oneshot::Receiver<crate::room_sync::RoomAnswer>) {
+) -> (pb::LeaseResults, tokio::sync::oneshot::Receiver<crate::node::placement::RoomAnswer>) {
     let started = std::time::Instant::now();
     let metrics = context.metrics();
     let mut renewals = [0u64; RenewResult::COUNT];
     let mut results = Vec::with_capacity(batch.items.len());
     // One look at the slot map for the whole batch (C2).
-    let ownership = context.ownership.view();
+    let acting = context.placement.acting();
     let ((), answered) = context.apply_to_rooms(|store, now, changes| {
         let mut run: Vec<presence_core::Renewal<'_>> = Vec::new();
         for item in &batch.items {
             if let Some(user_id) = item.user_id()
-                && let Err(refusal) = ownership.check(user_id)
+                && let Err(refusal) = acting.check(user_id)
             {
                 apply_renewals(store, now, &mut run, &mut results, changes, &mut renewals);
                 if let Some(LeaseOpFrame::Renew(_)) = &item.op {
@@ -362,7 +364,7 @@ pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::StoreClock;
+    use crate::node::clock::StoreClock;
     use presence_core::{Store, StoreConfig};
     use presence_proto::v1::lease_item;
     use tokio_util::sync::CancellationToken;

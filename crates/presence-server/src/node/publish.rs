@@ -11,13 +11,13 @@ use std::sync::{Arc, OnceLock};
 use presence_core::{Changes, PresenceChange, RoomChange, Store};
 use tokio::sync::oneshot;
 
-use crate::clock::StoreClock;
-use crate::hub::Hub;
 use crate::metrics::Metrics;
 #[cfg(test)]
 use crate::metrics::names;
-use crate::room_sync::{RoomAnswer, RoomFactQueue};
-use crate::rooms::RoomHub;
+use crate::node::clock::StoreClock;
+use crate::node::hub::Hub;
+use crate::node::placement::{RoomAnswer, RoomFactSink};
+use crate::node::rooms::RoomHub;
 
 /// Publishes changes to the viewers of this process.
 #[derive(Debug, Clone)]
@@ -33,8 +33,9 @@ pub(crate) struct Publisher {
     /// Counts what was published.
     pub(crate) metrics: Metrics,
     /// On a cluster node, where the store's room facts go: to their rooms'
-    /// owners (`room_sync.rs`). Set once, as the node starts routing.
-    pub(crate) room_facts: Arc<OnceLock<Arc<RoomFactQueue>>>,
+    /// owners. Installed once, as the node starts routing them
+    /// ([`Publisher::install_room_facts`]); a single node has none.
+    pub(crate) room_facts: Arc<OnceLock<Arc<dyn RoomFactSink>>>,
 }
 
 impl Publisher {
@@ -47,6 +48,14 @@ impl Publisher {
             clock,
             metrics: Metrics::new(),
             room_facts: Arc::default(),
+        }
+    }
+
+    /// From now on, the store's room facts go to `sink`. Only the first sink
+    /// installed is kept: facts have one way out.
+    pub(crate) fn install_room_facts(&self, sink: Arc<dyn RoomFactSink>) {
+        if self.room_facts.set(sink).is_err() {
+            tracing::error!("room facts already have a way out; the second one is not installed");
         }
     }
 

@@ -23,15 +23,15 @@ use std::sync::Arc;
 use hashbrown::{HashMap, HashSet};
 use presence_core::{CompactString, Presence, SlotSet, State, Store, UserView};
 
-use crate::durable::{self, DurableStore, run_blocking};
 use crate::error::ServiceError;
-use crate::groups::{GroupEntry, GroupLedger, Merged};
-use crate::hub::{Pending, Subscription, Transition};
-use crate::publish::Publisher;
-use crate::sync::RwLock;
+use crate::node::durable::{self, DurableStore, run_blocking};
+use crate::node::groups::{GroupEntry, GroupLedger, Merged};
+use crate::node::hub::{Pending, Subscription, Transition};
+use crate::node::publish::Publisher;
+use crate::node::sync::RwLock;
 
-pub use crate::relations::Visibility;
-pub(crate) use crate::relations::{HandedOver, RelationChange};
+pub use crate::node::relations::Visibility;
+pub(crate) use crate::node::relations::{HandedOver, RelationChange};
 
 /// One user's side of the relations: everything `can_see` needs about it in
 /// one place, so that checking a user costs one lookup.

@@ -14,9 +14,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cluster::{Membership, call_peer, with_credential};
-use crate::context::Context;
+use crate::cluster::membership::{call_peer, with_credential};
 use crate::error::ServiceError;
+use crate::node::context::Context;
 use presence_cluster::rebalancing_move;
 use presence_proto::v1 as pb;
 
@@ -29,9 +29,10 @@ const MOVE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the coordinator waits after a move failed before it plans again.
 const AFTER_FAILURE: Duration = Duration::from_secs(5);
 
-/// Evens the slots out while this node coordinates; until the server stops.
-pub(crate) async fn rebalance(context: Arc<Context>) {
-    let Some(membership) = context.ownership.membership().filter(|membership| membership.rebalance) else { return };
+/// Evens the slots out while this node coordinates; until the server stops
+/// (started only with `rebalance` on).
+pub(crate) async fn rebalance(context: Arc<Context>, cluster: Arc<crate::cluster::ClusterNode>) {
+    let membership = &cluster.membership;
     let mut ticks = tokio::time::interval(CHECK_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -43,7 +44,7 @@ pub(crate) async fn rebalance(context: Arc<Context>) {
             let Some((from, to, slots)) = rebalancing_move(&membership.map(), &membership.nodes().ids()) else {
                 break;
             };
-            match move_at(&context, membership, &from, &to, &slots).await {
+            match move_at(&context, &cluster, &from, &to, &slots).await {
                 Ok(epoch) => {
                     tracing::info!(from, to, slots = slots.len(), epoch, "rebalancing: slots moved");
                     // Plan the next on a map that shows this move.
@@ -71,13 +72,16 @@ pub(crate) async fn rebalance(context: Arc<Context>) {
 /// Has `from` hand `slots` over to `to`: here, or by asking `from`. Returns the new epoch.
 async fn move_at(
     context: &Arc<Context>,
-    membership: &Membership,
+    cluster: &Arc<crate::cluster::ClusterNode>,
     from: &str,
     to: &str,
     slots: &[u32],
 ) -> Result<i64, ServiceError> {
+    let membership = &cluster.membership;
     if from == membership.node() {
-        return Ok(crate::handover::move_slots(context, slots, to, membership.peer_token()).await?.epoch);
+        return Ok(crate::cluster::handover::move_slots(context, cluster, slots, to, membership.peer_token())
+            .await?
+            .epoch);
     }
     let Some(address) = membership.nodes().address(from).map(str::to_owned) else {
         return Err(ServiceError::MoveRefused(format!("node {from} is not registered any more")));

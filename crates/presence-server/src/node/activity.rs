@@ -17,8 +17,8 @@ use parking_lot::Mutex;
 use presence_core::{CompactString, SlotSet, Tick};
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::StoreClock;
-use crate::durable::{DurableError, DurableStore, run_blocking};
+use crate::node::clock::StoreClock;
+use crate::node::durable::{DurableError, DurableStore, run_blocking};
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {

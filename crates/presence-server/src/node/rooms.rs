@@ -35,10 +35,10 @@ use presence_proto::v1::{self as pb, room_event};
 use tokio::sync::{Notify, mpsc};
 use tonic::Status;
 
-use crate::context::Context;
 use crate::error::ServiceError;
 use crate::metrics::OpenGauge;
-use crate::wire;
+use crate::node::context::Context;
+use crate::node::wire;
 
 /// Items the gRPC layer has not yet sent; the mailbox conflates the rest.
 const STREAM_BUFFER: usize = 64;
@@ -310,7 +310,7 @@ pub(crate) struct RoomRequest {
 /// Which of a room's members one caller may see (R4). On one node, the
 /// relations here decide. On a cluster node the room's members are users of
 /// every node, and each node holds only its own users' visibility and
-/// audience: the others' are asked of their nodes (`room_sync::may_view`)
+/// audience: the others' are asked of their nodes (`Placement::may_view`)
 /// before they are shown, once per member for as long as the lens is kept
 /// (a watch keeps it until it resyncs, which a change of a member's
 /// relations at its node makes it do).
@@ -333,7 +333,7 @@ impl MemberLens {
         users: impl IntoIterator<Item = &'a CompactString>,
     ) -> Result<(), ServiceError> {
         let Some(viewer) = &self.viewer else { return Ok(()) };
-        if !context.ownership.is_cluster() {
+        if !context.placement.rooms_at_their_owners() {
             return Ok(());
         }
         let mut new: Vec<CompactString> =
@@ -341,7 +341,7 @@ impl MemberLens {
         new.sort_unstable();
         new.dedup();
         if !new.is_empty() {
-            self.asked.extend(crate::room_sync::may_view(context, viewer, new).await?);
+            self.asked.extend(context.placement.may_view(context, viewer, new).await?);
         }
         Ok(())
     }
@@ -496,46 +496,6 @@ pub(crate) async fn watch(
     Ok(RoomStream::new(rx))
 }
 
-/// A WatchRoom opened at the room's owner at `owner`, relayed to the caller
-/// as it comes (C1). It ends as the owner's stream ends: with the owner's
-/// status when the owner ended it; `UNAVAILABLE` naming the owner when the
-/// connection broke or the stream stopped without one (the owner died or
-/// stopped: the caller opens it again, at the room's next owner).
-pub(crate) fn relay(
-    context: Arc<Context>,
-    owner: String,
-    mut upstream: crate::peers::PeerStream<pb::RoomEvent>,
-) -> RoomStream {
-    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-    tokio::spawn(async move {
-        let _watcher = OpenGauge::open(&context.metrics().room_watchers);
-        let ended = loop {
-            let event = tokio::select! {
-                event = upstream.message() => event,
-                () = tx.closed() => return,
-                () = context.stopping.cancelled() => break ServiceError::ShuttingDown.into(),
-            };
-            match event {
-                Ok(Some(event)) => {
-                    if tx.send(Ok(event)).await.is_err() {
-                        return;
-                    }
-                }
-                Ok(None) => break Status::unavailable(format!("the room's owner at {owner} ended the watch; reopen")),
-                Err(status) if matches!(status.code(), tonic::Code::Unknown | tonic::Code::Cancelled) => {
-                    break Status::unavailable(format!(
-                        "the room's owner at {owner} stopped answering ({}); reopen",
-                        status.message()
-                    ));
-                }
-                Err(status) => break Status::new(status.code(), format!("{owner}: {}", status.message())),
-            }
-        };
-        let _ = tx.send(Err(ended)).await;
-    });
-    RoomStream::new(rx)
-}
-
 /// Member mode's snapshot: refused past the member cap, naming count mode.
 async fn member_snapshot(
     context: &Context,
@@ -570,7 +530,7 @@ async fn members(
         }
         let (delivery, recheck) = mailbox.take();
         if recheck {
-            crate::room_sync::still_here(context, &request.room_id)?;
+            context.placement.room_here(&request.room_id)?;
             if !may_read(context, request) {
                 return Err(not_visible(&request.room_id));
             }
@@ -654,7 +614,7 @@ fn member_event(context: &Context, lens: &MemberLens, change: RoomChange) -> Opt
 /// invisible members are counted by nobody (R4). A cluster's room counts
 /// what the members' own nodes said of their visibility.
 fn counted(context: &Context, room_id: &str) -> (u64, u32, u32) {
-    if context.ownership.is_cluster() {
+    if context.placement.rooms_at_their_owners() {
         return context.store().room_visible_tally(room_id);
     }
     let (version, users, sessions) = context.store().room_tally(room_id);
@@ -686,7 +646,7 @@ async fn counts(
                 () = context.stopping.cancelled() => return Err(ServiceError::ShuttingDown),
             }
         }
-        crate::room_sync::still_here(context, &request.room_id)?;
+        context.placement.room_here(&request.room_id)?;
         if !may_read(context, request) {
             return Err(not_visible(&request.room_id));
         }

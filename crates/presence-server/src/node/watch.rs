@@ -43,12 +43,12 @@ use presence_proto::v1::{UserPresence, WatchEvent};
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
-use crate::context::Context;
 use crate::error::ServiceError;
-use crate::hub::{Delivery, Pending, PendingChanges, Subscription};
 use crate::metrics::OpenGauge;
-use crate::privacy::Shown;
-use crate::wire::{self, MAX_USERS_PER_REQUEST};
+use crate::node::context::Context;
+use crate::node::hub::{Delivery, Pending, PendingChanges, Subscription};
+use crate::node::privacy::Shown;
+use crate::node::wire::{self, MAX_USERS_PER_REQUEST};
 
 /// Items the gRPC layer has not yet sent; the viewer's mailbox conflates the rest.
 const STREAM_BUFFER: usize = 64;

@@ -60,8 +60,8 @@ use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 
+use crate::api::web;
 use crate::metrics::names;
-use crate::web;
 
 /// The HTTP/2 client connection preface (RFC 9113, 3.4).
 const PREFACE: &[u8; PREFACE_BYTES] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

@@ -19,12 +19,12 @@ use std::time::Duration;
 use presence_proto::v1 as pb;
 use tokio::task::JoinSet;
 
-use crate::cluster::{FORWARD_TIMEOUT, Membership, call_peer, with_credential};
-use crate::cluster_wire;
-use crate::context::Context;
+use crate::cluster::membership::{FORWARD_TIMEOUT, Membership, call_peer, with_credential};
+use crate::cluster::wire as cluster_wire;
 use crate::error::ServiceError;
-use crate::groups::GroupEntry;
 use crate::metrics::names;
+use crate::node::context::Context;
+use crate::node::groups::GroupEntry;
 
 /// How often a node compares its ledger with another node's.
 pub(crate) const CATCH_UP_INTERVAL: Duration = Duration::from_secs(5);
@@ -62,8 +62,8 @@ pub(crate) async fn send_to_the_others(membership: &Membership, entries: &[Group
 }
 
 /// Runs the catch-up for as long as the node serves.
-pub(crate) async fn catch_up(context: Arc<Context>) {
-    let Some(membership) = context.ownership.membership() else { return };
+pub(crate) async fn catch_up(context: Arc<Context>, cluster: Arc<crate::cluster::ClusterNode>) {
+    let membership = &cluster.membership;
     let mut first = true;
     loop {
         let others = membership.others();

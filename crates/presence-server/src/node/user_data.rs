@@ -8,10 +8,10 @@
 use hashbrown::{HashMap, HashSet};
 use presence_core::{CompactString, SlotSet};
 
-use crate::context::Context;
-use crate::durable::Named;
 use crate::error::ServiceError;
-use crate::privacy::HandedOver;
+use crate::node::context::Context;
+use crate::node::durable::Named;
+use crate::node::privacy::HandedOver;
 
 /// Starts noting whose data changes, for [`take_changed`] (C4).
 pub(crate) fn track_changes(context: &Context) {

@@ -25,9 +25,14 @@ use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt, StreamMap};
 use tonic::Status;
 
-use crate::context::Context;
+use crate::cluster::ClusterNode;
+use crate::cluster::membership::FORWARD_TIMEOUT;
+use crate::cluster::peers::PeerStream;
 use crate::error::ServiceError;
-use crate::watch::{self, WatchOptions, WatchStream};
+use crate::error::relayed;
+use crate::node::context::Context;
+use crate::node::rooms::RoomStream;
+use crate::node::watch::{self, WatchOptions, WatchStream};
 
 /// Items the gRPC layer has not yet sent; past them the parts wait, and
 /// their owners' mailboxes conflate or resync as for any slow viewer (E4).
@@ -50,14 +55,15 @@ pub(crate) struct Remote<'a> {
 /// merges them into one stream.
 pub(crate) async fn open(
     context: Arc<Context>,
+    cluster: &Arc<ClusterNode>,
     local: Vec<CompactString>,
     options: WatchOptions,
     remote: Remote<'_>,
 ) -> Result<WatchStream, ServiceError> {
     let mut parts: Vec<Part> = Vec::new();
     if !local.is_empty() {
-        let stream =
-            guarded(Arc::clone(&context), local.clone(), watch::open(Arc::clone(&context), local, options).await?);
+        let opened = watch::open(Arc::clone(&context), local.clone(), options).await?;
+        let stream = guarded(Arc::clone(cluster), local, opened);
         parts.push(ending(stream, "this node"));
     }
     for (address, users) in remote.users {
@@ -71,14 +77,14 @@ pub(crate) async fn open(
             batch_window_ms: remote.request.batch_window_ms,
             known_versions,
         };
-        let stream = context.ownership.forward_watch(&address, request, remote.authorization).await?;
+        let stream = cluster.membership.forward_watch(&address, request, remote.authorization).await?;
         let label = format!("node at {address}");
-        parts.push(ending(stream.map(move |event| event.map_err(|status| peer(&label, &status))), &address));
+        parts.push(ending(stream.map(move |event| event.map_err(|status| relayed(&label, &status))), &address));
     }
     // Every part opens with its snapshot: together, the merged opening one.
     let mut opening = pb::Snapshot::default();
     for part in &mut parts {
-        let first = tokio::time::timeout(crate::cluster::FORWARD_TIMEOUT, part.next()).await;
+        let first = tokio::time::timeout(FORWARD_TIMEOUT, part.next()).await;
         let first = first.map_err(|_| ServiceError::Peer {
             node: "a watched owner".into(),
             status: Status::deadline_exceeded("no opening snapshot in time"),
@@ -112,10 +118,11 @@ pub(crate) async fn open(
             let event = match next {
                 Some((_, Ok(event))) => event,
                 Some((_, Err(status))) => break status,
-                None => break Status::unavailable("every part of this watch ended; reopen"),
+                None => break ServiceError::Reopen("every part of this watch ended; reopen".into()).into(),
             };
             if matches!(event.event, Some(watch_event::Event::Snapshot(_))) {
-                break Status::unavailable("a watched owner resynced its part of this watch; reopen to resync it all");
+                let resynced = "a watched owner resynced its part of this watch; reopen to resync it all";
+                break ServiceError::Reopen(resynced.into()).into();
             }
             if tx.send(Ok(event)).await.is_err() {
                 return;
@@ -129,9 +136,9 @@ pub(crate) async fn open(
 /// `stream` of a Watch of `users` on a cluster node, ended `UNAVAILABLE` as
 /// soon as this node may no longer act for one of them (its slot moved, or
 /// the node's lease lapsed), so that the viewer reopens at the new owner
-/// instead of missing its changes; `stream` itself on a single node.
-pub(crate) fn guarded(context: Arc<Context>, users: Vec<CompactString>, stream: WatchStream) -> WatchStream {
-    let Some(mut changes) = context.ownership.changes() else { return stream };
+/// instead of missing its changes.
+pub(crate) fn guarded(cluster: Arc<ClusterNode>, users: Vec<CompactString>, stream: WatchStream) -> WatchStream {
+    let mut changes = cluster.membership.changes();
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(async move {
         let mut stream = stream;
@@ -144,10 +151,10 @@ pub(crate) fn guarded(context: Arc<Context>, users: Vec<CompactString>, stream: 
                 },
                 () = changes.changed() => {
                     // Checked apart: the view's gate is never held across an await.
-                    let refused = context.ownership.view().check_all(&users).err();
+                    let refused = cluster.membership.view().check_all(&users).err();
                     if let Some(refusal) = refused {
-                        let status = Status::unavailable(format!("this node no longer acts for every watched user ({refusal}); reopen"));
-                        let _ = tx.send(Err(status)).await;
+                        let moved = format!("this node no longer acts for every watched user ({refusal}); reopen");
+                        let _ = tx.send(Err(ServiceError::Reopen(moved).into())).await;
                         return;
                     }
                 }
@@ -160,11 +167,43 @@ pub(crate) fn guarded(context: Arc<Context>, users: Vec<CompactString>, stream: 
 /// `stream`, then an `UNAVAILABLE` naming `whose` part ended: the merged
 /// stream cannot carry on without it.
 fn ending(stream: impl Stream<Item = Result<pb::WatchEvent, Status>> + Send + 'static, whose: &str) -> Part {
-    let ended = Status::unavailable(format!("the part of this watch at {whose} ended; reopen"));
+    let ended = ServiceError::Reopen(format!("the part of this watch at {whose} ended; reopen")).into();
     Box::pin(stream.chain(tokio_stream::once(Err(ended))))
 }
 
-/// A part's refusal or failure, as the merged stream's, with the node named.
-fn peer(whose: &str, status: &Status) -> Status {
-    Status::new(status.code(), format!("{whose}: {}", status.message()))
+/// A WatchRoom opened at the room's owner at `owner`, relayed to the caller
+/// as it comes (C1). It ends as the owner's stream ends: with the owner's
+/// status when the owner ended it; `UNAVAILABLE` naming the owner when the
+/// connection broke or the stream stopped without one (the owner died or
+/// stopped: the caller opens it again, at the room's next owner).
+pub(crate) fn relay(context: Arc<Context>, owner: String, mut upstream: PeerStream<pb::RoomEvent>) -> RoomStream {
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    tokio::spawn(async move {
+        let _watcher = crate::metrics::OpenGauge::open(&context.metrics().room_watchers);
+        let ended = loop {
+            let event = tokio::select! {
+                event = upstream.message() => event,
+                () = tx.closed() => return,
+                () = context.stopping.cancelled() => break ServiceError::ShuttingDown.into(),
+            };
+            match event {
+                Ok(Some(event)) => {
+                    if tx.send(Ok(event)).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => {
+                    break ServiceError::Reopen(format!("the room's owner at {owner} ended the watch; reopen")).into();
+                }
+                Err(status) if matches!(status.code(), tonic::Code::Unknown | tonic::Code::Cancelled) => {
+                    let stopped =
+                        format!("the room's owner at {owner} stopped answering ({}); reopen", status.message());
+                    break ServiceError::Reopen(stopped).into();
+                }
+                Err(status) => break relayed(&owner, &status),
+            }
+        };
+        let _ = tx.send(Err(ended)).await;
+    });
+    RoomStream::new(rx)
 }

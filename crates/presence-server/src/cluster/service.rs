@@ -11,22 +11,31 @@ use presence_proto::v1::{self as pb, cluster_server::Cluster};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Authenticator;
-use crate::cluster::{Membership, slot_set};
-use crate::cluster_wire;
-use crate::context::Context;
+use crate::cluster::ClusterNode;
+use crate::cluster::handover::{move_slots, take_slots};
+use crate::cluster::membership::slot_set;
+use crate::cluster::wire as cluster_wire;
 use crate::error::ServiceError;
-use crate::handover::{membership, move_slots, take_slots};
+use crate::node::context::Context;
 
 /// The gRPC `presence.v1.Cluster` service.
 #[derive(Debug, Clone)]
 pub(crate) struct ClusterService {
     context: Arc<Context>,
+    /// This node's part in its cluster; `None` on a single node, which
+    /// refuses every call as not clustered.
+    cluster: Option<Arc<ClusterNode>>,
     auth: Arc<Authenticator>,
 }
 
 impl ClusterService {
-    pub(crate) fn new(context: Arc<Context>, auth: Arc<Authenticator>) -> Self {
-        ClusterService { context, auth }
+    pub(crate) fn new(context: Arc<Context>, cluster: Option<Arc<ClusterNode>>, auth: Arc<Authenticator>) -> Self {
+        ClusterService { context, cluster, auth }
+    }
+
+    /// This node's part in its cluster, or the refusal of `operation` on a single node.
+    fn cluster(&self, operation: &'static str) -> Result<&Arc<ClusterNode>, ServiceError> {
+        self.cluster.as_ref().ok_or(ServiceError::NotClustered { operation })
     }
 
     fn service_only<T>(&self, request: &Request<T>, operation: &'static str) -> Result<(), ServiceError> {
@@ -35,9 +44,9 @@ impl ClusterService {
 
     /// This node's part in its cluster, for a call another node (a service
     /// caller) makes of it: `operation` is refused otherwise.
-    fn node_call<T>(&self, request: &Request<T>, operation: &'static str) -> Result<&Membership, ServiceError> {
+    fn node_call<T>(&self, request: &Request<T>, operation: &'static str) -> Result<&Arc<ClusterNode>, ServiceError> {
         self.service_only(request, operation)?;
-        membership(&self.context, operation)
+        self.cluster(operation)
     }
 }
 
@@ -50,7 +59,8 @@ impl Cluster for ClusterService {
         self.service_only(&request, "MoveSlots")?;
         let credential = request.metadata().get("authorization").cloned();
         let asked = request.into_inner();
-        let moved = move_slots(&self.context, &asked.slots, &asked.to_node, credential.as_ref()).await?;
+        let cluster = self.cluster("MoveSlots")?;
+        let moved = move_slots(&self.context, cluster, &asked.slots, &asked.to_node, credential.as_ref()).await?;
         Ok(Response::new(pb::MoveSlotsResponse {
             epoch: moved.epoch,
             users: moved.users,
@@ -65,14 +75,15 @@ impl Cluster for ClusterService {
         request: Request<Streaming<pb::SlotState>>,
     ) -> Result<Response<pb::TakeSlotsResponse>, Status> {
         self.service_only(&request, "TakeSlots")?;
-        Ok(Response::new(take_slots(&self.context, request.into_inner()).await?))
+        let cluster = self.cluster("TakeSlots")?;
+        Ok(Response::new(take_slots(&self.context, cluster, request.into_inner()).await?))
     }
 
     async fn drop_slots(
         &self,
         request: Request<pb::DropSlotsRequest>,
     ) -> Result<Response<pb::DropSlotsResponse>, Status> {
-        let membership = self.node_call(&request, "DropSlots")?;
+        let membership = &self.node_call(&request, "DropSlots")?.membership;
         let request = request.into_inner();
         let set = slot_set(membership, &request.slots, request.slot_count)?;
         let map = membership.map();
@@ -89,14 +100,15 @@ impl Cluster for ClusterService {
         request: Request<Streaming<pb::FollowUpdate>>,
     ) -> Result<Response<pb::FollowResponse>, Status> {
         self.service_only(&request, "Follow")?;
-        Ok(Response::new(crate::replica::follow(&self.context, request.into_inner()).await?))
+        let cluster = self.cluster("Follow")?;
+        Ok(Response::new(crate::cluster::replica::follow(&self.context, cluster, request.into_inner()).await?))
     }
 
     async fn etcd_reach(
         &self,
         request: Request<pb::EtcdReachRequest>,
     ) -> Result<Response<pb::EtcdReachResponse>, Status> {
-        Ok(Response::new(crate::outage::answer(self.node_call(&request, "EtcdReach")?).await))
+        Ok(Response::new(crate::cluster::outage::answer(&self.node_call(&request, "EtcdReach")?.membership).await))
     }
 
     async fn merge_groups(
@@ -117,18 +129,18 @@ impl Cluster for ClusterService {
         request: Request<pb::GroupLedgerRequest>,
     ) -> Result<Response<Self::GroupLedgerStream>, Status> {
         self.node_call(&request, "GroupLedger")?;
-        let pieces = crate::group_sync::ledger_pieces(&self.context, &request.get_ref().digests);
+        let pieces = crate::cluster::group_sync::ledger_pieces(&self.context, &request.get_ref().digests);
         Ok(Response::new(tokio_stream::iter(pieces.into_iter().map(Ok).collect::<Vec<_>>())))
     }
 
     async fn take_room_facts(&self, request: Request<pb::RoomFacts>) -> Result<Response<pb::RoomFactsTaken>, Status> {
-        let membership = self.node_call(&request, "TakeRoomFacts")?;
-        Ok(Response::new(crate::room_sync::take_in(&self.context, membership, request.into_inner())?))
+        let membership = &self.node_call(&request, "TakeRoomFacts")?.membership;
+        Ok(Response::new(crate::cluster::room_sync::take_in(&self.context, membership, request.into_inner())?))
     }
 
     async fn may_view(&self, request: Request<pb::MayViewRequest>) -> Result<Response<pb::MayViewResponse>, Status> {
         self.node_call(&request, "MayView")?;
-        let visible = crate::room_sync::answer_may_view(&self.context, request.get_ref())?;
+        let visible = crate::cluster::room_sync::answer_may_view(&self.context, request.get_ref())?;
         Ok(Response::new(pb::MayViewResponse { visible }))
     }
 
@@ -138,12 +150,12 @@ impl Cluster for ClusterService {
     ) -> Result<Response<pb::TakeRoomAccessResponse>, Status> {
         self.node_call(&request, "TakeRoomAccess")?;
         let entries = cluster_wire::room_access_entries_sent(request.into_inner().entries)?;
-        crate::room_sync::take_access(&self.context, &entries, true);
+        crate::cluster::room_sync::take_access(&self.context, &entries, true);
         Ok(Response::new(pb::TakeRoomAccessResponse {}))
     }
 
     async fn room_scan(&self, request: Request<pb::RoomScanRequest>) -> Result<Response<pb::RoomFacts>, Status> {
-        let membership = self.node_call(&request, "RoomScan")?;
-        Ok(Response::new(crate::room_sync::scan_for(&self.context, membership, request.into_inner()).await?))
+        let cluster = self.node_call(&request, "RoomScan")?;
+        Ok(Response::new(crate::cluster::room_sync::scan_for(&self.context, cluster, request.into_inner()).await?))
     }
 }

@@ -3,7 +3,7 @@
 //! The node handing slots over (the source), for at most
 //! [`MOVES_PER_TXN`] slots at a time:
 //! 1. starts refusing the slots' requests, once every request that passed
-//!    its ownership check before has written (the gates in `cluster.rs`),
+//!    its ownership check before has written (the gates in `membership.rs`),
 //!    and holds back their users' expiry;
 //! 2. takes their state: a checkpoint of their users (leases with their
 //!    generations and deadlines, versions, room memberships) and what each
@@ -36,11 +36,12 @@ use presence_proto::v1 as pb;
 use tonic::Streaming;
 use tonic::metadata::{Ascii, MetadataValue};
 
-use crate::cluster::{Membership, call_peer, checked_slots, slot_set, with_credential};
-use crate::context::Context;
+use crate::cluster::ClusterNode;
+use crate::cluster::membership::{Membership, call_peer, checked_slots, slot_set, with_credential};
 use crate::error::ServiceError;
-use crate::privacy::HandedOver;
-use crate::{cluster_wire, user_data};
+use crate::node::context::Context;
+use crate::node::privacy::HandedOver;
+use crate::{cluster::wire as cluster_wire, node::user_data};
 
 /// The state bytes one `SlotState` message carries: well under gRPC's 4 MiB.
 const PIECE_BYTES: usize = 1 << 20;
@@ -77,11 +78,12 @@ pub(crate) struct Moved {
 /// caller's for `presenced cluster move`, this node's own for a drain.
 pub(crate) async fn move_slots(
     context: &Arc<Context>,
+    cluster: &Arc<ClusterNode>,
     slots: &[u32],
     to_node: &str,
     credential: Option<&MetadataValue<Ascii>>,
 ) -> Result<Moved, ServiceError> {
-    let membership = membership(context, "MoveSlots")?;
+    let membership = &cluster.membership;
     let _one_at_a_time = membership.handing_over.lock().await;
     let started = Instant::now();
     let (address, slots) = check_move(membership, slots, to_node)?;
@@ -105,11 +107,6 @@ pub(crate) async fn move_slots(
         "slots handed over"
     );
     Ok(moved)
-}
-
-/// The cluster membership, or the refusal of `operation` on a single node.
-pub(crate) fn membership<'a>(context: &'a Context, operation: &'static str) -> Result<&'a Membership, ServiceError> {
-    context.ownership.membership().ok_or(ServiceError::NotClustered { operation })
 }
 
 /// The target's address and the slots, sorted, once the move is one this node can make.
@@ -306,9 +303,10 @@ async fn outcome(membership: &Membership, seen: &[(u32, i64)], to_node: &str) ->
 /// the durable data; answers how much it took.
 pub(crate) async fn take_slots(
     context: &Arc<Context>,
+    cluster: &Arc<ClusterNode>,
     mut pieces: Streaming<pb::SlotState>,
 ) -> Result<pb::TakeSlotsResponse, ServiceError> {
-    let membership = membership(context, "TakeSlots")?;
+    let membership = &cluster.membership;
     let Some(first) =
         pieces.message().await.map_err(|status| ServiceError::Peer { node: "the source".into(), status })?
     else {
@@ -360,14 +358,14 @@ pub(crate) async fn take_slots(
         bytes = state.len(),
         "took over the state of slots handed over"
     );
-    tokio::spawn(drop_unless_given(Arc::clone(context), set));
+    tokio::spawn(drop_unless_given(Arc::clone(context), Arc::clone(cluster), set));
     Ok(pb::TakeSlotsResponse { users: imported.users as u64, sessions: imported.sessions as u64 })
 }
 
 /// Drops what was taken of `set` if the map has not given this node all of
 /// it after [`CLAIM_WAIT`]: the source's move failed without telling.
-async fn drop_unless_given(context: Arc<Context>, set: SlotSet) {
-    let Some(membership) = context.ownership.membership() else { return };
+async fn drop_unless_given(context: Arc<Context>, cluster: Arc<ClusterNode>, set: SlotSet) {
+    let membership = &cluster.membership;
     let mut changes = membership.map_changes();
     let given = |membership: &Membership| {
         let map = membership.map();
@@ -401,8 +399,8 @@ async fn drop_unless_given(context: Arc<Context>, set: SlotSet) {
 /// others, so that its users' sessions carry on there without a flip (C3).
 /// A slot whose move fails is left to the coordinator, which gives it to
 /// another node without its state once this node's lease is revoked.
-pub(crate) async fn drain(context: &Arc<Context>) {
-    let Some(membership) = context.ownership.membership() else { return };
+pub(crate) async fn drain(context: &Arc<Context>, cluster: &Arc<ClusterNode>) {
+    let membership = &cluster.membership;
     membership.start_draining();
     let map = membership.map();
     let others: Vec<String> = membership.nodes().ids().into_iter().filter(|node| node != membership.node()).collect();
@@ -421,7 +419,7 @@ pub(crate) async fn drain(context: &Arc<Context>) {
     tracing::info!(slots = mine, nodes = plan.len(), "draining: handing this node's slots over");
     let credential = membership.peer_token().cloned();
     for (node, slots) in plan {
-        if let Err(error) = move_slots(context, &slots, &node, credential.as_ref()).await {
+        if let Err(error) = move_slots(context, cluster, &slots, &node, credential.as_ref()).await {
             tracing::warn!(node, slots = slots.len(), %error, "draining: slots not handed over; they move without their state");
         }
     }

@@ -24,7 +24,7 @@ use tonic::Code;
 
 use crate::error::ServiceError;
 use crate::metrics::{LATENCY_BUCKETS, Totals};
-use crate::privacy::{Released, Visibility};
+use crate::node::privacy::{Released, Visibility};
 
 /// Most users one Snapshot or Watch may name.
 pub const MAX_USERS_PER_REQUEST: usize = 10_000;

@@ -36,8 +36,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cluster::{EXTENSION, Membership, PROMISE, call_peer, with_credential};
-use crate::context::Context;
+use crate::cluster::membership::{EXTENSION, Membership, PROMISE, call_peer, with_credential};
+use crate::node::context::Context;
 use presence_proto::v1 as pb;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -78,12 +78,12 @@ enum Verdict {
 /// Asks the others every [`ROUND`] while etcd does not answer this node,
 /// and extends its right to act while every one of them is in the same
 /// case; until the server stops.
-pub(crate) async fn ride_out(context: Arc<Context>) {
-    let Some(membership) = context.ownership.membership() else { return };
+pub(crate) async fn ride_out(context: Arc<Context>, cluster: Arc<crate::cluster::ClusterNode>) {
+    let membership = &cluster.membership;
     let (mut answering, mut lease) = (membership.etcd_answering(), membership.lease_changes());
     loop {
         // Until etcd leaves a lease this node holds unanswered: a node whose
-        // lease etcd let go joins again instead (`cluster`).
+        // lease etcd let go joins again instead (`membership.rs`).
         while *answering.borrow_and_update() || membership.lease_lost() {
             lease.mark_unchanged();
             tokio::select! {
@@ -174,7 +174,7 @@ async fn refuses_connections(address: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::Outage;
+    use crate::cluster::membership::Outage;
 
     #[tokio::test(start_paused = true)]
     async fn a_promise_holds_back_takeovers_for_its_length_and_a_later_one_extends_it() {

@@ -1,0 +1,111 @@
+//! Everything that runs only with `--etcd`: membership and slot ownership,
+//! forwarding to owners, the node-to-node `Cluster` service and its wire
+//! conversions, planned moves, followers' copies, etcd outages, rebalancing,
+//! rooms and groups across nodes, and the connections between nodes. It
+//! builds on `node/` and plugs into it through [`crate::node::placement`].
+
+pub(crate) mod fanin;
+pub(crate) mod group_sync;
+pub(crate) mod handover;
+pub(crate) mod membership;
+pub(crate) mod outage;
+pub(crate) mod peers;
+pub(crate) mod rebalance;
+pub(crate) mod replica;
+pub(crate) mod room_sync;
+pub(crate) mod service;
+pub(crate) mod wire;
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use hashbrown::HashMap;
+use presence_core::CompactString;
+
+use crate::error::ServiceError;
+use crate::node::context::Context;
+use crate::node::placement::{Acting, Placement};
+
+/// This node's part in its cluster: what every cluster task and the
+/// `Cluster` service are given, and the node's [`Placement`].
+#[derive(Debug)]
+pub(crate) struct ClusterNode {
+    /// Membership, slot ownership and the connections to the other nodes.
+    pub(crate) membership: membership::Membership,
+    /// The copies of the slots this node follows (C4).
+    pub(crate) replica: replica::Replica,
+    /// Where this node sends each room's facts, and which of its room slots
+    /// it is rebuilding (`room_sync.rs`).
+    pub(crate) room_routes: room_sync::RoomRoutes,
+}
+
+impl ClusterNode {
+    /// A cluster node of `membership` keeping `replica`.
+    pub(crate) fn new(membership: membership::Membership, replica: replica::Replica) -> Self {
+        ClusterNode { membership, replica, room_routes: room_sync::RoomRoutes::default() }
+    }
+}
+
+impl Placement for ClusterNode {
+    fn acting(&self) -> Acting<'_> {
+        Acting::Some(Box::new(self.membership.view()))
+    }
+
+    fn durable_gate(&self) -> Option<&tokio::sync::RwLock<()>> {
+        Some(self.membership.durable_gate())
+    }
+
+    fn rooms_at_their_owners(&self) -> bool {
+        true
+    }
+
+    fn room_here(&self, room_id: &str) -> Result<(), ServiceError> {
+        room_sync::place_of(self, room_id, true).map(drop)
+    }
+
+    fn room_version<'a>(
+        &'a self,
+        context: &'a Context,
+        room_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<u64>, ServiceError>> {
+        Box::pin(room_sync::room_version(context, self, room_id))
+    }
+
+    fn may_view<'a>(
+        &'a self,
+        context: &'a Context,
+        viewer: &'a str,
+        users: Vec<CompactString>,
+    ) -> BoxFuture<'a, Result<HashMap<CompactString, bool>, ServiceError>> {
+        Box::pin(room_sync::may_view(context, self, viewer, users))
+    }
+}
+
+/// Starts what runs only on a cluster node: copies to and from followers,
+/// riding out etcd outages, joining again after a lost lease, rebalancing
+/// (when enabled), group catch-up, and rooms at their owners (facts leave
+/// the store for them from now on).
+pub(crate) fn start(context: &Arc<Context>, cluster: &Arc<ClusterNode>) {
+    let both = || (Arc::clone(context), Arc::clone(cluster));
+    let (c, n) = both();
+    tokio::spawn(replica::send_to_followers(c, n));
+    let (c, n) = both();
+    tokio::spawn(replica::act_on_the_map(c, n));
+    let (c, n) = both();
+    tokio::spawn(outage::ride_out(c, n));
+    let (c, n) = both();
+    tokio::spawn(membership::join_again_when_lost(c, n));
+    if cluster.membership.rebalance {
+        let (c, n) = both();
+        tokio::spawn(rebalance::rebalance(c, n));
+    }
+    let (c, n) = both();
+    tokio::spawn(group_sync::catch_up(c, n));
+    context.store().send_room_facts_out();
+    let queue = room_sync::start(context, cluster);
+    context.publisher.install_room_facts(queue);
+    let (c, n) = both();
+    tokio::spawn(room_sync::rebuild_rooms(c, n));
+    let (c, n) = both();
+    tokio::spawn(room_sync::forget_gone_nodes(c, n));
+}

@@ -1,0 +1,152 @@
+//! The seam between one node and the cluster it may be part of.
+//!
+//! One node's code asks [`Placement`] the few things a cluster changes: which
+//! users it may act for now, what a write that awaits the disk holds while it
+//! does, whether a room is answered here, a room's version at its owner and
+//! which members a viewer may see. [`SingleNode`] answers "everything is
+//! here" without allocating; `cluster::ClusterNode` answers from the slot
+//! map. Room facts leave the store through a [`RoomFactSink`], which only a
+//! cluster node installs. `node/` declares both and names nothing of
+//! `cluster/`, which implements them (the direction `api → cluster → node`).
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use hashbrown::HashMap;
+use presence_core::{CompactString, StampedRoomFact};
+use tokio::sync::oneshot;
+
+use crate::error::ServiceError;
+use crate::node::context::Context;
+
+/// How long a node waits for another node's answer to a call made for a
+/// request (a forwarded read, room facts and versions) before it gives up.
+pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The room version of each room a batch of facts touched, after them.
+pub(crate) type RoomVersions = HashMap<CompactString, u64>;
+
+/// What the owners answered for a batch: the versions, or the owner that did not take it.
+pub(crate) type RoomAnswer = Result<RoomVersions, String>;
+
+/// Which users this node may act for, at one instant.
+pub(crate) enum Acting<'a> {
+    /// Every user (a single node): nothing to check.
+    Everyone,
+    /// The users the check lets through (a cluster node's view of its slots,
+    /// held until it is dropped).
+    Some(Box<dyn UserCheck + 'a>),
+}
+
+impl Acting<'_> {
+    /// `Ok` when this node may act for `user_id` now; else the refusal that
+    /// names the owner (`NotOwner`, C1).
+    #[inline]
+    pub(crate) fn check(&self, user_id: impl AsRef<[u8]>) -> Result<(), ServiceError> {
+        match self {
+            Acting::Everyone => Ok(()),
+            Acting::Some(check) => check.check(user_id.as_ref()),
+        }
+    }
+}
+
+/// A check of one user against what this node may act for.
+pub(crate) trait UserCheck {
+    /// `Ok`, or the refusal naming the owner.
+    fn check(&self, user_id: &[u8]) -> Result<(), ServiceError>;
+}
+
+/// What one node asks of where users and rooms live.
+pub(crate) trait Placement: Debug + Send + Sync {
+    /// What this node may act for now (C1, C3). A cluster node's answer holds
+    /// off a handover of the slots it lets through until it is dropped.
+    fn acting(&self) -> Acting<'_>;
+
+    /// The lock a write that awaits the disk holds (read) from before its
+    /// check of [`Placement::acting`] to its end, so that a handover (which
+    /// takes it to write) sees it done (C3); `None` when nothing moves away.
+    fn durable_gate(&self) -> Option<&tokio::sync::RwLock<()>>;
+
+    /// Whether rooms live at their room slot's owner, which answers their
+    /// versions and members (a cluster); `false` when this store holds every
+    /// room and answers for it itself.
+    fn rooms_at_their_owners(&self) -> bool;
+
+    /// `Ok` when this node still answers for `room_id` (an open room read
+    /// checks it as it goes on); else the refusal naming its owner.
+    fn room_here(&self, room_id: &str) -> Result<(), ServiceError>;
+
+    /// The version of `room_id` at its owner (asked only when
+    /// [`Placement::rooms_at_their_owners`]).
+    fn room_version<'a>(
+        &'a self,
+        context: &'a Context,
+        room_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<u64>, ServiceError>>;
+
+    /// Which of `users` `viewer` may see, each by its own node's relations
+    /// (R4; asked only when [`Placement::rooms_at_their_owners`]).
+    fn may_view<'a>(
+        &'a self,
+        context: &'a Context,
+        viewer: &'a str,
+        users: Vec<CompactString>,
+    ) -> BoxFuture<'a, Result<HashMap<CompactString, bool>, ServiceError>>;
+}
+
+/// A node on its own (no `--etcd`): every user and every room is here.
+#[derive(Debug, Default)]
+pub(crate) struct SingleNode;
+
+impl Placement for SingleNode {
+    #[inline]
+    fn acting(&self) -> Acting<'_> {
+        Acting::Everyone
+    }
+
+    fn durable_gate(&self) -> Option<&tokio::sync::RwLock<()>> {
+        None
+    }
+
+    fn rooms_at_their_owners(&self) -> bool {
+        false
+    }
+
+    fn room_here(&self, _room_id: &str) -> Result<(), ServiceError> {
+        Ok(())
+    }
+
+    fn room_version<'a>(
+        &'a self,
+        _context: &'a Context,
+        _room_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<u64>, ServiceError>> {
+        // The store answered the version with the operation.
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    fn may_view<'a>(
+        &'a self,
+        context: &'a Context,
+        viewer: &'a str,
+        users: Vec<CompactString>,
+    ) -> BoxFuture<'a, Result<HashMap<CompactString, bool>, ServiceError>> {
+        let seen = users.into_iter().map(|user| {
+            let visible = context.privacy.can_see(Some(viewer), &user);
+            (user, visible)
+        });
+        Box::pin(std::future::ready(Ok(seen.collect())))
+    }
+}
+
+/// Where room facts leave this node's store: to their rooms' owners. Only a
+/// cluster node installs one (`Publisher::room_facts`).
+pub(crate) trait RoomFactSink: Debug + Send + Sync {
+    /// Sends an operation's facts; `answer` hears the owners' room versions.
+    fn send(&self, facts: Vec<StampedRoomFact>, answer: Option<oneshot::Sender<RoomAnswer>>);
+
+    /// Tells the owners of `rooms` that a member's relations changed here
+    /// (P4): their viewers' watches start over.
+    fn send_relations_changed(&self, rooms: Vec<CompactString>);
+}
