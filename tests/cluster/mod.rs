@@ -657,7 +657,12 @@ impl Traffic {
         let logs = logs.display();
         assert!(lost.is_empty(), "{} renewals met NOT_FOUND (logs in {logs}), first {:?}", lost.len(), lost.first());
         let settled = rounds.iter().rev().take(3).flat_map(|(_, failed)| failed).collect::<Vec<_>>();
-        assert!(settled.is_empty(), "the last rounds of renewals failed (logs in {logs}): {settled:?}");
+        let since_last_outage = outages.last().zip(rounds.last()).map(|((started, _), (at, _))| *at - *started);
+        assert!(
+            settled.is_empty(),
+            "the last rounds of renewals failed, the last round {since_last_outage:?} after the last outage began \
+             (logs in {logs}): {settled:?}"
+        );
         assert_no_offline_and_no_version_back(&seen, "no OFFLINE through the outages");
         let mut viewer = PresenceClient::connect(viewer_url).await.unwrap();
         assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
