@@ -278,9 +278,10 @@ impl PresenceApi for PresenceService {
         let options = watch::WatchOptions { viewer, batch_window, known_versions };
         let Some((cluster, routes)) = routes else {
             // A cluster node's own Watch is guarded by its ownership; a single node's needs nothing.
-            let stream = watch::open(Arc::clone(&self.context), user_ids.clone(), options).await?;
-            return Ok(Response::new(match &self.cluster {
-                Some(cluster) => fanin::guarded(Arc::clone(cluster), user_ids, stream),
+            let guarded = self.cluster.as_ref().map(|cluster| (Arc::clone(cluster), user_ids.clone()));
+            let stream = watch::open(Arc::clone(&self.context), user_ids, options).await?;
+            return Ok(Response::new(match guarded {
+                Some((cluster, users)) => fanin::guarded(cluster, users, stream),
                 None => stream,
             }));
         };

@@ -311,8 +311,7 @@ impl Membership {
         viewer_id: &str,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<Vec<pb::UserPresence>, ServiceError> {
-        let membership = self;
-        let mut client = membership.peers.client(address)?;
+        let mut client = self.peers.client(address)?;
         let request = forwarded(pb::SnapshotRequest { user_ids, viewer_id: viewer_id.to_owned() }, authorization);
         Ok(call_peer(address, FORWARD_TIMEOUT, client.snapshot(request)).await?.users)
     }
@@ -325,8 +324,7 @@ impl Membership {
         request: pb::WatchRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<PeerStream<pb::WatchEvent>, ServiceError> {
-        let membership = self;
-        let (mut client, place) = membership.peers.stream_client(address)?;
+        let (mut client, place) = self.peers.stream_client(address)?;
         let stream = call_peer(address, FORWARD_TIMEOUT, client.watch(forwarded(request, authorization))).await?;
         Ok(PeerStream::new(stream, place))
     }
@@ -339,8 +337,7 @@ impl Membership {
         request: pb::RoomSnapshotRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<pb::RoomSnapshot, ServiceError> {
-        let membership = self;
-        let mut client = membership.peers.client(address)?;
+        let mut client = self.peers.client(address)?;
         call_peer(address, FORWARD_TIMEOUT, client.room_snapshot(forwarded(request, authorization))).await
     }
 
@@ -352,8 +349,7 @@ impl Membership {
         request: pb::SetRoomAccessRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<pb::SetRoomAccessResponse, ServiceError> {
-        let membership = self;
-        let mut client = membership.peers.client(address)?;
+        let mut client = self.peers.client(address)?;
         call_peer(address, FORWARD_TIMEOUT, client.set_room_access(forwarded(request, authorization))).await
     }
 
@@ -365,15 +361,14 @@ impl Membership {
         request: pb::WatchRoomRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<PeerStream<pb::RoomEvent>, ServiceError> {
-        let membership = self;
-        let (mut client, place) = membership.peers.stream_client(address)?;
+        let (mut client, place) = self.peers.stream_client(address)?;
         let stream = call_peer(address, FORWARD_TIMEOUT, client.watch_room(forwarded(request, authorization))).await?;
         Ok(PeerStream::new(stream, place))
     }
 
     /// What may end this node's right to act for some user: the slot map's
     /// changes, the lease's, and the instant the lease lapses unless etcd
-    /// confirms it again. `None` for a single node, which owns everyone for good.
+    /// confirms it again.
     pub(crate) fn changes(&self) -> OwnershipChanges {
         OwnershipChanges {
             map: self.acted.subscribe(),
@@ -386,10 +381,9 @@ impl Membership {
     /// the coordinator gives this node's slots to the others at once rather
     /// than a TTL later.
     pub(crate) async fn leave(&self) {
-        let membership = self;
-        membership.left.store(true, Ordering::Release);
-        let Some(lease) = membership.lease.lock().take() else { return };
-        let node = &membership.node;
+        self.left.store(true, Ordering::Release);
+        let Some(lease) = self.lease.lock().take() else { return };
+        let node = &self.node;
         match lease.revoke().await {
             Ok(()) => tracing::info!(node, "left the cluster: lease revoked"),
             Err(error) => tracing::warn!(node, %error, "could not revoke the lease; it expires by its TTL"),

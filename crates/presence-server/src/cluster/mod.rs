@@ -86,26 +86,18 @@ impl Placement for ClusterNode {
 /// (when enabled), group catch-up, and rooms at their owners (facts leave
 /// the store for them from now on).
 pub(crate) fn start(context: &Arc<Context>, cluster: &Arc<ClusterNode>) {
-    let both = || (Arc::clone(context), Arc::clone(cluster));
-    let (c, n) = both();
-    tokio::spawn(replica::send_to_followers(c, n));
-    let (c, n) = both();
-    tokio::spawn(replica::act_on_the_map(c, n));
-    let (c, n) = both();
-    tokio::spawn(outage::ride_out(c, n));
-    let (c, n) = both();
-    tokio::spawn(membership::join_again_when_lost(c, n));
+    let (c, n) = (context, cluster);
+    tokio::spawn(replica::send_to_followers(Arc::clone(c), Arc::clone(n)));
+    tokio::spawn(replica::act_on_the_map(Arc::clone(c), Arc::clone(n)));
+    tokio::spawn(outage::ride_out(Arc::clone(c), Arc::clone(n)));
+    tokio::spawn(membership::join_again_when_lost(Arc::clone(c), Arc::clone(n)));
     if cluster.membership.rebalance {
-        let (c, n) = both();
-        tokio::spawn(rebalance::rebalance(c, n));
+        tokio::spawn(rebalance::rebalance(Arc::clone(c), Arc::clone(n)));
     }
-    let (c, n) = both();
-    tokio::spawn(group_sync::catch_up(c, n));
+    tokio::spawn(group_sync::catch_up(Arc::clone(c), Arc::clone(n)));
     context.store().send_room_facts_out();
     let queue = room_sync::start(context, cluster);
     context.publisher.install_room_facts(queue);
-    let (c, n) = both();
-    tokio::spawn(room_sync::rebuild_rooms(c, n));
-    let (c, n) = both();
-    tokio::spawn(room_sync::forget_gone_nodes(c, n));
+    tokio::spawn(room_sync::rebuild_rooms(Arc::clone(c), Arc::clone(n)));
+    tokio::spawn(room_sync::forget_gone_nodes(Arc::clone(c), Arc::clone(n)));
 }
