@@ -277,13 +277,7 @@ mod tests {
     use presence_core::Availability;
 
     use super::*;
-
-    fn field_of<T: std::fmt::Debug>(result: Result<T, ServiceError>) -> String {
-        match result {
-            Err(ServiceError::InvalidArgument { field, .. }) => field.into_owned(),
-            other => panic!("expected a refused field, got {other:?}"),
-        }
-    }
+    use crate::node::wire::tests::field_of;
 
     /// B1: group entries from another node are checked as a request is;
     /// pieces keep every entry, in order.

@@ -591,11 +591,12 @@ pub(crate) fn update_events(updates: Vec<pb::UserPresence>, batched: bool) -> Ve
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use presence_proto::lease_frames::MetadataEntryFrame;
 
-    fn field_of<T: std::fmt::Debug>(result: Result<T, ServiceError>) -> String {
+    /// The field a refusal names; any other answer fails the test.
+    pub(crate) fn field_of<T: std::fmt::Debug>(result: Result<T, ServiceError>) -> String {
         match result {
             Err(ServiceError::InvalidArgument { field, .. }) => field.into_owned(),
             other => panic!("expected a refused field, got {other:?}"),
