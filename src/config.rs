@@ -190,6 +190,62 @@ pub(crate) struct ServeArgs {
     /// move to `presenced cluster move` [default: true] (needs --etcd).
     #[arg(long, env = "PRESENCED_CLUSTER_REBALANCE", value_name = "BOOL")]
     cluster_rebalance: Option<bool>,
+    /// PEM certificate chain (the server's first) for TLS on the service and
+    /// metrics ports; with --tls-key. Reloaded when the file changes.
+    #[arg(long, env = "PRESENCED_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "PRESENCED_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: every client must present a certificate from this PEM CA
+    /// (needs --tls-cert).
+    #[arg(long, env = "PRESENCED_TLS_CLIENT_CA", value_name = "FILE", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// A client certificate identity (a DNS, URI or e-mail subject
+    /// alternative name, an IP address, or the subject's common name) whose
+    /// holder is a service caller without a token; repeat it (or separate
+    /// with commas in the environment) for more (needs --tls-client-ca).
+    #[arg(
+        long = "tls-service-identity",
+        env = "PRESENCED_TLS_SERVICE_IDENTITY",
+        value_name = "ID",
+        value_delimiter = ',',
+        requires = "tls_client_ca"
+    )]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    tls_service_identities: Vec<String>,
+    /// The certificate this node shows other nodes, as their server and as
+    /// their client [default: --tls-cert] (needs --etcd and --tls-cert).
+    #[arg(long, env = "PRESENCED_PEER_TLS_CERT", value_name = "FILE", requires = "peer_tls_key")]
+    peer_tls_cert: Option<PathBuf>,
+    /// The key of --peer-tls-cert.
+    #[arg(long, env = "PRESENCED_PEER_TLS_KEY", value_name = "FILE", requires = "peer_tls_cert")]
+    peer_tls_key: Option<PathBuf>,
+    /// The cluster's CA: nodes verify each other's certificates against it,
+    /// and take Cluster calls only from a certificate of it [default:
+    /// --tls-client-ca] (needs --etcd and --tls-cert).
+    #[arg(long, env = "PRESENCED_PEER_TLS_CA", value_name = "FILE")]
+    peer_tls_ca: Option<PathBuf>,
+    /// The PEM CA of etcd's certificate, for https:// --etcd URLs [default:
+    /// the system's trusted roots].
+    #[arg(long, env = "PRESENCED_ETCD_CA", value_name = "FILE")]
+    etcd_ca: Option<PathBuf>,
+    /// A PEM client certificate for etcd's --client-cert-auth; with --etcd-key.
+    #[arg(long, env = "PRESENCED_ETCD_CERT", value_name = "FILE", requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    /// The key of --etcd-cert.
+    #[arg(long, env = "PRESENCED_ETCD_KEY", value_name = "FILE", requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// How often certificate, key and CA files are read again to pick up a
+    /// rotation (SIGHUP reads them at once).
+    #[arg(long, env = "PRESENCED_TLS_RELOAD_INTERVAL_MS", value_name = "MS")]
+    tls_reload_interval_ms: Option<u64>,
+    /// With credentials but without TLS, listen on a non-loopback address
+    /// without the warning that tokens cross the network in the clear (for a
+    /// service mesh or a TLS-terminating proxy in front).
+    #[arg(long, env = "PRESENCED_ALLOW_PLAINTEXT")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    allow_plaintext: bool,
 }
 
 /// `--default-visibility`, as spelled on the command line and in the file.
@@ -304,6 +360,7 @@ fields_of_server_config! {
     handshake_timeout_ms => handshake_timeout;
     max_streams_per_connection => max_streams_per_connection;
     console => console;
+    tls_reload_interval_ms => tls_reload_interval;
 }
 
 /// The cluster's settings as given, before they are checked together.
@@ -358,6 +415,88 @@ fn cluster_config(args: ClusterArgs) -> Result<Option<ClusterConfig>, SettingsEr
     Ok(Some(config))
 }
 
+/// The TLS settings, checked together: the service port's files, and in a
+/// cluster the node-to-node files (the service port's by default) and
+/// etcd's, set on `cluster`.
+fn tls_settings(
+    args: &ServeArgs,
+    cluster: Option<&mut ClusterConfig>,
+) -> Result<Option<presence_tls::ServerTlsFiles>, SettingsError> {
+    let invalid = |message: String| Err(SettingsError::Invalid(message));
+    let peer_given = args.peer_tls_cert.is_some() || args.peer_tls_ca.is_some();
+    let etcd_given = args.etcd_ca.is_some() || args.etcd_cert.is_some();
+    if !args.tls_service_identities.is_empty() && args.tls_client_ca.is_none() {
+        return invalid(
+            "--tls-service-identity needs --tls-client-ca: identities come from client certificates".into(),
+        );
+    }
+    let Some(cluster) = cluster else {
+        if let Some(flag) = [("--peer-tls-cert / --peer-tls-ca", peer_given), ("--etcd-ca / --etcd-cert", etcd_given)]
+            .iter()
+            .find_map(|(flag, given)| given.then_some(flag))
+        {
+            return invalid(format!("{flag} needs --etcd (cluster mode)"));
+        }
+        return Ok(server_tls_files(args, None));
+    };
+    let https = cluster.etcd.iter().filter(|url| url.starts_with("https://")).count();
+    if https != 0 && https != cluster.etcd.len() {
+        return invalid("--etcd URLs must be all https:// or all http://".into());
+    }
+    if https > 0 {
+        cluster.etcd_tls = Some(
+            presence_tls::ClientTlsFiles::new(args.etcd_ca.clone(), args.etcd_cert.clone(), args.etcd_key.clone())
+                .named(["--etcd-ca", "--etcd-cert", "--etcd-key"]),
+        );
+    } else if etcd_given {
+        return invalid("--etcd-ca and --etcd-cert need https:// --etcd URLs".into());
+    }
+    if args.tls_cert.is_none() {
+        if peer_given {
+            return invalid(
+                "--peer-tls-cert and --peer-tls-ca need --tls-cert: nodes reach each other on the service port".into(),
+            );
+        }
+        return Ok(None);
+    }
+    let Some(ca) = args.peer_tls_ca.clone().or_else(|| args.tls_client_ca.clone()) else {
+        return invalid(
+            "with --tls-cert in a cluster, nodes verify each other against the cluster's CA: \
+             give --peer-tls-ca (or --tls-client-ca, when one CA signs nodes and clients)"
+                .into(),
+        );
+    };
+    let (cert, key) = match (&args.peer_tls_cert, &args.peer_tls_key) {
+        (Some(cert), Some(key)) => (cert.clone(), key.clone()),
+        _ => (args.tls_cert.clone().expect("checked"), args.tls_key.clone().expect("clap requires it")),
+    };
+    let from_service_flags = args.peer_tls_cert.is_none() && args.peer_tls_ca.is_none();
+    let peer = presence_tls::PeerFiles { cert, key, ca, from_service_flags };
+    let [cert_flag, key_flag, ca_flag] = if from_service_flags {
+        ["--tls-cert", "--tls-key", "--tls-client-ca"]
+    } else {
+        ["--peer-tls-cert", "--peer-tls-key", "--peer-tls-ca"]
+    };
+    cluster.peer_tls = Some(presence_tls::ClientTlsFiles {
+        ca: Some(peer.ca.clone()),
+        cert: Some(peer.cert.clone()),
+        key: Some(peer.key.clone()),
+        flags: [ca_flag, cert_flag, key_flag],
+        as_cluster_node: true,
+    });
+    Ok(server_tls_files(args, Some(peer)))
+}
+
+fn server_tls_files(args: &ServeArgs, peer: Option<presence_tls::PeerFiles>) -> Option<presence_tls::ServerTlsFiles> {
+    Some(presence_tls::ServerTlsFiles {
+        cert: args.tls_cert.clone()?,
+        key: args.tls_key.clone()?,
+        client_ca: args.tls_client_ca.clone(),
+        peer,
+        service_identities: args.tls_service_identities.clone(),
+    })
+}
+
 /// Everything `serve` needs, resolved.
 #[derive(Debug)]
 pub(crate) struct Settings {
@@ -366,6 +505,8 @@ pub(crate) struct Settings {
     /// Threads of the runtime that serves requests.
     pub(crate) worker_threads: usize,
     pub(crate) server: ServerConfig,
+    /// Things the operator should hear at start, logged once logging is up.
+    pub(crate) warnings: Vec<String>,
 }
 
 /// Why the configuration cannot be used.
@@ -432,19 +573,21 @@ impl ServeArgs {
             return Err(SettingsError::Invalid("last-seen-granularity-ms must be at least 1".into()));
         }
         server.restart_grace = args.restart_grace_ms.map(Duration::from_millis).or(server.restart_grace);
-        server.data_dir = args.data_dir.or(server.data_dir);
-        server.cors_origins = args.cors_origins;
+        server.data_dir = args.data_dir.clone().or(server.data_dir);
+        server.cors_origins = args.cors_origins.clone();
         let listen = args.listen.unwrap_or(DEFAULT_LISTEN);
-        server.cluster = cluster_config(ClusterArgs {
-            etcd: args.etcd,
-            node_id: args.node_id,
-            advertise: args.advertise,
+        let mut cluster = cluster_config(ClusterArgs {
+            etcd: args.etcd.clone(),
+            node_id: args.node_id.clone(),
+            advertise: args.advertise.clone(),
             slots: args.slots,
-            prefix: args.etcd_prefix,
+            prefix: args.etcd_prefix.clone(),
             lease_ttl_ms: args.etcd_lease_ttl_ms,
             settle_ms: args.cluster_settle_ms,
             rebalance: args.cluster_rebalance,
         })?;
+        let tls = tls_settings(&args, cluster.as_mut())?;
+        server.cluster = cluster;
         let viewer_jwt_public_key_pem = match args.viewer_jwt_public_key {
             Some(path) => Some(std::fs::read(&path).map_err(|source| SettingsError::ReadKey { path, source })?),
             None => None,
@@ -470,7 +613,16 @@ impl ServeArgs {
                  {listen} is not (configure --service-token / viewer JWT keys, or pass --insecure)"
             )));
         }
-        Ok(Settings { listen, metrics_listen: args.metrics_listen, worker_threads, server })
+        let mut warnings = Vec::new();
+        server.tls = tls;
+        if server.tls.is_none() && !open && !args.allow_plaintext && !listen.ip().is_loopback() {
+            warnings.push(format!(
+                "serving plaintext on {listen}: service tokens and viewer JWTs cross the network in the clear; \
+                 serve TLS with --tls-cert and --tls-key, or, behind a service mesh or a TLS-terminating proxy, \
+                 pass --allow-plaintext to silence this"
+            ));
+        }
+        Ok(Settings { listen, metrics_listen: args.metrics_listen, worker_threads, server, warnings })
     }
 
     /// The defaults shown in `--help`: the library's, plus the listening address.
@@ -707,6 +859,34 @@ mod tests {
         assert!(err.to_string().contains("/nonexistent/presenced.toml"), "{err}");
         let err = Harness::try_parse_from(["serve", "--default-visibility", "friends"]).unwrap_err();
         assert!(err.to_string().contains("friends") && err.to_string().contains("--default-visibility"), "{err}");
+    }
+
+    #[test]
+    fn t1_tls_settings_are_checked_together_and_a_cluster_takes_the_service_files_by_default() {
+        let err = Harness::try_parse_from(["serve", "--tls-cert", "c.pem"]).unwrap_err().to_string();
+        assert!(err.contains("--tls-key"), "{err}");
+        let err =
+            resolve(&["--tls-cert", "c.pem", "--tls-key", "k.pem", "--peer-tls-ca", "ca.pem"]).unwrap_err().to_string();
+        assert!(err.contains("needs --etcd"), "{err}");
+        let err = resolve(&["--etcd-ca", "e.pem"]).unwrap_err().to_string();
+        assert!(err.contains("needs --etcd"), "{err}");
+        let cluster = ["--etcd", "https://e1:2379", "--node-id", "a", "--advertise", "a.internal:50051"];
+        let tls = ["--tls-cert", "c.pem", "--tls-key", "k.pem"];
+        let err = resolve(&[&cluster[..], &tls[..]].concat()).unwrap_err().to_string();
+        assert!(err.contains("--peer-tls-ca") && err.contains("--tls-client-ca"), "the cluster's CA is needed: {err}");
+        let config = resolve(&[&cluster[..], &tls[..], &["--tls-client-ca", "clients.pem"]].concat()).unwrap().server;
+        let peer = config.tls.as_ref().and_then(|tls| tls.peer.clone()).expect("node-to-node TLS");
+        assert_eq!(
+            (peer.cert.to_str(), peer.ca.to_str(), peer.from_service_flags),
+            (Some("c.pem"), Some("clients.pem"), true)
+        );
+        let cluster_config = config.cluster.expect("cluster mode");
+        assert!(cluster_config.peer_tls.expect("peer client TLS").as_cluster_node);
+        assert_eq!(cluster_config.etcd_tls.expect("https:// etcd").ca, None, "the system's roots");
+        let mixed = ["--etcd", "https://e1:2379,http://e2:2379", "--node-id", "a", "--advertise", "a:1"];
+        assert!(resolve(&mixed).unwrap_err().to_string().contains("all https:// or all http://"));
+        let plain = ["--etcd", "http://e1:2379", "--node-id", "a", "--advertise", "a:1", "--etcd-ca", "e.pem"];
+        assert!(resolve(&plain).unwrap_err().to_string().contains("need https:// --etcd URLs"));
     }
 
     #[test]

@@ -76,13 +76,22 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
         // The exporter binds its address here, before anything is announced.
         // It goes before `prepare`, which makes the server's metric handles:
         // handles made before a recorder is installed record nowhere.
-        if let Some(addr) = settings.metrics_listen {
-            install_metrics_exporter(addr)?;
+        let metrics = match settings.metrics_listen {
+            Some(addr) => Some(install_metrics_recorder(addr).await?),
+            None => None,
+        };
+        for warning in &settings.warnings {
+            tracing::warn!("{warning}");
         }
         // Every check of the configuration that the library makes (credentials,
-        // key files, the data directory) happens before the listener is bound
-        // and the listening line printed (B7).
+        // key and certificate files, the data directory) happens before the
+        // listener is bound and the listening line printed (B7).
         let prepared = presence_server::PreparedServer::prepare(settings.server).map_err(refusal)?;
+        if let Some((listener, render)) = metrics {
+            let addr = listener.local_addr().ok();
+            prepared.spawn_metrics_endpoint(listener, render);
+            tracing::info!(?addr, "serving metrics");
+        }
         let listener = TcpListener::bind(settings.listen)
             .await
             .map_err(|err| format!("cannot listen on {}: {err}", settings.listen))?;
@@ -124,26 +133,37 @@ fn refusal(err: presence_server::ServeError) -> String {
     format!("invalid {flag}: {err}")
 }
 
-/// Serves Prometheus metrics on `addr` and makes the server's metrics go there.
-fn install_metrics_exporter(addr: std::net::SocketAddr) -> Result<(), String> {
+/// Makes the server's metrics go to a Prometheus recorder and binds the
+/// metrics port at `addr`; the library serves it (over TLS when the service
+/// port has TLS) once the configuration is checked.
+async fn install_metrics_recorder(
+    addr: std::net::SocketAddr,
+) -> Result<(TcpListener, presence_server::RenderMetrics), String> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
     use presence_server::metrics::{LATENCY_BUCKETS, names};
     let cannot = |err: &dyn std::fmt::Display| format!("cannot serve metrics on {addr}: {err}");
-    let mut builder = PrometheusBuilder::new().with_http_listener(addr);
+    let listener = TcpListener::bind(addr).await.map_err(|err| cannot(&err))?;
+    let mut builder = PrometheusBuilder::new();
     for histogram in [names::RENEWAL_SECONDS, names::EXPIRY_LAG_SECONDS, names::FOLLOWER_LAG_SECONDS] {
         builder = builder
             .set_buckets_for_metric(Matcher::Full(histogram.to_owned()), LATENCY_BUCKETS)
             .map_err(|err| cannot(&err))?;
     }
-    let (recorder, exporter) = builder.build().map_err(|err| cannot(&err))?;
+    let recorder = builder.build_recorder();
+    let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|err| cannot(&err))?;
-    tokio::spawn(async move {
-        if let Err(err) = exporter.await {
-            tracing::error!(?err, "the metrics endpoint stopped");
+    // What the exporter's own listener would do: drain histogram samples now and then.
+    tokio::spawn({
+        let handle = handle.clone();
+        async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                handle.run_upkeep();
+            }
         }
     });
-    tracing::info!(%addr, "serving metrics");
-    Ok(())
+    Ok((listener, std::sync::Arc::new(move || handle.render())))
 }
 
 /// Listens for SIGINT and SIGTERM from now on (so that a signal sent as soon

@@ -14,6 +14,7 @@ mod outage;
 mod rooms;
 mod routing;
 mod takeover;
+mod tls;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod cluster;
 pub mod daemon;
 pub mod scrape;
+pub mod tls;
 
 use std::collections::HashMap;
 

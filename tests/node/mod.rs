@@ -15,5 +15,6 @@ mod restarts;
 mod rooms;
 mod seed_timelines;
 mod slow_viewer;
+mod tls;
 mod watch_churn;
 mod watch_sets;

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use presence_client::pb::{self, cluster_client::ClusterClient};
 use presence_cluster::{Etcd, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, election_name};
+use presence_tls::{ClientTls, ClientTlsFiles};
 use serde_json::json;
 use tonic::Request;
-use tonic::transport::Endpoint;
 
 use crate::exit::{Exit, Failure};
 use crate::output::{print, print_json};
@@ -33,7 +33,16 @@ impl Cluster {
         if !prefix.ends_with('/') {
             prefix.push('/');
         }
-        let etcd = Etcd::connect_any(&target.etcd).await.map_err(unreachable)?;
+        let tls = match target.etcd.iter().any(|url| url.starts_with("https://")) {
+            true => {
+                let files =
+                    ClientTlsFiles::new(target.etcd_ca.clone(), target.etcd_cert.clone(), target.etcd_key.clone())
+                        .named(["--etcd-ca", "--etcd-cert", "--etcd-key"]);
+                Some(Arc::new(ClientTls::load(files).map_err(|err| Failure::new(Exit::Usage, err.to_string()))?))
+            }
+            false => None,
+        };
+        let etcd = Etcd::connect_any(&target.etcd, tls.as_ref()).await.map_err(unreachable)?;
         let map = SlotMapWatch::start(&etcd, &prefix, target.slots).await.map_err(unreachable)?.current();
         let nodes = NodeSetWatch::start(&etcd, &prefix).await.map_err(unreachable)?.current();
         Ok(Cluster { etcd, prefix, map, nodes })
@@ -74,10 +83,8 @@ pub(crate) async fn move_slot(args: ClusterMoveArgs) -> Result<(), Failure> {
             ),
         ));
     };
-    let uri = format!("http://{address}");
-    let endpoint = Endpoint::from_shared(uri.clone())
-        .map_err(|err| Failure::new(Exit::Failed, format!("node {} advertises {address:?}: {err}", owner.node)))?;
-    let channel = endpoint.connect().await.map_err(|err| Failure::unreachable(&uri, &err))?;
+    let scheme = if args.tls.given() { "https" } else { "http" };
+    let channel = args.tls.connect(&format!("{scheme}://{address}")).await?;
     let mut request = Request::new(pb::MoveSlotsRequest { slots: vec![args.slot], to_node: args.node.clone() });
     request.set_timeout(MOVE_TIMEOUT);
     if let Some(token) = &args.token {

@@ -1,13 +1,15 @@
 //! Where a client subcommand connects and what it presents: the `--addr`,
 //! `--token` and `--json` flags every one of them takes, and the connection.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 use presence_client::pb::presence_client::PresenceClient;
+use presence_client::{ClientError, ClientTlsConfig};
 use tonic::Request;
 use tonic::metadata::AsciiMetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::exit::{Exit, Failure};
 
@@ -21,9 +23,12 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// The flags every client subcommand takes.
 #[derive(Debug, Clone, Args)]
 pub struct Target {
-    /// The server's gRPC address: HOST:PORT, with or without http://.
+    /// The server's gRPC address: HOST:PORT (plaintext), http://HOST:PORT, or
+    /// https://HOST:PORT (TLS; see --ca).
     #[arg(long, env = "PRESENCED_ADDR", default_value = "127.0.0.1:50051", value_name = "ADDR")]
     addr: String,
+    #[command(flatten)]
+    pub(crate) tls: TlsArgs,
     /// A service token (or a viewer's JWT), sent as `authorization: Bearer TOKEN`.
     #[arg(long, env = "PRESENCED_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     token: Option<String>,
@@ -31,6 +36,61 @@ pub struct Target {
     /// by name): one document, or for `watch` one object per line.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// TLS to a server (`https://` addresses), for every client subcommand.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct TlsArgs {
+    /// The PEM CA the server's certificate must come from [default: the
+    /// system's trusted roots].
+    #[arg(long, env = "PRESENCED_CA", value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// A PEM client certificate, for a server that requires one (mutual TLS); with --key.
+    #[arg(long, env = "PRESENCED_CERT", value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// The PEM key of --cert.
+    #[arg(long, env = "PRESENCED_KEY", value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
+    /// The name to verify the server's certificate for, when it is not the
+    /// address's host (a server reached by IP, or through a tunnel).
+    #[arg(long, env = "PRESENCED_SERVER_NAME", value_name = "NAME")]
+    server_name: Option<String>,
+}
+
+impl TlsArgs {
+    /// Whether any TLS setting was given.
+    pub(crate) fn given(&self) -> bool {
+        self.ca.is_some() || self.cert.is_some() || self.server_name.is_some()
+    }
+
+    /// The settings for an `https://` address; `None` for plaintext.
+    fn config(&self, uri: &str) -> Result<Option<ClientTlsConfig>, Failure> {
+        if !uri.starts_with("https://") {
+            if self.given() {
+                return Err(Failure::new(
+                    Exit::Usage,
+                    format!("--ca, --cert and --server-name need an https:// address; {uri} is plaintext"),
+                ));
+            }
+            return Ok(None);
+        }
+        let config = ClientTlsConfig::from_files(self.ca.clone(), self.cert.clone(), self.key.clone())
+            .map_err(|err| Failure::new(Exit::Usage, err.to_string()))?;
+        Ok(Some(match &self.server_name {
+            Some(name) => config.with_server_name(name.clone()),
+            None => config,
+        }))
+    }
+
+    /// A channel to `uri` with these settings: a usage error if they are
+    /// unusable, unreachable if the server cannot be reached or refuses the handshake.
+    pub(crate) async fn connect(&self, uri: &str) -> Result<Channel, Failure> {
+        let tls = self.config(uri)?;
+        presence_client::connect(uri, tls.as_ref()).await.map_err(|err| match err {
+            ClientError::Connect { .. } => Failure::unreachable(uri, &err),
+            err => Failure::new(Exit::Usage, format!("--addr {uri:?}: {err}")),
+        })
+    }
 }
 
 /// A connection to the server, with the credentials every call carries.
@@ -50,16 +110,15 @@ impl Connection {
     /// token is unusable, unreachable if nothing answers there.
     pub(crate) async fn open(target: &Target) -> Result<Connection, Failure> {
         let uri = endpoint_uri(&target.addr);
-        let endpoint = Endpoint::from_shared(uri.clone())
-            .map_err(|err| Failure::new(Exit::Usage, format!("--addr {:?}: {err}", target.addr)))?
-            .connect_timeout(CONNECT_TIMEOUT);
         let authorization = match &target.token {
             Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| {
                 Failure::new(Exit::Usage, "--token: not a valid header value (visible ASCII characters only)")
             })?),
             None => None,
         };
-        let channel = endpoint.connect().await.map_err(|err| Failure::unreachable(&uri, &err))?;
+        let channel = tokio::time::timeout(CONNECT_TIMEOUT, target.tls.connect(&uri)).await.map_err(|_| {
+            Failure::new(Exit::Unreachable, format!("cannot reach presenced at {uri}: no answer in time"))
+        })??;
         Ok(Connection {
             client: PresenceClient::new(channel.clone()),
             channel,
@@ -80,7 +139,7 @@ impl Connection {
 }
 
 /// `--addr` as a URI: `serve --listen` takes HOST:PORT, so that is accepted
-/// here too, and means plain HTTP/2 (the server has no TLS of its own).
+/// here too, and means plain HTTP/2 (a server with TLS is https://HOST:PORT).
 fn endpoint_uri(addr: &str) -> String {
     if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") }
 }

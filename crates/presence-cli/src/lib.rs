@@ -83,6 +83,11 @@ pub struct ClusterMoveArgs {
     node: String,
     #[command(flatten)]
     etcd: EtcdTarget,
+    /// TLS to the owner: with node-to-node TLS, a certificate of the
+    /// cluster's CA (--cert, --key) is what lets a caller move slots; any
+    /// of these dials the owner over https://.
+    #[command(flatten)]
+    tls: connect::TlsArgs,
     /// A service token of the cluster, sent as `authorization: Bearer TOKEN`.
     #[arg(long, env = "PRESENCED_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     token: Option<String>,
@@ -103,6 +108,15 @@ pub struct EtcdTarget {
     /// The cluster's slot count, as the nodes' --slots.
     #[arg(long, env = "PRESENCED_SLOTS", value_name = "N", default_value_t = 1024)]
     slots: u32,
+    /// The PEM CA of etcd's certificate, for https:// --etcd URLs [default: the system's roots].
+    #[arg(long, env = "PRESENCED_ETCD_CA", value_name = "FILE")]
+    etcd_ca: Option<std::path::PathBuf>,
+    /// A PEM client certificate for etcd's --client-cert-auth; with --etcd-key.
+    #[arg(long, env = "PRESENCED_ETCD_CERT", value_name = "FILE", requires = "etcd_key")]
+    etcd_cert: Option<std::path::PathBuf>,
+    /// The key of --etcd-cert.
+    #[arg(long, env = "PRESENCED_ETCD_KEY", value_name = "FILE", requires = "etcd_cert")]
+    etcd_key: Option<std::path::PathBuf>,
 }
 
 /// `presenced cluster status`

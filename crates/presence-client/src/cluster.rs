@@ -122,7 +122,7 @@ impl ClusterLeases {
     /// were and refusals keep them current until it is back.
     pub async fn follow_etcd(&self, endpoints: &[String], prefix: &str) -> Result<(), ClientError> {
         let etcd_error = |source: presence_cluster::Error| ClientError::Etcd { endpoints: endpoints.join(","), source };
-        let etcd = presence_cluster::Etcd::connect_any(endpoints).await.map_err(etcd_error)?;
+        let etcd = presence_cluster::Etcd::connect_any(endpoints, None).await.map_err(etcd_error)?;
         let slots = SlotMapWatch::start(&etcd, prefix, self.shared.slots).await.map_err(etcd_error)?;
         let nodes = NodeSetWatch::start(&etcd, prefix).await.map_err(etcd_error)?;
         self.shared.follow(&slots.current(), &nodes.current());

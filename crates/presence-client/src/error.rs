@@ -6,17 +6,13 @@
 /// Why the client could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The endpoint is not a valid URI (it should look like `http://127.0.0.1:50051`).
-    #[error("invalid endpoint {endpoint:?}: {source}")]
-    InvalidEndpoint {
-        /// The endpoint as given.
-        endpoint: String,
-        /// What the transport found wrong with it.
-        #[source]
-        source: tonic::transport::Error,
-    },
-    /// No connection could be made to the endpoint.
-    #[error("cannot connect to {endpoint}: {source}")]
+    /// The address or the TLS material cannot be used (an address should
+    /// look like `http://127.0.0.1:50051` or `https://presence.example:50051`).
+    #[error("{0}")]
+    Tls(#[from] presence_tls::TlsError),
+    /// No connection could be made to the endpoint (the source's chain says
+    /// why: refused, an unknown CA, a certificate refused by the server...).
+    #[error("cannot connect to {endpoint}: {}", chain(source))]
     Connect {
         /// The endpoint as given.
         endpoint: String,
@@ -33,4 +29,21 @@ pub enum ClientError {
         #[source]
         source: presence_cluster::Error,
     },
+}
+
+/// An error and its sources, one after another: tonic's transport error
+/// alone says only "transport error", while the reason a TLS handshake
+/// failed is several sources down.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(next) = source {
+        let next_text = next.to_string();
+        if !text.contains(&next_text) {
+            text.push_str(": ");
+            text.push_str(&next_text);
+        }
+        source = next.source();
+    }
+    text
 }

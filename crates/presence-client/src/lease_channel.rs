@@ -30,7 +30,9 @@ use presence_proto::v1::{self as pb, lease_item, lease_result};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+use crate::transport::{self, ClientTlsConfig};
 use tonic::{Code, Response, Status, Streaming};
 
 use tonic::metadata::MetadataValue;
@@ -62,6 +64,10 @@ pub struct LeaseChannelConfig {
     /// Sent as `authorization: Bearer <token>` when the stream opens: the
     /// gateway's service token, when the server requires credentials.
     pub bearer_token: Option<String>,
+    /// TLS for `https://` addresses (T1): the server's CA, a client
+    /// certificate for mutual TLS, a server name. `None` dials `https://`
+    /// with the system's trusted roots.
+    pub tls: Option<ClientTlsConfig>,
 }
 
 impl Default for LeaseChannelConfig {
@@ -75,6 +81,7 @@ impl Default for LeaseChannelConfig {
             reconnect: Backoff::default(),
             response_timeout: Duration::from_secs(10),
             bearer_token: None,
+            tls: None,
         }
     }
 }
@@ -120,9 +127,7 @@ impl LeaseChannel {
     /// on, so that a server that vanished without closing the connection is
     /// noticed within seconds and the stream reopened.
     pub async fn connect(endpoint: impl Into<String>, config: LeaseChannelConfig) -> Result<Self, ClientError> {
-        let endpoint = endpoint.into();
-        let channel =
-            lease_endpoint(&endpoint)?.connect().await.map_err(|source| ClientError::Connect { endpoint, source })?;
+        let channel = transport::connect(&endpoint.into(), config.tls.as_ref()).await?;
         Ok(Self::from_channel(channel, config))
     }
 
@@ -130,7 +135,7 @@ impl LeaseChannel {
     /// first batch: for clients that open channels to many servers as they
     /// learn of them (a cluster's nodes).
     pub fn connect_lazy(endpoint: &str, config: LeaseChannelConfig) -> Result<Self, ClientError> {
-        Ok(Self::from_channel(lease_endpoint(endpoint)?.connect_lazy(), config))
+        Ok(Self::from_channel(transport::connect_lazy(endpoint, config.tls.as_ref())?, config))
     }
 
     /// From an existing tonic Channel (tests, custom TLS...).
@@ -189,18 +194,6 @@ impl LeaseChannel {
         self.submissions.send(Submission::Item(item, reply)).await.map_err(|_| driver_gone())?;
         lease_result(answer.await.map_err(|_| driver_gone())??)
     }
-}
-
-/// The transport settings of every lease channel: no Nagle delay, and
-/// HTTP/2 keep-alives so that a vanished server is noticed within seconds.
-fn lease_endpoint(endpoint: &str) -> Result<Endpoint, ClientError> {
-    Ok(Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|source| ClientError::InvalidEndpoint { endpoint: endpoint.to_owned(), source })?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .keep_alive_while_idle(true))
 }
 
 /// One item's `LeaseResult` as a `Result`: its payload when `code` is OK, otherwise

@@ -101,6 +101,7 @@ mod error;
 mod lease_channel;
 mod room;
 mod session;
+mod transport;
 mod viewer;
 
 pub use backoff::Backoff;
@@ -109,6 +110,7 @@ pub use error::ClientError;
 pub use lease_channel::{LeaseChannel, LeaseChannelConfig, LeaseChannelStats, lease_result};
 pub use room::{RoomCountWatcher, RoomView, RoomWatcher, RoomWatcherEvent};
 pub use session::{Session, SessionConfig, SessionLeases, SessionState};
+pub use transport::{ClientTlsConfig, connect, connect_lazy};
 pub use viewer::{ViewerStore, Watcher, WatcherEvent};
 
 /// The wire types of `presence.v1` (from `presence-proto`).

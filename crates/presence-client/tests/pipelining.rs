@@ -281,7 +281,8 @@ async fn a_server_without_leases_answers_each_item_unimplemented() {
 #[tokio::test]
 async fn connect_reports_a_bad_endpoint_and_an_unreachable_one() {
     let invalid = LeaseChannel::connect("not a uri", LeaseChannelConfig::default()).await.unwrap_err();
-    assert!(matches!(invalid, presence_client::ClientError::InvalidEndpoint { .. }), "{invalid:?}");
+    assert!(matches!(invalid, presence_client::ClientError::Tls(_)), "{invalid:?}");
+    assert!(invalid.to_string().contains("\"not a uri\""), "names the address: {invalid}");
     // A port that was free a moment ago: nothing listens there.
     let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
     let unreachable =

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use std::sync::Arc;
+
+use presence_tls::{ClientTls, TlsEndpoint};
+use tonic::transport::Channel;
 
 /// etcd's v3 API as generated from this crate's `proto/` (clients only).
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic, rust_2018_idioms)]
@@ -31,13 +34,13 @@ use api::v3electionpb::election_client::ElectionClient;
 /// What went wrong talking to etcd.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The endpoint is not a URL tonic can connect to.
+    /// The endpoint is not a URL this can connect to.
     #[error("etcd endpoint {endpoint}: {source}")]
     Endpoint {
         /// As given.
         endpoint: String,
         /// Why it was refused.
-        source: tonic::transport::Error,
+        source: presence_tls::TlsError,
     },
     /// etcd could not be reached within the connect timeout.
     #[error("etcd at {endpoint} could not be reached: {source}")]
@@ -82,15 +85,19 @@ pub struct Etcd {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Etcd {
-    /// Connects to `endpoint` (`http://127.0.0.1:2379`). Once connected, a
-    /// lost connection is reconnected by tonic on the next call.
-    pub async fn connect(endpoint: &str) -> Result<Etcd, Error> {
-        let channel = Endpoint::from_shared(endpoint.to_owned())
-            .map_err(|source| Error::Endpoint { endpoint: endpoint.to_owned(), source })?
+    /// Connects to `endpoint` (`http://127.0.0.1:2379`, or `https://` with
+    /// `tls`: etcd's CA and, for its `--client-cert-auth`, a client
+    /// certificate). Once connected, a lost connection is reconnected by
+    /// tonic on the next call, with the TLS material current then (T4).
+    pub async fn connect(endpoint: &str, tls: Option<&Arc<ClientTls>>) -> Result<Etcd, Error> {
+        let address = TlsEndpoint::new(endpoint, tls.cloned(), None)
+            .map_err(|source| Error::Endpoint { endpoint: endpoint.to_owned(), source })?;
+        let channel = address
+            .endpoint()
             .connect_timeout(CONNECT_TIMEOUT)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(3))
-            .connect()
+            .connect_with_connector(address.connector())
             .await
             .map_err(|source| Error::Unreachable { endpoint: endpoint.to_owned(), source })?;
         Ok(Etcd {
@@ -105,10 +112,10 @@ impl Etcd {
 impl Etcd {
     /// Connects to the first of `endpoints` (an etcd cluster's members) that
     /// answers; the last one's error when none does.
-    pub async fn connect_any(endpoints: &[String]) -> Result<Etcd, Error> {
+    pub async fn connect_any(endpoints: &[String], tls: Option<&Arc<ClientTls>>) -> Result<Etcd, Error> {
         let mut last = Error::NoEndpoint;
         for endpoint in endpoints {
-            match Etcd::connect(endpoint).await {
+            match Etcd::connect(endpoint, tls).await {
                 Ok(etcd) => return Ok(etcd),
                 Err(error) => {
                     tracing::warn!(endpoint, %error, "etcd endpoint unreachable; trying the next");

@@ -2,8 +2,12 @@
 //! with its own data directory, killed when dropped. The binary is `etcd`
 //! from PATH, or `PRESENCED_ETCD_BIN`; `.ci/install-etcd` installs Debian's.
 
+use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
+
+use presence_tls::ClientTls;
 
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
@@ -21,6 +25,20 @@ pub struct EtcdServer {
     pub endpoint: String,
     peer_url: String,
     data: TempDir,
+    tls: Option<EtcdServerTls>,
+}
+
+/// etcd serving its clients over TLS, with `--client-cert-auth`.
+#[derive(Debug, Clone)]
+pub struct EtcdServerTls {
+    /// etcd's certificate (`--cert-file`).
+    pub cert: PathBuf,
+    /// Its key (`--key-file`).
+    pub key: PathBuf,
+    /// The CA its clients' certificates must come from (`--trusted-ca-file`).
+    pub client_ca: PathBuf,
+    /// What the harness itself dials etcd with, to see that it answers.
+    pub client: Arc<ClientTls>,
 }
 
 #[derive(Debug)]
@@ -47,10 +65,21 @@ impl EtcdServer {
     /// [`EtcdServer::start`], serving clients on `host` (an address other
     /// than loopback, for nodes in another network namespace).
     pub async fn start_on(host: std::net::IpAddr) -> EtcdServer {
+        EtcdServer::start_with(host, None).await
+    }
+
+    /// [`EtcdServer::start`] with TLS for its clients (`https://`), requiring
+    /// client certificates from `tls.client_ca`.
+    pub async fn start_with_tls(tls: EtcdServerTls) -> EtcdServer {
+        EtcdServer::start_with(std::net::Ipv4Addr::LOCALHOST.into(), Some(tls)).await
+    }
+
+    async fn start_with(host: std::net::IpAddr, tls: Option<EtcdServerTls>) -> EtcdServer {
         let data = TempDir(std::env::temp_dir().join(format!("presenced-etcd-{}-{}", std::process::id(), free_port())));
-        let mut server = EtcdServer { child: None, endpoint: String::new(), peer_url: String::new(), data };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut server = EtcdServer { child: None, endpoint: String::new(), peer_url: String::new(), data, tls };
         for _ in 0..5 {
-            server.endpoint = format!("http://{host}:{}", free_port());
+            server.endpoint = format!("{scheme}://{host}:{}", free_port());
             server.peer_url = format!("http://127.0.0.1:{}", free_port());
             if server.run().await {
                 return server;
@@ -65,7 +94,12 @@ impl EtcdServer {
     async fn run(&mut self) -> bool {
         let binary = std::env::var("PRESENCED_ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
         let (endpoint, peer_url) = (&self.endpoint, &self.peer_url);
-        let mut child = Command::new(&binary)
+        let mut command = Command::new(&binary);
+        if let Some(tls) = &self.tls {
+            command.arg("--cert-file").arg(&tls.cert).arg("--key-file").arg(&tls.key);
+            command.arg("--client-cert-auth").arg("--trusted-ca-file").arg(&tls.client_ca);
+        }
+        let mut child = command
             .args(["--name", "test", "--data-dir"])
             .arg(&self.data.0)
             .args(["--listen-client-urls", endpoint, "--advertise-client-urls", endpoint])
@@ -85,7 +119,7 @@ impl EtcdServer {
             if let Ok(Some(_)) = child.try_wait() {
                 return false;
             }
-            if let Ok(etcd) = Etcd::connect(&self.endpoint).await
+            if let Ok(etcd) = Etcd::connect(&self.endpoint, self.tls.as_ref().map(|tls| &tls.client)).await
                 && SlotMapWatch::start(&etcd, "/probe/", 1).await.is_ok()
             {
                 self.child = Some(child);
@@ -118,7 +152,7 @@ impl EtcdServer {
 
     /// A client of it.
     pub async fn client(&self) -> Etcd {
-        Etcd::connect(&self.endpoint).await.unwrap()
+        Etcd::connect(&self.endpoint, self.tls.as_ref().map(|tls| &tls.client)).await.unwrap()
     }
 
     /// Sends `signal` (`-STOP`, `-CONT`, `-KILL`) to the etcd process.

@@ -13,7 +13,15 @@
 //! | none configured at all | every request is [`Caller::Service`] (open, for development) |
 //! | a configured service token | [`Caller::Service`] |
 //! | a JWT verified with the configured HS256 secret or RSA/Ed25519 public key | [`Caller::Viewer`] of its `sub` |
+//! | no token, on a connection whose client certificate has a `--tls-service-identity` (T2) | [`Caller::Service`] |
+//! | no token, on a connection with a certificate of the cluster's CA (another node, T2) | [`Caller::Service`] |
 //! | anything else, or no credential | `UNAUTHENTICATED` |
+//!
+//! A token, when one is sent, decides alone: a viewer's JWT on a connection
+//! with a service identity's certificate acts as that viewer, and a wrong
+//! token is refused whatever the certificate. A node relays the token of
+//! the caller whose call it forwards; a call it forwards without one came
+//! from a caller it found to be a service by its certificate.
 //!
 //! Each configured key accepts exactly one algorithm (HS256, RS256 or EdDSA),
 //! fixed by the key's type when the server starts: a token's `alg` header only
@@ -41,6 +49,27 @@ const MIN_HS256_SECRET_BYTES: usize = 32;
 
 /// Most clock skew that may be allowed on `exp`; more would make expiry meaningless.
 pub(crate) const MAX_JWT_LEEWAY_SECS: u64 = 300;
+
+/// What the connection a request came on says of its caller, put in every
+/// request's extensions by the connection layer (`api/connections.rs`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConnectionInfo {
+    /// The certificate the client presented in its TLS handshake.
+    pub(crate) certificate: Option<std::sync::Arc<presence_tls::ClientCertificate>>,
+}
+
+impl ConnectionInfo {
+    /// What the connection of `request` says.
+    pub(crate) fn of<T>(request: &tonic::Request<T>) -> Option<&ConnectionInfo> {
+        request.extensions().get::<ConnectionInfo>()
+    }
+
+    /// Whether the connection of `request` presented a certificate of the
+    /// cluster's CA: its caller is another node.
+    pub(crate) fn is_cluster_node<T>(request: &tonic::Request<T>) -> bool {
+        ConnectionInfo::of(request).and_then(|info| info.certificate.as_ref()).is_some_and(|cert| cert.cluster_node)
+    }
+}
 
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -238,8 +267,29 @@ impl Authenticator {
     /// Anything else is `UNAUTHENTICATED`, with a message that does not tell
     /// which tokens exist. An open server answers [`Caller::Service`] whatever
     /// was sent.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn caller(&self, metadata: &MetadataMap) -> Result<Caller, ServiceError> {
+        self.caller_on(metadata, None)
+    }
+
+    /// The caller of `request`, from its token or, without one, from the
+    /// certificate its connection presented (see the module's table).
+    pub(crate) fn caller_of<T>(&self, request: &tonic::Request<T>) -> Result<Caller, ServiceError> {
+        let certificate = ConnectionInfo::of(request).and_then(|info| info.certificate.as_deref());
+        self.caller_on(request.metadata(), certificate)
+    }
+
+    fn caller_on(
+        &self,
+        metadata: &MetadataMap,
+        certificate: Option<&presence_tls::ClientCertificate>,
+    ) -> Result<Caller, ServiceError> {
         if self.is_open() {
+            return Ok(Caller::Service);
+        }
+        let service_certificate =
+            certificate.is_some_and(|certificate| certificate.service || certificate.cluster_node);
+        if service_certificate && metadata.get("authorization").is_none() {
             return Ok(Caller::Service);
         }
         let token = bearer_token(metadata)?;

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 use presence_core::Store;
+use presence_tls::ServerTls;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -46,6 +47,10 @@ pub struct PreparedServer {
     /// `config.cors_origins` as browsers send them; read here because a bad
     /// one refuses the configuration.
     cors_origins: Vec<HeaderValue>,
+    /// The service port's TLS material, read and checked here because an
+    /// expired certificate or a key that is not its own refuses the
+    /// configuration (T1, B7).
+    pub(crate) tls: Option<Arc<ServerTls>>,
 }
 
 impl std::fmt::Debug for PreparedServer {
@@ -71,6 +76,8 @@ pub(crate) struct Restored {
     pub(crate) data_dir: Option<DataDir>,
     /// The origins whose pages may call over gRPC-Web.
     pub(crate) cors_origins: Vec<HeaderValue>,
+    /// The service port's TLS, with TLS on.
+    pub(crate) tls: Option<Arc<ServerTls>>,
 }
 
 impl PreparedServer {
@@ -96,6 +103,7 @@ impl PreparedServer {
         if let Some(cluster) = &config.cluster {
             cluster.validate()?;
         }
+        let tls = config.tls.clone().map(ServerTls::load).transpose()?.map(Arc::new);
         let cors_origins = config
             .cors_origins
             .iter()
@@ -112,7 +120,7 @@ impl PreparedServer {
             }
             None => (None, None, None),
         };
-        Ok(PreparedServer { config, clock, auth, data_dir, durable, stored, cors_origins })
+        Ok(PreparedServer { config, clock, auth, data_dir, durable, stored, cors_origins, tls })
     }
 
     /// Loads the last checkpoint and the stored relations into a new store
@@ -122,7 +130,7 @@ impl PreparedServer {
     /// reconnecting gateways wait in the listen backlog instead of being
     /// refused and backing off.
     pub(crate) fn restore(self, membership: Option<Membership>) -> Result<Restored, ServeError> {
-        let PreparedServer { config, clock, auth, data_dir, durable, stored, cors_origins } = self;
+        let PreparedServer { config, clock, auth, data_dir, durable, stored, cors_origins, tls } = self;
         let started = clock.now();
         let hold_until = started.saturating_add(config.restart_grace_ms());
         let restored = match &data_dir {
@@ -158,6 +166,6 @@ impl PreparedServer {
         if let Some(stored) = stored {
             context.privacy.load(stored, started);
         }
-        Ok(Restored { config, context, cluster, auth, expiry_wake, data_dir, cors_origins })
+        Ok(Restored { config, context, cluster, auth, expiry_wake, data_dir, cors_origins, tls })
     }
 }

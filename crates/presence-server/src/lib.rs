@@ -15,6 +15,7 @@
 //! no cluster task.
 
 mod api;
+pub use api::metrics_port::RenderMetrics;
 mod auth;
 mod bootstrap;
 #[cfg(feature = "shuttle")]
@@ -131,6 +132,12 @@ pub struct ServerConfig {
     pub console: bool,
     /// Cluster mode (`--etcd`): `None` is a single node (C5).
     pub cluster: Option<ClusterConfig>,
+    /// TLS on the service port (T1, T2): `None` serves plaintext.
+    pub tls: Option<presence_tls::ServerTlsFiles>,
+    /// How often TLS material (the server's, the peer and etcd client
+    /// certificates) is read again to see whether it changed (T4); SIGHUP
+    /// reads it at once.
+    pub tls_reload_interval: Duration,
 }
 
 /// The CPUs this process may use (2 when the system cannot tell): the
@@ -171,6 +178,8 @@ impl Default for ServerConfig {
             cors_origins: Vec::new(),
             console: true,
             cluster: None,
+            tls: None,
+            tls_reload_interval: Duration::from_secs(2),
         }
     }
 }
@@ -212,6 +221,9 @@ pub enum ServeError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// TLS material cannot be used.
+    #[error("TLS: {0}")]
+    Tls(#[from] presence_tls::TlsError),
     /// The data directory cannot be used.
     #[error("data directory {path}: {message}")]
     DataDir {
@@ -236,6 +248,13 @@ pub async fn serve(
 }
 
 impl PreparedServer {
+    /// Serves `render` (the Prometheus text of the metrics) at `/metrics` on
+    /// `listener` for as long as the runtime runs, over TLS when the service
+    /// port has it, with the same certificate.
+    pub fn spawn_metrics_endpoint(&self, listener: TcpListener, render: api::metrics_port::RenderMetrics) {
+        tokio::spawn(api::metrics_port::serve(listener, render, self.tls.clone(), self.config.handshake_timeout));
+    }
+
     /// Serves on `listener` until `shutdown` completes, as [`serve`] does.
     pub async fn serve(
         self,
@@ -255,7 +274,7 @@ async fn serve_prepared(
         Some(config) => Some(Membership::join(config, prepared.config.max_streams_per_connection).await?),
         None => None,
     };
-    let bootstrap::Restored { config, context, cluster, auth, expiry_wake, data_dir, cors_origins } =
+    let bootstrap::Restored { config, context, cluster, auth, expiry_wake, data_dir, cors_origins, tls } =
         prepared.restore(membership)?;
     let (store, clock, stopping) =
         (Arc::clone(context.store()), context.publisher.clock.clone(), context.stopping.clone());
@@ -280,6 +299,11 @@ async fn serve_prepared(
         cluster::start(&context, cluster);
     }
     tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
+    tokio::spawn(api::tls::keep_reloading(
+        api::tls::Reloadable::of(tls.as_ref(), cluster.as_deref()),
+        config.tls_reload_interval,
+        stopping.clone(),
+    ));
     let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
 
     let service_context = Arc::clone(&context);
@@ -308,7 +332,7 @@ async fn serve_prepared(
     let incoming = tonic::transport::server::TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(Duration::from_secs(60)));
-    tracing::info!(addr = ?local_addr, shards = config.store.shards, "serving");
+    tracing::info!(addr = ?local_addr, shards = config.store.shards, tls = tls.is_some(), "serving");
     let stop_signal = {
         let drain_context = Arc::clone(&service_context);
         let stopping = stopping.clone();
@@ -335,7 +359,8 @@ async fn serve_prepared(
     // still open then are closed with their threads.
     let closing = CancellationToken::new();
     let _close_on_return = closing.clone().drop_guard();
-    let admission = connections::Admission::new(config.max_connections, config.handshake_timeout, cors_origins);
+    let admission =
+        connections::Admission::new(config.max_connections, config.handshake_timeout, cors_origins, tls.clone());
     let server = connections::server(config.max_streams_per_connection);
     let served = async {
         if config.connection_threads == 0 {

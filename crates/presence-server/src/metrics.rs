@@ -64,6 +64,18 @@ pub mod names {
     pub const CONNECTIONS_REFUSED: &str = "presenced_connections_refused_total";
     /// Connections closed for not completing the HTTP/2 handshake in time (counter).
     pub const HANDSHAKE_TIMEOUTS: &str = "presenced_handshake_timeouts_total";
+    /// TLS handshakes that failed, by `reason` (`plaintext`: a client spoke
+    /// plaintext to the TLS port; `handshake`: rustls refused it, for a
+    /// certificate, a protocol version or a broken record).
+    pub const TLS_HANDSHAKE_FAILURES: &str = "presenced_tls_handshake_failures_total";
+    /// TLS handshakes completed, by `resumed` (`true` when the client resumed a session).
+    pub const TLS_HANDSHAKES: &str = "presenced_tls_handshakes_total";
+    /// Reloads of TLS material from its files, by `material` (`server`,
+    /// `peer`, `etcd`) and `result` (`changed`, `failed`).
+    pub const TLS_RELOADS: &str = "presenced_tls_reloads_total";
+    /// Seconds until a certificate in use expires (negative once it has), by
+    /// `certificate` (`service`, `peer`, `peer-client`, `etcd-client`).
+    pub const TLS_CERTIFICATE_EXPIRY_SECONDS: &str = "presenced_tls_certificate_expiry_seconds";
     /// Accepted joins of a session to a room (counter).
     pub const ROOM_JOINS: &str = "presenced_room_joins_total";
     /// Accepted signals: set, extended or cleared (counter).

@@ -53,6 +53,41 @@ pub(crate) enum Command {
     H2loadPrepare(H2loadPrepareArgs),
     /// Make a report of an h2load run: its output, its --log-file, presenced's metrics before and after.
     H2loadReport(H2loadReportArgs),
+    /// A storm of TLS clients (presenced with --tls): full handshakes, then each client resuming
+    /// its session; time until all are served, handshakes/s, server CPU per handshake.
+    TlsHandshakes(HandshakeArgs),
+    /// Connections that make one call each and stay open, idle: the server's memory per
+    /// connection (plaintext, or TLS with --tls).
+    IdleConnections(IdleArgs),
+}
+
+/// `tls-handshakes` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct HandshakeArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    /// Clients in each storm.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) clients: usize,
+    /// Clients connecting at once.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) concurrency: usize,
+    /// presenced's process id, for its CPU time per handshake.
+    #[arg(long)]
+    pub(crate) server_pid: Option<u32>,
+}
+
+/// `idle-connections` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct IdleArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    /// Connections held open.
+    #[arg(long, default_value_t = 2_000)]
+    pub(crate) connections: u64,
+    /// presenced's process id, for its resident memory.
+    #[arg(long)]
+    pub(crate) server_pid: Option<u32>,
 }
 
 impl Command {
@@ -72,6 +107,8 @@ impl Command {
             Command::Overload(a) => &a.common,
             Command::H2loadPrepare(a) => &a.common,
             Command::H2loadReport(a) => &a.common,
+            Command::TlsHandshakes(a) => &a.common,
+            Command::IdleConnections(a) => &a.common,
         }
     }
 }
@@ -116,11 +153,29 @@ pub(crate) struct Common {
     /// The cluster's `--etcd-prefix`.
     #[arg(long, default_value = "/presenced/")]
     pub(crate) etcd_prefix: String,
+    /// presenced serves TLS: dial `https://` (`--addr` without a scheme
+    /// becomes https://ADDR), verifying its certificate against `--tls-ca`.
+    #[arg(long)]
+    pub(crate) tls: bool,
+    /// The PEM CA of presenced's certificate (with `--tls`) [default: the system's roots].
+    #[arg(long, value_name = "FILE", requires = "tls")]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// A PEM client certificate, for a presenced with `--tls-client-ca`; with `--tls-key`.
+    #[arg(long, value_name = "FILE", requires_all = ["tls", "tls_key"])]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The key of `--tls-cert`.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
 }
 
 impl Common {
     /// The target's addresses.
     pub(crate) fn endpoints(&self) -> Endpoints {
+        let tls = self.tls.then(|| crate::conn::TlsFiles {
+            ca: self.tls_ca.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+        });
         Endpoints {
             target: self.target,
             addr: self.addr.clone(),
@@ -128,6 +183,7 @@ impl Common {
             cluster_slots: self.cluster_slots,
             etcd: self.etcd.clone(),
             etcd_prefix: self.etcd_prefix.clone(),
+            tls,
         }
     }
 }

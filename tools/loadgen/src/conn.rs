@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use presence_client::pb::{self, lease_item, lease_result};
-use presence_client::{ClusterLeases, LeaseChannel, LeaseChannelConfig, lease_result as split_result};
+use presence_client::{ClientTlsConfig, ClusterLeases, LeaseChannel, LeaseChannelConfig, lease_result as split_result};
 use presence_proto::v1::presence_client::PresenceClient;
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::ids::{Population, session_id, user_id};
 use crate::redis_seed::{self, DUE_KEY, Scripts};
@@ -79,6 +79,16 @@ pub(crate) struct Endpoints {
     pub(crate) etcd: Vec<String>,
     /// The cluster's key prefix in etcd.
     pub(crate) etcd_prefix: String,
+    /// presenced serves TLS (`--tls`): its CA, and a client certificate.
+    pub(crate) tls: Option<TlsFiles>,
+}
+
+/// The TLS files of `--tls-ca`, `--tls-cert` and `--tls-key`.
+#[derive(Debug, Clone)]
+pub(crate) struct TlsFiles {
+    pub(crate) ca: Option<std::path::PathBuf>,
+    pub(crate) cert: Option<std::path::PathBuf>,
+    pub(crate) key: Option<std::path::PathBuf>,
 }
 
 impl Endpoints {
@@ -90,18 +100,28 @@ impl Endpoints {
         }
     }
 
-    /// `http://host:port`
+    /// `http://host:port`, or `https://host:port` with `--tls`.
     pub(crate) fn presenced_uri(&self) -> String {
-        if self.addr.contains("://") { self.addr.clone() } else { format!("http://{}", self.addr) }
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        if self.addr.contains("://") { self.addr.clone() } else { format!("{scheme}://{}", self.addr) }
     }
 
-    /// One plain HTTP/2 connection to presenced.
+    /// The TLS settings presence-client dials with (`None`: plaintext).
+    pub(crate) fn client_tls(&self) -> Result<Option<ClientTlsConfig>, String> {
+        let Some(files) = &self.tls else { return Ok(None) };
+        ClientTlsConfig::from_files(files.ca.clone(), files.cert.clone(), files.key.clone())
+            .map(Some)
+            .map_err(|e| format!("--tls-ca/--tls-cert: {e}"))
+    }
+
+    /// A `LeaseChannelConfig` with `config`'s settings and this target's TLS.
+    pub(crate) fn lease_config(&self, config: LeaseChannelConfig) -> Result<LeaseChannelConfig, String> {
+        Ok(LeaseChannelConfig { tls: self.client_tls()?, ..config })
+    }
+
+    /// One HTTP/2 connection to presenced (TLS with `--tls`).
     pub(crate) async fn grpc_channel(&self) -> Result<Channel, String> {
-        Endpoint::from_shared(self.presenced_uri())
-            .map_err(|e| format!("bad address {}: {e}", self.addr))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .connect()
+        presence_client::connect(&self.presenced_uri(), self.client_tls()?.as_ref())
             .await
             .map_err(|e| format!("cannot connect to {}: {e}", self.addr))
     }
@@ -157,7 +177,7 @@ pub(crate) async fn open_conns(spec: &ConnSpec) -> Result<Vec<Conn>, String> {
         (TargetKind::Presenced, Mode::Unary) => {
             let mut channels = Vec::new();
             for _ in 0..connections {
-                channels.push(crate::direct::DirectChannel::connect(&spec.endpoints.presenced_uri()).await?);
+                channels.push(crate::direct::DirectChannel::connect(&spec.endpoints).await?);
             }
             for w in 0..workers {
                 let ch = channels[(w % connections) as usize].clone();
@@ -171,7 +191,7 @@ pub(crate) async fn open_conns(spec: &ConnSpec) -> Result<Vec<Conn>, String> {
                 max_batch: spec.batch.max(1) as usize,
                 max_delay: spec.max_delay,
                 max_in_flight_batches: if mode == Mode::Coalesced { 8 } else { in_flight },
-                ..LeaseChannelConfig::default()
+                ..spec.endpoints.lease_config(LeaseChannelConfig::default())?
             };
             if spec.endpoints.cluster_slots > 0 {
                 if mode == Mode::Coalesced {
@@ -840,6 +860,7 @@ mod tests {
             cluster_slots: 1024,
             etcd: Vec::new(),
             etcd_prefix: "/presenced/".into(),
+            tls: None,
         };
         let spec = ConnSpec {
             endpoints,

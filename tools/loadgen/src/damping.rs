@@ -126,7 +126,9 @@ pub(crate) async fn run(args: DampingArgs, progress: Progress) -> Result<Report,
     let before = suppressed(args.metrics_addr.as_deref()).await;
 
     let config = LeaseChannelConfig { max_batch: args.drive.batch.max(1) as usize, ..LeaseChannelConfig::default() };
-    let channel = LeaseChannel::connect(endpoints.presenced_uri(), config).await.map_err(|e| e.to_string())?;
+    let channel = LeaseChannel::connect(endpoints.presenced_uri(), endpoints.lease_config(config)?)
+        .await
+        .map_err(|e| e.to_string())?;
     let flaps = Arc::new(Mutex::new(Flaps::default()));
     let mut batches = JoinSet::new();
     let start = Instant::now();

@@ -14,8 +14,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
+use presence_tls::{ClientTls, ClientTlsFiles, TlsEndpoint};
 use tonic::body::Body;
+use tower_service::Service as _;
 
 /// One HTTP/2 connection, shared by clones.
 #[derive(Debug, Clone)]
@@ -26,17 +28,39 @@ pub(crate) struct DirectChannel {
 }
 
 impl DirectChannel {
-    /// Connects to `uri` (`http://host:port`) with TCP_NODELAY, within 5 s.
-    pub(crate) async fn connect(uri: &str) -> Result<DirectChannel, String> {
-        let origin: http::uri::Uri = uri.parse().map_err(|e| format!("bad address {uri}: {e}"))?;
+    /// Connects to presenced at `endpoints` (TLS with `--tls`) with TCP_NODELAY, within 5 s.
+    pub(crate) async fn connect(endpoints: &crate::conn::Endpoints) -> Result<DirectChannel, String> {
+        let uri = endpoints.presenced_uri();
+        let tls = match &endpoints.tls {
+            Some(files) => Some(std::sync::Arc::new(
+                ClientTls::load(ClientTlsFiles::new(files.ca.clone(), files.cert.clone(), files.key.clone()))
+                    .map_err(|e| e.to_string())?,
+            )),
+            None => None,
+        };
+        DirectChannel::connect_to(&uri, tls).await
+    }
+
+    /// Connects to `uri` (`http://host:port`, or `https://` with `tls`).
+    pub(crate) async fn connect_to(uri: &str, tls: Option<std::sync::Arc<ClientTls>>) -> Result<DirectChannel, String> {
+        let target = TlsEndpoint::new(uri, tls, None).map_err(|e| e.to_string())?;
+        let origin = target.address().clone();
         let authority = origin.authority().ok_or_else(|| format!("no host:port in {uri}"))?.to_string();
-        let tcp = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(&authority))
+        let stream = tokio::time::timeout(Duration::from_secs(5), target.connector().call(target.dial()))
             .await
             .map_err(|_| format!("cannot connect to {authority}: timed out"))?
             .map_err(|e| format!("cannot connect to {authority}: {e}"))?;
-        tcp.set_nodelay(true).map_err(|e| format!("cannot set TCP_NODELAY: {e}"))?;
+        DirectChannel::over(stream, origin).await
+    }
+
+    /// An HTTP/2 connection over `io`, already connected (and through TLS) to `origin`.
+    pub(crate) async fn over<Io>(io: Io, origin: http::uri::Uri) -> Result<DirectChannel, String>
+    where
+        Io: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let authority = origin.authority().map(ToString::to_string).unwrap_or_default();
         let (sender, connection) = http2::Builder::new(TokioExecutor::new())
-            .handshake(TokioIo::new(tcp))
+            .handshake(io)
             .await
             .map_err(|e| format!("HTTP/2 handshake with {authority} failed: {e}"))?;
         tokio::spawn(async move {
@@ -78,7 +102,7 @@ mod tests {
     #[tokio::test]
     async fn unary_calls_through_one_direct_connection_are_answered_with_their_statuses() {
         let server = TestServer::start(fast_config()).await;
-        let channel = DirectChannel::connect(&server.url()).await.unwrap();
+        let channel = DirectChannel::connect_to(&server.url(), None).await.unwrap();
         let mut client = PresenceClient::new(channel.clone());
         let registered = client
             .register(RegisterRequest {
@@ -106,7 +130,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         drop(listener);
-        let err = DirectChannel::connect(&format!("http://{addr}")).await.unwrap_err();
+        let err = DirectChannel::connect_to(&format!("http://{addr}"), None).await.unwrap_err();
         assert!(err.starts_with(&format!("cannot connect to {addr}")), "{err}");
     }
 }

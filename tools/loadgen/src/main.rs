@@ -9,7 +9,8 @@
 //! viewers with and without `known_versions`), `room-count`, `room-members` and `typing`
 //! (rooms and signals, see `rooms/`), `damping` (flaps with and without the server's offline
 //! grace), `soak` (a long run of renewing sessions, then a reconnect storm), `overload`
-//! (renewals at twice capacity beside registers, unregisters and revokes), and `h2load-prepare` /
+//! (renewals at twice capacity beside registers, unregisters and revokes), `tls-handshakes` and
+//! `idle-connections` (what TLS costs: handshake storms, memory per connection), and `h2load-prepare` /
 //! `h2load-report` around an h2load run (an outside client's view of unary `Renew`). `--help` on each
 //! subcommand lists its flags; `benches/compare.sh` runs them all against both targets.
 
@@ -35,6 +36,7 @@ mod server;
 mod server_cpu;
 mod soak;
 mod stats;
+mod tls;
 
 use std::process::ExitCode;
 
@@ -79,6 +81,8 @@ fn main() -> ExitCode {
             Command::Overload(args) => overload::run(args, progress).await,
             Command::H2loadPrepare(args) => h2load::prepare(args).await,
             Command::H2loadReport(args) => h2load::report(args),
+            Command::TlsHandshakes(args) => tls::handshakes(args, progress).await,
+            Command::IdleConnections(args) => tls::idle(args, progress).await,
         }
     });
     let report = match outcome {

@@ -34,7 +34,7 @@ use presence_client::{LeaseChannel, LeaseChannelConfig, lease_result as split_re
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::cli::OverloadArgs;
 use crate::conn::{
@@ -451,12 +451,7 @@ pub(crate) async fn run(args: OverloadArgs, progress: Progress) -> Result<Report
 
 /// One HTTP/2 connection.
 async fn grpc(endpoints: &Endpoints) -> Result<Channel, String> {
-    Endpoint::from_shared(endpoints.presenced_uri())
-        .map_err(|e| format!("bad address: {e}"))?
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .map_err(|e| format!("cannot connect to {}: {e}", endpoints.host()))
+    endpoints.grpc_channel().await
 }
 
 /// The operations of phase `phase`: targets `phase * per_phase ..` of each, at `rate` each

@@ -887,9 +887,10 @@ async fn start_expiring(
     run: Arc<Run>,
     total: u64,
 ) -> Result<JoinHandle<()>, String> {
-    let channel = LeaseChannel::connect(endpoints.presenced_uri(), LeaseChannelConfig::default())
-        .await
-        .map_err(|e| e.to_string())?;
+    let channel =
+        LeaseChannel::connect(endpoints.presenced_uri(), endpoints.lease_config(LeaseChannelConfig::default())?)
+            .await
+            .map_err(|e| e.to_string())?;
     let (per_minute, ttl_ms) = (args.expiring_per_minute, args.expiring_ttl_ms);
     Ok(tokio::spawn(async move {
         if per_minute == 0 {

@@ -41,6 +41,19 @@
 //! handshake), so `Guarded` carries it. The hand-off queue to each
 //! connection thread is bounded by its share of `max_connections`; when it
 //! is full the connection is refused the same way, never queued.
+//!
+//! TLS (contract T1, T2), when the server has a certificate: the handshake
+//! is part of the opening, under the same deadline and the same place under
+//! the cap. A connection's TLS handshake runs on the thread that will serve
+//! it, at most [`HANDSHAKES_IN_FLIGHT`] at once per thread (beyond those,
+//! connections wait in the hand-off queue, their deadlines running), so
+//! that a storm of handshakes takes a bounded share of each thread and the
+//! connections already served keep theirs. A client whose first byte is
+//! not a TLS handshake record spoke plaintext to the TLS port: it is told
+//! so in its own protocol (an HTTP/2 GOAWAY, an HTTP/1 400) and closed. A
+//! TLS client refused at the cap is closed before its handshake (no TLS
+//! alert says "too many connections"), which it sees as a connection closed
+//! during the handshake and retries as it would `UNAVAILABLE`.
 
 use std::io::Write as _;
 use std::pin::Pin;
@@ -50,6 +63,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, counter, gauge};
+use presence_tls::{ClientCertificate, ServerTls};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::error::TrySendError;
@@ -58,9 +72,10 @@ use tokio::time::{Instant, Sleep};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
+use tonic::transport::server::{Connected, TcpIncoming};
 
 use crate::api::web;
+use crate::auth::ConnectionInfo;
 use crate::metrics::names;
 
 /// The HTTP/2 client connection preface (RFC 9113, 3.4).
@@ -77,17 +92,51 @@ const FRAME_HEADER_BYTES: usize = 9;
 /// (elsewhere, or later) is safe. The debug data says why, for a person
 /// reading a packet capture or a client log.
 fn refusal_frames() -> Vec<u8> {
-    const DEBUG: &[u8] = b"presenced: too many connections (max-connections)";
     const REFUSED_STREAM: u32 = 0x7;
+    goaway_frames(b"presenced: too many connections (max-connections)", REFUSED_STREAM)
+}
+
+/// What an HTTP/2 client that speaks plaintext to the TLS port is answered
+/// with: a GOAWAY whose debug data (which clients print, as h2's "connection
+/// error received: ...") says what to change. PROTOCOL_ERROR, because a
+/// retry of the same thing cannot succeed.
+fn tls_required_frames() -> Vec<u8> {
+    const PROTOCOL_ERROR: u32 = 0x1;
+    goaway_frames(TLS_REQUIRED.as_bytes(), PROTOCOL_ERROR)
+}
+
+/// What a plaintext client on the TLS port is told.
+const TLS_REQUIRED: &str = "presenced: this port speaks TLS; connect with https:// and the server's CA";
+
+fn goaway_frames(debug: &[u8], error_code: u32) -> Vec<u8> {
     let mut frames = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0]; // SETTINGS, no parameters
-    let length = u32::try_from(8 + DEBUG.len()).expect("a short debug text");
+    let length = u32::try_from(8 + debug.len()).expect("a short debug text");
     frames.extend_from_slice(&length.to_be_bytes()[1..]);
     frames.extend_from_slice(&[0x7, 0, 0, 0, 0, 0]); // GOAWAY, no flags, stream 0
     frames.extend_from_slice(&0u32.to_be_bytes()); // last stream id
-    frames.extend_from_slice(&REFUSED_STREAM.to_be_bytes());
-    frames.extend_from_slice(DEBUG);
+    frames.extend_from_slice(&error_code.to_be_bytes());
+    frames.extend_from_slice(debug);
     frames
 }
+
+/// What an HTTP/1 client (curl, a browser) that speaks plaintext to the TLS
+/// port is answered with.
+fn http1_tls_required() -> Vec<u8> {
+    let text = format!("{TLS_REQUIRED}\n");
+    format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{text}",
+        text.len()
+    )
+    .into_bytes()
+}
+
+/// The first byte of a TLS record that carries a handshake message: a TLS
+/// client's first byte. No HTTP/1 method and not the HTTP/2 preface starts with it.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// TLS handshakes one server loop (one connection thread) works on at once.
+pub(crate) const HANDSHAKES_IN_FLIGHT: usize = 32;
 
 /// What a client beyond the cap that speaks HTTP/1 (a browser) is answered
 /// with: a 503 that fetch reports as such, with the gRPC status a gRPC-Web
@@ -158,6 +207,14 @@ pub(crate) struct Admission {
     /// The origins whose pages may call over gRPC-Web (`--cors-origin`), as
     /// browsers send them: a refusal to one of their pages carries CORS headers.
     cors_origins: Arc<[http::HeaderValue]>,
+    /// The server's TLS material, with TLS on.
+    tls: Option<Arc<ServerTls>>,
+    /// TLS handshakes refused, by reason (counters).
+    tls_plaintext: Counter,
+    tls_failed: Counter,
+    /// TLS handshakes completed, resumed or full (counters).
+    tls_resumed: Counter,
+    tls_full: Counter,
 }
 
 /// Refused connections kept open at once until their client has read the
@@ -176,6 +233,7 @@ impl Admission {
         max_connections: usize,
         handshake_timeout: Duration,
         cors_origins: Vec<http::HeaderValue>,
+        tls: Option<Arc<ServerTls>>,
     ) -> Self {
         Admission {
             permits: Arc::new(Semaphore::new(max_connections.min(Semaphore::MAX_PERMITS))),
@@ -188,6 +246,11 @@ impl Admission {
             refused_unlogged: Arc::default(),
             lingering: Arc::new(Semaphore::new(LINGERING_REFUSALS)),
             cors_origins: cors_origins.into(),
+            tls,
+            tls_plaintext: counter!(names::TLS_HANDSHAKE_FAILURES, "reason" => "plaintext"),
+            tls_failed: counter!(names::TLS_HANDSHAKE_FAILURES, "reason" => "handshake"),
+            tls_resumed: counter!(names::TLS_HANDSHAKES, "resumed" => "true"),
+            tls_full: counter!(names::TLS_HANDSHAKES, "resumed" => "false"),
         }
     }
 
@@ -238,9 +301,7 @@ impl Admission {
 }
 
 /// Answers a refused connection in the protocol its first bytes show, then
-/// keeps it open until its client closes or a second passes: closing a
-/// socket whose client's bytes are still arriving makes the kernel answer
-/// with a reset, which can reach the client before it has read the refusal.
+/// closes it ([`answer_and_close`]).
 async fn answer_refused(mut stream: TcpStream, cors_origins: &[http::HeaderValue]) {
     let mut first = vec![0; REFUSED_HEAD_BYTES];
     let mut received = 0;
@@ -255,13 +316,19 @@ async fn answer_refused(mut stream: TcpStream, cors_origins: &[http::HeaderValue
             }
             let head = &first[..received];
             let http2 = PREFACE.starts_with(&head[..head.len().min(PREFACE_BYTES)]);
-            if received >= 2 && (http2 || head.windows(4).any(|w| w == b"\r\n\r\n") || received == first.len()) {
+            let tls = head[0] == TLS_HANDSHAKE_RECORD;
+            if tls || (received >= 2 && (http2 || head.windows(4).any(|w| w == b"\r\n\r\n") || received == first.len()))
+            {
                 break;
             }
         }
     });
     let _ = sniffed.await;
     let head = &first[..received];
+    if head.first() == Some(&TLS_HANDSHAKE_RECORD) {
+        // A TLS client: nothing it could read without a handshake.
+        return;
+    }
     let http1 = received > 0 && !PREFACE.starts_with(&head[..received.min(PREFACE_BYTES)]);
     let answer = if http1 {
         let origin =
@@ -270,8 +337,16 @@ async fn answer_refused(mut stream: TcpStream, cors_origins: &[http::HeaderValue
     } else {
         refusal_frames()
     };
+    answer_and_close(stream, &answer).await;
+}
+
+/// Writes `answer` and keeps the connection open until its client closes or
+/// [`REFUSAL_LINGER`] passes: closing a socket whose client's bytes are still
+/// arriving makes the kernel answer with a reset, which can reach the client
+/// before it has read the answer.
+async fn answer_and_close(mut stream: TcpStream, answer: &[u8]) {
     let _ = tokio::time::timeout(REFUSAL_LINGER, async {
-        let _ = stream.write_all(&answer).await;
+        let _ = stream.write_all(answer).await;
         let _ = stream.shutdown().await;
         let mut discard = [0; 1024];
         while matches!(stream.read(&mut discard).await, Ok(read) if read > 0) {}
@@ -293,16 +368,36 @@ impl Drop for Admitted {
     }
 }
 
-/// An admitted connection as hyper sees it: the socket, its place under the
-/// cap, and until the handshake is complete, its deadline.
+/// An admitted connection as hyper sees it: the socket (under TLS, once its
+/// TLS handshake is done), its place under the cap, and until the opening
+/// is complete, its deadline.
 #[derive(Debug)]
 pub(crate) struct Guarded {
-    inner: TcpStream,
+    inner: Transport,
     /// `None` once the client has sent its opening (see [`Opening`]).
     handshake: Option<Handshake>,
     /// Counts a connection closed for its handshake.
     timeouts: Counter,
+    /// Who the connection is, for every request on it.
+    info: ConnectionInfo,
     _admitted: Admitted,
+}
+
+/// A connection's bytes: plaintext, or TLS over the socket.
+#[derive(Debug)]
+enum Transport {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// Calls `$method` on the transport's stream, whichever it is.
+macro_rules! on_transport {
+    ($transport:expr, $stream:ident => $call:expr) => {
+        match $transport {
+            Transport::Plain($stream) => $call,
+            Transport::Tls($stream) => $call,
+        }
+    };
 }
 
 /// A connection's deadline for its opening, and how far the opening is.
@@ -386,13 +481,21 @@ impl Opening {
 }
 
 impl Guarded {
-    fn new(inner: TcpStream, admitted: Admitted, deadline: Instant, admission: &Admission) -> Self {
+    fn new(
+        inner: Transport,
+        admitted: Admitted,
+        deadline: Instant,
+        admission: &Admission,
+        certificate: Option<ClientCertificate>,
+    ) -> Self {
         let handshake =
             Handshake { deadline: Box::pin(tokio::time::sleep_until(deadline)), opening: Opening::Preface(0) };
+        let info = ConnectionInfo { certificate: certificate.map(Arc::new) };
         Guarded {
             inner,
             handshake: Some(handshake),
             timeouts: admission.handshake_timeouts.clone(),
+            info,
             _admitted: admitted,
         }
     }
@@ -415,7 +518,7 @@ impl AsyncRead for Guarded {
             )));
         }
         let before = buf.filled().len();
-        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let polled = on_transport!(&mut this.inner, stream => Pin::new(stream).poll_read(cx, buf));
         if let Some(handshake) = &mut this.handshake {
             handshake.opening = handshake.opening.after(&buf.filled()[before..]);
             if handshake.opening == Opening::Complete {
@@ -428,7 +531,7 @@ impl AsyncRead for Guarded {
 
 impl AsyncWrite for Guarded {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        on_transport!(&mut self.get_mut().inner, stream => Pin::new(stream).poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -436,30 +539,117 @@ impl AsyncWrite for Guarded {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        on_transport!(&mut self.get_mut().inner, stream => Pin::new(stream).poll_write_vectored(cx, bufs))
     }
 
     // hyper writes many replies in one `writev` only if this says it can
     // (see the module doc of the connection threads).
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        on_transport!(&self.inner, stream => stream.is_write_vectored())
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        on_transport!(&mut self.get_mut().inner, stream => Pin::new(stream).poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        on_transport!(&mut self.get_mut().inner, stream => Pin::new(stream).poll_shutdown(cx))
     }
 }
 
 impl Connected for Guarded {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ConnectionInfo;
 
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.inner.connect_info()
+    fn connect_info(&self) -> ConnectionInfo {
+        self.info.clone()
     }
+}
+
+/// A connection admitted and not yet served: its socket, place and deadline.
+#[derive(Debug)]
+struct Accepted {
+    stream: TcpStream,
+    admitted: Admitted,
+    deadline: Instant,
+}
+
+/// The connections of `accepted` ready for hyper: as they are in
+/// plaintext; with TLS, once their handshake is done (at most
+/// [`HANDSHAKES_IN_FLIGHT`] at once, each by its deadline). A connection
+/// that fails its handshake is closed here and never reaches hyper.
+fn ready_to_serve(
+    accepted: impl Stream<Item = Accepted> + Send + 'static,
+    admission: Admission,
+) -> Pin<Box<dyn Stream<Item = std::io::Result<Guarded>> + Send>> {
+    if admission.tls.is_none() {
+        return Box::pin(accepted.map(move |Accepted { stream, admitted, deadline }| {
+            Ok(Guarded::new(Transport::Plain(stream), admitted, deadline, &admission, None))
+        }));
+    }
+    let handshakes = accepted.map({
+        let admission = admission.clone();
+        move |accepted| tls_handshake(accepted, admission.clone())
+    });
+    Box::pin(
+        futures_util::StreamExt::buffer_unordered(handshakes, HANDSHAKES_IN_FLIGHT)
+            .filter_map(|guarded| guarded.map(Ok)),
+    )
+}
+
+/// The TLS handshake of one connection, by its deadline, with the material
+/// current now; `None` if it failed (counted and logged at debug: a
+/// client's mistake is for the client to see, and a flood of them must not
+/// flood the log).
+async fn tls_handshake(accepted: Accepted, admission: Admission) -> Option<Guarded> {
+    let Accepted { stream, admitted, deadline } = accepted;
+    let material = admission.tls.as_ref()?.current();
+    let handshake = async {
+        let mut first = [0; 1];
+        if stream.peek(&mut first).await? == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed before its handshake"));
+        }
+        if first[0] != TLS_HANDSHAKE_RECORD {
+            admission.tls_plaintext.increment(1);
+            answer_plaintext(stream).await;
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "plaintext on the TLS port"));
+        }
+        material.acceptor().accept(stream).await.inspect_err(|_| admission.tls_failed.increment(1))
+    };
+    match tokio::time::timeout_at(deadline, handshake).await {
+        Ok(Ok(tls)) => {
+            let resumed = tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+            if resumed { &admission.tls_resumed } else { &admission.tls_full }.increment(1);
+            let certificate = material.client_certificate(tls.get_ref().1);
+            Some(Guarded::new(Transport::Tls(Box::new(tls)), admitted, deadline, &admission, certificate))
+        }
+        Ok(Err(err)) => {
+            tracing::debug!(%err, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            admission.handshake_timeouts.increment(1);
+            None
+        }
+    }
+}
+
+/// Tells a client that spoke plaintext to the TLS port so, in the protocol
+/// of its first bytes, and closes the connection ([`answer_and_close`]).
+async fn answer_plaintext(mut stream: TcpStream) {
+    let mut first = [0; PREFACE_BYTES];
+    let mut received = 0;
+    let _ = tokio::time::timeout(REFUSAL_SNIFF, async {
+        while received < 2 {
+            match stream.read(&mut first[received..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => received += read,
+            }
+        }
+    })
+    .await;
+    let http2 = PREFACE.starts_with(&first[..received]);
+    let answer = if http2 { tls_required_frames() } else { http1_tls_required() };
+    answer_and_close(stream, &answer).await;
 }
 
 /// The connections of `incoming` that `admission` admits, for tonic's own
@@ -468,21 +658,29 @@ pub(crate) fn admitted(
     incoming: TcpIncoming,
     admission: Admission,
 ) -> impl Stream<Item = std::io::Result<Guarded>> + Send + 'static {
-    incoming.filter_map(move |accepted| {
-        let stream = match accepted {
-            Ok(stream) => stream,
-            Err(err) => return Some(Err(err)),
-        };
-        match admission.admit() {
-            Some(admitted) => Some(Ok(Guarded::new(stream, admitted, admission.handshake_deadline(), &admission))),
-            None => {
-                if let Ok(stream) = stream.into_std() {
-                    admission.refuse(stream, "at max-connections");
+    let accepted = incoming.filter_map({
+        let admission = admission.clone();
+        move |accepted| {
+            let stream = match accepted {
+                Ok(stream) => stream,
+                Err(err) => {
+                    // Out of file descriptors, a reset before accept: the listener is fine.
+                    tracing::warn!(%err, "cannot accept a connection");
+                    return None;
                 }
-                None
+            };
+            match admission.admit() {
+                Some(admitted) => Some(Accepted { stream, admitted, deadline: admission.handshake_deadline() }),
+                None => {
+                    if let Ok(stream) = stream.into_std() {
+                        admission.refuse(stream, "at max-connections");
+                    }
+                    None
+                }
             }
         }
-    })
+    });
+    ready_to_serve(accepted, admission)
 }
 
 /// The server settings every connection is served with.
@@ -545,14 +743,16 @@ impl ConnectionThreads {
                     // A stream the acceptor registered with its own runtime is
                     // moved here as a std stream and registered with this one
                     // (and so is its deadline's timer).
-                    let incoming = ReceiverStream::new(receiver).map(|handoff| {
+                    let accepted = ReceiverStream::new(receiver).filter_map(|handoff| {
                         let Handoff { stream, admitted, handshake_deadline } = handoff;
                         TcpStream::from_std(stream)
-                            .map(|stream| Guarded::new(stream, admitted, handshake_deadline, &admission))
+                            .map(|stream| Accepted { stream, admitted, deadline: handshake_deadline })
                             .inspect_err(|err| {
                                 tracing::warn!(%err, "cannot take over a connection; it is closed");
                             })
+                            .ok()
                     });
+                    let incoming = ready_to_serve(accepted, admission);
                     let serving = server.serve_with_incoming_shutdown(front, incoming, stopping.cancelled_owned());
                     tokio::select! {
                         served = serving => served,
@@ -663,7 +863,7 @@ mod tests {
         drop(gone);
         let (live_thread, mut served) = mpsc::channel(4);
         let (reports, results): (Vec<_>, Vec<_>) = (0..2).map(|_| oneshot::channel()).unzip();
-        let admission = Admission::new(8, Duration::from_secs(10), Vec::new());
+        let admission = Admission::new(8, Duration::from_secs(10), Vec::new(), None);
         let threads = ConnectionThreads { handoff: vec![stopped_thread, live_thread], stopped: results, admission };
         let stopping = CancellationToken::new();
         let accepting = tokio::spawn(threads.serve(TcpIncoming::from(listener), stopping.clone()));
@@ -697,7 +897,7 @@ mod tests {
         // A thread that is stuck: its queue holds one connection and nothing takes it.
         let (stuck_thread, mut queued) = mpsc::channel(1);
         let (report, result) = oneshot::channel();
-        let admission = Admission::new(8, Duration::from_secs(10), Vec::new());
+        let admission = Admission::new(8, Duration::from_secs(10), Vec::new(), None);
         let threads = ConnectionThreads { handoff: vec![stuck_thread], stopped: vec![result], admission };
         let stopping = CancellationToken::new();
         let accepting = tokio::spawn(threads.serve(TcpIncoming::from(listener), stopping.clone()));

@@ -4,5 +4,7 @@
 //! or by another node.
 
 pub(crate) mod connections;
+pub(crate) mod metrics_port;
 pub(crate) mod service;
+pub(crate) mod tls;
 pub(crate) mod web;

@@ -64,7 +64,7 @@ impl PresenceService {
     }
 
     fn caller<T>(&self, request: &Request<T>) -> Result<Caller, ServiceError> {
-        self.auth.caller(request.metadata())
+        self.auth.caller_of(request)
     }
 
     /// Authenticates a caller that must be a service.

@@ -25,6 +25,7 @@ use presence_cluster::{
 };
 use presence_core::{SlotSet, slot_of};
 use presence_proto::v1::{self as pb, cluster_client::ClusterClient};
+use presence_tls::{ClientTls, ClientTlsFiles};
 use tokio::time::Instant;
 use tonic::Status;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -59,6 +60,15 @@ pub struct ClusterConfig {
     /// own accord (handing its slots over as it drains): one of the service
     /// tokens every node accepts. `None` when the cluster runs open.
     pub peer_token: Option<String>,
+    /// Node-to-node TLS, as this node dials the others: the cluster's CA,
+    /// which their certificates must come from, and the certificate this
+    /// node shows them. With it, nodes dial each other over `https://`,
+    /// verifying each other's advertised names, and accept `Cluster` calls
+    /// only from a certificate of the cluster's CA (T2).
+    pub peer_tls: Option<ClientTlsFiles>,
+    /// TLS to etcd (`https://` endpoints): its CA, and a client certificate
+    /// for etcd's `--client-cert-auth`.
+    pub etcd_tls: Option<ClientTlsFiles>,
 }
 
 impl ClusterConfig {
@@ -74,6 +84,8 @@ impl ClusterConfig {
             settle: Duration::from_secs(2),
             rebalance: true,
             peer_token: None,
+            peer_tls: None,
+            etcd_tls: None,
         }
     }
 }
@@ -97,8 +109,25 @@ impl ClusterConfig {
         if self.lease_ttl < Duration::from_secs(2) {
             return refuse("cluster.lease_ttl", "must be at least 2 s (etcd counts whole seconds, less a margin)");
         }
+        // Read now, so that a bad file refuses the start (B7); `join` reads them again.
+        self.client_tls()?;
         Ok(())
     }
+
+    /// The peer and etcd client TLS material, read and checked.
+    pub(crate) fn client_tls(&self) -> Result<ClusterTls, crate::ServeError> {
+        let load = |files: &Option<ClientTlsFiles>| {
+            files.clone().map(ClientTls::load).transpose().map(|tls| tls.map(Arc::new))
+        };
+        Ok(ClusterTls { peer: load(&self.peer_tls)?, etcd: load(&self.etcd_tls)? })
+    }
+}
+
+/// A node's client TLS material: to the other nodes, and to etcd.
+#[derive(Debug)]
+pub(crate) struct ClusterTls {
+    peer: Option<Arc<ClientTls>>,
+    etcd: Option<Arc<ClientTls>>,
 }
 
 /// The most slots a cluster may have: the slot map is read whole.
@@ -156,6 +185,9 @@ pub enum JoinError {
     /// etcd refused a step of joining.
     #[error("joining the cluster through etcd: {0}")]
     Etcd(#[from] presence_cluster::Error),
+    /// The node-to-node or etcd TLS material cannot be used.
+    #[error("joining the cluster: {0}")]
+    Tls(String),
 }
 
 /// A node's part in its cluster, kept while it serves.
@@ -220,13 +252,34 @@ pub(crate) struct Membership {
     /// What this node presents to the others for its own calls (a drain's
     /// handover): the first service token, when there are any.
     peer_token: Option<MetadataValue<Ascii>>,
+    /// Node-to-node TLS as this node dials: with it, `Cluster` calls are
+    /// taken only from a certificate of the cluster's CA.
+    peer_tls: Option<Arc<ClientTls>>,
+    /// TLS to etcd.
+    etcd_tls: Option<Arc<ClientTls>>,
 }
 
 impl Membership {
+    /// The client TLS material this node dials with, by use (`peer`, `etcd`),
+    /// to be read again when it changes.
+    pub(crate) fn tls_material(&self) -> impl Iterator<Item = (&'static str, Arc<ClientTls>)> {
+        let peer = self.peer_tls.clone().map(|tls| ("peer", tls));
+        let etcd = self.etcd_tls.clone().map(|tls| ("etcd", tls));
+        peer.into_iter().chain(etcd)
+    }
+
+    /// Whether `Cluster` calls need a certificate of the cluster's CA (T2):
+    /// with node-to-node TLS, a service token alone does not make a node.
+    pub(crate) fn requires_peer_certificate(&self) -> bool {
+        self.peer_tls.is_some()
+    }
+
     /// Joins the cluster `config` describes; the cluster's nodes allow
     /// `max_streams_per_connection` streams a connection.
     pub(crate) async fn join(config: &ClusterConfig, max_streams_per_connection: u32) -> Result<Membership, JoinError> {
-        let etcd = Etcd::connect_any(&config.etcd)
+        let ClusterTls { peer: peer_tls, etcd: etcd_tls } =
+            config.client_tls().map_err(|err| JoinError::Tls(err.to_string()))?;
+        let etcd = Etcd::connect_any(&config.etcd, etcd_tls.as_ref())
             .await
             .map_err(|last| JoinError::Unreachable { endpoints: config.etcd.clone(), last })?;
         let lease = NodeLease::grant(&etcd, config.lease_ttl, LEASE_MARGIN).await?;
@@ -264,7 +317,9 @@ impl Membership {
             taken_in: Mutex::new(SlotSet::new(config.slots)),
             map,
             nodes,
-            peers: Peers::new(max_streams_per_connection),
+            peers: Peers::new(max_streams_per_connection, peer_tls.clone()),
+            peer_tls,
+            etcd_tls,
             coordinator: Mutex::new(coordinator),
             advertise: config.advertise.clone(),
             settle: config.settle,

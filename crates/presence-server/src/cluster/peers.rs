@@ -21,9 +21,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use presence_proto::v1::presence_client::PresenceClient;
+use presence_tls::{ClientTls, TlsEndpoint};
 use tokio_stream::Stream;
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::error::ServiceError;
 
@@ -34,6 +35,10 @@ pub(crate) struct Peers {
     connections: Mutex<HashMap<String, Vec<PeerConnection>>>,
     /// Long-lived streams one connection carries at most.
     long_streams_per_connection: usize,
+    /// Node-to-node TLS: with it, nodes are dialled over `https://`, and
+    /// their certificates must come from the cluster's CA and name the
+    /// address they advertise.
+    tls: Option<Arc<ClientTls>>,
 }
 
 /// One connection to a node, and how many long-lived streams it carries.
@@ -47,9 +52,9 @@ impl Peers {
     /// Connections to nodes that each allow `max_streams_per_connection`
     /// concurrent streams on a connection (the cluster's nodes share their
     /// `--max-streams-per-connection`).
-    pub(crate) fn new(max_streams_per_connection: u32) -> Self {
+    pub(crate) fn new(max_streams_per_connection: u32, tls: Option<Arc<ClientTls>>) -> Self {
         let long_streams_per_connection = (max_streams_per_connection as usize / 2).max(1);
-        Peers { connections: Mutex::new(HashMap::new()), long_streams_per_connection }
+        Peers { connections: Mutex::new(HashMap::new()), long_streams_per_connection, tls }
     }
 
     /// The connection for short calls to the node at `address` (host:port).
@@ -57,7 +62,9 @@ impl Peers {
         let mut connections = self.connections.lock();
         let to_node = match connections.get_mut(address) {
             Some(to_node) => to_node,
-            None => connections.entry(address.to_owned()).or_insert(vec![PeerConnection::open(address)?]),
+            None => {
+                connections.entry(address.to_owned()).or_insert(vec![PeerConnection::open(address, self.tls.as_ref())?])
+            }
         };
         Ok(to_node[0].channel.clone())
     }
@@ -79,7 +86,7 @@ impl Peers {
         let connection = match to_node.iter().position(|c| has_room(&c)) {
             Some(at) => &to_node[at],
             None => {
-                to_node.push(PeerConnection::open(address)?);
+                to_node.push(PeerConnection::open(address, self.tls.as_ref())?);
                 to_node.last().expect("just pushed")
             }
         };
@@ -97,14 +104,22 @@ impl Peers {
 
 impl PeerConnection {
     /// A connection to the node at `address`, made by its first call.
-    fn open(address: &str) -> Result<PeerConnection, ServiceError> {
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|_| ServiceError::Peer { node: address.to_owned(), status: Status::internal("bad address") })?
+    fn open(address: &str, tls: Option<&Arc<ClientTls>>) -> Result<PeerConnection, ServiceError> {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let bad_address = |err: presence_tls::TlsError| ServiceError::Peer {
+            node: address.to_owned(),
+            status: Status::internal(format!("bad address: {err}")),
+        };
+        let node = TlsEndpoint::new(&format!("{scheme}://{address}"), tls.cloned(), None).map_err(bad_address)?;
+        let endpoint = node
+            .endpoint()
             .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5));
-        Ok(PeerConnection { channel: endpoint.connect_lazy(), long_streams: Arc::default() })
+        Ok(PeerConnection {
+            channel: endpoint.connect_with_connector_lazy(node.connector()),
+            long_streams: Arc::default(),
+        })
     }
 }
 
@@ -153,7 +168,7 @@ mod tests {
     /// go on a new connection, and a place given back is taken again first.
     #[tokio::test]
     async fn long_streams_past_half_a_connections_allowance_open_another_connection() {
-        let peers = Peers::new(4);
+        let peers = Peers::new(4, None);
         let address = "127.0.0.1:1";
         peers.channel(address).unwrap();
         let mut places: Vec<StreamPlace> = (0..2).map(|_| peers.stream_client(address).unwrap().1).collect();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use presence_proto::v1::{self as pb, cluster_server::Cluster};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, ConnectionInfo};
 use crate::cluster::ClusterNode;
 use crate::cluster::handover::{move_slots, take_slots};
 use crate::cluster::membership::slot_set;
@@ -38,8 +38,19 @@ impl ClusterService {
         self.cluster.as_ref().ok_or(ServiceError::NotClustered { operation })
     }
 
+    /// A caller that may use the `Cluster` service: a service caller and,
+    /// with node-to-node TLS, on a connection with a certificate of the
+    /// cluster's CA (T2): a service token alone does not make a node.
     fn service_only<T>(&self, request: &Request<T>, operation: &'static str) -> Result<(), ServiceError> {
-        self.auth.caller(request.metadata())?.require_service(operation)
+        if self.cluster.as_ref().is_some_and(|cluster| cluster.membership.requires_peer_certificate())
+            && !ConnectionInfo::is_cluster_node(request)
+        {
+            return Err(ServiceError::PermissionDenied {
+                operation,
+                reason: "Cluster calls are for the cluster's nodes: this connection has no certificate of the cluster's CA",
+            });
+        }
+        self.auth.caller_of(request)?.require_service(operation)
     }
 
     /// This node's part in its cluster, for a call another node (a service

@@ -1,0 +1,82 @@
+//! The metrics port: Prometheus text at `/metrics`, over TLS when the
+//! service port has it (T1), with the same certificate, rotated with it.
+//!
+//! A scraper is one trusted process, so the port keeps only what protects
+//! the server: at most [`CONNECTIONS`] connections at once (more are closed
+//! at accept), and a TLS handshake deadline.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use presence_tls::ServerTls;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+/// Connections the metrics port serves at once.
+const CONNECTIONS: usize = 64;
+
+/// What renders the metrics text.
+pub type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Serves `render` at `/metrics` on `listener` for as long as the process
+/// runs; a TLS handshake must end within `handshake_timeout`.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    render: RenderMetrics,
+    tls: Option<Arc<ServerTls>>,
+    handshake_timeout: Duration,
+) {
+    let places = Arc::new(Semaphore::new(CONNECTIONS));
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                tracing::warn!(%err, "cannot accept a metrics connection");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Ok(place) = Arc::clone(&places).try_acquire_owned() else { continue };
+        let (render, tls) = (Arc::clone(&render), tls.clone());
+        tokio::spawn(async move {
+            let _place = place;
+            serve_connection(stream, render, tls, handshake_timeout).await;
+        });
+    }
+}
+
+async fn serve_connection(stream: TcpStream, render: RenderMetrics, tls: Option<Arc<ServerTls>>, timeout: Duration) {
+    let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+        let render = Arc::clone(&render);
+        async move { Ok::<_, Infallible>(answer(&request, &render)) }
+    });
+    let http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let served = match tls {
+        None => http.serve_connection(TokioIo::new(stream), service).await,
+        Some(tls) => match tokio::time::timeout(timeout, tls.current().acceptor().accept(stream)).await {
+            Ok(Ok(stream)) => http.serve_connection(TokioIo::new(stream), service).await,
+            Ok(Err(err)) => return tracing::debug!(%err, "metrics port: TLS handshake failed"),
+            Err(_) => return tracing::debug!("metrics port: TLS handshake timed out"),
+        },
+    };
+    if let Err(err) = served {
+        tracing::debug!(%err, "metrics connection ended with an error");
+    }
+}
+
+fn answer(request: &Request<hyper::body::Incoming>, render: &RenderMetrics) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match request.uri().path() {
+        "/metrics" | "/" => (StatusCode::OK, "text/plain; version=0.0.4", render()),
+        _ => (StatusCode::NOT_FOUND, "text/plain", "not found: metrics are at /metrics\n".to_owned()),
+    };
+    Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, content_type)
+        .body(Full::new(Bytes::from(body)))
+        .expect("a static response")
+}
