@@ -5,6 +5,7 @@
 #   LOAD_USERS=1200000 EXPIRY_USERS=100000 bash benches/compare.sh   # the issue's full sizes
 #   SCENARIOS="expiry-scale h2load" bash benches/compare.sh           # a subset
 #   SCENARIOS="room-count room-members typing damping" bash benches/compare.sh   # rooms, signals, damping (presenced only)
+#   SCENARIOS=tls bash benches/compare.sh        # TLS beside plaintext: throughput, handshake storms, memory
 #
 # What it does:
 #   1. builds target/release/presenced and target/release/presence-loadgen;
@@ -42,6 +43,9 @@ FANOUT_DURATION=${FANOUT_DURATION:-10s}
 BATCH_SWEEP=${BATCH_SWEEP:-100:8 1000:8 4000:4}  # batches: size:in-flight pairs, each run on both
 FANOUT_MILLION_CHURN=${FANOUT_MILLION_CHURN:-15000}   # fanout-million: flips/s asked (5,000 users)
 FANOUT_MILLION_WINDOW_MS=${FANOUT_MILLION_WINDOW_MS:-50}
+TLS_ROUNDS=${TLS_ROUNDS:-2}                    # tls: plaintext and TLS runs alternate this many times
+TLS_STORM_CLIENTS=${TLS_STORM_CLIENTS:-10000}  # tls: clients in each handshake storm
+TLS_IDLE_CONNECTIONS=${TLS_IDLE_CONNECTIONS:-2000}   # tls: idle connections held for the memory figure
 EXPIRY_SCALE_USERS=${EXPIRY_SCALE_USERS:-1000000}       # expiry-scale: leases ending within the window
 EXPIRY_SCALE_WINDOW_MS=${EXPIRY_SCALE_WINDOW_MS:-10000}
 EXPIRY_SCALE_GATEWAY_SESSIONS=${EXPIRY_SCALE_GATEWAY_SESSIONS:-10000}  # renewed throughout, unary
@@ -133,12 +137,29 @@ start_presenced() {
     "${SERVER_PIN[@]}" "$PRESENCED" serve --listen 127.0.0.1:0 --min-renew-interval-ms 0 "${PRESENCED_EXTRA[@]}" \
         >"$out" 2>"$WORK/presenced.err" &
     PRESENCED_PID=$!
-    for _ in $(seq 100); do
+    # Up to 30 s: a busy machine (a build beside the benchmark) can take a while to start it.
+    for _ in $(seq 600); do
         grep -q '^listening on ' "$out" 2>/dev/null && break
+        kill -0 "$PRESENCED_PID" 2>/dev/null || break
         sleep 0.05
     done
     PRESENCED_ADDR=$(sed -n 's/^listening on //p' "$out" | head -1)
     [[ -n $PRESENCED_ADDR ]] || { echo "presenced did not start:" >&2; cat "$WORK/presenced.err" >&2; exit 1; }
+}
+
+# make_tls_certs: a throwaway CA and a certificate for 127.0.0.1 in $WORK/tls (openssl).
+make_tls_certs() {
+    local dir="$WORK/tls"
+    mkdir -p "$dir"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=compare-ca \
+        -keyout "$dir/ca-key.pem" -out "$dir/ca.pem" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 \
+        -keyout "$dir/server-key.pem" -out "$dir/server.csr" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$dir/ext.cnf"
+    openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca-key.pem" -CAcreateserial -days 2 \
+        -extfile "$dir/ext.cnf" -out "$dir/server.pem" 2>/dev/null
+    TLS_SERVE=(--tls-cert "$dir/server.pem" --tls-key "$dir/server-key.pem")
+    TLS_DIAL=(--tls --tls-ca "$dir/ca.pem")
 }
 
 # utime + stime of a process (all its threads), in clock ticks: fields 14 and 15 of
@@ -419,6 +440,61 @@ for room in range(20000):
                 --stalled-viewer --mode unary --concurrency 16 --connections 2
         done
         ;;
+    tls)
+        # presenced only: TLS beside plaintext, each workload run against a plaintext server
+        # and a TLS one (rustls; the same certificate for all), alternating TLS_ROUNDS times
+        # so that drift on a shared machine falls on both. Unary Renew as in `load` (one
+        # connection thread, the generator one event loop), Leases batches of 100, and the
+        # fan-out of `fanout`. Then a storm of TLS_STORM_CLIENTS clients connecting with full
+        # handshakes and again resuming their sessions, and the server's memory per idle
+        # connection, plaintext and TLS.
+        make_tls_certs
+        common=(--users "$LOAD_USERS" --sessions-per-user "$SESSIONS_PER_USER" --ttl-ms "$LOAD_TTL_MS"
+            --duration "$LOAD_DURATION" --register-mode leases --connections "$CONNECTIONS")
+        for round in $(seq "$TLS_ROUNDS"); do
+            for kind in plain tls; do
+                serve=() dial=()
+                if [[ $kind == tls ]]; then serve=("${TLS_SERVE[@]}") dial=("${TLS_DIAL[@]}"); fi
+                stop_servers
+                PRESENCED_EXTRA=(--connection-threads 1 "${serve[@]}")
+                start_presenced
+                run "tls-unary-$kind-$round" presenced load "${common[@]}" "${dial[@]}" --mode unary \
+                    --concurrency "$CONCURRENCY" --batch "$BATCH" --threads 1
+                stop_servers
+                PRESENCED_EXTRA=("${serve[@]}")
+                start_presenced
+                run "tls-batch100-$kind-$round" presenced load "${common[@]}" "${dial[@]}" --mode leases \
+                    --concurrency "$BATCH_CONCURRENCY" --batch 100
+                stop_servers
+                start_presenced
+                run "tls-fanout-$kind-$round" presenced fanout "${dial[@]}" --viewers "$FANOUT_VIEWERS" \
+                    --watch "$FANOUT_WATCH" --population "$FANOUT_POPULATION" --churn-rate "$FANOUT_CHURN" \
+                    --duration "$FANOUT_DURATION" --mode unary --concurrency 16 --connections 2
+            done
+        done
+        # The same storm in plaintext first: what a connection and its first call cost without TLS.
+        stop_servers
+        PRESENCED_EXTRA=()
+        start_presenced
+        run tls-handshakes-plain presenced tls-handshakes --clients "$TLS_STORM_CLIENTS" \
+            --concurrency 256 --server-pid "$PRESENCED_PID"
+        stop_servers
+        PRESENCED_EXTRA=("${TLS_SERVE[@]}")
+        start_presenced
+        run tls-handshakes presenced tls-handshakes "${TLS_DIAL[@]}" --clients "$TLS_STORM_CLIENTS" \
+            --concurrency 256 --server-pid "$PRESENCED_PID"
+        for kind in plain tls; do
+            serve=() dial=()
+            if [[ $kind == tls ]]; then serve=("${TLS_SERVE[@]}") dial=("${TLS_DIAL[@]}"); fi
+            stop_servers
+            PRESENCED_EXTRA=("${serve[@]}")
+            start_presenced
+            run "tls-idle-$kind" presenced idle-connections "${dial[@]}" --connections "$TLS_IDLE_CONNECTIONS" \
+                --server-pid "$PRESENCED_PID"
+        done
+        stop_servers
+        PRESENCED_EXTRA=()
+        ;;
     soak)
         # presenced only, and long (SOAK_DURATION, then a reconnect storm of
         # SOAK_STORM_SESSIONS): SOAK_SESSIONS renewing every 15 s +- 3 s, 1,000 expiring
@@ -441,7 +517,7 @@ for room in range(20000):
             --metrics-addr "127.0.0.1:$METRICS_PORT"
         PRESENCED_EXTRA=()
         ;;
-    *) echo "unknown scenario $scenario (load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-members, typing, damping, room-memory; not by default: soak, overload)" >&2; exit 2 ;;
+    *) echo "unknown scenario $scenario (load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-members, typing, damping, room-memory; not by default: soak, overload, tls)" >&2; exit 2 ;;
     esac
 done
 stop_servers
@@ -631,3 +707,53 @@ PY
 echo
 echo "The generator and both servers shared $(nproc) cores: absolute figures understate both; compare ratios."
 echo "Reports (ghz JSON fields + a 'scenario' object) and console output: $RESULTS"
+
+# TLS beside plaintext (SCENARIOS=tls): each round's ratio, and the handshake and memory figures.
+python3 - "$RESULTS" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+def rep(name):
+    p = os.path.join(d, name + ".json")
+    return json.load(open(p)) if os.path.exists(p) else None
+def g(rp, *path):
+    v = rp
+    for k in path:
+        v = v.get(k) if isinstance(v, dict) else None
+    return v
+rows = []
+for workload, label, path in (("unary", "unary Renew", ("scenario", "heartbeats_per_s")),
+                              ("batch100", "Leases batches of 100", ("scenario", "heartbeats_per_s")),
+                              ("fanout", "fan-out events/s", ("scenario", "phase_plain", "events_per_s"))):
+    r = 1
+    while rep(f"tls-{workload}-plain-{r}") or rep(f"tls-{workload}-tls-{r}"):
+        plain, tls = g(rep(f"tls-{workload}-plain-{r}"), *path), g(rep(f"tls-{workload}-tls-{r}"), *path)
+        ratio = "{:.1%}".format(tls / plain) if plain and tls else "-"
+        rows.append((f"{label}, round {r}", "{:,.0f}".format(plain or 0), "{:,.0f}".format(tls or 0), ratio))
+        r += 1
+if not rows:
+    sys.exit(0)
+print("\nTLS beside plaintext (presenced only; per second)")
+w = [max(len(x[i]) for x in rows + [("workload", "plaintext", "TLS", "TLS / plaintext")]) for i in range(4)]
+line = lambda x: "  ".join(s.ljust(w[i]) if i == 0 else s.rjust(w[i]) for i, s in enumerate(x))
+out = [line(("workload", "plaintext", "TLS", "TLS / plaintext"))] + [line(x) for x in rows]
+h, plain = rep("tls-handshakes"), g(rep("tls-handshakes-plain"), "scenario", "plaintext")
+base = (plain or {}).get("server_cpu_us_per_connection")
+for storm, s in (("plaintext", plain), ("full", g(h, "scenario", "full")), ("resumed", g(h, "scenario", "resumed"))):
+    if not s:
+        continue
+    us = s.get("server_cpu_us_per_connection") or 0
+    tls_part = "" if storm == "plaintext" or not base else \
+        "; TLS's part {:.0f} us = {:,.0f} handshakes per core per s".format(us - base, 1e6 / (us - base) if us > base else 0)
+    out.append("storm, {}: {:,} clients ({:,} resumed), all served in {:,.0f} ms ({:,.0f}/s); server CPU {:.0f} us "
+               "per connection + call{}; a served connection's p99 {:.2f} ms quiet, {:.2f} ms during".format(
+               storm, s["clients"], s["resumed"], s["all_served_ms"], s["handshakes_per_s"], us, tls_part,
+               s["served_connection_p99_ms_quiet"], s["served_connection_p99_ms_during"]))
+for kind in ("plain", "tls"):
+    i = rep(f"tls-idle-{kind}")
+    if i:
+        out.append("idle connection, {}: {:,.0f} B of server memory each ({:,} held)".format(
+            kind, g(i, "scenario", "bytes_per_connection") or 0, g(i, "scenario", "connections") or 0))
+text = "\n".join(out)
+print(text)
+open(os.path.join(d, "tls-table.txt"), "w").write(text + "\n")
+PY

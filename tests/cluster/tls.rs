@@ -140,6 +140,12 @@ async fn t2_three_nodes_and_etcd_over_mutual_tls_route_move_and_take_over_and_re
         .expect_err("a service token without a node's certificate");
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     assert!(refused.message().contains("certificate of the cluster's CA"), "{refused:?}");
+    // And not the calls nodes make of each other either.
+    let scan = as_gateway
+        .room_scan(crate::common::with_token(pb::RoomScanRequest::default(), Some(TOKEN)))
+        .await
+        .expect_err("RoomScan with a service token alone");
+    assert_eq!(scan.code(), Code::PermissionDenied, "{scan:?}");
 
     // A planned move, asked by an operator holding a node's certificate: the
     // slot's users go to node-b over node-to-node TLS, nobody flips.
