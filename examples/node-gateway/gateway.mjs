@@ -22,10 +22,17 @@
 // Watch of the users it asks for and a member watch of its room, both acting
 // for the socket's user (so privacy applies), relayed as JSON with versions.
 //
+// presenced may be reached over TLS: an https:// PRESENCED_URL, with the
+// server's CA (PRESENCED_CA) and, under mutual TLS, the gateway's certificate
+// and key (PRESENCED_CERT, PRESENCED_KEY), files read at start. A certificate
+// whose identity presenced lists with --tls-service-identity makes the
+// gateway a service caller without PRESENCED_TOKEN.
+//
 // Authentication is out of scope here: the user comes from the URL
 // (`/ws?user=alice&session=tab-1&room=lobby`). A real gateway takes the user
 // from its authenticated handshake and the session id from the auth session
 // (stable per device login), never from the client.
+import { readFileSync } from "node:fs";
 import { readFile } from "node:fs/promises";
 import http from "node:http";
 import path from "node:path";
@@ -43,11 +50,39 @@ const HEARTBEAT_MS = Number(process.env.HEARTBEAT_MS ?? 15_000);
 const LINGER_MS = Number(process.env.LINGER_MS ?? 0);
 const LISTEN_PORT = Number(process.env.PORT ?? 8080);
 const MAX_WATCHED = 1_000; // users one page may watch
+const TLS = presencedTls(); // for an https:// PRESENCED_URL
 
-const channel = connectLeaseChannel(PRESENCED_URL, { bearerToken: PRESENCED_TOKEN });
-const transport = nodeTransport(PRESENCED_URL);
+const channel = connectLeaseChannel(PRESENCED_URL, { bearerToken: PRESENCED_TOKEN, tls: TLS });
+const transport = nodeTransport(PRESENCED_URL, { tls: TLS });
 const presence = createClient(Presence, transport);
 const serviceHeaders = PRESENCED_TOKEN === undefined ? undefined : { authorization: `Bearer ${PRESENCED_TOKEN}` };
+
+/**
+ * The client's TLS settings from the environment: PRESENCED_CA (the CA that
+ * issued presenced's certificate; without it, Node's own roots),
+ * PRESENCED_CERT and PRESENCED_KEY (a client certificate, for mutual TLS),
+ * PRESENCED_SERVER_NAME (the name presenced's certificate carries, when it
+ * is not PRESENCED_URL's host). None set: no settings (an https:// URL then
+ * trusts Node's roots).
+ */
+function presencedTls() {
+  const { PRESENCED_CA: ca, PRESENCED_CERT: cert, PRESENCED_KEY: key, PRESENCED_SERVER_NAME: servername } = process.env;
+  if (!ca && !cert && !key && !servername) return undefined;
+  const file = (variable, path) => {
+    if (!path) return undefined;
+    try {
+      return readFileSync(path);
+    } catch (err) {
+      throw new Error(`${variable}=${path}: ${err.message}`);
+    }
+  };
+  return {
+    ca: file("PRESENCED_CA", ca),
+    cert: file("PRESENCED_CERT", cert),
+    key: file("PRESENCED_KEY", key),
+    servername: servername || undefined,
+  };
+}
 
 const send = (ws, message) => {
   if (ws.readyState === ws.OPEN) ws.send(JSON.stringify(message, (_, value) => (typeof value === "bigint" ? value.toString() : value)));

@@ -1,12 +1,14 @@
 // The web console (O4) in a real browser: Debian's chromium, driven by
 // playwright-core, loads http://ADDR/console/ from a real presenced and follows
-// users over gRPC-Web while a gateway process registers, renews and dies.
+// users over gRPC-Web while a gateway process registers, renews and dies; and
+// the same from https://ADDR/console/ when presenced serves TLS (T1).
 import assert from "node:assert/strict";
 import { mkdirSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { test } from "node:test";
 import { pathToFileURL } from "node:url";
 
+import { Pki, tlsFlags } from "../certs.mjs";
 import { CLIENT, OUT, PATIENCE_MS, launchBrowser, quantile, screenshot, startGateway, startServer } from "./harness.mjs";
 
 const TTL_MS = 2_000;
@@ -48,6 +50,46 @@ test("the console shows a user go ONLINE when a gateway registers and OFFLINE wi
   );
   assert.equal(await page.locator(row("bob")).getAttribute("data-state"), "OFFLINE");
   await screenshot(page, "console-offline");
+});
+
+test("over https: the console loads from presenced's TLS port in a chromium that trusts only that certificate's key, and follows a user's flips over gRPC-Web on the same origin", async (t) => {
+  const pki = new Pki("server");
+  const certificate = pki.issue("server", ["localhost", "127.0.0.1"]);
+  const server = await startServer(tlsFlags(certificate), { tls: true });
+  t.after(server.stop);
+  assert.match(server.url, /^https:\/\/127\.0\.0\.1:\d+$/);
+  const browser = await launchBrowser({ trust: [certificate.certPem] });
+  t.after(() => browser.close());
+  const page = await browser.newPage();
+  const calls = [];
+  page.on("request", (request) => {
+    if (request.url().includes("/presence.v1.Presence/")) calls.push(request.url());
+  });
+
+  const response = await page.goto(`${server.url}/console/?users=alice`);
+  assert.equal(response.status(), 200);
+  const security = await response.securityDetails();
+  assert.ok(security, "the page came over TLS");
+  assert.match(security.protocol, /^TLS 1\.[23]$/);
+  assert.equal(security.subjectName, "localhost", "the certificate presenced was given");
+  assert.equal(await page.evaluate(() => performance.getEntriesByType("navigation")[0].nextHopProtocol), "h2", "HTTP/2, chosen by ALPN");
+  await page.locator(row("alice", "OFFLINE")).waitFor({ timeout: PATIENCE_MS });
+
+  const gateway = await startGateway(server.url, [{ userId: "alice", sessionId: "tab-1" }], { ttlMs: TTL_MS, heartbeatMs: 500, ca: pki.caPath });
+  t.after(gateway.stop);
+  await page.locator(row("alice", "ONLINE")).waitFor({ timeout: PATIENCE_MS });
+  await page.locator('#stats dd[data-figure="online users"]', { hasText: /^1$/ }).waitFor({ timeout: PATIENCE_MS });
+  await screenshot(page, "console-https");
+  await gateway.kill();
+  await page.locator(row("alice", "OFFLINE")).waitFor({ timeout: PATIENCE_MS });
+  assert.ok(calls.length > 0, "the page called presenced");
+  const others = calls.filter((url) => !url.startsWith(`${server.url}/presence.v1.Presence/`));
+  assert.deepEqual(others, [], "every gRPC-Web call went to the page's own https:// origin");
+
+  // A server whose certificate's key chromium was not told of is refused: the trust is that one key's.
+  const stranger = await startServer(tlsFlags(new Pki("stranger").issue("server", ["localhost", "127.0.0.1"])), { tls: true });
+  t.after(stranger.stop);
+  await assert.rejects(page.goto(`${stranger.url}/console/`), /net::ERR_CERT_AUTHORITY_INVALID/);
 });
 
 test("the console asks for a token when the server has credentials, and works once given one", async (t) => {

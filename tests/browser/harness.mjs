@@ -3,8 +3,11 @@
 // playwright-core (CHROMIUM, by default /usr/bin/chromium), gateways as child
 // processes (so that one can be killed like a crashed gateway), and waits that
 // are conditions with a deadline. Screenshots and figures go to
-// target/browser/.
+// target/browser/. Over TLS, certificates come from the repository's
+// tests/certs.mjs (openssl), and chromium is told to trust exactly the
+// server's key.
 import { spawn } from "node:child_process";
+import { X509Certificate, createHash } from "node:crypto";
 import { existsSync, mkdirSync } from "node:fs";
 import path from "node:path";
 import { createInterface } from "node:readline";
@@ -53,8 +56,11 @@ async function firstLine(child, pattern, what) {
   return Promise.race([found, deadline]);
 }
 
-/** `presenced serve --listen 127.0.0.1:0 ARGS...`, until `stop()`. */
-export async function startServer(args = []) {
+/**
+ * `presenced serve --listen 127.0.0.1:0 ARGS...`, until `stop()`; its `url`
+ * is `https://` when `tls` (ARGS carry `--tls-cert` and `--tls-key`).
+ */
+export async function startServer(args = [], { tls = false } = {}) {
   need(BINARY, "build it with `cargo build -p presenced` (or set PRESENCED_BIN)");
   const child = spawn(BINARY, ["serve", "--listen", "127.0.0.1:0", ...args], {
     stdio: ["ignore", "pipe", "inherit"],
@@ -63,7 +69,7 @@ export async function startServer(args = []) {
   const [, addr] = await firstLine(child, /listening on (\S+)/, "listening line from presenced");
   return {
     addr,
-    url: `http://${addr}`,
+    url: `${tls ? "https" : "http"}://${addr}`,
     stop: () => stopChild(child),
   };
 }
@@ -71,7 +77,8 @@ export async function startServer(args = []) {
 /**
  * A gateway in its own Node process (gateway.mjs): it registers `sessions`
  * through the TypeScript client's LeaseChannel and renews them until it is
- * killed. Resolves once every session is registered.
+ * killed. Resolves once every session is registered. `options.ca`: the file
+ * of the CA that issued an https:// server's certificate.
  */
 export async function startGateway(serverUrl, sessions, options = {}) {
   need(path.join(CLIENT, "index.js"), "build the TypeScript client: `npm --prefix clients/js ci && npm --prefix clients/js run build`");
@@ -83,6 +90,7 @@ export async function startGateway(serverUrl, sessions, options = {}) {
       GATEWAY_SESSIONS: JSON.stringify(sessions),
       GATEWAY_TTL_MS: String(options.ttlMs ?? 2_000),
       GATEWAY_HEARTBEAT_MS: String(options.heartbeatMs ?? 500),
+      ...(options.ca ? { PRESENCED_CA: options.ca } : {}),
     },
   });
   await firstLine(child, /^registered/, "registration from the gateway");
@@ -103,10 +111,24 @@ function stopChild(child) {
   return new Promise((resolve) => child.once("exit", resolve));
 }
 
-/** Debian's chromium, headless. */
-export async function launchBrowser() {
+/**
+ * Debian's chromium, headless. It trusts the keys of `trust` (PEM
+ * certificates) and no other untrusted certificate: chromium's
+ * `--ignore-certificate-errors-spki-list` pins each one's public key, so a
+ * test's server certificate is accepted without trusting everything (as
+ * `ignoreHTTPSErrors` would).
+ */
+export async function launchBrowser({ trust = [] } = {}) {
   need(CHROMIUM, "install it with `bash .ci/install-browser` (Debian's chromium), or set CHROMIUM");
-  return chromium.launch({ executablePath: CHROMIUM, headless: true, args: ["--no-sandbox", "--disable-gpu"] });
+  const args = ["--no-sandbox", "--disable-gpu"];
+  if (trust.length > 0) args.push(`--ignore-certificate-errors-spki-list=${trust.map(spkiPin).join(",")}`);
+  return chromium.launch({ executablePath: CHROMIUM, headless: true, args });
+}
+
+/** The base64 SHA-256 of a PEM certificate's SubjectPublicKeyInfo: the form chromium's SPKI list takes. */
+export function spkiPin(certificatePem) {
+  const spki = new X509Certificate(certificatePem).publicKey.export({ type: "spki", format: "der" });
+  return createHash("sha256").update(spki).digest("base64");
 }
 
 /** Saves a screenshot of `page` as target/browser/NAME.png, for people to look at. */

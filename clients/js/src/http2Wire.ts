@@ -9,6 +9,9 @@
  * open, so that a server that vanished without closing it (a dead host, a
  * partition) fails the stream within `pingIntervalMs + pingTimeoutMs` and the
  * channel reopens it, as with connect's Node transport.
+ *
+ * An `https://` base URL speaks TLS, with the CA, client certificate and
+ * server name of `options.tls` (see {@link ClientTlsOptions}).
  */
 import * as http2 from "node:http2";
 
@@ -17,6 +20,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { FRAME_HEADER_BYTES, decodeResults, encodeBatchFrame } from "./leaseCodec.js";
 import { codeOf } from "./call.js";
 import type { LeaseSink, LeaseStream, LeaseWire } from "./leaseWire.js";
+import { type ClientTlsOptions, secureSessionOptions } from "./tls.js";
 
 /** How an {@link http2LeaseWire} watches its connection. */
 export interface Http2LeaseWireOptions {
@@ -24,6 +28,8 @@ export interface Http2LeaseWireOptions {
   pingIntervalMs?: number;
   /** A ping unanswered this long closes the connection, and fails its stream. Default 5 s. */
   pingTimeoutMs?: number;
+  /** For an `https://` base URL: the server's CA, a client certificate, the server name. */
+  tls?: ClientTlsOptions;
 }
 
 /** The largest `LeaseResults` accepted: far above what a batch of the largest size is answered with. */
@@ -40,18 +46,19 @@ export function http2LeaseWire(baseUrl: string, options: Http2LeaseWireOptions =
   const path = `${url.pathname.replace(/\/+$/, "")}/presence.v1.Presence/Leases`;
   const pingIntervalMs = options.pingIntervalMs ?? 10_000;
   const pingTimeoutMs = options.pingTimeoutMs ?? 5_000;
+  const secure = secureSessionOptions(url, options.tls);
   let connection: Connection | undefined;
 
   const connect = (): Connection => {
     if (connection !== undefined && connection.usable()) return connection;
     connection?.close();
-    connection = new Connection(url.origin, pingIntervalMs, pingTimeoutMs, () => (connection = undefined));
+    connection = new Connection(url.origin, secure, pingIntervalMs, pingTimeoutMs, () => (connection = undefined));
     return connection;
   };
 
   return {
     open(headers, sink) {
-      return openStream(connect().session, path, headers, sink);
+      return openStream(connect(), path, headers, sink);
     },
     close() {
       connection?.close();
@@ -63,12 +70,23 @@ export function http2LeaseWire(baseUrl: string, options: Http2LeaseWireOptions =
 /** One HTTP/2 connection, pinged while it is open. */
 class Connection {
   readonly session: http2.ClientHttp2Session;
+  /**
+   * The text of the server's GOAWAY, if it sent one with text: why it closed
+   * the connection (a plaintext client on a TLS port is told so this way).
+   */
+  goawayText: string | undefined;
   private readonly pinger: ReturnType<typeof setInterval>;
   private gone = false;
 
-  constructor(origin: string, pingIntervalMs: number, pingTimeoutMs: number, onGone: () => void) {
+  constructor(
+    origin: string,
+    secure: http2.SecureClientSessionOptions | undefined,
+    pingIntervalMs: number,
+    pingTimeoutMs: number,
+    onGone: () => void,
+  ) {
     // Windows big enough that results never wait for a window update on loopback.
-    this.session = http2.connect(origin, { settings: { initialWindowSize: 4 << 20 } });
+    this.session = http2.connect(origin, { ...secure, settings: { initialWindowSize: 4 << 20 } });
     const drop = (): void => {
       if (this.gone) return;
       this.gone = true;
@@ -77,7 +95,10 @@ class Connection {
     };
     // A connection error reaches the streams on it; nothing else needs it.
     this.session.on("error", drop);
-    this.session.on("goaway", drop);
+    this.session.on("goaway", (_code: number, _lastStreamId: number, debug?: Buffer) => {
+      if (debug !== undefined && debug.length > 0) this.goawayText = debug.toString("utf8");
+      drop();
+    });
     this.session.on("close", drop);
     this.session.once("connect", () => this.session.setLocalWindowSize(16 << 20));
     this.pinger = setInterval(() => {
@@ -104,14 +125,14 @@ class Connection {
 }
 
 function openStream(
-  session: http2.ClientHttp2Session,
+  connection: Connection,
   path: string,
   headers: Record<string, string> | undefined,
   sink: LeaseSink,
 ): LeaseStream {
   let stream: http2.ClientHttp2Stream;
   try {
-    stream = session.request({
+    stream = connection.session.request({
       ":method": "POST",
       ":path": path,
       "content-type": "application/grpc+proto",
@@ -185,7 +206,7 @@ function openStream(
     if (httpStatus !== undefined && httpStatus !== 200) {
       return end(new ConnectError(`presenced answered HTTP ${httpStatus}`, httpCode(httpStatus)));
     }
-    const why = failure !== undefined ? `: ${failure.message}` : "";
+    const why = failure !== undefined ? `: ${failureText(failure, connection.goawayText)}` : "";
     end(new ConnectError(`the lease stream closed without a status${why}`, Code.Unavailable));
   });
 
@@ -199,6 +220,22 @@ function openStream(
       if (!stream.closed && !stream.destroyed) stream.close(http2.constants.NGHTTP2_CANCEL);
     },
   };
+}
+
+/**
+ * What broke a stream, as its caller should read it. A connection that failed
+ * (a TLS handshake that did not trust the server, or that the server refused)
+ * cancels the streams waiting on it with its own error as the cause: that
+ * cause is the reason. A connection the server closed with a GOAWAY that
+ * says why (`this port speaks TLS`) fails its streams with a bare code
+ * ("Session closed with error code 1"): the GOAWAY's text is the reason.
+ */
+function failureText(failure: Error, goawayText: string | undefined): string {
+  const cause = (failure as Error & { cause?: unknown }).cause;
+  const code = (failure as NodeJS.ErrnoException).code;
+  if (code === "ERR_HTTP2_STREAM_CANCEL" && cause instanceof Error) return cause.message.trim();
+  if (code === "ERR_HTTP2_SESSION_ERROR" && goawayText !== undefined) return `${failure.message}: ${goawayText}`;
+  return failure.message.trim();
 }
 
 function concat(a: Uint8Array, b: Uint8Array): Uint8Array {

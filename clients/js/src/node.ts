@@ -10,23 +10,37 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 import { ClusterLeases } from "./cluster.js";
 import { http2LeaseWire, type Http2LeaseWireOptions } from "./http2Wire.js";
 import { LeaseChannel, type LeaseChannelOptions } from "./leaseChannel.js";
+import { type ClientTlsOptions, secureSessionOptions } from "./tls.js";
 
 export { http2LeaseWire, type Http2LeaseWireOptions } from "./http2Wire.js";
+export { type ClientTlsOptions, type Pem } from "./tls.js";
 
-/** A gRPC transport to `baseUrl` (for instance `http://127.0.0.1:50051`). */
-export function nodeTransport(baseUrl: string): Transport {
+/** How a {@link nodeTransport} connects. */
+export interface NodeTransportOptions {
+  /** For an `https://` base URL: the server's CA, a client certificate, the server name. */
+  tls?: ClientTlsOptions;
+}
+
+/**
+ * A gRPC transport to `baseUrl` (for instance `http://127.0.0.1:50051`, or
+ * `https://presence.internal:50051` with `options.tls`).
+ */
+export function nodeTransport(baseUrl: string, options: NodeTransportOptions = {}): Transport {
+  const secure = secureSessionOptions(new URL(baseUrl), options.tls);
   return createGrpcTransport({
     baseUrl,
     // A server that vanished without closing the connection is noticed within
     // seconds, and the streams on it reopened.
     pingIntervalMs: 10_000,
     pingTimeoutMs: 5_000,
+    ...(secure === undefined ? {} : { nodeOptions: secure }),
   });
 }
 
 /**
  * A {@link LeaseChannel} to `baseUrl` on its own HTTP/2 connection, with the
- * hand-written `Leases` codec ({@link http2LeaseWire}): the fast one.
+ * hand-written `Leases` codec ({@link http2LeaseWire}): the fast one. An
+ * `https://` URL speaks TLS with `options.tls`.
  */
 export function connectLeaseChannel(
   baseUrl: string,
@@ -38,7 +52,9 @@ export function connectLeaseChannel(
 /**
  * A {@link ClusterLeases} over the cluster of `slots` slots that the node at
  * `seed` belongs to, with a {@link connectLeaseChannel} of `options` to each
- * node as it is learned.
+ * node as it is learned. The nodes are reached with the seed's scheme and
+ * `options.tls` (one CA and client certificate for every node; a
+ * `servername` there would be every node's name).
  */
 export function connectClusterLeases(
   seed: string,

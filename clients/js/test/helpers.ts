@@ -2,7 +2,8 @@
  * What the tests share: a real `presenced serve` as a child process, found at
  * `PRESENCED_BIN` (default `../../target/debug/presenced` from this package),
  * on a port it picks (it prints `listening on ADDR` first on stdout), and
- * waits that are conditions with a deadline.
+ * waits that are conditions with a deadline; over TLS with certificates of
+ * the repository's `tests/certs.mjs`, which every JavaScript suite shares.
  */
 import { type ChildProcess, spawn } from "node:child_process";
 import { existsSync, mkdtempSync } from "node:fs";
@@ -10,12 +11,13 @@ import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 import { createClient, type Client, type Transport } from "@connectrpc/connect";
 
 import { Backoff, LeaseChannel, Presence, type LeaseChannelOptions } from "../src/index.js";
-import { connectLeaseChannel, nodeTransport } from "../src/node.js";
+import { type ClientTlsOptions, type Http2LeaseWireOptions, connectLeaseChannel, nodeTransport } from "../src/node.js";
+import type * as Certs from "../../../tests/certs.mjs";
 
 /** How long any one condition may take before the test fails. */
 export const PATIENCE_MS = 10_000;
@@ -32,11 +34,20 @@ export const TARGET = join(packageDir, "..", "..", "target");
 export const BINARY = process.env.PRESENCED_BIN ?? join(TARGET, "debug", "presenced");
 
 /**
+ * Certificates made with the `openssl` CLI (`tests/certs.mjs`, shared with the
+ * example gateway's and the browser's tests): loaded from the repository at
+ * run time, since the compiled tests run from `dist/test`.
+ */
+export const certs: typeof Certs = await import(pathToFileURL(join(packageDir, "..", "..", "tests", "certs.mjs")).href);
+
+/**
  * The two ways a gateway builds a LeaseChannel: `connectLeaseChannel` (the
  * `node:http2` wire and its codec) and a channel through a connect transport.
- * Tests of what both must do run over each.
+ * Tests of what both must do run over each. (TLS settings, in `options.tls`,
+ * are for the `node:http2` wire: the other goes through `transport`, which
+ * has its own.)
  */
-export const WIRES: [string, (url: string, transport: Transport, options?: LeaseChannelOptions) => LeaseChannel][] = [
+export const WIRES: [string, (url: string, transport: Transport, options?: LeaseChannelOptions & Http2LeaseWireOptions) => LeaseChannel][] = [
   ["node:http2 wire", (url, _transport, options) => connectLeaseChannel(url, options)],
   ["connect transport", (_url, transport, options) => new LeaseChannel(transport, options)],
 ];
@@ -56,20 +67,23 @@ export class Server {
     readonly addr: string,
     /** Where `--metrics-listen` serves, when asked for. */
     readonly metricsAddr: string | undefined,
+    tls: ClientTlsOptions | undefined,
   ) {
-    this.url = `http://${addr}`;
-    this.transport = nodeTransport(this.url);
+    this.url = `${tls === undefined ? "http" : "https"}://${addr}`;
+    this.transport = nodeTransport(this.url, { tls });
     this.client = createClient(Presence, this.transport);
     this.exited = new Promise((resolve) => child.once("exit", (code) => resolve(code)));
   }
 
   /**
    * Starts `presenced serve --listen LISTEN ARGS...` (LISTEN defaults to port 0),
-   * with `--metrics-listen` on a free port when `metrics` is set.
+   * with `--metrics-listen` on a free port when `metrics` is set. With `tls`
+   * (a server started with `--tls-cert` in ARGS), `url` is `https://` and
+   * `transport` and `client` connect with those TLS settings.
    */
   static async start(
     args: string[] = [],
-    options: { listen?: string; metrics?: boolean; binary?: string } = {},
+    options: { listen?: string; metrics?: boolean; binary?: string; tls?: ClientTlsOptions } = {},
   ): Promise<Server> {
     const binary = options.binary ?? BINARY;
     if (!existsSync(binary)) {
@@ -101,7 +115,7 @@ export class Server {
     if (!firstLine.startsWith(prefix)) throw new Error(`first stdout line must be \`listening on ADDR\`, got ${firstLine}`);
     // The rest of stdout is not read: let it drain so that the child never blocks on it.
     child.stdout!.resume();
-    return new Server(child, firstLine.slice(prefix.length).trim(), metricsAddr);
+    return new Server(child, firstLine.slice(prefix.length).trim(), metricsAddr, options.tls);
   }
 
   /** SIGTERM, and waits for a clean exit (a graceful shutdown writes the final checkpoint). */

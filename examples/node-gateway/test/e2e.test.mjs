@@ -1,6 +1,7 @@
 // The example gateway end to end: a real presenced, the gateway as its own
 // process, users' sockets as processes of their own, and a viewer watching
-// through the TypeScript client.
+// through the TypeScript client; in plaintext, and over mutual TLS with
+// certificates made by openssl (the repository's tests/certs.mjs).
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
@@ -11,6 +12,8 @@ import { fileURLToPath } from "node:url";
 
 import { Watcher } from "@presenced/client";
 import { nodeTransport } from "@presenced/client/node";
+
+import { Pki, tlsFlags } from "../../../tests/certs.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const repo = path.join(here, "..", "..", "..");
@@ -56,15 +59,20 @@ async function until(watcher, predicate, what) {
   throw new Error(`not seen within ${PATIENCE_MS} ms: ${what}`);
 }
 
-async function start(t) {
+/**
+ * presenced (`serve` with `presencedArgs`, over https when `tls`) and the
+ * gateway (with `gatewayEnv` beside its URL and timings), both stopped after `t`.
+ */
+async function start(t, { presencedArgs = [], tls = false, gatewayEnv = {} } = {}) {
   assert.ok(existsSync(BINARY), `${BINARY} is missing: build it with \`cargo build -p presenced\` (or set PRESENCED_BIN)`);
-  const server = await spawnUntil(BINARY, ["serve", "--listen", "127.0.0.1:0"], { RUST_LOG: "warn" }, /listening on (\S+)/, "presenced");
+  const args = ["serve", "--listen", "127.0.0.1:0", ...presencedArgs];
+  const server = await spawnUntil(BINARY, args, { RUST_LOG: "warn" }, /listening on (\S+)/, "presenced");
   t.after(() => stop(server.child));
-  const presencedUrl = `http://${server.match[1]}`;
+  const presencedUrl = `${tls ? "https" : "http"}://${server.match[1]}`;
   const gateway = await spawnUntil(
     process.execPath,
     [path.join(here, "..", "gateway.mjs")],
-    { PRESENCED_URL: presencedUrl, PORT: "0", TTL_MS: String(TTL_MS), HEARTBEAT_MS: String(HEARTBEAT_MS) },
+    { PRESENCED_URL: presencedUrl, PORT: "0", TTL_MS: String(TTL_MS), HEARTBEAT_MS: String(HEARTBEAT_MS), ...gatewayEnv },
     /listening on (\S+)/,
     "the gateway",
   );
@@ -72,12 +80,13 @@ async function start(t) {
   return { presencedUrl, gatewayUrl: gateway.match[1] };
 }
 
-async function connectUser(t, gatewayUrl, userId, sessionId, roomId = "") {
+/** A user's socket (client.mjs), ready once it prints a line matching `ready`. */
+async function connectUser(t, gatewayUrl, userId, sessionId, roomId = "", ready = /^registered/) {
   const client = await spawnUntil(
     process.execPath,
     [path.join(here, "client.mjs")],
     { GATEWAY_URL: gatewayUrl, USER_ID: userId, SESSION_ID: sessionId, ROOM_ID: roomId },
-    /^registered/,
+    ready,
     `${userId}'s socket`,
   );
   t.after(() => stop(client.child));
@@ -118,4 +127,36 @@ test("a user stays ONLINE while its socket answers pings, and a second tab closi
   assert.equal(watcher.store.get("bob")?.version, online.version, "and no flip happened");
   first.kill("SIGTERM");
   await until(watcher, (user) => user.userId === "bob" && user.state === 1, "bob OFFLINE once his last tab closed");
+});
+
+test("over mutual TLS: the gateway reaches presenced with its CA and a client certificate, and registers, joins and relays rooms without a token", async (t) => {
+  const pki = new Pki("server");
+  const server = pki.issue("server", ["localhost", "127.0.0.1"]);
+  const clients = new Pki("clients");
+  const gateway = clients.issue("gateway", ["gateway.internal", "spiffe://example.org/node-gateway"]);
+  const viewer = clients.issue("viewer", ["viewer.internal"]);
+  const token = "e2e-service-token";
+  const { presencedUrl, gatewayUrl } = await start(t, {
+    tls: true,
+    // Credentials are required: the gateway, which has no token, is a service caller by its certificate alone.
+    presencedArgs: [
+      ...tlsFlags(server),
+      "--tls-client-ca", clients.caPath,
+      "--tls-service-identity", "spiffe://example.org/node-gateway",
+      "--service-token", token,
+    ],
+    gatewayEnv: { PRESENCED_CA: pki.caPath, PRESENCED_CERT: gateway.cert, PRESENCED_KEY: gateway.key },
+  });
+  assert.match(presencedUrl, /^https:\/\//);
+  // The test's viewer: a certificate of the clients' CA (the handshake needs one), and the service token.
+  const tls = { ca: pki.ca, cert: viewer.certPem, key: viewer.keyPem };
+  const watcher = await Watcher.open(nodeTransport(presencedUrl, { tls }), ["carol"], { bearerToken: token });
+  t.after(() => watcher.close());
+
+  // Ready once the gateway relayed carol's room, with her in it: its Watch of the room runs over TLS too.
+  const socket = await connectUser(t, gatewayUrl, "carol", "laptop", "lobby", /^room lobby: carol$/);
+  const online = await until(watcher, (user) => user.userId === "carol" && user.state === 2, "carol ONLINE");
+  socket.kill("SIGTERM"); // a close frame: the gateway unregisters her over TLS
+  const offline = await until(watcher, (user) => user.userId === "carol" && user.state === 1, "carol OFFLINE once her socket closed");
+  assert.ok(offline.version > online.version);
 });
