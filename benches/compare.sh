@@ -46,6 +46,7 @@ FANOUT_MILLION_WINDOW_MS=${FANOUT_MILLION_WINDOW_MS:-50}
 TLS_ROUNDS=${TLS_ROUNDS:-2}                    # tls: plaintext and TLS runs alternate this many times
 TLS_STORM_CLIENTS=${TLS_STORM_CLIENTS:-10000}  # tls: clients in each handshake storm
 TLS_IDLE_CONNECTIONS=${TLS_IDLE_CONNECTIONS:-2000}   # tls: idle connections held for the memory figure
+TLS_SATURATED_BATCHES=${TLS_SATURATED_BATCHES:-32}   # tls: batches of 100 in flight that keep the server busy
 EXPIRY_SCALE_USERS=${EXPIRY_SCALE_USERS:-1000000}       # expiry-scale: leases ending within the window
 EXPIRY_SCALE_WINDOW_MS=${EXPIRY_SCALE_WINDOW_MS:-10000}
 EXPIRY_SCALE_GATEWAY_SESSIONS=${EXPIRY_SCALE_GATEWAY_SESSIONS:-10000}  # renewed throughout, unary
@@ -444,8 +445,8 @@ for room in range(20000):
         # presenced only: TLS beside plaintext, each workload run against a plaintext server
         # and a TLS one (rustls; the same certificate for all), alternating TLS_ROUNDS times
         # so that drift on a shared machine falls on both. Unary Renew as in `load` (one
-        # connection thread, the generator one event loop), Leases batches of 100, and the
-        # fan-out of `fanout`. Then a storm of TLS_STORM_CLIENTS clients connecting with full
+        # connection thread, the generator one event loop), Leases batches of 100 (8 in
+        # flight as in `load`, and 32), and the fan-out of `fanout-million` without a window. Then a storm of TLS_STORM_CLIENTS clients connecting with full
         # handshakes and again resuming their sessions, and the server's memory per idle
         # connection, plaintext and TLS.
         make_tls_certs
@@ -465,11 +466,21 @@ for room in range(20000):
                 start_presenced
                 run "tls-batch100-$kind-$round" presenced load "${common[@]}" "${dial[@]}" --mode leases \
                     --concurrency "$BATCH_CONCURRENCY" --batch 100
+                # The same with enough batches in flight that the server, not a round trip, sets the pace.
                 stop_servers
                 start_presenced
-                run "tls-fanout-$kind-$round" presenced fanout "${dial[@]}" --viewers "$FANOUT_VIEWERS" \
-                    --watch "$FANOUT_WATCH" --population "$FANOUT_POPULATION" --churn-rate "$FANOUT_CHURN" \
-                    --duration "$FANOUT_DURATION" --mode unary --concurrency 16 --connections 2
+                run "tls-batch100sat-$kind-$round" presenced load "${common[@]}" "${dial[@]}" --mode leases \
+                    --concurrency "$TLS_SATURATED_BATCHES" --batch 100
+                stop_servers
+                start_presenced
+                # Fan-out at the rate the server can deliver: fanout-million's shape without a
+                # batch window (one event per change), 1,000 viewers x 500 of 5,000 users.
+                stop_servers
+                start_presenced
+                run "tls-fanout-$kind-$round" presenced fanout "${dial[@]}" --viewers 1000 --watch 500 \
+                    --population 5000 --churn-rate "$FANOUT_MILLION_CHURN" --churn-concurrency 256 \
+                    --churn-mode coalesced --batch-window-ms 0 --duration "$FANOUT_DURATION" \
+                    --mode leases --batch 100 --concurrency 16 --connections 2
             done
         done
         # The same storm in plaintext first: what a connection and its first call cost without TLS.
@@ -722,20 +733,24 @@ def g(rp, *path):
     return v
 rows = []
 for workload, label, path in (("unary", "unary Renew", ("scenario", "heartbeats_per_s")),
-                              ("batch100", "Leases batches of 100", ("scenario", "heartbeats_per_s")),
+                              ("batch100", "Leases batches of 100, 8 in flight", ("scenario", "heartbeats_per_s")),
+                              ("batch100sat", "Leases batches of 100, 32 in flight", ("scenario", "heartbeats_per_s")),
                               ("fanout", "fan-out events/s", ("scenario", "phase_plain", "events_per_s"))):
     r = 1
     while rep(f"tls-{workload}-plain-{r}") or rep(f"tls-{workload}-tls-{r}"):
         plain, tls = g(rep(f"tls-{workload}-plain-{r}"), *path), g(rep(f"tls-{workload}-tls-{r}"), *path)
         ratio = "{:.1%}".format(tls / plain) if plain and tls else "-"
-        rows.append((f"{label}, round {r}", "{:,.0f}".format(plain or 0), "{:,.0f}".format(tls or 0), ratio))
+        cpu = lambda kind: g(rep(f"tls-{workload}-{kind}-{r}"), "scenario", "server_cpu_us_per_heartbeat")
+        cpu_ratio = "{:.1%}".format(cpu("plain") / cpu("tls")) if cpu("plain") and cpu("tls") else "-"
+        rows.append((f"{label}, round {r}", "{:,.0f}".format(plain or 0), "{:,.0f}".format(tls or 0), ratio, cpu_ratio))
         r += 1
 if not rows:
     sys.exit(0)
 print("\nTLS beside plaintext (presenced only; per second)")
-w = [max(len(x[i]) for x in rows + [("workload", "plaintext", "TLS", "TLS / plaintext")]) for i in range(4)]
+head = ("workload", "plaintext", "TLS", "TLS / plaintext", "server CPU per op, plaintext / TLS")
+w = [max(len(x[i]) for x in rows + [head]) for i in range(5)]
 line = lambda x: "  ".join(s.ljust(w[i]) if i == 0 else s.rjust(w[i]) for i, s in enumerate(x))
-out = [line(("workload", "plaintext", "TLS", "TLS / plaintext"))] + [line(x) for x in rows]
+out = [line(head)] + [line(x) for x in rows]
 h, plain = rep("tls-handshakes"), g(rep("tls-handshakes-plain"), "scenario", "plaintext")
 base = (plain or {}).get("server_cpu_us_per_connection")
 for storm, s in (("plaintext", plain), ("full", g(h, "scenario", "full")), ("resumed", g(h, "scenario", "resumed"))):
