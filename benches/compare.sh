@@ -731,7 +731,7 @@ def g(rp, *path):
     for k in path:
         v = v.get(k) if isinstance(v, dict) else None
     return v
-rows = []
+rows, ratios = [], {}
 for workload, label, path in (("unary", "unary Renew", ("scenario", "heartbeats_per_s")),
                               ("batch100", "Leases batches of 100, 8 in flight", ("scenario", "heartbeats_per_s")),
                               ("batch100sat", "Leases batches of 100, 32 in flight", ("scenario", "heartbeats_per_s")),
@@ -743,6 +743,8 @@ for workload, label, path in (("unary", "unary Renew", ("scenario", "heartbeats_
         cpu = lambda kind: g(rep(f"tls-{workload}-{kind}-{r}"), "scenario", "server_cpu_us_per_heartbeat")
         cpu_ratio = "{:.1%}".format(cpu("plain") / cpu("tls")) if cpu("plain") and cpu("tls") else "-"
         rows.append((f"{label}, round {r}", "{:,.0f}".format(plain or 0), "{:,.0f}".format(tls or 0), ratio, cpu_ratio))
+        if plain and tls:
+            ratios.setdefault(label, []).append(tls / plain)
         r += 1
 if not rows:
     sys.exit(0)
@@ -751,6 +753,11 @@ head = ("workload", "plaintext", "TLS", "TLS / plaintext", "server CPU per op, p
 w = [max(len(x[i]) for x in rows + [head]) for i in range(5)]
 line = lambda x: "  ".join(s.ljust(w[i]) if i == 0 else s.rjust(w[i]) for i, s in enumerate(x))
 out = [line(head)] + [line(x) for x in rows]
+for label, each in ratios.items():
+    each = sorted(each)
+    median = each[len(each) // 2] if len(each) % 2 else (each[len(each) // 2 - 1] + each[len(each) // 2]) / 2
+    out.append("{}: TLS / plaintext, median of {} rounds {:.1%} (lowest {:.1%}, highest {:.1%})".format(
+        label, len(each), median, each[0], each[-1]))
 h, plain = rep("tls-handshakes"), g(rep("tls-handshakes-plain"), "scenario", "plaintext")
 base = (plain or {}).get("server_cpu_us_per_connection")
 for storm, s in (("plaintext", plain), ("full", g(h, "scenario", "full")), ("resumed", g(h, "scenario", "resumed"))):
