@@ -391,3 +391,29 @@ async fn t1_the_cli_reaches_a_tls_server_with_its_ca_and_client_certificate_and_
     assert!(stderr.contains("need an https:// address"), "{stderr}");
     daemon.stop().await;
 }
+
+#[tokio::test]
+async fn t4_sighup_reloads_the_certificate_at_once() {
+    let dir = scratch_dir("tls-sighup");
+    let pki = Pki::new(&dir, "server");
+    let server = pki.issue("server", &["localhost", "127.0.0.1"]);
+    // Polling once an hour: only the signal can make the reload seen here.
+    let daemon = start(&server, &["--tls-reload-interval-ms", "3600000"]);
+    let before = handshake(daemon.addr(), &pki.ca_path(), None, &[b"h2"]).await.unwrap();
+    assert_eq!(presented(&before), first_certificate(&server.cert));
+    let rotated = pki.issue("server", &["localhost", "127.0.0.1", "after-sighup.example"]);
+    let new_certificate = first_certificate(&rotated.cert);
+    let hup = std::process::Command::new("kill").args(["-HUP", &daemon.child.id().to_string()]).status().unwrap();
+    assert!(hup.success());
+    within(PATIENCE, "a new connection sees the certificate after SIGHUP", async {
+        loop {
+            let stream = handshake(daemon.addr(), &pki.ca_path(), None, &[b"h2"]).await.unwrap();
+            if presented(&stream) == new_certificate {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    daemon.stop().await;
+}

@@ -83,6 +83,10 @@ mod tests {
         let provider = super::provider();
         assert_eq!(provider.kx_groups[0].name(), rustls::NamedGroup::X25519);
         assert_eq!(provider.cipher_suites[0].suite(), rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
-        assert_eq!(provider.cipher_suites.len(), rustls::crypto::ring::ALL_CIPHER_SUITES.len(), "every suite, reordered");
+        assert_eq!(
+            provider.cipher_suites.len(),
+            rustls::crypto::ring::ALL_CIPHER_SUITES.len(),
+            "every suite, reordered"
+        );
     }
 }
