@@ -110,18 +110,62 @@ pub(crate) struct ServeArgs {
     /// How often at most one user's activity is written to disk.
     #[arg(long, env = "PRESENCED_ACTIVITY_WRITE_INTERVAL_MS", value_name = "MS")]
     activity_write_interval_ms: Option<u64>,
-    /// A bearer token that service callers (gateways, admin tools) present;
-    /// repeat it (or separate with commas in the environment) to rotate tokens
-    /// without downtime.
+    /// A bearer token that service callers (gateways, admin tools) present,
+    /// with EVERY scope (gateway, read, admin, feed, cluster); repeat it (or
+    /// separate with commas in the environment) to rotate tokens without
+    /// downtime. It shows in `ps` and the environment: prefer --credentials,
+    /// whose credentials have names, scopes and hashed tokens.
     #[arg(long = "service-token", env = "PRESENCED_SERVICE_TOKEN", value_name = "TOKEN", value_delimiter = ',')]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     service_tokens: Vec<String>,
+    /// A TOML file of named service credentials, each with its scopes and
+    /// the SHA-256 of its token (`presenced token new` makes one); read again
+    /// when it changes, and on SIGHUP.
+    #[arg(long, env = "PRESENCED_CREDENTIALS", value_name = "FILE")]
+    credentials: Option<PathBuf>,
+    /// A file holding the token this node presents to the other nodes of
+    /// its cluster (a credential with the `cluster` scope) [default: the
+    /// first --service-token]. Not needed with node-to-node TLS certificates.
+    #[arg(long, env = "PRESENCED_PEER_TOKEN_FILE", value_name = "FILE")]
+    peer_token_file: Option<PathBuf>,
+    /// Also append the audit log of privileged calls to FILE, one JSON object
+    /// a line (it always goes to the log, under the target `presenced::audit`).
+    #[arg(long, env = "PRESENCED_AUDIT_LOG", value_name = "FILE")]
+    audit_log: Option<PathBuf>,
+    /// Clock skew allowed on a viewer JWT's `exp` (and `nbf`), in seconds, at
+    /// most 300; a viewer's streams end at `exp` plus this. [default: 0]
+    #[arg(long, env = "PRESENCED_JWT_LEEWAY_SECS", value_name = "SECS")]
+    jwt_leeway_secs: Option<u64>,
     /// The HS256 secret that signs viewers' JWTs.
     #[arg(long, env = "PRESENCED_VIEWER_JWT_HS256_SECRET", value_name = "SECRET")]
     viewer_jwt_hs256_secret: Option<String>,
     /// A PEM public key (RSA for RS256, Ed25519 for EdDSA) that verifies viewers' JWTs.
     #[arg(long, env = "PRESENCED_VIEWER_JWT_PUBLIC_KEY", value_name = "FILE")]
     viewer_jwt_public_key: Option<PathBuf>,
+    /// Viewer keys from the identity provider's JWKS document: a file, or an
+    /// https:// URL; read again on a schedule, on SIGHUP and when a token
+    /// names an unknown `kid`. Several keys verify at once during a rotation.
+    #[arg(long, env = "PRESENCED_VIEWER_JWKS", value_name = "FILE_OR_HTTPS_URL")]
+    viewer_jwks: Option<String>,
+    /// The PEM CA of the JWKS URL's certificate [default: the system's roots].
+    #[arg(long, env = "PRESENCED_VIEWER_JWKS_CA", value_name = "FILE")]
+    viewer_jwks_ca: Option<PathBuf>,
+    /// How often a JWKS URL is fetched again. [default: 300000]
+    #[arg(long, env = "PRESENCED_VIEWER_JWKS_REFRESH_MS", value_name = "MS")]
+    viewer_jwks_refresh_ms: Option<u64>,
+    /// An `aud` viewer tokens must carry (repeatable: any of them); without
+    /// one, tokens with an `aud` are refused.
+    #[arg(
+        long = "viewer-jwt-audience",
+        env = "PRESENCED_VIEWER_JWT_AUDIENCE",
+        value_name = "AUD",
+        value_delimiter = ','
+    )]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    viewer_jwt_audiences: Vec<String>,
+    /// The `iss` viewer tokens must carry.
+    #[arg(long, env = "PRESENCED_VIEWER_JWT_ISSUER", value_name = "ISS")]
+    viewer_jwt_issuer: Option<String>,
     /// With no credentials configured, allow listening on a non-loopback address.
     #[arg(long, env = "PRESENCED_INSECURE")]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -518,6 +562,8 @@ pub(crate) enum SettingsError {
     ParseFile { path: PathBuf, message: String },
     #[error("cannot read --viewer-jwt-public-key {path}: {source}")]
     ReadKey { path: PathBuf, source: std::io::Error },
+    #[error("cannot read {flag} {path}: {source}")]
+    ReadFlagFile { flag: &'static str, path: PathBuf, source: std::io::Error },
     #[error("invalid configuration: {0}")]
     Invalid(String),
 }
@@ -596,21 +642,43 @@ impl ServeArgs {
             service_tokens: args.service_tokens,
             viewer_jwt_hs256_secret: args.viewer_jwt_hs256_secret,
             viewer_jwt_public_key_pem,
-            ..server.auth
+            credentials_file: args.credentials.clone(),
+            jwt_leeway_secs: args.jwt_leeway_secs.unwrap_or(server.auth.jwt_leeway_secs),
+            viewer_jwks: args.viewer_jwks.clone(),
+            viewer_jwks_ca: args.viewer_jwks_ca.clone(),
+            viewer_jwks_refresh: args.viewer_jwks_refresh_ms.map_or(Duration::ZERO, Duration::from_millis),
+            viewer_jwt_audiences: args.viewer_jwt_audiences.clone(),
+            viewer_jwt_issuer: args.viewer_jwt_issuer.clone(),
+        };
+        server.audit_log = args.audit_log.clone();
+        let peer_token = match &args.peer_token_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|source| SettingsError::ReadFlagFile {
+                        flag: "--peer-token-file",
+                        path: path.clone(),
+                        source,
+                    })?
+                    .trim()
+                    .to_owned(),
+            ),
+            None => server.auth.service_tokens.first().cloned(),
         };
         if let Some(cluster) = &mut server.cluster {
-            // The nodes of a cluster share their service tokens: a node hands
-            // its slots over to another (as it drains) with the first one.
-            cluster.peer_token = server.auth.service_tokens.first().cloned();
+            // A node calls the others (hands its slots over as it drains,
+            // syncs groups and rooms) with this token.
+            cluster.peer_token = peer_token;
         }
         let auth = &server.auth;
         let open = auth.service_tokens.is_empty()
+            && auth.credentials_file.is_none()
+            && auth.viewer_jwks.is_none()
             && auth.viewer_jwt_hs256_secret.is_none()
             && auth.viewer_jwt_public_key_pem.is_none();
         if open && !args.insecure && !listen.ip().is_loopback() {
             return Err(SettingsError::Invalid(format!(
                 "no credentials are configured, so presenced runs open and listens only on loopback; \
-                 {listen} is not (configure --service-token / viewer JWT keys, or pass --insecure)"
+                 {listen} is not (configure --credentials, --service-token or viewer JWT keys, or pass --insecure)"
             )));
         }
         let mut warnings = Vec::new();

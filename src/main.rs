@@ -32,9 +32,49 @@ struct Cli {
 enum Command {
     /// Run the service (in memory, on 127.0.0.1:50051 unless told otherwise).
     Serve(ServeArgs),
+    /// Service credentials for the credentials file (`serve --credentials`).
+    #[command(subcommand)]
+    Token(TokenCommand),
     // The operator's tools, each a client of a running service.
     #[command(flatten)]
     Client(presence_cli::Command),
+}
+
+/// `presenced token ...`
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Make a fresh token for a credential NAME: prints the token on the
+    /// first line (give it to the caller; it is shown once), then the entry
+    /// to append to the credentials file, which holds only its SHA-256.
+    New(TokenNewArgs),
+}
+
+/// `presenced token new NAME --scope SCOPE...`
+#[derive(Debug, clap::Args)]
+struct TokenNewArgs {
+    /// The credential's name, as the audit log and refusals show it.
+    #[arg(value_name = "NAME")]
+    name: String,
+    /// A scope of the credential; repeat it or separate with commas:
+    /// gateway, read, read-as-viewer, admin, feed, cluster.
+    #[arg(long = "scope", value_name = "SCOPE", value_delimiter = ',', required = true, value_parser = parse_scope)]
+    scopes: Vec<presence_server::Scope>,
+}
+
+fn parse_scope(name: &str) -> Result<presence_server::Scope, String> {
+    presence_server::Scope::parse(name).ok_or_else(|| {
+        let known: Vec<&str> = presence_server::Scope::ALL.iter().map(|scope| scope.name()).collect();
+        format!("unknown scope {name:?}; the scopes are {}", known.join(", "))
+    })
+}
+
+fn run_token(command: TokenCommand) -> Result<(), String> {
+    let TokenCommand::New(args) = command;
+    let token = presence_server::new_token().map_err(|err| format!("cannot read the system's random source: {err}"))?;
+    let entry = presence_server::entry_for(&args.name, &args.scopes, &token)?;
+    println!("{token}");
+    print!("{entry}");
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -55,6 +95,13 @@ fn main() -> ExitCode {
         .init();
     match cli.command {
         Command::Serve(args) => match run_serve(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(reason) => {
+                eprintln!("presenced: {reason}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Token(command) => match run_token(command) {
             Ok(()) => ExitCode::SUCCESS,
             Err(reason) => {
                 eprintln!("presenced: {reason}");
@@ -126,6 +173,7 @@ fn refusal(err: presence_server::ServeError) -> String {
         ServeError::Auth(AuthConfigError::ServiceToken { .. }) => "--service-token",
         ServeError::Auth(AuthConfigError::Hs256SecretTooShort { .. }) => "--viewer-jwt-hs256-secret",
         ServeError::Auth(AuthConfigError::PublicKey { .. }) => "--viewer-jwt-public-key",
+        ServeError::Auth(AuthConfigError::Leeway { .. }) => "--jwt-leeway-secs",
         ServeError::DataDir { .. } => "--data-dir",
         ServeError::CorsOrigin { .. } => "--cors-origin",
         _ => return err.to_string(),

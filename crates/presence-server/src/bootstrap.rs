@@ -19,6 +19,7 @@ use presence_tls::ServerTls;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::audit::Audit;
 use crate::auth::Authenticator;
 use crate::cluster::ClusterNode;
 use crate::cluster::membership::Membership;
@@ -38,6 +39,9 @@ pub struct PreparedServer {
     clock: StoreClock,
     /// Who is calling; built here because a bad key or secret refuses the configuration.
     auth: Authenticator,
+    /// Where privileged calls are recorded; opened here because a file that
+    /// cannot be opened refuses the configuration.
+    audit: Audit,
     /// Where checkpoints go, with a data directory.
     data_dir: Option<DataDir>,
     /// Relations, statuses and settings on disk, with a data directory.
@@ -69,6 +73,8 @@ pub(crate) struct Restored {
     pub(crate) cluster: Option<Arc<ClusterNode>>,
     /// Who is calling, for the service.
     pub(crate) auth: Authenticator,
+    /// The audit log.
+    pub(crate) audit: Audit,
     /// Woken by the store when a deadline earlier than any other is set, so
     /// the expiry task can sleep until the next deadline.
     pub(crate) expiry_wake: Arc<Notify>,
@@ -89,6 +95,7 @@ impl PreparedServer {
         let clock = StoreClock::start();
         // Credentials first: they need no disk, and a bad one is the likeliest mistake.
         let auth = Authenticator::new(config.auth.clone())?;
+        let audit = Audit::open(config.audit_log.as_deref())?;
         config.store.validate()?;
         // Zero would refuse every connection, every stream, or every handshake.
         for (setting, zero) in [
@@ -120,7 +127,7 @@ impl PreparedServer {
             }
             None => (None, None, None),
         };
-        Ok(PreparedServer { config, clock, auth, data_dir, durable, stored, cors_origins, tls })
+        Ok(PreparedServer { config, clock, auth, audit, data_dir, durable, stored, cors_origins, tls })
     }
 
     /// Loads the last checkpoint and the stored relations into a new store
@@ -130,7 +137,7 @@ impl PreparedServer {
     /// reconnecting gateways wait in the listen backlog instead of being
     /// refused and backing off.
     pub(crate) fn restore(self, membership: Option<Membership>) -> Result<Restored, ServeError> {
-        let PreparedServer { config, clock, auth, data_dir, durable, stored, cors_origins, tls } = self;
+        let PreparedServer { config, clock, auth, audit, data_dir, durable, stored, cors_origins, tls } = self;
         let started = clock.now();
         let hold_until = started.saturating_add(config.restart_grace_ms());
         let restored = match &data_dir {
@@ -166,6 +173,6 @@ impl PreparedServer {
         if let Some(stored) = stored {
             context.privacy.load(stored, started);
         }
-        Ok(Restored { config, context, cluster, auth, expiry_wake, data_dir, cors_origins, tls })
+        Ok(Restored { config, context, cluster, auth, audit, expiry_wake, data_dir, cors_origins, tls })
     }
 }

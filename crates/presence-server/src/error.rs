@@ -55,6 +55,26 @@ pub(crate) enum ServiceError {
         /// Why.
         reason: &'static str,
     },
+    /// A service credential without the scope the call needs (T3).
+    #[error("{operation} needs the `{scope}` scope; credential {credential:?} has {scopes}")]
+    MissingScope {
+        /// The RPC refused.
+        operation: &'static str,
+        /// The scope it needs.
+        scope: crate::auth::Scope,
+        /// The credential's name (never its token).
+        credential: std::sync::Arc<str>,
+        /// The scopes it has.
+        scopes: crate::auth::Scopes,
+    },
+    /// A stream's viewer token passed its `exp` plus the leeway (T3): the
+    /// client opens it again with a fresh token.
+    #[error("credentials expired: the token's exp has passed; open the stream again with a fresh token")]
+    CredentialsExpired,
+    /// A stream's credential was removed, or the key of its token rotated
+    /// out (T3).
+    #[error("credentials no longer accepted: the credential was removed or its signing key rotated out")]
+    CredentialsRevoked,
     /// The caller's credentials are missing or not accepted (P1). The reason
     /// never tells which tokens or keys exist.
     #[error("{0}")]
@@ -202,7 +222,8 @@ impl ServiceError {
             }
             ServiceError::Lease(LeaseError::SignalRateExceeded { .. }) => Code::ResourceExhausted,
             ServiceError::Lease(LeaseError::InvalidArgument { .. }) => Code::InvalidArgument,
-            ServiceError::PermissionDenied { .. } => Code::PermissionDenied,
+            ServiceError::PermissionDenied { .. } | ServiceError::MissingScope { .. } => Code::PermissionDenied,
+            ServiceError::CredentialsExpired | ServiceError::CredentialsRevoked => Code::Unauthenticated,
             ServiceError::Unauthenticated(_) => Code::Unauthenticated,
             ServiceError::RenewalShed | ServiceError::TooManySettings { .. } => Code::ResourceExhausted,
             ServiceError::RoomNotFound { .. } => Code::NotFound,
@@ -225,6 +246,15 @@ impl ServiceError {
 pub(crate) fn relayed(whose: &str, status: &Status) -> Status {
     Status::new(status.code(), format!("{whose}: {}", status.message()))
 }
+
+/// The `google.rpc.ErrorInfo` domain of presenced's own reasons.
+pub(crate) const ERROR_DOMAIN: &str = "presenced";
+/// The `ErrorInfo` reason of a stream ended at its token's expiry: fetch a
+/// fresh token and open it again.
+pub(crate) const CREDENTIALS_EXPIRED: &str = "CREDENTIALS_EXPIRED";
+/// The `ErrorInfo` reason of a stream whose credential was removed or whose
+/// key rotated out.
+pub(crate) const CREDENTIALS_REVOKED: &str = "CREDENTIALS_REVOKED";
 
 impl From<LeaseError> for ServiceError {
     fn from(err: LeaseError) -> Self {
@@ -255,6 +285,15 @@ impl From<ServiceError> for Status {
                     details: vec![prost_types::Any { type_url: NOT_OWNER_TYPE_URL.to_owned(), value: detail }],
                 };
                 Status::with_details(Code::Unavailable, message, status.encode_to_vec().into())
+            }
+            ServiceError::CredentialsExpired | ServiceError::CredentialsRevoked => {
+                let reason = if matches!(err, ServiceError::CredentialsExpired) {
+                    CREDENTIALS_EXPIRED
+                } else {
+                    CREDENTIALS_REVOKED
+                };
+                let info = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, std::collections::HashMap::new());
+                Status::with_error_details(Code::Unauthenticated, message, info)
             }
             _ => Status::new(err.code(), message),
         }

@@ -229,7 +229,7 @@ pub fn authorization(header: &[u8]) {
         metadata.append("authorization", value);
     }
     if let Ok(crate::auth::Caller::Viewer(viewer)) = authenticator().caller(&metadata) {
-        wire::id("sub", &viewer).expect("a verified viewer is a valid user id");
+        wire::id("sub", &viewer.id).expect("a verified viewer is a valid user id");
     }
 }
 
@@ -550,10 +550,10 @@ mod tests {
             }
             let caller = authenticator().caller(&metadata);
             match seed.name.as_str() {
-                "seed-service" => assert!(matches!(caller, Ok(crate::auth::Caller::Service))),
+                "seed-service" => assert!(matches!(caller, Ok(crate::auth::Caller::Service(_)))),
                 "seed-two-entries" => assert!(caller.is_err()),
                 _ => assert!(
-                    matches!(caller, Ok(crate::auth::Caller::Viewer(ref sub)) if sub == "alice"),
+                    matches!(caller, Ok(crate::auth::Caller::Viewer(ref viewer)) if viewer.id == "alice"),
                     "{}",
                     seed.name
                 ),
@@ -562,7 +562,9 @@ mod tests {
         let hs256 = signed_token(br#"{"alg":"HS256"}"#, format!(r#"{{"sub":"bob","exp":{FAR_FUTURE}}}"#).as_bytes());
         let mut metadata = MetadataMap::new();
         metadata.insert("authorization", format!("Bearer {hs256}").parse().unwrap());
-        assert!(matches!(authenticator().caller(&metadata), Ok(crate::auth::Caller::Viewer(ref sub)) if sub == "bob"));
+        assert!(
+            matches!(authenticator().caller(&metadata), Ok(crate::auth::Caller::Viewer(ref viewer)) if viewer.id == "bob")
+        );
     }
 
     /// Every RPC of the proto's `Presence` service is routed by the

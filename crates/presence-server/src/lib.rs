@@ -16,6 +16,7 @@
 
 mod api;
 pub use api::metrics_port::RenderMetrics;
+mod audit;
 mod auth;
 mod bootstrap;
 #[cfg(feature = "shuttle")]
@@ -51,7 +52,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use api::service::PresenceService;
-pub use auth::{AuthConfig, AuthConfigError};
+pub use audit::{AUDIT_TARGET, AuditLogError};
+pub use auth::{AuthConfig, AuthConfigError, CredentialsError, Scope, Scopes, TOKEN_PREFIX, entry_for, new_token};
 pub use bootstrap::PreparedServer;
 pub use cluster::membership::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
 pub use node::clock::StoreClock;
@@ -105,6 +107,11 @@ pub struct ServerConfig {
     pub activity_write_interval: Duration,
     /// Service tokens and viewer-token keys; none configured runs the service open.
     pub auth: AuthConfig,
+    /// How often the credentials file is read again (T4): often, so that a
+    /// removed credential's streams end within a second.
+    pub credentials_reload_interval: Duration,
+    /// Also append the audit log (P7) to this file, one JSON object a line.
+    pub audit_log: Option<PathBuf>,
     /// The visibility of a user that chose none.
     pub default_visibility: Visibility,
     /// Last seen is released rounded down to this (P5).
@@ -170,6 +177,8 @@ impl Default for ServerConfig {
             restart_grace: None,
             activity_write_interval: Duration::from_secs(60),
             auth: AuthConfig::default(),
+            credentials_reload_interval: Duration::from_millis(250),
+            audit_log: None,
             default_visibility: Visibility::Audience,
             last_seen_granularity: Duration::from_secs(300),
             max_connections: 10_000,
@@ -202,6 +211,9 @@ pub enum ServeError {
     /// The credentials configuration is unusable.
     #[error("{0}")]
     Auth(#[from] AuthConfigError),
+    /// The audit log file cannot be opened.
+    #[error("{0}")]
+    Audit(#[from] AuditLogError),
     /// The cluster could not be joined (`--etcd`).
     #[error("{0}")]
     Cluster(#[from] JoinError),
@@ -274,7 +286,7 @@ async fn serve_prepared(
         Some(config) => Some(Membership::join(config, prepared.config.max_streams_per_connection).await?),
         None => None,
     };
-    let bootstrap::Restored { config, context, cluster, auth, expiry_wake, data_dir, cors_origins, tls } =
+    let bootstrap::Restored { config, context, cluster, auth, audit, expiry_wake, data_dir, cors_origins, tls } =
         prepared.restore(membership)?;
     let (store, clock, stopping) =
         (Arc::clone(context.store()), context.publisher.clock.clone(), context.stopping.clone());
@@ -307,10 +319,20 @@ async fn serve_prepared(
     let lease_queue = LeaseQueue::start(Arc::clone(&context), config.lease_queue, config.lease_workers);
 
     let service_context = Arc::clone(&context);
-    let auth = Arc::new(auth);
-    let cluster_server =
-        ClusterServer::new(ClusterService::new(Arc::clone(&context), cluster.clone(), Arc::clone(&auth)));
-    let presence = PresenceServer::new(PresenceService::new(context, cluster.clone(), lease_queue, auth))
+    let (auth, audit) = (Arc::new(auth), Arc::new(audit));
+    tokio::spawn(api::credentials::keep_reloading(
+        Arc::clone(&auth),
+        Arc::clone(&audit),
+        config.credentials_reload_interval,
+        stopping.clone(),
+    ));
+    let cluster_server = ClusterServer::new(ClusterService::new(
+        Arc::clone(&context),
+        cluster.clone(),
+        Arc::clone(&auth),
+        Arc::clone(&audit),
+    ));
+    let presence = PresenceServer::new(PresenceService::new(context, cluster.clone(), lease_queue, auth, audit))
         .max_decoding_message_size(MAX_REQUEST_BYTES);
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<PresenceServer<PresenceService>>().await;

@@ -76,6 +76,10 @@ pub mod names {
     /// Seconds until a certificate in use expires (negative once it has), by
     /// `certificate` (`service`, `peer`, `peer-client`, `etcd-client`).
     pub const TLS_CERTIFICATE_EXPIRY_SECONDS: &str = "presenced_tls_certificate_expiry_seconds";
+    /// Reloads of the credentials file (and, with `--viewer-jwks`, of the
+    /// viewer keys), by `material` (`credentials`, `viewer-keys`) and
+    /// `result` (`changed`, `failed`).
+    pub const CREDENTIAL_RELOADS: &str = "presenced_credential_reloads_total";
     /// Accepted joins of a session to a room (counter).
     pub const ROOM_JOINS: &str = "presenced_room_joins_total";
     /// Accepted signals: set, extended or cleared (counter).

@@ -490,7 +490,11 @@ impl Guarded {
     ) -> Self {
         let handshake =
             Handshake { deadline: Box::pin(tokio::time::sleep_until(deadline)), opening: Opening::Preface(0) };
-        let info = ConnectionInfo { certificate: certificate.map(Arc::new) };
+        let peer = match &inner {
+            Transport::Plain(stream) => stream.peer_addr().ok(),
+            Transport::Tls(stream) => stream.get_ref().0.peer_addr().ok(),
+        };
+        let info = ConnectionInfo { certificate: certificate.map(Arc::new), peer };
         Guarded {
             inner,
             handshake: Some(handshake),

@@ -4,6 +4,7 @@
 //! or by another node.
 
 pub(crate) mod connections;
+pub(crate) mod credentials;
 pub(crate) mod metrics_port;
 pub(crate) mod service;
 pub(crate) mod tls;

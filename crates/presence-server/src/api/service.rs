@@ -13,9 +13,11 @@ use futures_util::future::join_all;
 use presence_core::CompactString;
 use presence_proto::lease_frames::LeaseBatchFrame;
 use presence_proto::v1::{self as pb, presence_server::Presence as PresenceApi};
+use serde_json::json;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::{Authenticator, Caller};
+use crate::audit::{Audit, AuditEntry};
+use crate::auth::{Authenticator, Caller, CredentialBound, Scope, StreamCredentials};
 use crate::cluster::ClusterNode;
 use crate::cluster::fanin;
 use crate::cluster::membership::{FORWARDED, Routes};
@@ -41,6 +43,7 @@ pub struct PresenceService {
     cluster: Option<Arc<ClusterNode>>,
     leases: LeaseQueue,
     auth: Arc<Authenticator>,
+    audit: Arc<Audit>,
 }
 
 /// Where a room request is answered (C1): here, or at its room slot's owner
@@ -59,17 +62,25 @@ impl PresenceService {
         cluster: Option<Arc<ClusterNode>>,
         leases: LeaseQueue,
         auth: Arc<Authenticator>,
+        audit: Arc<Audit>,
     ) -> Self {
-        PresenceService { context, cluster, leases, auth }
+        PresenceService { context, cluster, leases, auth, audit }
+    }
+
+    /// The audit log's entry of a privileged call (`action`, with `args`).
+    fn audited<T>(&self, request: &Request<T>, action: &'static str, args: serde_json::Value) -> AuditEntry<'_> {
+        self.audit.entry(&self.auth, request, action, args)
     }
 
     fn caller<T>(&self, request: &Request<T>) -> Result<Caller, ServiceError> {
         self.auth.caller_of(request)
     }
 
-    /// Authenticates a caller that must be a service.
-    fn service_only<T>(&self, request: &Request<T>, operation: &'static str) -> Result<(), ServiceError> {
-        self.caller(request)?.require_service(operation)
+    /// Authenticates a service caller whose credential has `scope`.
+    fn require<T>(&self, request: &Request<T>, scope: Scope, operation: &'static str) -> Result<Caller, ServiceError> {
+        let caller = self.caller(request)?;
+        caller.require(scope, operation)?;
+        Ok(caller)
     }
 
     /// `Ok` when this node may act for `user_id` (always, outside a cluster;
@@ -107,7 +118,7 @@ impl PresenceService {
     ) -> Result<(T, Option<u64>), ServiceError> {
         // The ownership view is not held across the wait for the room's owner.
         let (done, answered) = {
-            self.service_only(request, rpc)?;
+            self.require(request, Scope::Gateway, rpc)?;
             let _owned = self.owns(user_id)?;
             self.context.apply_to_rooms(operation)
         };
@@ -126,25 +137,54 @@ impl PresenceService {
         })
     }
 
-    /// Who a Snapshot or Watch answers for: the viewer itself, or the viewer a
-    /// service names; `None` is a service acting for no viewer.
-    fn acting_viewer<T>(&self, request: &Request<T>, viewer_id: &str) -> Result<Option<CompactString>, ServiceError> {
-        match self.caller(request)?.acting_viewer(viewer_id) {
-            Some(viewer) => Ok(Some(wire::id("viewer_id", &viewer)?)),
-            None => Ok(None),
-        }
+    /// Who a read (`operation`) answers for: the viewer itself, or the
+    /// viewer a service names; `None` is a service acting for no viewer (P6).
+    fn acting_viewer<T>(
+        &self,
+        request: &Request<T>,
+        viewer_id: &str,
+        operation: &'static str,
+    ) -> Result<Option<CompactString>, ServiceError> {
+        Ok(self.reader(request, viewer_id, operation)?.1)
+    }
+
+    /// The caller of a read (`operation`), and who it answers for (see
+    /// [`PresenceService::acting_viewer`]).
+    fn reader<T>(
+        &self,
+        request: &Request<T>,
+        viewer_id: &str,
+        operation: &'static str,
+    ) -> Result<(Caller, Option<CompactString>), ServiceError> {
+        let caller = self.caller(request)?;
+        let viewer = match caller.acting_viewer(viewer_id, operation)? {
+            Some(viewer) => Some(wire::id("viewer_id", &viewer)?),
+            None => None,
+        };
+        Ok((caller, viewer))
     }
 }
 
 impl PresenceService {
+    /// The scope a service caller's stream needs to stay open: `read` for
+    /// true states, `read-as-viewer` on behalf of a viewer; none for a viewer.
+    fn read_scope(caller: &Caller, viewer: &Option<CompactString>) -> Option<Scope> {
+        match (caller, viewer) {
+            (Caller::Viewer(_), _) => None,
+            (Caller::Service(_), None) => Some(Scope::Read),
+            (Caller::Service(_), Some(_)) => Some(Scope::ReadAsViewer),
+        }
+    }
+
     /// Who reads a room, and which.
     fn room_request<T>(
         &self,
         request: &Request<T>,
         room_id: &str,
         viewer_id: &str,
+        operation: &'static str,
     ) -> Result<rooms::RoomRequest, ServiceError> {
-        let viewer = self.acting_viewer(request, viewer_id)?;
+        let viewer = self.acting_viewer(request, viewer_id, operation)?;
         Ok(rooms::RoomRequest { room_id: wire::id("room_id", room_id)?, viewer })
     }
 }
@@ -158,7 +198,7 @@ fn answer<T>(result: Result<T, ServiceError>) -> Answer<T> {
 impl PresenceApi for PresenceService {
     async fn register(&self, request: Request<pb::RegisterRequest>) -> Answer<pb::RegisterResponse> {
         answer((|| {
-            self.service_only(&request, "Register")?;
+            self.require(&request, Scope::Gateway, "Register")?;
             let _owned = self.owns(&request.get_ref().user_id)?;
             let input = wire::register_request(request.get_ref());
             let metrics = self.context.metrics();
@@ -170,7 +210,7 @@ impl PresenceApi for PresenceService {
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Answer<pb::RenewResponse> {
         answer((|| {
-            self.service_only(&request, "Renew")?;
+            self.require(&request, Scope::Gateway, "Renew")?;
             let metrics = self.context.metrics();
             let _owned = match self.owns(&request.get_ref().user_id) {
                 Ok(owned) => owned,
@@ -197,7 +237,7 @@ impl PresenceApi for PresenceService {
 
     async fn unregister(&self, request: Request<pb::UnregisterRequest>) -> Answer<pb::UnregisterResponse> {
         answer((|| {
-            self.service_only(&request, "Unregister")?;
+            self.require(&request, Scope::Gateway, "Unregister")?;
             let _owned = self.owns(&request.get_ref().user_id)?;
             let input = wire::unregister_request(request.get_ref());
             let metrics = self.context.metrics();
@@ -208,26 +248,30 @@ impl PresenceApi for PresenceService {
     }
 
     async fn revoke(&self, request: Request<pb::RevokeRequest>) -> Answer<pb::RevokeResponse> {
-        answer((|| {
-            self.service_only(&request, "Revoke")?;
+        let call = request.get_ref();
+        let args = json!({ "user_id": call.user_id, "session_id": call.session_id });
+        self.audited(&request, "Revoke", args).done(answer((|| {
+            self.require(&request, Scope::Admin, "Revoke")?;
             let request = request.get_ref();
             let _owned = self.owns(&request.user_id)?;
             let session_id = (!request.session_id.is_empty()).then_some(request.session_id.as_str());
             let revoked =
                 self.context.apply(|store, now, changes| store.revoke(now, &request.user_id, session_id, changes))?;
             Ok(wire::revoke_response(&request.user_id, &revoked))
-        })())
+        })()))
     }
 
-    type LeasesStream = LeasesStream;
+    type LeasesStream = CredentialBound<LeasesStream>;
 
     async fn leases(&self, request: Request<Streaming<LeaseBatchFrame>>) -> Answer<Self::LeasesStream> {
-        self.service_only(&request, "Leases")?;
-        Ok(Response::new(leases::open(self.leases.clone(), request.into_inner())))
+        let caller = self.require(&request, Scope::Gateway, "Leases")?;
+        let credentials = StreamCredentials::of(&self.auth, &request, caller, Some(Scope::Gateway));
+        Ok(Response::new(credentials.bind(leases::open(self.leases.clone(), request.into_inner()))))
     }
 
     async fn snapshot(&self, request: Request<pb::SnapshotRequest>) -> Answer<pb::SnapshotResponse> {
-        let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id)?;
+        self.auth.fetch_unknown_kid(request.metadata()).await;
+        let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id, "Snapshot")?;
         let user_ids = wire::user_ids("user_ids", &request.get_ref().user_ids)?;
         let forwarded = request.metadata().contains_key(FORWARDED);
         let context = &self.context;
@@ -264,10 +308,13 @@ impl PresenceApi for PresenceService {
         Ok(Response::new(pb::SnapshotResponse { users: users.into_iter().flatten().collect() }))
     }
 
-    type WatchStream = WatchStream;
+    type WatchStream = CredentialBound<WatchStream>;
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Answer<Self::WatchStream> {
-        let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id)?;
+        self.auth.fetch_unknown_kid(request.metadata()).await;
+        let (caller, viewer) = self.reader(&request, &request.get_ref().viewer_id, "Watch")?;
+        let needs = Self::read_scope(&caller, &viewer);
+        let credentials = StreamCredentials::of(&self.auth, &request, caller, needs);
         let request_metadata = request.metadata();
         let request = request.get_ref();
         let user_ids = wire::user_ids("user_ids", &request.user_ids)?;
@@ -280,10 +327,10 @@ impl PresenceApi for PresenceService {
             // A cluster node's own Watch is guarded by its ownership; a single node's needs nothing.
             let guarded = self.cluster.as_ref().map(|cluster| (Arc::clone(cluster), user_ids.clone()));
             let stream = watch::open(Arc::clone(&self.context), user_ids, options).await?;
-            return Ok(Response::new(match guarded {
+            return Ok(Response::new(credentials.bind(match guarded {
                 Some((cluster, users)) => fanin::guarded(cluster, users, stream),
                 None => stream,
-            }));
+            })));
         };
         // Users of other nodes: watched at their owners, merged here.
         let local = routes.local.iter().map(|&index| user_ids[index].clone()).collect();
@@ -294,11 +341,14 @@ impl PresenceApi for PresenceService {
             .collect();
         let authorization = request_metadata.get("authorization");
         let remote = fanin::Remote { users, request, authorization };
-        Ok(Response::new(fanin::open(Arc::clone(&self.context), cluster, local, options, remote).await?))
+        Ok(Response::new(
+            credentials.bind(fanin::open(Arc::clone(&self.context), cluster, local, options, remote).await?),
+        ))
     }
 
     async fn update_watch(&self, request: Request<pb::UpdateWatchRequest>) -> Answer<pb::UpdateWatchResponse> {
-        let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id)?;
+        self.auth.fetch_unknown_kid(request.metadata()).await;
+        let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id, "UpdateWatch")?;
         let request = request.get_ref();
         let update = watch::WatchUpdate {
             add: wire::user_ids("add_user_ids", &request.add_user_ids)?,
@@ -347,7 +397,9 @@ impl PresenceApi for PresenceService {
     }
 
     async fn room_snapshot(&self, request: Request<pb::RoomSnapshotRequest>) -> Answer<pb::RoomSnapshot> {
-        let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
+        self.auth.fetch_unknown_kid(request.metadata()).await;
+        let room =
+            self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id, "RoomSnapshot")?;
         match self.room_place(&request, &room.room_id)? {
             RoomAt::Here => {
                 let mut lens = rooms::MemberLens::new(&room);
@@ -362,25 +414,174 @@ impl PresenceApi for PresenceService {
         }
     }
 
-    type WatchRoomStream = RoomStream;
+    type WatchRoomStream = CredentialBound<RoomStream>;
 
     async fn watch_room(&self, request: Request<pb::WatchRoomRequest>) -> Answer<Self::WatchRoomStream> {
-        let room = self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id)?;
+        self.auth.fetch_unknown_kid(request.metadata()).await;
+        let (caller, viewer) = self.reader(&request, &request.get_ref().viewer_id, "WatchRoom")?;
+        let credentials =
+            StreamCredentials::of(&self.auth, &request, caller.clone(), Self::read_scope(&caller, &viewer));
+        let room = rooms::RoomRequest { room_id: wire::id("room_id", &request.get_ref().room_id)?, viewer };
         let count_interval = wire::room_watch_mode(request.get_ref().mode, request.get_ref().count_interval_ms)?;
         let place = self.room_place(&request, &room.room_id)?;
         match place {
-            RoomAt::Here => Ok(Response::new(rooms::watch(Arc::clone(&self.context), room, count_interval).await?)),
+            RoomAt::Here => Ok(Response::new(
+                credentials.bind(rooms::watch(Arc::clone(&self.context), room, count_interval).await?),
+            )),
             RoomAt::Owner(cluster, address) => {
                 let authorization = request.metadata().get("authorization");
                 let upstream =
                     cluster.membership.forward_watch_room(&address, request.get_ref().clone(), authorization).await?;
-                Ok(Response::new(fanin::relay(Arc::clone(&self.context), address, upstream)))
+                Ok(Response::new(credentials.bind(fanin::relay(Arc::clone(&self.context), address, upstream))))
             }
         }
     }
 
     async fn set_room_access(&self, request: Request<pb::SetRoomAccessRequest>) -> Answer<pb::SetRoomAccessResponse> {
-        self.service_only(&request, "SetRoomAccess")?;
+        let call = request.get_ref();
+        let args = json!({ "room_id": call.room_id, "access": call.access });
+        let entry = self.audited(&request, "SetRoomAccess", args);
+        entry.done(self.set_room_access_audited(request).await)
+    }
+
+    async fn list_sessions(&self, request: Request<pb::ListSessionsRequest>) -> Answer<pb::ListSessionsResponse> {
+        answer((|| {
+            self.require(&request, Scope::Admin, "ListSessions")?;
+            let _owned = self.owns(&request.get_ref().user_id)?;
+            let now = self.context.now();
+            let sessions = self.context.store().sessions(now, &request.get_ref().user_id)?;
+            Ok(wire::list_sessions_response(&sessions, now))
+        })())
+    }
+
+    async fn stats(&self, request: Request<pb::StatsRequest>) -> Answer<pb::StatsResponse> {
+        self.require(&request, Scope::Admin, "Stats")?;
+        let context = &self.context;
+        let store = context.store();
+        Ok(Response::new(wire::stats_response(wire::StatsReading {
+            store: store.stats(),
+            config: store.config(),
+            totals: context.metrics().totals(),
+            uptime: context.started.elapsed(),
+            now: context.now(),
+        })))
+    }
+
+    async fn set_status(&self, request: Request<pb::SetStatusRequest>) -> Answer<pb::SetStatusResponse> {
+        self.auth.fetch_unknown_kid(request.metadata()).await;
+        let caller = self.caller(&request)?;
+        let request = request.into_inner();
+        let user_id = wire::id("user_id", &request.user_id)?;
+        caller.require_self_or(&user_id, Scope::Gateway, "SetStatus")?;
+        let _durable = self.context.hold_for_durable_write().await;
+        self.owns(&user_id)?;
+        let context = &self.context;
+        let status = request.status.map(|status| wire::status(status, context.now())).transpose()?;
+        let view = context.privacy.set_status(&user_id, status).await?;
+        let presence = context.released(&[user_id], &[Shown { view, visible: true }], false).await?.pop();
+        Ok(Response::new(pb::SetStatusResponse { presence }))
+    }
+
+    async fn set_visibility(&self, request: Request<pb::SetVisibilityRequest>) -> Answer<pb::SetVisibilityResponse> {
+        self.auth.fetch_unknown_kid(request.metadata()).await;
+        let entry = self.audited(
+            &request,
+            "SetVisibility",
+            json!({ "user_id": request.get_ref().user_id, "visibility": request.get_ref().visibility }),
+        );
+        let answered: Answer<pb::SetVisibilityResponse> = async {
+            let caller = self.caller(&request)?;
+            let request = request.get_ref();
+            let user = wire::id("user_id", &request.user_id)?;
+            caller.require_self_or(&user, Scope::Admin, "SetVisibility")?;
+            let _durable = self.context.hold_for_durable_write().await;
+            self.owns(&user)?;
+            let visibility = wire::visibility(request.visibility)?;
+            self.context.privacy.change(RelationChange::Visibility { user, visibility }).await?;
+            Ok(Response::new(pb::SetVisibilityResponse {}))
+        }
+        .await;
+        entry.done(answered)
+    }
+
+    async fn grant_audience(&self, request: Request<pb::AudienceRequest>) -> Answer<pb::AudienceResponse> {
+        let args = json!({ "user_id": request.get_ref().user_id, "viewer_ids": request.get_ref().viewer_ids });
+        let entry = self.audited(&request, "GrantAudience", args);
+        entry.done(self.change_audience(request, true).await)
+    }
+
+    async fn revoke_audience(&self, request: Request<pb::AudienceRequest>) -> Answer<pb::AudienceResponse> {
+        let args = json!({ "user_id": request.get_ref().user_id, "viewer_ids": request.get_ref().viewer_ids });
+        let entry = self.audited(&request, "RevokeAudience", args);
+        entry.done(self.change_audience(request, false).await)
+    }
+
+    async fn join_group(&self, request: Request<pb::GroupRequest>) -> Answer<pb::GroupResponse> {
+        let args = json!({ "group_id": request.get_ref().group_id, "user_ids": request.get_ref().user_ids });
+        let entry = self.audited(&request, "JoinGroup", args);
+        entry.done(self.change_group(request, true).await)
+    }
+
+    async fn leave_group(&self, request: Request<pb::GroupRequest>) -> Answer<pb::GroupResponse> {
+        let args = json!({ "group_id": request.get_ref().group_id, "user_ids": request.get_ref().user_ids });
+        let entry = self.audited(&request, "LeaveGroup", args);
+        entry.done(self.change_group(request, false).await)
+    }
+
+    async fn touch(&self, request: Request<pb::TouchRequest>) -> Answer<pb::TouchResponse> {
+        self.require(&request, Scope::Gateway, "Touch")?;
+        let user_id = wire::id("user_id", &request.get_ref().user_id)?;
+        let _durable = self.context.hold_for_durable_write().await;
+        self.owns(&user_id)?;
+        let context = &self.context;
+        let last_active_at = context.activity.touch(&user_id, context.now()).await.map_err(ServiceError::from)?;
+        Ok(Response::new(pb::TouchResponse { last_active_at_ms: wire::unix_ms(last_active_at) }))
+    }
+
+    async fn put_setting(&self, request: Request<pb::PutSettingRequest>) -> Answer<pb::PutSettingResponse> {
+        let entry = self.audited(&request, "PutSetting", json!({ "user_id": request.get_ref().user_id, "name": request.get_ref().name, "value_bytes": request.get_ref().value.len() }));
+        let answered: Answer<pb::PutSettingResponse> = async {
+            self.require(&request, Scope::Admin, "PutSetting")?;
+            let request = request.into_inner();
+            wire::id("user_id", &request.user_id)?;
+            let _durable = self.context.hold_for_durable_write().await;
+            self.owns(&request.user_id)?;
+            if request.name.is_empty() || request.name.len() > MAX_SETTING_NAME_BYTES {
+                return Err(
+                    ServiceError::invalid("name", format!("must be 1 to {MAX_SETTING_NAME_BYTES} bytes")).into()
+                );
+            }
+            if request.value.len() > MAX_SETTING_VALUE_BYTES {
+                let reason = format!("{} bytes, more than the limit of {MAX_SETTING_VALUE_BYTES}", request.value.len());
+                return Err(ServiceError::invalid("value", reason).into());
+            }
+            let user_id = request.user_id.clone();
+            let put = self.context.settings.put(request.user_id, request.name, request.value).await;
+            if !put.map_err(ServiceError::from)? {
+                return Err(ServiceError::TooManySettings { user_id, most: MAX_SETTINGS_PER_USER }.into());
+            }
+            Ok(Response::new(pb::PutSettingResponse {}))
+        }
+        .await;
+        entry.done(answered)
+    }
+
+    async fn get_settings(&self, request: Request<pb::GetSettingsRequest>) -> Answer<pb::GetSettingsResponse> {
+        self.require(&request, Scope::Admin, "GetSettings")?;
+        let request = request.into_inner();
+        wire::id("user_id", &request.user_id)?;
+        self.owns(&request.user_id)?;
+        let settings = self.context.settings.get(request.user_id).await.map_err(ServiceError::from)?;
+        Ok(Response::new(pb::GetSettingsResponse { settings: settings.into_iter().collect() }))
+    }
+}
+
+impl PresenceService {
+    async fn set_room_access_audited(
+        &self,
+        request: Request<pb::SetRoomAccessRequest>,
+    ) -> Answer<pb::SetRoomAccessResponse> {
+        self.require(&request, Scope::Admin, "SetRoomAccess")?;
         let access = wire::room_access(request.get_ref().access)?;
         let room_id = wire::id("room_id", &request.get_ref().room_id)?;
         let context = &self.context;
@@ -408,119 +609,12 @@ impl PresenceApi for PresenceService {
         Ok(Response::new(pb::SetRoomAccessResponse {}))
     }
 
-    async fn list_sessions(&self, request: Request<pb::ListSessionsRequest>) -> Answer<pb::ListSessionsResponse> {
-        answer((|| {
-            self.service_only(&request, "ListSessions")?;
-            let _owned = self.owns(&request.get_ref().user_id)?;
-            let now = self.context.now();
-            let sessions = self.context.store().sessions(now, &request.get_ref().user_id)?;
-            Ok(wire::list_sessions_response(&sessions, now))
-        })())
-    }
-
-    async fn stats(&self, request: Request<pb::StatsRequest>) -> Answer<pb::StatsResponse> {
-        self.service_only(&request, "Stats")?;
-        let context = &self.context;
-        let store = context.store();
-        Ok(Response::new(wire::stats_response(wire::StatsReading {
-            store: store.stats(),
-            config: store.config(),
-            totals: context.metrics().totals(),
-            uptime: context.started.elapsed(),
-            now: context.now(),
-        })))
-    }
-
-    async fn set_status(&self, request: Request<pb::SetStatusRequest>) -> Answer<pb::SetStatusResponse> {
-        let caller = self.caller(&request)?;
-        let request = request.into_inner();
-        let user_id = wire::id("user_id", &request.user_id)?;
-        caller.require_self_or_service(&user_id, "SetStatus")?;
-        let _durable = self.context.hold_for_durable_write().await;
-        self.owns(&user_id)?;
-        let context = &self.context;
-        let status = request.status.map(|status| wire::status(status, context.now())).transpose()?;
-        let view = context.privacy.set_status(&user_id, status).await?;
-        let presence = context.released(&[user_id], &[Shown { view, visible: true }], false).await?.pop();
-        Ok(Response::new(pb::SetStatusResponse { presence }))
-    }
-
-    async fn set_visibility(&self, request: Request<pb::SetVisibilityRequest>) -> Answer<pb::SetVisibilityResponse> {
-        let caller = self.caller(&request)?;
-        let request = request.get_ref();
-        let user = wire::id("user_id", &request.user_id)?;
-        caller.require_self_or_service(&user, "SetVisibility")?;
-        let _durable = self.context.hold_for_durable_write().await;
-        self.owns(&user)?;
-        let visibility = wire::visibility(request.visibility)?;
-        self.context.privacy.change(RelationChange::Visibility { user, visibility }).await?;
-        Ok(Response::new(pb::SetVisibilityResponse {}))
-    }
-
-    async fn grant_audience(&self, request: Request<pb::AudienceRequest>) -> Answer<pb::AudienceResponse> {
-        self.change_audience(request, true).await
-    }
-
-    async fn revoke_audience(&self, request: Request<pb::AudienceRequest>) -> Answer<pb::AudienceResponse> {
-        self.change_audience(request, false).await
-    }
-
-    async fn join_group(&self, request: Request<pb::GroupRequest>) -> Answer<pb::GroupResponse> {
-        self.change_group(request, true).await
-    }
-
-    async fn leave_group(&self, request: Request<pb::GroupRequest>) -> Answer<pb::GroupResponse> {
-        self.change_group(request, false).await
-    }
-
-    async fn touch(&self, request: Request<pb::TouchRequest>) -> Answer<pb::TouchResponse> {
-        self.service_only(&request, "Touch")?;
-        let user_id = wire::id("user_id", &request.get_ref().user_id)?;
-        let _durable = self.context.hold_for_durable_write().await;
-        self.owns(&user_id)?;
-        let context = &self.context;
-        let last_active_at = context.activity.touch(&user_id, context.now()).await.map_err(ServiceError::from)?;
-        Ok(Response::new(pb::TouchResponse { last_active_at_ms: wire::unix_ms(last_active_at) }))
-    }
-
-    async fn put_setting(&self, request: Request<pb::PutSettingRequest>) -> Answer<pb::PutSettingResponse> {
-        self.service_only(&request, "PutSetting")?;
-        let request = request.into_inner();
-        wire::id("user_id", &request.user_id)?;
-        let _durable = self.context.hold_for_durable_write().await;
-        self.owns(&request.user_id)?;
-        if request.name.is_empty() || request.name.len() > MAX_SETTING_NAME_BYTES {
-            return Err(ServiceError::invalid("name", format!("must be 1 to {MAX_SETTING_NAME_BYTES} bytes")).into());
-        }
-        if request.value.len() > MAX_SETTING_VALUE_BYTES {
-            let reason = format!("{} bytes, more than the limit of {MAX_SETTING_VALUE_BYTES}", request.value.len());
-            return Err(ServiceError::invalid("value", reason).into());
-        }
-        let user_id = request.user_id.clone();
-        let put = self.context.settings.put(request.user_id, request.name, request.value).await;
-        if !put.map_err(ServiceError::from)? {
-            return Err(ServiceError::TooManySettings { user_id, most: MAX_SETTINGS_PER_USER }.into());
-        }
-        Ok(Response::new(pb::PutSettingResponse {}))
-    }
-
-    async fn get_settings(&self, request: Request<pb::GetSettingsRequest>) -> Answer<pb::GetSettingsResponse> {
-        self.service_only(&request, "GetSettings")?;
-        let request = request.into_inner();
-        wire::id("user_id", &request.user_id)?;
-        self.owns(&request.user_id)?;
-        let settings = self.context.settings.get(request.user_id).await.map_err(ServiceError::from)?;
-        Ok(Response::new(pb::GetSettingsResponse { settings: settings.into_iter().collect() }))
-    }
-}
-
-impl PresenceService {
     async fn change_audience(
         &self,
         request: Request<pb::AudienceRequest>,
         grant: bool,
     ) -> Answer<pb::AudienceResponse> {
-        self.service_only(&request, if grant { "GrantAudience" } else { "RevokeAudience" })?;
+        self.require(&request, Scope::Admin, if grant { "GrantAudience" } else { "RevokeAudience" })?;
         let request = request.get_ref();
         let user = wire::id("user_id", &request.user_id)?;
         let _durable = self.context.hold_for_durable_write().await;
@@ -532,7 +626,7 @@ impl PresenceService {
 
     async fn change_group(&self, request: Request<pb::GroupRequest>, join: bool) -> Answer<pb::GroupResponse> {
         let operation = if join { "JoinGroup" } else { "LeaveGroup" };
-        self.service_only(&request, operation)?;
+        self.require(&request, Scope::Admin, operation)?;
         let request = request.get_ref();
         let group = wire::id("group_id", &request.group_id)?;
         let users = wire::nonempty_ids("user_ids", &request.user_ids)?;

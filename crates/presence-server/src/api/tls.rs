@@ -113,24 +113,22 @@ fn report_expiry(material: &[Reloadable]) {
 }
 
 #[cfg(unix)]
-type Hangups = Option<tokio::signal::unix::Signal>;
+pub(crate) type Hangups = Option<tokio::signal::unix::Signal>;
 #[cfg(not(unix))]
-type Hangups = Option<()>;
+pub(crate) type Hangups = Option<()>;
 
-fn hangups() -> Hangups {
+pub(crate) fn hangups() -> Hangups {
     #[cfg(unix)]
     {
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .inspect_err(
-                |err| tracing::warn!(%err, "cannot listen for SIGHUP; TLS material is reloaded by polling only"),
-            )
+            .inspect_err(|err| tracing::warn!(%err, "cannot listen for SIGHUP; files are reloaded by polling only"))
             .ok()
     }
     #[cfg(not(unix))]
     None
 }
 
-async fn next_hangup(hangups: &mut Hangups) -> Option<()> {
+pub(crate) async fn next_hangup(hangups: &mut Hangups) -> Option<()> {
     #[cfg(unix)]
     if let Some(signal) = hangups {
         return signal.recv().await;

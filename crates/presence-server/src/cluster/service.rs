@@ -10,13 +10,15 @@ use std::sync::Arc;
 use presence_proto::v1::{self as pb, cluster_server::Cluster};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::auth::{Authenticator, ConnectionInfo};
+use crate::audit::Audit;
+use crate::auth::{Authenticator, ConnectionInfo, Scope};
 use crate::cluster::ClusterNode;
 use crate::cluster::handover::{move_slots, take_slots};
 use crate::cluster::membership::slot_set;
 use crate::cluster::wire as cluster_wire;
 use crate::error::ServiceError;
 use crate::node::context::Context;
+use serde_json::json;
 
 /// The gRPC `presence.v1.Cluster` service.
 #[derive(Debug, Clone)]
@@ -26,11 +28,17 @@ pub(crate) struct ClusterService {
     /// refuses every call as not clustered.
     cluster: Option<Arc<ClusterNode>>,
     auth: Arc<Authenticator>,
+    audit: Arc<Audit>,
 }
 
 impl ClusterService {
-    pub(crate) fn new(context: Arc<Context>, cluster: Option<Arc<ClusterNode>>, auth: Arc<Authenticator>) -> Self {
-        ClusterService { context, cluster, auth }
+    pub(crate) fn new(
+        context: Arc<Context>,
+        cluster: Option<Arc<ClusterNode>>,
+        auth: Arc<Authenticator>,
+        audit: Arc<Audit>,
+    ) -> Self {
+        ClusterService { context, cluster, auth, audit }
     }
 
     /// This node's part in its cluster, or the refusal of `operation` on a single node.
@@ -41,6 +49,8 @@ impl ClusterService {
     /// A caller that may use the `Cluster` service: a service caller and,
     /// with node-to-node TLS, on a connection with a certificate of the
     /// cluster's CA (T2): a service token alone does not make a node.
+    /// Every call needs the `cluster` scope, except a slot move an operator
+    /// asks for, which needs `admin`.
     fn service_only<T>(&self, request: &Request<T>, operation: &'static str) -> Result<(), ServiceError> {
         if self.cluster.as_ref().is_some_and(|cluster| cluster.membership.requires_peer_certificate())
             && !ConnectionInfo::is_cluster_node(request)
@@ -50,7 +60,8 @@ impl ClusterService {
                 reason: "Cluster calls are for the cluster's nodes: this connection has no certificate of the cluster's CA",
             });
         }
-        self.auth.caller_of(request)?.require_service(operation)
+        let scope = if operation == "MoveSlots" { Scope::Admin } else { Scope::Cluster };
+        self.auth.caller_of(request)?.require(scope, operation)
     }
 
     /// This node's part in its cluster, for a call another node (a service
@@ -67,18 +78,27 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::MoveSlotsRequest>,
     ) -> Result<Response<pb::MoveSlotsResponse>, Status> {
-        self.service_only(&request, "MoveSlots")?;
-        let credential = request.metadata().get("authorization").cloned();
-        let asked = request.into_inner();
-        let cluster = self.cluster("MoveSlots")?;
-        let moved = move_slots(&self.context, cluster, &asked.slots, &asked.to_node, credential.as_ref()).await?;
-        Ok(Response::new(pb::MoveSlotsResponse {
-            epoch: moved.epoch,
-            users: moved.users,
-            sessions: moved.sessions,
-            bytes: moved.bytes,
-            elapsed_ms: u32::try_from(moved.elapsed.as_millis()).unwrap_or(u32::MAX),
-        }))
+        let args = json!({ "slots": request.get_ref().slots, "to_node": request.get_ref().to_node });
+        let entry = self.audit.entry(&self.auth, &request, "MoveSlots", args);
+        let answered: Result<Response<pb::MoveSlotsResponse>, Status> = async {
+            self.service_only(&request, "MoveSlots")?;
+            let cluster = self.cluster("MoveSlots")?;
+            // The target is asked with this node's own credential (the `cluster`
+            // scope), else with the operator's.
+            let credential =
+                cluster.membership.peer_token().or_else(|| request.metadata().get("authorization")).cloned();
+            let asked = request.into_inner();
+            let moved = move_slots(&self.context, cluster, &asked.slots, &asked.to_node, credential.as_ref()).await?;
+            Ok(Response::new(pb::MoveSlotsResponse {
+                epoch: moved.epoch,
+                users: moved.users,
+                sessions: moved.sessions,
+                bytes: moved.bytes,
+                elapsed_ms: u32::try_from(moved.elapsed.as_millis()).unwrap_or(u32::MAX),
+            }))
+        }
+        .await;
+        entry.done(answered)
     }
 
     async fn take_slots(

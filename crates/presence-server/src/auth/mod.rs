@@ -1,21 +1,26 @@
-//! Caller authentication: who is calling, and which of the two roles it holds (P1).
+//! Caller authentication: who is calling, as which role, with which scopes
+//! (P1, P6, T3).
 //!
 //! This module owns the check of the `authorization: Bearer <token>` metadata
-//! and the role rules built on its answer. It reads request metadata only, never
-//! a request field, so a viewer's identity always comes from its credentials
-//! (a `viewer_id` field counts only for a service caller). It must not decide
-//! what a viewer may see (the audience rules, P2 and P3, do that with the
-//! identity found here), nor whether the server may run open on a given
-//! address (the binary decides that).
+//! and the role and scope rules built on its answer. It reads request
+//! metadata only, never a request field, so a viewer's identity always comes
+//! from its credentials (a `viewer_id` field counts only for a service
+//! caller). It must not decide what a viewer may see (the audience rules, P2
+//! and P3, do that with the identity found here), nor whether the server may
+//! run open on a given address (the binary decides that).
 //!
 //! | credential | caller |
 //! |---|---|
-//! | none configured at all | every request is [`Caller::Service`] (open, for development) |
-//! | a configured service token | [`Caller::Service`] |
-//! | a JWT verified with the configured HS256 secret or RSA/Ed25519 public key | [`Caller::Viewer`] of its `sub` |
-//! | no token, on a connection whose client certificate has a `--tls-service-identity` (T2) | [`Caller::Service`] |
-//! | no token, on a connection with a certificate of the cluster's CA (another node, T2) | [`Caller::Service`] |
+//! | none configured at all | every request is a service with every scope (open, for development) |
+//! | a `--service-token` | a service with every scope, named `service-token-N` |
+//! | a token of the credentials file (`credentials.rs`) | a service with that credential's name and scopes |
+//! | a JWT verified with the configured HS256 secret or RSA/Ed25519 public key | a viewer, its `sub` |
+//! | no token, on a connection whose client certificate has a `--tls-service-identity` (T2) | a service with every scope, named `certificate:ID` |
+//! | no token, on a connection with a certificate of the cluster's CA (another node, T2) | a service with every scope, named `cluster-node:ID` |
 //! | anything else, or no credential | `UNAUTHENTICATED` |
+//!
+//! What each scope allows is in `scopes.rs`; streams that end with their
+//! credentials in `stream.rs`.
 //!
 //! A token, when one is sent, decides alone: a viewer's JWT on a connection
 //! with a service identity's certificate acts as that viewer, and a wrong
@@ -28,16 +33,27 @@
 //! picks among the configured keys, so a token cannot choose how it is checked
 //! (no `none`, no HMAC keyed with a public key).
 
-use std::fmt;
+mod credentials;
+mod jwks;
+mod scopes;
+mod stream;
 
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use presence_core::MAX_ID_BYTES;
-use sha2::{Digest, Sha256};
-use subtle::{Choice, ConstantTimeEq};
 use tonic::metadata::MetadataMap;
 
 use crate::error::ServiceError;
+
+use credentials::CredentialSet;
+pub use credentials::{CredentialsError, TOKEN_PREFIX, entry_for, new_token};
+pub use scopes::{Scope, Scopes};
+pub(crate) use stream::{CredentialBound, StreamCredentials};
 
 /// Longest bearer token accepted, in bytes: far above any real JWT, small enough
 /// that a hostile header cannot make the server parse much.
@@ -55,7 +71,9 @@ pub(crate) const MAX_JWT_LEEWAY_SECS: u64 = 300;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ConnectionInfo {
     /// The certificate the client presented in its TLS handshake.
-    pub(crate) certificate: Option<std::sync::Arc<presence_tls::ClientCertificate>>,
+    pub(crate) certificate: Option<Arc<presence_tls::ClientCertificate>>,
+    /// The client's address, for the audit log.
+    pub(crate) peer: Option<std::net::SocketAddr>,
 }
 
 impl ConnectionInfo {
@@ -74,46 +92,104 @@ impl ConnectionInfo {
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Caller {
-    /// A gateway or admin tool (or anyone, when the server runs open).
-    Service,
+    /// A gateway, a backend or an admin tool (or anyone, when the server runs open).
+    Service(ServiceCaller),
     /// An end user, identified by the verified `sub` of its token.
-    Viewer(String),
+    Viewer(ViewerCaller),
+}
+
+/// A service caller: the credential it presented and what that allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ServiceCaller {
+    /// The credential's name (`service-token-N` for a `--service-token`,
+    /// `certificate:ID` for a client certificate, `open` on an open server).
+    pub(crate) name: Arc<str>,
+    pub(crate) scopes: Scopes,
+}
+
+/// A viewer: its user id and when its token stops being accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ViewerCaller {
+    pub(crate) id: String,
+    /// The token's `exp` plus the configured leeway, in Unix seconds.
+    pub(crate) accepted_until: u64,
 }
 
 impl Caller {
-    /// The identity whose view of presence applies: for a viewer, itself (any
-    /// `viewer_id` field it sent is ignored); for a service caller, the
-    /// `viewer_id` it names, or `None` (sees everything) when it names none
-    /// (an empty string is none).
-    pub(crate) fn acting_viewer(&self, viewer_id_field: &str) -> Option<String> {
+    /// The credential's name, or the viewer's id, for the audit log.
+    pub(crate) fn name(&self) -> &str {
         match self {
-            Caller::Viewer(viewer_id) => Some(viewer_id.clone()),
-            Caller::Service if viewer_id_field.is_empty() => None,
-            Caller::Service => Some(viewer_id_field.to_owned()),
+            Caller::Service(service) => &service.name,
+            Caller::Viewer(viewer) => &viewer.id,
         }
     }
 
-    /// `PERMISSION_DENIED` unless the caller is a service (lease operations,
-    /// audience and group management, Touch, the settings of others...). The
-    /// message names the operation.
-    pub(crate) fn require_service(&self, operation: &'static str) -> Result<(), ServiceError> {
+    /// The identity whose view of presence applies, for a read (Snapshot,
+    /// Watch, room reads): for a viewer, itself (any `viewer_id` field it sent
+    /// is ignored); for a service caller, the `viewer_id` it names, which
+    /// needs the `read-as-viewer` scope (or `read`), or `None` (true states)
+    /// when it names none (an empty string is none), which needs `read` (P6).
+    pub(crate) fn acting_viewer(
+        &self,
+        viewer_id_field: &str,
+        operation: &'static str,
+    ) -> Result<Option<String>, ServiceError> {
         match self {
-            Caller::Service => Ok(()),
+            Caller::Viewer(viewer) => Ok(Some(viewer.id.clone())),
+            Caller::Service(_) if viewer_id_field.is_empty() => self.require(Scope::Read, operation).map(|()| None),
+            Caller::Service(_) => {
+                self.require(Scope::ReadAsViewer, operation).map(|()| Some(viewer_id_field.to_owned()))
+            }
+        }
+    }
+
+    /// `Ok` for a service caller whose credential has `scope`;
+    /// `PERMISSION_DENIED` naming the scope it lacks, or, for a viewer,
+    /// saying that the call needs service credentials.
+    pub(crate) fn require(&self, scope: Scope, operation: &'static str) -> Result<(), ServiceError> {
+        match self {
+            Caller::Service(service) if service.scopes.allows(scope) => Ok(()),
+            Caller::Service(service) => Err(ServiceError::MissingScope {
+                operation,
+                scope,
+                credential: Arc::clone(&service.name),
+                scopes: service.scopes,
+            }),
             Caller::Viewer(_) => {
                 Err(ServiceError::PermissionDenied { operation, reason: "requires service credentials" })
             }
         }
     }
 
-    /// Ok for a service, or for a viewer acting on itself (its own status or
-    /// visibility); `PERMISSION_DENIED` otherwise.
-    pub(crate) fn require_self_or_service(&self, user_id: &str, operation: &'static str) -> Result<(), ServiceError> {
+    /// Ok for a service caller with `scope`, or for a viewer acting on itself
+    /// (its own status or visibility); `PERMISSION_DENIED` otherwise.
+    pub(crate) fn require_self_or(
+        &self,
+        user_id: &str,
+        scope: Scope,
+        operation: &'static str,
+    ) -> Result<(), ServiceError> {
         match self {
-            Caller::Service => Ok(()),
-            Caller::Viewer(viewer_id) if viewer_id == user_id => Ok(()),
+            Caller::Service(_) => self.require(scope, operation),
+            Caller::Viewer(viewer) if viewer.id == user_id => Ok(()),
             Caller::Viewer(_) => {
                 Err(ServiceError::PermissionDenied { operation, reason: "a viewer may act only on its own user id" })
             }
+        }
+    }
+
+    /// Whether the caller is a service (tests).
+    #[cfg(test)]
+    pub(crate) fn is_service(&self) -> bool {
+        matches!(self, Caller::Service(_))
+    }
+
+    /// The viewer's id, for a viewer (tests).
+    #[cfg(test)]
+    pub(crate) fn viewer_id(&self) -> Option<&str> {
+        match self {
+            Caller::Viewer(viewer) => Some(&viewer.id),
+            Caller::Service(_) => None,
         }
     }
 }
@@ -131,6 +207,21 @@ pub struct AuthConfig {
     pub viewer_jwt_public_key_pem: Option<Vec<u8>>,
     /// Clock skew allowed on `exp`, in seconds (at most 300).
     pub jwt_leeway_secs: u64,
+    /// The credentials file (T3): named credentials with scopes and hashed
+    /// tokens, read again when it changes.
+    pub credentials_file: Option<PathBuf>,
+    /// Viewer keys from a JWKS document (T4): a file, or an `https://` URL
+    /// of the identity provider's.
+    pub viewer_jwks: Option<String>,
+    /// The CA of the JWKS URL's certificate; `None`: the system's roots.
+    pub viewer_jwks_ca: Option<PathBuf>,
+    /// How often a JWKS URL is fetched again; zero: every 5 minutes.
+    pub viewer_jwks_refresh: std::time::Duration,
+    /// Accepted `aud` values of viewer tokens; when any is set, a token must
+    /// carry one of them.
+    pub viewer_jwt_audiences: Vec<String>,
+    /// The `iss` viewer tokens must carry, when set.
+    pub viewer_jwt_issuer: Option<String>,
 }
 
 // By hand, so that a logged configuration never shows a secret.
@@ -141,6 +232,10 @@ impl fmt::Debug for AuthConfig {
             .field("viewer_jwt_hs256_secret", &self.viewer_jwt_hs256_secret.as_ref().map(|_| "redacted"))
             .field("viewer_jwt_public_key_pem", &self.viewer_jwt_public_key_pem.as_ref().map(Vec::len))
             .field("jwt_leeway_secs", &self.jwt_leeway_secs)
+            .field("credentials_file", &self.credentials_file)
+            .field("viewer_jwks", &self.viewer_jwks)
+            .field("viewer_jwt_audiences", &self.viewer_jwt_audiences)
+            .field("viewer_jwt_issuer", &self.viewer_jwt_issuer)
             .finish()
     }
 }
@@ -176,6 +271,17 @@ pub enum AuthConfigError {
         /// The configured leeway.
         secs: u64,
     },
+    /// The credentials file cannot be read or is not valid.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+    /// The JWKS file cannot be read, or the URL is not an `https://` URL.
+    #[error("--viewer-jwks {location}: {reason}")]
+    Jwks {
+        /// The file or URL.
+        location: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The build has no (or two) JWT crypto backends, so no token could be checked.
     #[error("viewer JWT keys are configured but this build has no JWT crypto provider")]
     NoCryptoProvider,
@@ -183,12 +289,19 @@ pub enum AuthConfigError {
 
 /// Checks credentials and names the caller.
 pub(crate) struct Authenticator {
-    /// SHA-256 digests of the service tokens. Comparing fixed-size digests in
-    /// constant time, against every one, reveals neither which token matched
-    /// nor how long the tokens are.
-    service_digests: Vec<[u8; 32]>,
+    /// The `--service-token` tokens, with every scope.
+    service_tokens: CredentialSet,
+    /// The credentials file, and its credentials as last read.
+    credentials_file: Option<(PathBuf, ArcSwap<CredentialSet>)>,
     /// The viewer token keys, at most one per algorithm.
     viewer_keys: Vec<ViewerKey>,
+    /// Viewer keys from a JWKS document, with `--viewer-jwks`.
+    jwks: Option<JwksState>,
+    /// What every viewer token is checked for besides its signature.
+    claims: ClaimRules,
+    /// Counts changes of the accepted credentials: open streams look at
+    /// theirs again on each (see `stream.rs`).
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// One viewer token key and the only algorithm it accepts.
@@ -201,23 +314,75 @@ struct ViewerKey {
     validation: Validation,
 }
 
+/// The claims every viewer token is held to.
+#[derive(Debug, Clone, Default)]
+struct ClaimRules {
+    /// Clock skew allowed on `exp` and `nbf`, in seconds.
+    leeway_secs: u64,
+    audiences: Vec<String>,
+    issuer: Option<String>,
+}
+
+impl ClaimRules {
+    /// A validation that accepts `algorithm` alone and enforces the rules.
+    fn validation(&self, algorithm: Algorithm) -> Validation {
+        let mut validation = Validation::new(algorithm);
+        let mut required = vec!["exp", "sub"];
+        validation.leeway = self.leeway_secs;
+        validation.validate_exp = true;
+        // A token not yet valid is refused too, when it says so.
+        validation.validate_nbf = true;
+        if !self.audiences.is_empty() {
+            validation.set_audience(&self.audiences);
+            required.push("aud");
+        }
+        if let Some(issuer) = &self.issuer {
+            validation.set_issuer(&[issuer]);
+            required.push("iss");
+        }
+        validation.set_required_spec_claims(&required);
+        validation
+    }
+}
+
+/// The JWKS document's keys and how to read it again.
+struct JwksState {
+    source: jwks::JwksSource,
+    keys: ArcSwap<jwks::JwksKeys>,
+    /// How often a URL is fetched again.
+    refresh: std::time::Duration,
+    /// One fetch for unknown `kid`s at a time, and not too often.
+    unknown_kid: tokio::sync::Mutex<jwks::UnknownKidFetches>,
+}
+
 // By hand, so that a logged authenticator never shows a secret.
 impl fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Authenticator")
-            .field("service_tokens", &self.service_digests.len())
+            .field("service_tokens", &self.service_tokens.len())
+            .field("credentials_file", &self.credentials_file.as_ref().map(|(path, _)| path))
             .field("viewer_algorithms", &self.viewer_keys.iter().map(|key| key.algorithm).collect::<Vec<_>>())
             .finish()
     }
 }
 
+/// What a reload of the credentials file changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CredentialsReloaded {
+    /// How many credentials the file now holds.
+    pub(crate) credentials: usize,
+    /// The names no longer in the file: their streams end.
+    pub(crate) removed: Vec<String>,
+    /// The names new in the file.
+    pub(crate) added: Vec<String>,
+}
+
 impl Authenticator {
-    /// Checks the configuration and prepares the keys.
+    /// Checks the configuration, reads the credentials file and prepares the keys.
     pub(crate) fn new(config: AuthConfig) -> Result<Self, AuthConfigError> {
         if config.jwt_leeway_secs > MAX_JWT_LEEWAY_SECS {
             return Err(AuthConfigError::Leeway { secs: config.jwt_leeway_secs });
         }
-        let mut service_digests = Vec::with_capacity(config.service_tokens.len());
         for (index, token) in config.service_tokens.iter().enumerate() {
             let reason = if token.is_empty() {
                 Some("is empty")
@@ -231,9 +396,25 @@ impl Authenticator {
             if let Some(reason) = reason {
                 return Err(AuthConfigError::ServiceToken { position: index + 1, reason });
             }
-            service_digests.push(digest(token));
         }
+        let service_tokens = CredentialSet::of_service_tokens(&config.service_tokens);
+        let credentials_file = match config.credentials_file {
+            Some(path) => {
+                let credentials = CredentialSet::read(&path)?;
+                Some((path, ArcSwap::from_pointee(credentials)))
+            }
+            None => None,
+        };
 
+        let claims = ClaimRules {
+            leeway_secs: config.jwt_leeway_secs,
+            audiences: config.viewer_jwt_audiences.clone(),
+            issuer: config.viewer_jwt_issuer.clone(),
+        };
+        let jwks = match &config.viewer_jwks {
+            Some(source) => Some(JwksState::new(source, config.viewer_jwks_ca.clone(), config.viewer_jwks_refresh)?),
+            None => None,
+        };
         let mut viewer_keys = Vec::new();
         if let Some(secret) = &config.viewer_jwt_hs256_secret {
             if secret.len() < MIN_HS256_SECRET_BYTES {
@@ -241,39 +422,83 @@ impl Authenticator {
             }
             let key = DecodingKey::from_secret(secret.as_bytes())
                 .map_err(|_| AuthConfigError::Hs256SecretTooShort { bytes: secret.len() })?;
-            viewer_keys.push(ViewerKey::new(Algorithm::HS256, key, config.jwt_leeway_secs));
+            viewer_keys.push(ViewerKey::new(Algorithm::HS256, key, &claims));
         }
         if let Some(pem) = &config.viewer_jwt_public_key_pem {
             let (algorithm, key) = public_key(pem)?;
-            viewer_keys.push(ViewerKey::new(algorithm, key, config.jwt_leeway_secs));
+            viewer_keys.push(ViewerKey::new(algorithm, key, &claims));
         }
         // Without exactly one backend, jsonwebtoken panics on the first token:
         // fail at start instead.
-        if !viewer_keys.is_empty() && jsonwebtoken::crypto::CryptoProvider::try_get_default().is_none() {
+        if (!viewer_keys.is_empty() || jwks.is_some())
+            && jsonwebtoken::crypto::CryptoProvider::try_get_default().is_none()
+        {
             return Err(AuthConfigError::NoCryptoProvider);
         }
-        Ok(Authenticator { service_digests, viewer_keys })
+        Ok(Authenticator {
+            service_tokens,
+            credentials_file,
+            viewer_keys,
+            jwks,
+            claims,
+            changes: tokio::sync::watch::Sender::new(0),
+        })
     }
 
-    /// No credentials configured: every caller is [`Caller::Service`].
+    /// No credentials configured: every caller is a service with every scope.
     pub(crate) fn is_open(&self) -> bool {
-        self.service_digests.is_empty() && self.viewer_keys.is_empty()
+        self.service_tokens.is_empty()
+            && self.credentials_file.is_none()
+            && self.viewer_keys.is_empty()
+            && self.jwks.is_none()
     }
 
-    /// Names the caller from its `authorization: Bearer <token>` metadata: a
-    /// configured service token is [`Caller::Service`]; any other token must be
-    /// a JWT verified with a configured key, with an unexpired `exp` and a
-    /// `sub` of 1 to 128 bytes, and is [`Caller::Viewer`] of that `sub`.
-    /// Anything else is `UNAUTHENTICATED`, with a message that does not tell
-    /// which tokens exist. An open server answers [`Caller::Service`] whatever
-    /// was sent.
+    /// The credentials file, when one is configured.
+    pub(crate) fn credentials_file(&self) -> Option<&Path> {
+        self.credentials_file.as_ref().map(|(path, _)| path.as_path())
+    }
+
+    /// Reads the credentials file again. `Ok(None)`: no file, or nothing
+    /// changed. A file that cannot be used leaves the credentials in use as
+    /// they were. A change ends the open streams of the credentials it took
+    /// away (see `stream.rs`).
+    pub(crate) fn reload_credentials(&self) -> Result<Option<CredentialsReloaded>, CredentialsError> {
+        let Some((path, in_use)) = &self.credentials_file else { return Ok(None) };
+        let read = CredentialSet::read(path)?;
+        let old = in_use.load();
+        if **old == read {
+            return Ok(None);
+        }
+        let reloaded = CredentialsReloaded {
+            credentials: read.len(),
+            removed: old.names_missing_from(&read),
+            added: read.names_missing_from(&old),
+        };
+        in_use.store(Arc::new(read));
+        self.changes.send_modify(|changes| *changes += 1);
+        Ok(Some(reloaded))
+    }
+
+    /// A receiver that sees every change of the accepted credentials.
+    pub(crate) fn watch_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Names the caller from its `authorization: Bearer <token>` metadata
+    /// alone (see [`Authenticator::caller_of`]).
     #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn caller(&self, metadata: &MetadataMap) -> Result<Caller, ServiceError> {
         self.caller_on(metadata, None)
     }
 
     /// The caller of `request`, from its token or, without one, from the
-    /// certificate its connection presented (see the module's table).
+    /// certificate its connection presented (see the module's table): a
+    /// service token (or a credential of the credentials file) names a
+    /// service with its scopes; any other token must be a JWT verified with a
+    /// configured key, with an unexpired `exp` and a `sub` of 1 to 128 bytes,
+    /// and names a viewer. Anything else is `UNAUTHENTICATED`, with a message
+    /// that does not tell which tokens exist. An open server answers a
+    /// service with every scope whatever was sent.
     pub(crate) fn caller_of<T>(&self, request: &tonic::Request<T>) -> Result<Caller, ServiceError> {
         let certificate = ConnectionInfo::of(request).and_then(|info| info.certificate.as_deref());
         self.caller_on(request.metadata(), certificate)
@@ -285,87 +510,185 @@ impl Authenticator {
         certificate: Option<&presence_tls::ClientCertificate>,
     ) -> Result<Caller, ServiceError> {
         if self.is_open() {
-            return Ok(Caller::Service);
+            return Ok(Caller::Service(ServiceCaller { name: "open".into(), scopes: Scopes::ALL }));
         }
-        let service_certificate =
-            certificate.is_some_and(|certificate| certificate.service || certificate.cluster_node);
-        if service_certificate && metadata.get("authorization").is_none() {
-            return Ok(Caller::Service);
+        if metadata.get("authorization").is_none()
+            && let Some(caller) = certificate.and_then(certificate_caller)
+        {
+            return Ok(caller);
         }
-        let token = bearer_token(metadata)?;
+        self.caller_with_token(bearer_token(metadata)?)
+    }
+
+    /// The caller `token` names.
+    pub(crate) fn caller_with_token(&self, token: &str) -> Result<Caller, ServiceError> {
         // A service token is never tried as a JWT.
-        if self.is_service_token(token) {
-            return Ok(Caller::Service);
+        if let Some(service) = self.service_credential(token) {
+            return Ok(Caller::Service(service));
         }
         self.viewer(token).map(Caller::Viewer)
     }
 
-    /// Whether `token` is one of the service tokens, in time that depends on
-    /// neither which one nor how many bytes of it match.
-    fn is_service_token(&self, token: &str) -> bool {
-        let presented = digest(token);
-        let mut matched = Choice::from(0);
-        for configured in &self.service_digests {
-            matched |= configured[..].ct_eq(&presented[..]);
-        }
-        bool::from(matched)
+    /// The service credential whose token is `token`: a `--service-token`
+    /// or one of the credentials file.
+    fn service_credential(&self, token: &str) -> Option<ServiceCaller> {
+        let presented = credentials::digest(token);
+        let from_flags = self.service_tokens.find(&presented).cloned();
+        let from_file = self.credentials_file.as_ref().and_then(|(_, file)| file.load().find(&presented).cloned());
+        from_flags.or(from_file).map(|credential| ServiceCaller { name: credential.name, scopes: credential.scopes })
     }
 
-    /// The verified `sub` of a viewer token.
-    fn viewer(&self, token: &str) -> Result<String, ServiceError> {
-        // The header's `alg` only selects among the configured keys; each key
-        // then accepts its own algorithm alone.
+    /// The verified `sub` of a viewer token, and until when it is accepted.
+    fn viewer(&self, token: &str) -> Result<ViewerCaller, ServiceError> {
+        // The header's `kid` and `alg` only select among the configured keys;
+        // each key then accepts its own algorithm alone.
         let Ok(header) = jsonwebtoken::decode_header(token) else {
             return Err(refused("not a service token or a JWT"));
         };
-        let Some(key) = self.viewer_keys.iter().find(|key| key.algorithm == header.alg) else {
-            return Err(refused("no viewer key for the token's algorithm"));
-        };
-        let claims = match jsonwebtoken::decode::<ViewerClaims>(token, &key.key, &key.validation) {
-            Ok(data) => data.claims,
-            Err(err) => {
-                return Err(match err.kind() {
-                    ErrorKind::ExpiredSignature => {
-                        tracing::debug!("refused credentials: expired viewer token");
-                        ServiceError::Unauthenticated("credentials expired".into())
-                    }
-                    // The configured key itself cannot be used: the operator must hear of it.
-                    ErrorKind::InvalidRsaKey(_) | ErrorKind::InvalidEcdsaKey | ErrorKind::InvalidKeyFormat => {
-                        tracing::warn!(algorithm = ?key.algorithm, %err, "the viewer JWT key cannot verify tokens");
-                        invalid_credentials()
-                    }
-                    _ => refused_with(&err),
-                });
+        let jwks = self.jwks.as_ref().map(|jwks| jwks.keys.load());
+        let from_jwks = jwks.as_ref().and_then(|keys| {
+            keys.keys.iter().find(|key| key.kid.as_deref() == header.kid.as_deref() && key.algorithm == header.alg)
+        });
+        let claims = match (from_jwks, &header.kid) {
+            (Some(key), _) => self.verify(token, key.algorithm, &key.key, &self.claims.validation(key.algorithm))?,
+            (None, Some(_)) if self.jwks.is_some() => return Err(refused("no viewer key has the token's kid")),
+            (None, _) => {
+                let Some(key) = self.viewer_keys.iter().find(|key| key.algorithm == header.alg) else {
+                    return Err(refused("no viewer key for the token's algorithm"));
+                };
+                self.verify(token, key.algorithm, &key.key, &key.validation)?
             }
         };
         if claims.sub.is_empty() || claims.sub.len() > MAX_ID_BYTES {
             return Err(refused("viewer token sub is not 1 to 128 bytes"));
         }
-        Ok(claims.sub)
+        Ok(ViewerCaller { id: claims.sub, accepted_until: claims.exp.saturating_add(self.claims.leeway_secs) })
     }
+
+    fn verify(
+        &self,
+        token: &str,
+        algorithm: Algorithm,
+        key: &DecodingKey,
+        validation: &Validation,
+    ) -> Result<ViewerClaims, ServiceError> {
+        match jsonwebtoken::decode::<ViewerClaims>(token, key, validation) {
+            Ok(data) => Ok(data.claims),
+            Err(err) => Err(match err.kind() {
+                ErrorKind::ExpiredSignature => {
+                    tracing::debug!("refused credentials: expired viewer token");
+                    ServiceError::Unauthenticated("credentials expired".into())
+                }
+                // The configured key itself cannot be used: the operator must hear of it.
+                ErrorKind::InvalidRsaKey(_) | ErrorKind::InvalidEcdsaKey | ErrorKind::InvalidKeyFormat => {
+                    tracing::warn!(?algorithm, %err, "the viewer JWT key cannot verify tokens");
+                    invalid_credentials()
+                }
+                _ => refused_with(&err),
+            }),
+        }
+    }
+
+    /// Reads the JWKS document again. `Ok(Some(kids))`: the keys changed to
+    /// these, and streams opened with tokens of keys gone end (`stream.rs`);
+    /// `Ok(None)`: no JWKS, or nothing changed. A failure keeps the keys in use.
+    pub(crate) async fn refresh_viewer_keys(&self) -> Result<Option<Vec<String>>, String> {
+        let Some(jwks) = &self.jwks else { return Ok(None) };
+        let document = jwks.source.read().await?;
+        if jwks.keys.load().document == document {
+            return Ok(None);
+        }
+        let keys = jwks::parse(document)?;
+        let kids = keys.kids();
+        jwks.keys.store(Arc::new(keys));
+        self.changes.send_modify(|changes| *changes += 1);
+        Ok(Some(kids))
+    }
+
+    /// Before a call is authenticated: when its token is a JWT whose `kid`
+    /// no JWKS key has, reads the document again (one read at a time, at
+    /// most one per `UNKNOWN_KID_REFETCH_AFTER` after one that did not find its
+    /// `kid`), so that a key the provider
+    /// just published verifies its first token.
+    pub(crate) async fn fetch_unknown_kid(&self, metadata: &MetadataMap) {
+        let Some(jwks) = &self.jwks else { return };
+        let Ok(token) = bearer_token(metadata) else { return };
+        let Ok(header) = jsonwebtoken::decode_header(token) else { return };
+        let Some(kid) = header.kid else { return };
+        if jwks.keys.load().has(&kid) {
+            return;
+        }
+        let mut fetches = jwks.unknown_kid.lock().await;
+        // Another call may have fetched the document while this one waited;
+        // a fetch that found an unknown kid still unknown holds the next off.
+        if jwks.keys.load().has(&kid)
+            || fetches.last_miss.is_some_and(|miss| miss.elapsed() < jwks::UNKNOWN_KID_REFETCH_AFTER)
+        {
+            return;
+        }
+        let fetched = self.refresh_viewer_keys().await;
+        if !jwks.keys.load().has(&kid) {
+            fetches.last_miss = Some(std::time::Instant::now());
+        }
+        match fetched {
+            Ok(Some(kids)) => tracing::info!(?kids, "viewer keys read again for an unknown kid; they changed"),
+            Ok(None) => tracing::debug!(kid, "viewer keys read again for an unknown kid; unchanged"),
+            Err(err) => tracing::error!(%err, "cannot read the viewer keys (JWKS) again; keeping the keys in use"),
+        }
+    }
+
+    /// The JWKS document's source and refresh interval, with `--viewer-jwks`.
+    pub(crate) fn viewer_jwks(&self) -> Option<(String, bool, std::time::Duration)> {
+        self.jwks.as_ref().map(|jwks| (jwks.source.describe(), jwks.source.is_file(), jwks.refresh))
+    }
+}
+
+impl JwksState {
+    fn new(source: &str, ca: Option<PathBuf>, refresh: std::time::Duration) -> Result<JwksState, AuthConfigError> {
+        let fail = |reason: String| AuthConfigError::Jwks { location: source.to_owned(), reason };
+        let refresh = if refresh.is_zero() { std::time::Duration::from_secs(300) } else { refresh };
+        let (source, keys) = if source.starts_with("https://") {
+            let url: http::Uri = source.parse().map_err(|err| fail(format!("not a URL: {err}")))?;
+            let files = presence_tls::ClientTlsFiles::new(ca, None, None).named(["--viewer-jwks-ca", "", ""]);
+            let tls = presence_tls::ClientTls::load(files).map_err(|err| fail(err.to_string()))?;
+            let mut config = (*tls.config()).clone();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            // Fetched once serving starts; until then no JWKS key verifies a token.
+            (jwks::JwksSource::Url { url, tls: Arc::new(config) }, jwks::JwksKeys::default())
+        } else if source.contains("://") {
+            return Err(fail("a JWKS URL must be https://".into()));
+        } else {
+            let document = std::fs::read(source).map_err(|err| fail(format!("cannot read: {err}")))?;
+            (jwks::JwksSource::File(source.into()), jwks::parse(document.into()).map_err(fail)?)
+        };
+        Ok(JwksState { source, keys: ArcSwap::from_pointee(keys), refresh, unknown_kid: tokio::sync::Mutex::default() })
+    }
+}
+
+/// The service caller a client certificate names, without a token: a
+/// `--tls-service-identity` or another node of the cluster, with every scope.
+fn certificate_caller(certificate: &presence_tls::ClientCertificate) -> Option<Caller> {
+    if !(certificate.service || certificate.cluster_node) {
+        return None;
+    }
+    let identity = certificate.identities.first().map_or("", String::as_str);
+    let kind = if certificate.cluster_node { "cluster-node" } else { "certificate" };
+    Some(Caller::Service(ServiceCaller { name: format!("{kind}:{identity}").into(), scopes: Scopes::ALL }))
 }
 
 impl ViewerKey {
-    fn new(algorithm: Algorithm, key: DecodingKey, leeway_secs: u64) -> Self {
-        let mut validation = Validation::new(algorithm);
-        validation.set_required_spec_claims(&["exp", "sub"]);
-        validation.leeway = leeway_secs;
-        validation.validate_exp = true;
-        // A token not yet valid is refused too, when it says so.
-        validation.validate_nbf = true;
-        ViewerKey { algorithm, key, validation }
+    fn new(algorithm: Algorithm, key: DecodingKey, claims: &ClaimRules) -> Self {
+        ViewerKey { algorithm, key, validation: claims.validation(algorithm) }
     }
 }
 
-/// The claims a viewer token must carry besides `exp` (which the library checks).
+/// The claims a viewer token must carry.
 #[derive(serde::Deserialize)]
 struct ViewerClaims {
     /// The viewer's user id.
     sub: String,
-}
-
-fn digest(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
+    /// When it expires, in Unix seconds (the library checks it as well).
+    exp: u64,
 }
 
 /// Parses one PEM public key, RSA or Ed25519, and pins its algorithm.
@@ -585,9 +908,9 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
     fn open_mode_makes_everyone_a_service() {
         let auth = authenticator(AuthConfig::default());
         assert!(auth.is_open());
-        assert_eq!(auth.caller(&MetadataMap::new()).unwrap(), Caller::Service);
-        assert_eq!(auth.caller(&metadata("garbage")).unwrap(), Caller::Service);
-        assert_eq!(auth.caller(&bearer(&hs256(&valid_claims("alice")))).unwrap(), Caller::Service);
+        assert!(auth.caller(&MetadataMap::new()).unwrap().is_service());
+        assert!(auth.caller(&metadata("garbage")).unwrap().is_service());
+        assert!(auth.caller(&bearer(&hs256(&valid_claims("alice")))).unwrap().is_service());
     }
 
     #[test]
@@ -641,7 +964,7 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
         let auth = authenticator(full_config());
         let token = TEST_ONLY_SERVICE_TOKENS[0];
         for value in [format!("bearer {token}"), format!("BEARER  {token}"), format!(" Bearer {token} ")] {
-            assert_eq!(auth.caller(&metadata(&value)).unwrap(), Caller::Service, "{value:?}");
+            assert!(auth.caller(&metadata(&value)).unwrap().is_service(), "{value:?}");
         }
     }
 
@@ -649,7 +972,7 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
     fn both_rotated_service_tokens_work() {
         let auth = authenticator(full_config());
         for token in TEST_ONLY_SERVICE_TOKENS {
-            assert_eq!(auth.caller(&bearer(token)).unwrap(), Caller::Service);
+            assert!(auth.caller(&bearer(token)).unwrap().is_service());
         }
     }
 
@@ -671,8 +994,8 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
         // A service token that happens to be a valid viewer JWT names a service.
         let jwt = hs256(&valid_claims("alice"));
         let auth = authenticator(AuthConfig { service_tokens: vec![jwt.clone()], ..hs256_config() });
-        assert_eq!(auth.caller(&bearer(&jwt)).unwrap(), Caller::Service);
-        assert_eq!(auth.caller(&bearer(&hs256(&valid_claims("bob")))).unwrap(), Caller::Viewer("bob".into()));
+        assert!(auth.caller(&bearer(&jwt)).unwrap().is_service());
+        assert_eq!(auth.caller(&bearer(&hs256(&valid_claims("bob")))).unwrap().viewer_id(), Some("bob"));
     }
 
     #[test]
@@ -687,9 +1010,9 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
     #[test]
     fn hs256_viewer_token_names_its_subject() {
         let auth = authenticator(full_config());
-        assert_eq!(auth.caller(&bearer(&hs256(&valid_claims("alice")))).unwrap(), Caller::Viewer("alice".into()));
+        assert_eq!(auth.caller(&bearer(&hs256(&valid_claims("alice")))).unwrap().viewer_id(), Some("alice"));
         let longest = "u".repeat(MAX_ID_BYTES);
-        assert_eq!(auth.caller(&bearer(&hs256(&valid_claims(&longest)))).unwrap(), Caller::Viewer(longest));
+        assert_eq!(auth.caller(&bearer(&hs256(&valid_claims(&longest)))).unwrap().viewer_id(), Some(longest.as_str()));
     }
 
     #[test]
@@ -714,7 +1037,7 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
         assert_unauthenticated(auth.caller(&bearer(&expired)), "credentials expired");
 
         let lenient = authenticator(AuthConfig { jwt_leeway_secs: 60, ..hs256_config() });
-        assert_eq!(lenient.caller(&bearer(&expired)).unwrap(), Caller::Viewer("alice".into()));
+        assert_eq!(lenient.caller(&bearer(&expired)).unwrap().viewer_id(), Some("alice"));
         let long_expired = hs256(&json!({ "sub": "alice", "exp": now() - 120 }));
         assert_unauthenticated(lenient.caller(&bearer(&long_expired)), "credentials expired");
     }
@@ -777,7 +1100,7 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
         let token = sign(Algorithm::RS256, &private, &valid_claims("alice"));
         for pem in [TEST_ONLY_RSA_PUBLIC_PEM, TEST_ONLY_RSA_PUBLIC_PKCS1_PEM] {
             let auth = authenticator(public_key_config(pem));
-            assert_eq!(auth.caller(&bearer(&token)).unwrap(), Caller::Viewer("alice".into()));
+            assert_eq!(auth.caller(&bearer(&token)).unwrap().viewer_id(), Some("alice"));
             let expired = sign(Algorithm::RS256, &private, &json!({ "sub": "alice", "exp": now() - 10 }));
             assert_unauthenticated(auth.caller(&bearer(&expired)), "credentials expired");
             // The key is pinned to RS256: another RSA algorithm is refused.
@@ -791,8 +1114,8 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
         let auth = authenticator(public_key_config(TEST_ONLY_ED25519_PUBLIC_PEM));
         let private = EncodingKey::from_ed_pem(TEST_ONLY_ED25519_PRIVATE_PEM.as_bytes()).unwrap();
         assert_eq!(
-            auth.caller(&bearer(&sign(Algorithm::EdDSA, &private, &valid_claims("alice")))).unwrap(),
-            Caller::Viewer("alice".into())
+            auth.caller(&bearer(&sign(Algorithm::EdDSA, &private, &valid_claims("alice")))).unwrap().viewer_id(),
+            Some("alice")
         );
         let other = EncodingKey::from_ed_pem(TEST_ONLY_OTHER_ED25519_PRIVATE_PEM.as_bytes()).unwrap();
         assert_invalid(auth.caller(&bearer(&sign(Algorithm::EdDSA, &other, &valid_claims("alice")))));
@@ -814,10 +1137,10 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
         let confused = EncodingKey::from_secret(TEST_ONLY_RSA_PUBLIC_PEM.as_bytes()).unwrap();
         assert_invalid(auth.caller(&bearer(&sign(Algorithm::HS256, &confused, &valid_claims("alice")))));
         // ...while each key still verifies its own algorithm.
-        assert_eq!(auth.caller(&bearer(&hs256(&valid_claims("alice")))).unwrap(), Caller::Viewer("alice".into()));
+        assert_eq!(auth.caller(&bearer(&hs256(&valid_claims("alice")))).unwrap().viewer_id(), Some("alice"));
         let private = EncodingKey::from_rsa_pem(TEST_ONLY_RSA_PRIVATE_PEM.as_bytes()).unwrap();
         let rs256 = sign(Algorithm::RS256, &private, &valid_claims("bob"));
-        assert_eq!(auth.caller(&bearer(&rs256)).unwrap(), Caller::Viewer("bob".into()));
+        assert_eq!(auth.caller(&bearer(&rs256)).unwrap().viewer_id(), Some("bob"));
     }
 
     #[test]
@@ -911,37 +1234,69 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
         assert!(shown.contains("HS256"), "{shown}");
     }
 
+    fn viewer(id: &str) -> Caller {
+        Caller::Viewer(ViewerCaller { id: id.into(), accepted_until: u64::MAX })
+    }
+
+    fn service(scopes: &[Scope]) -> Caller {
+        Caller::Service(ServiceCaller { name: "test-credential".into(), scopes: Scopes::of(scopes.iter().copied()) })
+    }
+
+    #[track_caller]
+    fn assert_denied(result: Result<impl fmt::Debug, ServiceError>, message: &str) {
+        let status = Status::from(result.unwrap_err());
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+        assert_eq!(status.message(), message);
+    }
+
     #[test]
     fn viewers_act_as_themselves_whatever_viewer_id_they_send() {
-        let alice = Caller::Viewer("alice".into());
-        assert_eq!(alice.acting_viewer(""), Some("alice".into()));
-        assert_eq!(alice.acting_viewer("bob"), Some("alice".into()));
+        let alice = viewer("alice");
+        assert_eq!(alice.acting_viewer("", "Watch").unwrap(), Some("alice".into()));
+        assert_eq!(alice.acting_viewer("bob", "Watch").unwrap(), Some("alice".into()));
     }
 
     #[test]
-    fn services_act_for_the_viewer_they_name() {
-        assert_eq!(Caller::Service.acting_viewer("bob"), Some("bob".into()));
-        assert_eq!(Caller::Service.acting_viewer(""), None);
+    fn p6_services_act_for_the_viewer_they_name_and_true_states_need_read() {
+        let reader = service(&[Scope::Read]);
+        assert_eq!(reader.acting_viewer("bob", "Watch").unwrap(), Some("bob".into()));
+        assert_eq!(reader.acting_viewer("", "Watch").unwrap(), None);
+        let as_viewer = service(&[Scope::ReadAsViewer]);
+        assert_eq!(as_viewer.acting_viewer("bob", "Snapshot").unwrap(), Some("bob".into()));
+        assert_denied(
+            as_viewer.acting_viewer("", "Snapshot"),
+            "Snapshot needs the `read` scope; credential \"test-credential\" has read-as-viewer",
+        );
+        assert_denied(
+            service(&[Scope::Gateway]).acting_viewer("bob", "Watch"),
+            "Watch needs the `read-as-viewer` scope; credential \"test-credential\" has gateway",
+        );
     }
 
     #[test]
-    fn only_services_pass_require_service() {
-        assert!(Caller::Service.require_service("Register").is_ok());
-        let status = Status::from(Caller::Viewer("alice".into()).require_service("Register").unwrap_err());
-        assert_eq!(status.code(), Code::PermissionDenied);
-        assert_eq!(status.message(), "Register: requires service credentials");
+    fn t3_a_call_outside_the_credentials_scopes_is_denied_naming_the_scope() {
+        let gateway = service(&[Scope::Gateway]);
+        assert!(gateway.require(Scope::Gateway, "Register").is_ok());
+        assert_denied(
+            gateway.require(Scope::Admin, "Revoke"),
+            "Revoke needs the `admin` scope; credential \"test-credential\" has gateway",
+        );
+        assert_denied(viewer("alice").require(Scope::Gateway, "Register"), "Register: requires service credentials");
+        assert!(service(&Scope::ALL).require(Scope::Cluster, "MergeGroups").is_ok());
     }
 
     #[test]
     fn viewers_may_act_on_themselves_only() {
-        let alice = Caller::Viewer("alice".into());
-        assert!(Caller::Service.require_self_or_service("bob", "SetStatus").is_ok());
-        assert!(alice.require_self_or_service("alice", "SetStatus").is_ok());
-        let status = Status::from(alice.require_self_or_service("bob", "SetVisibility").unwrap_err());
-        assert_eq!(status.code(), Code::PermissionDenied);
-        assert_eq!(status.message(), "SetVisibility: a viewer may act only on its own user id");
+        let alice = viewer("alice");
+        assert!(service(&[Scope::Gateway]).require_self_or("bob", Scope::Gateway, "SetStatus").is_ok());
+        assert!(service(&[Scope::Read]).require_self_or("bob", Scope::Gateway, "SetStatus").is_err());
+        assert!(alice.require_self_or("alice", Scope::Gateway, "SetStatus").is_ok());
+        assert_denied(
+            alice.require_self_or("bob", Scope::Admin, "SetVisibility"),
+            "SetVisibility: a viewer may act only on its own user id",
+        );
         // Ids compare exactly: no case folding, no prefix.
-        assert!(alice.require_self_or_service("Alice", "SetStatus").is_err());
-        assert!(alice.require_self_or_service("alic", "SetStatus").is_err());
+        assert!(alice.require_self_or("Alice", Scope::Gateway, "SetStatus").is_err());
+        assert!(alice.require_self_or("alic", Scope::Gateway, "SetStatus").is_err());
     }
 }
