@@ -516,3 +516,70 @@ async fn t3_a_bad_credentials_file_refuses_to_start_naming_the_entry() {
     assert!(said.starts_with(&expected), "{said}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test]
+async fn t3_a_watcher_with_a_token_provider_reopens_at_each_expiry_and_misses_no_flip() {
+    use presence_client::{Backoff, TokenProvider, Watcher, WatcherEvent};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = scratch_dir("token-provider");
+    let server = TestServer::start(credentials_config(&scoped_credentials(&dir, ""), None)).await;
+    let gateway = Some(SCOPED[0].1);
+    let fetched = Arc::new(AtomicUsize::new(0));
+    let provider: TokenProvider = {
+        let fetched = Arc::clone(&fetched);
+        Arc::new(move || {
+            fetched.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(expiring_token("alice", 2)) })
+        })
+    };
+    let watch = pb::WatchRequest { user_ids: vec!["alice".into()], ..Default::default() };
+    let mut watcher =
+        Watcher::open_with_token_provider(server.client().await, watch, Backoff::default(), provider).await.unwrap();
+
+    // alice flips every 100 ms for five seconds: across two or three expiries.
+    let mut gateway_client = server.client().await;
+    let flips = tokio::spawn(async move {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(5) {
+            let registered = gateway_client.register(with_token(register("alice", "s1", "gw", 60_000), gateway)).await;
+            let generation = registered.unwrap().into_inner().generation;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let unregistered = with_token(unregister("alice", "s1", generation, 0), gateway);
+            gateway_client.unregister(unregistered).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let mut seen = Vec::new();
+    let mut resyncs = 0;
+    while !flips.is_finished() {
+        match tokio::time::timeout(Duration::from_millis(200), watcher.next()).await {
+            Ok(Some(WatcherEvent::Update(update))) => seen.push(update.version),
+            Ok(Some(WatcherEvent::Resynced)) => {
+                resyncs += 1;
+                seen.extend(watcher.store().get("alice").map(|held| held.version));
+            }
+            Ok(None) => panic!("the watch ended: {:?}", watcher.last_error()),
+            Err(_) => {}
+        }
+    }
+    flips.await.unwrap();
+    // The server's own view of alice, as a service reads it.
+    let mut reader = server.client().await;
+    let request = pb::SnapshotRequest { user_ids: vec!["alice".into()], ..Default::default() };
+    let truth = reader.snapshot(with_token(request, Some(SCOPED[1].1))).await.unwrap().into_inner().users.remove(0);
+    within(PATIENCE, "the watcher holds the server's last version of alice", async {
+        while watcher.store().get("alice").map(|held| held.version) != Some(truth.version) {
+            if let Some(WatcherEvent::Update(update)) = watcher.next().await {
+                seen.push(update.version);
+            }
+        }
+    })
+    .await;
+    assert_eq!(watcher.store().get("alice").unwrap().state, truth.state);
+    assert!(seen.windows(2).all(|pair| pair[0] <= pair[1]), "versions never go back: {seen:?}");
+    assert!(resyncs >= 2, "the watch reopened at each expiry: {resyncs} reopens");
+    assert!(fetched.load(Ordering::SeqCst) >= 3, "a token for the opening and one per expiry");
+    server.stop().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}

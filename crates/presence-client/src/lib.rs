@@ -111,7 +111,7 @@ pub use lease_channel::{LeaseChannel, LeaseChannelConfig, LeaseChannelStats, lea
 pub use room::{RoomCountWatcher, RoomView, RoomWatcher, RoomWatcherEvent};
 pub use session::{Session, SessionConfig, SessionLeases, SessionState};
 pub use transport::{ClientTlsConfig, connect, connect_lazy};
-pub use viewer::{ViewerStore, Watcher, WatcherEvent};
+pub use viewer::{TokenProvider, ViewerStore, Watcher, WatcherEvent};
 
 /// The wire types of `presence.v1` (from `presence-proto`).
 pub use presence_proto::v1 as pb;

@@ -12,6 +12,9 @@
 //! of the open stream (E7) and of every reopen after it.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use hashbrown::HashMap;
 
@@ -118,8 +121,18 @@ pub enum WatcherEvent {
     Resynced,
 }
 
+/// Where a [`Watcher`] gets a fresh bearer token: called when the watch
+/// opens and whenever the server ends it for its credentials (the token
+/// expired, or its key rotated out), so that the viewer's token can be
+/// short-lived. An error ends the watch with it.
+pub type TokenProvider = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<String, Status>> + Send>> + Send + Sync>;
+
+/// Reopens in a row refused `UNAUTHENTICATED` with fresh tokens before a
+/// watch with a token provider gives up: the provider's tokens are not
+/// accepted at all.
+const MAX_REFUSED_FRESH_TOKENS: u32 = 3;
+
 /// A Watch that survives disconnects: reconnects with backoff + jitter and resyncs from a fresh snapshot.
-#[derive(Debug)]
 pub struct Watcher {
     client: PresenceClient<Channel>,
     /// Sent again on every reconnect.
@@ -141,6 +154,26 @@ pub struct Watcher {
     watch_id: String,
     /// Whether a reopen sends the versions held (E8); on unless turned off.
     resume: bool,
+    /// Fresh tokens, for a watch that outlives its tokens.
+    tokens: Option<TokenProvider>,
+    /// The server ended the stream for its credentials: the next reopen
+    /// fetches a fresh token first, at once.
+    token_spent: bool,
+    /// Reopens refused `UNAUTHENTICATED` in a row despite a fresh token.
+    refused_fresh: u32,
+    /// The next reopen goes without waiting its backoff (once).
+    reopen_now: bool,
+}
+
+impl std::fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watcher")
+            .field("user_ids", &self.request.user_ids)
+            .field("open", &self.stream.is_some())
+            .field("held", &self.store.len())
+            .field("token_provider", &self.tokens.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Watcher {
@@ -174,7 +207,31 @@ impl Watcher {
         reconnect: Backoff,
         bearer_token: Option<&str>,
     ) -> Result<Watcher, Status> {
-        let authorization = bearer(bearer_token)?;
+        Self::open_with(client, request, reconnect, bearer(bearer_token)?, None).await
+    }
+
+    /// [`open_request`](Self::open_request) presenting a token from `tokens`,
+    /// asked again whenever the server ends the stream for its credentials
+    /// (`UNAUTHENTICATED`: the token expired, or was revoked): the watch
+    /// reopens at once with the fresh token and the versions it holds (E8),
+    /// so the viewer sees no gap and nothing goes blank.
+    pub async fn open_with_token_provider(
+        client: PresenceClient<Channel>,
+        request: pb::WatchRequest,
+        reconnect: Backoff,
+        tokens: TokenProvider,
+    ) -> Result<Watcher, Status> {
+        let authorization = bearer(Some(&tokens().await?))?;
+        Self::open_with(client, request, reconnect, authorization, Some(tokens)).await
+    }
+
+    async fn open_with(
+        client: PresenceClient<Channel>,
+        request: pb::WatchRequest,
+        reconnect: Backoff,
+        authorization: Option<tonic::metadata::AsciiMetadataValue>,
+        tokens: Option<TokenProvider>,
+    ) -> Result<Watcher, Status> {
         let mut watcher = Watcher {
             client,
             request,
@@ -187,6 +244,10 @@ impl Watcher {
             unreported: VecDeque::new(),
             watch_id: String::new(),
             resume: true,
+            tokens,
+            token_spent: false,
+            refused_fresh: 0,
+            reopen_now: false,
         };
         watcher.reopen().await?;
         Ok(watcher)
@@ -207,10 +268,24 @@ impl Watcher {
                 return Some(WatcherEvent::Update(update));
             }
             let Some(stream) = self.stream.as_mut() else {
-                tokio::time::sleep(self.reconnect.delay(self.attempt)).await;
-                self.attempt = self.attempt.saturating_add(1);
+                // A spent token is replaced and the watch reopened at once;
+                // anything else waits its backoff.
+                if !std::mem::take(&mut self.reopen_now) {
+                    tokio::time::sleep(self.reconnect.delay(self.attempt)).await;
+                    self.attempt = self.attempt.saturating_add(1);
+                }
                 match self.reopen().await {
                     Ok(()) => return Some(WatcherEvent::Resynced),
+                    Err(status)
+                        if status.code() == Code::Unauthenticated
+                            && self.tokens.is_some()
+                            && self.refused_fresh < MAX_REFUSED_FRESH_TOKENS =>
+                    {
+                        tracing::debug!(%status, "the watch was refused its token; asking for a fresh one");
+                        self.refused_fresh += 1;
+                        self.token_spent = true;
+                        continue;
+                    }
                     Err(status) if is_permanent(status.code()) => {
                         tracing::warn!(%status, "the watch cannot be reopened; giving up");
                         self.failed = Some(status);
@@ -253,6 +328,12 @@ impl Watcher {
                 Ok(None) => {
                     tracing::debug!("the watch stream ended; reconnecting");
                     self.stream = None;
+                }
+                Err(status) if status.code() == Code::Unauthenticated && self.tokens.is_some() => {
+                    tracing::debug!(%status, "the watch ended with its token; reopening with a fresh one");
+                    self.stream = None;
+                    self.token_spent = true;
+                    self.reopen_now = true;
                 }
                 Err(status) => {
                     tracing::debug!(%status, "the watch stream broke; reconnecting");
@@ -329,6 +410,10 @@ impl Watcher {
 
     /// Opens a stream and applies its first item, which must be a snapshot.
     async fn reopen(&mut self) -> Result<(), Status> {
+        if let (true, Some(tokens)) = (self.token_spent, &self.tokens) {
+            self.authorization = bearer(Some(&tokens().await?))?;
+            self.token_spent = false;
+        }
         let mut request = self.request.clone();
         if self.resume {
             request.known_versions = self.store.versions(&request.user_ids);
@@ -340,6 +425,7 @@ impl Watcher {
                 self.apply_snapshot(snapshot);
                 self.stream = Some(stream);
                 self.attempt = 0;
+                self.refused_fresh = 0;
                 Ok(())
             }
             Some(other) => Err(Status::internal(format!("a watch must open with a snapshot, got {other:?}"))),
