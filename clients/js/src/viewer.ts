@@ -103,6 +103,14 @@ export interface WatchOptions {
   reconnect?: Backoff;
   /** Sent as `authorization: Bearer <token>` on every (re)open: a viewer's JWT or a service token. */
   bearerToken?: string;
+  /**
+   * Where fresh tokens come from, for short-lived viewer tokens: asked when the
+   * watch opens and whenever the server ends it for its credentials (the
+   * token expired, `CREDENTIALS_EXPIRED`, or was revoked); the watch then
+   * reopens at once with the versions it holds (E8), so the viewer sees no
+   * gap and nothing goes blank. Takes the place of `bearerToken`.
+   */
+  tokenProvider?: () => Promise<string>;
   /** A service watching for a viewer names it here. */
   viewerId?: string;
   /** 0 (default): every change its own event; 1 to 1000: changes come in batches of this window. */
@@ -116,7 +124,7 @@ export class Watcher implements AsyncIterable<WatcherEvent> {
   /** What the viewer holds. */
   readonly store = new ViewerStore();
   private readonly client: Client<typeof Presence>;
-  private readonly headers: Record<string, string> | undefined;
+  private headers: Record<string, string> | undefined;
   private readonly viewerId: string;
   private readonly batchWindowMs: number;
   private readonly resume: boolean;
@@ -134,7 +142,11 @@ export class Watcher implements AsyncIterable<WatcherEvent> {
     this.batchWindowMs = options.batchWindowMs ?? 0;
     this.resume = options.resume ?? true;
     this.watched = [...userIds];
-    this.feed = new Feed((signal) => this.call(signal), options.reconnect ?? new Backoff());
+    const provider = options.tokenProvider;
+    const renew = provider === undefined ? undefined : async (): Promise<void> => {
+      this.headers = authorization(await provider());
+    };
+    this.feed = new Feed((signal) => this.call(signal), options.reconnect ?? new Backoff(), renew);
   }
 
   /**
@@ -143,6 +155,7 @@ export class Watcher implements AsyncIterable<WatcherEvent> {
    */
   static async open(transport: Transport, userIds: readonly string[], options: WatchOptions = {}): Promise<Watcher> {
     const watcher = new Watcher(transport, userIds, options);
+    if (options.tokenProvider !== undefined) watcher.headers = authorization(await options.tokenProvider());
     const first = await watcher.feed.open();
     if (first.event.case !== "snapshot") {
       watcher.close();

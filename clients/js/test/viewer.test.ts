@@ -1,5 +1,6 @@
 /** The viewer side against a real presenced: following changes, resume, hidden users, changing the set. */
 import assert from "node:assert/strict";
+import { createHmac } from "node:crypto";
 import { test } from "node:test";
 
 import { Code, ConnectError } from "@connectrpc/connect";
@@ -140,6 +141,67 @@ test("E7: update adds users with their presence and forgets removed ones, withou
     assert.deepEqual(watcher.userIds, ["a", "c"]);
     assert.equal(watcher.store.get("b"), undefined, "a removed user is forgotten");
     assert.equal(watcher.watchId, watchId, "the same stream");
+    watcher.close();
+  } finally {
+    channel.close();
+    await server.kill();
+  }
+});
+
+/** A viewer's HS256 JWT for `sub`, expiring `secs` from now. */
+const viewerJwt = (secret: string, sub: string, secs: number): string => {
+  const encode = (value: object): string => Buffer.from(JSON.stringify(value)).toString("base64url");
+  const body = `${encode({ alg: "HS256", typ: "JWT" })}.${encode({ sub, exp: Math.floor(Date.now() / 1000) + secs })}`;
+  return `${body}.${createHmac("sha256", secret).update(body).digest("base64url")}`;
+};
+
+test("T3: a watcher with a token provider reopens at each expiry and misses no flip", { timeout: TEST_TIMEOUT_MS }, async () => {
+  const secret = "a-js-test-only-hs256-secret-of-32-bytes-or-more";
+  const service = "service-token-for-js-token-provider-tests";
+  const server = await Server.start(["--service-token", service, "--viewer-jwt-hs256-secret", secret]);
+  const channel = connectLeaseChannel(server.url, { bearerToken: service });
+  let fetched = 0;
+  const tokenProvider = async (): Promise<string> => {
+    fetched++;
+    return viewerJwt(secret, "alice", 2);
+  };
+  try {
+    const watcher = await Watcher.open(server.transport, ["alice"], { reconnect: fastReconnect(), tokenProvider });
+    // alice flips every 100 ms for five seconds: across two or three expiries.
+    const flipping = (async () => {
+      const started = Date.now();
+      while (Date.now() - started < 5_000) {
+        const registered = await channel.register({ userId: "alice", sessionId: "s", gatewayId: "g" });
+        await new Promise((resolve) => setTimeout(resolve, 50));
+        await channel.unregister({ userId: "alice", sessionId: "s", generation: registered.generation });
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      }
+    })();
+    let done = false;
+    void flipping.then(() => (done = true));
+    const seen: bigint[] = [];
+    let resyncs = 0;
+    while (!done) {
+      const event = await Promise.race([watcher.next(), new Promise<"tick">((resolve) => setTimeout(() => resolve("tick"), 200))]);
+      if (event === "tick") continue;
+      assert.ok(event !== undefined, `the watch ended: ${watcher.lastError?.message}`);
+      if (event.kind === "update") seen.push(event.user.version);
+      else {
+        resyncs++;
+        const held = watcher.store.get("alice");
+        if (held !== undefined) seen.push(held.version);
+      }
+    }
+    await flipping;
+    const truth = (await server.client.snapshot({ userIds: ["alice"] }, { headers: { authorization: `Bearer ${service}` } })).users[0];
+    while (watcher.store.get("alice")?.version !== truth.version) {
+      const event = await next(watcher, "the server's last version of alice");
+      if (event.kind === "update") seen.push(event.user.version);
+    }
+    assert.equal(watcher.store.get("alice")?.state, truth.state);
+    for (let i = 1; i < seen.length; i++) assert.ok(seen[i - 1] <= seen[i], `versions never go back: ${seen.join(",")}`);
+    assert.ok(resyncs >= 2, `the watch reopened at each expiry: ${resyncs} reopens`);
+    assert.ok(fetched >= 3, `a token for the opening and one per expiry: ${fetched}`);
     watcher.close();
   } finally {
     channel.close();
