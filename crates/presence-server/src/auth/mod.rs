@@ -510,7 +510,9 @@ impl Authenticator {
         certificate: Option<&presence_tls::ClientCertificate>,
     ) -> Result<Caller, ServiceError> {
         if self.is_open() {
-            return Ok(Caller::Service(ServiceCaller { name: "open".into(), scopes: Scopes::ALL }));
+            // Made once: the renewal path of an open server allocates nothing.
+            static OPEN: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "open".into());
+            return Ok(Caller::Service(ServiceCaller { name: Arc::clone(&OPEN), scopes: Scopes::ALL }));
         }
         if metadata.get("authorization").is_none()
             && let Some(caller) = certificate.and_then(certificate_caller)
