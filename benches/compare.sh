@@ -6,6 +6,12 @@
 #   SCENARIOS="expiry-scale h2load" bash benches/compare.sh           # a subset
 #   SCENARIOS="room-count room-members typing damping" bash benches/compare.sh   # rooms, signals, damping (presenced only)
 #   SCENARIOS=tls bash benches/compare.sh        # TLS beside plaintext: throughput, handshake storms, memory
+#   BENCH_AUTH=credentials SCENARIOS="load batches" bash benches/compare.sh   # gateways with a token
+#   PRESENCED_BIN=../before/target/release/presenced BENCH_AUTH=service-token SCENARIOS=load bash benches/compare.sh
+#                                                # another build's presenced (before/after); the same generator
+#
+# BENCH_AUTH (load and batches): open (default: no credentials), service-token
+# (--service-token), credentials (--credentials, a file of hashed tokens with scopes).
 #
 # What it does:
 #   1. builds target/release/presenced and target/release/presence-loadgen;
@@ -71,7 +77,13 @@ REDIS_PORT=${REDIS_PORT:-$((20000 + RANDOM % 20000))}
 METRICS_PORT=${METRICS_PORT:-$((40000 + RANDOM % 20000))}   # presenced --metrics-listen (h2load)
 
 LOADGEN=target/release/presence-loadgen
-PRESENCED=target/release/presenced
+# Another build of presenced (an earlier commit's, for a before/after comparison).
+PRESENCED=${PRESENCED_BIN:-target/release/presenced}
+# How the gateway authenticates: open (no credentials), service-token
+# (--service-token), or credentials (--credentials: a file of hashed tokens with scopes).
+BENCH_AUTH=${BENCH_AUTH:-open}
+AUTH_SERVE=()
+AUTH_DIAL=()
 mkdir -p "$RESULTS"
 WORK=$(mktemp -d /tmp/presence-compare.XXXXXX)
 REDIS_PID=""
@@ -135,7 +147,7 @@ start_redis() {
 
 start_presenced() {
     local out="$WORK/presenced.out"
-    "${SERVER_PIN[@]}" "$PRESENCED" serve --listen 127.0.0.1:0 --min-renew-interval-ms 0 "${PRESENCED_EXTRA[@]}" \
+    "${SERVER_PIN[@]}" "$PRESENCED" serve --listen 127.0.0.1:0 --min-renew-interval-ms 0 "${PRESENCED_EXTRA[@]}" "${AUTH_SERVE[@]}" \
         >"$out" 2>"$WORK/presenced.err" &
     PRESENCED_PID=$!
     # Up to 30 s: a busy machine (a build beside the benchmark) can take a while to start it.
@@ -186,7 +198,7 @@ run() {
     local name=$1 target=$2 scenario=$3
     shift 3
     local where pid
-    if [[ $target == presenced ]]; then where=(--addr "$PRESENCED_ADDR"); pid=$PRESENCED_PID; else where=(--redis-url "redis://127.0.0.1:$REDIS_PORT"); pid=$REDIS_PID; fi
+    if [[ $target == presenced ]]; then where=(--addr "$PRESENCED_ADDR" "${AUTH_DIAL[@]}"); pid=$PRESENCED_PID; else where=(--redis-url "redis://127.0.0.1:$REDIS_PORT"); pid=$REDIS_PID; fi
     # Server CPU per heartbeat, from /proc: a rate alone would hide a server that spends more cores on it.
     if [[ $scenario == load ]]; then where+=(--server-pid "$pid"); fi
     log "$name: $scenario --target $target $*"
@@ -197,6 +209,18 @@ run() {
 # ---- build and install ------------------------------------------------------------------
 log "building release binaries"
 cargo build --release -p presenced -p presence-loadgen
+case $BENCH_AUTH in
+    open) ;;
+    service-token)
+        AUTH_SERVE=(--service-token compare-service-token-0123456789)
+        AUTH_DIAL=(--token compare-service-token-0123456789) ;;
+    credentials)
+        target/release/presenced token new compare-gateway --scope gateway,read >"$WORK/token.out"
+        tail -n +2 "$WORK/token.out" >"$WORK/credentials.toml"
+        AUTH_SERVE=(--credentials "$WORK/credentials.toml")
+        AUTH_DIAL=(--token "$(head -1 "$WORK/token.out")") ;;
+    *) echo "BENCH_AUTH: open, service-token or credentials, not $BENCH_AUTH" >&2; exit 2 ;;
+esac
 
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
     log "installing redis-server (Debian package)"

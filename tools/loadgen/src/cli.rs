@@ -166,6 +166,9 @@ pub(crate) struct Common {
     /// The key of `--tls-cert`.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub(crate) tls_key: Option<PathBuf>,
+    /// A service token presenced requires, sent as `authorization: Bearer TOKEN` on every call.
+    #[arg(long, env = "PRESENCED_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub(crate) token: Option<String>,
 }
 
 impl Common {
@@ -184,6 +187,7 @@ impl Common {
             etcd: self.etcd.clone(),
             etcd_prefix: self.etcd_prefix.clone(),
             tls,
+            token: self.token.clone(),
         }
     }
 }

@@ -81,6 +81,8 @@ pub(crate) struct Endpoints {
     pub(crate) etcd_prefix: String,
     /// presenced serves TLS (`--tls`): its CA, and a client certificate.
     pub(crate) tls: Option<TlsFiles>,
+    /// presenced's service token (`--token`).
+    pub(crate) token: Option<String>,
 }
 
 /// The TLS files of `--tls-ca`, `--tls-cert` and `--tls-key`.
@@ -116,7 +118,7 @@ impl Endpoints {
 
     /// A `LeaseChannelConfig` with `config`'s settings and this target's TLS.
     pub(crate) fn lease_config(&self, config: LeaseChannelConfig) -> Result<LeaseChannelConfig, String> {
-        Ok(LeaseChannelConfig { tls: self.client_tls()?, ..config })
+        Ok(LeaseChannelConfig { tls: self.client_tls()?, bearer_token: self.token.clone(), ..config })
     }
 
     /// One HTTP/2 connection to presenced (TLS with `--tls`).

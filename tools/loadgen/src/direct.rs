@@ -25,6 +25,8 @@ pub(crate) struct DirectChannel {
     sender: http2::SendRequest<Body>,
     /// `http://host:port`, the authority every request names.
     origin: http::uri::Uri,
+    /// `Bearer TOKEN`, sent with every request when presenced requires a token.
+    authorization: Option<http::HeaderValue>,
 }
 
 impl DirectChannel {
@@ -38,7 +40,12 @@ impl DirectChannel {
             )),
             None => None,
         };
-        DirectChannel::connect_to(&uri, tls).await
+        let mut channel = DirectChannel::connect_to(&uri, tls).await?;
+        if let Some(token) = &endpoints.token {
+            let value = format!("Bearer {token}").parse().map_err(|_| "--token: not a valid header value".to_owned())?;
+            channel.authorization = Some(value);
+        }
+        Ok(channel)
     }
 
     /// Connects to `uri` (`http://host:port`, or `https://` with `tls`).
@@ -66,7 +73,7 @@ impl DirectChannel {
         tokio::spawn(async move {
             let _ = connection.await;
         });
-        Ok(DirectChannel { sender, origin })
+        Ok(DirectChannel { sender, origin, authorization: None })
     }
 }
 
@@ -85,6 +92,9 @@ impl tower_service::Service<http::Request<Body>> for DirectChannel {
         parts.path_and_query = request.uri().path_and_query().cloned();
         if let Ok(uri) = http::uri::Uri::from_parts(parts) {
             *request.uri_mut() = uri;
+        }
+        if let Some(authorization) = &self.authorization {
+            request.headers_mut().insert(http::header::AUTHORIZATION, authorization.clone());
         }
         let response = self.sender.send_request(request);
         Box::pin(async move { Ok(response.await?.map(Body::new)) })
