@@ -6,6 +6,7 @@ mod cli;
 mod connection_limits;
 mod connection_threads;
 mod disk_faults;
+mod erase;
 mod grpc_web;
 mod leases;
 mod ops;
