@@ -471,10 +471,16 @@ impl PresenceApi for PresenceService {
         if let Some(cluster) = &self.cluster {
             // Every node holds every membership: the leaves go to all of
             // them, and the group catch-up brings them to one that is away.
-            if !erased.here.group_leaves.is_empty() {
-                group_sync::send_to_the_others(&cluster.membership, &erased.here.group_leaves).await;
-            }
-            granted_by.extend(erasure::held_elsewhere(&cluster.membership, "EraseUser", &user, true).await?);
+            // Meanwhile each node takes the user out of its users' audiences.
+            let membership = &cluster.membership;
+            let leaves = &erased.here.group_leaves;
+            let left = async {
+                if !leaves.is_empty() {
+                    group_sync::send_to_the_others(membership, leaves).await;
+                }
+            };
+            let ((), elsewhere) = tokio::join!(left, erasure::held_elsewhere(membership, "EraseUser", &user, true));
+            granted_by.extend(elsewhere?);
             granted_by.sort_unstable();
             granted_by.dedup();
         }
