@@ -3,11 +3,13 @@
 //! joined through one etcd each test starts (`etcd` from PATH or
 //! `PRESENCED_ETCD_BIN`; `.ci/install-etcd`). The tests are grouped as the
 //! cluster's parts are: routing (C1, C2), planned moves (C3), takeover (C4),
-//! etcd outages, groups (P4) and rooms; the helpers they share are here.
+//! etcd outages, groups (P4), rooms, and export and erase (P7); the helpers
+//! they share are here.
 
 // Protobuf literals end in `..Default::default()` so that they keep compiling as messages gain fields.
 #![allow(clippy::needless_update)]
 
+mod erase;
 mod groups;
 mod handover;
 mod outage;

@@ -18,6 +18,19 @@ use presence_proto::v1::{self as pb, watch_event};
 pub use presence_server::testing::{PATIENCE, TestServer, fast_config, within};
 use tonic::transport::Channel;
 
+/// An export's bytes without what differs between any two users never seen:
+/// the user id and the time of the export (P7).
+pub fn export_shape(exported: &pb::ExportUserResponse) -> Vec<u8> {
+    use prost::Message as _;
+    let mut shape = exported.clone();
+    shape.user_id.clear();
+    shape.exported_at_ms = 0;
+    if let Some(presence) = &mut shape.presence {
+        presence.user_id.clear();
+    }
+    shape.encode_to_vec()
+}
+
 pub fn register(user: &str, session: &str, gateway: &str, ttl_ms: u32) -> pb::RegisterRequest {
     pb::RegisterRequest {
         user_id: user.into(),

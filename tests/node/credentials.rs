@@ -164,6 +164,8 @@ pub(crate) fn scope_cases() -> Vec<ScopeCase> {
             "admin",
         ),
         case("GetSettings", pb::GetSettingsRequest { user_id: "u1".into() }, Unary, "admin"),
+        case("ExportUser", pb::ExportUserRequest { user_id: "u1".into() }, Unary, "admin"),
+        case("EraseUser", pb::EraseUserRequest { user_id: "u9".into() }, Unary, "admin"),
         ScopeCase {
             service: "presence.v1.Cluster",
             method: "MergeGroups",
@@ -446,10 +448,26 @@ async fn p7_privileged_calls_are_audited_with_the_credential_peer_and_arguments(
     let setting = pb::PutSettingRequest { user_id: "u1".into(), name: "theme".into(), value: b"secret-value".to_vec() };
     client.put_setting(with_token(setting, Some(admin))).await.unwrap();
     client.register(with_token(register("u2", "s1", "gw", 60_000), Some(gateway))).await.unwrap();
+    client.export_user(with_token(pb::ExportUserRequest { user_id: "u1".into() }, Some(admin))).await.unwrap();
+    client.erase_user(with_token(pb::EraseUserRequest { user_id: "u1".into() }, Some(admin))).await.unwrap();
+    let refused = client.erase_user(with_token(pb::EraseUserRequest { user_id: "u2".into() }, Some(SCOPED[1].1))).await;
+    assert_eq!(refused.unwrap_err().code(), Code::PermissionDenied);
 
     let lines = audit_lines(&audit);
     let actions: Vec<&str> = lines.iter().map(|line| line["action"].as_str().unwrap()).collect();
-    assert_eq!(actions, ["Revoke", "GrantAudience", "PutSetting"], "lease calls are not privileged: {lines:?}");
+    assert_eq!(
+        actions,
+        ["Revoke", "GrantAudience", "PutSetting", "ExportUser", "EraseUser", "EraseUser"],
+        "lease calls are not privileged: {lines:?}"
+    );
+    assert_eq!(
+        (&lines[4]["args"]["user_id"], &lines[4]["result"]),
+        (&serde_json::json!("u1"), &serde_json::json!("OK"))
+    );
+    assert_eq!(
+        (&lines[5]["credential"], &lines[5]["result"]),
+        (&serde_json::json!("read"), &serde_json::json!("PERMISSION_DENIED"))
+    );
     assert_eq!(lines[0]["credential"], "admin");
     assert_eq!(lines[0]["args"], serde_json::json!({ "user_id": "u1", "session_id": "s1" }));
     assert_eq!(lines[0]["result"], "OK");

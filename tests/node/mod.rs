@@ -7,6 +7,7 @@ mod connection_limits;
 mod connection_threads;
 mod credentials;
 mod disk_faults;
+mod erase;
 mod grpc_web;
 mod leases;
 mod ops;

@@ -1,5 +1,5 @@
-//! O4, the operator's command line: `presenced get`, `watch`, `register`, `sessions`,
-//! `revoke`, `room` and `stats` run as a user runs them, against a real
+//! O4 and P7, the operator's command line: `presenced get`, `watch`, `register`, `sessions`,
+//! `revoke`, `room`, `stats`, `export` and `erase` run as a user runs them, against a real
 //! `presenced serve`, readable and with `--json`, and the exit status each
 //! outcome gives a script.
 
@@ -425,4 +425,62 @@ async fn o4_register_plays_a_gateway_renewing_until_interrupted_then_unregisters
     assert!(ran.stderr.contains("user_id"), "names the field: {:?}", ran.stderr);
     assert_eq!(against(&daemon, &["register", "u1", "s", "--meta", "novalue"]).code, Some(2));
     assert_eq!(against(&daemon, &["register", "u1", "s", "--heartbeat-ms", "0"]).code, Some(2));
+}
+
+#[tokio::test]
+async fn p7_export_prints_the_users_data_as_json_and_erase_prints_what_it_removed() {
+    let daemon = Daemon::start(&[], &[]);
+    let mut client = client(&daemon).await;
+    let mut request = register("u1", "phone", "gw-a", 60_000);
+    request.metadata.insert("device".into(), "ios".into());
+    let generation = client.register(request).await.unwrap().into_inner().generation;
+    client.join(join("u1", "phone", generation, "doc-7")).await.unwrap();
+    let setting = pb::PutSettingRequest { user_id: "u1".into(), name: "locale".into(), value: b"fr".to_vec() };
+    client.put_setting(setting).await.unwrap();
+    client.grant_audience(pb::AudienceRequest { user_id: "u1".into(), viewer_ids: vec!["u2".into()] }).await.unwrap();
+    client.join_group(pb::GroupRequest { group_id: "team".into(), user_ids: vec!["u1".into()] }).await.unwrap();
+
+    // Pretty JSON, the proto's field names, bytes in base64.
+    let ran = against(&daemon, &["export", "u1"]);
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    assert!(ran.stdout.lines().count() > 20, "indented, one field a line: {:?}", ran.stdout);
+    let exported = ran.json();
+    assert_eq!((&exported["user_id"], &exported["held"]), (&"u1".into(), &true.into()));
+    assert_eq!(exported["presence"]["state"], "STATE_ONLINE");
+    assert_eq!(exported["sessions"][0]["session_id"], "phone");
+    assert_eq!(exported["sessions"][0]["metadata"]["device"], "ios");
+    assert_eq!(exported["sessions"][0]["generation"], generation.to_string());
+    assert_eq!(exported["rooms"][0]["room_id"], "doc-7");
+    assert_eq!(exported["rooms"][0]["metadata"]["cursor"], "p3");
+    assert_eq!(exported["audience"], serde_json::json!(["u2"]));
+    assert_eq!(exported["groups"], serde_json::json!(["team"]));
+    assert_eq!(exported["settings"], serde_json::json!({ "locale": "ZnI=" }));
+    assert_eq!(against(&daemon, &["export", "u2"]).json()["in_audience_of"], serde_json::json!(["u1"]));
+
+    // Erase: one line, then what was removed, each kind a row.
+    let ran = against(&daemon, &["erase", "u1"]);
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    assert_eq!(ran.stdout.lines().next(), Some("erased u1: it now reads as a user never seen"));
+    let row = |name: &str| {
+        let line = ran.stdout.lines().find(|line| line.starts_with(name)).unwrap_or_else(|| panic!("{name}"));
+        line.split_whitespace().last().unwrap().to_owned()
+    };
+    assert_eq!(row("sessions revoked"), "1");
+    assert_eq!(row("rooms left"), "1");
+    assert_eq!(row("went offline"), "yes");
+    assert_eq!(row("audience"), "1");
+    assert_eq!(row("groups left"), "1");
+    assert_eq!(row("settings"), "1");
+    assert_eq!(row("presence record"), "yes");
+    let exported = against(&daemon, &["export", "u1"]).json();
+    assert_eq!((&exported["held"], &exported["sessions"]), (&false.into(), &serde_json::json!([])));
+
+    // Again, with --json: nothing left to remove, and it still succeeds.
+    let ran = against(&daemon, &["erase", "u1", "--json"]);
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    let erased = ran.json();
+    assert_eq!((&erased["sessions_revoked"], &erased["presence_forgotten"]), (&0.into(), &false.into()));
+    let ran = against(&daemon, &["erase", ""]);
+    assert_eq!(ran.code, Some(5), "an empty user id");
+    assert!(ran.stderr.contains("user_id"), "names the field: {:?}", ran.stderr);
 }

@@ -5,9 +5,9 @@ use presence_client::pb;
 
 use crate::connect::Connection;
 use crate::exit::{Exit, Failure};
-use crate::output::{print, print_json};
+use crate::output::{print, print_json, print_pretty_json};
 use crate::text::{self, Table};
-use crate::{GetArgs, RevokeArgs, RoomArgs, SessionsArgs, StatsArgs, json};
+use crate::{EraseArgs, ExportArgs, GetArgs, RevokeArgs, RoomArgs, SessionsArgs, StatsArgs, json};
 
 pub(crate) async fn get(args: GetArgs) -> Result<(), Failure> {
     let mut connection = Connection::open(&args.target).await?;
@@ -183,4 +183,64 @@ fn seconds(bound: f64) -> String {
     } else {
         format!("{bound} s")
     }
+}
+
+pub(crate) async fn export(args: ExportArgs) -> Result<(), Failure> {
+    let mut connection = Connection::open(&args.target).await?;
+    let request = connection.request(pb::ExportUserRequest { user_id: args.user });
+    let exported = connection.client.export_user(request).await?.into_inner();
+    let value = json::export_user_response(&exported);
+    if args.target.json {
+        print_json(&value)?
+    } else {
+        print_pretty_json(&value)?
+    };
+    Ok(())
+}
+
+pub(crate) async fn erase(args: EraseArgs) -> Result<(), Failure> {
+    let mut connection = Connection::open(&args.target).await?;
+    let request = connection.request(pb::EraseUserRequest { user_id: args.user.clone() });
+    let erased = connection.client.erase_user(request).await?.into_inner();
+    if args.target.json {
+        print_json(&json::erase_user_response(&erased))?;
+        return Ok(());
+    }
+    print(&erase_text(&args.user, &erased))?;
+    Ok(())
+}
+
+/// What an erase removed: a line that says whether there was anything, then one row per kind of data.
+fn erase_text(user: &str, erased: &pb::EraseUserResponse) -> String {
+    let yes_no = |yes: bool| if yes { "yes" } else { "no" }.to_owned();
+    let anything = erased.sessions_revoked > 0
+        || erased.rooms_left > 0
+        || erased.status_removed
+        || erased.visibility_removed
+        || erased.audience_removed > 0
+        || erased.removed_from_audiences > 0
+        || erased.groups_left > 0
+        || erased.settings_removed > 0
+        || erased.activity_removed
+        || erased.presence_forgotten;
+    let mut out = if anything {
+        format!("erased {user}: it now reads as a user never seen\n")
+    } else {
+        format!("{user}: nothing held, nothing erased\n")
+    };
+    let mut table = Table::new(&["WHAT", "REMOVED"]);
+    let mut line = |name: &str, value: String| table.row(vec![name.to_owned(), value]);
+    line("sessions revoked", erased.sessions_revoked.to_string());
+    line("rooms left", erased.rooms_left.to_string());
+    line("went offline", yes_no(erased.went_offline));
+    line("status", yes_no(erased.status_removed));
+    line("visibility", yes_no(erased.visibility_removed));
+    line("audience (viewers it granted)", erased.audience_removed.to_string());
+    line("in audiences of (users)", erased.removed_from_audiences.to_string());
+    line("groups left", erased.groups_left.to_string());
+    line("settings", erased.settings_removed.to_string());
+    line("activity", yes_no(erased.activity_removed));
+    line("presence record", yes_no(erased.presence_forgotten));
+    out.push_str(&table.render());
+    out
 }

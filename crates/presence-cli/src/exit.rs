@@ -8,7 +8,8 @@ use tonic::{Code, Status};
 
 /// What the exit statuses mean, for `--help` and docs/guide.md.
 pub const EXIT_CODES: &str = "\
-Exit status of the client commands (get, watch, sessions, revoke, room, stats, register, cluster status):
+Exit status of the client commands (get, watch, sessions, revoke, room, stats, export, erase, register,
+cluster status):
   0  success (a user never seen is OFFLINE at version 0, a room never used is empty:
      both are answers, not errors; an interrupted watch or register also exits 0)
   1  not found: revoke found no session to revoke, or the server answered NOT_FOUND

@@ -72,6 +72,60 @@ fn session_info(session: &pb::SessionInfo) -> Value {
     })
 }
 
+/// `bytes` as the proto3 JSON mapping writes them: standard base64, padded.
+fn bytes(value: &[u8]) -> Value {
+    use base64::Engine as _;
+    Value::String(base64::engine::general_purpose::STANDARD.encode(value))
+}
+
+/// An export (P7), every field present. Settings' values are bytes, so
+/// base64 (a setting `locale = "fr"` reads `"locale": "ZnI="`).
+pub(crate) fn export_user_response(exported: &pb::ExportUserResponse) -> Value {
+    let mut settings: Vec<(&String, &Vec<u8>)> = exported.settings.iter().collect();
+    settings.sort();
+    json!({
+        "user_id": exported.user_id,
+        "exported_at_ms": int64(exported.exported_at_ms),
+        "held": exported.held,
+        "presence": exported.presence.as_ref().map_or(Value::Null, user_presence),
+        "sessions": list(&exported.sessions, session_info),
+        "rooms": list(&exported.rooms, exported_room_membership),
+        "status": exported.status.as_ref().map_or(Value::Null, status),
+        "visibility": enum_name(exported.visibility, pb::Visibility::as_str_name),
+        "visibility_is_default": exported.visibility_is_default,
+        "audience": exported.audience,
+        "in_audience_of": exported.in_audience_of,
+        "groups": exported.groups,
+        "last_active_at_ms": int64(exported.last_active_at_ms),
+        "settings": Value::Object(settings.into_iter().map(|(name, value)| (name.clone(), bytes(value))).collect()),
+    })
+}
+
+fn exported_room_membership(membership: &pb::ExportedRoomMembership) -> Value {
+    json!({
+        "room_id": membership.room_id,
+        "session_id": membership.session_id,
+        "metadata": map(&membership.metadata),
+    })
+}
+
+/// What an erase removed (P7).
+pub(crate) fn erase_user_response(erased: &pb::EraseUserResponse) -> Value {
+    json!({
+        "sessions_revoked": erased.sessions_revoked,
+        "rooms_left": erased.rooms_left,
+        "went_offline": erased.went_offline,
+        "status_removed": erased.status_removed,
+        "visibility_removed": erased.visibility_removed,
+        "audience_removed": erased.audience_removed,
+        "removed_from_audiences": erased.removed_from_audiences,
+        "groups_left": erased.groups_left,
+        "settings_removed": erased.settings_removed,
+        "activity_removed": erased.activity_removed,
+        "presence_forgotten": erased.presence_forgotten,
+    })
+}
+
 pub(crate) fn revoke_response(response: &pb::RevokeResponse) -> Value {
     json!({
         "revoked": response.revoked,
@@ -185,5 +239,23 @@ mod tests {
         assert_eq!(value["state"], "STATE_ONLINE");
         assert_eq!(value["status"], Value::Null);
         assert_eq!(enum_name(99, pb::State::as_str_name), json!(99));
+    }
+
+    /// P7: an export's settings are base64 as the proto3 JSON mapping says,
+    /// and every field is present, empty or not.
+    #[test]
+    fn p7_an_export_has_every_field_and_its_settings_in_base64() {
+        let exported = pb::ExportUserResponse {
+            user_id: "u1".into(),
+            settings: [("locale".to_owned(), b"fr".to_vec()), ("blob".to_owned(), vec![0, 255])].into(),
+            visibility: pb::Visibility::Audience as i32,
+            ..Default::default()
+        };
+        let value = export_user_response(&exported);
+        assert_eq!(value["settings"], json!({ "blob": "AP8=", "locale": "ZnI=" }));
+        assert_eq!(value["visibility"], "VISIBILITY_AUDIENCE");
+        assert_eq!(value["presence"], Value::Null);
+        let fields: Vec<&str> = value.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(fields.len(), 14, "{fields:?}");
     }
 }

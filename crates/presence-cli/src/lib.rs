@@ -1,5 +1,5 @@
 //! The client subcommands of the `presenced` binary (O4): `get`, `watch`,
-//! `sessions`, `revoke`, `room` and `stats`, over the public gRPC API with
+//! `sessions`, `revoke`, `room`, `stats`, `export` and `erase` (P7), over the public gRPC API with
 //! the caller's token, readable by default and JSON with `--json`;
 //! `register`, which plays a gateway's session from the terminal; and
 //! `cluster status`, which reads a cluster's slot map from etcd, and
@@ -49,6 +49,17 @@ pub enum Command {
     /// Print the service's own figures: what it holds, totals, expiry lag, TTL settings.
     #[command(after_help = EXIT_CODES)]
     Stats(StatsArgs),
+    /// Print everything presenced holds about a user as one JSON document
+    /// (P7): sessions, rooms, presence, status, visibility, audience both
+    /// ways, groups, last activity, settings.
+    #[command(after_help = EXIT_CODES)]
+    Export(ExportArgs),
+    /// Erase a user (P7): revoke its sessions, remove its status,
+    /// visibility, audience (both ways), groups, activity and settings, and
+    /// forget it; prints what was removed. Erasing a user never seen
+    /// removes nothing and succeeds.
+    #[command(after_help = EXIT_CODES)]
+    Erase(EraseArgs),
     /// Play a gateway: register USER's SESSION (and join --room), renew it
     /// until interrupted, then unregister it. A session to watch in the first minute.
     #[command(after_help = EXIT_CODES)]
@@ -179,6 +190,27 @@ pub struct RevokeArgs {
     target: Target,
 }
 
+/// `presenced export USER`
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The user (a user never seen exports as `"held": false`).
+    #[arg(value_name = "USER")]
+    user: String,
+    /// The export is always JSON, pretty-printed; `--json` prints it on one line.
+    #[command(flatten)]
+    target: Target,
+}
+
+/// `presenced erase USER`
+#[derive(Debug, Args)]
+pub struct EraseArgs {
+    /// The user.
+    #[arg(value_name = "USER")]
+    user: String,
+    #[command(flatten)]
+    target: Target,
+}
+
 /// `presenced room ROOM`
 #[derive(Debug, Args)]
 pub struct RoomArgs {
@@ -243,6 +275,8 @@ pub fn run(command: Command) -> ExitCode {
             Command::Revoke(args) => commands::revoke(args).await,
             Command::Room(args) => commands::room(args).await,
             Command::Stats(args) => commands::stats(args).await,
+            Command::Export(args) => commands::export(args).await,
+            Command::Erase(args) => commands::erase(args).await,
             Command::Register(args) => register::register(args).await,
             Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args).await,
             Command::Cluster(ClusterCommand::Move(args)) => cluster::move_slot(args).await,

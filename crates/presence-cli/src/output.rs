@@ -29,3 +29,10 @@ pub(crate) fn print(text: &str) -> Result<Reader, Failure> {
 pub(crate) fn print_json(value: &Value) -> Result<Reader, Failure> {
     print(&format!("{value}\n"))
 }
+
+/// One JSON document, indented, for a reader (`export`).
+pub(crate) fn print_pretty_json(value: &Value) -> Result<Reader, Failure> {
+    let pretty = serde_json::to_string_pretty(value)
+        .map_err(|err| Failure::new(Exit::Failed, format!("cannot write JSON: {err}")))?;
+    print(&format!("{pretty}\n"))
+}

@@ -348,6 +348,12 @@ impl StoreLoader {
         })
     }
 
+    /// When the checkpoint was written (store ms), once its header has been
+    /// fed: a restart compares it with what happened since (P7's erasures).
+    pub fn written_at(&self) -> Option<Tick> {
+        self.decoder.written_at
+    }
+
     /// The restored store, once every byte has been fed and the checkpoint is
     /// whole: its end record is there, counts every record, and the checksum
     /// of everything matches.

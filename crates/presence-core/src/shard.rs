@@ -46,7 +46,7 @@
 use std::sync::Arc;
 
 use compact_str::CompactString;
-use hashbrown::{DefaultHashBuilder, HashMap};
+use hashbrown::{DefaultHashBuilder, HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::hint::black_box;
 
@@ -59,8 +59,8 @@ use crate::rooms::{MemberMetadata, MetadataSlots, NO_METADATA, RoomFact};
 use crate::slots::SlotSet;
 use crate::stamp::StampClock;
 use crate::types::{
-    ChangeKind, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomRef, State, Status,
-    UnregisterOutcome, Unregistered, UserView,
+    ChangeKind, Erased, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomMetadata,
+    RoomRef, State, Status, UnregisterOutcome, Unregistered, UserView,
 };
 
 /// What a shard operation appends its users' changes to; the room changes
@@ -394,6 +394,10 @@ pub struct SessionView {
     pub lease: LeaseView,
     /// The rooms the session is in, sorted.
     pub rooms: Vec<CompactString>,
+    /// The session's own metadata in each of `rooms`, in the same order
+    /// (what it joined or last updated with; a member shows its most recent
+    /// session's).
+    pub room_metadata: Vec<RoomMetadata>,
 }
 
 /// One shard's users, leases, timers and counters.
@@ -449,6 +453,10 @@ pub(crate) struct Shard {
     /// Where a checkpoint that is part-way through this shard continues (it
     /// writes users by slot, one lock hold at a time); `None` when none is.
     checkpoint_cursor: Option<usize>,
+    /// Users an erase forgot while a checkpoint was part-way through the
+    /// shard (P7, [`Shard::forget_idle`]): forgotten when their retry fires,
+    /// whatever the forget window, unless they came back meanwhile.
+    forget_when_due: HashSet<CompactString>,
     /// The earliest timer scheduled since the store last asked, so the store
     /// can wake the expiry driver when a new deadline is earlier than its alarm.
     earliest_new_timer: Option<Tick>,
@@ -498,6 +506,7 @@ impl Shard {
             forgotten_since_tidy: 0,
             forgotten: 0,
             checkpoint_cursor: None,
+            forget_when_due: HashSet::new(),
             earliest_new_timer: None,
             memberships: Vec::new(),
             free_memberships: Vec::new(),
@@ -1032,6 +1041,57 @@ impl Shard {
         }
     }
 
+    /// Ends everything the store holds of the user but its record (P7):
+    /// every lease, restart and grace holds included, with the rooms they
+    /// were in (published as a Revoke's leaves are), and its status. Viewers
+    /// are told once: the OFFLINE flip a Revoke publishes (carrying no
+    /// status), or, for a user already OFFLINE that had a status, the status
+    /// cleared. The user is left offline and idle, with its version, for
+    /// [`Shard::forget_idle`] to forget.
+    pub(crate) fn erase(&mut self, now: Tick, user_id: &str, changes: &mut Changes) -> Erased {
+        let now = self.advance(now);
+        let Some(slot) = self.find(user_id) else { return Erased::default() };
+        self.settle(slot, now, changes);
+        let sessions = self.lease_indices(slot).filter(|&index| !self.lease(index).is_hold()).count();
+        let mut rooms: Vec<RoomName> = self.user_memberships(slot).map(|at| self.membership(at).room).collect();
+        rooms.sort_unstable();
+        rooms.dedup();
+        let status = self.status(slot).is_some();
+        if status {
+            // Cleared before the flip, so that the flip carries none.
+            self.set_user_status(slot, None);
+        }
+        self.remove_leases_where(slot, |_| true);
+        let flipped = self.after_removal(slot, now, changes);
+        if status && !flipped {
+            self.announce(slot, now, changes);
+        }
+        Erased {
+            sessions: u32::try_from(sessions).unwrap_or(u32::MAX),
+            rooms: u32::try_from(rooms.len()).unwrap_or(u32::MAX),
+            status,
+            flipped,
+        }
+    }
+
+    /// Forgets the user now if it is idle (offline, no lease, no status),
+    /// version and all, as the forget window would (B6): from then on it is
+    /// answered as a user never seen. Returns whether it was held and idle.
+    /// While a checkpoint is part-way through this shard the forget waits
+    /// until it is past (see [`Shard::forget`]): a second at most.
+    pub(crate) fn forget_idle(&mut self, now: Tick, user_id: &str) -> bool {
+        let now = self.advance(now);
+        let Some(slot) = self.find(user_id) else { return false };
+        if !self.is_idle(slot) {
+            return false;
+        }
+        self.cancel_timer(slot);
+        if !self.forget(slot, now) {
+            self.forget_when_due.insert(self.users[slot as usize].id.clone());
+        }
+        true
+    }
+
     /// The user's presence at `now`, settling it first.
     pub(crate) fn presence(&mut self, now: Tick, user_id: &str, changes: &mut Changes) -> Presence {
         let now = self.advance(now);
@@ -1122,7 +1182,7 @@ impl Shard {
     /// change nothing about it. A lease whose deadline has passed is left out,
     /// as settling would drop it; time is the later of `now` and the shard's,
     /// which never goes back.
-    pub(crate) fn live_sessions(&self, now: Tick, user_id: &str) -> Vec<(LeaseView, Vec<RoomName>)> {
+    pub(crate) fn live_sessions(&self, now: Tick, user_id: &str) -> Vec<(LeaseView, Vec<(RoomName, RoomMetadata)>)> {
         let now = self.now.max(now);
         let Some(slot) = self.find(user_id) else { return Vec::new() };
         self.lease_indices(slot)
@@ -1131,7 +1191,13 @@ impl Shard {
                 !lease.is_hold() && lease.expires_at > now
             })
             .map(|index| {
-                let rooms = self.membership_indices(slot, index).map(|at| self.membership(at).room).collect();
+                let rooms = self
+                    .membership_indices(slot, index)
+                    .map(|at| {
+                        let membership = self.membership(at);
+                        (membership.room, self.room_metadata.get(membership.metadata).shared())
+                    })
+                    .collect();
                 (self.lease_view(index), rooms)
             })
             .collect()
@@ -1173,13 +1239,21 @@ impl Shard {
             self.settle(slot, now, changes);
             let leases = self.lease_indices(slot).map(|index| self.lease(index).expires_at);
             let earliest = leases.chain(self.status_deadline(slot)).chain(self.signal_deadlines(slot)).min();
+            // An erased user whose forget waited for a checkpoint (or that came back since).
+            let erased =
+                !self.forget_when_due.is_empty() && self.forget_when_due.remove(self.users[slot as usize].id.as_str());
             if let Some(earliest) = earliest {
                 self.schedule_no_later_than(slot, earliest);
-            } else if self.forget_offline_after_ms > 0 && self.wheel.deadline(slot).is_none() && self.is_idle(slot) {
+            } else if (erased || self.forget_offline_after_ms > 0)
+                && self.wheel.deadline(slot).is_none()
+                && self.is_idle(slot)
+            {
                 // Idle before the entry fired (settling made nothing idle, or it
                 // would have set a new entry): this was the entry set when the
                 // user became idle, a whole window ago.
-                self.forget(slot, now);
+                if !self.forget(slot, now) && erased {
+                    self.forget_when_due.insert(self.users[slot as usize].id.clone());
+                }
             }
         }
         self.shrink_if_mostly_empty();
@@ -2081,8 +2155,10 @@ impl Shard {
 
     /// Removes an idle user from the shard: its index entry and its record,
     /// whose slot the last user takes (the vector stays dense). Its wheel
-    /// entry has just fired, and it has no lease and no status.
-    fn forget(&mut self, slot: u32, now: Tick) {
+    /// entry has just fired, and it has no lease and no status. Returns
+    /// false when it must wait for a checkpoint part-way through the shard:
+    /// a retry is then scheduled.
+    fn forget(&mut self, slot: u32, now: Tick) -> bool {
         debug_assert!(self.is_idle(slot) && self.wheel.deadline(slot).is_none());
         // A follower forgets it too (absent, it reads as never seen).
         self.note_changed(slot);
@@ -2094,7 +2170,7 @@ impl Shard {
             // The last user, not yet written, would land where the checkpoint
             // has been already and be left out of it. Try again later.
             self.schedule_no_later_than(slot, now + FORGET_RETRY_MS);
-            return;
+            return false;
         }
         let hash = self.hash(&self.users[slot as usize].id);
         self.index.remove(hash, slot);
@@ -2117,6 +2193,7 @@ impl Shard {
         }
         self.forgotten_since_tidy += 1;
         self.forgotten += 1;
+        true
     }
 
     /// Shrinks every container to what it holds and an eighth more. Called when

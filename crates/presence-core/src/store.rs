@@ -21,8 +21,8 @@ use crate::shard::{LeaseView, SessionView, Shard};
 use crate::slots::SlotSet;
 use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 use crate::types::{
-    Changes, Imported, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked,
-    RoomAccess, RoomRef, RoomView, Signalled, Status, StoreStats, Unregistered, UserView,
+    Changes, Erased, Imported, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal, Renewed,
+    Revoked, RoomAccess, RoomRef, RoomView, Signalled, Status, StoreStats, Unregistered, UserView,
 };
 use crate::validate;
 use crate::wheel::Tick;
@@ -230,6 +230,27 @@ impl Store {
             validate::id("session_id", session_id)?;
         }
         Ok(self.with_shard(user_id, changes, |shard, changes| shard.revoke(now, user_id, session_id, changes)))
+    }
+
+    /// Ends everything the store holds of a user but its record (P7): every
+    /// lease (restart and grace holds too) with its room memberships, and its
+    /// status, publishing the OFFLINE flip and the room leaves a Revoke
+    /// publishes (or, for a user already OFFLINE, its status cleared). The
+    /// user is left idle, with its version; [`Store::forget_idle`] forgets it.
+    pub fn erase(&self, now: Tick, user_id: &str, changes: &mut Changes) -> Result<Erased, LeaseError> {
+        validate::id("user_id", user_id)?;
+        Ok(self.with_shard(user_id, changes, |shard, changes| shard.erase(now, user_id, changes)))
+    }
+
+    /// Forgets a user now if it is idle (offline, no lease, no status),
+    /// publishing nothing, as the forget window would (B6): from then on it
+    /// is answered as a user never seen, and if it comes back its versions
+    /// are above any it had (M4). Returns whether it was held and idle. While
+    /// a checkpoint is part-way through the user's shard, the forget happens
+    /// once it is past, within a second.
+    pub fn forget_idle(&self, now: Tick, user_id: &str) -> Result<bool, LeaseError> {
+        validate::id("user_id", user_id)?;
+        Ok(self.with_shard(user_id, &mut Changes::default(), |shard, _| shard.forget_idle(now, user_id)))
     }
 
     /// The presence of each user, in order; O(k) in the number of users (E2).
@@ -462,7 +483,15 @@ impl Store {
         // Under the shard's lock, which keeps the names' references held.
         let shard = self.shards[self.shard_of(user_id)].lock();
         let sessions = shard.live_sessions(now, user_id);
-        Ok(sessions.into_iter().map(|(lease, rooms)| SessionView { lease, rooms: self.room_ids(rooms) }).collect())
+        Ok(sessions
+            .into_iter()
+            .map(|(lease, mut rooms)| {
+                rooms.sort_unstable_by_key(|&(name, _)| self.names.id(name));
+                let (rooms, room_metadata) =
+                    rooms.into_iter().map(|(name, metadata)| (self.names.id(name), metadata)).unzip();
+                SessionView { lease, rooms, room_metadata }
+            })
+            .collect())
     }
 
     /// Room names as ids, sorted; called under the lock of the shard that

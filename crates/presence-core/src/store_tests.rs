@@ -779,6 +779,57 @@ fn l6_revoke_all_deletes_every_lease_flips_offline_once_and_blocks_renewals() {
     assert_eq!(presence(&store, T0 + 50, "bystander").state, State::Online);
 }
 
+/// P7: an erase ends every lease (a restart hold too) and the status, publishing
+/// one OFFLINE without a status and the room leaves; forgetting then answers the
+/// user as never seen, and a user that comes back gets a version above its old one
+/// (M4). An erase of a user never seen, or already erased, does nothing.
+#[test]
+fn p7_erase_ends_every_lease_and_the_status_publishes_one_offline_and_forgetting_leaves_no_trace() {
+    let store = small_store();
+    let mut changes = Changes::default();
+    let phone = register(&store, T0, reg("u", "phone", "gw-a", 0), &mut changes).generation;
+    let laptop = register(&store, T0, reg("u", "laptop", "gw-b", 0), &mut changes).generation;
+    store.join(T0, &room("u", "phone", phone, "doc"), &meta("phone"), &mut changes).unwrap();
+    store.join(T0, &room("u", "laptop", laptop, "doc"), &meta("laptop"), &mut changes).unwrap();
+    store.join(T0, &room("u", "laptop", laptop, "lobby"), &[], &mut changes).unwrap();
+    let lunch = crate::Status { availability: crate::Availability::Away, text: "lunch".into(), expires_at: None };
+    store.set_status(T0, "u", Some(lunch), &mut changes).unwrap();
+    let sessions = store.sessions(T0, "u").unwrap();
+    let laptop_view = sessions.iter().find(|session| session.lease.session_id == "laptop").unwrap();
+    assert_eq!(laptop_view.rooms, ["doc", "lobby"]);
+    assert_eq!(
+        laptop_view.room_metadata.iter().map(|entries| entries.to_vec()).collect::<Vec<_>>(),
+        [meta("laptop"), vec![]]
+    );
+    let before = presence(&store, T0, "u").version;
+    changes = Changes::default();
+
+    let erased = store.erase(T0 + 1, "u", &mut changes).unwrap();
+    assert_eq!(erased, crate::Erased { sessions: 2, rooms: 2, status: true, flipped: true });
+    assert_eq!(changes.users.len(), 1, "one change for two sessions and a status: {changes:?}");
+    assert_flip(&changes.users[0], "u", State::Offline, T0 + 1, None);
+    assert_eq!(changes.users[0].status, None, "the OFFLINE carries no status");
+    let mut left: Vec<&str> = changes.rooms.iter().map(|change| change.room_id.as_str()).collect();
+    left.sort_unstable();
+    assert_eq!(left, ["doc", "lobby"], "one leave per room: {:?}", room_events(&changes));
+    assert!(store.sessions(T0 + 1, "u").unwrap().is_empty());
+    assert_eq!(store.status_of("u"), None);
+
+    assert!(store.forget_idle(T0 + 2, "u").unwrap());
+    assert_eq!(presence(&store, T0 + 2, "u"), Presence::UNKNOWN, "answered as never seen");
+    assert_eq!(store.stats().users, 0);
+    assert!(drive(&store, T0 + 2, T0 + 10 * 60 * 1_000).is_empty(), "no timer of u left to fire");
+    changes = Changes::default();
+    assert_eq!(store.erase(T0 + 3, "u", &mut changes).unwrap(), crate::Erased::default());
+    assert!(!store.forget_idle(T0 + 3, "u").unwrap());
+    assert!(changes.users.is_empty() && changes.rooms.is_empty());
+    let again = register(&store, T0 + 4, reg("u", "phone", "gw-a", 0), &mut changes);
+    assert!(again.presence.version > before, "versions never go back (M4)");
+    // Busy users are not forgotten.
+    assert!(!store.forget_idle(T0 + 4, "u").unwrap());
+    assert_eq!(presence(&store, T0 + 4, "u").state, State::Online);
+}
+
 /// L6, E1: a revoke that finds the leases already expired settles them (one OFFLINE, stamped
 /// with the deadline) and then has nothing left to revoke.
 #[test]

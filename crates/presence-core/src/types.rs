@@ -346,6 +346,19 @@ pub struct Revoked {
     pub presence: Presence,
 }
 
+/// What [`Store::erase`](crate::Store::erase) ended of a user (P7).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Erased {
+    /// Its sessions (leases other than restart and grace holds) deleted.
+    pub sessions: u32,
+    /// The rooms its sessions were in, each once.
+    pub rooms: u32,
+    /// Whether it had a status, now cleared.
+    pub status: bool,
+    /// Whether the erase flipped it OFFLINE.
+    pub flipped: bool,
+}
+
 /// Counts over the whole store, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreStats {

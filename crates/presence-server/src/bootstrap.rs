@@ -144,8 +144,9 @@ impl PreparedServer {
             Some(dir) => dir.load_store(&config.store, started, hold_until)?,
             None => None,
         };
+        let written_at = restored.as_ref().map(|loaded| loaded.written_at);
         let store = match restored {
-            Some(store) => store,
+            Some(loaded) => loaded.store,
             None => Store::new(config.store.clone(), started)?,
         };
         let expiry_wake = Arc::new(Notify::new());
@@ -172,6 +173,13 @@ impl PreparedServer {
         let context = Arc::new(context);
         if let Some(stored) = stored {
             context.privacy.load(stored, started);
+            // Users erased after the checkpoint was written are forgotten again (P7).
+            let forgotten = context.privacy.forget_erased_at_restart(written_at, started).map_err(|err| {
+                ServeError::DataDir { path: config.data_dir.clone().unwrap_or_default(), message: err.to_string() }
+            })?;
+            if forgotten > 0 {
+                tracing::info!(forgotten, "users erased after the checkpoint are forgotten again");
+            }
         }
         Ok(Restored { config, context, cluster, auth, audit, expiry_wake, data_dir, cors_origins, tls })
     }

@@ -152,6 +152,19 @@ pub(crate) enum ServiceError {
         /// The room.
         room_id: String,
     },
+    /// Some nodes of the cluster did not take their part of a call that
+    /// needs every node (P7: an erase removes the user from the audiences
+    /// each node holds; an export lists them). What could be done was done;
+    /// the call is idempotent and may be made again.
+    #[error("{operation}: {} did not answer: {}; call again", .nodes.join(", "), .reason)]
+    NodesUnreached {
+        /// The RPC.
+        operation: &'static str,
+        /// Each node that did not answer, by id and address.
+        nodes: Vec<String>,
+        /// What was done regardless, and what the first failure said.
+        reason: String,
+    },
     /// A task of the server's own failed.
     #[error("{0}")]
     Internal(String),
@@ -235,7 +248,7 @@ impl ServiceError {
             ServiceError::Internal(_) => Code::Internal,
             ServiceError::NotClustered { .. } | ServiceError::MoveRefused(_) => Code::FailedPrecondition,
             ServiceError::MoveAborted(_) => Code::Aborted,
-            ServiceError::Etcd(_) | ServiceError::Reopen(_) => Code::Unavailable,
+            ServiceError::Etcd(_) | ServiceError::Reopen(_) | ServiceError::NodesUnreached { .. } => Code::Unavailable,
             ServiceError::Peer { status, .. } => status.code(),
         }
     }

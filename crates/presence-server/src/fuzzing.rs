@@ -61,7 +61,7 @@ fn context() -> Arc<Context> {
 
 /// The unary and server-streaming RPCs, in the order [`request`] numbers
 /// them. `Leases` has its own entry, [`leases`].
-pub const METHODS: [&str; 24] = [
+pub const METHODS: [&str; 26] = [
     "Register",
     "Renew",
     "Unregister",
@@ -86,6 +86,8 @@ pub const METHODS: [&str; 24] = [
     "GetSettings",
     "ListSessions",
     "Stats",
+    "ExportUser",
+    "EraseUser",
 ];
 
 /// Decodes `body` as the request of `METHODS[method % METHODS.len()]`, as
@@ -141,7 +143,9 @@ async fn dispatch(service: &PresenceService, method: u8, body: &[u8]) {
         20 => call!(service, put_setting, body),
         21 => call!(service, get_settings, body),
         22 => call!(service, list_sessions, body),
-        _ => call!(service, stats, body),
+        23 => call!(service, stats, body),
+        24 => call!(service, export_user, body),
+        _ => call!(service, erase_user, body),
     }
 }
 
@@ -384,8 +388,10 @@ fn request_seeds() -> Vec<Vec<u8>> {
         pb::TouchRequest { user_id: alice.clone() }.encode_to_vec(),
         pb::PutSettingRequest { user_id: alice.clone(), name: "theme".into(), value: b"dark".to_vec() }.encode_to_vec(),
         pb::GetSettingsRequest { user_id: alice.clone() }.encode_to_vec(),
-        pb::ListSessionsRequest { user_id: alice }.encode_to_vec(),
+        pb::ListSessionsRequest { user_id: alice.clone() }.encode_to_vec(),
         pb::StatsRequest {}.encode_to_vec(),
+        pb::ExportUserRequest { user_id: alice.clone() }.encode_to_vec(),
+        pb::EraseUserRequest { user_id: alice }.encode_to_vec(),
     ];
     assert_eq!(seeds.len(), METHODS.len(), "one seed per method");
     seeds

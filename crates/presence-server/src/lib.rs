@@ -42,6 +42,7 @@ use crate::api::web;
 use crate::cluster::handover;
 use crate::cluster::membership::Membership;
 use crate::cluster::service::ClusterService;
+use crate::node::context::Context;
 use crate::node::data_dir::DataDir;
 use crate::node::leases::LeaseQueue;
 use crate::node::privacy::Visibility;
@@ -297,13 +298,7 @@ async fn serve_prepared(
     let activity = Arc::clone(&context.activity);
     let activity_flusher = tokio::spawn(activity::run_flusher(activity, clock.clone(), stopping.clone()));
     let checkpoints = data_dir.clone().map(|dir| {
-        tokio::spawn(checkpoint_periodically(
-            dir,
-            Arc::clone(&store),
-            clock.clone(),
-            config.checkpoint_interval,
-            stopping.clone(),
-        ))
+        tokio::spawn(checkpoint_periodically(dir, Arc::clone(&context), config.checkpoint_interval, stopping.clone()))
     });
 
     let expiry = tokio::spawn(expiry::run(Arc::clone(&context), expiry_wake, config.expiry_batch));
@@ -435,13 +430,16 @@ async fn serve_prepared(
         let now = clock.now();
         let checkpointed = Arc::clone(&store);
         match tokio::task::spawn_blocking(move || dir.write_checkpoint(&checkpointed, now)).await {
-            Ok(Ok(written)) => tracing::info!(
-                sessions = stats.sessions,
-                users = stats.users,
-                bytes = written.bytes,
-                took_ms = written.took.as_millis() as u64,
-                "final checkpoint written"
-            ),
+            Ok(Ok(written)) => {
+                tracing::info!(
+                    sessions = stats.sessions,
+                    users = stats.users,
+                    bytes = written.bytes,
+                    took_ms = written.took.as_millis() as u64,
+                    "final checkpoint written"
+                );
+                service_context.privacy.checkpointed(now).await;
+            }
             Ok(Err(err)) => tracing::error!(%err, "cannot write the final checkpoint; the previous one stays"),
             Err(err) => tracing::error!(%err, "the final checkpoint task failed; the previous one stays"),
         }
@@ -463,15 +461,11 @@ fn hold_after_stall(store: &Arc<Store>, now: presence_core::Tick, grace_ms: u64)
     }));
 }
 
-/// Writes a checkpoint every `interval` until `stop`. A failed write is logged
-/// and retried at the next interval; the previous checkpoint stays in place.
-async fn checkpoint_periodically(
-    dir: DataDir,
-    store: Arc<Store>,
-    clock: StoreClock,
-    interval: Duration,
-    stop: CancellationToken,
-) {
+/// Writes a checkpoint of `context`'s store every `interval` until `stop`. A
+/// failed write is logged and retried at the next interval; the previous
+/// checkpoint stays in place. A checkpoint written drops the notes of the
+/// erasures it holds (P7).
+async fn checkpoint_periodically(dir: DataDir, context: Arc<Context>, interval: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is immediate: nothing new to save yet
@@ -480,12 +474,13 @@ async fn checkpoint_periodically(
             _ = tick.tick() => {}
             () = stop.cancelled() => return,
         }
-        let (dir, store) = (dir.clone(), Arc::clone(&store));
-        let now = clock.now();
+        let (dir, store) = (dir.clone(), Arc::clone(context.store()));
+        let now = context.now();
         match tokio::task::spawn_blocking(move || dir.write_checkpoint(&store, now)).await {
             Ok(Ok(written)) => {
                 metrics::checkpoint_written(true);
-                tracing::debug!(bytes = written.bytes, took_ms = written.took.as_millis() as u64, "checkpoint written")
+                tracing::debug!(bytes = written.bytes, took_ms = written.took.as_millis() as u64, "checkpoint written");
+                context.privacy.checkpointed(now).await;
             }
             Ok(Err(err)) => {
                 metrics::checkpoint_written(false);

@@ -863,6 +863,7 @@ mod tests {
             etcd: Vec::new(),
             etcd_prefix: "/presenced/".into(),
             tls: None,
+            token: None,
         };
         let spec = ConnSpec {
             endpoints,

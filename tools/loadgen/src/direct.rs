@@ -42,7 +42,8 @@ impl DirectChannel {
         };
         let mut channel = DirectChannel::connect_to(&uri, tls).await?;
         if let Some(token) = &endpoints.token {
-            let value = format!("Bearer {token}").parse().map_err(|_| "--token: not a valid header value".to_owned())?;
+            let value =
+                format!("Bearer {token}").parse().map_err(|_| "--token: not a valid header value".to_owned())?;
             channel.authorization = Some(value);
         }
         Ok(channel)

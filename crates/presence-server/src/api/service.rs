@@ -19,12 +19,15 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::audit::{Audit, AuditEntry};
 use crate::auth::{Authenticator, Caller, CredentialBound, Scope, StreamCredentials};
 use crate::cluster::ClusterNode;
+use crate::cluster::erasure;
 use crate::cluster::fanin;
+use crate::cluster::group_sync;
 use crate::cluster::membership::{FORWARDED, Routes};
 use crate::cluster::room_sync::{self, RoomPlace};
 use crate::error::ServiceError;
 use crate::metrics::RenewResult;
 use crate::node::context::{Context, hear_rooms, room_version_after};
+use crate::node::erase;
 use crate::node::leases::{self, LeaseQueue, LeasesStream};
 use crate::node::ops;
 use crate::node::placement::Acting;
@@ -103,6 +106,19 @@ impl PresenceService {
     ) -> Result<Option<(&Arc<ClusterNode>, Routes)>, ServiceError> {
         let Some(cluster) = &self.cluster else { return Ok(None) };
         Ok(cluster.membership.view().route(user_ids, forwarded)?.map(|routes| (cluster, routes)))
+    }
+
+    /// The owner's address when `user_id`'s owner is another node, to which a
+    /// per-user request not forwarded already goes (C2); `None` when this
+    /// node answers it (always, on a single node).
+    fn owner_elsewhere<T>(
+        &self,
+        request: &Request<T>,
+        user_id: &CompactString,
+    ) -> Result<Option<(&Arc<ClusterNode>, String)>, ServiceError> {
+        let forwarded = request.metadata().contains_key(FORWARDED);
+        let Some((cluster, routes)) = self.routes(std::slice::from_ref(user_id), forwarded)? else { return Ok(None) };
+        Ok(routes.remote.into_keys().next().map(|address| (cluster, address)))
     }
 
     /// Serves a Join, Leave or Signal (`rpc`) of `user_id` in `room_id` with
@@ -574,9 +590,72 @@ impl PresenceApi for PresenceService {
         let settings = self.context.settings.get(request.user_id).await.map_err(ServiceError::from)?;
         Ok(Response::new(pb::GetSettingsResponse { settings: settings.into_iter().collect() }))
     }
+
+    async fn export_user(&self, request: Request<pb::ExportUserRequest>) -> Answer<pb::ExportUserResponse> {
+        let entry = self.audited(&request, "ExportUser", json!({ "user_id": request.get_ref().user_id }));
+        entry.done(self.export_user_audited(request).await)
+    }
+
+    async fn erase_user(&self, request: Request<pb::EraseUserRequest>) -> Answer<pb::EraseUserResponse> {
+        let entry = self.audited(&request, "EraseUser", json!({ "user_id": request.get_ref().user_id }));
+        entry.done(self.erase_user_audited(request).await)
+    }
 }
 
 impl PresenceService {
+    async fn export_user_audited(&self, request: Request<pb::ExportUserRequest>) -> Answer<pb::ExportUserResponse> {
+        self.require(&request, Scope::Admin, "ExportUser")?;
+        let user = wire::id("user_id", &request.get_ref().user_id)?;
+        if let Some((cluster, address)) = self.owner_elsewhere(&request, &user)? {
+            let authorization = request.metadata().get("authorization");
+            let forwarded = cluster.membership.forward_export_user(&address, request.get_ref().clone(), authorization);
+            return Ok(Response::new(forwarded.await?));
+        }
+        self.owns(&user)?;
+        let mut exported = erase::export(&self.context, &user).await?;
+        if let Some(cluster) = &self.cluster {
+            let elsewhere = erasure::held_elsewhere(&cluster.membership, "ExportUser", &user, false).await?;
+            exported.in_audience_of.extend(elsewhere);
+            exported.in_audience_of.sort_unstable();
+            exported.in_audience_of.dedup();
+            exported.held = erase::holds_anything(&exported);
+        }
+        Ok(Response::new(exported))
+    }
+
+    async fn erase_user_audited(&self, request: Request<pb::EraseUserRequest>) -> Answer<pb::EraseUserResponse> {
+        self.require(&request, Scope::Admin, "EraseUser")?;
+        let user = wire::id("user_id", &request.get_ref().user_id)?;
+        if let Some((cluster, address)) = self.owner_elsewhere(&request, &user)? {
+            let authorization = request.metadata().get("authorization");
+            let forwarded = cluster.membership.forward_erase_user(&address, request.get_ref().clone(), authorization);
+            return Ok(Response::new(forwarded.await?));
+        }
+        let erased = {
+            let _durable = self.context.hold_for_durable_write().await;
+            self.owns(&user)?;
+            erase::erase(&self.context, &user).await?
+        };
+        let mut granted_by: Vec<String> = erased.here.granted_by.iter().map(ToString::to_string).collect();
+        if let Some(cluster) = &self.cluster {
+            // Every node holds every membership: the leaves go to all of
+            // them, and the group catch-up brings them to one that is away.
+            // Meanwhile each node takes the user out of its users' audiences.
+            let membership = &cluster.membership;
+            let leaves = &erased.here.group_leaves;
+            let left = async {
+                if !leaves.is_empty() {
+                    group_sync::send_to_the_others(membership, leaves).await;
+                }
+            };
+            let ((), elsewhere) = tokio::join!(left, erasure::held_elsewhere(membership, "EraseUser", &user, true));
+            granted_by.extend(elsewhere?);
+            granted_by.sort_unstable();
+            granted_by.dedup();
+        }
+        Ok(Response::new(erased.response(granted_by.len())))
+    }
+
     async fn set_room_access_audited(
         &self,
         request: Request<pb::SetRoomAccessRequest>,
@@ -632,7 +711,7 @@ impl PresenceService {
         let users = wire::nonempty_ids("user_ids", &request.user_ids)?;
         let written = self.context.privacy.change_groups(group, users, join).await?;
         if let (Some(cluster), false) = (&self.cluster, written.is_empty()) {
-            crate::cluster::group_sync::send_to_the_others(&cluster.membership, &written).await;
+            group_sync::send_to_the_others(&cluster.membership, &written).await;
         }
         Ok(Response::new(pb::GroupResponse {}))
     }

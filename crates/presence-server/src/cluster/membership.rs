@@ -408,6 +408,31 @@ impl Membership {
         call_peer(address, FORWARD_TIMEOUT, client.set_room_access(forwarded(request, authorization))).await
     }
 
+    /// Asks the user's owner at `address` for an ExportUser, with the
+    /// caller's credentials (P7). The owner asks every node in turn, so this
+    /// waits for twice the forwarding time.
+    pub(crate) async fn forward_export_user(
+        &self,
+        address: &str,
+        request: pb::ExportUserRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<pb::ExportUserResponse, ServiceError> {
+        let mut client = self.peers.client(address)?;
+        call_peer(address, 2 * FORWARD_TIMEOUT, client.export_user(forwarded(request, authorization))).await
+    }
+
+    /// Asks the user's owner at `address` to erase it, with the caller's
+    /// credentials (P7), waiting as [`Membership::forward_export_user`] does.
+    pub(crate) async fn forward_erase_user(
+        &self,
+        address: &str,
+        request: pb::EraseUserRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<pb::EraseUserResponse, ServiceError> {
+        let mut client = self.peers.client(address)?;
+        call_peer(address, 2 * FORWARD_TIMEOUT, client.erase_user(forwarded(request, authorization))).await
+    }
+
     /// Opens a WatchRoom at the room's owner at `address`, as
     /// [`Membership::forward_room_snapshot`] asks for a RoomSnapshot.
     pub(crate) async fn forward_watch_room(

@@ -4,6 +4,7 @@
 //! rooms and groups across nodes, and the connections between nodes. It
 //! builds on `node/` and plugs into it through [`crate::node::placement`].
 
+pub(crate) mod erasure;
 pub(crate) mod fanin;
 pub(crate) mod group_sync;
 pub(crate) mod handover;

@@ -141,6 +141,13 @@ impl Replica {
         Ok(())
     }
 
+    /// Drops what the copy holds of `user`, erased at its owner (P7): a
+    /// takeover must not bring it back.
+    pub(crate) fn drop_user(&self, now: u64, user: &CompactString) {
+        self.copy.release_users(now, std::slice::from_ref(user));
+        self.durable.lock().remove(user);
+    }
+
     /// Drops the copy of `slots`.
     fn drop_slots(&self, now: u64, slots: &SlotSet) {
         self.copy.release_slots(now, slots);

@@ -3,7 +3,8 @@
 //! Each call is checked here (a service caller; a cluster node for the calls
 //! only nodes make) and handed to the module that owns its idea: planned
 //! moves to `handover`, followers' copies to `replica`, the outage question
-//! to `outage`, groups to `privacy` and `group_sync`, rooms to `room_sync`.
+//! to `outage`, groups to `privacy` and `group_sync`, rooms to `room_sync`,
+//! what a node holds of another's user (P7) to `erasure`.
 
 use std::sync::Arc;
 
@@ -183,6 +184,14 @@ impl Cluster for ClusterService {
         let entries = cluster_wire::room_access_entries_sent(request.into_inner().entries)?;
         crate::cluster::room_sync::take_access(&self.context, &entries, true);
         Ok(Response::new(pb::TakeRoomAccessResponse {}))
+    }
+
+    async fn held_elsewhere(
+        &self,
+        request: Request<pb::HeldElsewhereRequest>,
+    ) -> Result<Response<pb::HeldElsewhereResponse>, Status> {
+        let cluster = self.node_call(&request, "HeldElsewhere")?;
+        Ok(Response::new(crate::cluster::erasure::answer(&self.context, cluster, request.get_ref()).await?))
     }
 
     async fn room_scan(&self, request: Request<pb::RoomScanRequest>) -> Result<Response<pb::RoomFacts>, Status> {

@@ -10,20 +10,16 @@ use presence_proto::v1 as pb;
 
 use crate::error::ServiceError;
 use crate::node::groups::GroupEntry;
-use crate::node::privacy::{HandedOver, Visibility};
+use crate::node::privacy::HandedOver;
 use crate::node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
-use crate::node::wire::{id, room_access, status, status_message, visibility};
+use crate::node::wire::{id, room_access, status, status_message, visibility, visibility_message};
 
 /// A user's durable data as one node hands it to another (C3).
 pub(crate) fn handed_over_message(user: &HandedOver) -> pb::HandedOverUser {
     pb::HandedOverUser {
         user_id: user.user_id.to_string(),
         status: user.status.as_ref().map(status_message),
-        visibility: user.visibility.map_or(pb::Visibility::Unspecified, |visibility| match visibility {
-            Visibility::Everyone => pb::Visibility::Everyone,
-            Visibility::Audience => pb::Visibility::Audience,
-            Visibility::Nobody => pb::Visibility::Nobody,
-        }) as i32,
+        visibility: user.visibility.map_or(pb::Visibility::Unspecified, visibility_message) as i32,
         audience: user.audience.iter().map(ToString::to_string).collect(),
         last_active_at_ms: user.last_active_at,
         settings: user.settings.iter().cloned().collect(),
@@ -277,6 +273,7 @@ mod tests {
     use presence_core::Availability;
 
     use super::*;
+    use crate::node::privacy::Visibility;
     use crate::node::wire::tests::field_of;
 
     /// B1: group entries from another node are checked as a request is;

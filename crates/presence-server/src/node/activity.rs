@@ -43,6 +43,11 @@ pub(crate) struct Activity {
     /// Users whose activity was due to be written since a follower was last
     /// sent them (C4); `None` unless tracked.
     changed: Mutex<Option<HashSet<CompactString>>>,
+    /// Held by a flush from the batch it takes out of memory to the end of
+    /// its write, and by an erase (P7) from taking a user out of memory to
+    /// the end of its own write: a flush never writes back activity of a
+    /// user erased meanwhile.
+    writes: tokio::sync::Mutex<()>,
 }
 
 impl Activity {
@@ -54,6 +59,7 @@ impl Activity {
             write_interval,
             forget_idle_after,
             changed: Mutex::default(),
+            writes: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -102,6 +108,19 @@ impl Activity {
             entry.last_active_at = entry.last_active_at.max(at);
             entry.durable = entry.durable.max(on_disk);
         }
+    }
+
+    /// Held while a user's activity is erased (P7): from [`Activity::erase`]
+    /// to the end of the write that deletes it on disk.
+    pub(crate) async fn hold_writes(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.writes.lock().await
+    }
+
+    /// Takes `user` out of memory (P7); the caller holds [`Activity::hold_writes`]
+    /// and deletes its copy on disk. Returns whether it was in memory.
+    pub(crate) fn erase(&self, user: &str) -> bool {
+        self.note_changed([user]);
+        self.recent.lock().remove(user).is_some()
     }
 
     /// Forgets the users of `slots` in memory, once another node has them
@@ -175,6 +194,7 @@ impl Activity {
             }
             return Ok(0);
         };
+        let _writes = self.writes.lock().await;
         let batch: Vec<(String, Tick)> = {
             let mut recent = self.recent.lock();
             let interval = self.write_interval;

@@ -36,6 +36,14 @@ pub(crate) struct Written {
     pub(crate) took: Duration,
 }
 
+/// A store restored from a checkpoint, and when that checkpoint was written.
+#[derive(Debug)]
+pub(crate) struct Loaded {
+    pub(crate) store: Store,
+    /// Store ms, as the checkpoint's header says.
+    pub(crate) written_at: Tick,
+}
+
 /// A data directory.
 #[derive(Debug, Clone)]
 pub(crate) struct DataDir {
@@ -64,7 +72,7 @@ impl DataDir {
         config: &StoreConfig,
         now: Tick,
         hold_until: Tick,
-    ) -> Result<Option<Store>, ConfigError> {
+    ) -> Result<Option<Loaded>, ConfigError> {
         for name in [CHECKPOINT, PREVIOUS] {
             let path = self.path.join(name);
             let file = match File::open(&path) {
@@ -76,15 +84,15 @@ impl DataDir {
                 }
             };
             match load(file, StoreLoader::new(config.clone(), now, hold_until)?) {
-                Ok(store) => {
-                    let stats = store.stats();
+                Ok(loaded) => {
+                    let stats = loaded.store.stats();
                     tracing::info!(
                         path = %path.display(),
                         users = stats.users,
                         sessions = stats.sessions,
                         "loaded checkpoint"
                     );
-                    return Ok(Some(store));
+                    return Ok(Some(loaded));
                 }
                 Err(Unusable::Read(err)) => {
                     tracing::error!("checkpoint {} cannot be read ({err}); trying the previous one", path.display())
@@ -135,7 +143,7 @@ enum Unusable {
 }
 
 /// Reads `file` through `loader`, a piece at a time.
-fn load(mut file: File, mut loader: StoreLoader) -> Result<Store, Unusable> {
+fn load(mut file: File, mut loader: StoreLoader) -> Result<Loaded, Unusable> {
     let mut piece = vec![0; READ_PIECE];
     loop {
         let read = match file.read(&mut piece) {
@@ -146,7 +154,10 @@ fn load(mut file: File, mut loader: StoreLoader) -> Result<Store, Unusable> {
         };
         loader.feed(&piece[..read]).map_err(Unusable::Refused)?;
     }
-    loader.finish().map_err(Unusable::Refused)
+    let written_at = loader.written_at();
+    let store = loader.finish().map_err(Unusable::Refused)?;
+    // A whole checkpoint has its header; were it missing, 0 forgets every erasure noted again (the safe side).
+    Ok(Loaded { store, written_at: written_at.unwrap_or_default() })
 }
 
 #[cfg(test)]
@@ -179,14 +190,15 @@ mod tests {
         assert!(load(&dir).is_none(), "an empty directory starts empty");
         dir.write_checkpoint(&store_with(3), 2_000).unwrap();
         dir.write_checkpoint(&store_with(5), 3_000).unwrap();
-        assert_eq!(load(&dir).unwrap().stats().users, 5);
+        let loaded = load(&dir).unwrap();
+        assert_eq!((loaded.store.stats().users, loaded.written_at), (5, 3_000));
 
         // Cut the latest short, as a crash in the middle of a copy would.
         let latest = dir.path.join(CHECKPOINT);
         let bytes = fs::read(&latest).unwrap();
         fs::write(&latest, &bytes[..bytes.len() / 2]).unwrap();
         let loaded = load(&dir).expect("the previous checkpoint");
-        assert_eq!(loaded.stats().users, 3, "the store of the checkpoint written at 2,000");
+        assert_eq!(loaded.store.stats().users, 3, "the store of the checkpoint written at 2,000");
 
         // Both damaged: start empty rather than from garbage.
         let previous = dir.path.join(PREVIOUS);

@@ -37,6 +37,10 @@ const MEMBERS: TableDefinition<'_, (&str, &str), ()> = TableDefinition::new("mem
 /// (group id, user id) -> (stamp, member): the group ledger (`groups.rs`),
 /// members and, in a cluster, the leaves it keeps.
 const GROUP_ENTRIES: TableDefinition<'_, (&str, &str), (u64, bool)> = TableDefinition::new("group_entries");
+/// user id -> the store time (ms) an erase of the user was done (P7): a
+/// restart from a checkpoint written before then forgets the user again.
+/// Rows older than the latest checkpoint are dropped as it is written.
+const ERASED: TableDefinition<'_, &str, u64> = TableDefinition::new("erased");
 /// user id -> status: availability as a [`stored`] code (u8), expires_at u64
 /// little-endian (0 = never), then the text's UTF-8 bytes.
 const STATUS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("status");
@@ -168,6 +172,7 @@ impl DurableStore {
         txn.open_table(VISIBILITY)?;
         txn.open_table(GRANTS)?;
         txn.open_table(STATUS)?;
+        txn.open_table(ERASED)?;
         {
             // Memberships an earlier build kept become ledger entries older
             // than any write stamped since (stamp 0).
@@ -213,17 +218,7 @@ impl DurableStore {
     /// the pair's row goes). Returns once it is on disk.
     pub(crate) fn write_groups(&self, entries: &[(GroupEntry, bool)]) -> Result<(), DurableError> {
         let txn = self.db.begin_write()?;
-        {
-            let mut table = txn.open_table(GROUP_ENTRIES)?;
-            for (entry, kept) in entries {
-                let key = (entry.group.as_str(), entry.user.as_str());
-                if *kept {
-                    table.insert(key, (entry.stamp, entry.member))?;
-                } else {
-                    table.remove(key)?;
-                }
-            }
-        }
+        put_group_rows(&mut txn.open_table(GROUP_ENTRIES)?, entries)?;
         Ok(txn.commit()?)
     }
 
@@ -294,6 +289,64 @@ impl DurableStore {
                 }
             }
         }
+        Ok(txn.commit()?)
+    }
+
+    /// Deletes everything kept of `user` (P7) in one transaction: its
+    /// visibility, the viewers it granted, its status, settings and activity,
+    /// and its place in every other user's audience; and writes its group
+    /// leaves (`group_rows`, as [`DurableStore::write_groups`] takes them).
+    /// Returns how many settings it had. Returns once it is on disk.
+    pub(crate) fn erase_user(&self, user: &str, group_rows: &[(GroupEntry, bool)]) -> Result<usize, DurableError> {
+        let txn = self.db.begin_write()?;
+        let settings_removed;
+        {
+            txn.open_table(VISIBILITY)?.remove(user)?;
+            txn.open_table(STATUS)?.remove(user)?;
+            txn.open_table(ACTIVITY)?.remove(user)?;
+            let mut grants = txn.open_table(GRANTS)?;
+            remove_every_key_of(&mut grants, user)?;
+            grants.retain(|(_, viewer), ()| viewer != user)?;
+            let mut settings = txn.open_table(SETTINGS)?;
+            settings_removed = seconds_of(&settings, user)?.len();
+            remove_every_key_of(&mut settings, user)?;
+            put_group_rows(&mut txn.open_table(GROUP_ENTRIES)?, group_rows)?;
+        }
+        txn.commit()?;
+        Ok(settings_removed)
+    }
+
+    /// Takes `viewer` out of every user's audience (P7: the viewer was
+    /// erased at its owner). Returns once it is on disk.
+    pub(crate) fn forget_grants_to(&self, viewer: &str) -> Result<(), DurableError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(GRANTS)?.retain(|(_, granted), ()| granted != viewer)?;
+        Ok(txn.commit()?)
+    }
+
+    /// Notes that `user` was erased at store time `at` (P7); returns once it is on disk.
+    pub(crate) fn note_erased(&self, user: &str, at: u64) -> Result<(), DurableError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(ERASED)?.insert(user, at)?;
+        Ok(txn.commit()?)
+    }
+
+    /// Every erasure noted, with its time.
+    pub(crate) fn erasures(&self) -> Result<Vec<(String, u64)>, DurableError> {
+        let txn = self.db.begin_read()?;
+        let mut erased = Vec::new();
+        for entry in txn.open_table(ERASED)?.iter()? {
+            let (user, at) = entry?;
+            erased.push((user.value().to_owned(), at.value()));
+        }
+        Ok(erased)
+    }
+
+    /// Drops the erasures noted before store time `before`: a checkpoint
+    /// written from then on does not hold their users.
+    pub(crate) fn forget_erasures_before(&self, before: u64) -> Result<(), DurableError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(ERASED)?.retain(|_, at| at >= before)?;
         Ok(txn.commit()?)
     }
 
@@ -457,6 +510,23 @@ fn seconds_of<V: redb::Value + 'static>(
     user: &str,
 ) -> Result<Vec<String>, DurableError> {
     rows_of(table, user, |second, _| second.to_owned())
+}
+
+/// Writes group ledger entries, each with whether the ledger keeps a row for
+/// it (else the pair's row goes).
+fn put_group_rows(
+    table: &mut redb::Table<'_, (&'static str, &'static str), (u64, bool)>,
+    entries: &[(GroupEntry, bool)],
+) -> Result<(), DurableError> {
+    for (entry, kept) in entries {
+        let key = (entry.group.as_str(), entry.user.as_str());
+        if *kept {
+            table.insert(key, (entry.stamp, entry.member))?;
+        } else {
+            table.remove(key)?;
+        }
+    }
+    Ok(())
 }
 
 /// Removes every `(user, _)` key of `table` (a user's grants, its settings).

@@ -10,6 +10,7 @@ pub(crate) mod clock;
 pub(crate) mod context;
 pub(crate) mod data_dir;
 pub(crate) mod durable;
+pub(crate) mod erase;
 pub(crate) mod expiry;
 pub(crate) mod groups;
 pub(crate) mod hub;

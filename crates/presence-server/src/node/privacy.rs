@@ -169,6 +169,29 @@ impl Relations {
         own.unwrap_or(self.default_visibility) == Visibility::Nobody
     }
 
+    /// The users that granted `viewer` (whose audience it is in), sorted.
+    /// A scan of every user with relations: for P7's rare calls only.
+    fn grantors_of(&self, viewer: &str) -> Vec<CompactString> {
+        let mut grantors: Vec<CompactString> = self
+            .users
+            .iter()
+            .filter(|(_, record)| record.granted.contains(viewer))
+            .map(|(user, _)| user.clone())
+            .collect();
+        grantors.sort_unstable();
+        grantors
+    }
+
+    /// Takes `viewer` out of the audience of each of `grantors`.
+    fn remove_grants_to(&mut self, viewer: &str, grantors: &[CompactString]) {
+        for grantor in grantors {
+            if let Some(record) = self.users.get_mut(grantor) {
+                record.granted.remove(viewer);
+            }
+            self.forget_if_empty(grantor);
+        }
+    }
+
     /// Sets a user's own visibility (`None`: the default) and audience,
     /// whatever they were; its groups stay as they are.
     fn replace(&mut self, user: &CompactString, visibility: Option<Visibility>, granted: HashSet<CompactString>) {
@@ -188,6 +211,39 @@ impl Relations {
             self.users.remove(user);
         }
     }
+}
+
+/// A user's own relations, as an export shows them (P7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OwnRelations {
+    /// Its own choice; `None`: the default applies.
+    pub(crate) visibility: Option<Visibility>,
+    /// The visibility in force.
+    pub(crate) in_force: Visibility,
+    /// The viewers it granted, sorted.
+    pub(crate) audience: Vec<CompactString>,
+    /// Its groups, sorted.
+    pub(crate) groups: Vec<CompactString>,
+}
+
+/// What [`Privacy::erase`] removed of a user (P7).
+#[derive(Debug, Clone)]
+pub(crate) struct ErasedHere {
+    /// What the store ended: sessions, rooms, status.
+    pub(crate) store: presence_core::Erased,
+    /// Whether it had chosen a visibility.
+    pub(crate) visibility: bool,
+    /// The viewers it had granted.
+    pub(crate) audience: usize,
+    /// The users of this node whose audience it was in.
+    pub(crate) granted_by: Vec<CompactString>,
+    /// The group leaves written for it, one per group it was in (for the
+    /// other nodes of a cluster).
+    pub(crate) group_leaves: Vec<GroupEntry>,
+    /// How many settings it had on disk (none without a data directory).
+    pub(crate) settings_on_disk: usize,
+    /// Whether its record (its version) was held, and is now forgotten.
+    pub(crate) forgotten: bool,
 }
 
 /// What one caller may be shown of one user, as read from the store.
@@ -627,6 +683,152 @@ impl Privacy {
             run_blocking(move || durable.write_status(&user_id, status.as_ref())).await?;
         }
         Ok(self.publisher.apply(|store, now, changes| store.set_status(now, user_id, status, changes))?)
+    }
+
+    /// `user`'s own relations (P7's export).
+    pub(crate) fn own_relations(&self, user: &str) -> OwnRelations {
+        let relations = self.relations.read();
+        let record = relations.users.get(user);
+        let sorted = |ids: Option<&HashSet<CompactString>>| {
+            let mut ids: Vec<CompactString> = ids.map(|ids| ids.iter().cloned().collect()).unwrap_or_default();
+            ids.sort_unstable();
+            ids
+        };
+        let visibility = record.and_then(|record| record.visibility);
+        OwnRelations {
+            visibility,
+            in_force: visibility.unwrap_or(relations.default_visibility),
+            audience: sorted(record.map(|record| &record.granted)),
+            groups: sorted(record.map(|record| &record.groups)),
+        }
+    }
+
+    /// The users that granted `viewer` (whose audience it is in), sorted (P7).
+    pub(crate) fn grantors_of(&self, viewer: &str) -> Vec<CompactString> {
+        self.relations.read().grantors_of(viewer)
+    }
+
+    /// Erases everything this node's relations, statuses and durable store
+    /// hold of `user` (P7), as one writer: on disk first, in one transaction
+    /// (its visibility, grants both ways, status, settings and activity, and
+    /// a leave of each of its groups); then the store ends its leases and
+    /// status, publishing the OFFLINE flip and room leaves a Revoke
+    /// publishes; then its relations go from memory, with the open streams
+    /// they change (P4); then the store forgets it, and, with a data
+    /// directory, the erasure is noted for restarts from an older checkpoint.
+    /// The caller has taken the user's activity out of memory, holding
+    /// activity writes until this returns.
+    pub(crate) async fn erase(&self, user: &CompactString) -> Result<ErasedHere, ServiceError> {
+        let _writer = self.writer.lock().await;
+        let (own, granted_by, group_leaves, rows) = {
+            let mut relations = self.relations.write();
+            let own = relations.users.get(user).map(|record| {
+                let mut groups: Vec<CompactString> = record.groups.iter().cloned().collect();
+                groups.sort_unstable();
+                (record.visibility.is_some(), record.granted.len(), groups)
+            });
+            let (visibility, audience, groups) = own.unwrap_or_default();
+            let granted_by = relations.grantors_of(user);
+            let now = self.publisher.clock.now();
+            let leaves: Vec<GroupEntry> = groups
+                .iter()
+                .flat_map(|group| relations.ledger.stamp(now, group, std::slice::from_ref(user), false))
+                .collect();
+            let rows: Vec<bool> = leaves.iter().map(|entry| relations.ledger.keeps_row(entry)).collect();
+            ((visibility, audience), granted_by, leaves, rows)
+        };
+        let mut settings_on_disk = 0;
+        if let Some(durable) = &self.durable {
+            let write: Vec<(GroupEntry, bool)> = group_leaves.iter().cloned().zip(rows).collect();
+            let (durable, id) = (Arc::clone(durable), user.to_string());
+            settings_on_disk = run_blocking(move || durable.erase_user(&id, &write)).await?;
+        }
+        let store = self.publisher.apply(|store, now, changes| store.erase(now, user, changes))?;
+        {
+            let mut relations = self.relations.write();
+            for entry in &group_leaves {
+                relations.merge_group_entry(entry);
+            }
+            relations.replace(user, None, HashSet::new());
+            relations.remove_grants_to(user, &granted_by);
+            if let Some(changed) = self.changed.lock().as_mut() {
+                changed.insert(user.clone());
+                changed.extend(granted_by.iter().cloned());
+            }
+            // Its audience and groups are gone (others' view of it), and so is
+            // its place in others' audiences and groups (its view of them).
+            self.show_changed_relations(relations, std::slice::from_ref(user), std::slice::from_ref(user));
+        }
+        let forgotten = self.store().forget_idle(self.publisher.clock.now(), user)?;
+        if let Some(durable) = &self.durable {
+            let (durable, id, at) = (Arc::clone(durable), user.to_string(), self.publisher.clock.now());
+            run_blocking(move || durable.note_erased(&id, at)).await?;
+        }
+        Ok(ErasedHere {
+            store,
+            visibility: own.0,
+            audience: own.1,
+            granted_by,
+            group_leaves,
+            settings_on_disk,
+            forgotten,
+        })
+    }
+
+    /// Takes `viewer`, erased at its owner, out of the audience of every
+    /// user this node holds (P7): on disk first, then in memory, then on the
+    /// viewer's open streams here. Returns the users whose audience it left.
+    pub(crate) async fn forget_viewer(&self, viewer: &CompactString) -> Result<Vec<CompactString>, ServiceError> {
+        let _writer = self.writer.lock().await;
+        let grantors = self.relations.read().grantors_of(viewer);
+        if grantors.is_empty() {
+            return Ok(grantors);
+        }
+        if let Some(durable) = &self.durable {
+            let (durable, id) = (Arc::clone(durable), viewer.to_string());
+            run_blocking(move || durable.forget_grants_to(&id)).await?;
+        }
+        {
+            let mut relations = self.relations.write();
+            relations.remove_grants_to(viewer, &grantors);
+            if let Some(changed) = self.changed.lock().as_mut() {
+                changed.extend(grantors.iter().cloned());
+            }
+            self.show_changed_relations(relations, &[], std::slice::from_ref(viewer));
+        }
+        Ok(grantors)
+    }
+
+    /// Forgets, at a restart, the users erased after the checkpoint the
+    /// store was restored from was written (`written_at`; `None`: no
+    /// checkpoint), and drops the notes of the erasures the checkpoint
+    /// already holds (P7). The relations are loaded already.
+    pub(crate) fn forget_erased_at_restart(&self, written_at: Option<u64>, now: u64) -> Result<usize, ServiceError> {
+        let Some(durable) = &self.durable else { return Ok(0) };
+        let erased = durable.erasures()?;
+        let again: Vec<CompactString> = erased
+            .into_iter()
+            .filter(|(_, at)| written_at.is_some_and(|written_at| *at >= written_at))
+            .map(|(user, _)| user.into())
+            .collect();
+        let forgotten = self.store().release_users(now, &again);
+        if let Some(written_at) = written_at {
+            durable.forget_erasures_before(written_at)?;
+        } else {
+            durable.forget_erasures_before(u64::MAX)?;
+        }
+        Ok(forgotten)
+    }
+
+    /// Drops the notes of the erasures done before store time `written_at`,
+    /// once a checkpoint taken then is on disk: it does not hold their users
+    /// (P7). A failure is logged; the notes stay until the next one.
+    pub(crate) async fn checkpointed(&self, written_at: u64) {
+        let Some(durable) = &self.durable else { return };
+        let durable = Arc::clone(durable);
+        if let Err(err) = run_blocking(move || durable.forget_erasures_before(written_at)).await {
+            tracing::warn!(%err, "the notes of erasures a checkpoint holds were not dropped; the next one will");
+        }
     }
 
     /// Tells mailboxes that users were hidden from or revealed to their viewers.

@@ -148,6 +148,19 @@ impl Settings {
         }
     }
 
+    /// Forgets `user`'s settings (P7): in memory here; on disk they go with
+    /// the erase's transaction (`DurableStore::erase_user`). Returns how many
+    /// it had in memory.
+    pub(crate) fn erase(&self, user: &str) -> usize {
+        if let Some(changed) = self.changed.lock().as_mut() {
+            changed.insert(user.into());
+        }
+        match &self.kept {
+            Kept::Memory(map) => map.lock().remove(user).map_or(0, |named| named.len()),
+            Kept::Durable(_) => 0,
+        }
+    }
+
     /// Forgets the settings of the users of `slots` in memory, once another
     /// node has them (on disk they go with `DurableStore::forget_users`).
     pub(crate) fn release(&self, slots: &SlotSet) {

@@ -357,6 +357,15 @@ pub(crate) fn visibility(code: i32) -> Result<Visibility, ServiceError> {
     }
 }
 
+/// A visibility on the wire.
+pub(crate) fn visibility_message(visibility: Visibility) -> pb::Visibility {
+    match visibility {
+        Visibility::Everyone => pb::Visibility::Everyone,
+        Visibility::Audience => pb::Visibility::Audience,
+        Visibility::Nobody => pb::Visibility::Nobody,
+    }
+}
+
 /// A status from the wire, as of `now`: a known availability, a valid text and
 /// an expiry in the future (or 0: never).
 pub(crate) fn status(status: pb::Status, now: u64) -> Result<presence_core::Status, ServiceError> {
