@@ -153,24 +153,35 @@ export interface RoomWatchOptions {
   reconnect?: Backoff;
   /** Sent as `authorization: Bearer <token>` on every (re)open. */
   bearerToken?: string;
+  /**
+   * Where fresh tokens come from, for short-lived viewer tokens: asked when the
+   * watch opens and whenever the server ends it for its credentials; the watch
+   * then reopens at once. Takes the place of `bearerToken`.
+   */
+  tokenProvider?: () => Promise<string>;
   /** A service watching for a viewer names it here. */
   viewerId?: string;
 }
 
 /** A `WatchRoom` feed: the request, sent again on every reopen, and its reconnecting stream. */
-function roomFeed(
+async function roomFeed(
   transport: Transport,
   roomId: string,
   mode: RoomWatchMode,
   countIntervalMs: number,
   options: RoomWatchOptions,
-): Feed<RoomEvent> {
+): Promise<Feed<RoomEvent>> {
   const client: Client<typeof Presence> = createClient(Presence, transport);
-  const headers = authorization(options.bearerToken);
+  const provider = options.tokenProvider;
+  let headers = authorization(provider === undefined ? options.bearerToken : await provider());
+  const renew = provider === undefined ? undefined : async (): Promise<void> => {
+    headers = authorization(await provider());
+  };
   const request = { roomId, viewerId: options.viewerId ?? "", mode, countIntervalMs };
   return new Feed(
     (signal) => client.watchRoom(request, { signal, ...(headers ? { headers } : {}) }),
     options.reconnect ?? new Backoff(),
+    renew,
   );
 }
 
@@ -192,7 +203,7 @@ export class RoomWatcher implements AsyncIterable<RoomWatcherEvent> {
    * `FAILED_PRECONDITION`: past the member cap, see {@link RoomCountWatcher}).
    */
   static async open(transport: Transport, roomId: string, options: RoomWatchOptions = {}): Promise<RoomWatcher> {
-    const feed = roomFeed(transport, roomId, RoomWatchMode.ROOM_WATCH_MEMBERS, 0, options);
+    const feed = await roomFeed(transport, roomId, RoomWatchMode.ROOM_WATCH_MEMBERS, 0, options);
     const watcher = new RoomWatcher(feed, roomId);
     const first = (await feed.open()).event;
     if (first.case === "snapshot") watcher.view.applySnapshot(first.value);
@@ -253,7 +264,7 @@ export class RoomCountWatcher implements AsyncIterable<RoomCount> {
     countIntervalMs = 0,
     options: RoomWatchOptions = {},
   ): Promise<RoomCountWatcher> {
-    const feed = roomFeed(transport, roomId, RoomWatchMode.ROOM_WATCH_COUNT, countIntervalMs, options);
+    const feed = await roomFeed(transport, roomId, RoomWatchMode.ROOM_WATCH_COUNT, countIntervalMs, options);
     const watcher = new RoomCountWatcher(feed);
     const first = (await feed.open()).event;
     if (first.case === "count") watcher.current = first.value;

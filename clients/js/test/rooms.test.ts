@@ -1,5 +1,6 @@
 /** Rooms against a real presenced: joins, member events, signals, counts. */
 import assert from "node:assert/strict";
+import { createHmac } from "node:crypto";
 import { test } from "node:test";
 
 import { RoomCountWatcher, RoomWatcher, Session, pb, type RoomWatcherEvent } from "../src/index.js";
@@ -74,6 +75,46 @@ test("R1: a session whose lease ends leaves its rooms, and the watcher sees it g
     assert.equal(gone.kind, "change");
     assert.equal(watcher.view.size, 0);
     watcher.close();
+  } finally {
+    channel.close();
+    await server.kill();
+  }
+});
+
+/** A viewer's HS256 JWT for `sub`, expiring `secs` from now. */
+const viewerJwt = (secret: string, sub: string, secs: number): string => {
+  const encode = (value: object): string => Buffer.from(JSON.stringify(value)).toString("base64url");
+  const body = `${encode({ alg: "HS256", typ: "JWT" })}.${encode({ sub, exp: Math.floor(Date.now() / 1000) + secs })}`;
+  return `${body}.${createHmac("sha256", secret).update(body).digest("base64url")}`;
+};
+
+test("T3: a room watcher with a token provider outlives its tokens", { timeout: TEST_TIMEOUT_MS }, async () => {
+  const secret = "a-js-test-only-hs256-secret-of-32-bytes-or-more";
+  const service = "service-token-for-js-room-token-tests";
+  const server = await Server.start(["--service-token", service, "--viewer-jwt-hs256-secret", secret]);
+  const channel = connectLeaseChannel(server.url, { bearerToken: service });
+  let fetched = 0;
+  const tokenProvider = async (): Promise<string> => {
+    fetched++;
+    return viewerJwt(secret, "ann", 1);
+  };
+  try {
+    const ann = await Session.register(channel, { userId: "ann", sessionId: "tab-1", gatewayId: "g" });
+    await ann.join("doc-9");
+    const watcher = await RoomWatcher.open(server.transport, "doc-9", { reconnect: fastReconnect(), tokenProvider });
+    assert.ok(watcher.view.member("ann") !== undefined, "ann sees herself in the room");
+    // Past two expiries, the watch is still open and sees a newcomer.
+    await new Promise((resolve) => setTimeout(resolve, 2_500));
+    const everyone = { userId: "bob", visibility: pb.Visibility.EVERYONE };
+    await server.client.setVisibility(everyone, { headers: { authorization: `Bearer ${service}` } });
+    const bob = await Session.register(channel, { userId: "bob", sessionId: "tab-1", gatewayId: "g" });
+    await bob.join("doc-9");
+    // As a change, or in the snapshot of a reopen that came after the join.
+    while (watcher.view.member("bob") === undefined) await next(watcher, "bob's join");
+    assert.ok(fetched >= 2, `a token for the opening, and a fresh one after the expiry: ${fetched}`);
+    watcher.close();
+    await bob.close();
+    await ann.close();
   } finally {
     channel.close();
     await server.kill();
