@@ -16,7 +16,7 @@
 //! node of the cluster passed on. A record never holds a token or a setting's
 //! value. Lines go to the tracing target `presenced::audit` (at INFO), and,
 //! with `--audit-log FILE`, are appended to that file as well, flushed line
-//! by line.
+//! by line; SIGHUP opens the file again, for log rotation.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -68,6 +68,23 @@ impl Audit {
             .open(path)
             .map_err(|source| AuditLogError { path: path.to_owned(), source })?;
         Ok(Audit { file: Some((path.to_owned(), Mutex::new(opened))) })
+    }
+
+    /// Whether lines also go to a file.
+    pub(crate) fn has_file(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Opens the file again, by its path (on SIGHUP): after a log rotation
+    /// renamed it, lines go to the new file rather than the renamed one.
+    pub(crate) fn reopen(&self) {
+        let Some((path, file)) = &self.file else { return };
+        match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            Ok(reopened) => *file.lock() = reopened,
+            Err(err) => {
+                tracing::error!(path = %path.display(), %err, "cannot reopen the audit log; writing to the old file")
+            }
+        }
     }
 
     /// The entry of `action` made by the caller of `request`, with `args`.
@@ -218,5 +235,22 @@ mod tests {
         assert!(lines[1].get("message").is_none());
         let time = lines[0]["time"].as_str().unwrap();
         assert!(time.len() == 24 && time.ends_with('Z'), "{time}");
+    }
+
+    #[test]
+    fn a_reopen_after_a_rotation_writes_to_the_new_file() {
+        let dir = std::env::temp_dir().join(format!("presenced-audit-rotation-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("audit.log");
+        let audit = Audit::open(Some(&path)).unwrap();
+        audit.server_event("ReloadCredentials", json!({ "n": 1 }));
+        std::fs::rename(&path, dir.join("audit.log.1")).unwrap();
+        audit.reopen();
+        audit.server_event("ReloadCredentials", json!({ "n": 2 }));
+        let rotated = std::fs::read_to_string(dir.join("audit.log.1")).unwrap();
+        let current = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(rotated.contains("\"n\":1") && !rotated.contains("\"n\":2"), "{rotated}");
+        assert!(current.contains("\"n\":2") && current.lines().count() == 1, "{current}");
     }
 }

@@ -4,7 +4,8 @@
 //! takes effect for the next call and ends the open streams of the
 //! credentials it took away (`auth/stream.rs`); material that cannot be used
 //! keeps what is in use, says why in the log and counts it. Every change of
-//! the credentials file is recorded in the audit log.
+//! the credentials file is recorded in the audit log, whose file SIGHUP
+//! opens again (log rotation).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +27,7 @@ pub(crate) async fn keep_reloading(
     stopping: CancellationToken,
 ) {
     let jwks = auth.viewer_jwks();
-    if auth.credentials_file().is_none() && jwks.is_none() {
+    if auth.credentials_file().is_none() && jwks.is_none() && !audit.has_file() {
         return;
     }
     let mut hangups = hangups();
@@ -44,7 +45,11 @@ pub(crate) async fn keep_reloading(
         let (files, url) = tokio::select! {
             _ = tick.tick() => (true, false),
             _ = fetch.tick(), if url_refresh.is_some() => (false, true),
-            Some(()) = next_hangup(&mut hangups) => (true, true),
+            Some(()) = next_hangup(&mut hangups) => {
+                // After a log rotation, the audit log goes to the new file.
+                audit.reopen();
+                (true, true)
+            }
             () = stopping.cancelled() => return,
         };
         let jwks_file = jwks.as_ref().is_some_and(|(_, is_file, _)| *is_file);
