@@ -601,3 +601,57 @@ async fn t3_a_watcher_with_a_token_provider_reopens_at_each_expiry_and_misses_no
     server.stop().await;
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test]
+async fn t3_a_room_watcher_with_a_token_provider_outlives_its_tokens() {
+    use presence_client::{Backoff, RoomWatcher, TokenProvider};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = scratch_dir("room-token-provider");
+    let server = TestServer::start(credentials_config(&scoped_credentials(&dir, ""), None)).await;
+    let (gateway, admin) = (Some(SCOPED[0].1), Some(SCOPED[3].1));
+    let mut client = server.client().await;
+    let join = |user: &str, generation: u64| pb::JoinRequest {
+        user_id: user.into(),
+        session_id: "s1".into(),
+        room_id: "doc-9".into(),
+        generation,
+        ..Default::default()
+    };
+    let ann = client.register(with_token(register("ann", "s1", "gw", 60_000), gateway)).await.unwrap().into_inner();
+    client.join(with_token(join("ann", ann.generation), gateway)).await.unwrap();
+    let fetched = Arc::new(AtomicUsize::new(0));
+    let provider: TokenProvider = {
+        let fetched = Arc::clone(&fetched);
+        Arc::new(move || {
+            fetched.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(expiring_token("ann", 1)) })
+        })
+    };
+    let request = pb::WatchRoomRequest { room_id: "doc-9".into(), ..Default::default() };
+    let mut watcher =
+        RoomWatcher::open_with_token_provider(server.client().await, request, Backoff::default(), provider)
+            .await
+            .unwrap();
+    assert!(watcher.view().member("ann").is_some());
+    // Past the token's expiry, a newcomer is still seen.
+    let open_until = Instant::now() + Duration::from_millis(2_500);
+    while Instant::now() < open_until {
+        if let Ok(event) = tokio::time::timeout(Duration::from_millis(100), watcher.next()).await {
+            assert!(event.is_some(), "the room watch ended: {:?}", watcher.last_error());
+        }
+    }
+    let everyone = pb::SetVisibilityRequest { user_id: "bob".into(), visibility: pb::Visibility::Everyone as i32 };
+    client.set_visibility(with_token(everyone, admin)).await.unwrap();
+    let bob = client.register(with_token(register("bob", "s1", "gw", 60_000), gateway)).await.unwrap().into_inner();
+    client.join(with_token(join("bob", bob.generation), gateway)).await.unwrap();
+    within(PATIENCE, "bob's join, as a change or in a reopen's snapshot", async {
+        while watcher.view().member("bob").is_none() {
+            assert!(watcher.next().await.is_some(), "the room watch ended: {:?}", watcher.last_error());
+        }
+    })
+    .await;
+    assert!(fetched.load(Ordering::SeqCst) >= 2, "a token for the opening and a fresh one after the expiry");
+    server.stop().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}

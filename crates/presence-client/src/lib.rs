@@ -35,7 +35,8 @@
 //!   from a fresh snapshot; with a [`TokenProvider`]
 //!   ([`Watcher::open_with_token_provider`]) it outlives short-lived viewer
 //!   tokens, reopening at once with a fresh one when the server ends the
-//!   stream at the token's expiry.
+//!   stream at the token's expiry ([`RoomWatcher`] and [`RoomCountWatcher`]
+//!   take one the same way).
 //! - [`RoomView`]: one room's members (by user, with the shown metadata), the
 //!   users signalling each kind, and the room version; a change of a member or
 //!   kind is applied only if newer than the last one applied for it, a

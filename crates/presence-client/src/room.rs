@@ -24,10 +24,11 @@ use presence_proto::v1::presence_client::PresenceClient;
 use presence_proto::v1::{self as pb, room_event};
 use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Channel;
-use tonic::{Status, Streaming};
+use tonic::{Code, Status, Streaming};
 
 use crate::backoff::Backoff;
 use crate::call::{authorized, bearer, is_permanent};
+use crate::viewer::{MAX_REFUSED_FRESH_TOKENS, TokenProvider};
 
 /// One room as a member-mode watcher holds it.
 #[derive(Debug, Clone, Default)]
@@ -194,8 +195,31 @@ impl RoomWatcher {
         reconnect: Backoff,
         bearer_token: Option<&str>,
     ) -> Result<RoomWatcher, Status> {
+        let credentials = Credentials::Token(bearer(bearer_token)?);
+        Self::open_with(client, request, reconnect, credentials).await
+    }
+
+    /// [`open_authorized`](Self::open_authorized) presenting a token from
+    /// `tokens`, asked again whenever the server ends the stream for its
+    /// credentials (the token expired, or was revoked): the watch then
+    /// reopens at once with a fresh one.
+    pub async fn open_with_token_provider(
+        client: PresenceClient<Channel>,
+        request: pb::WatchRoomRequest,
+        reconnect: Backoff,
+        tokens: TokenProvider,
+    ) -> Result<RoomWatcher, Status> {
+        Self::open_with(client, request, reconnect, Credentials::Provider(tokens)).await
+    }
+
+    async fn open_with(
+        client: PresenceClient<Channel>,
+        request: pb::WatchRoomRequest,
+        reconnect: Backoff,
+        credentials: Credentials,
+    ) -> Result<RoomWatcher, Status> {
         let (feed, first) =
-            RoomFeed::open(client, request, pb::RoomWatchMode::RoomWatchMembers, reconnect, bearer_token).await?;
+            RoomFeed::open(client, request, pb::RoomWatchMode::RoomWatchMembers, reconnect, credentials).await?;
         let mut view = RoomView::new(feed.request.room_id.clone());
         if let room_event::Event::Snapshot(snapshot) = &first {
             view.apply_snapshot(snapshot);
@@ -271,8 +295,30 @@ impl RoomCountWatcher {
         reconnect: Backoff,
         bearer_token: Option<&str>,
     ) -> Result<RoomCountWatcher, Status> {
+        let credentials = Credentials::Token(bearer(bearer_token)?);
+        Self::open_with(client, request, reconnect, credentials).await
+    }
+
+    /// [`open_authorized`](Self::open_authorized) presenting a token from
+    /// `tokens`, asked again whenever the server ends the stream for its
+    /// credentials.
+    pub async fn open_with_token_provider(
+        client: PresenceClient<Channel>,
+        request: pb::WatchRoomRequest,
+        reconnect: Backoff,
+        tokens: TokenProvider,
+    ) -> Result<RoomCountWatcher, Status> {
+        Self::open_with(client, request, reconnect, Credentials::Provider(tokens)).await
+    }
+
+    async fn open_with(
+        client: PresenceClient<Channel>,
+        request: pb::WatchRoomRequest,
+        reconnect: Backoff,
+        credentials: Credentials,
+    ) -> Result<RoomCountWatcher, Status> {
         let (feed, first) =
-            RoomFeed::open(client, request, pb::RoomWatchMode::RoomWatchCount, reconnect, bearer_token).await?;
+            RoomFeed::open(client, request, pb::RoomWatchMode::RoomWatchCount, reconnect, credentials).await?;
         let latest = match first {
             room_event::Event::Count(count) => count,
             _ => pb::RoomCount::default(),
@@ -305,11 +351,20 @@ impl RoomCountWatcher {
     }
 }
 
+/// What a room watch presents.
+enum Credentials {
+    /// The same token (or none) on every (re)open.
+    Token(Option<AsciiMetadataValue>),
+    /// Fresh tokens from a provider.
+    Provider(TokenProvider),
+}
+
 /// A `WatchRoom` stream reopened with backoff when it breaks: what both kinds
 /// of room watcher share. It yields the stream's events, the first one of
 /// every reopened stream included (a snapshot in member mode, a count in count
-/// mode), and checks nothing else about them.
-#[derive(Debug)]
+/// mode), and checks nothing else about them. With a token provider, a
+/// stream the server ended for its credentials reopens at once with a fresh
+/// token.
 struct RoomFeed {
     client: PresenceClient<Channel>,
     /// Sent again on every reopen.
@@ -323,6 +378,24 @@ struct RoomFeed {
     attempt: u32,
     /// Set when the watch ended for good; `next` then returns `None`.
     failed: Option<Status>,
+    /// Fresh tokens, for a watch that outlives its tokens.
+    tokens: Option<TokenProvider>,
+    /// The next reopen fetches a fresh token first.
+    token_spent: bool,
+    /// The next reopen goes without waiting its backoff (once).
+    reopen_now: bool,
+    /// Reopens refused `UNAUTHENTICATED` in a row despite a fresh token.
+    refused_fresh: u32,
+}
+
+impl std::fmt::Debug for RoomFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoomFeed")
+            .field("room_id", &self.request.room_id)
+            .field("open", &self.stream.is_some())
+            .field("token_provider", &self.tokens.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl RoomFeed {
@@ -333,11 +406,26 @@ impl RoomFeed {
         request: pb::WatchRoomRequest,
         mode: pb::RoomWatchMode,
         reconnect: Backoff,
-        bearer_token: Option<&str>,
+        credentials: Credentials,
     ) -> Result<(RoomFeed, room_event::Event), Status> {
-        let authorization = bearer(bearer_token)?;
+        let (authorization, tokens) = match credentials {
+            Credentials::Token(authorization) => (authorization, None),
+            Credentials::Provider(tokens) => (bearer(Some(&tokens().await?))?, Some(tokens)),
+        };
         let request = pb::WatchRoomRequest { mode: mode as i32, ..request };
-        let mut feed = RoomFeed { client, request, authorization, reconnect, stream: None, attempt: 0, failed: None };
+        let mut feed = RoomFeed {
+            client,
+            request,
+            authorization,
+            reconnect,
+            stream: None,
+            attempt: 0,
+            failed: None,
+            tokens,
+            token_spent: false,
+            reopen_now: false,
+            refused_fresh: 0,
+        };
         let first = feed.reopen().await?;
         Ok((feed, first))
     }
@@ -348,27 +436,42 @@ impl RoomFeed {
                 return None;
             }
             let Some(stream) = self.stream.as_mut() else {
-                tokio::time::sleep(self.reconnect.delay(self.attempt)).await;
-                self.attempt = self.attempt.saturating_add(1);
+                if !std::mem::take(&mut self.reopen_now) {
+                    tokio::time::sleep(self.reconnect.delay(self.attempt)).await;
+                    self.attempt = self.attempt.saturating_add(1);
+                }
                 match self.reopen().await {
                     Ok(first) => return Some(first),
-                    Err(status) => self.broke(status),
+                    Err(status) => self.broke(status, true),
                 }
                 continue;
             };
             match stream.message().await {
                 Ok(Some(pb::RoomEvent { event: Some(event) })) => return Some(event),
                 Ok(Some(pb::RoomEvent { event: None })) => {}
-                Ok(None) => self.broke(Status::unavailable("presenced ended the room watch")),
-                Err(status) => self.broke(status),
+                Ok(None) => self.broke(Status::unavailable("presenced ended the room watch"), false),
+                Err(status) => self.broke(status, false),
             }
         }
     }
 
-    /// The stream broke, or a reopen failed, with `status`: retry, or end for good.
-    fn broke(&mut self, status: Status) {
+    /// The stream broke, or a reopen failed (`reopening`), with `status`:
+    /// retry (with a fresh token, when the credentials were refused and a
+    /// provider gives them), or end for good.
+    fn broke(&mut self, status: Status, reopening: bool) {
         self.stream = None;
-        if is_permanent(status.code()) {
+        if status.code() == Code::Unauthenticated
+            && self.tokens.is_some()
+            && self.refused_fresh < MAX_REFUSED_FRESH_TOKENS
+        {
+            tracing::debug!(room_id = %self.request.room_id, %status, "the room watch needs a fresh token");
+            self.token_spent = true;
+            if reopening {
+                self.refused_fresh += 1;
+            } else {
+                self.reopen_now = true;
+            }
+        } else if is_permanent(status.code()) {
             tracing::debug!(room_id = %self.request.room_id, %status, "the room watch was refused; giving up");
             self.failed = Some(status);
         } else {
@@ -378,6 +481,10 @@ impl RoomFeed {
 
     /// Opens a stream and reads its first event, which must be what the mode opens with.
     async fn reopen(&mut self) -> Result<room_event::Event, Status> {
+        if let (true, Some(tokens)) = (self.token_spent, &self.tokens) {
+            self.authorization = bearer(Some(&tokens().await?))?;
+            self.token_spent = false;
+        }
         let request = authorized(self.request.clone(), self.authorization.as_ref());
         let mut stream = self.client.watch_room(request).await?.into_inner();
         let counting = self.request.mode == pb::RoomWatchMode::RoomWatchCount as i32;
@@ -400,6 +507,7 @@ impl RoomFeed {
     ) -> Result<room_event::Event, Status> {
         self.stream = Some(stream);
         self.attempt = 0;
+        self.refused_fresh = 0;
         Ok(first)
     }
 }

@@ -130,7 +130,7 @@ pub type TokenProvider = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<Stri
 /// Reopens in a row refused `UNAUTHENTICATED` with fresh tokens before a
 /// watch with a token provider gives up: the provider's tokens are not
 /// accepted at all.
-const MAX_REFUSED_FRESH_TOKENS: u32 = 3;
+pub(crate) const MAX_REFUSED_FRESH_TOKENS: u32 = 3;
 
 /// A Watch that survives disconnects: reconnects with backoff + jitter and resyncs from a fresh snapshot.
 pub struct Watcher {
