@@ -100,7 +100,8 @@ pub fn request(method: u8, body: &[u8]) {
     // receiver is kept so that the queue stays open, as in a running server.
     let (queue, _jobs) = LeaseQueue::new(Arc::clone(&context), 1);
     let auth = Authenticator::new(AuthConfig::default()).expect("the open configuration is valid");
-    let service = PresenceService::new(Arc::clone(&context), None, queue, Arc::new(auth));
+    let audit = Arc::new(crate::audit::Audit::default());
+    let service = PresenceService::new(Arc::clone(&context), None, queue, Arc::new(auth), audit);
     // One runtime per input: dropping it ends whatever a handler spawned
     // (a Watch stream's forwarder), so nothing outlives the input.
     let runtime =
@@ -216,6 +217,7 @@ fn authenticator() -> &'static Authenticator {
             viewer_jwt_hs256_secret: Some(HS256_SECRET.to_owned()),
             viewer_jwt_public_key_pem: Some(ED25519_PUBLIC_PEM.as_bytes().to_vec()),
             jwt_leeway_secs: 0,
+            ..AuthConfig::default()
         })
         .expect("the fuzzing credentials are valid")
     })
