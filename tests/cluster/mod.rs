@@ -13,6 +13,7 @@ mod erase;
 mod groups;
 mod handover;
 mod outage;
+mod readiness;
 mod rooms;
 mod routing;
 mod takeover;

@@ -36,3 +36,16 @@ pub async fn scrape_until(addr: &str, series: &str, wanted: impl Fn(f64) -> bool
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// `GET path` over plain HTTP/1.1 (the probes, `/livez` and `/readyz`):
+/// the status code and the body.
+pub fn probe(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap_or_else(|err| panic!("connect to {addr}: {err}"));
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body).to_owned();
+    (status, body)
+}

@@ -325,3 +325,52 @@ async fn o1_room_signal_and_damping_metrics_are_served() {
     assert_eq!(sample(&metrics, "presenced_rooms "), Some(0.0), "the room emptied with the lease");
     assert_eq!(sample(&metrics, "presenced_room_memberships "), Some(0.0));
 }
+
+#[tokio::test]
+async fn d2_livez_answers_while_a_large_checkpoint_loads_and_readyz_only_once_it_is_served() {
+    let data = crate::common::daemon::scratch_dir("d2-readyz");
+    let data_dir = data.to_str().unwrap();
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let args = ["--data-dir", data_dir, "--metrics-listen", &metrics_addr];
+    let daemon = Daemon::start(&args, &[]);
+    assert_eq!(probe_until_answered(&metrics_addr, "/livez").await, (200, "ok\n".to_owned()));
+    // 100,000 sessions, so that the checkpoint takes a moment to load.
+    let mut client = PresenceClient::connect(daemon.url()).await.unwrap();
+    for part in 0..10 {
+        let items = (0..10_000).map(|i| register_item(&format!("u-{part}-{i}"), "s", 600_000)).collect();
+        lease_batch(&mut client, items).await;
+    }
+    let (status, body) = probe_until_answered(&metrics_addr, "/readyz").await;
+    assert_eq!((status, body.as_str()), (200, "[+]started ok\n[+]not-draining ok\nready\n"));
+    assert_eq!(probe_until_answered(&metrics_addr, "/nothing").await.0, 404);
+    daemon.stop().await;
+
+    // Started again on the same data directory: the checkpoint loads after
+    // the listening line, and the node is alive, not ready, meanwhile.
+    let daemon = Daemon::start(&args, &[]);
+    let (status, body) = probe_until_answered(&metrics_addr, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("[-]started failed: restoring"), "{body}");
+    assert_eq!(probe_until_answered(&metrics_addr, "/livez").await.0, 200);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while probe_until_answered(&metrics_addr, "/readyz").await.0 != 200 {
+        assert!(Instant::now() < deadline, "not ready after the checkpoint loaded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let snapshot = snapshot(&mut PresenceClient::connect(daemon.url()).await.unwrap(), &["u-9-9999"]).await;
+    assert_eq!(state_of(&snapshot[0]), pb::State::Online, "restored by the time it is ready");
+    daemon.stop().await;
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// [`crate::common::scrape::probe`], asked again while the metrics port is not bound yet.
+async fn probe_until_answered(addr: &str, path: &str) -> (u16, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if std::net::TcpStream::connect(addr).is_ok() {
+            return crate::common::scrape::probe(addr, path);
+        }
+        assert!(Instant::now() < deadline, "the metrics port {addr} never answered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

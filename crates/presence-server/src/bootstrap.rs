@@ -19,6 +19,7 @@ use presence_tls::ServerTls;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::readiness::Readiness;
 use crate::audit::Audit;
 use crate::auth::Authenticator;
 use crate::cluster::ClusterNode;
@@ -55,6 +56,9 @@ pub struct PreparedServer {
     /// expired certificate or a key that is not its own refuses the
     /// configuration (T1, B7).
     pub(crate) tls: Option<Arc<ServerTls>>,
+    /// What `/readyz` reports: made here because the metrics port serves it
+    /// from before the restore, while the node is not ready yet (D2).
+    pub(crate) readiness: Arc<Readiness>,
 }
 
 impl std::fmt::Debug for PreparedServer {
@@ -84,6 +88,8 @@ pub(crate) struct Restored {
     pub(crate) cors_origins: Vec<HeaderValue>,
     /// The service port's TLS, with TLS on.
     pub(crate) tls: Option<Arc<ServerTls>>,
+    /// What `/readyz` reports, told when the server has started and when it stops.
+    pub(crate) readiness: Arc<Readiness>,
 }
 
 impl PreparedServer {
@@ -127,7 +133,8 @@ impl PreparedServer {
             }
             None => (None, None, None),
         };
-        Ok(PreparedServer { config, clock, auth, audit, data_dir, durable, stored, cors_origins, tls })
+        let readiness = Arc::new(Readiness::default());
+        Ok(PreparedServer { config, clock, auth, audit, data_dir, durable, stored, cors_origins, tls, readiness })
     }
 
     /// Loads the last checkpoint and the stored relations into a new store
@@ -137,7 +144,8 @@ impl PreparedServer {
     /// reconnecting gateways wait in the listen backlog instead of being
     /// refused and backing off.
     pub(crate) fn restore(self, membership: Option<Membership>) -> Result<Restored, ServeError> {
-        let PreparedServer { config, clock, auth, audit, data_dir, durable, stored, cors_origins, tls } = self;
+        let PreparedServer { config, clock, auth, audit, data_dir, durable, stored, cors_origins, tls, readiness } =
+            self;
         let started = clock.now();
         let hold_until = started.saturating_add(config.restart_grace_ms());
         let restored = match &data_dir {
@@ -181,6 +189,6 @@ impl PreparedServer {
                 tracing::info!(forgotten, "users erased after the checkpoint are forgotten again");
             }
         }
-        Ok(Restored { config, context, cluster, auth, audit, expiry_wake, data_dir, cors_origins, tls })
+        Ok(Restored { config, context, cluster, auth, audit, expiry_wake, data_dir, cors_origins, tls, readiness })
     }
 }

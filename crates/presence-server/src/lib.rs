@@ -265,7 +265,8 @@ impl PreparedServer {
     /// `listener` for as long as the runtime runs, over TLS when the service
     /// port has it, with the same certificate.
     pub fn spawn_metrics_endpoint(&self, listener: TcpListener, render: api::metrics_port::RenderMetrics) {
-        tokio::spawn(api::metrics_port::serve(listener, render, self.tls.clone(), self.config.handshake_timeout));
+        let answers = api::metrics_port::Answers { render, readiness: Arc::clone(&self.readiness) };
+        tokio::spawn(api::metrics_port::serve(listener, answers, self.tls.clone(), self.config.handshake_timeout));
     }
 
     /// Serves on `listener` until `shutdown` completes, as [`serve`] does.
@@ -287,8 +288,18 @@ async fn serve_prepared(
         Some(config) => Some(Membership::join(config, prepared.config.max_streams_per_connection).await?),
         None => None,
     };
-    let bootstrap::Restored { config, context, cluster, auth, audit, expiry_wake, data_dir, cors_origins, tls } =
-        prepared.restore(membership)?;
+    let bootstrap::Restored {
+        config,
+        context,
+        cluster,
+        auth,
+        audit,
+        expiry_wake,
+        data_dir,
+        cors_origins,
+        tls,
+        readiness,
+    } = prepared.restore(membership)?;
     let (store, clock, stopping) =
         (Arc::clone(context.store()), context.publisher.clock.clone(), context.stopping.clone());
     tokio::spawn(clock::keep_reading(clock.clone(), stopping.clone(), {
@@ -350,12 +361,17 @@ async fn serve_prepared(
         .with_nodelay(Some(true))
         .with_keepalive(Some(Duration::from_secs(60)));
     tracing::info!(addr = ?local_addr, shards = config.store.shards, tls = tls.is_some(), "serving");
+    readiness.started(cluster.as_ref());
     let stop_signal = {
         let drain_context = Arc::clone(&service_context);
         let stopping = stopping.clone();
         let health = health.clone();
+        let readiness = Arc::clone(&readiness);
         async move {
             shutdown.await;
+            // Not ready first (D2), so that an orchestrator stops sending
+            // traffic before anything is handed over or refused.
+            readiness.stopping();
             tracing::info!("shutting down: no new connections, ending watch streams");
             if let Some(cluster) = &cluster {
                 handover::drain(&drain_context, cluster).await;

@@ -1,5 +1,7 @@
-//! The metrics port: Prometheus text at `/metrics`, over TLS when the
-//! service port has it (T1), with the same certificate, rotated with it.
+//! The metrics port: Prometheus text at `/metrics`, and the probes an
+//! orchestrator calls, `/livez` and `/readyz` (D2: 200 when true, 503 when
+//! not; see [`readiness`](super::readiness)), over TLS when the service port
+//! has it (T1), with the same certificate, rotated with it.
 //!
 //! A scraper is one trusted process, so the port keeps only what protects
 //! the server: at most [`CONNECTIONS`] connections at once (more are closed
@@ -14,6 +16,8 @@ use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use presence_tls::ServerTls;
+
+use super::readiness::{self, Readiness};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
@@ -23,11 +27,21 @@ const CONNECTIONS: usize = 64;
 /// What renders the metrics text.
 pub type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// Serves `render` at `/metrics` on `listener` for as long as the process
-/// runs; a TLS handshake must end within `handshake_timeout`.
+/// What the metrics port answers from: the metrics' renderer and the
+/// node's readiness.
+#[derive(Clone)]
+pub(crate) struct Answers {
+    /// Renders `/metrics`.
+    pub(crate) render: RenderMetrics,
+    /// What `/readyz` reports.
+    pub(crate) readiness: Arc<Readiness>,
+}
+
+/// Serves `answers` on `listener` for as long as the process runs; a TLS
+/// handshake must end within `handshake_timeout`.
 pub(crate) async fn serve(
     listener: TcpListener,
-    render: RenderMetrics,
+    answers: Answers,
     tls: Option<Arc<ServerTls>>,
     handshake_timeout: Duration,
 ) {
@@ -42,18 +56,18 @@ pub(crate) async fn serve(
             }
         };
         let Ok(place) = Arc::clone(&places).try_acquire_owned() else { continue };
-        let (render, tls) = (Arc::clone(&render), tls.clone());
+        let (answers, tls) = (answers.clone(), tls.clone());
         tokio::spawn(async move {
             let _place = place;
-            serve_connection(stream, render, tls, handshake_timeout).await;
+            serve_connection(stream, answers, tls, handshake_timeout).await;
         });
     }
 }
 
-async fn serve_connection(stream: TcpStream, render: RenderMetrics, tls: Option<Arc<ServerTls>>, timeout: Duration) {
+async fn serve_connection(stream: TcpStream, answers: Answers, tls: Option<Arc<ServerTls>>, timeout: Duration) {
     let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-        let render = Arc::clone(&render);
-        async move { Ok::<_, Infallible>(answer(&request, &render)) }
+        let answers = answers.clone();
+        async move { Ok::<_, Infallible>(answer(&request, &answers)) }
     });
     let http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     let served = match tls {
@@ -69,10 +83,20 @@ async fn serve_connection(stream: TcpStream, render: RenderMetrics, tls: Option<
     }
 }
 
-fn answer(request: &Request<hyper::body::Incoming>, render: &RenderMetrics) -> Response<Full<Bytes>> {
+fn answer(request: &Request<hyper::body::Incoming>, answers: &Answers) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match request.uri().path() {
-        "/metrics" | "/" => (StatusCode::OK, "text/plain; version=0.0.4", render()),
-        _ => (StatusCode::NOT_FOUND, "text/plain", "not found: metrics are at /metrics\n".to_owned()),
+        "/metrics" | "/" => (StatusCode::OK, "text/plain; version=0.0.4", (answers.render)()),
+        "/livez" => (StatusCode::OK, "text/plain", readiness::ALIVE.to_owned()),
+        "/readyz" => {
+            let (ready, report) = answers.readiness.report();
+            let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            (status, "text/plain", report)
+        }
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: metrics are at /metrics, probes at /livez and /readyz\n".to_owned(),
+        ),
     };
     Response::builder()
         .status(status)

@@ -6,6 +6,7 @@
 pub(crate) mod connections;
 pub(crate) mod credentials;
 pub(crate) mod metrics_port;
+pub(crate) mod readiness;
 pub(crate) mod service;
 pub(crate) mod tls;
 pub(crate) mod web;

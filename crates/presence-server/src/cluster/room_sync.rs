@@ -147,6 +147,11 @@ impl RoomRoutes {
         }
     }
 
+    /// How many of this node's room slots are being rebuilt (D2: not ready meanwhile).
+    pub(crate) fn rebuilding_slots(&self) -> usize {
+        self.rebuilding.lock().len()
+    }
+
     /// Whether `slot`'s rooms are being rebuilt here.
     pub(crate) fn is_rebuilding(&self, slot: u32) -> bool {
         self.rebuilding.lock().contains(&slot)
