@@ -21,7 +21,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto_files = [proto_root.join("presence/v1/presence.proto"), proto_root.join("presence/v1/cluster.proto")];
     println!("cargo:rerun-if-changed={}", proto_root.display());
 
-    let descriptors = protox::compile(&proto_files, [&proto_root])?;
+    let mut descriptors = protox::compile(&proto_files, [&proto_root])?;
+    if env::var_os("CARGO_FEATURE_NEXT_CLUSTER_PROTOCOL").is_some() {
+        add_next_protocol_fields(&mut descriptors);
+    }
     // Server reflection serves this set, so grpcurl-style clients need no .proto file.
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     std::fs::write(out_dir.join("presence_descriptor.bin"), descriptors.encode_to_vec())?;
@@ -34,6 +37,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure().build_server(false).codec_path(CODEC).compile_fds(descriptors)?;
     tonic_build::manual::Builder::new().build_client(false).compile(&services);
     Ok(())
+}
+
+/// The node-to-node protocol's next minor version, as a later presenced
+/// would add to it: `string sender_version = 100` in `SlotState` and
+/// `FollowUpdate`, which a node of this version skips as unknown fields.
+/// Only the `next-cluster-protocol` feature's build has it (the
+/// mixed-version roll, tools/roll).
+fn add_next_protocol_fields(descriptors: &mut prost_types::FileDescriptorSet) {
+    use prost_types::field_descriptor_proto::{Label, Type};
+    let cluster =
+        descriptors.file.iter_mut().find(|file| file.name().ends_with("cluster.proto")).expect("cluster.proto");
+    for (index, message) in cluster.message_type.iter_mut().enumerate() {
+        if !matches!(message.name(), "SlotState" | "FollowUpdate") {
+            continue;
+        }
+        // prost-build looks up every field's comments by its source location.
+        let path = vec![4, index as i32, 2, message.field.len() as i32];
+        let locations = &mut cluster.source_code_info.get_or_insert_with(Default::default).location;
+        locations.push(prost_types::source_code_info::Location { path, span: vec![0, 0, 0], ..Default::default() });
+        message.field.push(prost_types::FieldDescriptorProto {
+            name: Some("sender_version".to_owned()),
+            number: Some(100),
+            label: Some(Label::Optional as i32),
+            r#type: Some(Type::String as i32),
+            json_name: Some("senderVersion".to_owned()),
+            ..Default::default()
+        });
+    }
 }
 
 /// The server side of `service`, every method as tonic-prost-build would make it but for the overrides.

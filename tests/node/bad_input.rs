@@ -237,3 +237,30 @@ async fn b4_a_user_has_at_most_256_settings_and_replacing_one_is_always_allowed(
     assert!(!settings.settings.contains_key("one-more"));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn d1_a_request_of_another_major_node_to_node_protocol_is_refused_naming_both_versions_before_it_is_read() {
+    let server = TestServer::start(fast_config()).await;
+    let mut client = server.client().await;
+    let from_a_node = |protocol: &'static str| {
+        let mut request =
+            tonic::Request::new(pb::SnapshotRequest { user_ids: vec!["u1".into()], ..Default::default() });
+        request.metadata_mut().insert("presenced-cluster-protocol", protocol.parse().unwrap());
+        request.metadata_mut().insert("presenced-version", "9.0.0".parse().unwrap());
+        request
+    };
+    // A later minor of this major is read as this version reads it.
+    client.snapshot(from_a_node("1.9")).await.expect("a later minor only adds fields");
+    let refused = client.snapshot(from_a_node("2.0")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().starts_with(
+            "a node running presenced 9.0.0 speaks node-to-node protocol 2.0, which this node (presenced "
+        ) && refused.message().ends_with("must share the protocol's major version"),
+        "{refused:?}"
+    );
+    let malformed = client.snapshot(from_a_node("two")).await.unwrap_err();
+    assert_eq!(malformed.code(), Code::InvalidArgument);
+    assert!(malformed.message().contains("presenced-cluster-protocol"), "{malformed:?}");
+    server.stop().await;
+}

@@ -132,6 +132,21 @@ pub(crate) enum ServiceError {
         /// Its answer.
         status: tonic::Status,
     },
+    /// Another node speaks a major version of the node-to-node protocol
+    /// this node cannot read (D1).
+    #[error(
+        "a node running presenced {their_version} speaks node-to-node protocol {theirs}, which this node \
+         (presenced {}, protocol {ours}) cannot read: the nodes of a cluster must share the protocol's major version",
+        env!("CARGO_PKG_VERSION")
+    )]
+    ProtocolMismatch {
+        /// The sender's protocol.
+        theirs: String,
+        /// The sender's presenced version.
+        their_version: String,
+        /// This node's protocol.
+        ours: String,
+    },
     /// A room's owner did not take a change of its members (C1): the
     /// member's own state changed, and the call may be made again.
     #[error("the owner of the room ({node}) did not take the change yet; the call may be made again")]
@@ -246,7 +261,9 @@ impl ServiceError {
             | ServiceError::RoomsNotHere { .. }
             | ServiceError::RoomRebuilding { .. } => Code::Unavailable,
             ServiceError::Internal(_) => Code::Internal,
-            ServiceError::NotClustered { .. } | ServiceError::MoveRefused(_) => Code::FailedPrecondition,
+            ServiceError::NotClustered { .. }
+            | ServiceError::MoveRefused(_)
+            | ServiceError::ProtocolMismatch { .. } => Code::FailedPrecondition,
             ServiceError::MoveAborted(_) => Code::Aborted,
             ServiceError::Etcd(_) | ServiceError::Reopen(_) | ServiceError::NodesUnreached { .. } => Code::Unavailable,
             ServiceError::Peer { status, .. } => status.code(),

@@ -178,7 +178,12 @@ where
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         match Kind::of(&request) {
-            Kind::Grpc => FrontFuture::Grpc { future: self.grpc.call(request) },
+            Kind::Grpc => match crate::cluster::protocol::check(request.headers()) {
+                Ok(()) => FrontFuture::Grpc { future: self.grpc.call(request) },
+                // Another node's request in a protocol this node cannot read
+                // (D1): refused before any handler decodes it.
+                Err(refused) => FrontFuture::Ready { response: Some(tonic::Status::from(refused).into_http()) },
+            },
             Kind::Web => FrontFuture::Web { future: self.web.call(request) },
             Kind::Console if self.console => FrontFuture::Ready { response: Some(console(&request)) },
             Kind::Console | Kind::NotFound => FrontFuture::Ready { response: Some(not_found()) },

@@ -260,6 +260,11 @@ async fn send_state(
     first.slots = set.iter().collect();
     first.slot_count = membership.slot_count();
     first.map_revision = map_revision;
+    // The next protocol minor's added field (D1's mixed-version roll).
+    #[cfg(feature = "next-cluster-protocol")]
+    {
+        first.sender_version = env!("CARGO_PKG_VERSION").to_owned();
+    }
     let request = with_credential(tokio_stream::iter(pieces), credential);
     let mut client = membership.cluster_client(address)?;
     call_peer(address, TAKE_TIMEOUT, client.take_slots(request)).await

@@ -151,9 +151,12 @@ pub(crate) async fn call_peer<T>(
     }
 }
 
-/// `message` as a request carrying `credential` (`authorization`), if any.
+/// `message` as a request to another node, carrying `credential`
+/// (`authorization`), if any, and this node's protocol version (every
+/// node-to-node request is made here).
 pub(crate) fn with_credential<T>(message: T, credential: Option<&MetadataValue<Ascii>>) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
+    crate::cluster::protocol::stamp(request.metadata_mut());
     if let Some(credential) = credential {
         request.metadata_mut().insert("authorization", credential.clone());
     }

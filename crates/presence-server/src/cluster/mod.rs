@@ -1,6 +1,6 @@
 //! Everything that runs only with `--etcd`: membership and slot ownership,
 //! forwarding to owners, the node-to-node `Cluster` service and its wire
-//! conversions, planned moves, followers' copies, etcd outages, rebalancing,
+//! conversions and protocol version, planned moves, followers' copies, etcd outages, rebalancing,
 //! rooms and groups across nodes, and the connections between nodes. It
 //! builds on `node/` and plugs into it through [`crate::node::placement`].
 
@@ -11,6 +11,7 @@ pub(crate) mod handover;
 pub(crate) mod membership;
 pub(crate) mod outage;
 pub(crate) mod peers;
+pub(crate) mod protocol;
 pub(crate) mod rebalance;
 pub(crate) mod replica;
 pub(crate) mod room_sync;

@@ -371,6 +371,9 @@ async fn send_update(
         slot_count: membership.slot_count(),
         fresh_slots: fresh.iter().collect(),
         taken_at_ms,
+        // The next protocol minor's added field (D1's mixed-version roll).
+        #[cfg(feature = "next-cluster-protocol")]
+        sender_version: env!("CARGO_PKG_VERSION").to_owned(),
         ..pb::FollowUpdate::default()
     };
     if !fresh.is_empty() {

@@ -1,0 +1,485 @@
+//! What runs against the nodes through the roll: gateways renewing every
+//! session on time through the Rust client's `ClusterLeases`, a churn of
+//! registers, joins and unregisters whose acknowledged outcomes are checked
+//! at the end, and viewers watching through whichever node answers,
+//! reopening with the versions they hold (E8).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use presence_client::{ClientTlsConfig, ClusterLeases, LeaseChannelConfig, ViewerStore};
+use presence_proto::v1 as pb;
+use presence_proto::v1::presence_client::PresenceClient;
+use tonic::transport::Channel;
+
+use crate::nodes::TOKEN;
+
+/// Items per `submit_batch` of a round: each is one batch per owner.
+const CHUNK: usize = 5_000;
+
+/// The code a renewal of a session the owner does not hold gets.
+const NOT_FOUND: u32 = tonic::Code::NotFound as u32;
+
+/// When each phase of the run began, to file each renewal's latency.
+#[derive(Debug, Default)]
+pub(crate) struct Phases {
+    pub(crate) roll_started: Option<Instant>,
+    pub(crate) roll_ended: Option<Instant>,
+}
+
+/// Renewal latencies (µs) by phase, and what the renewals met.
+#[derive(Debug)]
+pub(crate) struct Renewals {
+    pub(crate) before: hdrhistogram::Histogram<u64>,
+    pub(crate) during: hdrhistogram::Histogram<u64>,
+    pub(crate) after: hdrhistogram::Histogram<u64>,
+    /// Renewals answered OK.
+    pub(crate) renewed: u64,
+    /// Renewals refused for a reason a retry fixes (a slot moving, a node
+    /// restarting): the session is renewed again next round.
+    pub(crate) refused: u64,
+    /// Renewals answered `NOT_FOUND`: the session was lost.
+    pub(crate) lost: u64,
+    /// The first few lost sessions, with what they met before.
+    pub(crate) lost_examples: Vec<String>,
+    /// Per session: when its last renewal was answered OK, and its last
+    /// refusal with when it was sent, to say what a lost session met.
+    history: HashMap<String, (Option<Instant>, Option<(Instant, String)>)>,
+}
+
+impl Renewals {
+    fn new() -> Renewals {
+        let histogram = || hdrhistogram::Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds");
+        Renewals {
+            before: histogram(),
+            during: histogram(),
+            after: histogram(),
+            renewed: 0,
+            refused: 0,
+            lost: 0,
+            lost_examples: Vec::new(),
+            history: HashMap::new(),
+        }
+    }
+}
+
+/// How clients reach the nodes.
+#[derive(Clone)]
+pub(crate) struct Reach {
+    /// Every node's service URL.
+    pub(crate) urls: Vec<String>,
+    pub(crate) tls: Option<ClientTlsConfig>,
+    pub(crate) slots: u32,
+}
+
+impl Reach {
+    /// A gateway's routing client entering at `url`.
+    pub(crate) fn leases(&self, url: &str) -> ClusterLeases {
+        let config = LeaseChannelConfig {
+            bearer_token: Some(TOKEN.to_owned()),
+            tls: self.tls.clone(),
+            max_batch: 2_000,
+            ..LeaseChannelConfig::default()
+        };
+        ClusterLeases::new(url, self.slots, config).expect("a routing client")
+    }
+
+    /// A client of the node at `url`.
+    pub(crate) async fn client(&self, url: &str) -> Result<PresenceClient<Channel>, String> {
+        let channel = presence_client::connect(url, self.tls.as_ref()).await.map_err(|err| err.to_string())?;
+        Ok(PresenceClient::new(channel))
+    }
+}
+
+/// `message` with the service token.
+pub(crate) fn authorized<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", format!("Bearer {TOKEN}").parse().expect("an ASCII token"));
+    request
+}
+
+fn register(user: &str, session: &str, ttl_ms: u32) -> pb::LeaseItem {
+    pb::LeaseItem {
+        op: Some(pb::lease_item::Op::Register(pb::RegisterRequest {
+            user_id: user.into(),
+            session_id: session.into(),
+            gateway_id: "roll-gateway".into(),
+            ttl_ms,
+            ..Default::default()
+        })),
+    }
+}
+
+fn renew(user: &str, session: &str, generation: u64, ttl_ms: u32) -> pb::LeaseItem {
+    pb::LeaseItem {
+        op: Some(pb::lease_item::Op::Renew(pb::RenewRequest {
+            user_id: user.into(),
+            session_id: session.into(),
+            generation,
+            ttl_ms,
+        })),
+    }
+}
+
+/// The generation a register's result gives, if it was acknowledged.
+fn registered(result: &pb::LeaseResult) -> Option<u64> {
+    match &result.result {
+        Some(pb::lease_result::Result::Register(done)) if result.code == 0 => Some(done.generation),
+        _ => None,
+    }
+}
+
+/// Registers one session of each of `users`, `CHUNK` at a time, sending
+/// refused ones again; the generation of each.
+pub(crate) async fn register_all(leases: &ClusterLeases, users: &[String], ttl_ms: u32) -> Result<Vec<u64>, String> {
+    let mut generations = vec![0; users.len()];
+    let started = Instant::now();
+    for (chunk, part) in users.chunks(CHUNK).enumerate() {
+        let mut pending: Vec<usize> = (0..part.len()).collect();
+        for _attempt in 0..50 {
+            let items = pending.iter().map(|&i| register(&part[i], "s", ttl_ms)).collect();
+            let results = leases.submit_batch(items).await;
+            let mut again = Vec::new();
+            for (&i, result) in pending.iter().zip(&results) {
+                match registered(result) {
+                    Some(generation) => generations[chunk * CHUNK + i] = generation,
+                    None => again.push(i),
+                }
+            }
+            if again.is_empty() {
+                break;
+            }
+            pending = again;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if generations[chunk * CHUNK..chunk * CHUNK + part.len()].contains(&0) {
+            return Err(format!("sessions of chunk {chunk} could not be registered"));
+        }
+        if (chunk + 1) % 40 == 0 {
+            eprintln!(
+                "registered {} of {} sessions ({:.0}/s)",
+                (chunk + 1) * CHUNK,
+                users.len(),
+                ((chunk + 1) * CHUNK) as f64 / started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(generations)
+}
+
+/// A task running until told to stop, and what it comes to.
+pub(crate) type Running<T> = (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<T>);
+
+/// `at` on the wall clock, `HH:MM:SS.mmm` UTC, to find it in the nodes' logs.
+fn wall_clock(at: Instant) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let ms = now.saturating_sub(at.elapsed()).as_millis() % 86_400_000;
+    format!("{:02}:{:02}:{:02}.{:03}", ms / 3_600_000, ms / 60_000 % 60, ms / 1_000 % 60, ms % 1_000)
+}
+
+/// Renews every session every `heartbeat`, each round sent on time whether
+/// or not the one before was answered (as gateways do), in chunks; files
+/// each chunk's latency under the phase it was sent in: before the first
+/// SIGTERM, until a heartbeat after the last node is ready, after.
+pub(crate) fn keep_renewing(
+    leases: ClusterLeases,
+    sessions: Arc<Vec<(String, u64)>>,
+    ttl_ms: u32,
+    heartbeat: Duration,
+    phases: Arc<Mutex<Phases>>,
+) -> Running<Renewals> {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let renewals = Arc::new(Mutex::new(Renewals::new()));
+    let task = tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(heartbeat);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut rounds = Vec::new();
+        loop {
+            tokio::select! {
+                _ = &mut stopped => break,
+                _ = ticks.tick() => {}
+            }
+            for start in (0..sessions.len()).step_by(CHUNK) {
+                let (leases, sessions, renewals, phases) =
+                    (leases.clone(), Arc::clone(&sessions), Arc::clone(&renewals), Arc::clone(&phases));
+                rounds.push(tokio::spawn(async move {
+                    let part = &sessions[start..(start + CHUNK).min(sessions.len())];
+                    let items = part.iter().map(|(user, generation)| renew(user, "s", *generation, ttl_ms)).collect();
+                    let sent = Instant::now();
+                    let results = leases.submit_batch(items).await;
+                    let took = sent.elapsed().as_micros().max(1) as u64;
+                    let phases = phases.lock().expect("phases");
+                    let mut renewals = renewals.lock().expect("renewals");
+                    // A round sent within a heartbeat after the last node is
+                    // ready still meets what the roll left (reconnects).
+                    let histogram = match (phases.roll_started, phases.roll_ended) {
+                        (Some(_), Some(ended)) if sent >= ended + heartbeat => &mut renewals.after,
+                        (Some(started), _) if sent >= started => &mut renewals.during,
+                        _ => &mut renewals.before,
+                    };
+                    histogram.saturating_record(took);
+                    for ((user, _), result) in part.iter().zip(results) {
+                        match result.code {
+                            0 => {
+                                renewals.renewed += 1;
+                                renewals.history.entry(user.clone()).or_default().0 = Some(sent);
+                            }
+                            NOT_FOUND => {
+                                renewals.lost += 1;
+                                if renewals.lost_examples.len() < 5 {
+                                    let (ok, refused) = renewals.history.get(user).cloned().unwrap_or_default();
+                                    let since = |at: Instant| format!("{} UTC", wall_clock(at));
+                                    renewals.lost_examples.push(format!(
+                                        "{user} (sent {}, routed to {}): {}; last renewed {}; last refused {}",
+                                        since(sent),
+                                        leases.route_of(user),
+                                        result.message,
+                                        ok.map_or("never".to_owned(), since),
+                                        refused.map_or("never".to_owned(), |(at, why)| format!("{}: {why}", since(at))),
+                                    ));
+                                }
+                            }
+                            code => {
+                                renewals.refused += 1;
+                                let why = format!("code {code}: {}", result.message);
+                                renewals.history.entry(user.clone()).or_default().1 = Some((sent, why));
+                            }
+                        }
+                    }
+                }));
+            }
+            rounds.retain(|round| !round.is_finished());
+        }
+        for round in rounds {
+            let _ = round.await;
+        }
+        Arc::try_unwrap(renewals).expect("every round ended").into_inner().expect("renewals")
+    });
+    (stop, task)
+}
+
+/// The churn's acknowledged operations, to be found at the end.
+#[derive(Debug, Default)]
+pub(crate) struct Churn {
+    /// Sessions registered (acknowledged) and never unregistered: ONLINE at the end.
+    pub(crate) live: BTreeSet<String>,
+    /// Users whose one session was unregistered (acknowledged): OFFLINE at the end.
+    pub(crate) gone: BTreeSet<String>,
+    /// Room → users that joined it (acknowledged) and are still live.
+    pub(crate) rooms: BTreeMap<String, BTreeSet<String>>,
+    pub(crate) registers: u64,
+    pub(crate) joins: u64,
+    pub(crate) unregisters: u64,
+    /// Operations not acknowledged after every retry (not lost: never done).
+    pub(crate) not_acknowledged: u64,
+}
+
+/// Rooms the churn's users join.
+pub(crate) const ROOMS: usize = 8;
+
+/// Every `every`, registers `per_round` new users' sessions, joins each to
+/// a room, and unregisters the sessions registered `keep` rounds before;
+/// each operation retried (a refusal while a slot moves) until acknowledged.
+pub(crate) fn churn(leases: ClusterLeases, per_round: usize, every: Duration, keep: usize) -> Running<Churn> {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut churn = Churn::default();
+        let mut rounds: Vec<Vec<(String, u64)>> = Vec::new();
+        let mut ticks = tokio::time::interval(every);
+        for round in 0.. {
+            tokio::select! {
+                _ = &mut stopped => break,
+                _ = ticks.tick() => {}
+            }
+            let mut made = Vec::new();
+            for i in 0..per_round {
+                let user = format!("churn-{round}-{i}");
+                let Some(result) = until_acknowledged(&leases, register(&user, "s", 600_000)).await else {
+                    churn.not_acknowledged += 1;
+                    continue;
+                };
+                let Some(generation) = registered(&result) else { continue };
+                churn.registers += 1;
+                churn.live.insert(user.clone());
+                let room = format!("roll-room-{}", i % ROOMS);
+                let join = pb::LeaseItem {
+                    op: Some(pb::lease_item::Op::Join(pb::JoinRequest {
+                        user_id: user.clone(),
+                        session_id: "s".into(),
+                        generation,
+                        room_id: room.clone(),
+                        ..Default::default()
+                    })),
+                };
+                if until_acknowledged(&leases, join).await.is_some() {
+                    churn.joins += 1;
+                    churn.rooms.entry(room).or_default().insert(user.clone());
+                } else {
+                    churn.not_acknowledged += 1;
+                }
+                made.push((user, generation));
+            }
+            rounds.push(made);
+            if rounds.len() > keep {
+                let oldest = rounds.len() - keep - 1;
+                for (user, generation) in std::mem::take(&mut rounds[oldest]) {
+                    let unregister = pb::LeaseItem {
+                        op: Some(pb::lease_item::Op::Unregister(pb::UnregisterRequest {
+                            user_id: user.clone(),
+                            session_id: "s".into(),
+                            generation,
+                            linger_ms: 0,
+                        })),
+                    };
+                    if until_acknowledged(&leases, unregister).await.is_some() {
+                        churn.unregisters += 1;
+                        churn.live.remove(&user);
+                        churn.gone.insert(user.clone());
+                        churn.rooms.values_mut().for_each(|members| {
+                            members.remove(&user);
+                        });
+                    } else {
+                        churn.not_acknowledged += 1;
+                    }
+                }
+            }
+        }
+        churn
+    });
+    (stop, task)
+}
+
+/// `item`'s result once it is answered with anything but `UNAVAILABLE`
+/// (a slot moving, a node restarting), tried for up to a minute.
+async fn until_acknowledged(leases: &ClusterLeases, item: pb::LeaseItem) -> Option<pb::LeaseResult> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let result = leases.submit_batch(vec![item.clone()]).await.remove(0);
+        if result.code == 0 {
+            return Some(result);
+        }
+        if result.code != tonic::Code::Unavailable as u32 || Instant::now() > deadline {
+            eprintln!("not acknowledged: {item:?}: {result:?}");
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What one viewer saw.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    /// Streams opened, the first included.
+    pub(crate) opens: u64,
+    /// Reopens whose snapshot left out what the viewer held (E8).
+    pub(crate) resumed: u64,
+    /// Reopens that sent everything again.
+    pub(crate) reloaded: u64,
+    /// Users shown OFFLINE (all of them had gateways renewing): `user@version`.
+    pub(crate) offline: Vec<String>,
+    /// Updates older than what the viewer held (M4): `user: held → got`.
+    pub(crate) versions_back: Vec<String>,
+    /// The nodes the streams were opened at, in order.
+    pub(crate) opened_at: Vec<String>,
+}
+
+/// Watches `users` through the nodes, starting at `first`: when a stream
+/// ends (its node stopping, or a part of a merged stream ending), reopens
+/// at once at the same node or, if it does not answer, the next, sending
+/// the versions held.
+pub(crate) fn watch(reach: Reach, first: usize, users: Vec<String>) -> Running<Seen> {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut seen = Seen::default();
+        let mut store = ViewerStore::new();
+        let mut node = first;
+        loop {
+            let url = reach.urls[node % reach.urls.len()].clone();
+            let opened = async {
+                let mut client = reach.client(&url).await?;
+                let known_versions = if seen.opens == 0 { HashMap::new() } else { store.versions(&users) };
+                let request = pb::WatchRequest { user_ids: users.clone(), known_versions, ..Default::default() };
+                client.watch(authorized(request)).await.map(tonic::Response::into_inner).map_err(|err| err.to_string())
+            };
+            let stream = tokio::select! {
+                _ = &mut stopped => return seen,
+                opened = opened => opened,
+            };
+            let Ok(mut stream) = stream else {
+                node += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let mut first_message = true;
+            loop {
+                let message = tokio::select! {
+                    _ = &mut stopped => return seen,
+                    message = stream.message() => message,
+                };
+                let presences = match message {
+                    Ok(Some(pb::WatchEvent { event: Some(pb::watch_event::Event::Snapshot(snapshot)) })) => {
+                        if first_message {
+                            seen.opens += 1;
+                            seen.opened_at.push(url.clone());
+                            if seen.opens > 1 {
+                                if snapshot.partial { seen.resumed += 1 } else { seen.reloaded += 1 }
+                            }
+                        }
+                        snapshot.users
+                    }
+                    Ok(Some(pb::WatchEvent { event: Some(pb::watch_event::Event::Update(update)) })) => vec![update],
+                    Ok(Some(_)) => continue,
+                    Ok(None) | Err(_) => break,
+                };
+                first_message = false;
+                for presence in presences {
+                    let held = store.get(&presence.user_id).map_or(0, |held| held.version);
+                    if presence.version < held {
+                        seen.versions_back.push(format!("{}: {held} → {}", presence.user_id, presence.version));
+                    }
+                    if presence.state != pb::State::Online as i32 {
+                        seen.offline.push(format!("{}@{}", presence.user_id, presence.version));
+                    }
+                    store.apply_update(&presence);
+                }
+            }
+            // The stream ended: the same node first, then the next.
+        }
+    });
+    (stop, task)
+}
+
+/// What the end state shows of the churn's acknowledged operations.
+#[derive(Debug, Default, serde::Serialize)]
+pub(crate) struct Lost {
+    pub(crate) registers: Vec<String>,
+    pub(crate) unregisters: Vec<String>,
+    pub(crate) joins: Vec<String>,
+}
+
+/// Compares the end state, asked at `url`, with the churn's acknowledged operations.
+pub(crate) async fn lost_operations(reach: &Reach, url: &str, churn: &Churn) -> Result<Lost, String> {
+    let mut client = reach.client(url).await?;
+    let mut lost = Lost::default();
+    let users: Vec<String> = churn.live.iter().chain(&churn.gone).cloned().collect();
+    for part in users.chunks(1_000) {
+        let request = pb::SnapshotRequest { user_ids: part.to_vec(), ..Default::default() };
+        let answer = client.snapshot(authorized(request)).await.map_err(|err| format!("Snapshot: {err}"))?;
+        for presence in answer.into_inner().users {
+            let online = presence.state == pb::State::Online as i32;
+            if churn.live.contains(&presence.user_id) && !online {
+                lost.registers.push(presence.user_id);
+            } else if churn.gone.contains(&presence.user_id) && online {
+                lost.unregisters.push(presence.user_id);
+            }
+        }
+    }
+    for (room, members) in &churn.rooms {
+        let request = pb::RoomSnapshotRequest { room_id: room.clone(), ..Default::default() };
+        let answer = client.room_snapshot(authorized(request)).await.map_err(|err| format!("RoomSnapshot: {err}"))?;
+        let present: BTreeSet<String> = answer.into_inner().members.into_iter().map(|member| member.user_id).collect();
+        lost.joins.extend(members.difference(&present).map(|user| format!("{user} in {room}")));
+    }
+    Ok(lost)
+}
