@@ -71,9 +71,24 @@ const NO_OWNER_BACKOFF_MS = 50;
  * How long a node that could not be reached is not routed to, whatever
  * refusals name it: until etcd's lease of a dead node expires, the other
  * nodes still name it as its slots' owner, and every item sent there would
- * wait out a reconnect instead of being refused at once.
+ * wait out a reconnect instead of being refused at once. An ownership given
+ * to it after it was found unreachable (a higher epoch than any known then)
+ * ends this at once: etcd gives slots only to a live, registered node, so it
+ * is back (a node restarted in a rolling upgrade is given its share again
+ * within moments, D1).
  */
 const UNREACHABLE_FOR_MS = 1000;
+
+/** A node that could not be reached: until when, and the highest epoch known then. */
+interface Shunned {
+  until: number;
+  epoch: bigint;
+}
+
+/** Whether an ownership of `epoch` naming a node `shunned` still goes elsewhere. */
+function holdsAgainst(shunned: Shunned | undefined, epoch: bigint): boolean {
+  return shunned !== undefined && Date.now() < shunned.until && epoch <= shunned.epoch;
+}
 
 const utf8 = new TextEncoder();
 
@@ -110,7 +125,7 @@ export class ClusterLeases {
   private readonly routes: (Route | undefined)[];
   private readonly channels = new Map<string, LeaseChannel>();
   /** Nodes that could not be reached, and until when (ms) they are not routed to. */
-  private readonly unreachable = new Map<string, number>();
+  private readonly unreachable = new Map<string, Shunned>();
   /** `http://` or `https://`, as the seed was given: owners are advertised as host:port. */
   private readonly scheme: string;
   /** The slot map followed in etcd, once {@link followEtcd} was called. */
@@ -162,12 +177,11 @@ export class ClusterLeases {
    * name the new owner as soon as there is one.
    */
   private follow(view: ClusterView): void {
-    const now = Date.now();
     view.owners.forEach((owner, slot) => {
       const address = owner === undefined ? undefined : view.nodes.get(owner.node);
       if (owner === undefined || address === undefined || slot >= this.slots) return;
       const url = `${this.scheme}${address}`;
-      if (now < (this.unreachable.get(url) ?? 0)) return;
+      if (holdsAgainst(this.unreachable.get(url), owner.epoch)) return;
       const known = this.routes[slot];
       if (known === undefined || known.epoch <= owner.epoch) this.routes[slot] = { epoch: owner.epoch, url };
     });
@@ -287,7 +301,7 @@ export class ClusterLeases {
   private learn(notOwner: NotOwner): boolean {
     if (notOwner.ownerAddr === "" || notOwner.slot >= this.slots) return true;
     const url = `${this.scheme}${notOwner.ownerAddr}`;
-    if (Date.now() < (this.unreachable.get(url) ?? 0)) return true;
+    if (holdsAgainst(this.unreachable.get(url), notOwner.epoch)) return true;
     const known = this.routes[notOwner.slot];
     if (known === undefined || known.epoch <= notOwner.epoch) {
       this.routes[notOwner.slot] = { epoch: notOwner.epoch, url };
@@ -302,7 +316,8 @@ export class ClusterLeases {
    * Returns whether its items have somewhere else to go.
    */
   private forget(url: string): boolean {
-    this.unreachable.set(url, Date.now() + UNREACHABLE_FOR_MS);
+    const epoch = this.routes.reduce((max, route) => (route !== undefined && route.epoch > max ? route.epoch : max), 0n);
+    this.unreachable.set(url, { until: Date.now() + UNREACHABLE_FOR_MS, epoch });
     // A new channel, when the node is routed to again, starts afresh.
     this.channels.get(url)?.close();
     this.channels.delete(url);

@@ -237,3 +237,40 @@ test("ClusterLeases does not route to a node it could not reach for a second, wh
   await leases.submitBatch([renew]);
   assert.ok(sent.includes("http://a:1"), "after it, node-a is tried again");
 });
+
+test("ClusterLeases routes to a node it could not reach at once when it is given a slot after that (D1)", { timeout: TEST_TIMEOUT_MS }, async () => {
+  // node-a stopped (refused), started again, and etcd gave it the slot back at
+  // a later epoch (8) than any known when it was found unreachable (7).
+  const sent: string[] = [];
+  let aIsBack = false;
+  let epoch = 7n;
+  const open = (url: string) =>
+    ({
+      submitBatch: async (items: pb.LeaseItem[]) => {
+        sent.push(url);
+        if (url === "http://a:1" && !aIsBack) throw new ConnectError("connection refused", Code.Unavailable);
+        if (url === "http://a:1") return items.map(() => create(pb.LeaseResultSchema, { code: 0 }));
+        return items.map((item) =>
+          create(pb.LeaseResultSchema, {
+            code: Code.Unavailable,
+            message: "not mine",
+            notOwner: { slot: slotOf(item.op.value?.userId ?? "", 16), epoch, ownerId: "node-a", ownerAddr: "a:1" },
+          }),
+        );
+      },
+      close: () => {},
+    }) as unknown as LeaseChannel;
+  const leases = new ClusterLeases("http://b:1", 16, open);
+  const renew = { op: { case: "renew" as const, value: { userId: "u", sessionId: "s", generation: 1n } } };
+  await leases.submitBatch([renew]);
+  aIsBack = true;
+  sent.length = 0;
+  const [shunned] = await leases.submitBatch([renew]);
+  assert.equal(shunned!.code, Code.Unavailable, "an ownership known when node-a was unreachable still goes elsewhere");
+  assert.ok(!sent.includes("http://a:1"), `${sent}`);
+  epoch = 8n;
+  sent.length = 0;
+  const [renewed] = await leases.submitBatch([renew]);
+  assert.equal(renewed!.code, 0, "within the second, routed to node-a for its new ownership");
+  assert.ok(sent.includes("http://a:1"), `${sent}`);
+});

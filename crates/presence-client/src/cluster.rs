@@ -53,7 +53,26 @@ const NO_OWNER_BACKOFF: Duration = Duration::from_millis(50);
 /// refusals name it: until etcd's lease of a dead node expires, the other
 /// nodes still name it as its slots' owner, and every item sent there would
 /// wait out its stream's reconnect backoff instead of being refused at once.
+/// An ownership given to it after it was found unreachable (a higher epoch
+/// than any known then) ends this at once: etcd gives slots only to a live,
+/// registered node, so it is back (a node restarted in a rolling upgrade
+/// is given its share again within moments, D1).
 const UNREACHABLE_FOR: Duration = Duration::from_secs(1);
+
+/// A node that could not be reached: until when it is not routed to, and
+/// the highest epoch known when it was found so.
+#[derive(Debug, Clone, Copy)]
+struct Shunned {
+    until: std::time::Instant,
+    epoch: i64,
+}
+
+impl Shunned {
+    /// Whether an ownership of `epoch` naming the node still goes elsewhere at `now`.
+    fn holds_against(&self, epoch: i64, now: std::time::Instant) -> bool {
+        now < self.until && epoch <= self.epoch
+    }
+}
 
 /// A slot's owner, as the highest-epoch refusal about it named it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,7 +99,7 @@ struct Shared {
     routes: Mutex<Vec<Option<Route>>>,
     channels: Mutex<HashMap<String, LeaseChannel>>,
     /// Nodes that could not be reached, until when they are not routed to.
-    unreachable: Mutex<HashMap<String, std::time::Instant>>,
+    unreachable: Mutex<HashMap<String, Shunned>>,
 }
 
 impl ClusterLeases {
@@ -244,7 +263,7 @@ impl ClusterLeases {
         }
         let address = format!("{}{}", self.shared.scheme, not_owner.owner_addr);
         let shunned = self.shared.unreachable.lock().expect("unreachable lock").get(&address).copied();
-        if shunned.is_some_and(|until| std::time::Instant::now() < until) {
+        if shunned.is_some_and(|shunned| shunned.holds_against(not_owner.epoch, std::time::Instant::now())) {
             return true;
         }
         let mut routes = self.shared.routes.lock().expect("routes lock");
@@ -261,10 +280,11 @@ impl ClusterLeases {
     /// learned. Returns whether its items have somewhere else to go.
     fn forget(&self, node: &str) -> bool {
         let until = std::time::Instant::now() + UNREACHABLE_FOR;
-        self.shared.unreachable.lock().expect("unreachable lock").insert(node.to_owned(), until);
         // A new stream, when the node is routed to again, starts without the backoff this one ran up.
         self.shared.channels.lock().expect("channels lock").remove(node);
         let mut routes = self.shared.routes.lock().expect("routes lock");
+        let epoch = routes.iter().flatten().map(|route| route.epoch).max().unwrap_or(0);
+        self.shared.unreachable.lock().expect("unreachable lock").insert(node.to_owned(), Shunned { until, epoch });
         for route in routes.iter_mut() {
             if route.as_ref().is_some_and(|route| route.address == node) {
                 *route = None;
@@ -309,7 +329,7 @@ impl Shared {
             let Some(owner) = map.owner(slot as u32) else { continue };
             let Some(address) = nodes.address(&owner.node) else { continue };
             let address = format!("{}{address}", self.scheme);
-            if unreachable.get(&address).is_some_and(|until| now < *until) {
+            if unreachable.get(&address).is_some_and(|shunned| shunned.holds_against(owner.epoch, now)) {
                 continue;
             }
             if route.as_ref().is_none_or(|known| known.epoch <= owner.epoch) {
@@ -352,5 +372,39 @@ fn user_of(item: &pb::LeaseItem) -> &str {
         Some(lease_item::Op::Leave(request)) => &request.user_id,
         Some(lease_item::Op::Signal(request)) => &request.user_id,
         None => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A user of `slot` among `slots`.
+    fn user_in(slot: u32, slots: u32) -> String {
+        (0..).map(|i| format!("user-{i}")).find(|user| slot_of(user, slots) == slot).expect("some user")
+    }
+
+    fn not_owner(slot: u32, epoch: i64, owner_addr: &str) -> pb::NotOwner {
+        pb::NotOwner { slot, epoch, owner_id: String::new(), owner_addr: owner_addr.to_owned() }
+    }
+
+    #[tokio::test]
+    async fn d1_a_node_found_unreachable_is_routed_to_again_once_it_is_given_a_slot_after_that() {
+        let leases = ClusterLeases::new("http://127.0.0.1:1", 64, LeaseChannelConfig::default()).unwrap();
+        let (mine, other) = (user_in(3, 64), user_in(4, 64));
+        assert!(leases.learn(&not_owner(3, 10, "127.0.0.1:2")));
+        assert!(leases.learn(&not_owner(4, 12, "127.0.0.1:3")));
+        assert_eq!(leases.route_of(&mine), "http://127.0.0.1:2");
+        // The node stops (its stream broke): not routed to for a while,
+        // whatever refusals of the ownerships known then say.
+        assert!(leases.forget("http://127.0.0.1:2"));
+        leases.learn(&not_owner(3, 10, "127.0.0.1:2"));
+        leases.learn(&not_owner(3, 12, "127.0.0.1:2"));
+        assert_eq!(leases.route_of(&mine), "http://127.0.0.1:1", "still shunned for an ownership known before");
+        // It is back and etcd gave it a slot since (a higher epoch than any
+        // known when it was shunned): routed to at once.
+        assert!(leases.learn(&not_owner(3, 13, "127.0.0.1:2")));
+        assert_eq!(leases.route_of(&mine), "http://127.0.0.1:2");
+        assert_eq!(leases.route_of(&other), "http://127.0.0.1:3");
     }
 }
