@@ -45,7 +45,15 @@ pub(crate) struct Renewals {
     pub(crate) lost_examples: Vec<String>,
     /// Per session: when its last renewal was answered OK, and its last
     /// refusal with when it was sent, to say what a lost session met.
-    history: HashMap<String, (Option<Instant>, Option<(Instant, String)>)>,
+    history: HashMap<String, History>,
+}
+
+/// What one session's renewals last met: when one was last answered OK,
+/// and the last refusal with when it was sent.
+#[derive(Debug, Clone, Default)]
+struct History {
+    renewed: Option<Instant>,
+    refused: Option<(Instant, String)>,
 }
 
 impl Renewals {
@@ -223,12 +231,13 @@ pub(crate) fn keep_renewing(
                         match result.code {
                             0 => {
                                 renewals.renewed += 1;
-                                renewals.history.entry(user.clone()).or_default().0 = Some(sent);
+                                renewals.history.entry(user.clone()).or_default().renewed = Some(sent);
                             }
                             NOT_FOUND => {
                                 renewals.lost += 1;
                                 if renewals.lost_examples.len() < 5 {
-                                    let (ok, refused) = renewals.history.get(user).cloned().unwrap_or_default();
+                                    let History { renewed: ok, refused } =
+                                        renewals.history.get(user).cloned().unwrap_or_default();
                                     let since = |at: Instant| format!("{} UTC", wall_clock(at));
                                     renewals.lost_examples.push(format!(
                                         "{user} (sent {}, routed to {}): {}; last renewed {}; last refused {}",
@@ -243,7 +252,7 @@ pub(crate) fn keep_renewing(
                             code => {
                                 renewals.refused += 1;
                                 let why = format!("code {code}: {}", result.message);
-                                renewals.history.entry(user.clone()).or_default().1 = Some((sent, why));
+                                renewals.history.entry(user.clone()).or_default().refused = Some((sent, why));
                             }
                         }
                     }
