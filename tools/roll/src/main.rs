@@ -124,6 +124,10 @@ struct Report {
     viewer_opens: u64,
     viewer_resumed: u64,
     viewer_reloaded: u64,
+    /// CPU seconds this process (gateways, churn, viewers) used, and the
+    /// wall time of the run: its share of the machine beside the nodes.
+    generator_cpu_s: f64,
+    run_s: f64,
 }
 
 impl Report {
@@ -168,7 +172,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// CPU seconds (user and system) this process used so far, from `/proc/self/stat`.
+fn own_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |both| both.iter().filter_map(|f| f.parse::<f64>().ok()).sum());
+    // Linux counts them in USER_HZ, 100 a second.
+    ticks / 100.0
+}
+
 async fn run(args: Args) -> Result<Report, String> {
+    let began = Instant::now();
     let next_binary = args.next_binary.clone().unwrap_or_else(|| args.binary.clone());
     for binary in [&args.binary, &next_binary] {
         if !binary.is_file() {
@@ -280,6 +296,8 @@ async fn run(args: Args) -> Result<Report, String> {
         viewer_opens: seen.iter().map(|seen| seen.opens).sum(),
         viewer_resumed: seen.iter().map(|seen| seen.resumed).sum(),
         viewer_reloaded: seen.iter().map(|seen| seen.reloaded).sum(),
+        generator_cpu_s: own_cpu_seconds(),
+        run_s: began.elapsed().as_secs_f64(),
     };
     print_report(&report);
     if let Some(path) = &args.json {
@@ -330,5 +348,11 @@ fn print_report(report: &Report) {
     println!(
         "  viewer streams: {} opened, {} reopens resumed with known_versions, {} reloaded",
         report.viewer_opens, report.viewer_resumed, report.viewer_reloaded
+    );
+    println!(
+        "  this generator: {:.1} CPU s over {:.1} s of run ({:.0}% of one core)",
+        report.generator_cpu_s,
+        report.run_s,
+        100.0 * report.generator_cpu_s / report.run_s.max(0.001)
     );
 }

@@ -15,8 +15,13 @@ use tonic::transport::Channel;
 
 use crate::nodes::TOKEN;
 
-/// Items per `submit_batch` of a round: each is one batch per owner.
+/// Items per `submit_batch` when registering: each is one batch per owner.
 const CHUNK: usize = 5_000;
+
+/// Renewals per `submit_batch`: a gateway's batch, sent at its moment of
+/// the heartbeat (the sessions' heartbeats are spread over it, as a
+/// gateway's sockets' are), so that a batch's latency is a renewal's.
+const RENEWAL_CHUNK: usize = 1_000;
 
 /// The code a renewal of a session the owner does not hold gets.
 const NOT_FOUND: u32 = tonic::Code::NotFound as u32;
@@ -46,7 +51,13 @@ pub(crate) struct Renewals {
     /// Per session: when its last renewal was answered OK, and its last
     /// refusal with when it was sent, to say what a lost session met.
     history: HashMap<String, History>,
+    /// Whether `history` is kept: for runs of up to [`HISTORY_UP_TO`]
+    /// sessions, where it costs the generator little.
+    keep_history: bool,
 }
+
+/// The most sessions a run keeps each one's [`History`] for.
+const HISTORY_UP_TO: usize = 100_000;
 
 /// What one session's renewals last met: when one was last answered OK,
 /// and the last refusal with when it was sent.
@@ -57,7 +68,7 @@ struct History {
 }
 
 impl Renewals {
-    fn new() -> Renewals {
+    fn new(sessions: usize) -> Renewals {
         let histogram = || hdrhistogram::Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds");
         Renewals {
             before: histogram(),
@@ -68,6 +79,7 @@ impl Renewals {
             lost: 0,
             lost_examples: Vec::new(),
             history: HashMap::new(),
+            keep_history: sessions <= HISTORY_UP_TO,
         }
     }
 }
@@ -186,10 +198,11 @@ fn wall_clock(at: Instant) -> String {
     format!("{:02}:{:02}:{:02}.{:03}", ms / 3_600_000, ms / 60_000 % 60, ms / 1_000 % 60, ms % 1_000)
 }
 
-/// Renews every session every `heartbeat`, each round sent on time whether
-/// or not the one before was answered (as gateways do), in chunks; files
-/// each chunk's latency under the phase it was sent in: before the first
-/// SIGTERM, until a heartbeat after the last node is ready, after.
+/// Renews every session every `heartbeat`, in batches of
+/// [`RENEWAL_CHUNK`] spread evenly over it, each sent on time whether or not
+/// the ones before were answered (as gateways do); files each batch's
+/// latency under the phase it was sent in: before the first SIGTERM, until
+/// a heartbeat after the last node is ready, after.
 pub(crate) fn keep_renewing(
     leases: ClusterLeases,
     sessions: Arc<Vec<(String, u64)>>,
@@ -198,21 +211,23 @@ pub(crate) fn keep_renewing(
     phases: Arc<Mutex<Phases>>,
 ) -> Running<Renewals> {
     let (stop, mut stopped) = tokio::sync::oneshot::channel();
-    let renewals = Arc::new(Mutex::new(Renewals::new()));
+    let renewals = Arc::new(Mutex::new(Renewals::new(sessions.len())));
     let task = tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(heartbeat);
+        let chunks = sessions.len().div_ceil(RENEWAL_CHUNK).max(1);
+        let mut ticks = tokio::time::interval(heartbeat / chunks as u32);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut rounds = Vec::new();
-        loop {
+        for chunk in (0..chunks).cycle() {
             tokio::select! {
                 _ = &mut stopped => break,
                 _ = ticks.tick() => {}
             }
-            for start in (0..sessions.len()).step_by(CHUNK) {
+            let start = chunk * RENEWAL_CHUNK;
+            {
                 let (leases, sessions, renewals, phases) =
                     (leases.clone(), Arc::clone(&sessions), Arc::clone(&renewals), Arc::clone(&phases));
                 rounds.push(tokio::spawn(async move {
-                    let part = &sessions[start..(start + CHUNK).min(sessions.len())];
+                    let part = &sessions[start..(start + RENEWAL_CHUNK).min(sessions.len())];
                     let items = part.iter().map(|(user, generation)| renew(user, "s", *generation, ttl_ms)).collect();
                     let sent = Instant::now();
                     let results = leases.submit_batch(items).await;
@@ -231,7 +246,9 @@ pub(crate) fn keep_renewing(
                         match result.code {
                             0 => {
                                 renewals.renewed += 1;
-                                renewals.history.entry(user.clone()).or_default().renewed = Some(sent);
+                                if renewals.keep_history {
+                                    renewals.history.entry(user.clone()).or_default().renewed = Some(sent);
+                                }
                             }
                             NOT_FOUND => {
                                 renewals.lost += 1;
@@ -251,8 +268,10 @@ pub(crate) fn keep_renewing(
                             }
                             code => {
                                 renewals.refused += 1;
-                                let why = format!("code {code}: {}", result.message);
-                                renewals.history.entry(user.clone()).or_default().refused = Some((sent, why));
+                                if renewals.keep_history {
+                                    let why = format!("code {code}: {}", result.message);
+                                    renewals.history.entry(user.clone()).or_default().refused = Some((sent, why));
+                                }
                             }
                         }
                     }
