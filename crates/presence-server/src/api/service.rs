@@ -294,7 +294,11 @@ impl PresenceApi for PresenceService {
         let Some((cluster, routes)) = self.routes(&user_ids, forwarded)? else {
             let shown = context.privacy.shown(viewer.as_deref(), &user_ids)?;
             let users = context.released(&user_ids, &shown, viewer.is_none()).await?;
-            return Ok(Response::new(pb::SnapshotResponse { users }));
+            let mut response = Response::new(pb::SnapshotResponse { users });
+            if let Some(cluster) = self.cluster.as_ref().filter(|_| forwarded) {
+                cluster.membership.stamp_owner(&user_ids, response.metadata_mut());
+            }
+            return Ok(response);
         };
         let local: Vec<&CompactString> = routes.local.iter().map(|&index| &user_ids[index]).collect();
         let shown = context.privacy.shown(viewer.as_deref(), &local)?;

@@ -171,6 +171,9 @@ pub(crate) fn with_credential<T>(message: T, credential: Option<&MetadataValue<A
 /// connections) is taken over this long after its lease expires.
 pub(crate) const DEFAULT_RIDE_OUT: Duration = Duration::from_secs(10);
 
+/// The most users of a forwarded Snapshot whose epochs its answer names.
+const MAX_STAMPED_USERS: usize = 64;
+
 /// `--slots`' default.
 pub const DEFAULT_SLOTS: u32 = 1024;
 
@@ -595,6 +598,31 @@ impl Membership {
         }
         self.relay(lease);
         Ok(revision)
+    }
+
+    /// Marks a forwarded request's answer as this node's, as owner of its
+    /// users' slots: `presenced-node` (this node's id) and `presenced-epochs`
+    /// (each user's slot epoch in the map this node acts on, in request
+    /// order), so that whoever asked can tell which node answered for which
+    /// ownership (C6's test reads them).
+    pub(crate) fn stamp_owner<S: AsRef<[u8]>>(&self, user_ids: &[S], metadata: &mut tonic::metadata::MetadataMap) {
+        // A header of many thousand epochs would pass HTTP/2's header list
+        // limit and fail the whole answer: only small requests are stamped.
+        if user_ids.len() > MAX_STAMPED_USERS {
+            return;
+        }
+        let map = self.acted_map();
+        let epochs: Vec<String> = user_ids
+            .iter()
+            .map(|user| map.owner(slot_of(user, self.slots)).map_or(0, |owner| owner.epoch).to_string())
+            .collect();
+        // Node ids and numbers are printable ASCII; a value that is not is left out.
+        if let Ok(node) = MetadataValue::try_from(self.node.as_str()) {
+            metadata.insert("presenced-node", node);
+        }
+        if let Ok(epochs) = MetadataValue::try_from(epochs.join(",")) {
+            metadata.insert("presenced-epochs", epochs);
+        }
     }
 
     /// Stops acting past the lease at the coordinator's word (C6), and
