@@ -291,12 +291,14 @@ impl PresenceApi for PresenceService {
         let user_ids = wire::user_ids("user_ids", &request.get_ref().user_ids)?;
         let forwarded = request.metadata().contains_key(FORWARDED);
         let context = &self.context;
+        let stamp =
+            self.cluster.as_ref().filter(|_| forwarded).and_then(|cluster| cluster.membership.owner_stamp(&user_ids));
         let Some((cluster, routes)) = self.routes(&user_ids, forwarded)? else {
             let shown = context.privacy.shown(viewer.as_deref(), &user_ids)?;
             let users = context.released(&user_ids, &shown, viewer.is_none()).await?;
             let mut response = Response::new(pb::SnapshotResponse { users });
-            if let Some(cluster) = self.cluster.as_ref().filter(|_| forwarded) {
-                cluster.membership.stamp_owner(&user_ids, response.metadata_mut());
+            if let Some(stamp) = stamp {
+                stamp.apply(response.metadata_mut());
             }
             return Ok(response);
         };

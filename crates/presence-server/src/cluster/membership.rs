@@ -174,6 +174,21 @@ pub(crate) const DEFAULT_RIDE_OUT: Duration = Duration::from_secs(10);
 /// The most users of a forwarded Snapshot whose epochs its answer names.
 const MAX_STAMPED_USERS: usize = 64;
 
+/// An answer's mark as its owner's (see [`Membership::owner_stamp`]).
+#[derive(Debug)]
+pub(crate) struct OwnerStamp {
+    node: MetadataValue<Ascii>,
+    epochs: MetadataValue<Ascii>,
+}
+
+impl OwnerStamp {
+    /// Marks the answer whose metadata is `metadata`.
+    pub(crate) fn apply(self, metadata: &mut tonic::metadata::MetadataMap) {
+        metadata.insert("presenced-node", self.node);
+        metadata.insert("presenced-epochs", self.epochs);
+    }
+}
+
 /// `--slots`' default.
 pub const DEFAULT_SLOTS: u32 = 1024;
 
@@ -600,29 +615,30 @@ impl Membership {
         Ok(revision)
     }
 
-    /// Marks a forwarded request's answer as this node's, as owner of its
-    /// users' slots: `presenced-node` (this node's id) and `presenced-epochs`
-    /// (each user's slot epoch in the map this node acts on, in request
-    /// order), so that whoever asked can tell which node answered for which
-    /// ownership (C6's test reads them).
-    pub(crate) fn stamp_owner<S: AsRef<[u8]>>(&self, user_ids: &[S], metadata: &mut tonic::metadata::MetadataMap) {
-        // A header of many thousand epochs would pass HTTP/2's header list
-        // limit and fail the whole answer: only small requests are stamped.
+    /// What marks a forwarded request's answer as this node's, as owner of
+    /// its users' slots: `presenced-node` (this node's id) and
+    /// `presenced-epochs` (each user's slot epoch, in request order), so that
+    /// whoever asked can tell which node answered for which ownership (C6's
+    /// test reads them). Taken before the request's ownership check, from the
+    /// map this node acts on, and only when that map gives this node every
+    /// user: the check that follows then finds the same ownership. `None`
+    /// for more than [`MAX_STAMPED_USERS`] users (a header of thousands of
+    /// epochs would pass HTTP/2's header list limit and fail the answer).
+    pub(crate) fn owner_stamp<S: AsRef<[u8]>>(&self, user_ids: &[S]) -> Option<OwnerStamp> {
         if user_ids.len() > MAX_STAMPED_USERS {
-            return;
+            return None;
         }
         let map = self.acted_map();
-        let epochs: Vec<String> = user_ids
+        let epochs: Option<Vec<String>> = user_ids
             .iter()
-            .map(|user| map.owner(slot_of(user, self.slots)).map_or(0, |owner| owner.epoch).to_string())
+            .map(|user| map.owner(slot_of(user, self.slots)).filter(|owner| owner.node == self.node))
+            .map(|owner| owner.map(|owner| owner.epoch.to_string()))
             .collect();
-        // Node ids and numbers are printable ASCII; a value that is not is left out.
-        if let Ok(node) = MetadataValue::try_from(self.node.as_str()) {
-            metadata.insert("presenced-node", node);
-        }
-        if let Ok(epochs) = MetadataValue::try_from(epochs.join(",")) {
-            metadata.insert("presenced-epochs", epochs);
-        }
+        // Node ids and numbers are printable ASCII; a node id that is not goes unstamped.
+        Some(OwnerStamp {
+            node: MetadataValue::try_from(self.node.as_str()).ok()?,
+            epochs: MetadataValue::try_from(epochs?.join(",")).ok()?,
+        })
     }
 
     /// Stops acting past the lease at the coordinator's word (C6), and
