@@ -224,6 +224,13 @@ pub(crate) struct ServeArgs {
     /// answered [default: 5000] (needs --etcd).
     #[arg(long, env = "PRESENCED_ETCD_LEASE_TTL_MS", value_name = "MS")]
     etcd_lease_ttl_ms: Option<u64>,
+    /// How long past its lease a node may keep serving through an etcd
+    /// outage that every node it knows is in too; also how long after a
+    /// node's registration is gone the coordinator waits before giving away
+    /// the slots of a node it cannot reach. The same on every node
+    /// [default: 10000] (needs --etcd).
+    #[arg(long, env = "PRESENCED_ETCD_RIDE_OUT_MS", value_name = "MS")]
+    etcd_ride_out_ms: Option<u64>,
     /// How long a new cluster waits with no node joining before it gives out
     /// its slots, so that nodes started together share them [default: 2000]
     /// (needs --etcd).
@@ -415,6 +422,7 @@ struct ClusterArgs {
     slots: Option<u32>,
     prefix: Option<String>,
     lease_ttl_ms: Option<u64>,
+    ride_out_ms: Option<u64>,
     settle_ms: Option<u64>,
     rebalance: Option<bool>,
 }
@@ -430,6 +438,7 @@ fn cluster_config(args: ClusterArgs) -> Result<Option<ClusterConfig>, SettingsEr
             ("--slots", args.slots.is_some()),
             ("--etcd-prefix", args.prefix.is_some()),
             ("--etcd-lease-ttl-ms", args.lease_ttl_ms.is_some()),
+            ("--etcd-ride-out-ms", args.ride_out_ms.is_some()),
             ("--cluster-settle-ms", args.settle_ms.is_some()),
             ("--cluster-rebalance", args.rebalance.is_some()),
         ];
@@ -449,6 +458,7 @@ fn cluster_config(args: ClusterArgs) -> Result<Option<ClusterConfig>, SettingsEr
     }
     config.lease_ttl = args.lease_ttl_ms.map_or(config.lease_ttl, Duration::from_millis);
     config.settle = args.settle_ms.map_or(config.settle, Duration::from_millis);
+    config.ride_out = args.ride_out_ms.map_or(config.ride_out, Duration::from_millis);
     config.rebalance = args.rebalance.unwrap_or(config.rebalance);
     if !(1..=MAX_SLOTS).contains(&config.slots) {
         return Err(SettingsError::Invalid(format!("--slots must be between 1 and {MAX_SLOTS}")));
@@ -629,6 +639,7 @@ impl ServeArgs {
             slots: args.slots,
             prefix: args.etcd_prefix.clone(),
             lease_ttl_ms: args.etcd_lease_ttl_ms,
+            ride_out_ms: args.etcd_ride_out_ms,
             settle_ms: args.cluster_settle_ms,
             rebalance: args.cluster_rebalance,
         })?;

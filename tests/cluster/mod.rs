@@ -10,6 +10,7 @@
 #![allow(clippy::needless_update)]
 
 mod erase;
+mod fencing;
 mod groups;
 mod handover;
 mod outage;

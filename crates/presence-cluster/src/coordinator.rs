@@ -20,6 +20,20 @@
 //! a gone owner looks the same as one still serving that has not joined
 //! again yet; so for [`Coordinator::start`]'s `rejoin_grace` after this node
 //! saw etcd come back, the coordinator gives no gone owner's slot away.
+//!
+//! A gone owner may still act: cut off from etcd together with every node
+//! it knows, it rides the outage out on their word (the server's
+//! `cluster::outage`), while etcd, answering nodes that joined since, let
+//! its lease go. So before claiming a gone owner's slot the coordinator
+//! makes sure the owner no longer acts (C6): the owner said so when asked
+//! ([`Fencing::stand_down`]), or nothing listens at its address any more,
+//! or its registration has been gone for longer than any node rides an
+//! outage out ([`Campaigner::ride_out`]).
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use std::time::Duration;
 
@@ -32,6 +46,26 @@ use crate::slots::{
     CLAIMS_PER_TXN, Fence, FencedClaim, NodeSetWatch, SlotMapWatch, claim_all_fenced, claim_fenced, repairs,
 };
 use crate::{Claim, Error, Etcd, LeaseState, NodeLease};
+
+/// What a gone owner said when asked to stop acting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoodDown {
+    /// It stopped acting past its lease, and said so once every request it
+    /// was serving had answered.
+    Confirmed,
+    /// Its address refuses connections: nothing runs there, nothing acts.
+    NotRunning,
+    /// No answer (a host down, a network cut): no telling.
+    NoAnswer,
+}
+
+/// How the coordinator asks a node whose registration is gone to stop
+/// acting: the node-to-node call is the server's.
+pub trait Fencing: Send + Sync + std::fmt::Debug {
+    /// Asks `node`, last registered at `address`, to stop riding out an etcd
+    /// outage, and waits a bounded time for its answer.
+    fn stand_down(&self, node: String, address: String) -> Pin<Box<dyn Future<Output = StoodDown> + Send>>;
+}
 
 /// A node's part in the election, and while elected, the coordinator's work.
 #[derive(Debug)]
@@ -63,6 +97,13 @@ pub struct Campaigner {
     /// again (at most a keep-alive beat, a third of the TTL; the lease's
     /// TTL leaves room for a node held up a while).
     pub rejoin_grace: Duration,
+    /// How long past its lease any node may act riding out an etcd outage:
+    /// a gone owner that does not answer is taken for one that no longer
+    /// acts only once its registration has been gone this long.
+    pub ride_out: Duration,
+    /// How to ask a gone owner to stop acting; `None`: nobody rides an
+    /// outage out beyond `ride_out`, so only that wait applies.
+    pub fencing: Option<Arc<dyn Fencing>>,
 }
 
 impl Coordinator {
@@ -182,6 +223,7 @@ async fn coordinate(
         tracing::info!(nodes = nodes.current().ids().len(), "a new cluster: giving out its slots");
     }
     let mut said_held: Option<Instant> = None;
+    let mut fenced = Fenced::default();
     loop {
         let live = nodes.current().ids();
         let current = map.current();
@@ -192,6 +234,13 @@ async fn coordinate(
         // While held, only slots that never had an owner are given out.
         let claims: Vec<_> =
             all.into_iter().filter(|&(slot, _, _)| held_until.is_none() || current.owner(slot).is_none()).collect();
+        // A gone owner's slots only once it no longer acts (C6).
+        let owners = claims.iter().filter_map(|&(slot, _, _)| current.owner(slot).map(|owner| owner.node.clone()));
+        fenced.ask(etcd, prefix, campaigner, &live, owners.collect()).await;
+        let claims: Vec<_> = claims
+            .into_iter()
+            .filter(|&(slot, _, _)| current.owner(slot).is_none_or(|owner| fenced.done.contains(&owner.node)))
+            .collect();
         if let Some(until) = held_until
             && claims.len() < wanted
             && said_held != Some(until)
@@ -246,8 +295,15 @@ async fn coordinate(
                 None => std::future::pending().await,
             }
         };
+        let waited_out = async {
+            match fenced.next_deadline(campaigner.ride_out) {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = nodes_changed.changed() => {}
+            () = waited_out => {}
             _ = map_changed.changed() => {}
             _ = etcd_back.changed() => {}
             () = hold_ends => {}
@@ -258,5 +314,87 @@ async fn coordinate(
                 }
             }
         }
+    }
+}
+
+/// The coordinator's record of gone owners: since when each has been seen
+/// gone, and which are known to act no more.
+#[derive(Debug, Default)]
+struct Fenced {
+    gone_since: HashMap<String, Instant>,
+    done: HashSet<String>,
+}
+
+/// How long the coordinator gives a gone owner to answer.
+const ASK_WAIT: Duration = Duration::from_millis(500);
+
+impl Fenced {
+    /// Asks every gone owner in `owners` not known to act no more, at once,
+    /// and notes those that no longer act. A node seen registered again is
+    /// forgotten: should it go again, it is asked again.
+    async fn ask(&mut self, etcd: &Etcd, prefix: &str, campaigner: &Campaigner, live: &[String], owners: Vec<String>) {
+        let mut owners = owners;
+        owners.sort_unstable();
+        owners.dedup();
+        // Kept only while its slots wait to be claimed: a wait that starts
+        // over is only ever longer.
+        self.gone_since.retain(|node, _| owners.binary_search(node).is_ok());
+        self.done.retain(|node| !live.contains(node));
+        let now = Instant::now();
+        let mut asked = tokio::task::JoinSet::new();
+        for owner in owners {
+            if self.done.contains(&owner) {
+                continue;
+            }
+            // The registration has been gone at least since this coordinator
+            // first saw it gone (it looks at least every `RECHECK`, far
+            // within a lease TTL, so it sees a node that registers again).
+            let since = *self.gone_since.entry(owner.clone()).or_insert(now);
+            if now >= since + campaigner.ride_out {
+                tracing::info!(node = owner, "a gone node's registration is older than any ride-out: it acts no more");
+                self.done.insert(owner);
+                continue;
+            }
+            let Some(fencing) = campaigner.fencing.clone() else { continue };
+            let address = match crate::slots::last_address(etcd, prefix, &owner).await {
+                Ok(Some(address)) => address,
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::warn!(node = owner, %error, "could not read a gone node's address; asked again");
+                    continue;
+                }
+            };
+            asked.spawn(async move {
+                let said = tokio::time::timeout(ASK_WAIT * 2, fencing.stand_down(owner.clone(), address)).await;
+                (owner, said.unwrap_or(StoodDown::NoAnswer))
+            });
+            if asked.len() >= 64 {
+                self.take_answers(&mut asked).await;
+            }
+        }
+        self.take_answers(&mut asked).await;
+    }
+
+    async fn take_answers(&mut self, asked: &mut tokio::task::JoinSet<(String, StoodDown)>) {
+        while let Some(answered) = asked.join_next().await {
+            let Ok((owner, said)) = answered else { continue };
+            match said {
+                StoodDown::Confirmed | StoodDown::NotRunning => {
+                    tracing::info!(node = owner, ?said, "a gone node acts no more: its slots may be given away");
+                    self.done.insert(owner);
+                }
+                StoodDown::NoAnswer => tracing::debug!(
+                    node = owner,
+                    "a gone node did not say it acts no more: its slots wait until its registration is older \
+                     than any ride-out"
+                ),
+            }
+        }
+    }
+
+    /// When the next gone owner not known to act no more will have been gone for `ride_out`.
+    fn next_deadline(&self, ride_out: Duration) -> Option<Instant> {
+        let waiting = self.gone_since.iter().filter(|(node, _)| !self.done.contains(*node));
+        waiting.map(|(_, since)| *since + ride_out).min()
     }
 }

@@ -32,11 +32,11 @@ mod slots;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use coordinator::{Campaigner, Coordinator, election_name};
+pub use coordinator::{Campaigner, Coordinator, Fencing, StoodDown, election_name};
 pub use etcd::{Error, Etcd, api};
 pub use lease::{ANSWER_WAIT, LeaseState, NodeLease};
 pub use presence_core::slot_of;
 pub use slots::{
     Claim, MOVES_PER_TXN, NodeSet, NodeSetWatch, REBALANCE_SLOTS_PER_MOVE, SlotMap, SlotMapWatch, SlotOwner,
-    claim_slot, follower_of, move_slots, rebalancing_move, register_node, repairs,
+    claim_slot, follower_of, last_address, move_slots, rebalancing_move, register_node, repairs,
 };

@@ -4,6 +4,8 @@
 //! Keys, under the cluster's prefix (for instance `/presenced/prod/`):
 //! - `nodes/<node id>`: the node's advertised address, bound to its
 //!   [`NodeLease`](crate::NodeLease), so it goes when the node does;
+//! - `addresses/<node id>`: the same address, bound to no lease, so that a
+//!   coordinator can reach a node whose registration is gone (C6);
 //! - `slots/<slot>`: the owner's node id. The key's `mod_revision` is the
 //!   ownership's **epoch**: etcd's revisions only grow, so every change of
 //!   owner has a larger epoch than the one before, whoever makes it, and a
@@ -95,6 +97,12 @@ fn owner_of(kv: &KeyValue) -> Option<SlotOwner> {
 /// Advertises `node` at `address` under `prefix`, for as long as `lease`
 /// lives; returns the etcd revision of the registration.
 pub async fn register_node(etcd: &Etcd, prefix: &str, node: &str, address: &str, lease: i64) -> Result<i64, Error> {
+    // The address again, bound to no lease: a coordinator that never saw
+    // this node registered finds it there when it must ask the node to stop
+    // acting before giving its slots away (C6).
+    let lasting =
+        PutRequest { key: address_key(prefix, node), value: address.as_bytes().to_vec(), ..Default::default() };
+    etcd.kv.clone().put(lasting).await.map_err(Error::refused("Put"))?;
     let put = PutRequest {
         key: node_key(prefix, node),
         value: address.as_bytes().to_vec(),
@@ -109,6 +117,17 @@ pub async fn register_node(etcd: &Etcd, prefix: &str, node: &str, address: &str,
 
 fn node_key(prefix: &str, node: &str) -> Vec<u8> {
     format!("{prefix}nodes/{node}").into_bytes()
+}
+
+fn address_key(prefix: &str, node: &str) -> Vec<u8> {
+    format!("{prefix}addresses/{node}").into_bytes()
+}
+
+/// The address `node` last registered with, kept after its registration is
+/// gone; `None` for a node that never registered.
+pub async fn last_address(etcd: &Etcd, prefix: &str, node: &str) -> Result<Option<String>, Error> {
+    let kept = etcd.get(&address_key(prefix, node)).await?;
+    Ok(kept.map(|kv| String::from_utf8_lossy(&kv.value).into_owned()))
 }
 
 /// The compare that holds while `node` has no registration: a claim of a

@@ -37,7 +37,14 @@ fn campaigner_seeing(
     etcd_back: tokio::sync::watch::Receiver<Option<Instant>>,
     rejoin_grace: Duration,
 ) -> Campaigner {
-    Campaigner { node: node.to_owned(), settle: Duration::ZERO, etcd_back, rejoin_grace }
+    Campaigner {
+        node: node.to_owned(),
+        settle: Duration::ZERO,
+        etcd_back,
+        rejoin_grace,
+        ride_out: Duration::ZERO,
+        fencing: None,
+    }
 }
 
 /// Every slot's owner, in slot order.

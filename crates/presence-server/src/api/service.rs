@@ -291,10 +291,16 @@ impl PresenceApi for PresenceService {
         let user_ids = wire::user_ids("user_ids", &request.get_ref().user_ids)?;
         let forwarded = request.metadata().contains_key(FORWARDED);
         let context = &self.context;
+        let stamp =
+            self.cluster.as_ref().filter(|_| forwarded).and_then(|cluster| cluster.membership.owner_stamp(&user_ids));
         let Some((cluster, routes)) = self.routes(&user_ids, forwarded)? else {
             let shown = context.privacy.shown(viewer.as_deref(), &user_ids)?;
             let users = context.released(&user_ids, &shown, viewer.is_none()).await?;
-            return Ok(Response::new(pb::SnapshotResponse { users }));
+            let mut response = Response::new(pb::SnapshotResponse { users });
+            if let Some(stamp) = stamp {
+                stamp.apply(response.metadata_mut());
+            }
+            return Ok(response);
         };
         let local: Vec<&CompactString> = routes.local.iter().map(|&index| &user_ids[index]).collect();
         let shown = context.privacy.shown(viewer.as_deref(), &local)?;

@@ -53,6 +53,11 @@ pub struct ClusterConfig {
     /// How long a new cluster waits for no more nodes to join before giving
     /// out its slots.
     pub settle: Duration,
+    /// How long past its lease this node may act riding out an etcd outage
+    /// that every node it knows is in too; and how long the coordinator
+    /// waits, after a node's registration is gone, before it gives away the
+    /// slots of a node it cannot reach (C6). The same on every node.
+    pub ride_out: Duration,
     /// Whether this node, while it coordinates, evens the slots out between
     /// the live nodes by planned moves (`rebalance`).
     pub rebalance: bool,
@@ -82,6 +87,7 @@ impl ClusterConfig {
             prefix: "/presenced/".to_owned(),
             lease_ttl: Duration::from_secs(5),
             settle: Duration::from_secs(2),
+            ride_out: DEFAULT_RIDE_OUT,
             rebalance: true,
             peer_token: None,
             peer_tls: None,
@@ -163,6 +169,29 @@ pub(crate) fn with_credential<T>(message: T, credential: Option<&MetadataValue<A
     request
 }
 
+/// `--etcd-ride-out-ms`' default: an etcd outage of up to this long past
+/// the lease is ridden out; a node that dies unreachable (not refusing
+/// connections) is taken over this long after its lease expires.
+pub(crate) const DEFAULT_RIDE_OUT: Duration = Duration::from_secs(10);
+
+/// The most users of a forwarded Snapshot whose epochs its answer names.
+const MAX_STAMPED_USERS: usize = 64;
+
+/// An answer's mark as its owner's (see [`Membership::owner_stamp`]).
+#[derive(Debug)]
+pub(crate) struct OwnerStamp {
+    node: MetadataValue<Ascii>,
+    epochs: MetadataValue<Ascii>,
+}
+
+impl OwnerStamp {
+    /// Marks the answer whose metadata is `metadata`.
+    pub(crate) fn apply(self, metadata: &mut tonic::metadata::MetadataMap) {
+        metadata.insert("presenced-node", self.node);
+        metadata.insert("presenced-epochs", self.epochs);
+    }
+}
+
 /// `--slots`' default.
 pub const DEFAULT_SLOTS: u32 = 1024;
 
@@ -227,7 +256,11 @@ pub(crate) struct Membership {
     /// given this node yet: taken in already, so not taken over from a copy.
     taken_in: Mutex<SlotSet>,
     nodes: NodeSetWatch,
-    peers: Peers,
+    peers: Arc<Peers>,
+    /// How the coordinator asks a gone node to stand down (C6).
+    fencer: Arc<crate::cluster::outage::Fencer>,
+    /// How long past its lease this node may act riding out an outage.
+    pub(crate) ride_out: Duration,
     /// This node's part in the coordinator's election, on the lease in force.
     coordinator: Mutex<Coordinator>,
     /// Where clients reach this node, as registered in etcd.
@@ -289,8 +322,22 @@ impl Membership {
         register_node(&etcd, &config.prefix, &config.node_id, &config.advertise, lease.id()).await?;
         let map = SlotMapWatch::start(&etcd, &config.prefix, config.slots).await?;
         let nodes = NodeSetWatch::start(&etcd, &config.prefix).await?;
+        let peer_token = match &config.peer_token {
+            Some(token) => Some(
+                MetadataValue::try_from(format!("Bearer {token}"))
+                    .map_err(|_| JoinError::Token("a service token must be printable ASCII"))?,
+            ),
+            None => None,
+        };
+        let peers = Arc::new(Peers::new(max_streams_per_connection, peer_tls.clone()));
+        let fencer = Arc::new(crate::cluster::outage::Fencer {
+            node: config.node_id.clone(),
+            peers: Arc::clone(&peers),
+            peer_token: peer_token.clone(),
+        });
         let etcd_back = Arc::new(tokio::sync::watch::Sender::new(None));
-        let campaigner = campaigner(&config.node_id, config.settle, &etcd_back, config.lease_ttl);
+        let campaigner =
+            campaigner(&config.node_id, config.settle, &etcd_back, config.lease_ttl, config.ride_out, &fencer);
         let coordinator = Coordinator::start(&etcd, &config.prefix, config.slots, &lease, campaigner);
         tracing::info!(
             node = config.node_id,
@@ -299,13 +346,6 @@ impl Membership {
             lease = lease.id(),
             "joined the cluster"
         );
-        let peer_token = match &config.peer_token {
-            Some(token) => Some(
-                MetadataValue::try_from(format!("Bearer {token}"))
-                    .map_err(|_| JoinError::Token("a service token must be printable ASCII"))?,
-            ),
-            None => None,
-        };
         let membership = Membership {
             node: config.node_id.clone(),
             slots: config.slots,
@@ -320,7 +360,9 @@ impl Membership {
             taken_in: Mutex::new(SlotSet::new(config.slots)),
             map,
             nodes,
-            peers: Peers::new(max_streams_per_connection, peer_tls.clone()),
+            peers,
+            fencer,
+            ride_out: config.ride_out,
             peer_tls,
             etcd_tls,
             coordinator: Mutex::new(coordinator),
@@ -531,6 +573,9 @@ impl Membership {
             silent_since: None,
         };
         relayed.publish(*state.borrow_and_update(), *answering.borrow_and_update());
+        // A new lease, its registration made: a coordinator that finds it
+        // gone later asks this node again.
+        self.outage.resume();
         tokio::spawn(async move {
             loop {
                 relayed.publish(*state.borrow_and_update(), *answering.borrow_and_update());
@@ -557,7 +602,8 @@ impl Membership {
         // etcd let this node's lease go: it may have let the others' go too
         // (it was away longer than the TTL), and they are joining again.
         self.etcd_back.send_replace(Some(Instant::now()));
-        let campaigner = campaigner(&self.node, self.settle, &self.etcd_back, self.lease_ttl);
+        let campaigner =
+            campaigner(&self.node, self.settle, &self.etcd_back, self.lease_ttl, self.ride_out, &self.fencer);
         *self.coordinator.lock() = Coordinator::start(&self.etcd, &self.prefix, self.slots, &lease, campaigner);
         // The map as etcd holds it after the registration; the map this node
         // acts on follows etcd's view of it (replica::act_on_the_map).
@@ -570,6 +616,41 @@ impl Membership {
         }
         self.relay(lease);
         Ok(revision)
+    }
+
+    /// What marks a forwarded request's answer as this node's, as owner of
+    /// its users' slots: `presenced-node` (this node's id) and
+    /// `presenced-epochs` (each user's slot epoch, in request order), so that
+    /// whoever asked can tell which node answered for which ownership (C6's
+    /// test reads them). Taken before the request's ownership check, from the
+    /// map this node acts on, and only when that map gives this node every
+    /// user: the check that follows then finds the same ownership. `None`
+    /// for more than [`MAX_STAMPED_USERS`] users (a header of thousands of
+    /// epochs would pass HTTP/2's header list limit and fail the answer).
+    pub(crate) fn owner_stamp<S: AsRef<[u8]>>(&self, user_ids: &[S]) -> Option<OwnerStamp> {
+        if user_ids.len() > MAX_STAMPED_USERS {
+            return None;
+        }
+        let map = self.acted_map();
+        let epochs: Option<Vec<String>> = user_ids
+            .iter()
+            .map(|user| map.owner(slot_of(user, self.slots)).filter(|owner| owner.node == self.node))
+            .map(|owner| owner.map(|owner| owner.epoch.to_string()))
+            .collect();
+        // Node ids and numbers are printable ASCII; a node id that is not goes unstamped.
+        Some(OwnerStamp {
+            node: MetadataValue::try_from(self.node.as_str()).ok()?,
+            epochs: MetadataValue::try_from(epochs?.join(",")).ok()?,
+        })
+    }
+
+    /// Stops acting past the lease at the coordinator's word (C6), and
+    /// returns once every request that passed its ownership check before
+    /// has written, as a handover waits for them (`start_leaving`).
+    pub(crate) async fn stand_down(&self) {
+        self.outage.stand_down();
+        let _durable = self.durable_gate.write().await;
+        drop(self.leaving.write());
     }
 
     /// This node's part in riding out etcd outages.
@@ -752,8 +833,22 @@ fn campaigner(
     settle: Duration,
     etcd_back: &tokio::sync::watch::Sender<Option<Instant>>,
     lease_ttl: Duration,
+    ride_out: Duration,
+    fencer: &Arc<crate::cluster::outage::Fencer>,
 ) -> Campaigner {
-    Campaigner { node: node.to_owned(), settle, etcd_back: etcd_back.subscribe(), rejoin_grace: lease_ttl }
+    // The ride-out is counted from the lease's own deadline, which comes
+    // before etcd expires the lease (`LEASE_MARGIN`); the margin added here
+    // covers clock rates over the ride-out itself.
+    let ride_out = ride_out + ride_out / 20 + LEASE_MARGIN;
+    let fencing: Arc<dyn presence_cluster::Fencing> = fencer.clone();
+    Campaigner {
+        node: node.to_owned(),
+        settle,
+        etcd_back: etcd_back.subscribe(),
+        rejoin_grace: lease_ttl,
+        ride_out,
+        fencing: Some(fencing),
+    }
 }
 
 /// Where the lease in force's state is relayed to.
@@ -943,11 +1038,18 @@ pub(crate) struct Outage {
     extended_until: tokio::sync::watch::Sender<Option<Instant>>,
     /// Until when this node promised the others to take over no slot.
     no_takeover_before: Mutex<Option<Instant>>,
+    /// Set when the coordinator, which etcd answers, asked this node to
+    /// stand down: no extension until etcd answers this node again.
+    stood_down: AtomicBool,
 }
 
 impl Default for Outage {
     fn default() -> Self {
-        Outage { extended_until: tokio::sync::watch::Sender::new(None), no_takeover_before: Mutex::new(None) }
+        Outage {
+            extended_until: tokio::sync::watch::Sender::new(None),
+            no_takeover_before: Mutex::new(None),
+            stood_down: AtomicBool::new(false),
+        }
     }
 }
 
@@ -964,12 +1066,35 @@ impl Outage {
 
     pub(crate) fn extend_to(&self, until: Instant) {
         self.extended_until.send_if_modified(|extended| {
+            // Checked under the channel's lock, which `stand_down` takes
+            // too: no extension lands after a stand-down.
+            if self.stood_down.load(Ordering::Acquire) {
+                return false;
+            }
             let later = extended.is_none_or(|extended| extended < until);
             if later {
                 *extended = Some(until);
             }
             later
         });
+    }
+
+    /// Ends any extension, and refuses new ones until [`Outage::resume`].
+    pub(crate) fn stand_down(&self) {
+        self.extended_until.send_modify(|extended| {
+            self.stood_down.store(true, Ordering::Release);
+            *extended = None;
+        });
+    }
+
+    /// Whether a coordinator asked this node to stand down since etcd last answered it.
+    pub(crate) fn stood_down(&self) -> bool {
+        self.stood_down.load(Ordering::Acquire)
+    }
+
+    /// etcd answers this node again: a later outage may be ridden out.
+    pub(crate) fn resume(&self) {
+        self.stood_down.store(false, Ordering::Release);
     }
 
     /// Promises to take over no slot of another node until `now` + [`PROMISE`].

@@ -29,18 +29,28 @@
 //! The state this keeps (the extension, the promises) is the membership's
 //! (`cluster::Outage`); this module asks and answers.
 //!
-//! What this cannot see: a node that joined after every node it asks lost
-//! etcd is not asked. Should etcd answer that node alone, it could be given
-//! slots that their old owner still serves (docs/cluster.md, "Limits").
+//! What the others' word cannot see: a node that joined after every node
+//! it asks lost etcd is not asked, and etcd may answer it alone and let
+//! this node's lease go. Two bounds close that (C6): a node acts past its
+//! lease for at most `--etcd-ride-out-ms` (the cap in [`ride_out`]), and the
+//! coordinator, before it gives a gone node's slots away, asks that node to
+//! stand down ([`Fencer`], answered in [`answer`]) and, when it cannot
+//! reach it, waits until the node's registration has been gone that long
+//! (`presence_cluster::Coordinator`).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cluster::membership::{EXTENSION, Membership, PROMISE, call_peer, with_credential};
+use crate::cluster::peers::Peers;
 use crate::node::context::Context;
-use presence_proto::v1 as pb;
+use presence_cluster::{LeaseState, StoodDown};
+use presence_proto::v1::{self as pb, cluster_client::ClusterClient};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tonic::metadata::{Ascii, MetadataValue};
 
 /// How often a node whose keep-alives go unanswered asks the others, and
 /// how long it waits for their answers.
@@ -55,13 +65,26 @@ const REFUSED_WITHIN: Duration = Duration::from_millis(200);
 /// The answer to another node's `Cluster/EtcdReach`: whether etcd answers
 /// this node now, found by asking it (within [`PROBE`]) rather than from
 /// this node's last keep-alive, which may be a beat old.
-pub(crate) async fn answer(membership: &Membership) -> pb::EtcdReachResponse {
+pub(crate) async fn answer(membership: &Membership, request: &pb::EtcdReachRequest) -> pb::EtcdReachResponse {
+    if request.stand_down {
+        tracing::warn!(
+            coordinator = request.from_node,
+            "the coordinator, which etcd answers, gives this node's slots away: acting past the lease no more"
+        );
+        membership.stand_down().await;
+        return pb::EtcdReachResponse { etcd_answers: true, promise_ms: 0, stood_down: true };
+    }
+    if membership.outage().stood_down() {
+        // A node etcd answers said so: the node asking is no safer riding
+        // the outage out than this one.
+        return pb::EtcdReachResponse { etcd_answers: true, promise_ms: 0, stood_down: true };
+    }
     let etcd_answers = membership.etcd.answers_within(PROBE).await;
     if etcd_answers {
-        return pb::EtcdReachResponse { etcd_answers, promise_ms: 0 };
+        return pb::EtcdReachResponse { etcd_answers, promise_ms: 0, stood_down: false };
     }
     membership.outage().promise(Instant::now());
-    pb::EtcdReachResponse { etcd_answers, promise_ms: PROMISE.as_millis() as u32 }
+    pb::EtcdReachResponse { etcd_answers, promise_ms: PROMISE.as_millis() as u32, stood_down: false }
 }
 
 /// What the other nodes said in one round.
@@ -104,7 +127,12 @@ pub(crate) async fn ride_out(context: Arc<Context>, cluster: Arc<crate::cluster:
             let sent = Instant::now();
             let verdict = ask_the_others(membership).await;
             if verdict == Verdict::EtcdDown {
-                membership.outage().extend_to(sent + EXTENSION);
+                // Never past the lease by more than the ride-out: however
+                // long this goes on, a coordinator that cannot reach this
+                // node gives its slots away only after that (C6).
+                if let LeaseState::ValidUntil(until) = *membership.lease_changes().borrow() {
+                    membership.outage().extend_to((sent + EXTENSION).min(until + membership.ride_out));
+                }
             }
             if said.as_ref() != Some(&verdict) {
                 match &verdict {
@@ -125,6 +153,7 @@ pub(crate) async fn ride_out(context: Arc<Context>, cluster: Arc<crate::cluster:
                 said = Some(verdict);
             }
         }
+        membership.outage().resume();
         tracing::info!("etcd answers this node again");
     }
 }
@@ -134,8 +163,10 @@ async fn ask_the_others(membership: &Membership) -> Verdict {
     let mut asked = JoinSet::new();
     for (node, address) in membership.others() {
         let client = membership.cluster_client(&address);
-        let request =
-            with_credential(pb::EtcdReachRequest { from_node: membership.node().to_owned() }, membership.peer_token());
+        let request = with_credential(
+            pb::EtcdReachRequest { from_node: membership.node().to_owned(), stand_down: false },
+            membership.peer_token(),
+        );
         asked.spawn(async move {
             let Ok(mut client) = client else { return (node, None) };
             match call_peer(&node, ROUND, client.etcd_reach(request)).await {
@@ -161,6 +192,39 @@ async fn ask_the_others(membership: &Membership) -> Verdict {
         }
     }
     verdict
+}
+
+/// How the coordinator asks a gone node to stand down (C6): `Cluster/EtcdReach`
+/// with `stand_down`, on the node's own connections and credential.
+#[derive(Debug)]
+pub(crate) struct Fencer {
+    pub(crate) node: String,
+    pub(crate) peers: Arc<Peers>,
+    pub(crate) peer_token: Option<MetadataValue<Ascii>>,
+}
+
+/// How long a gone node is given to stand down.
+const STAND_DOWN_WAIT: Duration = Duration::from_millis(500);
+
+impl presence_cluster::Fencing for Fencer {
+    fn stand_down(&self, node: String, address: String) -> Pin<Box<dyn Future<Output = StoodDown> + Send>> {
+        let client = self.peers.channel(&address).map(ClusterClient::new);
+        let request = with_credential(
+            pb::EtcdReachRequest { from_node: self.node.clone(), stand_down: true },
+            self.peer_token.as_ref(),
+        );
+        Box::pin(async move {
+            if let Ok(mut client) = client
+                && let Ok(answer) = call_peer(&node, STAND_DOWN_WAIT, client.etcd_reach(request)).await
+                && answer.stood_down
+            {
+                return StoodDown::Confirmed;
+            }
+            // A node of a version without the stand-down answers without
+            // `stood_down`: it is waited out like one that does not answer.
+            if refuses_connections(&address).await { StoodDown::NotRunning } else { StoodDown::NoAnswer }
+        })
+    }
 }
 
 /// Whether a TCP connect to `address` is refused outright.
@@ -190,6 +254,20 @@ mod tests {
         outage.promises_kept().await;
         assert_eq!(Instant::now(), start + Duration::from_millis(1_000) + PROMISE);
         assert!(PROMISE > EXTENSION, "a promise outlasts the extension it allows");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stand_down_ends_the_extension_and_refuses_more_until_etcd_answers_again() {
+        let outage = Outage::default();
+        let now = Instant::now();
+        outage.extend_to(now + EXTENSION);
+        outage.stand_down();
+        assert_eq!(outage.extended_until(), None, "a stand-down ends the extension at once");
+        outage.extend_to(now + 2 * EXTENSION);
+        assert_eq!(outage.extended_until(), None, "no extension after a stand-down");
+        outage.resume();
+        outage.extend_to(now + EXTENSION);
+        assert_eq!(outage.extended_until(), Some(now + EXTENSION));
     }
 
     #[tokio::test(start_paused = true)]

@@ -140,7 +140,8 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::EtcdReachRequest>,
     ) -> Result<Response<pb::EtcdReachResponse>, Status> {
-        Ok(Response::new(crate::cluster::outage::answer(&self.node_call(&request, "EtcdReach")?.membership).await))
+        let cluster = self.node_call(&request, "EtcdReach")?;
+        Ok(Response::new(crate::cluster::outage::answer(&cluster.membership, request.get_ref()).await))
     }
 
     async fn merge_groups(
