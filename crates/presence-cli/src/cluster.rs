@@ -19,15 +19,15 @@ use crate::text::Table;
 use crate::{ClusterMoveArgs, ClusterStatusArgs, EtcdTarget};
 
 /// What a cluster command reads from etcd.
-struct Cluster {
+pub(crate) struct Cluster {
     etcd: Etcd,
-    prefix: String,
-    map: Arc<SlotMap>,
-    nodes: Arc<NodeSet>,
+    pub(crate) prefix: String,
+    pub(crate) map: Arc<SlotMap>,
+    pub(crate) nodes: Arc<NodeSet>,
 }
 
 impl Cluster {
-    async fn read(target: &EtcdTarget) -> Result<Cluster, Failure> {
+    pub(crate) async fn read(target: &EtcdTarget) -> Result<Cluster, Failure> {
         // As the nodes read --etcd-prefix.
         let mut prefix = target.etcd_prefix.clone();
         if !prefix.ends_with('/') {

@@ -127,6 +127,16 @@ impl Connection {
         })
     }
 
+    /// `message` as a streamed call: with the credentials and no time limit
+    /// (a backup of a large node takes as long as it takes).
+    pub(crate) fn stream_request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(authorization) = &self.authorization {
+            request.metadata_mut().insert("authorization", authorization.clone());
+        }
+        request
+    }
+
     /// `message` as a unary call: with the credentials and a time limit.
     pub(crate) fn request<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
