@@ -238,6 +238,10 @@ async fn d3_a_corrupt_truncated_foreign_or_missing_backup_is_refused_before_list
     let mut corrupt = bytes.clone();
     corrupt[bytes.len() / 2] ^= 0x40;
     assert_refused(&write("corrupt", &corrupt), &[], "corrupt");
+    // In the durable rows, which only the file's own checksum covers.
+    let mut corrupt = bytes.clone();
+    corrupt[bytes.len() - 10] ^= 0x01;
+    assert_refused(&write("corrupt-durable", &corrupt), &[], "corrupt: checksum mismatch");
     assert_refused(&write("truncated", &bytes[..bytes.len() - 7]), &[], "truncated");
     assert_refused(&write("cut-in-header", &bytes[..12]), &[], "truncated");
     assert_refused(&write("trailing", &[&bytes[..], b"x"].concat()), &[], "bytes after the end record");
