@@ -121,6 +121,16 @@ impl PreparedServer {
             .iter()
             .map(|origin| crate::api::web::parse_cors_origin(origin))
             .collect::<Result<_, _>>()?;
+        // A data directory in use is refused before the backup is read: reading a large one takes seconds.
+        if let (Some(backup), Some(path)) = (&config.restore, &config.data_dir)
+            && DataDir::holds_data(path)
+        {
+            let message = format!(
+                "the data directory {} already holds data; restore into an empty one (or start without --restore)",
+                path.display()
+            );
+            return Err(ServeError::Restore { path: backup.clone(), message });
+        }
         let from_backup = match &config.restore {
             Some(path) => Some(read_backup(&config, path, &clock)?),
             None => None,
@@ -128,13 +138,6 @@ impl PreparedServer {
         let data_dir_error = |path: &Path, message: String| ServeError::DataDir { path: path.to_owned(), message };
         let (data_dir, durable, stored) = match &config.data_dir {
             Some(path) => {
-                if let (Some(backup), true) = (&config.restore, DataDir::holds_data(path)) {
-                    let message = format!(
-                        "the data directory {} already holds data; restore into an empty one (or start without --restore)",
-                        path.display()
-                    );
-                    return Err(ServeError::Restore { path: backup.clone(), message });
-                }
                 let dir = DataDir::open(path).map_err(|err| data_dir_error(path, err.to_string()))?;
                 let durable = DurableStore::open(&dir.durable_store_path())
                     .map_err(|err| data_dir_error(path, err.to_string()))?;
