@@ -61,7 +61,7 @@ fn context() -> Arc<Context> {
 
 /// The unary and server-streaming RPCs, in the order [`request`] numbers
 /// them. `Leases` has its own entry, [`leases`].
-pub const METHODS: [&str; 26] = [
+pub const METHODS: [&str; 27] = [
     "Register",
     "Renew",
     "Unregister",
