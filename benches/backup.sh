@@ -5,7 +5,8 @@
 #   bash benches/backup.sh                  # 400,000 users x 2.5 = 1M sessions
 #   USERS=40000 bash benches/backup.sh      # a quick run
 #
-# What it does, on a fresh `presenced serve` (release build, no data
+# What it does, on a fresh `presenced serve --min-renew-interval-ms 0` (every
+# renewal a store write, as in compare.sh; release build, no data
 # directory, so checkpoints do not run beside the backups):
 #   1. `presence-loadgen load` registers USERS x 2.5 sessions (Leases batches),
 #      then renews them for DURATION at sessions / 15 s (the modelled heartbeat
@@ -33,7 +34,7 @@ trap stop_server EXIT
 
 start_server() {
     local out="$RESULTS/server-$1.out"
-    "$BIN" serve --listen 127.0.0.1:0 >"$out" 2>"$RESULTS/server-$1.err" &
+    "$BIN" serve --listen 127.0.0.1:0 --min-renew-interval-ms 0 >"$out" 2>"$RESULTS/server-$1.err" &
     SERVER_PID=$!
     for _ in $(seq 100); do
         if grep -q "listening on" "$out" 2>/dev/null; then break; fi
@@ -74,5 +75,11 @@ stop_server
 echo "results in $RESULTS"
 echo "renewals, no backup:      p50 $(p "$RESULTS/quiet.json" 50) ms, p99 $(p "$RESULTS/quiet.json" 99) ms"
 echo "renewals, backups running: p50 $(p "$RESULTS/during.json" 50) ms, p99 $(p "$RESULTS/during.json" 99) ms"
-grep -c . "$RESULTS/backups.txt" | sed 's/^/backups taken: /'
-cat "$RESULTS/backups.txt"
+python3 - "$RESULTS/backups.txt" <<'PY'
+import re, statistics, sys
+lines = open(sys.argv[1]).read().split("\n")
+runs = [tuple(map(int, m.groups())) for m in (re.search(r"(\d+) sessions, .* (\d+) bytes in (\d+) ms", l) for l in lines) if m]
+ms = sorted(r[2] for r in runs)
+print(f"backups taken: {len(runs)}, of {runs[-1][0]} sessions, {runs[-1][1]} bytes; "
+      f"time median {statistics.median(ms)} ms, min {ms[0]} ms, max {ms[-1]} ms")
+PY

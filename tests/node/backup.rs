@@ -116,7 +116,7 @@ fn start_load(
             let flip = format!("flip{}", round % 10);
             let generation =
                 client.register(service(register(&flip, "s", "gw-c", 60_000))).await.unwrap().into_inner().generation;
-            if round % 2 == 0 {
+            if round.is_multiple_of(2) {
                 client.unregister(service(unregister(&flip, "s", generation, 0))).await.unwrap();
             }
             let user = format!("busy{}", round % 20);
