@@ -10,14 +10,16 @@
 //! str, bytes   length u32 | bytes
 //! ```
 //!
-//! What "consistent" means: each store shard's users (their leases,
-//! versions and room memberships) is taken at once under that shard's lock,
-//! one shard after another, so the renewals of other shards go on meanwhile;
-//! the durable data is read in one read transaction, a view of it as of one
-//! instant. A user lives in one shard, so no user's leases tear; a user's
-//! leases and its durable rows may be from instants a few milliseconds
-//! apart, which restores as it would had the write landed just after the
-//! backup (the two are independent: no durable row refers to a lease).
+//! What "consistent" means: each user is taken whole (its leases, version
+//! and room memberships) under its shard's lock, as a checkpoint takes it,
+//! at most 1,024 users per lock hold, so renewals wait for a short slice,
+//! never for a whole shard; each shard's stamp clock and room settings
+//! after its users. Different users are taken at different instants within
+//! the backup's run (0.13 s for 1M sessions), and no user tears. The
+//! durable data is read in one read transaction, a view of it as of one
+//! instant. A user's leases and its durable rows may be from instants that
+//! far apart, which restores as it would had the write landed just after
+//! the backup (the two are independent: no durable row refers to a lease).
 //!
 //! The slot count makes a file foreign: a cluster node's file holds the users
 //! of its slots under that many slots, and a node with another count (or a
