@@ -10,7 +10,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use presence_client::pb::{self, presence_client::PresenceClient};
 use serde_json::json;
 use tonic::Request;
-use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Channel;
 
 use crate::connect::Connection;
@@ -138,12 +137,7 @@ pub(crate) async fn cluster_backup(args: ClusterBackupArgs) -> Result<(), Failur
     }
     fs::create_dir_all(&args.dir)
         .map_err(|err| Failure::new(Exit::Failed, format!("cannot create {}: {err}", args.dir.display())))?;
-    let authorization: Option<AsciiMetadataValue> = match &args.token {
-        Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| {
-            Failure::new(Exit::Usage, "--token: not a valid header value (visible ASCII characters only)")
-        })?),
-        None => None,
-    };
+    let authorization = crate::connect::bearer(args.token.as_deref())?;
     let scheme = if args.tls.given() { "https" } else { "http" };
     let mut nodes = Vec::new();
     let mut total = Written { users: 0, sessions: 0, durable_rows: 0, bytes: 0, took: Duration::ZERO };

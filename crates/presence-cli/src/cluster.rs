@@ -87,10 +87,7 @@ pub(crate) async fn move_slot(args: ClusterMoveArgs) -> Result<(), Failure> {
     let channel = args.tls.connect(&format!("{scheme}://{address}")).await?;
     let mut request = Request::new(pb::MoveSlotsRequest { slots: vec![args.slot], to_node: args.node.clone() });
     request.set_timeout(MOVE_TIMEOUT);
-    if let Some(token) = &args.token {
-        let value = format!("Bearer {token}").parse().map_err(|_| {
-            Failure::new(Exit::Usage, "--token: not a valid header value (visible ASCII characters only)")
-        })?;
+    if let Some(value) = crate::connect::bearer(args.token.as_deref())? {
         request.metadata_mut().insert("authorization", value);
     }
     let moved =

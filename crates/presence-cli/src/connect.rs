@@ -110,12 +110,7 @@ impl Connection {
     /// token is unusable, unreachable if nothing answers there.
     pub(crate) async fn open(target: &Target) -> Result<Connection, Failure> {
         let uri = endpoint_uri(&target.addr);
-        let authorization = match &target.token {
-            Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| {
-                Failure::new(Exit::Usage, "--token: not a valid header value (visible ASCII characters only)")
-            })?),
-            None => None,
-        };
+        let authorization = bearer(target.token.as_deref())?;
         let channel = tokio::time::timeout(CONNECT_TIMEOUT, target.tls.connect(&uri)).await.map_err(|_| {
             Failure::new(Exit::Unreachable, format!("cannot reach presenced at {uri}: no answer in time"))
         })??;
@@ -146,6 +141,17 @@ impl Connection {
         }
         request
     }
+}
+
+/// `--token` as the `authorization` header's value, checked before anything is sent.
+pub(crate) fn bearer(token: Option<&str>) -> Result<Option<AsciiMetadataValue>, Failure> {
+    token
+        .map(|token| {
+            format!("Bearer {token}").parse().map_err(|_| {
+                Failure::new(Exit::Usage, "--token: not a valid header value (visible ASCII characters only)")
+            })
+        })
+        .transpose()
 }
 
 /// `--addr` as a URI: `serve --listen` takes HOST:PORT, so that is accepted
