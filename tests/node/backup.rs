@@ -178,6 +178,10 @@ async fn d3_a_backup_under_load_restores_into_a_fresh_node_with_every_export_equ
             expected[user]
         );
     }
+    // A gateway that goes on renewing with the generation it had is answered as before.
+    let generation = got["still0"].sessions[0].generation;
+    let renewed = restored.client().await.renew(service(renew("still0", "s1", generation, 60_000))).await;
+    assert!(renewed.unwrap().into_inner().expires_at_ms >= got["still0"].sessions[0].expires_at_ms);
     restored.stop().await;
 
     // The backup under load: what nobody touched is exactly as it was, and
