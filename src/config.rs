@@ -100,6 +100,12 @@ pub(crate) struct ServeArgs {
     /// everything is in memory only.
     #[arg(long, env = "PRESENCED_DATA_DIR", value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// Start from this backup (`presenced backup`) instead of the data
+    /// directory's checkpoint; with --data-dir, the directory must hold no
+    /// checkpoint or durable data yet. A corrupt, truncated or foreign file
+    /// (another --slots) is refused before `listening on`.
+    #[arg(long, value_name = "FILE")]
+    restore: Option<PathBuf>,
     /// How often the leases are checkpointed to the data directory.
     #[arg(long, env = "PRESENCED_CHECKPOINT_INTERVAL_MS", value_name = "MS")]
     checkpoint_interval_ms: Option<u64>,
@@ -630,6 +636,7 @@ impl ServeArgs {
         }
         server.restart_grace = args.restart_grace_ms.map(Duration::from_millis).or(server.restart_grace);
         server.data_dir = args.data_dir.clone().or(server.data_dir);
+        server.restore = args.restore.clone();
         server.cors_origins = args.cors_origins.clone();
         let listen = args.listen.unwrap_or(DEFAULT_LISTEN);
         let mut cluster = cluster_config(ClusterArgs {

@@ -9,6 +9,7 @@
 // Protobuf literals end in `..Default::default()` so that they keep compiling as messages gain fields.
 #![allow(clippy::needless_update)]
 
+mod backup;
 mod erase;
 mod fencing;
 mod groups;

@@ -166,6 +166,7 @@ pub(crate) fn scope_cases() -> Vec<ScopeCase> {
         case("GetSettings", pb::GetSettingsRequest { user_id: "u1".into() }, Unary, "admin"),
         case("ExportUser", pb::ExportUserRequest { user_id: "u1".into() }, Unary, "admin"),
         case("EraseUser", pb::EraseUserRequest { user_id: "u9".into() }, Unary, "admin"),
+        case("Backup", pb::BackupRequest {}, ServerStream, "admin"),
         ScopeCase {
             service: "presence.v1.Cluster",
             method: "MergeGroups",

@@ -19,15 +19,15 @@ use crate::text::Table;
 use crate::{ClusterMoveArgs, ClusterStatusArgs, EtcdTarget};
 
 /// What a cluster command reads from etcd.
-struct Cluster {
+pub(crate) struct Cluster {
     etcd: Etcd,
-    prefix: String,
-    map: Arc<SlotMap>,
-    nodes: Arc<NodeSet>,
+    pub(crate) prefix: String,
+    pub(crate) map: Arc<SlotMap>,
+    pub(crate) nodes: Arc<NodeSet>,
 }
 
 impl Cluster {
-    async fn read(target: &EtcdTarget) -> Result<Cluster, Failure> {
+    pub(crate) async fn read(target: &EtcdTarget) -> Result<Cluster, Failure> {
         // As the nodes read --etcd-prefix.
         let mut prefix = target.etcd_prefix.clone();
         if !prefix.ends_with('/') {
@@ -87,10 +87,7 @@ pub(crate) async fn move_slot(args: ClusterMoveArgs) -> Result<(), Failure> {
     let channel = args.tls.connect(&format!("{scheme}://{address}")).await?;
     let mut request = Request::new(pb::MoveSlotsRequest { slots: vec![args.slot], to_node: args.node.clone() });
     request.set_timeout(MOVE_TIMEOUT);
-    if let Some(token) = &args.token {
-        let value = format!("Bearer {token}").parse().map_err(|_| {
-            Failure::new(Exit::Usage, "--token: not a valid header value (visible ASCII characters only)")
-        })?;
+    if let Some(value) = crate::connect::bearer(args.token.as_deref())? {
         request.metadata_mut().insert("authorization", value);
     }
     let moved =

@@ -110,12 +110,7 @@ impl Connection {
     /// token is unusable, unreachable if nothing answers there.
     pub(crate) async fn open(target: &Target) -> Result<Connection, Failure> {
         let uri = endpoint_uri(&target.addr);
-        let authorization = match &target.token {
-            Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| {
-                Failure::new(Exit::Usage, "--token: not a valid header value (visible ASCII characters only)")
-            })?),
-            None => None,
-        };
+        let authorization = bearer(target.token.as_deref())?;
         let channel = tokio::time::timeout(CONNECT_TIMEOUT, target.tls.connect(&uri)).await.map_err(|_| {
             Failure::new(Exit::Unreachable, format!("cannot reach presenced at {uri}: no answer in time"))
         })??;
@@ -127,6 +122,16 @@ impl Connection {
         })
     }
 
+    /// `message` as a streamed call: with the credentials and no time limit
+    /// (a backup of a large node takes as long as it takes).
+    pub(crate) fn stream_request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(authorization) = &self.authorization {
+            request.metadata_mut().insert("authorization", authorization.clone());
+        }
+        request
+    }
+
     /// `message` as a unary call: with the credentials and a time limit.
     pub(crate) fn request<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
@@ -136,6 +141,17 @@ impl Connection {
         }
         request
     }
+}
+
+/// `--token` as the `authorization` header's value, checked before anything is sent.
+pub(crate) fn bearer(token: Option<&str>) -> Result<Option<AsciiMetadataValue>, Failure> {
+    token
+        .map(|token| {
+            format!("Bearer {token}").parse().map_err(|_| {
+                Failure::new(Exit::Usage, "--token: not a valid header value (visible ASCII characters only)")
+            })
+        })
+        .transpose()
 }
 
 /// `--addr` as a URI: `serve --listen` takes HOST:PORT, so that is accepted

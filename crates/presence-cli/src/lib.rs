@@ -11,6 +11,7 @@
 //! presence-client's watchers for the live streams; the binary's `main` only
 //! dispatches here, and `serve` is not this crate's.
 
+mod backup;
 mod cluster;
 mod commands;
 mod connect;
@@ -60,6 +61,12 @@ pub enum Command {
     /// removes nothing and succeeds.
     #[command(after_help = EXIT_CODES)]
     Erase(EraseArgs),
+    /// Take an online, consistent snapshot of one node (D3) into FILE:
+    /// leases with their deadlines, versions, rooms and durable per-user
+    /// data, without stopping it; `presenced serve --restore FILE` starts
+    /// from it. Needs the admin scope.
+    #[command(after_help = EXIT_CODES)]
+    Backup(BackupArgs),
     /// Play a gateway: register USER's SESSION (and join --room), renew it
     /// until interrupted, then unregister it. A session to watch in the first minute.
     #[command(after_help = EXIT_CODES)]
@@ -81,6 +88,40 @@ pub enum ClusterCommand {
     /// nobody flips. Asks the slot's owner, found in etcd.
     #[command(after_help = EXIT_CODES)]
     Move(ClusterMoveArgs),
+    /// Back up every slot owner (D3): DIR/NODE.backup for each, as
+    /// `presenced backup` writes it, and DIR/manifest.json naming which
+    /// slots each file holds.
+    #[command(after_help = EXIT_CODES)]
+    Backup(ClusterBackupArgs),
+}
+
+/// `presenced cluster backup DIR`
+#[derive(Debug, Args)]
+pub struct ClusterBackupArgs {
+    /// The directory to write the files to (created if needed).
+    #[arg(value_name = "DIR")]
+    dir: std::path::PathBuf,
+    #[command(flatten)]
+    etcd: EtcdTarget,
+    /// TLS to the nodes; any of these dials them over https://.
+    #[command(flatten)]
+    tls: connect::TlsArgs,
+    /// A service token with the admin scope, sent as `authorization: Bearer TOKEN`.
+    #[arg(long, env = "PRESENCED_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    token: Option<String>,
+    /// Print the manifest as JSON instead of a line per node.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `presenced backup FILE`
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// The file to write: written beside it as FILE.tmp, then renamed over it.
+    #[arg(value_name = "FILE")]
+    file: std::path::PathBuf,
+    #[command(flatten)]
+    target: Target,
 }
 
 /// `presenced cluster move SLOT NODE`
@@ -277,9 +318,11 @@ pub fn run(command: Command) -> ExitCode {
             Command::Stats(args) => commands::stats(args).await,
             Command::Export(args) => commands::export(args).await,
             Command::Erase(args) => commands::erase(args).await,
+            Command::Backup(args) => backup::backup(args).await,
             Command::Register(args) => register::register(args).await,
             Command::Cluster(ClusterCommand::Status(args)) => cluster::status(args).await,
             Command::Cluster(ClusterCommand::Move(args)) => cluster::move_slot(args).await,
+            Command::Cluster(ClusterCommand::Backup(args)) => backup::cluster_backup(args).await,
         }
     });
     match ran {

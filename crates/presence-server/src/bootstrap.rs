@@ -25,8 +25,10 @@ use crate::auth::Authenticator;
 use crate::cluster::ClusterNode;
 use crate::cluster::membership::Membership;
 use crate::cluster::replica::Replica;
+use crate::node::backup::{self, Restored as FromBackup};
 use crate::node::context::Context;
-use crate::node::data_dir::DataDir;
+use crate::node::data_dir::{DataDir, Loaded};
+use crate::node::durable::BackupRow;
 use crate::node::durable::{self, DurableStore};
 use crate::{ServeError, ServerConfig, StoreClock};
 
@@ -59,6 +61,9 @@ pub struct PreparedServer {
     /// What `/readyz` reports: made here because the metrics port serves it
     /// from before the restore, while the node is not ready yet (D2).
     pub(crate) readiness: Arc<Readiness>,
+    /// The store of `--restore`'s backup and when it was written, read here
+    /// because a corrupt or foreign file refuses the configuration (D3).
+    from_backup: Option<(Store, u64)>,
 }
 
 impl std::fmt::Debug for PreparedServer {
@@ -122,19 +127,62 @@ impl PreparedServer {
             .iter()
             .map(|origin| crate::api::web::parse_cors_origin(origin))
             .collect::<Result<_, _>>()?;
+        // A data directory in use is refused before the backup is read: reading a large one takes seconds.
+        if let (Some(backup), Some(path)) = (&config.restore, &config.data_dir)
+            && DataDir::holds_data(path)
+        {
+            let message = format!(
+                "the data directory {} already holds data; restore into an empty one (or start without --restore)",
+                path.display()
+            );
+            return Err(ServeError::Restore { path: backup.clone(), message });
+        }
+        let from_backup = match &config.restore {
+            Some(path) => Some(read_backup(&config, path, &clock)?),
+            None => None,
+        };
         let data_dir_error = |path: &Path, message: String| ServeError::DataDir { path: path.to_owned(), message };
         let (data_dir, durable, stored) = match &config.data_dir {
             Some(path) => {
                 let dir = DataDir::open(path).map_err(|err| data_dir_error(path, err.to_string()))?;
                 let durable = DurableStore::open(&dir.durable_store_path())
                     .map_err(|err| data_dir_error(path, err.to_string()))?;
+                if let (Some((_, rows)), Some(backup)) = (&from_backup, &config.restore) {
+                    let refused = |message: String| ServeError::Restore { path: backup.clone(), message };
+                    durable
+                        .restore_rows(rows)
+                        .map_err(|err| data_dir_error(path, err.to_string()))?
+                        .map_err(|err| refused(format!("corrupt: {err}")))?;
+                }
                 let stored = durable.relations().map_err(|err| data_dir_error(path, err.to_string()))?;
                 (Some(dir), Some(Arc::new(durable)), Some(stored))
             }
-            None => (None, None, None),
+            None => {
+                if let (Some((_, rows)), Some(backup)) = (&from_backup, &config.restore)
+                    && !rows.is_empty()
+                {
+                    let message =
+                        format!("it holds durable data ({} rows) and there is no --data-dir to keep it in", rows.len());
+                    return Err(ServeError::Restore { path: backup.clone(), message });
+                }
+                (None, None, None)
+            }
         };
         let readiness = Arc::new(Readiness::default());
-        Ok(PreparedServer { config, clock, auth, audit, data_dir, durable, stored, cors_origins, tls, readiness })
+        let from_backup = from_backup.map(|(restored, _)| (restored.store, restored.written_at));
+        Ok(PreparedServer {
+            config,
+            clock,
+            auth,
+            audit,
+            data_dir,
+            durable,
+            stored,
+            cors_origins,
+            tls,
+            readiness,
+            from_backup,
+        })
     }
 
     /// Loads the last checkpoint and the stored relations into a new store
@@ -144,13 +192,25 @@ impl PreparedServer {
     /// reconnecting gateways wait in the listen backlog instead of being
     /// refused and backing off.
     pub(crate) fn restore(self, membership: Option<Membership>) -> Result<Restored, ServeError> {
-        let PreparedServer { config, clock, auth, audit, data_dir, durable, stored, cors_origins, tls, readiness } =
-            self;
+        let PreparedServer {
+            config,
+            clock,
+            auth,
+            audit,
+            data_dir,
+            durable,
+            stored,
+            cors_origins,
+            tls,
+            readiness,
+            from_backup,
+        } = self;
         let started = clock.now();
         let hold_until = started.saturating_add(config.restart_grace_ms());
-        let restored = match &data_dir {
-            Some(dir) => dir.load_store(&config.store, started, hold_until)?,
-            None => None,
+        let restored = match (from_backup, &data_dir) {
+            (Some((store, written_at)), _) => Some(Loaded { store, written_at }),
+            (None, Some(dir)) => dir.load_store(&config.store, started, hold_until)?,
+            (None, None) => None,
         };
         let written_at = restored.as_ref().map(|loaded| loaded.written_at);
         let store = match restored {
@@ -191,4 +251,23 @@ impl PreparedServer {
         }
         Ok(Restored { config, context, cluster, auth, audit, expiry_wake, data_dir, cors_origins, tls, readiness })
     }
+}
+
+/// Reads and checks `--restore`'s backup to its last byte (D3): users online
+/// in it are held online for the restart grace from now, as after a restart
+/// from a checkpoint.
+fn read_backup(
+    config: &ServerConfig,
+    path: &Path,
+    clock: &StoreClock,
+) -> Result<(FromBackup, Vec<BackupRow>), ServeError> {
+    let slots = config.cluster.as_ref().map_or(0, |cluster| cluster.slots);
+    let now = clock.now();
+    let hold_until = now.saturating_add(config.restart_grace_ms());
+    let mut restored = backup::read(path, &config.store, slots, now, hold_until)
+        .map_err(|err| ServeError::Restore { path: path.to_owned(), message: err.to_string() })?;
+    let rows = std::mem::take(&mut restored.rows);
+    let stats = restored.store.stats();
+    tracing::info!(path = %path.display(), users = stats.users, sessions = stats.sessions, durable_rows = rows.len(), "read the backup to restore");
+    Ok((restored, rows))
 }

@@ -61,7 +61,7 @@ fn context() -> Arc<Context> {
 
 /// The unary and server-streaming RPCs, in the order [`request`] numbers
 /// them. `Leases` has its own entry, [`leases`].
-pub const METHODS: [&str; 26] = [
+pub const METHODS: [&str; 27] = [
     "Register",
     "Renew",
     "Unregister",
@@ -88,6 +88,7 @@ pub const METHODS: [&str; 26] = [
     "Stats",
     "ExportUser",
     "EraseUser",
+    "Backup",
 ];
 
 /// Decodes `body` as the request of `METHODS[method % METHODS.len()]`, as
@@ -146,7 +147,8 @@ async fn dispatch(service: &PresenceService, method: u8, body: &[u8]) {
         22 => call!(service, list_sessions, body),
         23 => call!(service, stats, body),
         24 => call!(service, export_user, body),
-        _ => call!(service, erase_user, body),
+        25 => call!(service, erase_user, body),
+        _ => call!(service, backup, body),
     }
 }
 
@@ -394,6 +396,7 @@ fn request_seeds() -> Vec<Vec<u8>> {
         pb::StatsRequest {}.encode_to_vec(),
         pb::ExportUserRequest { user_id: alice.clone() }.encode_to_vec(),
         pb::EraseUserRequest { user_id: alice }.encode_to_vec(),
+        pb::BackupRequest {}.encode_to_vec(),
     ];
     assert_eq!(seeds.len(), METHODS.len(), "one seed per method");
     seeds

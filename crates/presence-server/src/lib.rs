@@ -98,6 +98,9 @@ pub struct ServerConfig {
     /// Where checkpoints and durable data live; `None` keeps everything in
     /// memory only.
     pub data_dir: Option<PathBuf>,
+    /// A backup file (D3) to start from, in place of the data directory's
+    /// checkpoint; the data directory, if any, must hold no data yet.
+    pub restore: Option<PathBuf>,
     /// How often a checkpoint of the leases is written (with a data directory).
     pub checkpoint_interval: Duration,
     /// After a restart, how long users that were online at the checkpoint are
@@ -174,6 +177,7 @@ impl Default for ServerConfig {
             lease_workers: cpus(),
             connection_threads: cpus(),
             data_dir: None,
+            restore: None,
             checkpoint_interval: Duration::from_secs(5),
             restart_grace: None,
             activity_write_interval: Duration::from_secs(60),
@@ -243,6 +247,14 @@ pub enum ServeError {
         /// The directory.
         path: PathBuf,
         /// What went wrong.
+        message: String,
+    },
+    /// The backup to start from cannot be used (D3).
+    #[error("--restore {path}: {message}")]
+    Restore {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
         message: String,
     },
 }

@@ -26,6 +26,7 @@ use crate::cluster::membership::{FORWARDED, Routes};
 use crate::cluster::room_sync::{self, RoomPlace};
 use crate::error::ServiceError;
 use crate::metrics::RenewResult;
+use crate::node::backup;
 use crate::node::context::{Context, hear_rooms, room_version_after};
 use crate::node::erase;
 use crate::node::leases::{self, LeaseQueue, LeasesStream};
@@ -602,6 +603,13 @@ impl PresenceApi for PresenceService {
         entry.done(self.export_user_audited(request).await)
     }
 
+    type BackupStream = tokio_stream::wrappers::ReceiverStream<Result<pb::BackupChunk, Status>>;
+
+    async fn backup(&self, request: Request<pb::BackupRequest>) -> Answer<Self::BackupStream> {
+        let entry = self.audited(&request, "Backup", json!({}));
+        entry.done(self.backup_audited(request).await)
+    }
+
     async fn erase_user(&self, request: Request<pb::EraseUserRequest>) -> Answer<pb::EraseUserResponse> {
         let entry = self.audited(&request, "EraseUser", json!({ "user_id": request.get_ref().user_id }));
         entry.done(self.erase_user_audited(request).await)
@@ -609,6 +617,37 @@ impl PresenceApi for PresenceService {
 }
 
 impl PresenceService {
+    /// A backup of this node (D3), made on the blocking pool and streamed a
+    /// frame at a time through a short queue, so that a slow reader holds
+    /// back the writing instead of the server buffering the whole file.
+    async fn backup_audited(&self, request: Request<pb::BackupRequest>) -> Answer<<Self as PresenceApi>::BackupStream> {
+        self.require(&request, Scope::Admin, "Backup")?;
+        // Activity is written to disk at most once a minute per user: what is
+        // still in memory goes first, so that the backup has it.
+        self.context.activity.flush(self.context.now(), true).await.map_err(ServiceError::from)?;
+        let slots = self.cluster.as_ref().map_or(0, |cluster| cluster.membership.slot_count());
+        let (sender, receiver) = tokio::sync::mpsc::channel(4);
+        let store = Arc::clone(self.context.store());
+        let durable = self.context.durable.clone();
+        let now = self.context.now();
+        tokio::task::spawn_blocking(move || {
+            let mut out =
+                |data: Vec<u8>| sender.blocking_send(Ok(pb::BackupChunk { data, ..Default::default() })).is_ok();
+            let last = match backup::write(&store, durable.as_deref(), slots, now, &mut out) {
+                Ok(summary) => Ok(pb::BackupChunk {
+                    data: Vec::new(),
+                    last: true,
+                    users: summary.users,
+                    sessions: summary.sessions,
+                    durable_rows: summary.durable_rows,
+                }),
+                Err(err) => Err(Status::from(ServiceError::from(err))),
+            };
+            let _ = sender.blocking_send(last);
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(receiver)))
+    }
+
     async fn export_user_audited(&self, request: Request<pb::ExportUserRequest>) -> Answer<pb::ExportUserResponse> {
         self.require(&request, Scope::Admin, "ExportUser")?;
         let user = wire::id("user_id", &request.get_ref().user_id)?;

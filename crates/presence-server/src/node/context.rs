@@ -52,6 +52,8 @@ pub(crate) struct Context {
     /// Which users and rooms this node answers for: all of them on a single
     /// node, its slots' on a cluster node (C1).
     pub(crate) placement: Arc<dyn Placement>,
+    /// The data directory's durable store, for backups (D3); `None`: memory only.
+    pub(crate) durable: Option<Arc<DurableStore>>,
 }
 
 impl Context {
@@ -87,7 +89,8 @@ impl Context {
                 config.activity_write_interval,
                 config.store.forget_offline_after_ms,
             )),
-            settings: Settings::new(durable),
+            settings: Settings::new(durable.clone()),
+            durable,
             watch_buffer: config.watch_buffer,
             watches: Watches::default(),
             room_member_cap: config.room_member_cap,

@@ -57,6 +57,12 @@ impl DataDir {
         Ok(DataDir { path: path.to_owned() })
     }
 
+    /// Whether the directory at `path` holds a checkpoint or durable data: a
+    /// restore (D3) must not mix a backup with them.
+    pub(crate) fn holds_data(path: &Path) -> bool {
+        [CHECKPOINT, PREVIOUS, DURABLE].iter().any(|name| path.join(name).exists())
+    }
+
     pub(crate) fn durable_store_path(&self) -> PathBuf {
         self.path.join(DURABLE)
     }

@@ -784,3 +784,142 @@ mod tests {
         rows
     }
 }
+
+/// One row of a durable table as a backup carries it (D3): the table's code,
+/// its key's one or two strings and its value's bytes. The codes and the
+/// value encodings are the backup format's own, like [`stored`]'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BackupRow {
+    pub(crate) table: u8,
+    pub(crate) first: String,
+    /// The key's second string; empty for tables keyed by user alone.
+    pub(crate) second: String,
+    pub(crate) value: Vec<u8>,
+}
+
+/// The tables' codes in a backup.
+mod table_code {
+    pub(super) const SETTINGS: u8 = 1;
+    pub(super) const ACTIVITY: u8 = 2;
+    pub(super) const VISIBILITY: u8 = 3;
+    pub(super) const GRANTS: u8 = 4;
+    pub(super) const GROUP_ENTRIES: u8 = 5;
+    pub(super) const ERASED: u8 = 6;
+    pub(super) const STATUS: u8 = 7;
+}
+
+/// A backup row whose table or value this build does not know.
+#[derive(Debug, thiserror::Error)]
+#[error("durable row of table {table} is malformed")]
+pub(crate) struct MalformedRow {
+    pub(crate) table: u8,
+}
+
+impl DurableStore {
+    /// Hands every row to `emit`, all read in one transaction: a view of the
+    /// durable data as of one instant, however long the reading takes.
+    /// `emit` returning false stops the reading (the reader went away).
+    pub(crate) fn backup_rows(&self, mut emit: impl FnMut(BackupRow) -> bool) -> Result<(), DurableError> {
+        let txn = self.db.begin_read()?;
+        let mut row = |table: u8, first: &str, second: &str, value: Vec<u8>| {
+            emit(BackupRow { table, first: first.to_owned(), second: second.to_owned(), value })
+        };
+        for entry in txn.open_table(SETTINGS)?.iter()? {
+            let (key, value) = entry?;
+            let (user, name) = key.value();
+            if !row(table_code::SETTINGS, user, name, value.value().to_vec()) {
+                return Ok(());
+            }
+        }
+        for entry in txn.open_table(ACTIVITY)?.iter()? {
+            let (user, at) = entry?;
+            if !row(table_code::ACTIVITY, user.value(), "", at.value().to_le_bytes().to_vec()) {
+                return Ok(());
+            }
+        }
+        for entry in txn.open_table(VISIBILITY)?.iter()? {
+            let (user, code) = entry?;
+            if !row(table_code::VISIBILITY, user.value(), "", vec![code.value()]) {
+                return Ok(());
+            }
+        }
+        for entry in txn.open_table(GRANTS)?.iter()? {
+            let (key, ()) = entry.map(|(key, _)| (key, ()))?;
+            let (user, viewer) = key.value();
+            if !row(table_code::GRANTS, user, viewer, Vec::new()) {
+                return Ok(());
+            }
+        }
+        for entry in txn.open_table(GROUP_ENTRIES)?.iter()? {
+            let (key, value) = entry?;
+            let (group, user) = key.value();
+            let (stamp, member) = value.value();
+            let mut bytes = stamp.to_le_bytes().to_vec();
+            bytes.push(u8::from(member));
+            if !row(table_code::GROUP_ENTRIES, group, user, bytes) {
+                return Ok(());
+            }
+        }
+        for entry in txn.open_table(ERASED)?.iter()? {
+            let (user, at) = entry?;
+            if !row(table_code::ERASED, user.value(), "", at.value().to_le_bytes().to_vec()) {
+                return Ok(());
+            }
+        }
+        for entry in txn.open_table(STATUS)?.iter()? {
+            let (user, bytes) = entry?;
+            if !row(table_code::STATUS, user.value(), "", bytes.value().to_vec()) {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `rows` (from [`DurableStore::backup_rows`]) in one
+    /// transaction. Every row is checked before anything is written, so a
+    /// malformed one leaves the store as it was.
+    pub(crate) fn restore_rows(&self, rows: &[BackupRow]) -> Result<Result<(), MalformedRow>, DurableError> {
+        let u64_of = |row: &BackupRow| row.value.as_slice().try_into().ok().map(u64::from_le_bytes);
+        for row in rows {
+            let well_formed = match row.table {
+                table_code::SETTINGS | table_code::GRANTS => true,
+                table_code::ACTIVITY | table_code::ERASED => u64_of(row).is_some(),
+                table_code::VISIBILITY => row.value.len() == 1,
+                table_code::GROUP_ENTRIES => row.value.len() == 9,
+                table_code::STATUS => decode_status(&row.value).is_some(),
+                _ => false,
+            };
+            if !well_formed {
+                return Ok(Err(MalformedRow { table: row.table }));
+            }
+        }
+        let txn = self.db.begin_write()?;
+        {
+            let mut settings = txn.open_table(SETTINGS)?;
+            let mut activity = txn.open_table(ACTIVITY)?;
+            let mut visibility = txn.open_table(VISIBILITY)?;
+            let mut grants = txn.open_table(GRANTS)?;
+            let mut groups = txn.open_table(GROUP_ENTRIES)?;
+            let mut erased = txn.open_table(ERASED)?;
+            let mut status = txn.open_table(STATUS)?;
+            for row in rows {
+                let (first, second) = (row.first.as_str(), row.second.as_str());
+                let at = u64_of(row).unwrap_or_default();
+                match row.table {
+                    table_code::SETTINGS => drop(settings.insert((first, second), row.value.as_slice())?),
+                    table_code::ACTIVITY => drop(activity.insert(first, at)?),
+                    table_code::VISIBILITY => drop(visibility.insert(first, row.value[0])?),
+                    table_code::GRANTS => drop(grants.insert((first, second), ())?),
+                    table_code::GROUP_ENTRIES => {
+                        let stamp = u64::from_le_bytes(row.value[..8].try_into().unwrap_or_default());
+                        drop(groups.insert((first, second), (stamp, row.value[8] != 0))?)
+                    }
+                    table_code::ERASED => drop(erased.insert(first, at)?),
+                    _ => drop(status.insert(first, row.value.as_slice())?),
+                }
+            }
+        }
+        txn.commit()?;
+        Ok(Ok(()))
+    }
+}
