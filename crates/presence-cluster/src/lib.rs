@@ -38,5 +38,5 @@ pub use lease::{ANSWER_WAIT, LeaseState, NodeLease};
 pub use presence_core::slot_of;
 pub use slots::{
     Claim, MOVES_PER_TXN, NodeSet, NodeSetWatch, REBALANCE_SLOTS_PER_MOVE, SlotMap, SlotMapWatch, SlotOwner,
-    claim_slot, follower_of, last_address, move_slots, rebalancing_move, register_node, repairs,
+    claim_slot, even_share, follower_of, last_address, move_slots, rebalancing_move, register_node, repairs,
 };

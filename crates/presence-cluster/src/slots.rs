@@ -388,6 +388,14 @@ pub fn repairs(map: &SlotMap, live: &[String]) -> Vec<(u32, String, i64)> {
 /// slots' requests while their state travels, so moves stay small.
 pub const REBALANCE_SLOTS_PER_MOVE: usize = 16;
 
+/// Each of `live` nodes' even share of `slots` slots, and the slack below
+/// it that rebalancing leaves alone (1/20 of the share, at least one slot):
+/// a node owning `share - slack` or more holds its share.
+pub fn even_share(slots: u32, live: usize) -> (usize, usize) {
+    let share = slots as usize / live.max(1);
+    (share, (share / 20).max(1))
+}
+
 /// One planned move that evens the slots out between live nodes (C3, a node
 /// joining): `(from, to, slots)`, the slots the highest of `from`'s. `None`
 /// when the map needs repairs first (a slot without a live owner), or when
@@ -400,8 +408,7 @@ pub fn rebalancing_move(map: &SlotMap, live: &[String]) -> Option<(String, Strin
     if live.len() < 2 || (0..map.slots()).any(|slot| map.owner(slot).is_none_or(|owner| !live.contains(&owner.node))) {
         return None;
     }
-    let share = map.slots() as usize / live.len();
-    let slack = (share / 20).max(1);
+    let (share, slack) = even_share(map.slots(), live.len());
     let loads: Vec<(usize, &String)> = live.iter().map(|node| (map.owned_by(node).count(), node)).collect();
     let &(fewest, to) = loads.iter().min_by_key(|(count, node)| (*count, *node))?;
     let &(most, from) = loads.iter().max_by_key(|(count, node)| (*count, std::cmp::Reverse(*node)))?;

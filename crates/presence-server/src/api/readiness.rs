@@ -115,13 +115,12 @@ fn cluster_checks(cluster: &ClusterNode) -> Vec<Check> {
 
 /// Why this node does not hold its share of the slots yet, if it does not:
 /// it owns fewer than the even share less the slack the rebalancer leaves
-/// ([`presence_cluster::rebalancing_move`]), so moves to it are still due.
+/// ([`presence_cluster::even_share`]), so moves to it are still due.
 fn share_failure(cluster: &ClusterNode) -> Option<String> {
     let membership = &cluster.membership;
     let map = membership.map();
     let live = membership.live_ids();
-    let share = map.slots() as usize / live.len().max(1);
-    let slack = (share / 20).max(1);
+    let (share, slack) = presence_cluster::even_share(map.slots(), live.len());
     let owned = map.owned_by(membership.node()).count();
     (owned + slack < share.max(1))
         .then(|| format!("owns {owned} of {} slots; its share among {} live nodes is {share}", map.slots(), live.len()))
