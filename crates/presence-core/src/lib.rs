@@ -13,6 +13,7 @@
 pub mod checkpoint;
 mod config;
 mod error;
+pub mod feed;
 mod interner;
 mod room_intake;
 mod room_names;
@@ -32,6 +33,7 @@ pub use config::{
     ConfigError, MAX_FORGET_OFFLINE_AFTER_MS, MAX_OFFLINE_GRACE_MS, MIN_FORGET_OFFLINE_AFTER_MS, StoreConfig,
 };
 pub use error::LeaseError;
+pub use feed::{FeedEntry, FeedEvent, FeedIntake, RoomOccupancy};
 pub use room_intake::{LEFT_KEPT_MS, RoomFactScan, StampedRoomFact};
 pub use rooms::{MemberMetadata, RoomFact};
 pub use shard::{LeaseView, MAX_ROOMS_PER_SESSION, SIGNAL_CHANGES_PER_SECOND, SessionView};

@@ -14,6 +14,7 @@ use compact_str::CompactString;
 use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointWriter, UserRecord};
 use crate::config::{ConfigError, StoreConfig};
 use crate::error::LeaseError;
+use crate::feed::FeedIntake;
 use crate::room_intake::{RoomFactScan, StampedRoomFact};
 use crate::room_names::{RoomName, RoomNames};
 use crate::rooms::RoomShard;
@@ -22,7 +23,7 @@ use crate::slots::SlotSet;
 use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 use crate::types::{
     Changes, Erased, Imported, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal, Renewed,
-    Revoked, RoomAccess, RoomRef, RoomView, Signalled, Status, StoreStats, Unregistered, UserView,
+    Revoked, RoomAccess, RoomChange, RoomRef, RoomView, Signalled, Status, StoreStats, Unregistered, UserView,
 };
 use crate::validate;
 use crate::wheel::Tick;
@@ -62,6 +63,9 @@ pub struct Store {
     /// Whether the user shards' room facts leave the store (a cluster node,
     /// where the rooms' owners take them in) rather than feed its room shards.
     room_facts_out: AtomicBool,
+    /// Where the changes the change feed carries are recorded, under the
+    /// lock that made them (see `feed.rs`); none without a feed.
+    feed: Option<Arc<FeedIntake>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -86,7 +90,15 @@ impl Store {
             waker: None,
             forgotten: AtomicU64::new(0),
             room_facts_out: AtomicBool::new(false),
+            feed: None,
         })
+    }
+
+    /// Records every flip, status change and room occupancy change in
+    /// `intake`, for the change feed (F1).
+    pub fn with_feed(mut self, intake: Arc<FeedIntake>) -> Self {
+        self.feed = Some(intake);
+        self
     }
 
     /// Sets the function that wakes the expiry driver (see [`Store::set_alarm`]).
@@ -339,7 +351,9 @@ impl Store {
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             let forgotten = shard.forgotten();
+            let from = changes.users.len();
             more |= shard.expire(now, budget.max(1), paused.as_deref(), &mut changes.users);
+            self.record_users(&changes.users[from..]);
             self.hand_facts_on(&mut shard, changes);
             self.forgotten.fetch_add(shard.forgotten() - forgotten, Ordering::Relaxed);
             // The driver computes its next wake-up itself after this call, so
@@ -532,7 +546,10 @@ impl Store {
             if out {
                 changes.room_facts.push(StampedRoomFact::new(shard.fact_stamp(), fact));
             } else {
-                self.rooms[self.room_shard_of(fact.room_id())].lock().apply(now, fact, &mut changes.rooms);
+                let mut rooms = self.rooms[self.room_shard_of(fact.room_id())].lock();
+                let from = changes.rooms.len();
+                rooms.apply(now, fact, &mut changes.rooms);
+                self.record_rooms(now, &changes.rooms[from..]);
             }
         }
         // Only now, with every fact named: a fact may name a room whose last
@@ -570,7 +587,9 @@ impl Store {
             .map(|fact| {
                 let room_id = fact.fact.room_id().clone();
                 let mut rooms = self.room_shard(&room_id).lock();
+                let from = changes.rooms.len();
                 rooms.take_in(now, source, fact, &mut changes.rooms);
+                self.record_rooms(now, &changes.rooms[from..]);
                 rooms.version(&room_id)
             })
             .collect()
@@ -630,7 +649,10 @@ impl Store {
         let stamps = scan.shard_stamps;
         let scanned_at = |user_id: &str| stamps.get(shard_index(user_id, stamps.len())).copied().unwrap_or(0);
         for (shard, facts) in self.rooms.iter().zip(by_shard) {
-            shard.lock().take_in_scan(now, source, facts, rooms, &scanned_at, &mut changes.rooms);
+            let mut shard = shard.lock();
+            let from = changes.rooms.len();
+            shard.take_in_scan(now, source, facts, rooms, &scanned_at, &mut changes.rooms);
+            self.record_rooms(now, &changes.rooms[from..]);
         }
     }
 
@@ -647,7 +669,10 @@ impl Store {
     /// live on were taken over by other nodes, whose later facts hold them.
     pub fn forget_room_fact_source(&self, now: Tick, source: &str, changes: &mut Changes) {
         for shard in self.rooms.iter() {
-            shard.lock().forget_source(now, source, &mut changes.rooms);
+            let mut shard = shard.lock();
+            let from = changes.rooms.len();
+            shard.forget_source(now, source, &mut changes.rooms);
+            self.record_rooms(now, &changes.rooms[from..]);
         }
     }
 
@@ -1062,7 +1087,9 @@ impl Store {
         op: impl FnOnce(&mut Shard, &mut Vec<PresenceChange>) -> R,
     ) -> R {
         let mut shard = self.shards[index].lock();
+        let from = changes.users.len();
         let result = op(&mut shard, &mut changes.users);
+        self.record_users(&changes.users[from..]);
         self.hand_facts_on(&mut shard, changes);
         let earliest_new_timer = shard.take_earliest_new_timer();
         drop(shard);
@@ -1072,6 +1099,22 @@ impl Store {
             waker();
         }
         result
+    }
+}
+
+impl Store {
+    /// Records users' changes in the feed; the caller holds their shard's lock.
+    fn record_users(&self, changes: &[PresenceChange]) {
+        if let Some(feed) = &self.feed {
+            feed.record_users(changes);
+        }
+    }
+
+    /// Records rooms' changes in the feed; the caller holds their room shard's lock.
+    fn record_rooms(&self, now: Tick, changes: &[RoomChange]) {
+        if let Some(feed) = &self.feed {
+            feed.record_rooms(now, changes);
+        }
     }
 }
 

@@ -46,12 +46,20 @@
 //!   room versions strictly increase per room, also across a room that empties and fills again;
 //! - the answers of join, leave and signal (errors, `changed`, `removed`, the room version)
 //!   are the model's, the signal rate bound included.
+//!
+//! The store records its change feed (F1) in an intake that is drained after every step: its
+//! positions strictly increase, it holds exactly the published changes of users and the
+//! rooms' occupancy changes, in the order they were made, and a reader that applies it holds,
+//! for every user the model knows, the model's state and version, and for every room whether
+//! the model's room has members.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
+use std::sync::Arc;
+
 use presence_core::{
-    Changes, LeaseError, LeaseView, Presence, PresenceChange, Registration, Revoked, RoomChange, RoomChangeKind,
+    Changes, FeedEvent, FeedIntake, LeaseError, LeaseView, Presence, PresenceChange, Registration, Revoked, RoomChange, RoomChangeKind,
     RoomEventBody, RoomRef, SIGNAL_CHANGES_PER_SECOND, State, Store, StoreConfig, StoreStats, Tick, UnregisterOutcome,
     Unregistered,
 };
@@ -454,12 +462,27 @@ struct Harness {
     watchers: Vec<Watcher>,
     /// The rooms once the user an operation touches is settled, before it acts.
     settled: Option<Vec<RefRoom>>,
+    /// The store's change feed, and what a reader of it holds.
+    feed: Arc<FeedIntake>,
+    feed_reader: FeedReader,
+}
+
+/// A consumer of the change feed: the last position, each user's state and version, each
+/// room's occupancy.
+#[derive(Debug, Default)]
+struct FeedReader {
+    position: u64,
+    users: BTreeMap<String, Presence>,
+    occupied: BTreeMap<String, (bool, u64)>,
 }
 
 impl Harness {
     fn new(start: Tick, grace: Tick) -> Self {
+        let feed = FeedIntake::new(1 << 16, 0);
         Harness {
-            store: Store::new(config(grace), start).unwrap(),
+            store: Store::new(config(grace), start).unwrap().with_feed(feed.clone()),
+            feed,
+            feed_reader: FeedReader::default(),
             now: start,
             users: BTreeMap::new(),
             issued: BTreeMap::new(),
@@ -813,6 +836,7 @@ impl Harness {
         let mut changes = Changes::default();
         let answered = self.apply_op(op, issued, &mut changes)?;
         self.take_room_changes(&before, &changes.rooms)?;
+        self.take_feed(&changes)?;
         if let Some((room, version)) = answered {
             prop_assert_eq!(
                 version,
@@ -1130,9 +1154,72 @@ impl Harness {
         }
         self.take_changes(flips, &changes.users, false)?;
         self.take_room_changes(&before, &changes.rooms)?;
+        self.take_feed(&changes)?;
         // B6: the driver forgot every user whose window ended by now, and only those.
         let now = self.now;
         self.users.retain(|_, u| u.forget_at().is_none_or(|at| at > now));
+        Ok(())
+    }
+
+    /// F1: drains the feed after one step whose published changes are `changes` (already
+    /// checked against the model), and checks it and its reader against the model.
+    fn take_feed(&mut self, changes: &Changes) -> TestResult {
+        let drained = self.feed.drain(self.now);
+        prop_assert_eq!(drained.dropped, None, "the feed dropped entries");
+        let reader = &mut self.feed_reader;
+        let mut users = Vec::new();
+        let mut rooms = Vec::new();
+        for entry in &drained.entries {
+            prop_assert!(entry.position > reader.position, "F1: a position that does not grow: {:?}", entry);
+            reader.position = entry.position;
+            match &entry.event {
+                FeedEvent::User(change) => {
+                    let seen = reader.users.insert(change.user_id.to_string(), change.presence);
+                    prop_assert!(
+                        seen.is_none_or(|seen| seen.version < change.presence.version),
+                        "F1: {:?} after {:?}",
+                        change,
+                        seen
+                    );
+                    users.push(change.clone());
+                }
+                FeedEvent::Room(room) => {
+                    let seen = reader.occupied.insert(room.room_id.to_string(), (room.occupied, room.version));
+                    prop_assert!(
+                        seen.is_none_or(|(occupied, version)| occupied != room.occupied && version < room.version),
+                        "F1: {:?} after {:?}",
+                        room,
+                        seen
+                    );
+                    rooms.push((room.room_id.clone(), room.occupied, room.version));
+                }
+            }
+        }
+        prop_assert!(drained.through >= reader.position);
+        reader.position = drained.through;
+        prop_assert_eq!(&users, &changes.users, "F1: the feed's users are the published changes");
+        let occupancy: Vec<_> = changes
+            .rooms
+            .iter()
+            .filter_map(|change| match &change.body {
+                RoomEventBody::Member { kind: RoomChangeKind::Joined, .. } if change.users == 1 => {
+                    Some((change.room_id.clone(), true, change.version))
+                }
+                RoomEventBody::Member { kind: RoomChangeKind::Left, .. } if change.users == 0 => {
+                    Some((change.room_id.clone(), false, change.version))
+                }
+                _ => None,
+            })
+            .collect();
+        prop_assert_eq!(&rooms, &occupancy, "F1: the feed's rooms are the occupancy changes");
+        for (&user, model) in &self.users {
+            let fed = self.feed_reader.users.get(USERS[user]).copied().unwrap_or(Presence::UNKNOWN);
+            prop_assert_eq!(fed, model.presence(), "F1: {} as the feed has it", USERS[user]);
+        }
+        for (room, model) in self.rooms().iter().enumerate() {
+            let occupied = self.feed_reader.occupied.get(ROOMS[room]).is_some_and(|&(occupied, _)| occupied);
+            prop_assert_eq!(occupied, !model.members.is_empty(), "F1: {} occupied as the feed has it", ROOMS[room]);
+        }
         Ok(())
     }
 
@@ -1190,6 +1277,7 @@ impl Harness {
         }
         self.take_changes(flips, &changes.users, true)?;
         self.take_room_changes(&before, &changes.rooms)?;
+        self.take_feed(&changes)?;
         self.check_rooms()?;
         for (user, presence) in snapshot.iter().enumerate() {
             prop_assert_eq!(*presence, self.presence(user), "snapshot of {}", ids[user]);
