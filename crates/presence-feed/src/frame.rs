@@ -1,0 +1,208 @@
+//! One feed entry as bytes: the same in the memory ring, in a segment file
+//! and in a read, so that writing is a copy and reading a slice.
+//!
+//! ```text
+//! offset  size  field
+//!      0     4  length of everything from offset 8 (u32, little-endian)
+//!      4     4  CRC-32 (IEEE) of everything from offset 8
+//!      8     8  position (u64)
+//!     16     4  slot (u32)
+//!     20     1  kind (FrameKind)
+//!     21     8  store time, ms (u64)
+//!     29     1  id length n (at most 255)
+//!     30     n  the user's or room's id
+//!   30+n     …  body: the event as the server encodes it for the wire
+//! ```
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// Bytes before the checked part: the length and the checksum.
+pub(crate) const PREFIX: usize = 8;
+/// Bytes of a frame without its id and body.
+const HEADER: usize = 30;
+/// The largest frame the log writes or reads back (a sanity bound on a
+/// length read from a damaged file).
+pub(crate) const MAX_FRAME: usize = 1 << 20;
+
+/// What a frame records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// A user's ONLINE/OFFLINE flip.
+    Flip = 1,
+    /// A user's status changed.
+    Status = 2,
+    /// A room became occupied or empty.
+    RoomOccupancy = 3,
+    /// Entries that were lost (a crash, an intake that overflowed, a
+    /// takeover from a follower behind): their range, not their contents.
+    Gap = 4,
+}
+
+impl FrameKind {
+    fn from_byte(byte: u8) -> Option<FrameKind> {
+        Some(match byte {
+            1 => FrameKind::Flip,
+            2 => FrameKind::Status,
+            3 => FrameKind::RoomOccupancy,
+            4 => FrameKind::Gap,
+            _ => return None,
+        })
+    }
+}
+
+/// Why bytes are not a frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// Fewer bytes than the frame says it has (a write cut short).
+    #[error("a frame cut short: {have} of {need} bytes")]
+    Short {
+        /// Bytes there.
+        have: usize,
+        /// Bytes the frame needs.
+        need: usize,
+    },
+    /// The checksum does not match, or the fields do not fit together.
+    #[error("a damaged frame: {0}")]
+    Damaged(&'static str),
+}
+
+/// One entry of the feed (see the module for its bytes).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Frame(Bytes);
+
+impl std::fmt::Debug for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frame")
+            .field("position", &self.position())
+            .field("slot", &self.slot())
+            .field("kind", &self.kind())
+            .field("id", &String::from_utf8_lossy(self.id()))
+            .field("body", &self.body().len())
+            .finish()
+    }
+}
+
+impl Frame {
+    /// A frame of these fields. An id longer than 255 bytes is cut (ids are
+    /// at most 128 bytes).
+    pub fn new(position: u64, slot: u32, kind: FrameKind, at: u64, id: &[u8], body: &[u8]) -> Frame {
+        let id = &id[..id.len().min(255)];
+        let len = HEADER - PREFIX + id.len() + body.len();
+        let mut bytes = BytesMut::with_capacity(PREFIX + len);
+        bytes.put_u32_le(len as u32);
+        bytes.put_u32_le(0);
+        bytes.put_u64_le(position);
+        bytes.put_u32_le(slot);
+        bytes.put_u8(kind as u8);
+        bytes.put_u64_le(at);
+        bytes.put_u8(id.len() as u8);
+        bytes.put_slice(id);
+        bytes.put_slice(body);
+        let crc = crc32fast::hash(&bytes[PREFIX..]);
+        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        Frame(bytes.freeze())
+    }
+
+    /// The frame at the start of `bytes`, checked, and its length; a slice
+    /// of `bytes`, not a copy.
+    pub fn parse(bytes: &Bytes) -> Result<(Frame, usize), FrameError> {
+        if bytes.len() < PREFIX {
+            return Err(FrameError::Short { have: bytes.len(), need: PREFIX });
+        }
+        let len = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
+        if !(HEADER - PREFIX..=MAX_FRAME).contains(&len) {
+            return Err(FrameError::Damaged("a length out of bounds"));
+        }
+        let need = PREFIX + len;
+        if bytes.len() < need {
+            return Err(FrameError::Short { have: bytes.len(), need });
+        }
+        let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+        if crc32fast::hash(&bytes[PREFIX..need]) != crc {
+            return Err(FrameError::Damaged("its checksum does not match"));
+        }
+        let frame = Frame(bytes.slice(..need));
+        if FrameKind::from_byte(frame.0[20]).is_none() {
+            return Err(FrameError::Damaged("an unknown kind"));
+        }
+        if HEADER + frame.0[29] as usize > need {
+            return Err(FrameError::Damaged("an id longer than the frame"));
+        }
+        Ok((frame, need))
+    }
+
+    /// The frame's bytes, as written.
+    pub fn bytes(&self) -> &Bytes {
+        &self.0
+    }
+
+    /// The entry's position.
+    pub fn position(&self) -> u64 {
+        u64::from_le_bytes(self.0[8..16].try_into().expect("8 bytes"))
+    }
+
+    /// The slot of the entry's user or room.
+    pub fn slot(&self) -> u32 {
+        u32::from_le_bytes(self.0[16..20].try_into().expect("4 bytes"))
+    }
+
+    /// The cursor just after this entry.
+    pub fn cursor(&self) -> crate::Cursor {
+        crate::Cursor { position: self.position(), slot: self.slot() }
+    }
+
+    /// What it records.
+    pub fn kind(&self) -> FrameKind {
+        FrameKind::from_byte(self.0[20]).expect("checked when built or parsed")
+    }
+
+    /// The store time of the entry, ms.
+    pub fn at(&self) -> u64 {
+        u64::from_le_bytes(self.0[21..29].try_into().expect("8 bytes"))
+    }
+
+    /// The user's or room's id (empty for a gap).
+    pub fn id(&self) -> &[u8] {
+        &self.0[HEADER..HEADER + self.0[29] as usize]
+    }
+
+    /// The event as the server encoded it.
+    pub fn body(&self) -> Bytes {
+        self.0.slice(HEADER + self.0[29] as usize..)
+    }
+
+    /// Bytes the frame takes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never: a frame has at least its header.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_reads_back_its_fields_and_a_changed_byte_is_refused() {
+        let frame = Frame::new(7 << 20, 21, FrameKind::Status, 1_700_000_000_000, b"alice", b"\x0a\x05body!");
+        let bytes = frame.bytes().clone();
+        let (read, len) = Frame::parse(&bytes).unwrap();
+        assert_eq!(len, bytes.len());
+        assert_eq!((read.position(), read.slot(), read.kind()), (7 << 20, 21, FrameKind::Status));
+        assert_eq!((read.at(), read.id(), &read.body()[..]), (1_700_000_000_000, &b"alice"[..], &b"\x0a\x05body!"[..]));
+        for at in 4..bytes.len() {
+            let mut damaged = bytes.to_vec();
+            damaged[at] ^= 0x40;
+            assert!(Frame::parse(&Bytes::from(damaged)).is_err(), "byte {at} changed");
+        }
+        assert_eq!(
+            Frame::parse(&bytes.slice(..bytes.len() - 1)),
+            Err(FrameError::Short { have: bytes.len() - 1, need: bytes.len() })
+        );
+    }
+}

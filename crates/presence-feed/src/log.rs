@@ -1,0 +1,446 @@
+//! The log: frames in position order, retained by age and bytes, read from
+//! a cursor while one writer appends.
+//!
+//! In memory the log is a ring of frames. On disk it is a directory of
+//! segment files (`segment.rs`) and the same ring holding the newest frames,
+//! so that consumers keeping up never read the disk. A batch is visible to
+//! readers only once it is written and synced (group commit: one `fdatasync`
+//! per batch), so nothing a consumer was sent can be lost by a crash.
+//!
+//! Besides the segments the directory holds `trimmed` (the cursor through
+//! which retention removed frames, so that a cursor before it is refused
+//! after a restart as before it) and, between an orderly close and the next
+//! open, `clean` (the log's last position): its absence at open means the
+//! process that wrote the log did not close it, and the server marks a gap.
+
+use std::collections::VecDeque;
+use std::fs;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::frame::{Frame, FrameError, MAX_FRAME};
+use crate::segment::{self, Segment};
+use crate::Cursor;
+
+/// How much of the feed is kept (F2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Frames older than this (by their store time) are removed.
+    pub max_age_ms: u64,
+    /// At most about this many bytes of frames are kept.
+    pub max_bytes: u64,
+}
+
+/// Frames newer than the oldest a disk log keeps in memory: what consumers
+/// that keep up read.
+const TAIL_BYTES_ON_DISK: u64 = 32 << 20;
+/// The largest segment file; byte retention removes a segment at a time.
+const MAX_SEGMENT_BYTES: u64 = 16 << 20;
+const MIN_SEGMENT_BYTES: u64 = 64 << 10;
+const TRIMMED: &str = "trimmed";
+const CLEAN: &str = "clean";
+
+/// A cursor before what the log still holds (F2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the cursor is before the oldest change the feed still holds")]
+pub struct OutOfRange {
+    /// The cursor that resumes at the oldest change the log holds.
+    pub oldest: Cursor,
+}
+
+/// What a read found.
+#[derive(Debug, Default)]
+pub struct Read {
+    /// Frames after the cursor, in order.
+    pub frames: Vec<Frame>,
+    /// The log is complete up to here: no frame at or before it will be
+    /// appended. A reader that got every frame up to it may store it.
+    pub end: Cursor,
+}
+
+/// What opening a log on disk found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovery {
+    /// Whether the process that wrote it closed it.
+    pub clean: bool,
+    /// The last frame's position, or through which the log was complete (0: empty).
+    pub last_position: u64,
+    /// Frames found.
+    pub frames: u64,
+    /// What was damaged and cut off (a write torn by a crash), by file.
+    pub repairs: Vec<String>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// The newest frames; every frame after `tail_from` is here.
+    tail: VecDeque<Frame>,
+    tail_bytes: u64,
+    tail_from: Cursor,
+    /// On disk: the segments, oldest first; the last one takes appends.
+    segments: VecDeque<Segment>,
+    /// Frames at or before it are gone.
+    trimmed: Cursor,
+    /// Complete through here.
+    end: Cursor,
+}
+
+/// The feed's log (see the module).
+#[derive(Debug)]
+pub struct FeedLog {
+    dir: Option<PathBuf>,
+    retention: Retention,
+    state: RwLock<State>,
+    /// One writer at a time; readers never take it.
+    writer: Mutex<()>,
+}
+
+impl FeedLog {
+    /// A log in memory only.
+    pub fn in_memory(retention: Retention) -> FeedLog {
+        FeedLog {
+            dir: None,
+            retention,
+            state: RwLock::new(State {
+                tail: VecDeque::new(),
+                tail_bytes: 0,
+                tail_from: Cursor::START,
+                segments: VecDeque::new(),
+                trimmed: Cursor::START,
+                end: Cursor::START,
+            }),
+            writer: Mutex::new(()),
+        }
+    }
+
+    /// Opens (or creates) the log in `dir`, checking every frame and cutting
+    /// off a tail that a crash left half written.
+    pub fn open(dir: &Path, retention: Retention) -> io::Result<(FeedLog, Recovery)> {
+        fs::create_dir_all(dir)?;
+        let clean_path = dir.join(CLEAN);
+        let clean = clean_path.exists();
+        let trimmed = match fs::read_to_string(dir.join(TRIMMED)) {
+            Ok(text) => parse_cursor(&text).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: not a position and a slot", dir.join(TRIMMED).display()),
+                )
+            })?,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Cursor::START,
+            Err(error) => return Err(error),
+        };
+        let mut firsts: Vec<u64> = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            if let Some(first) = entry.file_name().to_str().and_then(segment::first_of) {
+                firsts.push(first);
+            }
+        }
+        firsts.sort_unstable();
+        let mut segments = VecDeque::new();
+        let mut repairs = Vec::new();
+        let mut last = trimmed.position;
+        let mut end = trimmed;
+        let mut frames = 0;
+        for first in firsts {
+            let path = Segment::path_for(dir, first);
+            let (found, repair) = Segment::recover(&path, last)?;
+            if let Some(repair) = repair {
+                repairs.push(format!(
+                    "{}: {} bytes cut off at offset {} ({})",
+                    path.display(),
+                    repair.cut,
+                    repair.offset,
+                    repair.why
+                ));
+            }
+            if found.is_empty() {
+                fs::remove_file(&path)?;
+                continue;
+            }
+            last = found.last;
+            end = found.last_cursor;
+            frames += count_frames(&found)?;
+            segments.push_back(found);
+        }
+        if clean {
+            fs::remove_file(&clean_path)?;
+        }
+        sync_dir(dir)?;
+        let recovery = Recovery { clean: clean && repairs.is_empty(), last_position: last, frames, repairs };
+        let log = FeedLog {
+            dir: Some(dir.to_owned()),
+            retention,
+            state: RwLock::new(State {
+                tail: VecDeque::new(),
+                tail_bytes: 0,
+                tail_from: end,
+                segments,
+                trimmed,
+                end,
+            }),
+            writer: Mutex::new(()),
+        };
+        Ok((log, recovery))
+    }
+
+    /// Whether the log is on disk.
+    pub fn is_durable(&self) -> bool {
+        self.dir.is_some()
+    }
+
+    /// The retention it keeps.
+    pub fn retention(&self) -> Retention {
+        self.retention
+    }
+
+    /// Appends `frames` (positions after every frame before, in order),
+    /// written and synced before a reader can see them, and marks the log
+    /// complete through `through`; then removes what retention no longer
+    /// keeps at `now` (ms). On an error nothing of the batch is visible.
+    pub fn append(&self, frames: &[Frame], through: u64, now: u64) -> io::Result<()> {
+        let _writer = self.writer.lock();
+        debug_assert!(frames.windows(2).all(|pair| pair[0].position() < pair[1].position()));
+        if let (Some(dir), Some(first)) = (&self.dir, frames.first()) {
+            self.write(dir, frames, first.position())?;
+        }
+        let mut state = self.state.write();
+        if let Some(last) = frames.last() {
+            debug_assert!(last.cursor() > state.end || state.end.position < last.position());
+            for frame in frames {
+                state.tail_bytes += frame.len() as u64;
+                state.tail.push_back(frame.clone());
+            }
+            state.end = last.cursor();
+        }
+        if through > state.end.position {
+            state.end = Cursor::through(through);
+        }
+        let cap = if self.dir.is_some() { TAIL_BYTES_ON_DISK.min(self.retention.max_bytes) } else { self.retention.max_bytes };
+        let memory = self.dir.is_none();
+        while state.tail_bytes > cap || state.tail.front().is_some_and(|front| memory && self.expired(front.at(), now)) {
+            let Some(front) = state.tail.pop_front() else { break };
+            state.tail_bytes -= front.len() as u64;
+            state.tail_from = front.cursor();
+            if memory {
+                state.trimmed = front.cursor();
+            }
+        }
+        drop(state);
+        if let Some(dir) = &self.dir {
+            self.trim_segments(dir, now)?;
+        }
+        Ok(())
+    }
+
+    fn expired(&self, at: u64, now: u64) -> bool {
+        at.saturating_add(self.retention.max_age_ms) < now
+    }
+
+    fn segment_bytes(&self) -> u64 {
+        (self.retention.max_bytes / 8).clamp(MIN_SEGMENT_BYTES, MAX_SEGMENT_BYTES)
+    }
+
+    /// Writes and syncs a batch to the last segment, or a new one.
+    fn write(&self, dir: &Path, frames: &[Frame], first: u64) -> io::Result<()> {
+        let (file, offset) = {
+            let state = self.state.read();
+            match state.segments.back() {
+                Some(last) if last.bytes < self.segment_bytes() => (Some(last.file.clone()), last.bytes),
+                _ => (None, 0),
+            }
+        };
+        let file = match file {
+            Some(file) => file,
+            None => {
+                let created = Segment::create(dir, first)?;
+                sync_dir(dir)?;
+                let file = created.file.clone();
+                self.state.write().segments.push_back(created);
+                file
+            }
+        };
+        let mut buffer = Vec::with_capacity(frames.iter().map(Frame::len).sum());
+        for frame in frames {
+            buffer.extend_from_slice(frame.bytes());
+        }
+        file.write_all_at(&buffer, offset)?;
+        file.sync_data()?;
+        let mut state = self.state.write();
+        let last = state.segments.back_mut().expect("the segment written to");
+        let mut at = offset;
+        for frame in frames {
+            last.note(frame, at);
+            at += frame.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Removes whole segments that retention no longer keeps: the oldest,
+    /// while the rest hold more than the bytes kept, or while its newest
+    /// frame is older than the age kept.
+    fn trim_segments(&self, dir: &Path, now: u64) -> io::Result<()> {
+        let mut removed = Vec::new();
+        {
+            let mut state = self.state.write();
+            let mut total: u64 = state.segments.iter().map(|segment| segment.bytes).sum();
+            while let Some(oldest) = state.segments.front() {
+                if total <= self.retention.max_bytes && !self.expired(oldest.last_at, now) {
+                    break;
+                }
+                let oldest = state.segments.pop_front().expect("a front");
+                total -= oldest.bytes;
+                state.trimmed = state.trimmed.max(oldest.last_cursor);
+                state.tail_from = state.tail_from.max(state.trimmed);
+                removed.push(oldest);
+            }
+        }
+        if let Some(last) = removed.last() {
+            let trimmed = last.last_cursor;
+            write_atomically(&dir.join(TRIMMED), format!("{} {}\n", trimmed.position, trimmed.slot).as_bytes())?;
+            for segment in &removed {
+                fs::remove_file(&segment.path)?;
+            }
+            sync_dir(dir)?;
+        }
+        Ok(())
+    }
+
+    /// The frames after `after`, up to about `max_bytes` of them (at least
+    /// one when there is one), and how far the log is complete; or
+    /// [`OutOfRange`] for a cursor before what it holds.
+    pub fn read(&self, after: Cursor, max_bytes: usize) -> Result<Read, ReadError> {
+        let state = self.state.read();
+        if after < state.trimmed {
+            return Err(ReadError::OutOfRange(OutOfRange { oldest: state.trimmed }));
+        }
+        let end = state.end;
+        if after >= state.tail_from {
+            let from = state.tail.partition_point(|frame| frame.cursor() <= after);
+            let mut frames = Vec::new();
+            let mut bytes = 0;
+            for frame in state.tail.range(from..) {
+                if bytes >= max_bytes && !frames.is_empty() {
+                    break;
+                }
+                bytes += frame.len();
+                frames.push(frame.clone());
+            }
+            // The end is known complete only once every frame before it is read.
+            let end = if frames.len() == state.tail.len() - from { end } else { after.max(frames_end(&frames)) };
+            return Ok(Read { frames, end });
+        }
+        let at = state.segments.partition_point(|segment| segment.last_cursor <= after);
+        let Some(segment) = state.segments.get(at) else {
+            return Ok(Read { frames: Vec::new(), end });
+        };
+        let (file, offset, limit) = (segment.file.clone(), segment.offset_before(after.position), segment.bytes);
+        drop(state);
+        let chunk = segment::read_at(&file, offset, limit, max_bytes.max(MAX_FRAME))
+            .map_err(|error| ReadError::Io(error.to_string()))?;
+        let mut frames = Vec::new();
+        let mut at = 0;
+        let mut bytes = 0;
+        while at < chunk.len() && bytes < max_bytes {
+            match Frame::parse(&chunk.slice(at..)) {
+                Ok((frame, size)) => {
+                    at += size;
+                    if frame.cursor() > after {
+                        bytes += size;
+                        frames.push(frame);
+                    }
+                }
+                Err(FrameError::Short { .. }) => break,
+                Err(error) => return Err(ReadError::Io(error.to_string())),
+            }
+        }
+        let end = after.max(frames_end(&frames));
+        Ok(Read { frames, end })
+    }
+
+    /// The cursor through which it is complete now.
+    pub fn end(&self) -> Cursor {
+        self.state.read().end
+    }
+
+    /// The cursor that resumes at the oldest frame it holds.
+    pub fn oldest(&self) -> Cursor {
+        self.state.read().trimmed
+    }
+
+    /// Bytes of frames it holds.
+    pub fn bytes(&self) -> u64 {
+        let state = self.state.read();
+        if self.dir.is_some() { state.segments.iter().map(|segment| segment.bytes).sum() } else { state.tail_bytes }
+    }
+
+    /// Syncs the last segment and writes the mark of an orderly close, so
+    /// that the next open knows nothing was lost. Nothing may be appended
+    /// after it.
+    pub fn close(&self) -> io::Result<()> {
+        let Some(dir) = &self.dir else { return Ok(()) };
+        let _writer = self.writer.lock();
+        let state = self.state.read();
+        if let Some(last) = state.segments.back() {
+            last.file.sync_all()?;
+        }
+        write_atomically(&dir.join(CLEAN), format!("{}\n", state.end.position).as_bytes())
+    }
+}
+
+/// Why a read failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    /// The cursor is before what the log holds.
+    #[error(transparent)]
+    OutOfRange(#[from] OutOfRange),
+    /// The disk failed, or a segment is damaged.
+    #[error("reading the feed: {0}")]
+    Io(String),
+}
+
+/// A cursor as `trimmed` holds it: its position and slot.
+fn parse_cursor(text: &str) -> Option<Cursor> {
+    let mut fields = text.split_whitespace();
+    let cursor = Cursor { position: fields.next()?.parse().ok()?, slot: fields.next()?.parse().ok()? };
+    fields.next().is_none().then_some(cursor)
+}
+
+fn frames_end(frames: &[Frame]) -> Cursor {
+    frames.last().map_or(Cursor::START, Frame::cursor)
+}
+
+fn count_frames(segment: &Segment) -> io::Result<u64> {
+    let mut count = 0;
+    let mut offset = 0;
+    while offset < segment.bytes {
+        let chunk = segment.read_chunk(offset, segment.bytes, 4 * MAX_FRAME)?;
+        let mut at = 0;
+        while let Ok((_, size)) = Frame::parse(&chunk.slice(at..)) {
+            at += size;
+            count += 1;
+        }
+        if at == 0 {
+            break;
+        }
+        offset += at as u64;
+    }
+    Ok(count)
+}
+
+/// Writes a small file whole or not at all: a temporary file, synced, renamed.
+fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
+    let temporary = path.with_extension("tmp");
+    fs::write(&temporary, contents)?;
+    fs::File::open(&temporary)?.sync_all()?;
+    fs::rename(&temporary, path)?;
+    sync_dir(path.parent().expect("a file in the log's directory"))
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    fs::File::open(dir)?.sync_all()
+}
+
