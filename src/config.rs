@@ -182,6 +182,15 @@ pub(crate) struct ServeArgs {
     /// Last seen is released to viewers rounded down to this.
     #[arg(long, env = "PRESENCED_LAST_SEEN_GRANULARITY_MS", value_name = "MS")]
     last_seen_granularity_ms: Option<u64>,
+    /// Changes older than this leave the change feed (`Changes`). [default:
+    /// 86400000, a day]
+    #[arg(long, env = "PRESENCED_FEED_RETENTION_MS", value_name = "MS")]
+    feed_retention_ms: Option<u64>,
+    /// At most about this many bytes of the change feed are kept, on disk
+    /// with --data-dir, else in memory; 0 turns the feed off. [default:
+    /// 1073741824 (1 GiB) with --data-dir, 67108864 (64 MiB) without]
+    #[arg(long, env = "PRESENCED_FEED_RETENTION_BYTES", value_name = "BYTES")]
+    feed_retention_bytes: Option<u64>,
     /// Client connections open at once; more are refused with an HTTP/2
     /// GOAWAY (an HTTP/1 client: a 503). Keep it below the file-descriptor
     /// limit.
@@ -413,6 +422,7 @@ fields_of_server_config! {
     activity_write_interval_ms => activity_write_interval;
     default_visibility => default_visibility;
     last_seen_granularity_ms => last_seen_granularity;
+    feed_retention_ms => feed_retention;
     max_connections => max_connections;
     handshake_timeout_ms => handshake_timeout;
     max_streams_per_connection => max_streams_per_connection;
@@ -634,6 +644,12 @@ impl ServeArgs {
         if server.last_seen_granularity.is_zero() {
             return Err(SettingsError::Invalid("last-seen-granularity-ms must be at least 1".into()));
         }
+        if server.feed_retention.is_zero() {
+            return Err(SettingsError::Invalid(
+                "feed-retention-ms must be at least 1 (turn the feed off with --feed-retention-bytes 0)".into(),
+            ));
+        }
+        server.feed_retention_bytes = args.feed_retention_bytes.or(server.feed_retention_bytes);
         server.restart_grace = args.restart_grace_ms.map(Duration::from_millis).or(server.restart_grace);
         server.data_dir = args.data_dir.clone().or(server.data_dir);
         server.restore = args.restore.clone();

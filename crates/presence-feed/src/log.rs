@@ -99,18 +99,20 @@ pub struct FeedLog {
 }
 
 impl FeedLog {
-    /// A log in memory only.
-    pub fn in_memory(retention: Retention) -> FeedLog {
+    /// A log in memory only, whose frames come after `start`: a cursor
+    /// before it (of an earlier process, whose log went with it) is out of
+    /// range.
+    pub fn in_memory(retention: Retention, start: Cursor) -> FeedLog {
         FeedLog {
             dir: None,
             retention,
             state: RwLock::new(State {
                 tail: VecDeque::new(),
                 tail_bytes: 0,
-                tail_from: Cursor::START,
+                tail_from: start,
                 segments: VecDeque::new(),
-                trimmed: Cursor::START,
-                end: Cursor::START,
+                trimmed: start,
+                end: start,
             }),
             writer: Mutex::new(()),
         }

@@ -44,7 +44,7 @@ fn f1_a_reader_gets_every_frame_after_its_cursor_once_in_order_in_memory_and_on_
     let dir = scratch("every-frame");
     let (disk, recovery) = FeedLog::open(&dir, Retention { max_age_ms: u64::MAX / 2, max_bytes: 1 << 30 }).unwrap();
     assert_eq!((recovery.clean, recovery.frames), (false, 0));
-    let memory = FeedLog::in_memory(FOREVER);
+    let memory = FeedLog::in_memory(FOREVER, Cursor::START);
     for log in [&disk, &memory] {
         for batch in 0..50 {
             log.append(&frames(1 + batch * 1_000, 1 + (batch + 1) * 1_000), 0, 0).unwrap();
@@ -114,7 +114,7 @@ fn f2_retention_by_bytes_and_age_refuses_older_cursors_naming_the_oldest_even_af
     let dir = scratch("retention");
     let by_bytes = Retention { max_age_ms: u64::MAX / 2, max_bytes: 1 << 20 };
     let (disk, _) = FeedLog::open(&dir, by_bytes).unwrap();
-    let memory = FeedLog::in_memory(by_bytes);
+    let memory = FeedLog::in_memory(by_bytes, Cursor::START);
     for log in [&disk, &memory] {
         for batch in 0..100 {
             log.append(&frames(1 + batch * 1_000, 1 + (batch + 1) * 1_000), 0, 0).unwrap();
@@ -137,7 +137,7 @@ fn f2_retention_by_bytes_and_age_refuses_older_cursors_naming_the_oldest_even_af
     assert!(matches!(disk.read(Cursor::START, 1), Err(ReadError::OutOfRange(_))));
 
     let by_age = Retention { max_age_ms: 10_000, max_bytes: 1 << 30 };
-    let memory = FeedLog::in_memory(by_age);
+    let memory = FeedLog::in_memory(by_age, Cursor::START);
     memory.append(&frames(1, 1_001), 0, 1_000).unwrap();
     memory.append(&frames(1_001, 2_001), 0, 1_500 + 10_000).unwrap();
     assert_eq!(memory.oldest().position, 1_499, "frames older than 10 s at 11.5 s are gone");
@@ -146,7 +146,7 @@ fn f2_retention_by_bytes_and_age_refuses_older_cursors_naming_the_oldest_even_af
 
 #[test]
 fn a_frame_body_is_read_back_as_written() {
-    let log = FeedLog::in_memory(FOREVER);
+    let log = FeedLog::in_memory(FOREVER, Cursor::START);
     let frame = Frame::new(5, 3, FrameKind::Gap, 9, b"", b"gap body");
     log.append(std::slice::from_ref(&frame), 0, 0).unwrap();
     let read = log.read(Cursor::START, 1).unwrap();

@@ -30,6 +30,7 @@ use crate::node::context::Context;
 use crate::node::data_dir::{DataDir, Loaded};
 use crate::node::durable::BackupRow;
 use crate::node::durable::{self, DurableStore};
+use crate::node::feed::Feed;
 use crate::{ServeError, ServerConfig, StoreClock};
 
 /// A server whose configuration has been checked and whose data directory is
@@ -64,6 +65,9 @@ pub struct PreparedServer {
     /// The store of `--restore`'s backup and when it was written, read here
     /// because a corrupt or foreign file refuses the configuration (D3).
     from_backup: Option<(Store, u64)>,
+    /// The change feed, opened here because a feed that cannot be read
+    /// refuses to start (F2); `None` when it is turned off.
+    feed: Option<Arc<Feed>>,
 }
 
 impl std::fmt::Debug for PreparedServer {
@@ -168,6 +172,23 @@ impl PreparedServer {
                 (None, None, None)
             }
         };
+        // The change feed is opened here, before `listening on`: a feed it cannot read refuses to start.
+        let feed = match config.feed_retention() {
+            None => None,
+            // The feed across a cluster (F3) is not built yet: a cluster node keeps none.
+            Some(_) if config.cluster.is_some() => None,
+            Some(retention) => {
+                let dir = data_dir.as_ref().map(DataDir::feed_path);
+                let slots = config.cluster.as_ref().map_or(crate::node::feed::SINGLE_NODE_SLOTS, |cluster| cluster.slots);
+                let (feed, opened) = Feed::open(dir.as_deref(), retention, slots, clock.now()).map_err(|err| {
+                    data_dir_error(dir.as_deref().unwrap_or(Path::new("")), format!("the change feed: {err}"))
+                })?;
+                if dir.is_some() {
+                    tracing::info!(entries = opened.frames, gap = opened.gap, "change feed opened");
+                }
+                Some(feed)
+            }
+        };
         let readiness = Arc::new(Readiness::default());
         let from_backup = from_backup.map(|(restored, _)| (restored.store, restored.written_at));
         Ok(PreparedServer {
@@ -182,6 +203,7 @@ impl PreparedServer {
             tls,
             readiness,
             from_backup,
+            feed,
         })
     }
 
@@ -204,6 +226,7 @@ impl PreparedServer {
             tls,
             readiness,
             from_backup,
+            feed,
         } = self;
         let started = clock.now();
         let hold_until = started.saturating_add(config.restart_grace_ms());
@@ -218,6 +241,10 @@ impl PreparedServer {
             None => Store::new(config.store.clone(), started)?,
         };
         let expiry_wake = Arc::new(Notify::new());
+        let store = match &feed {
+            Some(feed) => store.with_feed(feed.intake()),
+            None => store,
+        };
         let store = Arc::new(store.with_expiry_waker({
             let wake = Arc::clone(&expiry_wake);
             move || wake.notify_one()
@@ -238,6 +265,8 @@ impl PreparedServer {
                 (context, Some(cluster))
             }
         };
+        let mut context = context;
+        context.feed = feed;
         let context = Arc::new(context);
         if let Some(stored) = stored {
             context.privacy.load(stored, started);

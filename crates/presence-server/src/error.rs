@@ -180,6 +180,25 @@ pub(crate) enum ServiceError {
         /// What was done regardless, and what the first failure said.
         reason: String,
     },
+    /// A Changes cursor the feed cannot resume from (F2): older than what
+    /// it retains, or not one of its own. The detail carries the oldest
+    /// cursor it can resume from.
+    #[error(
+        "cursor: {why}; resync from a Snapshot, then resume from the oldest cursor (the ChangesOutOfRange detail)"
+    )]
+    FeedOutOfRange {
+        /// Resumes at the oldest change the feed holds.
+        oldest: presence_feed::Cursor,
+        /// What is wrong with the cursor.
+        why: &'static str,
+    },
+    /// A node that keeps no change feed: turned off, or a cluster node (the
+    /// feed across a cluster, F3, is not built yet).
+    #[error(
+        "Changes: this node keeps no change feed (it is turned off with --feed-retention-bytes 0, or this is a \
+         cluster node: the change feed across a cluster is not built yet)"
+    )]
+    NoFeed,
     /// A task of the server's own failed.
     #[error("{0}")]
     Internal(String),
@@ -220,6 +239,8 @@ fn not_owner_message(not_owner: &NotOwner) -> String {
 
 /// `presence.v1.NotOwner`'s type URL in a status's details.
 pub(crate) const NOT_OWNER_TYPE_URL: &str = "type.googleapis.com/presence.v1.NotOwner";
+/// `presence.v1.ChangesOutOfRange`'s type URL in a status's details.
+pub(crate) const CHANGES_OUT_OF_RANGE_TYPE_URL: &str = "type.googleapis.com/presence.v1.ChangesOutOfRange";
 
 impl ServiceError {
     /// The `presence.v1.NotOwner` of a refusal by a node that does not own the user.
@@ -261,6 +282,8 @@ impl ServiceError {
             | ServiceError::RoomsNotHere { .. }
             | ServiceError::RoomRebuilding { .. } => Code::Unavailable,
             ServiceError::Internal(_) => Code::Internal,
+            ServiceError::FeedOutOfRange { .. } => Code::OutOfRange,
+            ServiceError::NoFeed => Code::FailedPrecondition,
             ServiceError::NotClustered { .. }
             | ServiceError::MoveRefused(_)
             | ServiceError::ProtocolMismatch { .. } => Code::FailedPrecondition,
@@ -309,12 +332,11 @@ impl From<ServiceError> for Status {
             ),
             ServiceError::NotOwner(_) => {
                 let detail = err.not_owner().expect("a NotOwner refusal").encode_to_vec();
-                let status = tonic_types::Status {
-                    code: Code::Unavailable as i32,
-                    message: message.clone(),
-                    details: vec![prost_types::Any { type_url: NOT_OWNER_TYPE_URL.to_owned(), value: detail }],
-                };
-                Status::with_details(Code::Unavailable, message, status.encode_to_vec().into())
+                with_detail(Code::Unavailable, message, NOT_OWNER_TYPE_URL, detail)
+            }
+            ServiceError::FeedOutOfRange { oldest, .. } => {
+                let detail = pb::ChangesOutOfRange { oldest_cursor: oldest.encode().to_vec() }.encode_to_vec();
+                with_detail(Code::OutOfRange, message, CHANGES_OUT_OF_RANGE_TYPE_URL, detail)
             }
             ServiceError::CredentialsExpired | ServiceError::CredentialsRevoked => {
                 let reason = if matches!(err, ServiceError::CredentialsExpired) {
@@ -328,6 +350,16 @@ impl From<ServiceError> for Status {
             _ => Status::new(err.code(), message),
         }
     }
+}
+
+/// A status with one detail of presenced's own messages.
+fn with_detail(code: Code, message: String, type_url: &str, detail: Vec<u8>) -> Status {
+    let status = tonic_types::Status {
+        code: code as i32,
+        message: message.clone(),
+        details: vec![prost_types::Any { type_url: type_url.to_owned(), value: detail }],
+    };
+    Status::with_details(code, message, status.encode_to_vec().into())
 }
 
 #[cfg(test)]

@@ -62,6 +62,7 @@ pub use node::hub::{Delivery, Hub, Mailbox, Subscription};
 pub use node::leases::{LeasesStream, MAX_BATCH_ITEMS};
 pub use node::privacy;
 pub use node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
+pub use node::feed::{ChangesStream, DEFAULT_RETENTION_BYTES_IN_MEMORY, DEFAULT_RETENTION_BYTES_ON_DISK, DEFAULT_RETENTION_MS};
 pub use node::watch::WatchStream;
 pub use node::wire::MAX_USERS_PER_REQUEST;
 
@@ -149,6 +150,12 @@ pub struct ServerConfig {
     /// certificates) is read again to see whether it changed (T4); SIGHUP
     /// reads it at once.
     pub tls_reload_interval: Duration,
+    /// Changes older than this leave the change feed (F2).
+    pub feed_retention: Duration,
+    /// At most about this many bytes of the change feed are kept (F2); `None`
+    /// takes 1 GiB with a data directory and 64 MiB in memory; 0 turns the
+    /// feed off.
+    pub feed_retention_bytes: Option<u64>,
 }
 
 /// The CPUs this process may use (2 when the system cannot tell): the
@@ -162,6 +169,17 @@ impl ServerConfig {
     pub(crate) fn restart_grace_ms(&self) -> u64 {
         self.restart_grace
             .map_or(u64::from(self.store.default_ttl_ms), |grace| u64::try_from(grace.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// The change feed's retention, or `None` when it is turned off.
+    pub(crate) fn feed_retention(&self) -> Option<presence_feed::Retention> {
+        let max_bytes = self.feed_retention_bytes.unwrap_or(if self.data_dir.is_some() {
+            node::feed::DEFAULT_RETENTION_BYTES_ON_DISK
+        } else {
+            node::feed::DEFAULT_RETENTION_BYTES_IN_MEMORY
+        });
+        let max_age_ms = u64::try_from(self.feed_retention.as_millis()).unwrap_or(u64::MAX);
+        (max_bytes > 0).then_some(presence_feed::Retention { max_age_ms, max_bytes })
     }
 }
 
@@ -194,6 +212,8 @@ impl Default for ServerConfig {
             cluster: None,
             tls: None,
             tls_reload_interval: Duration::from_secs(2),
+            feed_retention: Duration::from_millis(node::feed::DEFAULT_RETENTION_MS),
+            feed_retention_bytes: None,
         }
     }
 }
@@ -324,6 +344,9 @@ async fn serve_prepared(
         tokio::spawn(checkpoint_periodically(dir, Arc::clone(&context), config.checkpoint_interval, stopping.clone()))
     });
 
+    if let Some(feed) = &context.feed {
+        feed.start(clock.clone());
+    }
     let expiry = tokio::spawn(expiry::run(Arc::clone(&context), expiry_wake, config.expiry_batch));
     if let Some(cluster) = &cluster {
         cluster::start(&context, cluster);
@@ -471,6 +494,11 @@ async fn serve_prepared(
             Ok(Err(err)) => tracing::error!(%err, "cannot write the final checkpoint; the previous one stays"),
             Err(err) => tracing::error!(%err, "the final checkpoint task failed; the previous one stays"),
         }
+    }
+    if let Some(feed) = service_context.feed.clone() {
+        // After the final checkpoint: a restart from it lost no change the feed holds.
+        let now = clock.now();
+        let _ = tokio::task::spawn_blocking(move || feed.close(now)).await;
     }
     let stats = store.stats();
     tracing::info!(sessions = stats.sessions, online_users = stats.online_users, "stopped");

@@ -29,6 +29,7 @@ use crate::metrics::RenewResult;
 use crate::node::backup;
 use crate::node::context::{Context, hear_rooms, room_version_after};
 use crate::node::erase;
+use crate::node::feed::ChangesStream;
 use crate::node::leases::{self, LeaseQueue, LeasesStream};
 use crate::node::ops;
 use crate::node::placement::Acting;
@@ -613,6 +614,19 @@ impl PresenceApi for PresenceService {
     async fn erase_user(&self, request: Request<pb::EraseUserRequest>) -> Answer<pb::EraseUserResponse> {
         let entry = self.audited(&request, "EraseUser", json!({ "user_id": request.get_ref().user_id }));
         entry.done(self.erase_user_audited(request).await)
+    }
+
+    type ChangesStream = CredentialBound<ChangesStream>;
+
+    async fn changes(&self, request: Request<pb::ChangesRequest>) -> Answer<Self::ChangesStream> {
+        let caller = self.require(&request, Scope::Feed, "Changes")?;
+        let Some(feed) = &self.context.feed else {
+            return Err(ServiceError::NoFeed.into());
+        };
+        let (from, filter) = wire::changes_request(request.get_ref(), feed.slots())?;
+        let credentials = StreamCredentials::of(&self.auth, &request, caller, Some(Scope::Feed));
+        let stream = feed.changes(from, filter, self.context.stopping.clone())?;
+        Ok(Response::new(credentials.bind(stream)))
     }
 }
 

@@ -54,6 +54,8 @@ pub(crate) struct Context {
     pub(crate) placement: Arc<dyn Placement>,
     /// The data directory's durable store, for backups (D3); `None`: memory only.
     pub(crate) durable: Option<Arc<DurableStore>>,
+    /// The change feed (F1); `None` when it is turned off.
+    pub(crate) feed: Option<Arc<crate::node::feed::Feed>>,
 }
 
 impl Context {
@@ -97,6 +99,7 @@ impl Context {
             stopping,
             started: Instant::now(),
             placement,
+            feed: None,
         }
     }
 

@@ -25,6 +25,7 @@ const CHECKPOINT: &str = "leases.checkpoint";
 const PREVIOUS: &str = "leases.checkpoint.prev";
 const WRITING: &str = "leases.checkpoint.tmp";
 const DURABLE: &str = "durable.redb";
+const FEED: &str = "feed";
 /// How much of a checkpoint file is read at a time while loading: large
 /// enough that reading costs little per byte, small beside the store it fills.
 const READ_PIECE: usize = 1 << 20;
@@ -65,6 +66,11 @@ impl DataDir {
 
     pub(crate) fn durable_store_path(&self) -> PathBuf {
         self.path.join(DURABLE)
+    }
+
+    /// The change feed's directory of segment files (F2).
+    pub(crate) fn feed_path(&self) -> PathBuf {
+        self.path.join(FEED)
     }
 
     /// A store restored from the latest checkpoint that is intact, falling

@@ -13,6 +13,7 @@ pub(crate) mod data_dir;
 pub(crate) mod durable;
 pub(crate) mod erase;
 pub(crate) mod expiry;
+pub(crate) mod feed;
 pub(crate) mod groups;
 pub(crate) mod hub;
 pub(crate) mod leases;

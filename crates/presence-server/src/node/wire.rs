@@ -19,7 +19,10 @@ use presence_core::{
 use presence_proto::lease_frames::{
     JoinFrame, LeaveFrame, MetadataEntryFrame, RegisterFrame, RenewFrame, SignalFrame, UnregisterFrame,
 };
-use presence_proto::v1::{self as pb, lease_result, watch_event};
+use presence_core::{FeedEntry, FeedEvent};
+use presence_feed::{Cursor as FeedCursor, Frame, FrameKind};
+use presence_proto::v1::{self as pb, change_event, lease_result, watch_event};
+use prost::Message;
 use tonic::Code;
 
 use crate::error::ServiceError;
@@ -684,4 +687,169 @@ pub(crate) mod tests {
         let hidden = Released { view: None, last_seen: None, last_active_at: None };
         assert_eq!(released("u", &hidden), presence("u", Presence::UNKNOWN));
     }
+}
+
+// ---------------------------------------------------------------------------
+// The change feed (F1, F2): entries into frames as the log keeps them, frames
+// into events, and a Changes request into what it asks for.
+
+/// A feed entry as the log keeps it: its slot and kind beside the event as
+/// it goes on the wire (without its cursor, which the position and slot make).
+pub(crate) fn feed_frame(entry: &FeedEntry, slot: u32) -> Frame {
+    let (kind, event) = match &entry.event {
+        FeedEvent::User(change) => {
+            let mut user = presence(&change.user_id, change.presence);
+            user.status = change.status.as_deref().map(status_message);
+            match change.kind {
+                presence_core::ChangeKind::Flip => (FrameKind::Flip, change_event::Event::Flip(user)),
+                presence_core::ChangeKind::Status => (FrameKind::Status, change_event::Event::Status(user)),
+            }
+        }
+        FeedEvent::Room(room) => (
+            FrameKind::RoomOccupancy,
+            change_event::Event::RoomOccupancy(pb::RoomOccupancy {
+                room_id: room.room_id.to_string(),
+                occupied: room.occupied,
+                version: room.version,
+            }),
+        ),
+    };
+    let at = entry.event.at();
+    let body = pb::ChangeEvent { cursor: Vec::new(), event: Some(event), at_ms: unix_ms(at), slot };
+    Frame::new(entry.position, slot, kind, at, entry.event.id().as_bytes(), &body.encode_to_vec())
+}
+
+/// Why the feed lost changes, as a gap says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GapReason {
+    /// The process that wrote the feed did not close it.
+    Restart,
+    /// The writer fell behind and the intake dropped changes.
+    Overflow,
+    /// Writing to disk failed.
+    WriteFailed,
+}
+
+/// A gap at `position`: everything after `after` up to it was lost.
+pub(crate) fn gap_frame(position: u64, after: FeedCursor, reason: GapReason, lost: u64, at: u64) -> Frame {
+    let reason = match reason {
+        GapReason::Restart => "restart",
+        GapReason::Overflow => "overflow",
+        GapReason::WriteFailed => "write failed",
+    };
+    let gap = pb::Gap { after_cursor: after.encode().to_vec(), reason: reason.to_owned(), lost };
+    let body =
+        pb::ChangeEvent { cursor: Vec::new(), event: Some(change_event::Event::Gap(gap)), at_ms: unix_ms(at), slot: 0 };
+    Frame::new(position, u32::MAX, FrameKind::Gap, at, b"", &body.encode_to_vec())
+}
+
+/// A frame as its event, with its cursor.
+pub(crate) fn change_event(frame: &Frame) -> Result<pb::ChangeEvent, ServiceError> {
+    let mut event = pb::ChangeEvent::decode(frame.body())
+        .map_err(|err| ServiceError::Internal(format!("a feed entry at {} does not decode: {err}", frame.position())))?;
+    event.cursor = frame.cursor().encode().to_vec();
+    Ok(event)
+}
+
+/// A `progress` event: the stream's cursor moved without an event for it.
+pub(crate) fn progress_event(cursor: FeedCursor) -> pb::ChangeEvent {
+    pb::ChangeEvent {
+        cursor: cursor.encode().to_vec(),
+        event: Some(change_event::Event::Progress(pb::Progress {})),
+        at_ms: 0,
+        slot: 0,
+    }
+}
+
+/// Where a Changes stream starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChangesFrom {
+    /// After what was made before the call.
+    Now,
+    /// At the oldest retained.
+    Oldest,
+    /// After this cursor.
+    Cursor(FeedCursor),
+}
+
+/// What a Changes stream carries (gaps and progress always).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ChangesFilter {
+    /// Kinds asked for: flips, statuses, room occupancy.
+    pub(crate) kinds: [bool; 3],
+    /// Only ids starting with this.
+    pub(crate) id_prefix: CompactString,
+    /// Only these slots (`None`: every one).
+    pub(crate) slots: Option<Vec<bool>>,
+}
+
+impl ChangesFilter {
+    /// Whether the stream carries `frame`.
+    pub(crate) fn carries(&self, frame: &Frame) -> bool {
+        let kind = match frame.kind() {
+            FrameKind::Gap => return true,
+            FrameKind::Flip => 0,
+            FrameKind::Status => 1,
+            FrameKind::RoomOccupancy => 2,
+        };
+        self.kinds[kind]
+            && frame.id().starts_with(self.id_prefix.as_bytes())
+            && self.slots.as_ref().is_none_or(|slots| slots.get(frame.slot() as usize).copied().unwrap_or(false))
+    }
+}
+
+/// A Changes request, checked: where it starts and what it carries, in a
+/// feed of `slot_count` slots.
+pub(crate) fn changes_request(
+    request: &pb::ChangesRequest,
+    slot_count: u32,
+) -> Result<(ChangesFrom, ChangesFilter), ServiceError> {
+    let from = match pb::ChangesFrom::try_from(request.from) {
+        Ok(pb::ChangesFrom::Now) => ChangesFrom::Now,
+        Ok(pb::ChangesFrom::Oldest) => ChangesFrom::Oldest,
+        Ok(pb::ChangesFrom::Unspecified) if request.cursor.is_empty() => ChangesFrom::Now,
+        Ok(pb::ChangesFrom::Cursor | pb::ChangesFrom::Unspecified) => {
+            if request.cursor.is_empty() {
+                return Err(ServiceError::invalid("cursor", "CHANGES_FROM_CURSOR needs the cursor of an event"));
+            }
+            ChangesFrom::Cursor(
+                FeedCursor::decode(&request.cursor).map_err(|err| ServiceError::invalid("cursor", err.to_string()))?,
+            )
+        }
+        Err(_) => return Err(ServiceError::invalid("from", format!("{} is not a ChangesFrom", request.from))),
+    };
+    if !request.cursor.is_empty() && !matches!(from, ChangesFrom::Cursor(_)) {
+        return Err(ServiceError::invalid("cursor", "a cursor is only read with CHANGES_FROM_CURSOR"));
+    }
+    let mut kinds = [request.kinds.is_empty(); 3];
+    for &kind in &request.kinds {
+        match pb::ChangeKind::try_from(kind) {
+            Ok(pb::ChangeKind::Flip) => kinds[0] = true,
+            Ok(pb::ChangeKind::Status) => kinds[1] = true,
+            Ok(pb::ChangeKind::RoomOccupancy) => kinds[2] = true,
+            _ => return Err(ServiceError::invalid("kinds", format!("{kind} is not a ChangeKind"))),
+        }
+    }
+    if request.id_prefix.len() > presence_core::MAX_ID_BYTES {
+        return Err(ServiceError::invalid(
+            "id_prefix",
+            format!("at most {} bytes, not {}", presence_core::MAX_ID_BYTES, request.id_prefix.len()),
+        ));
+    }
+    let slots = if request.slots.is_empty() {
+        None
+    } else {
+        let mut chosen = vec![false; slot_count as usize];
+        for &slot in &request.slots {
+            let Some(chosen) = chosen.get_mut(slot as usize) else {
+                return Err(ServiceError::invalid(
+                    "slots",
+                    format!("slot {slot} is not below the feed's {slot_count} slots"),
+                ));
+            };
+            *chosen = true;
+        }
+        Some(chosen)
+    };
+    Ok((from, ChangesFilter { kinds, id_prefix: request.id_prefix.as_str().into(), slots }))
 }
