@@ -167,6 +167,7 @@ pub(crate) fn scope_cases() -> Vec<ScopeCase> {
         case("ExportUser", pb::ExportUserRequest { user_id: "u1".into() }, Unary, "admin"),
         case("EraseUser", pb::EraseUserRequest { user_id: "u9".into() }, Unary, "admin"),
         case("Backup", pb::BackupRequest {}, ServerStream, "admin"),
+        case("Changes", pb::ChangesRequest { from: pb::ChangesFrom::Now as i32, ..Default::default() }, ServerStream, "feed"),
         ScopeCase {
             service: "presence.v1.Cluster",
             method: "MergeGroups",
@@ -278,7 +279,7 @@ async fn t3_each_scope_allows_its_calls_and_refuses_the_others_naming_the_scope(
     let channel = Channel::from_shared(server.url()).unwrap().connect().await.unwrap();
     let cases = scope_cases();
     let families: std::collections::HashSet<&str> = cases.iter().map(|case| case.scope).collect();
-    assert_eq!(families.len(), 5, "every scope but `feed` (no feed yet) has calls: {families:?}");
+    assert_eq!(families.len(), 6, "every scope has calls: {families:?}");
     for case in &cases {
         for (held, token) in SCOPED {
             check_scope("gRPC", case, held, call(&channel, case, token).await);

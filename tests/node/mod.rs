@@ -9,6 +9,7 @@ mod connection_threads;
 mod credentials;
 mod disk_faults;
 mod erase;
+mod feed;
 mod grpc_web;
 mod leases;
 mod ops;
