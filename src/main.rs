@@ -192,7 +192,9 @@ async fn install_metrics_recorder(
     let cannot = |err: &dyn std::fmt::Display| format!("cannot serve metrics on {addr}: {err}");
     let listener = TcpListener::bind(addr).await.map_err(|err| cannot(&err))?;
     let mut builder = PrometheusBuilder::new();
-    for histogram in [names::RENEWAL_SECONDS, names::EXPIRY_LAG_SECONDS, names::FOLLOWER_LAG_SECONDS] {
+    for histogram in
+        [names::RENEWAL_SECONDS, names::EXPIRY_LAG_SECONDS, names::FOLLOWER_LAG_SECONDS, names::FEED_WRITE_SECONDS]
+    {
         builder = builder
             .set_buckets_for_metric(Matcher::Full(histogram.to_owned()), LATENCY_BUCKETS)
             .map_err(|err| cannot(&err))?;

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use crate::common::daemon::{Daemon, free_port, scratch_dir};
+use crate::common::scrape::scrape_when;
 use crate::common::*;
 use presence_proto::v1::presence_client::PresenceClient;
 use presence_proto::v1::{self as pb, change_event::Event};
@@ -76,7 +77,8 @@ async fn register_users(client: &mut PresenceClient<Channel>, users: &[String]) 
 
 /// Unregisters every user's session (OFFLINE flips).
 async fn unregister_users(client: &mut PresenceClient<Channel>, users: &[String], generations: &[u64]) {
-    let items = users.iter().zip(generations).map(|(user, &generation)| unregister_item(user, "s", generation)).collect();
+    let items =
+        users.iter().zip(generations).map(|(user, &generation)| unregister_item(user, "s", generation)).collect();
     let results = lease_batch(client, items).await;
     assert!(results.iter().all(|result| result.code == 0), "every unregister answered");
 }
@@ -229,7 +231,11 @@ async fn f1_filters_by_kind_id_prefix_and_slots_split_the_feed_and_rooms_say_whe
     register_users(&mut client, &["sentinel".to_owned()]).await;
     let sentinel = |events: &[pb::ChangeEvent]| events.last().and_then(flip).is_some_and(|u| u.user_id == "sentinel");
     let everything = read_until(&mut all, "everything", sentinel).await;
-    assert_eq!(everything.len(), 50 + 1 + 1 + 1 + 1, "50 flips, a room filled, a status, the room emptied, the sentinel");
+    assert_eq!(
+        everything.len(),
+        50 + 1 + 1 + 1 + 1,
+        "50 flips, a room filled, a status, the room emptied, the sentinel"
+    );
 
     let statuses = read_until(&mut only_statuses, "the status", |events| !events.is_empty()).await;
     match &statuses[0].event {
@@ -332,16 +338,17 @@ async fn f2_after_kill_9_mid_storm_every_synced_change_is_there_a_gap_marks_the_
     daemon.kill9();
     let _ = storm.await;
     let last_cursor = before.last().unwrap().cursor.clone();
-    let highest: BTreeMap<String, u64> = per_user(&before)
-        .into_iter()
-        .map(|(user, flips)| (user, flips.last().unwrap().1))
-        .collect();
+    let highest: BTreeMap<String, u64> =
+        per_user(&before).into_iter().map(|(user, flips)| (user, flips.last().unwrap().1)).collect();
 
-    let daemon = Daemon::start_on(&listen, &args, &[], None);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let restarted: Vec<&str> = args.iter().copied().chain(["--metrics-listen", metrics.as_str()]).collect();
+    let daemon = Daemon::start_on(&listen, &restarted, &[], None);
     let mut client = PresenceClient::connect(daemon.url()).await.unwrap();
     // Everything a consumer was sent had been synced: a reader from the oldest finds it all, unchanged.
     let mut again = changes(&mut client, pb::ChangesFrom::Oldest, b"", everything()).await.unwrap();
-    let replayed = read_until(&mut again, "the changes sent before the kill", |events| events.len() >= before.len()).await;
+    let replayed =
+        read_until(&mut again, "the changes sent before the kill", |events| events.len() >= before.len()).await;
     assert_eq!(replayed[..before.len()], before[..], "F2: every change sent before the kill, as it was sent");
     // The consumer resumes from its cursor: what was synced after it, then the gap.
     let mut resumed = changes(&mut client, pb::ChangesFrom::Cursor, &last_cursor, everything()).await.unwrap();
@@ -353,6 +360,7 @@ async fn f2_after_kill_9_mid_storm_every_synced_change_is_there_a_gap_marks_the_
     assert_eq!(gap.reason, "restart");
     assert!(gap.after_cursor >= last_cursor, "the gap starts after what was synced");
     assert!(after[..after.len() - 1].iter().all(|event| flip(event).is_some()), "synced flips before the gap");
+    scrape_when(&metrics, "presenced_feed_gaps_total{reason=\"restart\"}", 1.0).await;
     // M4: flips after the restart carry versions above any the feed held.
     let users: Vec<String> = highest.keys().take(20).cloned().collect();
     let names: Vec<&str> = users.iter().map(String::as_str).collect();
@@ -370,7 +378,13 @@ async fn f2_after_kill_9_mid_storm_every_synced_change_is_there_a_gap_marks_the_
     })
     .await;
     for user in flipped.iter().filter_map(flip).filter(|user| names.contains(&user.user_id.as_str())) {
-        assert!(user.version > highest[&user.user_id], "M4: {} at {} after {}", user.user_id, user.version, highest[&user.user_id]);
+        assert!(
+            user.version > highest[&user.user_id],
+            "M4: {} at {} after {}",
+            user.user_id,
+            user.version,
+            highest[&user.user_id]
+        );
     }
     daemon.stop().await;
     std::fs::remove_dir_all(dir).unwrap();

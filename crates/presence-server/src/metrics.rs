@@ -114,6 +114,16 @@ pub mod names {
     pub const GROUP_SENDS_MISSED: &str = "presenced_group_sends_missed_total";
     /// Room facts this node's users made that did not reach their room's owner: a full queue, or no owner yet; the owner is sent a scan instead (counter, C1).
     pub const ROOM_FACTS_DROPPED: &str = "presenced_room_facts_dropped_total";
+    /// Changes written to the change feed, gaps included (counter, F1).
+    pub const FEED_ENTRIES: &str = "presenced_feed_entries_total";
+    /// Gaps the change feed marked, by `reason`: restart, overflow, write_failed (counter, F2).
+    pub const FEED_GAPS: &str = "presenced_feed_gaps_total";
+    /// Writing and syncing one batch of the change feed, in seconds (histogram, F2).
+    pub const FEED_WRITE_SECONDS: &str = "presenced_feed_write_duration_seconds";
+    /// Bytes the change feed holds, on disk or in memory (gauge).
+    pub const FEED_BYTES: &str = "presenced_feed_bytes";
+    /// Open Changes streams (gauge).
+    pub const FEED_STREAMS: &str = "presenced_feed_streams";
 }
 
 /// Counts a periodic checkpoint, written or not (B3).

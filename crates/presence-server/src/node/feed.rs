@@ -35,6 +35,7 @@ use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ServiceError;
+use crate::metrics::names;
 use crate::node::clock::StoreClock;
 use crate::node::wire::{self, ChangesFilter, ChangesFrom, GapReason};
 
@@ -60,6 +61,35 @@ pub const DEFAULT_RETENTION_BYTES_ON_DISK: u64 = 1 << 30;
 /// Bytes kept in memory (no data directory) when none is given.
 pub const DEFAULT_RETENTION_BYTES_IN_MEMORY: u64 = 64 << 20;
 
+/// The feed's metrics, made once.
+#[derive(Debug)]
+struct FeedMetrics {
+    entries: metrics::Counter,
+    write_seconds: metrics::Histogram,
+    bytes: metrics::Gauge,
+    streams: metrics::Gauge,
+}
+
+impl FeedMetrics {
+    fn new() -> Self {
+        FeedMetrics {
+            entries: metrics::counter!(names::FEED_ENTRIES),
+            write_seconds: metrics::histogram!(names::FEED_WRITE_SECONDS),
+            bytes: metrics::gauge!(names::FEED_BYTES),
+            streams: metrics::gauge!(names::FEED_STREAMS),
+        }
+    }
+
+    fn gap(reason: GapReason) {
+        let reason = match reason {
+            GapReason::Restart => "restart",
+            GapReason::Overflow => "overflow",
+            GapReason::WriteFailed => "write_failed",
+        };
+        metrics::counter!(names::FEED_GAPS, "reason" => reason).increment(1);
+    }
+}
+
 /// The change feed of a node.
 #[derive(Debug)]
 pub(crate) struct Feed {
@@ -75,6 +105,7 @@ pub(crate) struct Feed {
     /// When `end` last moved without a frame: streams waiting for frames
     /// wake for the end alone only this often.
     end_moved: Mutex<Instant>,
+    metrics: FeedMetrics,
 }
 
 /// How often streams hear that the end moved with no frame (for progress).
@@ -133,7 +164,11 @@ impl Feed {
             writer: Mutex::new(None),
             lost: Mutex::new(None),
             end_moved: Mutex::new(Instant::now()),
+            metrics: FeedMetrics::new(),
         };
+        if opened.gap {
+            FeedMetrics::gap(GapReason::Restart);
+        }
         Ok((Arc::new(feed), opened))
     }
 
@@ -167,6 +202,7 @@ impl Feed {
         let drained = self.intake.drain(now);
         let mut frames = Vec::with_capacity(drained.entries.len() + 2);
         if let Some((after, position, lost)) = self.lost.lock().take() {
+            FeedMetrics::gap(GapReason::WriteFailed);
             frames.push(wire::gap_frame(position, after, GapReason::WriteFailed, lost, now));
         }
         frames.extend(drained.entries.iter().map(|entry| {
@@ -176,10 +212,18 @@ impl Feed {
         if let Some(dropped) = drained.dropped {
             let after = frames.last().map_or(self.log.end(), Frame::cursor);
             tracing::error!(count = dropped.count, "the change feed's writer fell behind; a gap marks what it dropped");
+            FeedMetrics::gap(GapReason::Overflow);
             frames.push(wire::gap_frame(dropped.last, after, GapReason::Overflow, dropped.count, now));
         }
-        match self.log.append(&frames, drained.through, now) {
+        let started = Instant::now();
+        let appended = self.log.append(&frames, drained.through, now);
+        if !frames.is_empty() {
+            self.metrics.write_seconds.record(started.elapsed().as_secs_f64());
+        }
+        match appended {
             Ok(()) => {
+                self.metrics.entries.increment(frames.len() as u64);
+                self.metrics.bytes.set(self.log.bytes() as f64);
                 let mut end_moved = self.end_moved.lock();
                 if !frames.is_empty() || end_moved.elapsed() >= END_WITHOUT_FRAMES_EVERY {
                     *end_moved = Instant::now();
@@ -249,6 +293,8 @@ impl Feed {
         sender: mpsc::Sender<Result<Vec<pb::ChangeEvent>, tonic::Status>>,
         stopping: CancellationToken,
     ) {
+        self.metrics.streams.increment(1.0);
+        let _open = counted_while_open(&self.metrics.streams);
         let mut end = self.end.subscribe();
         let mut reported = after;
         let mut last_sent = Instant::now();
@@ -263,11 +309,15 @@ impl Feed {
                     return;
                 }
                 Ok(Err(ReadError::Io(err))) => {
-                    let _ = sender.send(Err(ServiceError::Internal(format!("reading the change feed: {err}")).into())).await;
+                    let _ = sender
+                        .send(Err(ServiceError::Internal(format!("reading the change feed: {err}")).into()))
+                        .await;
                     return;
                 }
                 Err(err) => {
-                    let _ = sender.send(Err(ServiceError::Internal(format!("reading the change feed: {err}")).into())).await;
+                    let _ = sender
+                        .send(Err(ServiceError::Internal(format!("reading the change feed: {err}")).into()))
+                        .await;
                     return;
                 }
             };
@@ -308,6 +358,17 @@ impl Feed {
             }
         }
     }
+}
+
+/// Counts a stream out of the open gauge when its reader ends, however it ends.
+fn counted_while_open(streams: &metrics::Gauge) -> impl Drop + '_ {
+    struct Closing<'a>(&'a metrics::Gauge);
+    impl Drop for Closing<'_> {
+        fn drop(&mut self) {
+            self.0.decrement(1.0);
+        }
+    }
+    Closing(streams)
 }
 
 /// The events of a `Changes` stream, a batch of the log at a time.
