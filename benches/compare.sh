@@ -58,6 +58,11 @@ EXPIRY_SCALE_WINDOW_MS=${EXPIRY_SCALE_WINDOW_MS:-10000}
 EXPIRY_SCALE_GATEWAY_SESSIONS=${EXPIRY_SCALE_GATEWAY_SESSIONS:-10000}  # renewed throughout, unary
 EXPIRY_SCALE_GATEWAY_RATE=${EXPIRY_SCALE_GATEWAY_RATE:-1000}          # renewals/s, steady
 EXPIRY_SCALE_REDIS_USERS=${EXPIRY_SCALE_REDIS_USERS:-0}  # 0 = no Redis run (see expiry-scale below)
+FEED_USERS=${FEED_USERS:-1000000}             # feed: leases ending within FEED_WINDOW_MS, followed through Changes
+FEED_WINDOW_MS=${FEED_WINDOW_MS:-10000}
+FEED_AWAY_MS=${FEED_AWAY_MS:-2000}           # feed: the consumer (or Redis subscriber) is away this long
+FEED_REDIS_USERS=${FEED_REDIS_USERS:-50000}  # feed: Redis's run (its sweeper drains 250 users/s)
+FEED_COST_ROUNDS=${FEED_COST_ROUNDS:-2}      # feed-cost: feed on and off alternate this many times
 H2LOAD_THREADS=${H2LOAD_THREADS:-2}           # h2load -t: one per core, as the generator's default
 ROOMS_DURATION=${ROOMS_DURATION:-10s}         # room-count, room-members, typing, damping: the measured phase
 ROOM_COUNT_MEMBERS=${ROOM_COUNT_MEMBERS:-100000}      # room-count: one room this big, 1,000 count watchers
@@ -253,6 +258,46 @@ for scenario in $SCENARIOS; do
             fresh_servers
             run "load-batch-$t" "$t" load "${common[@]}" --mode leases --concurrency "$BATCH_CONCURRENCY" --batch "$BATCH"
         done
+        ;;
+    feed)
+        # The change feed (F1, F2), durable (--data-dir): FEED_USERS leases end within
+        # FEED_WINDOW_MS and one Changes consumer follows them, away for FEED_AWAY_MS from
+        # the first deadline and back from its last cursor; a gateway renews other
+        # sessions throughout (its p99 quiet and during the storm). Then a consumer reads
+        # the whole feed from its oldest change (catching up, from the log on disk).
+        # Beside it, the seed's Redis design the same way: the sweeper's pub/sub, its
+        # subscriber away as long (what was published meanwhile is lost, and counted).
+        PRESENCED_EXTRA=(--data-dir "$WORK/feed-data" --metrics-listen "127.0.0.1:$METRICS_PORT")
+        rm -rf "$WORK/feed-data"
+        fresh_servers
+        storm=(--window-ms "$FEED_WINDOW_MS" --viewer-away-ms "$FEED_AWAY_MS" --gateway-sessions 10000
+            --gateway-rate 1000 --quiet-ms 5000 --mode leases --batch "$BATCH" --concurrency "$BATCH_CONCURRENCY"
+            --connections 2)
+        run "feed-presenced" presenced expiry --users "$FEED_USERS" --viewer feed --catch-up "${storm[@]}" --timeout 60s
+        scrape "$RESULTS/feed-metrics.txt"
+        du -sb "$WORK/feed-data/feed" | tee "$RESULTS/feed-bytes.txt"
+        PRESENCED_EXTRA=()
+        run "feed-redis" redis expiry --users "$FEED_REDIS_USERS" "${storm[@]}" --timeout "$((FEED_REDIS_USERS / 250 + 60))s"
+        ;;
+    feed-cost)
+        # Renewals write nothing to the feed: the load scenario's unary and batch
+        # renewals with the feed on (in memory, the default) and off, alternating.
+        common=(--users "$LOAD_USERS" --sessions-per-user "$SESSIONS_PER_USER" --ttl-ms "$LOAD_TTL_MS"
+            --duration "$LOAD_DURATION" --register-mode leases --connections "$CONNECTIONS")
+        for round in $(seq "$FEED_COST_ROUNDS"); do
+            for feed in on off; do
+                if [[ $feed == off ]]; then off=(--feed-retention-bytes 0); else off=(); fi
+                PRESENCED_EXTRA=(--connection-threads 1 "${off[@]}")
+                fresh_servers
+                run "feed-cost-unary-$feed-$round" presenced load "${common[@]}" --mode unary \
+                    --concurrency "$CONCURRENCY" --batch "$BATCH" --threads 1
+                PRESENCED_EXTRA=("${off[@]}")
+                fresh_servers
+                run "feed-cost-batch-$feed-$round" presenced load "${common[@]}" --mode leases \
+                    --concurrency "$BATCH_CONCURRENCY" --batch "$BATCH"
+            done
+        done
+        PRESENCED_EXTRA=()
         ;;
     unary-defaults)
         # Unary with everything at its default (presenced: a connection thread per core and
@@ -552,7 +597,7 @@ for room in range(20000):
             --metrics-addr "127.0.0.1:$METRICS_PORT"
         PRESENCED_EXTRA=()
         ;;
-    *) echo "unknown scenario $scenario (load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-members, typing, damping, room-memory; not by default: soak, overload, tls)" >&2; exit 2 ;;
+    *) echo "unknown scenario $scenario (feed, feed-cost, load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-members, typing, damping, room-memory; not by default: soak, overload, tls)" >&2; exit 2 ;;
     esac
 done
 stop_servers

@@ -384,6 +384,28 @@ pub(crate) struct ExpiryArgs {
     /// registers.
     #[arg(long, default_value_t = 5_000)]
     pub(crate) quiet_ms: u64,
+    /// presenced: how the viewer learns of the OFFLINEs: Watch streams, or one
+    /// `Changes` stream of the change feed (F1).
+    #[arg(long, value_enum, default_value_t = ExpiryViewer::Watch)]
+    pub(crate) viewer: ExpiryViewer,
+    /// The viewer goes away at the first deadline for this long, ms, and comes
+    /// back: the feed resumes from its last cursor; a Redis subscriber
+    /// subscribes again (what was published meanwhile is lost). 0 = never away.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) viewer_away_ms: u64,
+    /// With `--viewer feed`: after the storm, read the whole feed from its
+    /// oldest change, to measure a consumer catching up.
+    #[arg(long)]
+    pub(crate) catch_up: bool,
+}
+
+/// `expiry --viewer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ExpiryViewer {
+    /// Watch streams of `--watch-chunk` users.
+    Watch,
+    /// One `Changes` stream.
+    Feed,
 }
 
 /// `fanout` flags.

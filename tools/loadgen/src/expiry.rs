@@ -32,7 +32,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::cli::ExpiryArgs;
+use crate::cli::{ExpiryArgs, ExpiryViewer};
 use crate::conn::{Endpoints, Naming, TargetKind};
 use crate::gateway::{self, GatewaySpec};
 use crate::ids::{Generations, Population, Slots, parse_user_id, user_id};
@@ -185,15 +185,108 @@ async fn presenced_viewer(
     Ok(Viewer { stop, tasks, streams })
 }
 
-/// `PSUBSCRIBE presence:out:*`, counting `offline` transitions.
-async fn redis_viewer(endpoints: &Endpoints, collector: Arc<Collector>) -> Result<Viewer, String> {
-    let client = endpoints.redis_client()?;
-    let mut pubsub = client.get_async_pubsub().await.map_err(|e| format!("pub/sub connection: {e}"))?;
-    pubsub.psubscribe(format!("{OUT_PREFIX}*")).await.map_err(|e| format!("PSUBSCRIBE: {e}"))?;
+/// When a viewer goes away and for how long (`--viewer-away-ms`).
+#[derive(Debug, Clone, Copy)]
+struct Away {
+    /// Unix ms at which it goes.
+    at_ms: i64,
+    /// How long it stays away.
+    for_ms: u64,
+}
+
+/// Completes when the viewer is to go away (never, if it is not to).
+fn time_to_go(away: &Mutex<Option<Away>>) -> impl Future<Output = ()> + use<> {
+    let away_at = *away.lock().unwrap_or_else(|e| e.into_inner());
+    async move {
+        match away_at {
+            Some(away) => until_unix_ms(away.at_ms).await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Sleeps until Unix time `at_ms`.
+async fn until_unix_ms(at_ms: i64) {
+    let wait = at_ms - redis_seed::now_ms();
+    if wait > 0 {
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    }
+}
+
+/// One `Changes` stream from now, counting OFFLINE flips; away (the stream
+/// dropped) for `away`, then back from the last cursor it received.
+async fn feed_viewer(
+    endpoints: Endpoints,
+    collector: Arc<Collector>,
+    away: Arc<Mutex<Option<Away>>>,
+    cursor: Arc<Mutex<Vec<u8>>>,
+) -> Result<Viewer, String> {
+    let channel = endpoints.grpc_channel().await?;
+    let mut client = PresenceClient::new(channel).max_decoding_message_size(64 << 20);
+    let from_now = pb::ChangesRequest { from: pb::ChangesFrom::Now as i32, ..Default::default() };
+    let mut stream = client.changes(from_now).await.map_err(|s| format!("Changes refused: {s}"))?.into_inner();
     let (stop, mut stop_rx) = watch::channel(false);
     let task = tokio::spawn(async move {
-        let mut messages = pubsub.into_on_message();
         loop {
+            let leave = time_to_go(&away);
+            tokio::select! {
+                event = stream.message() => {
+                    let Ok(Some(event)) = event else { break };
+                    if let Some(pb::change_event::Event::Flip(user)) = &event.event
+                        && user.state == pb::State::Offline as i32
+                    {
+                        collector.offline(&user.user_id, unix_ns(), false);
+                    }
+                    *cursor.lock().unwrap_or_else(|e| e.into_inner()) = event.cursor;
+                }
+                () = leave => {
+                    let away = away.lock().unwrap_or_else(|e| e.into_inner()).take().expect("set");
+                    // Away: the stream closed (the server ends its reader), nothing read meanwhile.
+                    drop(stream);
+                    tokio::time::sleep(Duration::from_millis(away.for_ms)).await;
+                    let channel = match endpoints.grpc_channel().await {
+                        Ok(channel) => channel,
+                        Err(err) => { eprintln!("the feed viewer could not come back: {err}"); break }
+                    };
+                    let mut client = PresenceClient::new(channel).max_decoding_message_size(64 << 20);
+                    let resume = pb::ChangesRequest {
+                        from: pb::ChangesFrom::Cursor as i32,
+                        cursor: cursor.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                        ..Default::default()
+                    };
+                    match client.changes(resume).await {
+                        Ok(resumed) => stream = resumed.into_inner(),
+                        Err(status) => { eprintln!("the feed viewer could not resume: {status}"); break }
+                    }
+                }
+                _ = stop_rx.changed() => break,
+            }
+        }
+    });
+    Ok(Viewer { stop, tasks: vec![task], streams: 1 })
+}
+
+/// `PSUBSCRIBE presence:out:*`, counting `offline` transitions; away (the
+/// connection closed) for `away`, then subscribed again.
+async fn redis_viewer(
+    endpoints: &Endpoints,
+    collector: Arc<Collector>,
+    away: Arc<Mutex<Option<Away>>>,
+) -> Result<Viewer, String> {
+    let client = endpoints.redis_client()?;
+    let subscribe = move || {
+        let client = client.clone();
+        async move {
+            let mut pubsub = client.get_async_pubsub().await.map_err(|e| format!("pub/sub connection: {e}"))?;
+            pubsub.psubscribe(format!("{OUT_PREFIX}*")).await.map_err(|e| format!("PSUBSCRIBE: {e}"))?;
+            Ok::<_, String>(pubsub.into_on_message())
+        }
+    };
+    let mut messages = subscribe().await?;
+    let (stop, mut stop_rx) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        loop {
+            let leave = time_to_go(&away);
             tokio::select! {
                 msg = messages.next() => {
                     let Some(msg) = msg else { break };
@@ -204,11 +297,41 @@ async fn redis_viewer(endpoints: &Endpoints, collector: Arc<Collector>) -> Resul
                         collector.offline(&t.user, now, false);
                     }
                 }
+                () = leave => {
+                    let away = away.lock().unwrap_or_else(|e| e.into_inner()).take().expect("set");
+                    drop(messages);
+                    tokio::time::sleep(Duration::from_millis(away.for_ms)).await;
+                    match subscribe().await {
+                        Ok(again) => messages = again,
+                        Err(err) => { eprintln!("the Redis viewer could not subscribe again: {err}"); break }
+                    }
+                }
                 _ = stop_rx.changed() => break,
             }
         }
     });
     Ok(Viewer { stop, tasks: vec![task], streams: 1 })
+}
+
+/// Reads the whole feed from its oldest change (a consumer catching up):
+/// how many events, in how long.
+async fn catch_up(endpoints: &Endpoints, through: &[u8]) -> Result<(u64, Duration), String> {
+    let channel = endpoints.grpc_channel().await?;
+    let mut client = PresenceClient::new(channel).max_decoding_message_size(64 << 20);
+    let oldest = pb::ChangesRequest { from: pb::ChangesFrom::Oldest as i32, ..Default::default() };
+    let started = std::time::Instant::now();
+    let mut stream = client.changes(oldest).await.map_err(|s| format!("Changes refused: {s}"))?.into_inner();
+    let mut events = 0;
+    while let Some(event) = stream.message().await.map_err(|s| format!("the catch-up read failed: {s}"))? {
+        if matches!(event.event, Some(pb::change_event::Event::Progress(_))) {
+            continue;
+        }
+        events += 1;
+        if event.cursor.as_slice() >= through {
+            break;
+        }
+    }
+    Ok((events, started.elapsed()))
 }
 
 /// The sweeper's counters.
@@ -311,10 +434,20 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
         );
     }
     let collector = Arc::new(Collector::new(Arc::clone(&shared), n));
-    let viewer = match target {
-        TargetKind::Presenced => presenced_viewer(&endpoints, n, args.watch_chunk, Arc::clone(&collector)).await?,
-        TargetKind::Redis => redis_viewer(&endpoints, Arc::clone(&collector)).await?,
+    let away = Arc::new(Mutex::new(None));
+    let feed_cursor = Arc::new(Mutex::new(Vec::new()));
+    let viewer = match (target, args.viewer) {
+        (TargetKind::Presenced, ExpiryViewer::Watch) => {
+            presenced_viewer(&endpoints, n, args.watch_chunk, Arc::clone(&collector)).await?
+        }
+        (TargetKind::Presenced, ExpiryViewer::Feed) => {
+            feed_viewer(endpoints.clone(), Arc::clone(&collector), Arc::clone(&away), Arc::clone(&feed_cursor)).await?
+        }
+        (TargetKind::Redis, _) => redis_viewer(&endpoints, Arc::clone(&collector), Arc::clone(&away)).await?,
     };
+    if args.viewer_away_ms > 0 && target == TargetKind::Presenced && args.viewer == ExpiryViewer::Watch {
+        return Err("--viewer-away-ms needs --viewer feed on presenced (a Watch resyncs instead)".into());
+    }
 
     // The second registration takes about as long as the first: start the window after it.
     let lead = setup.elapsed.mul_f64(1.5) + Duration::from_millis(1_000);
@@ -345,6 +478,10 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
     let deadlines = deadlines.unwrap_or_default();
     let min_deadline = deadlines.iter().copied().filter(|&d| d > 0).min().unwrap_or(first_deadline);
     let max_deadline = deadlines.iter().copied().max().unwrap_or(first_deadline);
+    if args.viewer_away_ms > 0 {
+        *away.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Away { at_ms: min_deadline, for_ms: args.viewer_away_ms });
+    }
     let give_up_ns = (max_deadline * 1_000_000).saturating_add(args.timeout.as_nanos() as i64);
     let gateway_spec = GatewaySpec {
         endpoints: endpoints.clone(),
@@ -374,6 +511,12 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
     spinner.finish_and_clear();
     let streams = viewer.streams;
     viewer.stop().await;
+    let caught_up = if args.catch_up && args.viewer == ExpiryViewer::Feed && target == TargetKind::Presenced {
+        let through = feed_cursor.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Some(catch_up(&endpoints, &through).await?)
+    } else {
+        None
+    };
     if let Some(s) = sweeper {
         s.abort();
     }
@@ -405,6 +548,9 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
     }
     report.options.host = endpoints.host();
     report.options.call = match target {
+        TargetKind::Presenced if args.viewer == ExpiryViewer::Feed => {
+            "presence.v1.Presence.Changes (OFFLINE flips)".into()
+        }
         TargetKind::Presenced => "presence.v1.Presence.Watch (OFFLINE updates)".into(),
         TargetKind::Redis => "PSUBSCRIBE presence:out:* (sweeper every 2 s)".into(),
     };
@@ -434,6 +580,11 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
     report.set("drain_from_first_deadline_ns", drain_from_first);
     report.set("drain_after_last_deadline_ns", drain_after_last);
     report.set("register_phase", phase_report("register", &setup, "normal"));
+    report.set("viewer", format!("{:?}", args.viewer).to_lowercase());
+    report.set("viewer_away_ms", args.viewer_away_ms);
+    if let Some((events, took)) = caught_up {
+        report.set("catch_up", json!({"events": events, "ns": took.as_nanos() as u64}));
+    }
     if let Some(gw) = &gateway {
         report.set("gateway", gw.summary(&gateway_spec, "during_expiry"));
     }
@@ -481,6 +632,16 @@ pub(crate) async fn run(args: ExpiryArgs, progress: Progress) -> Result<Report, 
             args.sweep_interval_ms,
             sweeper_stats.users.load(Ordering::Relaxed),
             sweeper_stats.published.load(Ordering::Relaxed)
+        );
+    }
+    if args.viewer_away_ms > 0 {
+        println!("  the viewer was away for {} ms from the first deadline", args.viewer_away_ms);
+    }
+    if let Some((events, took)) = caught_up {
+        println!(
+            "  catching up: {events} events of the feed read from its oldest in {} ({:.0} events/s)",
+            fmt_ns(took.as_nanos() as u64),
+            events as f64 / took.as_secs_f64()
         );
     }
     if let Some(gw) = &gateway {
