@@ -49,11 +49,18 @@ const EPOCH: u64 = 1_700_000_000_000;
 /// A fresh in-memory server's shared state.
 fn context() -> Arc<Context> {
     let clock = StoreClock::frozen_at(EPOCH);
-    let store = Arc::new(Store::new(store_config(), clock.now()).expect("the fuzzing store config is valid"));
+    let store = Store::new(store_config(), clock.now()).expect("the fuzzing store config is valid");
     // The default reads the CPU count from the cgroup files: once, not per input.
     static CONFIG: OnceLock<ServerConfig> = OnceLock::new();
     let config = CONFIG.get_or_init(ServerConfig::default);
-    Arc::new(Context::new(store, clock, None, config, CancellationToken::new()))
+    // A change feed in memory, as a server without a data directory has.
+    let retention = config.feed_retention().expect("the default keeps a feed");
+    let (feed, _) = crate::node::feed::Feed::open(None, retention, crate::node::feed::SINGLE_NODE_SLOTS, EPOCH)
+        .expect("a feed in memory opens");
+    let store = Arc::new(store.with_feed(feed.intake()));
+    let mut context = Context::new(store, clock, None, config, CancellationToken::new());
+    context.feed = Some(feed);
+    Arc::new(context)
 }
 
 // ---------------------------------------------------------------------------
@@ -61,7 +68,7 @@ fn context() -> Arc<Context> {
 
 /// The unary and server-streaming RPCs, in the order [`request`] numbers
 /// them. `Leases` has its own entry, [`leases`].
-pub const METHODS: [&str; 27] = [
+pub const METHODS: [&str; 28] = [
     "Register",
     "Renew",
     "Unregister",
@@ -89,6 +96,7 @@ pub const METHODS: [&str; 27] = [
     "ExportUser",
     "EraseUser",
     "Backup",
+    "Changes",
 ];
 
 /// Decodes `body` as the request of `METHODS[method % METHODS.len()]`, as
@@ -148,7 +156,8 @@ async fn dispatch(service: &PresenceService, method: u8, body: &[u8]) {
         23 => call!(service, stats, body),
         24 => call!(service, export_user, body),
         25 => call!(service, erase_user, body),
-        _ => call!(service, backup, body),
+        26 => call!(service, backup, body),
+        _ => call!(service, changes, body),
     }
 }
 
@@ -397,6 +406,14 @@ fn request_seeds() -> Vec<Vec<u8>> {
         pb::ExportUserRequest { user_id: alice.clone() }.encode_to_vec(),
         pb::EraseUserRequest { user_id: alice }.encode_to_vec(),
         pb::BackupRequest {}.encode_to_vec(),
+        pb::ChangesRequest {
+            from: pb::ChangesFrom::Oldest as i32,
+            kinds: vec![pb::ChangeKind::Flip as i32, pb::ChangeKind::RoomOccupancy as i32],
+            id_prefix: "al".into(),
+            slots: vec![0, 21, 1023],
+            ..Default::default()
+        }
+        .encode_to_vec(),
     ];
     assert_eq!(seeds.len(), METHODS.len(), "one seed per method");
     seeds
