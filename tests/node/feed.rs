@@ -174,16 +174,14 @@ async fn f2_a_cursor_past_retention_is_out_of_range_with_the_oldest_cursor_which
     let users: Vec<String> = (0..2_500).map(|i| format!("user-{i:04}")).collect();
     let generations = register_users(&mut client, &users).await;
     unregister_users(&mut client, &users, &generations).await;
-    // Written within a few milliseconds; until then the first cursor is still served.
-    let refused = within(PATIENCE, "retention to pass the first change", async {
-        loop {
-            match changes(&mut client, pb::ChangesFrom::Cursor, &first, everything()).await {
-                Err(refused) => return refused,
-                Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-            }
-        }
-    })
-    .await;
+    // Once a change made after them all is in the feed, so are they, and
+    // retention has done its work.
+    let mut tail = changes(&mut client, pb::ChangesFrom::Now, b"", everything()).await.unwrap();
+    register_users(&mut client, &["last".to_owned()]).await;
+    read_until(&mut tail, "the last flip", |events| events.last().and_then(flip).is_some_and(|u| u.user_id == "last"))
+        .await;
+    drop(tail);
+    let refused = changes(&mut client, pb::ChangesFrom::Cursor, &first, everything()).await.unwrap_err();
     assert_eq!(refused.code(), Code::OutOfRange, "{}", refused.message());
     assert!(refused.message().starts_with("cursor: older than the oldest change"), "{}", refused.message());
     let oldest = oldest_cursor(&refused);
