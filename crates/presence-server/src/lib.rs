@@ -27,6 +27,7 @@ mod error;
 pub mod fuzzing;
 pub mod metrics;
 mod node;
+mod outbound;
 #[cfg(feature = "testing")]
 pub mod testing;
 
