@@ -15,7 +15,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 /// A Changes stream from `from` (and `cursor`), with `kinds`, `id_prefix` and `slots`.
-async fn changes(
+pub(super) async fn changes(
     client: &mut PresenceClient<Channel>,
     from: pb::ChangesFrom,
     cursor: &[u8],
@@ -32,12 +32,12 @@ async fn changes(
     client.changes(request).await.map(tonic::Response::into_inner)
 }
 
-fn everything() -> (Vec<pb::ChangeKind>, &'static str, Vec<u32>) {
+pub(super) fn everything() -> (Vec<pb::ChangeKind>, &'static str, Vec<u32>) {
     (Vec::new(), "", Vec::new())
 }
 
 /// Events of `stream` (progress left out) until `done` says so, within the patience.
-async fn read_until(
+pub(super) async fn read_until(
     stream: &mut tonic::Streaming<pb::ChangeEvent>,
     what: &str,
     mut done: impl FnMut(&[pb::ChangeEvent]) -> bool,
@@ -56,7 +56,7 @@ async fn read_until(
 }
 
 /// The flip of `event`, if it is one of a user.
-fn flip(event: &pb::ChangeEvent) -> Option<&pb::UserPresence> {
+pub(super) fn flip(event: &pb::ChangeEvent) -> Option<&pb::UserPresence> {
     match &event.event {
         Some(Event::Flip(user)) => Some(user),
         _ => None,
@@ -68,14 +68,14 @@ fn unregister_item(user: &str, session: &str, generation: u64) -> pb::LeaseItem 
 }
 
 /// Registers every user's one session (ONLINE flips), returning the generations.
-async fn register_users(client: &mut PresenceClient<Channel>, users: &[String]) -> Vec<u64> {
+pub(super) async fn register_users(client: &mut PresenceClient<Channel>, users: &[String]) -> Vec<u64> {
     let items = users.iter().map(|user| register_item(user, "s", 60_000)).collect();
     let results = lease_batch(client, items).await;
     results.iter().map(generation_of).collect()
 }
 
 /// Unregisters every user's session (OFFLINE flips).
-async fn unregister_users(client: &mut PresenceClient<Channel>, users: &[String], generations: &[u64]) {
+pub(super) async fn unregister_users(client: &mut PresenceClient<Channel>, users: &[String], generations: &[u64]) {
     let items = users.iter().zip(generations).map(|(user, &generation)| unregister_item(user, "s", generation)).collect();
     let results = lease_batch(client, items).await;
     assert!(results.iter().all(|result| result.code == 0), "every unregister answered");
