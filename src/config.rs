@@ -1092,7 +1092,7 @@ mod tests {
         let webhooks =
             resolve(&[&hook[..], &["--feed-webhook-secret", &secret]].concat()).unwrap().server.feed_webhooks;
         assert_eq!(webhooks.urls, ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b#kinds=flip"]);
-        assert_eq!(webhooks.secrets, [secret.clone()]);
+        assert_eq!(webhooks.secrets, std::slice::from_ref(&secret));
         assert!(!format!("{webhooks:?}").contains(&secret), "a secret is never shown: {webhooks:?}");
         let file = ConfigFile::new("webhook-secrets", &format!("{secret}\n\n{}\n", "t".repeat(32)));
         let from_file = resolve(&[&hook[..], &["--feed-webhook-secret-file", file.path()]].concat()).unwrap();

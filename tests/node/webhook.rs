@@ -515,7 +515,7 @@ async fn f4_filters_after_the_hash_choose_what_a_webhook_carries() {
     register_users(&mut client, &["team-a".to_owned(), "other".to_owned()]).await;
     for user in ["team-a", "other", "team-b"] {
         let status = pb::Status { availability: pb::Availability::Away as i32, text: "lunch".into(), expires_at_ms: 0 };
-        let set = pb::SetStatusRequest { user_id: user.into(), status: Some(status), ..Default::default() };
+        let set = pb::SetStatusRequest { user_id: user.into(), status: Some(status) };
         client.set_status(set).await.unwrap();
     }
     within(PATIENCE, "team-b's status", async {
