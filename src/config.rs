@@ -191,6 +191,26 @@ pub(crate) struct ServeArgs {
     /// 1073741824 (1 GiB) with --data-dir, 67108864 (64 MiB) without]
     #[arg(long, env = "PRESENCED_FEED_RETENTION_BYTES", value_name = "BYTES")]
     feed_retention_bytes: Option<u64>,
+    /// POST the change feed in signed JSON batches to this http:// or
+    /// https:// URL; repeat it for more receivers. Filters go after a `#`:
+    /// `#kinds=flip,status,room_occupancy&id_prefix=P&slots=0-511&max_events=N`
+    /// (the environment variable holds one: filters have commas).
+    #[arg(long = "feed-webhook", env = "PRESENCED_FEED_WEBHOOK", value_name = "URL")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    feed_webhooks: Vec<String>,
+    /// The secret that signs webhook batches (HMAC-SHA256, at least 32
+    /// bytes); repeat it to sign with two while receivers move to a new one.
+    /// It shows in `ps`: prefer --feed-webhook-secret-file.
+    #[arg(long = "feed-webhook-secret", env = "PRESENCED_FEED_WEBHOOK_SECRET", value_name = "SECRET")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    feed_webhook_secrets: Vec<String>,
+    /// A file holding the webhook secrets, one a line (blank lines skipped).
+    #[arg(long, env = "PRESENCED_FEED_WEBHOOK_SECRET_FILE", value_name = "FILE")]
+    feed_webhook_secret_file: Option<PathBuf>,
+    /// The PEM CA of https:// webhooks' certificates [default: the system's
+    /// trusted roots].
+    #[arg(long, env = "PRESENCED_FEED_WEBHOOK_CA", value_name = "FILE")]
+    feed_webhook_ca: Option<PathBuf>,
     /// Client connections open at once; more are refused with an HTTP/2
     /// GOAWAY (an HTTP/1 client: a 503). Keep it below the file-descriptor
     /// limit.
@@ -557,6 +577,31 @@ fn tls_settings(
     Ok(server_tls_files(args, Some(peer)))
 }
 
+/// The webhooks (F4), their secrets from the flag or the file (one, not both).
+fn webhook_config(args: &ServeArgs) -> Result<presence_server::WebhookConfig, SettingsError> {
+    let mut secrets = args.feed_webhook_secrets.clone();
+    if let Some(path) = &args.feed_webhook_secret_file {
+        if !secrets.is_empty() {
+            return Err(SettingsError::Invalid(
+                "--feed-webhook-secret and --feed-webhook-secret-file: give the secrets one way".into(),
+            ));
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| SettingsError::ReadFlagFile {
+            flag: "--feed-webhook-secret-file",
+            path: path.clone(),
+            source,
+        })?;
+        secrets = text.lines().map(str::trim).filter(|line| !line.is_empty()).map(str::to_owned).collect();
+        if secrets.is_empty() {
+            return Err(SettingsError::Invalid(format!(
+                "--feed-webhook-secret-file {}: no secret in it",
+                path.display()
+            )));
+        }
+    }
+    Ok(presence_server::WebhookConfig { urls: args.feed_webhooks.clone(), secrets, ca: args.feed_webhook_ca.clone() })
+}
+
 fn server_tls_files(args: &ServeArgs, peer: Option<presence_tls::PeerFiles>) -> Option<presence_tls::ServerTlsFiles> {
     Some(presence_tls::ServerTlsFiles {
         cert: args.tls_cert.clone()?,
@@ -650,6 +695,7 @@ impl ServeArgs {
             ));
         }
         server.feed_retention_bytes = args.feed_retention_bytes.or(server.feed_retention_bytes);
+        server.feed_webhooks = webhook_config(&args)?;
         server.restart_grace = args.restart_grace_ms.map(Duration::from_millis).or(server.restart_grace);
         server.data_dir = args.data_dir.clone().or(server.data_dir);
         server.restore = args.restore.clone();
@@ -1037,6 +1083,24 @@ mod tests {
         assert_eq!((settings.cors_origins, settings.console), (vec!["https://c.example".to_owned()], false));
         let err = Harness::try_parse_from(["serve", "--console", "maybe"]).unwrap_err();
         assert!(err.to_string().contains("--console"), "{err}");
+    }
+
+    #[test]
+    fn f4_webhooks_take_their_secrets_from_the_flag_or_the_file_but_not_both() {
+        let secret = "s".repeat(32);
+        let hook = ["--feed-webhook", "http://127.0.0.1:9/a", "--feed-webhook", "http://127.0.0.1:9/b#kinds=flip"];
+        let webhooks =
+            resolve(&[&hook[..], &["--feed-webhook-secret", &secret]].concat()).unwrap().server.feed_webhooks;
+        assert_eq!(webhooks.urls, ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b#kinds=flip"]);
+        assert_eq!(webhooks.secrets, std::slice::from_ref(&secret));
+        assert!(!format!("{webhooks:?}").contains(&secret), "a secret is never shown: {webhooks:?}");
+        let file = ConfigFile::new("webhook-secrets", &format!("{secret}\n\n{}\n", "t".repeat(32)));
+        let from_file = resolve(&[&hook[..], &["--feed-webhook-secret-file", file.path()]].concat()).unwrap();
+        assert_eq!(from_file.server.feed_webhooks.secrets, [secret.clone(), "t".repeat(32)]);
+        let both = [&hook[..], &["--feed-webhook-secret", &secret, "--feed-webhook-secret-file", file.path()]].concat();
+        assert!(resolve(&both).unwrap_err().to_string().contains("give the secrets one way"));
+        let missing = resolve(&["--feed-webhook-secret-file", "/nonexistent/secret"]).unwrap_err().to_string();
+        assert!(missing.contains("--feed-webhook-secret-file /nonexistent/secret"), "{missing}");
     }
 
     #[test]

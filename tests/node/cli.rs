@@ -171,7 +171,7 @@ async fn p1_insecure_or_credentials_allow_any_address() {
 /// Runs the binary and returns (exit code, stdout, stderr), killing it if it
 /// has not exited within the patience: a configuration that is accepted by
 /// mistake would otherwise serve for ever.
-fn run_with_deadline(args: &[&str]) -> (Option<i32>, String, String) {
+pub(super) fn run_with_deadline(args: &[&str]) -> (Option<i32>, String, String) {
     use std::process::Stdio;
     let mut child = Command::new(BINARY)
         .args(args)

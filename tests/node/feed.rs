@@ -15,12 +15,15 @@ use prost::Message as _;
 use tonic::Code;
 use tonic::transport::Channel;
 
+/// What a Changes stream carries: `kinds`, `id_prefix` and `slots`.
+pub(super) type Filter<'a> = (Vec<pb::ChangeKind>, &'a str, Vec<u32>);
+
 /// A Changes stream from `from` (and `cursor`), with `kinds`, `id_prefix` and `slots`.
-async fn changes(
+pub(super) async fn changes(
     client: &mut PresenceClient<Channel>,
     from: pb::ChangesFrom,
     cursor: &[u8],
-    filter: (Vec<pb::ChangeKind>, &str, Vec<u32>),
+    filter: Filter<'_>,
 ) -> Result<tonic::Streaming<pb::ChangeEvent>, tonic::Status> {
     let (kinds, id_prefix, slots) = filter;
     let request = pb::ChangesRequest {
@@ -33,12 +36,12 @@ async fn changes(
     client.changes(request).await.map(tonic::Response::into_inner)
 }
 
-fn everything() -> (Vec<pb::ChangeKind>, &'static str, Vec<u32>) {
+pub(super) fn everything() -> Filter<'static> {
     (Vec::new(), "", Vec::new())
 }
 
 /// Events of `stream` (progress left out) until `done` says so, within the patience.
-async fn read_until(
+pub(super) async fn read_until(
     stream: &mut tonic::Streaming<pb::ChangeEvent>,
     what: &str,
     mut done: impl FnMut(&[pb::ChangeEvent]) -> bool,
@@ -57,7 +60,7 @@ async fn read_until(
 }
 
 /// The flip of `event`, if it is one of a user.
-fn flip(event: &pb::ChangeEvent) -> Option<&pb::UserPresence> {
+pub(super) fn flip(event: &pb::ChangeEvent) -> Option<&pb::UserPresence> {
     match &event.event {
         Some(Event::Flip(user)) => Some(user),
         _ => None,
@@ -69,14 +72,14 @@ fn unregister_item(user: &str, session: &str, generation: u64) -> pb::LeaseItem 
 }
 
 /// Registers every user's one session (ONLINE flips), returning the generations.
-async fn register_users(client: &mut PresenceClient<Channel>, users: &[String]) -> Vec<u64> {
+pub(super) async fn register_users(client: &mut PresenceClient<Channel>, users: &[String]) -> Vec<u64> {
     let items = users.iter().map(|user| register_item(user, "s", 60_000)).collect();
     let results = lease_batch(client, items).await;
     results.iter().map(generation_of).collect()
 }
 
 /// Unregisters every user's session (OFFLINE flips).
-async fn unregister_users(client: &mut PresenceClient<Channel>, users: &[String], generations: &[u64]) {
+pub(super) async fn unregister_users(client: &mut PresenceClient<Channel>, users: &[String], generations: &[u64]) {
     let items =
         users.iter().zip(generations).map(|(user, &generation)| unregister_item(user, "s", generation)).collect();
     let results = lease_batch(client, items).await;
@@ -217,7 +220,7 @@ async fn f1_filters_by_kind_id_prefix_and_slots_split_the_feed_and_rooms_say_whe
     };
     client.join(join).await.unwrap();
     let status = pb::Status { availability: pb::Availability::Away as i32, text: "lunch".into(), expires_at_ms: 0 };
-    let set = pb::SetStatusRequest { user_id: users[1].clone(), status: Some(status), ..Default::default() };
+    let set = pb::SetStatusRequest { user_id: users[1].clone(), status: Some(status) };
     client.set_status(set).await.unwrap();
     let leave = pb::LeaveRequest {
         user_id: users[0].clone(),
@@ -270,7 +273,7 @@ async fn f1_filters_by_kind_id_prefix_and_slots_split_the_feed_and_rooms_say_whe
 async fn f1_bad_changes_requests_are_refused_naming_the_field() {
     let server = TestServer::start(fast_config()).await;
     let mut client = server.client().await;
-    let cases: [(pb::ChangesFrom, &[u8], (Vec<pb::ChangeKind>, &str, Vec<u32>), Code, &str); 5] = [
+    let cases: [(pb::ChangesFrom, &[u8], Filter<'_>, Code, &str); 5] = [
         (pb::ChangesFrom::Cursor, b"junk", everything(), Code::InvalidArgument, "cursor: a cursor is 13 bytes, not 4"),
         (pb::ChangesFrom::Cursor, b"", everything(), Code::InvalidArgument, "cursor: CHANGES_FROM_CURSOR needs"),
         (pb::ChangesFrom::Now, b"", (vec![], "", vec![1024]), Code::InvalidArgument, "slots: slot 1024 is not below"),

@@ -23,3 +23,4 @@ mod tls;
 mod viewer_keys;
 mod watch_churn;
 mod watch_sets;
+mod webhook;

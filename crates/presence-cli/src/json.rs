@@ -1,28 +1,16 @@
 //! The `--json` form of answers: the proto3 JSON mapping with the proto's own
 //! field names and every field present (what protobuf-es's `toJson` writes
 //! with `useProtoFieldName` and `alwaysEmitImplicit`, so the console, the
-//! TypeScript client and scripts read the same shapes). 64-bit integers are
-//! strings, as that mapping says, because versions and generations are
-//! stamps above 2^53 that a JSON number would round; enums are their names;
-//! an absent message is `null`.
+//! TypeScript client and scripts read the same shapes). The mapping's rules
+//! and the messages the server writes as JSON too (presence, statuses) are
+//! `presence_proto::json`'s.
 
 use std::collections::HashMap;
 
 use presence_client::pb;
+pub(crate) use presence_proto::json::user_presence;
+use presence_proto::json::{bytes, enum_name, int64, status, uint64};
 use serde_json::{Value, json};
-
-fn int64(value: i64) -> Value {
-    Value::String(value.to_string())
-}
-
-fn uint64(value: u64) -> Value {
-    Value::String(value.to_string())
-}
-
-/// An enum field by its name, or its number when this build does not know it.
-fn enum_name<E: TryFrom<i32>>(code: i32, name: fn(&E) -> &'static str) -> Value {
-    E::try_from(code).map_or_else(|_| json!(code), |known| json!(name(&known)))
-}
 
 fn map(entries: &HashMap<String, String>) -> Value {
     Value::Object(entries.iter().map(|(key, value)| (key.clone(), json!(value))).collect())
@@ -30,25 +18,6 @@ fn map(entries: &HashMap<String, String>) -> Value {
 
 fn list<T>(items: &[T], each: fn(&T) -> Value) -> Value {
     Value::Array(items.iter().map(each).collect())
-}
-
-pub(crate) fn user_presence(user: &pb::UserPresence) -> Value {
-    json!({
-        "user_id": user.user_id,
-        "state": enum_name(user.state, pb::State::as_str_name),
-        "version": uint64(user.version),
-        "last_active_at_ms": int64(user.last_active_at_ms),
-        "status": user.status.as_ref().map_or(Value::Null, status),
-        "last_seen_ms": int64(user.last_seen_ms),
-    })
-}
-
-fn status(status: &pb::Status) -> Value {
-    json!({
-        "availability": enum_name(status.availability, pb::Availability::as_str_name),
-        "text": status.text,
-        "expires_at_ms": int64(status.expires_at_ms),
-    })
 }
 
 pub(crate) fn snapshot_response(users: &[pb::UserPresence]) -> Value {
@@ -70,12 +39,6 @@ fn session_info(session: &pb::SessionInfo) -> Value {
         "last_renewed_at_ms": int64(session.last_renewed_at_ms),
         "lingering": session.lingering,
     })
-}
-
-/// `bytes` as the proto3 JSON mapping writes them: standard base64, padded.
-fn bytes(value: &[u8]) -> Value {
-    use base64::Engine as _;
-    Value::String(base64::engine::general_purpose::STANDARD.encode(value))
 }
 
 /// An export (P7), every field present. Settings' values are bytes, so

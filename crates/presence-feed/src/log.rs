@@ -169,6 +169,16 @@ impl FeedLog {
             segments.push_back(found);
         }
         if clean {
+            // The end an orderly close wrote may be past the last frame (a
+            // batch with no frame moves it): consumers were handed cursors
+            // up to it (progress), which must still be in range.
+            let closed_at = fs::read_to_string(&clean_path)?.trim().parse::<u64>().map_err(|_| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("{}: not a position", clean_path.display()))
+            })?;
+            if closed_at > last {
+                last = closed_at;
+                end = Cursor::through(closed_at);
+            }
             fs::remove_file(&clean_path)?;
         }
         sync_dir(dir)?;

@@ -85,6 +85,27 @@ fn f2_a_disk_log_reopens_with_every_synced_frame_and_says_whether_it_was_closed(
 }
 
 #[test]
+fn f2_a_cursor_through_an_end_past_the_last_frame_stays_in_range_after_an_orderly_close() {
+    let dir = scratch("closed-end");
+    let retention = Retention { max_age_ms: u64::MAX / 2, max_bytes: 1 << 30 };
+    let (log, _) = FeedLog::open(&dir, retention).unwrap();
+    log.append(&frames(1, 101), 0, 0).unwrap();
+    // Batches with no frame move the end: a progress event hands out a cursor through it.
+    log.append(&[], 500, 0).unwrap();
+    let progress = log.end();
+    assert_eq!(progress, Cursor::through(500));
+    log.close().unwrap();
+    drop(log);
+    let (log, recovery) = FeedLog::open(&dir, retention).unwrap();
+    assert_eq!((recovery.clean, recovery.last_position), (true, 500), "complete through the end it closed at");
+    assert_eq!(log.end(), progress);
+    assert_eq!(log.read(progress, 1 << 20).unwrap().frames.len(), 0);
+    log.append(&frames(501, 511), 0, 0).unwrap();
+    assert_eq!(read_all(&log, progress, 1 << 20), (501..=510).collect::<Vec<_>>());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn f2_a_write_torn_by_a_crash_is_cut_off_and_named_and_the_frames_before_it_stay() {
     let dir = scratch("torn");
     let retention = Retention { max_age_ms: u64::MAX / 2, max_bytes: 1 << 30 };

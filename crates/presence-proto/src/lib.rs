@@ -4,9 +4,13 @@
 //! `cluster.proto` (between a cluster's nodes) by a pure-Rust
 //! protobuf compiler; nothing here is written by hand except the codec, which
 //! turns undecodable requests into `INVALID_ARGUMENT` naming the field, and
-//! the server's view of a Leases request ([`lease_frames`]).
+//! the server's view of a Leases request ([`lease_frames`]), and the proto3
+//! JSON mapping of the messages that leave the process as JSON ([`json`],
+//! feature `json`).
 
 pub mod codec;
+#[cfg(feature = "json")]
+pub mod json;
 pub mod lease_frames;
 
 /// Messages and services of the `presence.v1` package.

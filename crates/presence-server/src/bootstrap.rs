@@ -31,6 +31,7 @@ use crate::node::data_dir::{DataDir, Loaded};
 use crate::node::durable::BackupRow;
 use crate::node::durable::{self, DurableStore};
 use crate::node::feed::Feed;
+use crate::node::webhook::Webhooks;
 use crate::{ServeError, ServerConfig, StoreClock};
 
 /// A server whose configuration has been checked and whose data directory is
@@ -68,6 +69,8 @@ pub struct PreparedServer {
     /// The change feed, opened here because a feed that cannot be read
     /// refuses to start (F2); `None` when it is turned off.
     feed: Option<Arc<Feed>>,
+    /// The change feed's webhooks (F4), checked here with their cursors read.
+    webhooks: Webhooks,
 }
 
 impl std::fmt::Debug for PreparedServer {
@@ -99,6 +102,8 @@ pub(crate) struct Restored {
     pub(crate) tls: Option<Arc<ServerTls>>,
     /// What `/readyz` reports, told when the server has started and when it stops.
     pub(crate) readiness: Arc<Readiness>,
+    /// The change feed's webhooks, to start with the feed.
+    pub(crate) webhooks: Webhooks,
 }
 
 impl PreparedServer {
@@ -190,6 +195,14 @@ impl PreparedServer {
                 Some(feed)
             }
         };
+        let feed_or_why = match (&feed, &config.cluster) {
+            (Some(feed), _) => Ok(feed),
+            (None, Some(_)) => Err("a cluster node keeps none yet (F3)"),
+            (None, None) => Err("--feed-retention-bytes 0 turns it off"),
+        };
+        let cursors = data_dir.as_ref().map(DataDir::webhooks_path);
+        let webhooks =
+            Webhooks::prepare(&config.feed_webhooks, feed_or_why, cursors.as_deref()).map_err(ServeError::Webhook)?;
         let readiness = Arc::new(Readiness::default());
         let from_backup = from_backup.map(|(restored, _)| (restored.store, restored.written_at));
         Ok(PreparedServer {
@@ -205,6 +218,7 @@ impl PreparedServer {
             readiness,
             from_backup,
             feed,
+            webhooks,
         })
     }
 
@@ -228,6 +242,7 @@ impl PreparedServer {
             readiness,
             from_backup,
             feed,
+            webhooks,
         } = self;
         let started = clock.now();
         let hold_until = started.saturating_add(config.restart_grace_ms());
@@ -279,7 +294,19 @@ impl PreparedServer {
                 tracing::info!(forgotten, "users erased after the checkpoint are forgotten again");
             }
         }
-        Ok(Restored { config, context, cluster, auth, audit, expiry_wake, data_dir, cors_origins, tls, readiness })
+        Ok(Restored {
+            config,
+            context,
+            cluster,
+            auth,
+            audit,
+            expiry_wake,
+            data_dir,
+            cors_origins,
+            tls,
+            readiness,
+            webhooks,
+        })
     }
 }
 

@@ -27,6 +27,7 @@ mod error;
 pub mod fuzzing;
 pub mod metrics;
 mod node;
+mod outbound;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -66,6 +67,7 @@ pub use node::leases::{LeasesStream, MAX_BATCH_ITEMS};
 pub use node::privacy;
 pub use node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
 pub use node::watch::WatchStream;
+pub use node::webhook::WebhookConfig;
 pub use node::wire::MAX_USERS_PER_REQUEST;
 
 /// Largest request the server decodes; larger ones are refused before decoding.
@@ -158,6 +160,8 @@ pub struct ServerConfig {
     /// takes 1 GiB with a data directory and 64 MiB in memory; 0 turns the
     /// feed off.
     pub feed_retention_bytes: Option<u64>,
+    /// Receivers the change feed is POSTed to (F4); none by default.
+    pub feed_webhooks: WebhookConfig,
 }
 
 /// The CPUs this process may use (2 when the system cannot tell): the
@@ -216,6 +220,7 @@ impl Default for ServerConfig {
             tls_reload_interval: Duration::from_secs(2),
             feed_retention: Duration::from_millis(node::feed::DEFAULT_RETENTION_MS),
             feed_retention_bytes: None,
+            feed_webhooks: WebhookConfig::default(),
         }
     }
 }
@@ -271,6 +276,9 @@ pub enum ServeError {
         /// What went wrong.
         message: String,
     },
+    /// A webhook of the change feed cannot be used (F4).
+    #[error("{0}")]
+    Webhook(String),
     /// The backup to start from cannot be used (D3).
     #[error("--restore {path}: {message}")]
     Restore {
@@ -333,6 +341,7 @@ async fn serve_prepared(
         cors_origins,
         tls,
         readiness,
+        webhooks,
     } = prepared.restore(membership)?;
     let (store, clock, stopping) =
         (Arc::clone(context.store()), context.publisher.clock.clone(), context.stopping.clone());
@@ -346,8 +355,10 @@ async fn serve_prepared(
         tokio::spawn(checkpoint_periodically(dir, Arc::clone(&context), config.checkpoint_interval, stopping.clone()))
     });
 
+    let mut webhook_sinks = Vec::new();
     if let Some(feed) = &context.feed {
         feed.start(clock.clone());
+        webhook_sinks = webhooks.start(feed, &clock, &stopping);
     }
     let expiry = tokio::spawn(expiry::run(Arc::clone(&context), expiry_wake, config.expiry_batch));
     if let Some(cluster) = &cluster {
@@ -474,6 +485,10 @@ async fn serve_prepared(
     closing.cancel();
     let _ = expiry.await;
     let _ = activity_flusher.await;
+    // Before the feed closes: each has written its cursor.
+    for sink in webhook_sinks {
+        let _ = sink.await;
+    }
     if let Some(checkpoints) = checkpoints {
         let _ = checkpoints.await;
     }

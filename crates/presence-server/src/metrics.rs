@@ -124,6 +124,58 @@ pub mod names {
     pub const FEED_BYTES: &str = "presenced_feed_bytes";
     /// Open Changes streams (gauge).
     pub const FEED_STREAMS: &str = "presenced_feed_streams";
+    /// Batches of the change feed a webhook's receiver answered with a 2xx, by `webhook` (counter, F4).
+    pub const WEBHOOK_BATCHES: &str = "presenced_webhook_batches_total";
+    /// Events in those batches, by `webhook` (counter, F4).
+    pub const WEBHOOK_EVENTS: &str = "presenced_webhook_events_total";
+    /// Attempts to deliver a batch that failed, by `webhook` and `reason`:
+    /// status (an answer other than 2xx), timeout, connection (counter, F4).
+    pub const WEBHOOK_FAILURES: &str = "presenced_webhook_failures_total";
+    /// How old the oldest change a webhook has not delivered yet is, in
+    /// seconds; 0 when it has delivered everything it read, by `webhook` (gauge, F4).
+    pub const WEBHOOK_LAG_SECONDS: &str = "presenced_webhook_lag_seconds";
+    /// Gaps a webhook sent because retention removed changes it had not delivered, by `webhook` (counter, F4).
+    pub const WEBHOOK_GAPS: &str = "presenced_webhook_gaps_total";
+}
+
+/// Why an attempt to deliver a webhook batch failed, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WebhookFailure {
+    /// The receiver answered, with a status other than 2xx.
+    Status,
+    /// No answer within the attempt's timeout.
+    Timeout,
+    /// No connection, or it broke.
+    Connection,
+}
+
+/// One webhook's metrics (F4), labelled with what the logs call it.
+#[derive(Debug, Clone)]
+pub(crate) struct WebhookMetrics {
+    pub(crate) batches: Counter,
+    pub(crate) events: Counter,
+    failures: [Counter; 3],
+    pub(crate) lag_seconds: Gauge,
+    pub(crate) gaps: Counter,
+}
+
+impl WebhookMetrics {
+    pub(crate) fn new(webhook: &str) -> Self {
+        let label = webhook.to_owned();
+        let failure =
+            |reason: &'static str| counter!(names::WEBHOOK_FAILURES, "webhook" => label.clone(), "reason" => reason);
+        WebhookMetrics {
+            batches: counter!(names::WEBHOOK_BATCHES, "webhook" => label.clone()),
+            events: counter!(names::WEBHOOK_EVENTS, "webhook" => label.clone()),
+            failures: [failure("status"), failure("timeout"), failure("connection")],
+            lag_seconds: gauge!(names::WEBHOOK_LAG_SECONDS, "webhook" => label.clone()),
+            gaps: counter!(names::WEBHOOK_GAPS, "webhook" => label.clone()),
+        }
+    }
+
+    pub(crate) fn failed(&self, why: WebhookFailure) {
+        self.failures[why as usize].increment(1);
+    }
 }
 
 /// Counts a periodic checkpoint, written or not (B3).

@@ -181,36 +181,20 @@ impl JwksSource {
 
 /// One GET of an `https://` URL over HTTP/1.1: the body of a 200.
 async fn fetch(url: &http::Uri, tls: &Arc<rustls::ClientConfig>) -> Result<Bytes, String> {
-    let host = url.host().ok_or("the URL has no host")?.to_owned();
-    let port = url.port_u16().unwrap_or(443);
-    let tcp = tokio::net::TcpStream::connect((host.trim_matches(['[', ']']), port))
-        .await
-        .map_err(|err| format!("cannot connect: {err}"))?;
-    let name = rustls::pki_types::ServerName::try_from(host.trim_matches(['[', ']']).to_owned())
-        .map_err(|err| format!("not a server name: {err}"))?;
-    let stream = tokio_rustls::TlsConnector::from(Arc::clone(tls))
-        .connect(name, tcp)
-        .await
-        .map_err(|err| format!("TLS: {err}"))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-        .await
-        .map_err(|err| format!("HTTP: {err}"))?;
-    let connection = tokio::spawn(connection);
+    let mut sender = crate::outbound::connect(url, Some(tls)).await?;
     let path = url.path_and_query().map_or("/", |path| path.as_str());
     let request = http::Request::get(path)
-        .header(http::header::HOST, url.authority().map_or(host.clone(), |authority| authority.to_string()))
+        .header(http::header::HOST, crate::outbound::host_header(url))
         .header(http::header::ACCEPT, "application/json")
-        .header(http::header::USER_AGENT, concat!("presenced/", env!("CARGO_PKG_VERSION")))
+        .header(http::header::USER_AGENT, crate::outbound::USER_AGENT)
         .body(Empty::<Bytes>::new())
         .map_err(|err| format!("HTTP: {err}"))?;
     let response = sender.send_request(request).await.map_err(|err| format!("HTTP: {err}"))?;
     let status = response.status();
     if status != http::StatusCode::OK {
-        connection.abort();
         return Err(format!("HTTP status {status}"));
     }
     let body = Limited::new(response.into_body(), MAX_DOCUMENT_BYTES).collect().await;
-    connection.abort();
     body.map(http_body_util::Collected::to_bytes).map_err(|err| format!("reading the document: {err}"))
 }
 

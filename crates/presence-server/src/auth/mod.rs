@@ -652,11 +652,9 @@ impl JwksState {
         let (source, keys) = if source.starts_with("https://") {
             let url: http::Uri = source.parse().map_err(|err| fail(format!("not a URL: {err}")))?;
             let files = presence_tls::ClientTlsFiles::new(ca, None, None).named(["--viewer-jwks-ca", "", ""]);
-            let tls = presence_tls::ClientTls::load(files).map_err(|err| fail(err.to_string()))?;
-            let mut config = (*tls.config()).clone();
-            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let tls = crate::outbound::tls_config(files).map_err(|err| fail(err.to_string()))?;
             // Fetched once serving starts; until then no JWKS key verifies a token.
-            (jwks::JwksSource::Url { url, tls: Arc::new(config) }, jwks::JwksKeys::default())
+            (jwks::JwksSource::Url { url, tls }, jwks::JwksKeys::default())
         } else if source.contains("://") {
             return Err(fail("a JWKS URL must be https://".into()));
         } else {

@@ -85,6 +85,9 @@ impl FeedMetrics {
             GapReason::Restart => "restart",
             GapReason::Overflow => "overflow",
             GapReason::WriteFailed => "write_failed",
+            // A webhook's own gaps, counted as its metrics.
+            GapReason::Retention => "retention",
+            GapReason::UnknownCursor => "unknown_cursor",
         };
         metrics::counter!(names::FEED_GAPS, "reason" => reason).increment(1);
     }
@@ -256,6 +259,12 @@ impl Feed {
         }
     }
 
+    /// The cursor after everything recorded so far, written or not yet:
+    /// where a stream from now starts.
+    pub(crate) fn cursor_now(&self) -> Cursor {
+        Cursor::through(self.intake.last_position())
+    }
+
     /// Opens a `Changes` stream (F1): from where `from` says, carrying what
     /// `filter` lets through, until the consumer goes or `stopping`.
     pub(crate) fn changes(
@@ -265,8 +274,7 @@ impl Feed {
         stopping: CancellationToken,
     ) -> Result<ChangesStream, ServiceError> {
         let after = match from {
-            // Everything recorded before the call, written or not yet.
-            ChangesFrom::Now => Cursor::through(self.intake.last_position()),
+            ChangesFrom::Now => self.cursor_now(),
             ChangesFrom::Oldest => self.log.oldest(),
             ChangesFrom::Cursor(cursor) => {
                 if cursor < self.log.oldest() {
@@ -290,7 +298,7 @@ impl Feed {
         self: Arc<Self>,
         mut after: Cursor,
         filter: ChangesFilter,
-        sender: mpsc::Sender<Result<Vec<pb::ChangeEvent>, tonic::Status>>,
+        sender: mpsc::Sender<Result<Vec<pb::ChangeEvent>, ServiceError>>,
         stopping: CancellationToken,
     ) {
         self.metrics.streams.increment(1.0);
@@ -305,19 +313,15 @@ impl Feed {
                 Ok(Ok(read)) => read,
                 Ok(Err(ReadError::OutOfRange(out))) => {
                     let why = "retention removed changes this stream had not read yet";
-                    let _ = sender.send(Err(ServiceError::FeedOutOfRange { oldest: out.oldest, why }.into())).await;
+                    let _ = sender.send(Err(ServiceError::FeedOutOfRange { oldest: out.oldest, why })).await;
                     return;
                 }
                 Ok(Err(ReadError::Io(err))) => {
-                    let _ = sender
-                        .send(Err(ServiceError::Internal(format!("reading the change feed: {err}")).into()))
-                        .await;
+                    let _ = sender.send(Err(ServiceError::Internal(format!("reading the change feed: {err}")))).await;
                     return;
                 }
                 Err(err) => {
-                    let _ = sender
-                        .send(Err(ServiceError::Internal(format!("reading the change feed: {err}")).into()))
-                        .await;
+                    let _ = sender.send(Err(ServiceError::Internal(format!("reading the change feed: {err}")))).await;
                     return;
                 }
             };
@@ -327,7 +331,7 @@ impl Feed {
                 match wire::change_event(frame) {
                     Ok(event) => events.push(event),
                     Err(err) => {
-                        let _ = sender.send(Err(err.into())).await;
+                        let _ = sender.send(Err(err)).await;
                         return;
                     }
                 }
@@ -374,24 +378,43 @@ fn counted_while_open(streams: &metrics::Gauge) -> impl Drop + '_ {
 /// The events of a `Changes` stream, a batch of the log at a time.
 #[derive(Debug)]
 pub struct ChangesStream {
-    receiver: mpsc::Receiver<Result<Vec<pb::ChangeEvent>, tonic::Status>>,
+    receiver: mpsc::Receiver<Result<Vec<pb::ChangeEvent>, ServiceError>>,
     batch: std::collections::VecDeque<pb::ChangeEvent>,
 }
 
-impl Stream for ChangesStream {
-    type Item = Result<pb::ChangeEvent, tonic::Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
+impl ChangesStream {
+    fn poll_event(&mut self, cx: &mut TaskContext<'_>) -> Poll<Option<Result<pb::ChangeEvent, ServiceError>>> {
         loop {
             if let Some(event) = self.batch.pop_front() {
                 return Poll::Ready(Some(Ok(event)));
             }
             match self.receiver.poll_recv(cx) {
                 Poll::Ready(Some(Ok(batch))) => self.batch.extend(batch),
-                Poll::Ready(Some(Err(status))) => return Poll::Ready(Some(Err(status))),
+                Poll::Ready(Some(Err(err))) => return Poll::Ready(Some(Err(err))),
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
             }
         }
+    }
+
+    /// The next event, or why the stream ended (`None`: the server is stopping).
+    pub(crate) async fn next_event(&mut self) -> Option<Result<pb::ChangeEvent, ServiceError>> {
+        std::future::poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    /// The next event if the stream has already read it, without waiting.
+    pub(crate) fn ready_event(&mut self) -> Option<Result<pb::ChangeEvent, ServiceError>> {
+        match self.poll_event(&mut TaskContext::from_waker(std::task::Waker::noop())) {
+            Poll::Ready(next) => next,
+            Poll::Pending => None,
+        }
+    }
+}
+
+impl Stream for ChangesStream {
+    type Item = Result<pb::ChangeEvent, tonic::Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
+        self.poll_event(cx).map(|next| next.map(|event| event.map_err(tonic::Status::from)))
     }
 }

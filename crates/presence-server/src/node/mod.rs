@@ -27,6 +27,7 @@ pub(crate) mod settings;
 pub(crate) mod sync;
 pub(crate) mod user_data;
 pub(crate) mod watch;
+pub(crate) mod webhook;
 pub(crate) mod wire;
 
 #[cfg(test)]

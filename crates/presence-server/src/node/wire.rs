@@ -728,18 +728,29 @@ pub(crate) enum GapReason {
     Overflow,
     /// Writing to disk failed.
     WriteFailed,
+    /// Retention removed changes a webhook had not delivered yet (F4).
+    Retention,
+    /// A webhook's cursor was ahead of every change the feed holds: a data
+    /// directory's feed replaced or removed (F4).
+    UnknownCursor,
 }
 
-/// A gap at `position`: everything after `after` up to it was lost.
-pub(crate) fn gap_frame(position: u64, after: FeedCursor, reason: GapReason, lost: u64, at: u64) -> Frame {
+/// A gap event: everything after `after` up to `cursor` was lost.
+pub(crate) fn gap_event(cursor: &[u8], after: FeedCursor, reason: GapReason, lost: u64, at: u64) -> pb::ChangeEvent {
     let reason = match reason {
         GapReason::Restart => "restart",
         GapReason::Overflow => "overflow",
         GapReason::WriteFailed => "write failed",
+        GapReason::Retention => "retention",
+        GapReason::UnknownCursor => "unknown cursor",
     };
     let gap = pb::Gap { after_cursor: after.encode().to_vec(), reason: reason.to_owned(), lost };
-    let body =
-        pb::ChangeEvent { cursor: Vec::new(), event: Some(change_event::Event::Gap(gap)), at_ms: unix_ms(at), slot: 0 };
+    pb::ChangeEvent { cursor: cursor.to_vec(), event: Some(change_event::Event::Gap(gap)), at_ms: unix_ms(at), slot: 0 }
+}
+
+/// A gap at `position`: everything after `after` up to it was lost.
+pub(crate) fn gap_frame(position: u64, after: FeedCursor, reason: GapReason, lost: u64, at: u64) -> Frame {
+    let body = gap_event(&[], after, reason, lost, at);
     Frame::new(position, u32::MAX, FrameKind::Gap, at, b"", &body.encode_to_vec())
 }
 
@@ -853,4 +864,60 @@ pub(crate) fn changes_request(
         Some(chosen)
     };
     Ok((from, ChangesFilter { kinds, id_prefix: request.id_prefix.as_str().into(), slots }))
+}
+
+// ---------------------------------------------------------------------------
+// Webhooks (F4): a batch of the feed as the JSON body POSTed to a receiver.
+
+/// One event of a webhook batch, as JSON: the proto3 JSON mapping of its
+/// `ChangeEvent`, as every client reads it.
+pub(crate) fn webhook_event(event: &pb::ChangeEvent) -> Vec<u8> {
+    serde_json::to_vec(&presence_proto::json::change_event(event)).expect("a JSON value serialises")
+}
+
+/// A webhook batch's body: `{"cursor": ..., "events": [...]}`, the cursor
+/// (the last event's, base64 as the events' own) first, then the events
+/// made by [`webhook_event`].
+pub(crate) fn webhook_body(cursor: FeedCursor, events: &[Vec<u8>]) -> Vec<u8> {
+    let cursor = presence_proto::json::bytes(&cursor.encode());
+    let mut body = Vec::with_capacity(64 + events.iter().map(|event| event.len() + 1).sum::<usize>());
+    body.extend_from_slice(b"{\"cursor\":");
+    body.extend_from_slice(cursor.to_string().as_bytes());
+    body.extend_from_slice(b",\"events\":[");
+    for (at, event) in events.iter().enumerate() {
+        if at > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(event);
+    }
+    body.extend_from_slice(b"]}");
+    body
+}
+
+#[cfg(test)]
+mod webhook_tests {
+    use super::*;
+
+    #[test]
+    fn f4_a_webhook_body_is_json_with_the_last_cursor_and_each_event_as_the_proto3_mapping_writes_it() {
+        let cursor = FeedCursor { position: 7, slot: 3 };
+        let event = pb::ChangeEvent {
+            cursor: cursor.encode().to_vec(),
+            event: Some(change_event::Event::RoomOccupancy(pb::RoomOccupancy {
+                room_id: "r\"1".into(),
+                occupied: true,
+                version: 1 << 60,
+            })),
+            at_ms: 5,
+            slot: 3,
+        };
+        let gap = gap_event(&cursor.encode(), FeedCursor::START, GapReason::Retention, 0, 6);
+        let body = webhook_body(cursor, &[webhook_event(&event), webhook_event(&gap)]);
+        let parsed: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(parsed["cursor"], "AQAAAAAAAAAHAAAAAw==");
+        assert_eq!(parsed["events"][0]["room_occupancy"]["room_id"], "r\"1");
+        assert_eq!(parsed["events"][0]["room_occupancy"]["version"], "1152921504606846976");
+        assert_eq!(parsed["events"][1]["gap"]["reason"], "retention");
+        assert_eq!(webhook_body(cursor, &[]), br#"{"cursor":"AQAAAAAAAAAHAAAAAw==","events":[]}"#);
+    }
 }
