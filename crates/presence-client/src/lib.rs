@@ -109,13 +109,14 @@ mod transport;
 mod viewer;
 
 pub use backoff::Backoff;
+pub use call::TokenProvider;
 pub use cluster::ClusterLeases;
 pub use error::ClientError;
 pub use lease_channel::{LeaseChannel, LeaseChannelConfig, LeaseChannelStats, lease_result};
 pub use room::{RoomCountWatcher, RoomView, RoomWatcher, RoomWatcherEvent};
 pub use session::{Session, SessionConfig, SessionLeases, SessionState};
 pub use transport::{ClientTlsConfig, connect, connect_lazy};
-pub use viewer::{TokenProvider, ViewerStore, Watcher, WatcherEvent};
+pub use viewer::{ViewerStore, Watcher, WatcherEvent};
 
 /// The wire types of `presence.v1` (from `presence-proto`).
 pub use presence_proto::v1 as pb;
