@@ -13,7 +13,7 @@ use tonic::metadata::AsciiMetadataValue;
 use tonic::{Code, Request, Status};
 
 /// Where a reconnecting stream ([`Watcher`](crate::Watcher), the room
-/// watchers) gets a fresh bearer
+/// watchers, [`ChangesConsumer`](crate::ChangesConsumer)) gets a fresh bearer
 /// token: called when the stream opens and whenever the server ends it for
 /// its credentials (the token expired, or its key rotated out), so that the
 /// token can be short-lived. An error ends the stream with it.
