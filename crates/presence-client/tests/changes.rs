@@ -57,10 +57,14 @@ async fn next<S: CursorStore>(consumer: &mut ChangesConsumer<S>, what: &str) -> 
     within(PATIENCE, what, consumer.next_batch()).await.unwrap_or_else(|err| panic!("{what}: {err}"))
 }
 
-/// Batches, each committed, until one holds a flip of `last`.
-async fn until_flip_of<S: CursorStore>(consumer: &mut ChangesConsumer<S>, last: &str) -> Vec<pb::ChangeEvent> {
+/// Batches, each committed, until one holds `last`'s flip to `state`.
+async fn until_flip_of<S: CursorStore>(
+    consumer: &mut ChangesConsumer<S>,
+    last: &str,
+    state: pb::State,
+) -> Vec<pb::ChangeEvent> {
     let mut events = Vec::new();
-    while !events.iter().any(|event| flip(event).0 == last) {
+    while !events.iter().any(|event| flip(event) == (last.to_owned(), state as i32)) {
         events.extend(next(consumer, last).await.events);
         consumer.commit().await.unwrap();
     }
@@ -123,7 +127,7 @@ async fn f2_a_consumer_dropped_mid_stream_resumes_from_its_file_seeing_committed
     let store = FileCursorStore::new(&cursor_file);
     let mut second =
         ChangesConsumer::open(client.clone(), flips_from(pb::ChangesFrom::Now), store, config(25)).await.unwrap();
-    let resumed = until_flip_of(&mut second, "sentinel").await;
+    let resumed = until_flip_of(&mut second, "sentinel", pb::State::Online).await;
 
     // At least once, identified by cursor: the uncommitted batch again, then the rest.
     assert_eq!(resumed[..uncommitted.events.len()], uncommitted.events[..], "the uncommitted batch comes again first");
@@ -159,14 +163,14 @@ async fn f2_a_consumer_reopens_after_the_server_restarts_and_goes_on_after_its_c
         ChangesConsumer::open(server.client().await, request, store.clone(), config(1_000)).await.unwrap();
     let before: Vec<String> = (0..10).map(|i| format!("before-{i}")).collect();
     flip_on_and_off(server.client().await, before).await;
-    let seen_before = until_flip_of(&mut consumer, "before-9").await;
+    let seen_before = until_flip_of(&mut consumer, "before-9", pb::State::Offline).await;
     assert_eq!(seen_before.len(), 20);
 
     server.stop().await;
     let server = TestServer::start_on(addr, with_data_dir()).await;
     let after: Vec<String> = (0..10).map(|i| format!("after-{i}")).collect();
     flip_on_and_off(server.client().await, after.clone()).await;
-    let seen_after = until_flip_of(&mut consumer, "after-9").await;
+    let seen_after = until_flip_of(&mut consumer, "after-9", pb::State::Offline).await;
 
     let users: Vec<String> = seen_after.iter().map(|event| flip(event).0).collect();
     let expected: Vec<String> = after.iter().flat_map(|user| [user.clone(), user.clone()]).collect();
@@ -188,7 +192,7 @@ async fn f2_a_cursor_past_retention_is_out_of_range_with_the_oldest_cursor_and_r
     let mut consumer =
         ChangesConsumer::open(client.clone(), request.clone(), store.clone(), config(1_000)).await.unwrap();
     client.register(register("first", "s", 60_000)).await.unwrap();
-    until_flip_of(&mut consumer, "first").await;
+    until_flip_of(&mut consumer, "first", pb::State::Online).await;
     drop(consumer);
     // About 80 bytes a flip: 5,000 flips are far more than 64 KiB.
     let users: Vec<String> = (0..2_500).map(|i| format!("user-{i:04}")).collect();
@@ -202,22 +206,23 @@ async fn f2_a_cursor_past_retention_is_out_of_range_with_the_oldest_cursor_and_r
     });
     leases(&mut client, unregisters.collect()).await;
 
-    // Written within a few milliseconds; until then the stored cursor is still served.
-    let (mut consumer, oldest) = within(PATIENCE, "retention to pass the stored cursor", async {
-        loop {
-            let mut consumer =
-                ChangesConsumer::open(client.clone(), request.clone(), store.clone(), config(1_000)).await.unwrap();
-            match consumer.next_batch().await {
-                Err(ChangesError::OutOfRange { oldest_cursor, status }) => {
-                    assert!(status.message().starts_with("cursor: older than the oldest change"), "{status:?}");
-                    return (consumer, oldest_cursor);
-                }
-                Err(other) => panic!("out of range, not {other}"),
-                Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-            }
+    // Once they are all in the feed, retention has passed the stored cursor
+    // for good: a consumer opened now (its stream is open once `open`
+    // returns) sees a flip made after them.
+    let sentinel = pb::ChangesRequest { id_prefix: "sentinel".into(), ..Default::default() };
+    let mut settled =
+        ChangesConsumer::open(client.clone(), sentinel, MemoryCursorStore::new(), config(1_000)).await.unwrap();
+    client.register(register("sentinel", "s", 60_000)).await.unwrap();
+    until_flip_of(&mut settled, "sentinel", pb::State::Online).await;
+
+    let mut consumer = ChangesConsumer::open(client.clone(), request, store.clone(), config(1_000)).await.unwrap();
+    let oldest = match within(PATIENCE, "the refusal", consumer.next_batch()).await {
+        Err(ChangesError::OutOfRange { oldest_cursor, status }) => {
+            assert!(status.message().starts_with("cursor: older than the oldest change"), "{status:?}");
+            oldest_cursor
         }
-    })
-    .await;
+        other => panic!("out of range, not {other:?}"),
+    };
     // Not retried: asked again, the same answer.
     assert!(matches!(consumer.next_batch().await, Err(ChangesError::OutOfRange { .. })));
 
@@ -284,7 +289,7 @@ async fn t3_a_consumer_with_a_token_provider_reopens_with_a_fresh_token_when_its
     };
     let mut writer = client.clone();
     writer.register(gateway_client("before")).await.unwrap();
-    until_flip_of(&mut consumer, "before").await;
+    until_flip_of(&mut consumer, "before", pb::State::Online).await;
 
     // The credential rotates: the new token is what the provider gives from
     // now on, and the old one is removed, which ends the open stream; a flip
@@ -302,7 +307,7 @@ async fn t3_a_consumer_with_a_token_provider_reopens_with_a_fresh_token_when_its
         .await;
         writer.register(gateway_client("after")).await.unwrap();
     };
-    let (after, ()) = tokio::join!(until_flip_of(&mut consumer, "after"), flip_once_reopened);
+    let (after, ()) = tokio::join!(until_flip_of(&mut consumer, "after", pb::State::Online), flip_once_reopened);
     assert_eq!(after.iter().map(|event| flip(event).0).collect::<Vec<_>>(), ["after"], "nothing missed, nothing twice");
     assert_eq!(*asked.lock().unwrap(), 2, "asked at the open and once when the old token was refused");
     server.stop().await;
