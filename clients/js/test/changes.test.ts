@@ -3,10 +3,12 @@
  * mid-stream resumes from its cursor file, seeing each committed event once
  * and only its uncommitted batch again; it reopens after the server
  * restarts; a cursor past retention is a ChangesOutOfRangeError with the
- * oldest cursor, which it resumes from; the file store and the cursor's text.
+ * oldest cursor, which it resumes from; a token provider carries it across
+ * a credential's rotation; the file store and the cursor's text.
  */
 import assert from "node:assert/strict";
-import { readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { readFileSync, readdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 
@@ -22,7 +24,7 @@ import {
   pb,
 } from "../src/index.js";
 import { FileCursorStore, connectLeaseChannel } from "../src/node.js";
-import { Server, TEST_TIMEOUT_MS, fastReconnect, freePort, scratchDir, withDeadline } from "./helpers.js";
+import { BINARY, Server, TEST_TIMEOUT_MS, fastReconnect, freePort, scratchDir, until, withDeadline } from "./helpers.js";
 
 const FLIPS = [pb.ChangeKind.FLIP];
 
@@ -220,6 +222,50 @@ test("F2: a cursor past retention is a ChangesOutOfRangeError with the oldest cu
   } finally {
     channel.close();
     await server.kill();
+  }
+});
+
+/** A fresh token of `scope` from `presenced token new`, and its credentials file entry. */
+function credential(name: string, scope: string): { token: string; entry: string } {
+  const [token, ...entry] = execFileSync(BINARY, ["token", "new", "--scope", scope, name], { encoding: "utf8" }).split("\n");
+  return { token: token!, entry: entry.join("\n") };
+}
+
+test("T3: a consumer with a token provider reopens with a fresh token when its credential is removed", { timeout: TEST_TIMEOUT_MS }, async () => {
+  const dir = scratchDir("changes-tokens");
+  const path = join(dir, "credentials.toml");
+  const [gateway, oldFeed, newFeed] = [credential("gw", "gateway"), credential("feed-old", "feed"), credential("feed-new", "feed")];
+  writeFileSync(path, gateway.entry + oldFeed.entry);
+  const server = await Server.start(["--credentials", path]);
+  const channel = connectLeaseChannel(server.url, { bearerToken: gateway.token });
+  let current = oldFeed.token;
+  let asked = 0;
+  const tokenProvider = async (): Promise<string> => {
+    asked++;
+    return current;
+  };
+  try {
+    const options = { from: "oldest" as const, kinds: FLIPS, reconnect: fastReconnect(), tokenProvider };
+    const consumer = await ChangesConsumer.open(server.transport, new MemoryCursorStore(), options);
+    await channel.register({ userId: "before", sessionId: "s", gatewayId: "g", ttlMs: 60_000 });
+    await untilFlipOf(consumer, "before", pb.State.ONLINE);
+
+    // The credential rotates: the provider gives the new token from now on,
+    // and the old one is removed, which ends the open stream; a flip made
+    // once the consumer asked for the fresh token comes on the new stream.
+    current = newFeed.token;
+    writeFileSync(`${path}.next`, gateway.entry + newFeed.entry);
+    renameSync(`${path}.next`, path);
+    const after = untilFlipOf(consumer, "after", pb.State.ONLINE);
+    await until("a fresh token asked for", () => asked >= 2);
+    await channel.register({ userId: "after", sessionId: "s", gatewayId: "g", ttlMs: 60_000 });
+    assert.deepEqual((await after).map((event) => flip(event)[0]), ["after"], "nothing missed, nothing twice");
+    assert.equal(asked, 2, "asked at the open and once when the old token was refused");
+    consumer.close();
+  } finally {
+    channel.close();
+    await server.kill();
+    rmSync(dir, { recursive: true, force: true });
   }
 });
 
