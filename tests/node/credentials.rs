@@ -167,7 +167,12 @@ pub(crate) fn scope_cases() -> Vec<ScopeCase> {
         case("ExportUser", pb::ExportUserRequest { user_id: "u1".into() }, Unary, "admin"),
         case("EraseUser", pb::EraseUserRequest { user_id: "u9".into() }, Unary, "admin"),
         case("Backup", pb::BackupRequest {}, ServerStream, "admin"),
-        case("Changes", pb::ChangesRequest { from: pb::ChangesFrom::Now as i32, ..Default::default() }, ServerStream, "feed"),
+        case(
+            "Changes",
+            pb::ChangesRequest { from: pb::ChangesFrom::Now as i32, ..Default::default() },
+            ServerStream,
+            "feed",
+        ),
         ScopeCase {
             service: "presence.v1.Cluster",
             method: "MergeGroups",

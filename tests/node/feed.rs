@@ -3,6 +3,9 @@
 //! with the oldest one, filters, bad requests, and a kill -9 that leaves an
 //! explicit gap rather than a silent hole.
 
+// Protobuf literals end in `..Default::default()` so that they keep compiling as messages gain fields.
+#![allow(clippy::needless_update)]
+
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
@@ -14,12 +17,15 @@ use prost::Message as _;
 use tonic::Code;
 use tonic::transport::Channel;
 
+/// What a Changes request keeps: its kinds, id prefix and slots.
+type Filter<'a> = (Vec<pb::ChangeKind>, &'a str, Vec<u32>);
+
 /// A Changes stream from `from` (and `cursor`), with `kinds`, `id_prefix` and `slots`.
 async fn changes(
     client: &mut PresenceClient<Channel>,
     from: pb::ChangesFrom,
     cursor: &[u8],
-    filter: (Vec<pb::ChangeKind>, &str, Vec<u32>),
+    filter: Filter<'_>,
 ) -> Result<tonic::Streaming<pb::ChangeEvent>, tonic::Status> {
     let (kinds, id_prefix, slots) = filter;
     let request = pb::ChangesRequest {
@@ -32,7 +38,7 @@ async fn changes(
     client.changes(request).await.map(tonic::Response::into_inner)
 }
 
-fn everything() -> (Vec<pb::ChangeKind>, &'static str, Vec<u32>) {
+fn everything() -> Filter<'static> {
     (Vec::new(), "", Vec::new())
 }
 
@@ -76,7 +82,8 @@ async fn register_users(client: &mut PresenceClient<Channel>, users: &[String]) 
 
 /// Unregisters every user's session (OFFLINE flips).
 async fn unregister_users(client: &mut PresenceClient<Channel>, users: &[String], generations: &[u64]) {
-    let items = users.iter().zip(generations).map(|(user, &generation)| unregister_item(user, "s", generation)).collect();
+    let items =
+        users.iter().zip(generations).map(|(user, &generation)| unregister_item(user, "s", generation)).collect();
     let results = lease_batch(client, items).await;
     assert!(results.iter().all(|result| result.code == 0), "every unregister answered");
 }
@@ -229,7 +236,11 @@ async fn f1_filters_by_kind_id_prefix_and_slots_split_the_feed_and_rooms_say_whe
     register_users(&mut client, &["sentinel".to_owned()]).await;
     let sentinel = |events: &[pb::ChangeEvent]| events.last().and_then(flip).is_some_and(|u| u.user_id == "sentinel");
     let everything = read_until(&mut all, "everything", sentinel).await;
-    assert_eq!(everything.len(), 50 + 1 + 1 + 1 + 1, "50 flips, a room filled, a status, the room emptied, the sentinel");
+    assert_eq!(
+        everything.len(),
+        50 + 1 + 1 + 1 + 1,
+        "50 flips, a room filled, a status, the room emptied, the sentinel"
+    );
 
     let statuses = read_until(&mut only_statuses, "the status", |events| !events.is_empty()).await;
     match &statuses[0].event {
@@ -266,7 +277,7 @@ async fn f1_filters_by_kind_id_prefix_and_slots_split_the_feed_and_rooms_say_whe
 async fn f1_bad_changes_requests_are_refused_naming_the_field() {
     let server = TestServer::start(fast_config()).await;
     let mut client = server.client().await;
-    let cases: [(pb::ChangesFrom, &[u8], (Vec<pb::ChangeKind>, &str, Vec<u32>), Code, &str); 5] = [
+    let cases: [(pb::ChangesFrom, &[u8], Filter<'_>, Code, &str); 5] = [
         (pb::ChangesFrom::Cursor, b"junk", everything(), Code::InvalidArgument, "cursor: a cursor is 13 bytes, not 4"),
         (pb::ChangesFrom::Cursor, b"", everything(), Code::InvalidArgument, "cursor: CHANGES_FROM_CURSOR needs"),
         (pb::ChangesFrom::Now, b"", (vec![], "", vec![1024]), Code::InvalidArgument, "slots: slot 1024 is not below"),
@@ -332,16 +343,15 @@ async fn f2_after_kill_9_mid_storm_every_synced_change_is_there_a_gap_marks_the_
     daemon.kill9();
     let _ = storm.await;
     let last_cursor = before.last().unwrap().cursor.clone();
-    let highest: BTreeMap<String, u64> = per_user(&before)
-        .into_iter()
-        .map(|(user, flips)| (user, flips.last().unwrap().1))
-        .collect();
+    let highest: BTreeMap<String, u64> =
+        per_user(&before).into_iter().map(|(user, flips)| (user, flips.last().unwrap().1)).collect();
 
     let daemon = Daemon::start_on(&listen, &args, &[], None);
     let mut client = PresenceClient::connect(daemon.url()).await.unwrap();
     // Everything a consumer was sent had been synced: a reader from the oldest finds it all, unchanged.
     let mut again = changes(&mut client, pb::ChangesFrom::Oldest, b"", everything()).await.unwrap();
-    let replayed = read_until(&mut again, "the changes sent before the kill", |events| events.len() >= before.len()).await;
+    let replayed =
+        read_until(&mut again, "the changes sent before the kill", |events| events.len() >= before.len()).await;
     assert_eq!(replayed[..before.len()], before[..], "F2: every change sent before the kill, as it was sent");
     // The consumer resumes from its cursor: what was synced after it, then the gap.
     let mut resumed = changes(&mut client, pb::ChangesFrom::Cursor, &last_cursor, everything()).await.unwrap();
@@ -370,7 +380,13 @@ async fn f2_after_kill_9_mid_storm_every_synced_change_is_there_a_gap_marks_the_
     })
     .await;
     for user in flipped.iter().filter_map(flip).filter(|user| names.contains(&user.user_id.as_str())) {
-        assert!(user.version > highest[&user.user_id], "M4: {} at {} after {}", user.user_id, user.version, highest[&user.user_id]);
+        assert!(
+            user.version > highest[&user.user_id],
+            "M4: {} at {} after {}",
+            user.user_id,
+            user.version,
+            highest[&user.user_id]
+        );
     }
     daemon.stop().await;
     std::fs::remove_dir_all(dir).unwrap();

@@ -59,9 +59,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use presence_core::{
-    Changes, FeedEvent, FeedIntake, LeaseError, LeaseView, Presence, PresenceChange, Registration, Revoked, RoomChange, RoomChangeKind,
-    RoomEventBody, RoomRef, SIGNAL_CHANGES_PER_SECOND, State, Store, StoreConfig, StoreStats, Tick, UnregisterOutcome,
-    Unregistered,
+    Changes, FeedEvent, FeedIntake, LeaseError, LeaseView, Presence, PresenceChange, Registration, Revoked, RoomChange,
+    RoomChangeKind, RoomEventBody, RoomRef, SIGNAL_CHANGES_PER_SECOND, State, Store, StoreConfig, StoreStats, Tick,
+    UnregisterOutcome, Unregistered,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestRunner};

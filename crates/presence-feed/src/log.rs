@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::Cursor;
 use crate::frame::{Frame, FrameError, MAX_FRAME};
 use crate::segment::{self, Segment};
-use crate::Cursor;
 
 /// How much of the feed is kept (F2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,14 +176,7 @@ impl FeedLog {
         let log = FeedLog {
             dir: Some(dir.to_owned()),
             retention,
-            state: RwLock::new(State {
-                tail: VecDeque::new(),
-                tail_bytes: 0,
-                tail_from: end,
-                segments,
-                trimmed,
-                end,
-            }),
+            state: RwLock::new(State { tail: VecDeque::new(), tail_bytes: 0, tail_from: end, segments, trimmed, end }),
             writer: Mutex::new(()),
         };
         Ok((log, recovery))
@@ -221,9 +214,14 @@ impl FeedLog {
         if through > state.end.position {
             state.end = Cursor::through(through);
         }
-        let cap = if self.dir.is_some() { TAIL_BYTES_ON_DISK.min(self.retention.max_bytes) } else { self.retention.max_bytes };
+        let cap = if self.dir.is_some() {
+            TAIL_BYTES_ON_DISK.min(self.retention.max_bytes)
+        } else {
+            self.retention.max_bytes
+        };
         let memory = self.dir.is_none();
-        while state.tail_bytes > cap || state.tail.front().is_some_and(|front| memory && self.expired(front.at(), now)) {
+        while state.tail_bytes > cap || state.tail.front().is_some_and(|front| memory && self.expired(front.at(), now))
+        {
             let Some(front) = state.tail.pop_front() else { break };
             state.tail_bytes -= front.len() as u64;
             state.tail_from = front.cursor();
@@ -445,4 +443,3 @@ fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
 fn sync_dir(dir: &Path) -> io::Result<()> {
     fs::File::open(dir)?.sync_all()
 }
-

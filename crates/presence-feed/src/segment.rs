@@ -56,7 +56,16 @@ impl Segment {
     pub(crate) fn create(dir: &Path, first: u64) -> io::Result<Segment> {
         let path = Self::path_for(dir, first);
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-        Ok(Segment { path, file: Arc::new(file), first: 0, last: 0, last_cursor: crate::Cursor::START, bytes: 0, last_at: 0, index: Vec::new() })
+        Ok(Segment {
+            path,
+            file: Arc::new(file),
+            first: 0,
+            last: 0,
+            last_cursor: crate::Cursor::START,
+            bytes: 0,
+            last_at: 0,
+            index: Vec::new(),
+        })
     }
 
     /// Opens a segment and reads every frame, checking each; cuts the file

@@ -77,7 +77,10 @@ fn f2_a_disk_log_reopens_with_every_synced_frame_and_says_whether_it_was_closed(
     let (log, recovery) = FeedLog::open(&dir, retention).unwrap();
     assert!(!recovery.clean, "not closed: the next open knows");
     assert_eq!(recovery.last_position, 20_100);
-    assert_eq!(read_all(&log, Cursor { position: 20_000, slot: (20_000 % 1024) as u32 }, 1 << 20), (20_001..=20_100).collect::<Vec<_>>());
+    assert_eq!(
+        read_all(&log, Cursor { position: 20_000, slot: (20_000 % 1024) as u32 }, 1 << 20),
+        (20_001..=20_100).collect::<Vec<_>>()
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 

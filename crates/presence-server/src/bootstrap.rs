@@ -179,7 +179,8 @@ impl PreparedServer {
             Some(_) if config.cluster.is_some() => None,
             Some(retention) => {
                 let dir = data_dir.as_ref().map(DataDir::feed_path);
-                let slots = config.cluster.as_ref().map_or(crate::node::feed::SINGLE_NODE_SLOTS, |cluster| cluster.slots);
+                let slots =
+                    config.cluster.as_ref().map_or(crate::node::feed::SINGLE_NODE_SLOTS, |cluster| cluster.slots);
                 let (feed, opened) = Feed::open(dir.as_deref(), retention, slots, clock.now()).map_err(|err| {
                     data_dir_error(dir.as_deref().unwrap_or(Path::new("")), format!("the change feed: {err}"))
                 })?;

@@ -183,9 +183,7 @@ pub(crate) enum ServiceError {
     /// A Changes cursor the feed cannot resume from (F2): older than what
     /// it retains, or not one of its own. The detail carries the oldest
     /// cursor it can resume from.
-    #[error(
-        "cursor: {why}; resync from a Snapshot, then resume from the oldest cursor (the ChangesOutOfRange detail)"
-    )]
+    #[error("cursor: {why}; resync from a Snapshot, then resume from the oldest cursor (the ChangesOutOfRange detail)")]
     FeedOutOfRange {
         /// Resumes at the oldest change the feed holds.
         oldest: presence_feed::Cursor,

@@ -263,11 +263,15 @@ impl Feed {
                     return;
                 }
                 Ok(Err(ReadError::Io(err))) => {
-                    let _ = sender.send(Err(ServiceError::Internal(format!("reading the change feed: {err}")).into())).await;
+                    let _ = sender
+                        .send(Err(ServiceError::Internal(format!("reading the change feed: {err}")).into()))
+                        .await;
                     return;
                 }
                 Err(err) => {
-                    let _ = sender.send(Err(ServiceError::Internal(format!("reading the change feed: {err}")).into())).await;
+                    let _ = sender
+                        .send(Err(ServiceError::Internal(format!("reading the change feed: {err}")).into()))
+                        .await;
                     return;
                 }
             };

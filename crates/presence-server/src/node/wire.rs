@@ -16,11 +16,11 @@ use presence_core::{
     RoomAccess, RoomMember, RoomRef, SessionView, Signalled, State, StoreConfig, StoreStats, UnregisterOutcome,
     Unregistered,
 };
+use presence_core::{FeedEntry, FeedEvent};
+use presence_feed::{Cursor as FeedCursor, Frame, FrameKind};
 use presence_proto::lease_frames::{
     JoinFrame, LeaveFrame, MetadataEntryFrame, RegisterFrame, RenewFrame, SignalFrame, UnregisterFrame,
 };
-use presence_core::{FeedEntry, FeedEvent};
-use presence_feed::{Cursor as FeedCursor, Frame, FrameKind};
 use presence_proto::v1::{self as pb, change_event, lease_result, watch_event};
 use prost::Message;
 use tonic::Code;
@@ -745,8 +745,9 @@ pub(crate) fn gap_frame(position: u64, after: FeedCursor, reason: GapReason, los
 
 /// A frame as its event, with its cursor.
 pub(crate) fn change_event(frame: &Frame) -> Result<pb::ChangeEvent, ServiceError> {
-    let mut event = pb::ChangeEvent::decode(frame.body())
-        .map_err(|err| ServiceError::Internal(format!("a feed entry at {} does not decode: {err}", frame.position())))?;
+    let mut event = pb::ChangeEvent::decode(frame.body()).map_err(|err| {
+        ServiceError::Internal(format!("a feed entry at {} does not decode: {err}", frame.position()))
+    })?;
     event.cursor = frame.cursor().encode().to_vec();
     Ok(event)
 }
