@@ -56,7 +56,12 @@ impl Segment {
     pub(crate) fn create(dir: &Path, first: u64) -> io::Result<Segment> {
         let path = Self::path_for(dir, first);
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-        Ok(Segment {
+        Ok(Self::empty(path, file))
+    }
+
+    /// `file` at `path`, as a segment with no frame read yet.
+    fn empty(path: PathBuf, file: File) -> Segment {
+        Segment {
             path,
             file: Arc::new(file),
             first: 0,
@@ -65,7 +70,7 @@ impl Segment {
             bytes: 0,
             last_at: 0,
             index: Vec::new(),
-        })
+        }
     }
 
     /// Opens a segment and reads every frame, checking each; cuts the file
@@ -74,16 +79,7 @@ impl Segment {
     pub(crate) fn recover(path: &Path, after: u64) -> io::Result<(Segment, Option<Repair>)> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let len = file.metadata()?.len();
-        let mut segment = Segment {
-            path: path.to_owned(),
-            file: Arc::new(file),
-            first: 0,
-            last: 0,
-            last_cursor: crate::Cursor::START,
-            bytes: 0,
-            last_at: 0,
-            index: Vec::new(),
-        };
+        let mut segment = Self::empty(path.to_owned(), file);
         let mut last = after;
         let mut repair = None;
         'scan: while segment.bytes < len {
