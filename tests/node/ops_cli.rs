@@ -1,5 +1,5 @@
-//! O4 and P7, the operator's command line: `presenced get`, `watch`, `register`, `sessions`,
-//! `revoke`, `room`, `stats`, `export` and `erase` run as a user runs them, against a real
+//! O4, P7 and F1, the operator's command line: `presenced get`, `watch`, `changes`, `register`,
+//! `sessions`, `revoke`, `room`, `stats`, `export` and `erase` run as a user runs them, against a real
 //! `presenced serve`, readable and with `--json`, and the exit status each
 //! outcome gives a script.
 
@@ -8,7 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 
 use crate::common::auth::{SECRET, SERVICE, viewer_token};
-use crate::common::daemon::{BINARY, Daemon, free_port};
+use crate::common::daemon::{BINARY, Daemon, free_port, scratch_dir};
 use crate::common::*;
 use presence_proto::v1 as pb;
 use presence_proto::v1::presence_client::PresenceClient;
@@ -336,6 +336,78 @@ async fn o4_watch_json_is_one_object_per_line() {
         (&"ROOM_CHANGE_JOINED".into(), &"u2".into())
     );
     assert_eq!(room.interrupt().await, Some(0));
+}
+
+/// The words of a `changes` line after its date and time: kind, id, state, "version", version, "cursor", cursor.
+fn change_words(line: &str) -> Vec<String> {
+    line.split_whitespace().skip(2).map(str::to_owned).collect()
+}
+
+#[tokio::test]
+async fn f1_changes_prints_each_change_with_its_cursor_and_resumes_from_its_cursor_file() {
+    let daemon = Daemon::start(&[], &[]);
+    let mut client = client(&daemon).await;
+    let dir = scratch_dir("changes-cli");
+    let cursor_file = dir.join("cursor");
+    let file = cursor_file.to_str().unwrap();
+    let saved = |cursor: &str| {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while std::fs::read_to_string(&cursor_file).ok().as_deref().map(str::trim) != Some(cursor) {
+            assert!(std::time::Instant::now() < deadline, "{cursor} never saved to {}", cursor_file.display());
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+
+    // The first run starts at the oldest change retained: it misses nothing made as it starts.
+    let feed = Running::start(&daemon, &["changes", "--from", "oldest", "--cursor-file", file]);
+    let registered = client.register(register("u1", "phone", "gw-a", 60_000)).await.unwrap().into_inner();
+    let online = change_words(&feed.line());
+    let version = registered.presence.unwrap().version.to_string();
+    assert_eq!(online[..5], ["FLIP", "u1", "ONLINE", "version", version.as_str()], "{online:?}");
+    assert_eq!(online[5], "cursor");
+    client.revoke(pb::RevokeRequest { user_id: "u1".into(), session_id: String::new() }).await.unwrap();
+    let offline = change_words(&feed.line());
+    assert_eq!(offline[..3], ["FLIP", "u1", "OFFLINE"]);
+    assert!(offline[6] > online[6], "cursors grow: {offline:?} after {online:?}");
+    saved(&offline[6]);
+    assert_eq!(feed.interrupt().await, Some(0), "an interrupted feed exits 0");
+
+    // Away, a change; the next run resumes after the saved cursor (its --from
+    // is for a first run): that change, and nothing printed before.
+    client.register(register("u2", "tab", "gw-a", 60_000)).await.unwrap();
+    let feed = Running::start(&daemon, &["changes", "--from", "oldest", "--cursor-file", file, "--kind", "flip"]);
+    let resumed = change_words(&feed.line());
+    assert_eq!(resumed[..3], ["FLIP", "u2", "ONLINE"], "resumed after the saved cursor: {resumed:?}");
+    saved(&resumed[6]);
+    assert_eq!(feed.interrupt().await, Some(0));
+
+    // --from a printed cursor, as JSON lines: what came after it.
+    let feed = Running::start(&daemon, &["changes", "--from", &online[6], "--json"]);
+    let line: Value = serde_json::from_str(&feed.line()).unwrap();
+    assert_eq!(
+        (&line["change"]["flip"]["user_id"], &line["change"]["flip"]["state"]),
+        (&"u1".into(), &"STATE_OFFLINE".into())
+    );
+    assert_eq!(line["cursor_hex"], offline[6].as_str(), "the cursor as --from takes it");
+    assert_eq!(feed.interrupt().await, Some(0));
+
+    // Bad input names the flag; a cursor the feed does not hold gives the oldest one.
+    let ran = against(&daemon, &["changes", "--from", "yesterday"]);
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert!(ran.stderr.contains("--from") && ran.stderr.contains("not a cursor"), "{:?}", ran.stderr);
+    assert_eq!(against(&daemon, &["changes", "--kind", "renewal"]).code, Some(2));
+    std::fs::write(&cursor_file, "torn\n").unwrap();
+    let ran = against(&daemon, &["changes", "--cursor-file", file]);
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert!(ran.stderr.contains("--cursor-file") && ran.stderr.contains(file), "{:?}", ran.stderr);
+    let ran = against(&daemon, &["changes", "--slot", "1024"]);
+    assert_eq!(ran.code, Some(5), "{}", ran.stderr);
+    assert!(ran.stderr.contains("slots: slot 1024"), "{:?}", ran.stderr);
+    let ahead = format!("01{}", "7f".repeat(12));
+    let ran = against(&daemon, &["changes", "--from", &ahead]);
+    assert_eq!(ran.code, Some(5), "{}", ran.stderr);
+    assert!(ran.stderr.contains("OutOfRange") && ran.stderr.contains("the oldest cursor is 01"), "{:?}", ran.stderr);
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[tokio::test]

@@ -20,11 +20,31 @@
  *   resumes with the versions it holds.
  * - {@link RoomView}, {@link RoomWatcher}, {@link RoomCountWatcher}: the same for rooms.
  *
+ * Backend side, the change feed (F1, F2; Node and browsers):
+ * - {@link ChangesConsumer}: a resumable consumer of `Changes`. It starts after
+ *   the cursor a {@link CursorStore} holds (`FileCursorStore` from
+ *   `@presenced/client/node`, {@link MemoryCursorStore}, or the caller's own),
+ *   hands out the events that arrived together as a {@link ChangeBatch}, and
+ *   saves the batch's cursor once the caller commits it; a broken stream is
+ *   reopened with backoff and jitter after it. At least once, identified by
+ *   cursor; a cursor past retention is a {@link ChangesOutOfRangeError} with
+ *   the oldest cursor.
+ *
  * Answers from the server are connect's `ConnectError`s with the gRPC codes the
  * contract names; the wire types are the generated ones, re-exported as `pb`.
  */
 export { Code, ConnectError, createClient } from "@connectrpc/connect";
 export { Backoff, type BackoffOptions } from "./backoff.js";
+export {
+  type ChangeBatch,
+  ChangesConsumer,
+  type ChangesOptions,
+  ChangesOutOfRangeError,
+  type CursorStore,
+  cursorFromHex,
+  cursorToHex,
+  MemoryCursorStore,
+} from "./changes.js";
 export { ClusterLeases, slotOf } from "./cluster.js";
 export { type ClusterView, EtcdFollower, type SlotOwner } from "./etcd.js";
 export {

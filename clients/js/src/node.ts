@@ -1,7 +1,8 @@
 /**
- * `@presenced/client/node`: what a Node gateway needs. The transport (gRPC
- * over HTTP/2, both ways streaming) for unary calls and watchers, and a
- * {@link LeaseChannel} on the `node:http2` lease wire. Browsers use
+ * `@presenced/client/node`: what a Node gateway or backend needs. The
+ * transport (gRPC over HTTP/2, both ways streaming) for unary calls,
+ * watchers and the change feed's consumer, a {@link LeaseChannel} on the
+ * `node:http2` lease wire, and a {@link FileCursorStore} for the consumer's cursor. Browsers use
  * `createGrpcWebTransport` of `@connectrpc/connect-web` with the viewer side instead.
  */
 import type { Transport } from "@connectrpc/connect";
@@ -12,6 +13,7 @@ import { http2LeaseWire, type Http2LeaseWireOptions } from "./http2Wire.js";
 import { LeaseChannel, type LeaseChannelOptions } from "./leaseChannel.js";
 import { type ClientTlsOptions, secureSessionOptions } from "./tls.js";
 
+export { FileCursorStore } from "./cursorFile.js";
 export { http2LeaseWire, type Http2LeaseWireOptions } from "./http2Wire.js";
 export { type ClientTlsOptions, type Pem } from "./tls.js";
 

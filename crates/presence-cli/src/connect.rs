@@ -33,7 +33,7 @@ pub struct Target {
     #[arg(long, env = "PRESENCED_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     token: Option<String>,
     /// Print JSON (the proto's field names; 64-bit integers as strings, enums
-    /// by name): one document, or for `watch` one object per line.
+    /// by name): one document, or for `watch` and `changes` one object per line.
     #[arg(long)]
     pub(crate) json: bool,
 }

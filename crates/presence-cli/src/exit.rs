@@ -8,18 +8,19 @@ use tonic::{Code, Status};
 
 /// What the exit statuses mean, for `--help` and docs/guide.md.
 pub const EXIT_CODES: &str = "\
-Exit status of the client commands (get, watch, sessions, revoke, room, stats, export, erase, backup,
-register, cluster status, cluster backup):
+Exit status of the client commands (get, watch, changes, sessions, revoke, room, stats, export, erase,
+backup, register, cluster status, cluster backup):
   0  success (a user never seen is OFFLINE at version 0, a room never used is empty:
-     both are answers, not errors; an interrupted watch or register also exits 0)
+     both are answers, not errors; an interrupted watch, changes or register also exits 0)
   1  not found: revoke found no session to revoke, or the server answered NOT_FOUND
      (a room the token may not read)
-  2  usage error (unknown flag, missing argument, unusable --addr or --token)
+  2  usage error (unknown flag, missing argument, unusable --addr, --token, --from or --cursor-file)
   3  cannot reach the server (or, for cluster status and backup, etcd), or it is unavailable
      (UNAVAILABLE, DEADLINE_EXCEEDED)
   4  unauthenticated or permission denied (a missing or bad token, a viewer token
      for a service-only command)
-  5  invalid argument (the server answered INVALID_ARGUMENT, naming the field)
+  5  invalid argument (the server answered INVALID_ARGUMENT, naming the field), or for changes a
+     cursor the feed no longer retains (OUT_OF_RANGE; the message gives the oldest cursor)
   6  any other failure (the message says which)";
 
 /// An exit status of a client subcommand.

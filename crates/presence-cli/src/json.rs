@@ -141,6 +141,27 @@ pub(crate) fn room_count(count: &pb::RoomCount) -> Value {
     })
 }
 
+/// A change of the feed; of its `event` oneof, only the member set is present.
+pub(crate) fn change_event(event: &pb::ChangeEvent) -> Value {
+    use pb::change_event::Event;
+    let mut value = json!({ "cursor": bytes(&event.cursor), "at_ms": int64(event.at_ms), "slot": event.slot });
+    let (name, member) = match &event.event {
+        Some(Event::Flip(user)) => ("flip", user_presence(user)),
+        Some(Event::Status(user)) => ("status", user_presence(user)),
+        Some(Event::RoomOccupancy(room)) => (
+            "room_occupancy",
+            json!({ "room_id": room.room_id, "occupied": room.occupied, "version": uint64(room.version) }),
+        ),
+        Some(Event::Gap(gap)) => {
+            ("gap", json!({ "after_cursor": bytes(&gap.after_cursor), "reason": gap.reason, "lost": uint64(gap.lost) }))
+        }
+        Some(Event::Progress(_)) => ("progress", json!({})),
+        None => return value,
+    };
+    value[name] = member;
+    value
+}
+
 pub(crate) fn stats_response(stats: &pb::StatsResponse) -> Value {
     json!({
         "version": stats.version,

@@ -1,5 +1,6 @@
 //! The client subcommands of the `presenced` binary (O4): `get`, `watch`,
-//! `sessions`, `revoke`, `room`, `stats`, `export` and `erase` (P7), over the public gRPC API with
+//! `changes` (the change feed, F1, F2), `sessions`, `revoke`, `room`, `stats`, `export` and
+//! `erase` (P7), over the public gRPC API with
 //! the caller's token, readable by default and JSON with `--json`;
 //! `register`, which plays a gateway's session from the terminal; and
 //! `cluster status`, which reads a cluster's slot map from etcd, and
@@ -8,10 +9,11 @@
 //! This crate owns the command line of those subcommands (their clap
 //! arguments), what they print and the exit status a script reads
 //! ([`EXIT_CODES`]). It talks to presenced only through the API, with
-//! presence-client's watchers for the live streams; the binary's `main` only
+//! presence-client's watchers and change feed consumer for the live streams; the binary's `main` only
 //! dispatches here, and `serve` is not this crate's.
 
 mod backup;
+mod changes;
 mod cluster;
 mod commands;
 mod connect;
@@ -38,6 +40,12 @@ pub enum Command {
     /// Follow users (or a room, with --room) live, one line per change, until interrupted.
     #[command(after_help = EXIT_CODES)]
     Watch(WatchArgs),
+    /// Follow the change feed (every flip, status change and room becoming
+    /// occupied or empty, in order), one line per change with its cursor,
+    /// until interrupted; with --cursor-file, resume where the last run
+    /// stopped. Needs the feed scope.
+    #[command(after_help = EXIT_CODES)]
+    Changes(ChangesArgs),
     /// List a user's live sessions: gateway, generation, deadline, rooms, metadata.
     #[command(after_help = EXIT_CODES)]
     Sessions(SessionsArgs),
@@ -208,6 +216,33 @@ pub struct WatchArgs {
     target: Target,
 }
 
+/// `presenced changes [--from CURSOR|now|oldest] [--kind KIND]... [--prefix P] [--slot N]... [--cursor-file FILE]`
+#[derive(Debug, Args)]
+pub struct ChangesArgs {
+    /// Where to start: `now`, `oldest` (the oldest change the feed retains),
+    /// or after a cursor as this command prints it. A cursor in
+    /// --cursor-file comes first: this says where a first run starts.
+    #[arg(long, value_name = "CURSOR|now|oldest", default_value = "now", value_parser = changes::start)]
+    from: changes::Start,
+    /// Only changes of this kind (repeatable, or comma-separated); every kind without it.
+    #[arg(long = "kind", value_name = "KIND", value_enum, value_delimiter = ',')]
+    kinds: Vec<changes::Kind>,
+    /// Only users and rooms whose id starts with this.
+    #[arg(long, value_name = "PREFIX")]
+    prefix: Option<String>,
+    /// Only users and rooms of this slot (repeatable, or comma-separated; 0
+    /// to 1023 on a single node), for consumers that share the feed.
+    #[arg(long = "slot", value_name = "N", value_delimiter = ',')]
+    slots: Vec<u32>,
+    /// Start after the cursor this file holds (if it holds one), and save
+    /// each batch's cursor there once printed, atomically: a run that
+    /// stopped resumes where it left off, printing at most its last batch again.
+    #[arg(long, value_name = "FILE")]
+    cursor_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    target: Target,
+}
+
 /// `presenced sessions USER`
 #[derive(Debug, Args)]
 pub struct SessionsArgs {
@@ -312,6 +347,7 @@ pub fn run(command: Command) -> ExitCode {
         match command {
             Command::Get(args) => commands::get(args).await,
             Command::Watch(args) => watch::watch(args).await,
+            Command::Changes(args) => changes::changes(args).await,
             Command::Sessions(args) => commands::sessions(args).await,
             Command::Revoke(args) => commands::revoke(args).await,
             Command::Room(args) => commands::room(args).await,

@@ -78,6 +78,28 @@ pub(crate) fn clock(ms: i64) -> String {
     format!("{hours:02}:{minutes:02}:{:02}.{:03}", ms_of_day / 1_000 % 60, ms_of_day % 1_000)
 }
 
+/// `ms` as a UTC date and time, for events that may be days old: "2026-12-05 18:33:31.080".
+pub(crate) fn date_time(ms: i64) -> String {
+    let (year, month, day) = civil_date(ms.div_euclid(86_400_000));
+    format!("{year:04}-{month:02}-{day:02} {}", clock(ms))
+}
+
+/// The proleptic Gregorian date `days` after 1970-01-01 (H. Hinnant's
+/// `civil_from_days`: whole 400-year eras, then the year, from March on so
+/// that a leap day ends its year).
+fn civil_date(days: i64) -> (i64, i64, i64) {
+    let shifted = days + 719_468; // from 0000-03-01
+    let era = shifted.div_euclid(146_097);
+    let day_of_era = shifted.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 { month_from_march + 3 } else { month_from_march - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
 pub(crate) fn state(code: i32) -> &'static str {
     match pb::State::try_from(code) {
         Ok(pb::State::Online) => "ONLINE",
@@ -134,5 +156,9 @@ mod tests {
         assert_eq!(span(7_200_000), "2 h");
         assert_eq!(span(3 * 86_400_000), "3 d");
         assert_eq!(clock(86_400_000 + 3_723_004), "01:02:03.004");
+        assert_eq!(date_time(0), "1970-01-01 00:00:00.000");
+        assert_eq!(date_time(951_782_400_000), "2000-02-29 00:00:00.000", "a leap day");
+        assert_eq!(date_time(1_796_495_611_080), "2026-12-05 18:33:31.080");
+        assert_eq!(date_time(-1), "1969-12-31 23:59:59.999");
     }
 }

@@ -47,6 +47,20 @@
 //!   readable) and `FAILED_PRECONDITION` (past the member cap: count instead)
 //!   end them, with the status in `last_error`.
 //!
+//! Backend side, the change feed (F1, F2):
+//! - [`ChangesConsumer`]: a resumable consumer of `Changes`. It starts after
+//!   the cursor a [`CursorStore`] holds ([`FileCursorStore`] writes it
+//!   atomically, [`MemoryCursorStore`] keeps it in memory, or the caller's
+//!   own, beside the data the processing writes), hands out the events that
+//!   arrived together as a [`ChangeBatch`], and saves the batch's cursor
+//!   once the caller commits it ([`ChangesConsumer::run`] does both around a
+//!   handler). A broken stream is reopened with backoff and jitter after
+//!   the committed cursor, with a fresh token from a [`TokenProvider`] if
+//!   the server ended it for its credentials. Delivery is at least once,
+//!   identified by cursor: a batch not committed is handed out again. A
+//!   cursor past retention is [`ChangesError::OutOfRange`] with the oldest
+//!   cursor, to resume from after a resync; a `gap` is an event.
+//!
 //! This crate does not own the wire types: they are `presence-proto`'s,
 //! re-exported as [`pb`]. Answers from the server stay [`tonic::Status`] with the
 //! codes the contract names; [`ClientError`] covers only setting up a connection.
@@ -93,6 +107,45 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! A backend that pushes a notification when a user goes OFFLINE, resuming where it left off:
+//!
+//! ```no_run
+//! # async fn push_worker() -> Result<(), Box<dyn std::error::Error>> {
+//! use presence_client::{ChangesConfig, ChangesConsumer, ChangesError, FileCursorStore, pb};
+//! use pb::change_event::Event;
+//!
+//! let client = pb::presence_client::PresenceClient::connect("http://127.0.0.1:50051").await?;
+//! let request = pb::ChangesRequest {
+//!     from: pb::ChangesFrom::Oldest as i32, // when the file holds no cursor yet
+//!     kinds: vec![pb::ChangeKind::Flip as i32],
+//!     ..Default::default()
+//! };
+//! let store = FileCursorStore::new("push-worker.cursor");
+//! let mut feed = ChangesConsumer::open(client, request, store, ChangesConfig::default()).await?;
+//! loop {
+//!     let failed = feed
+//!         .run(|batch| async move {
+//!             for event in &batch.events {
+//!                 match &event.event {
+//!                     Some(Event::Flip(user)) if user.state == pb::State::Offline as i32 => {
+//!                         // push(user.user_id): idempotent by event.cursor
+//!                     }
+//!                     Some(Event::Gap(_)) => { /* resync what matters from a Snapshot */ }
+//!                     _ => {}
+//!                 }
+//!             }
+//!             Ok::<(), std::io::Error>(())
+//!         })
+//!         .await;
+//!     match failed {
+//!         // Resync from a Snapshot, then go on from the oldest change retained.
+//!         ChangesError::OutOfRange { oldest_cursor, .. } => feed.resume_from(oldest_cursor).await?,
+//!         other => return Err(other.into()),
+//!     }
+//! }
+//! # }
+//! ```
 
 // Protobuf messages gain fields as the API grows: every literal of one ends in
 // `..Default::default()`, so that it keeps compiling, even where it names every field today.
@@ -100,6 +153,7 @@
 
 mod backoff;
 mod call;
+mod changes;
 mod cluster;
 mod error;
 mod lease_channel;
@@ -109,13 +163,18 @@ mod transport;
 mod viewer;
 
 pub use backoff::Backoff;
+pub use call::TokenProvider;
+pub use changes::{
+    ChangeBatch, ChangesConfig, ChangesConsumer, ChangesError, CursorStore, FileCursorStore, MemoryCursorStore,
+    NotACursor, cursor_from_hex, cursor_to_hex,
+};
 pub use cluster::ClusterLeases;
 pub use error::ClientError;
 pub use lease_channel::{LeaseChannel, LeaseChannelConfig, LeaseChannelStats, lease_result};
 pub use room::{RoomCountWatcher, RoomView, RoomWatcher, RoomWatcherEvent};
 pub use session::{Session, SessionConfig, SessionLeases, SessionState};
 pub use transport::{ClientTlsConfig, connect, connect_lazy};
-pub use viewer::{TokenProvider, ViewerStore, Watcher, WatcherEvent};
+pub use viewer::{ViewerStore, Watcher, WatcherEvent};
 
 /// The wire types of `presence.v1` (from `presence-proto`).
 pub use presence_proto::v1 as pb;

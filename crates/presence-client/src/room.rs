@@ -22,13 +22,11 @@
 use hashbrown::HashMap;
 use presence_proto::v1::presence_client::PresenceClient;
 use presence_proto::v1::{self as pb, room_event};
-use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Channel;
-use tonic::{Code, Status, Streaming};
+use tonic::{Status, Streaming};
 
 use crate::backoff::Backoff;
-use crate::call::{authorized, bearer, is_permanent};
-use crate::viewer::{MAX_REFUSED_FRESH_TOKENS, TokenProvider};
+use crate::call::{Reopen, StreamCredentials, TokenProvider};
 
 /// One room as a member-mode watcher holds it.
 #[derive(Debug, Clone, Default)]
@@ -195,8 +193,7 @@ impl RoomWatcher {
         reconnect: Backoff,
         bearer_token: Option<&str>,
     ) -> Result<RoomWatcher, Status> {
-        let credentials = Credentials::Token(bearer(bearer_token)?);
-        Self::open_with(client, request, reconnect, credentials).await
+        Self::open_with(client, request, reconnect, StreamCredentials::token(bearer_token)?).await
     }
 
     /// [`open_authorized`](Self::open_authorized) presenting a token from
@@ -209,14 +206,14 @@ impl RoomWatcher {
         reconnect: Backoff,
         tokens: TokenProvider,
     ) -> Result<RoomWatcher, Status> {
-        Self::open_with(client, request, reconnect, Credentials::Provider(tokens)).await
+        Self::open_with(client, request, reconnect, StreamCredentials::provider(tokens).await?).await
     }
 
     async fn open_with(
         client: PresenceClient<Channel>,
         request: pb::WatchRoomRequest,
         reconnect: Backoff,
-        credentials: Credentials,
+        credentials: StreamCredentials,
     ) -> Result<RoomWatcher, Status> {
         let (feed, first) =
             RoomFeed::open(client, request, pb::RoomWatchMode::RoomWatchMembers, reconnect, credentials).await?;
@@ -295,8 +292,7 @@ impl RoomCountWatcher {
         reconnect: Backoff,
         bearer_token: Option<&str>,
     ) -> Result<RoomCountWatcher, Status> {
-        let credentials = Credentials::Token(bearer(bearer_token)?);
-        Self::open_with(client, request, reconnect, credentials).await
+        Self::open_with(client, request, reconnect, StreamCredentials::token(bearer_token)?).await
     }
 
     /// [`open_authorized`](Self::open_authorized) presenting a token from
@@ -308,14 +304,14 @@ impl RoomCountWatcher {
         reconnect: Backoff,
         tokens: TokenProvider,
     ) -> Result<RoomCountWatcher, Status> {
-        Self::open_with(client, request, reconnect, Credentials::Provider(tokens)).await
+        Self::open_with(client, request, reconnect, StreamCredentials::provider(tokens).await?).await
     }
 
     async fn open_with(
         client: PresenceClient<Channel>,
         request: pb::WatchRoomRequest,
         reconnect: Backoff,
-        credentials: Credentials,
+        credentials: StreamCredentials,
     ) -> Result<RoomCountWatcher, Status> {
         let (feed, first) =
             RoomFeed::open(client, request, pb::RoomWatchMode::RoomWatchCount, reconnect, credentials).await?;
@@ -351,14 +347,6 @@ impl RoomCountWatcher {
     }
 }
 
-/// What a room watch presents.
-enum Credentials {
-    /// The same token (or none) on every (re)open.
-    Token(Option<AsciiMetadataValue>),
-    /// Fresh tokens from a provider.
-    Provider(TokenProvider),
-}
-
 /// A `WatchRoom` stream reopened with backoff when it breaks: what both kinds
 /// of room watcher share. It yields the stream's events, the first one of
 /// every reopened stream included (a snapshot in member mode, a count in count
@@ -369,8 +357,8 @@ struct RoomFeed {
     client: PresenceClient<Channel>,
     /// Sent again on every reopen.
     request: pb::WatchRoomRequest,
-    /// Sent as `authorization` metadata on every (re)open.
-    authorization: Option<AsciiMetadataValue>,
+    /// Presented on every (re)open.
+    credentials: StreamCredentials,
     reconnect: Backoff,
     /// The open stream; `None` between a break and the next successful reopen.
     stream: Option<Streaming<pb::RoomEvent>>,
@@ -378,14 +366,8 @@ struct RoomFeed {
     attempt: u32,
     /// Set when the watch ended for good; `next` then returns `None`.
     failed: Option<Status>,
-    /// Fresh tokens, for a watch that outlives its tokens.
-    tokens: Option<TokenProvider>,
-    /// The next reopen fetches a fresh token first.
-    token_spent: bool,
     /// The next reopen goes without waiting its backoff (once).
     reopen_now: bool,
-    /// Reopens refused `UNAUTHENTICATED` in a row despite a fresh token.
-    refused_fresh: u32,
 }
 
 impl std::fmt::Debug for RoomFeed {
@@ -393,7 +375,7 @@ impl std::fmt::Debug for RoomFeed {
         f.debug_struct("RoomFeed")
             .field("room_id", &self.request.room_id)
             .field("open", &self.stream.is_some())
-            .field("token_provider", &self.tokens.is_some())
+            .field("token_provider", &self.credentials.has_provider())
             .finish_non_exhaustive()
     }
 }
@@ -406,25 +388,18 @@ impl RoomFeed {
         request: pb::WatchRoomRequest,
         mode: pb::RoomWatchMode,
         reconnect: Backoff,
-        credentials: Credentials,
+        credentials: StreamCredentials,
     ) -> Result<(RoomFeed, room_event::Event), Status> {
-        let (authorization, tokens) = match credentials {
-            Credentials::Token(authorization) => (authorization, None),
-            Credentials::Provider(tokens) => (bearer(Some(&tokens().await?))?, Some(tokens)),
-        };
         let request = pb::WatchRoomRequest { mode: mode as i32, ..request };
         let mut feed = RoomFeed {
             client,
             request,
-            authorization,
+            credentials,
             reconnect,
             stream: None,
             attempt: 0,
             failed: None,
-            tokens,
-            token_spent: false,
             reopen_now: false,
-            refused_fresh: 0,
         };
         let first = feed.reopen().await?;
         Ok((feed, first))
@@ -460,32 +435,24 @@ impl RoomFeed {
     /// provider gives them), or end for good.
     fn broke(&mut self, status: Status, reopening: bool) {
         self.stream = None;
-        if status.code() == Code::Unauthenticated
-            && self.tokens.is_some()
-            && self.refused_fresh < MAX_REFUSED_FRESH_TOKENS
-        {
-            tracing::debug!(room_id = %self.request.room_id, %status, "the room watch needs a fresh token");
-            self.token_spent = true;
-            if reopening {
-                self.refused_fresh += 1;
-            } else {
+        match self.credentials.after(&status, reopening) {
+            Reopen::Now => {
+                tracing::debug!(room_id = %self.request.room_id, %status, "the room watch needs a fresh token");
                 self.reopen_now = true;
             }
-        } else if is_permanent(status.code()) {
-            tracing::debug!(room_id = %self.request.room_id, %status, "the room watch was refused; giving up");
-            self.failed = Some(status);
-        } else {
-            tracing::debug!(room_id = %self.request.room_id, %status, attempt = self.attempt, "the room watch broke; reconnecting");
+            Reopen::AfterBackoff => {
+                tracing::debug!(room_id = %self.request.room_id, %status, attempt = self.attempt, "the room watch broke; reconnecting");
+            }
+            Reopen::Never => {
+                tracing::debug!(room_id = %self.request.room_id, %status, "the room watch was refused; giving up");
+                self.failed = Some(status);
+            }
         }
     }
 
     /// Opens a stream and reads its first event, which must be what the mode opens with.
     async fn reopen(&mut self) -> Result<room_event::Event, Status> {
-        if let (true, Some(tokens)) = (self.token_spent, &self.tokens) {
-            self.authorization = bearer(Some(&tokens().await?))?;
-            self.token_spent = false;
-        }
-        let request = authorized(self.request.clone(), self.authorization.as_ref());
+        let request = self.credentials.request(self.request.clone()).await?;
         let mut stream = self.client.watch_room(request).await?.into_inner();
         let counting = self.request.mode == pb::RoomWatchMode::RoomWatchCount as i32;
         match stream.message().await? {
@@ -507,7 +474,7 @@ impl RoomFeed {
     ) -> Result<room_event::Event, Status> {
         self.stream = Some(stream);
         self.attempt = 0;
-        self.refused_fresh = 0;
+        self.credentials.opened();
         Ok(first)
     }
 }

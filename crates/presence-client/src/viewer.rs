@@ -12,9 +12,6 @@
 //! of the open stream (E7) and of every reopen after it.
 
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
 
 use hashbrown::HashMap;
 
@@ -24,7 +21,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
 use crate::backoff::Backoff;
-use crate::call::{authorized, bearer, is_permanent};
+use crate::call::{Reopen, StreamCredentials, TokenProvider, authorized};
 
 /// What a viewer holds: per user, the newest presence seen.
 #[derive(Debug, Clone, Default)]
@@ -121,17 +118,6 @@ pub enum WatcherEvent {
     Resynced,
 }
 
-/// Where a [`Watcher`] gets a fresh bearer token: called when the watch
-/// opens and whenever the server ends it for its credentials (the token
-/// expired, or its key rotated out), so that the viewer's token can be
-/// short-lived. An error ends the watch with it.
-pub type TokenProvider = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<String, Status>> + Send>> + Send + Sync>;
-
-/// Reopens in a row refused `UNAUTHENTICATED` with fresh tokens before a
-/// watch with a token provider gives up: the provider's tokens are not
-/// accepted at all.
-pub(crate) const MAX_REFUSED_FRESH_TOKENS: u32 = 3;
-
 /// A Watch that survives disconnects: reconnects with backoff + jitter and resyncs from a fresh snapshot.
 pub struct Watcher {
     client: PresenceClient<Channel>,
@@ -145,22 +131,15 @@ pub struct Watcher {
     attempt: u32,
     /// Set when the watch ended for good; `next` then returns `None`.
     failed: Option<Status>,
-    /// Sent as `authorization` metadata on every (re)open: the viewer's own
-    /// token, or a service token.
-    authorization: Option<tonic::metadata::AsciiMetadataValue>,
+    /// Presented on every (re)open and `UpdateWatch`: the viewer's own
+    /// token, a service token, or fresh ones from a provider.
+    credentials: StreamCredentials,
     /// Updates of a batch already applied to the store and not yet reported.
     unreported: VecDeque<pb::UserPresence>,
     /// The open stream's name for `UpdateWatch`.
     watch_id: String,
     /// Whether a reopen sends the versions held (E8); on unless turned off.
     resume: bool,
-    /// Fresh tokens, for a watch that outlives its tokens.
-    tokens: Option<TokenProvider>,
-    /// The server ended the stream for its credentials: the next reopen
-    /// fetches a fresh token first, at once.
-    token_spent: bool,
-    /// Reopens refused `UNAUTHENTICATED` in a row despite a fresh token.
-    refused_fresh: u32,
     /// The next reopen goes without waiting its backoff (once).
     reopen_now: bool,
 }
@@ -171,7 +150,7 @@ impl std::fmt::Debug for Watcher {
             .field("user_ids", &self.request.user_ids)
             .field("open", &self.stream.is_some())
             .field("held", &self.store.len())
-            .field("token_provider", &self.tokens.is_some())
+            .field("token_provider", &self.credentials.has_provider())
             .finish_non_exhaustive()
     }
 }
@@ -207,7 +186,7 @@ impl Watcher {
         reconnect: Backoff,
         bearer_token: Option<&str>,
     ) -> Result<Watcher, Status> {
-        Self::open_with(client, request, reconnect, bearer(bearer_token)?, None).await
+        Self::open_with(client, request, reconnect, StreamCredentials::token(bearer_token)?).await
     }
 
     /// [`open_request`](Self::open_request) presenting a token from `tokens`,
@@ -221,16 +200,14 @@ impl Watcher {
         reconnect: Backoff,
         tokens: TokenProvider,
     ) -> Result<Watcher, Status> {
-        let authorization = bearer(Some(&tokens().await?))?;
-        Self::open_with(client, request, reconnect, authorization, Some(tokens)).await
+        Self::open_with(client, request, reconnect, StreamCredentials::provider(tokens).await?).await
     }
 
     async fn open_with(
         client: PresenceClient<Channel>,
         request: pb::WatchRequest,
         reconnect: Backoff,
-        authorization: Option<tonic::metadata::AsciiMetadataValue>,
-        tokens: Option<TokenProvider>,
+        credentials: StreamCredentials,
     ) -> Result<Watcher, Status> {
         let mut watcher = Watcher {
             client,
@@ -240,13 +217,10 @@ impl Watcher {
             store: ViewerStore::new(),
             attempt: 0,
             failed: None,
-            authorization,
+            credentials,
             unreported: VecDeque::new(),
             watch_id: String::new(),
             resume: true,
-            tokens,
-            token_spent: false,
-            refused_fresh: 0,
             reopen_now: false,
         };
         watcher.reopen().await?;
@@ -276,25 +250,17 @@ impl Watcher {
                 }
                 match self.reopen().await {
                     Ok(()) => return Some(WatcherEvent::Resynced),
-                    Err(status)
-                        if status.code() == Code::Unauthenticated
-                            && self.tokens.is_some()
-                            && self.refused_fresh < MAX_REFUSED_FRESH_TOKENS =>
-                    {
-                        tracing::debug!(%status, "the watch was refused its token; asking for a fresh one");
-                        self.refused_fresh += 1;
-                        self.token_spent = true;
-                        continue;
-                    }
-                    Err(status) if is_permanent(status.code()) => {
-                        tracing::warn!(%status, "the watch cannot be reopened; giving up");
-                        self.failed = Some(status);
-                        return None;
-                    }
-                    Err(status) => {
-                        tracing::debug!(%status, attempt = self.attempt, "reopening the watch failed; retrying");
-                        continue;
-                    }
+                    Err(status) => match self.credentials.after(&status, true) {
+                        Reopen::Never => {
+                            tracing::warn!(%status, "the watch cannot be reopened; giving up");
+                            self.failed = Some(status);
+                            return None;
+                        }
+                        _ => {
+                            tracing::debug!(%status, attempt = self.attempt, "reopening the watch failed; retrying");
+                            continue;
+                        }
+                    },
                 }
             };
             match stream.message().await {
@@ -329,15 +295,13 @@ impl Watcher {
                     tracing::debug!("the watch stream ended; reconnecting");
                     self.stream = None;
                 }
-                Err(status) if status.code() == Code::Unauthenticated && self.tokens.is_some() => {
-                    tracing::debug!(%status, "the watch ended with its token; reopening with a fresh one");
-                    self.stream = None;
-                    self.token_spent = true;
-                    self.reopen_now = true;
-                }
                 Err(status) => {
+                    // Any break is reopened (a refusal a retry cannot fix
+                    // then ends the watch as its reopen's answer); one for
+                    // the token is reopened at once with a fresh one.
                     tracing::debug!(%status, "the watch stream broke; reconnecting");
                     self.stream = None;
+                    self.reopen_now = self.credentials.after(&status, false) == Reopen::Now;
                 }
             }
         }
@@ -376,7 +340,7 @@ impl Watcher {
                 remove_user_ids: remove.clone(),
                 viewer_id: self.request.viewer_id.clone(),
             };
-            let request = authorized(update, self.authorization.as_ref());
+            let request = authorized(update, self.credentials.authorization());
             match self.client.update_watch(request).await {
                 Ok(_) => {}
                 // The stream ended meanwhile; the reopen watches the new set.
@@ -410,22 +374,18 @@ impl Watcher {
 
     /// Opens a stream and applies its first item, which must be a snapshot.
     async fn reopen(&mut self) -> Result<(), Status> {
-        if let (true, Some(tokens)) = (self.token_spent, &self.tokens) {
-            self.authorization = bearer(Some(&tokens().await?))?;
-            self.token_spent = false;
-        }
         let mut request = self.request.clone();
         if self.resume {
             request.known_versions = self.store.versions(&request.user_ids);
         }
-        let request = authorized(request, self.authorization.as_ref());
+        let request = self.credentials.request(request).await?;
         let mut stream = self.client.watch(request).await?.into_inner();
         match stream.message().await? {
             Some(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)), .. }) => {
                 self.apply_snapshot(snapshot);
                 self.stream = Some(stream);
                 self.attempt = 0;
-                self.refused_fresh = 0;
+                self.credentials.opened();
                 Ok(())
             }
             Some(other) => Err(Status::internal(format!("a watch must open with a snapshot, got {other:?}"))),
