@@ -281,11 +281,14 @@ for scenario in $SCENARIOS; do
         ;;
     feed-cost)
         # Renewals write nothing to the feed: the load scenario's unary and batch
-        # renewals with the feed on (in memory, the default) and off, alternating.
+        # renewals with the feed on (in memory, the default) and off, alternating,
+        # which goes first changing each round.
         common=(--users "$LOAD_USERS" --sessions-per-user "$SESSIONS_PER_USER" --ttl-ms "$LOAD_TTL_MS"
             --duration "$LOAD_DURATION" --register-mode leases --connections "$CONNECTIONS")
         for round in $(seq "$FEED_COST_ROUNDS"); do
-            for feed in on off; do
+            order=(on off)
+            if (( round % 2 == 0 )); then order=(off on); fi
+            for feed in "${order[@]}"; do
                 if [[ $feed == off ]]; then off=(--feed-retention-bytes 0); else off=(); fi
                 PRESENCED_EXTRA=(--connection-threads 1 "${off[@]}")
                 fresh_servers
