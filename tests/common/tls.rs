@@ -64,6 +64,22 @@ pub fn presented(stream: &TlsStream<TcpStream>) -> CertificateDer<'static> {
     stream.get_ref().1.peer_certificates().expect("the server presents a certificate")[0].clone().into_owned()
 }
 
+/// A TLS acceptor presenting `issued` (its chain's first certificate), for a
+/// server a test plays (a JWKS document, a webhook receiver).
+pub fn acceptor(issued: &Issued) -> tokio_rustls::TlsAcceptor {
+    let chain = vec![first_certificate(&issued.cert)];
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&issued.key).unwrap();
+    #[allow(deprecated)]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
 /// The first certificate of a PEM file.
 pub fn first_certificate(path: &Path) -> CertificateDer<'static> {
     CertificateDer::pem_file_iter(path).unwrap().next().unwrap().unwrap()

@@ -66,21 +66,7 @@ struct JwksServer {
 
 impl JwksServer {
     async fn start(pki: &Pki, first: String) -> JwksServer {
-        let issued = pki.issue("jwks", &["localhost", "127.0.0.1"]);
-        let chain = vec![crate::common::tls::first_certificate(&issued.cert)];
-        let key = {
-            use rustls::pki_types::pem::PemObject as _;
-            rustls::pki_types::PrivateKeyDer::from_pem_file(&issued.key).unwrap()
-        };
-        #[allow(deprecated)]
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let acceptor = crate::common::tls::acceptor(&pki.issue("jwks", &["localhost", "127.0.0.1"]));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (document, requests, failing) =

@@ -70,19 +70,33 @@ struct Receiver {
     addr: SocketAddr,
     received: Arc<Mutex<Received>>,
     accepting: Option<tokio::task::JoinHandle<()>>,
+    /// Serving https with this, or plain http.
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Receiver {
     async fn start() -> Receiver {
+        Receiver::serving(None).await
+    }
+
+    /// A receiver at `https://localhost:PORT/hook` presenting `issued`.
+    async fn start_tls(issued: &crate::common::tls::Issued) -> Receiver {
+        Receiver::serving(Some(crate::common::tls::acceptor(issued))).await
+    }
+
+    async fn serving(tls: Option<tokio_rustls::TlsAcceptor>) -> Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let received = Arc::new(Mutex::new(Received::default()));
-        let accepting = Some(tokio::spawn(accept(listener, Arc::clone(&received))));
-        Receiver { addr, received, accepting }
+        let accepting = Some(tokio::spawn(accept(listener, Arc::clone(&received), tls.clone())));
+        Receiver { addr, received, accepting, tls }
     }
 
     fn url(&self) -> String {
-        format!("http://{}/hook", self.addr)
+        match self.tls {
+            Some(_) => format!("https://localhost:{}/hook", self.addr.port()),
+            None => format!("http://{}/hook", self.addr),
+        }
     }
 
     fn with<T>(&self, read: impl FnOnce(&mut Received) -> T) -> T {
@@ -104,7 +118,7 @@ impl Receiver {
             }
         })
         .await;
-        self.accepting = Some(tokio::spawn(accept(listener, Arc::clone(&self.received))));
+        self.accepting = Some(tokio::spawn(accept(listener, Arc::clone(&self.received), self.tls.clone())));
     }
 
     /// Waits until a batch holding `user`'s flip is accepted.
@@ -119,14 +133,22 @@ impl Receiver {
 }
 
 /// Accepts connections until aborted; aborting drops them all.
-async fn accept(listener: TcpListener, received: Arc<Mutex<Received>>) {
+async fn accept(listener: TcpListener, received: Arc<Mutex<Received>>, tls: Option<tokio_rustls::TlsAcceptor>) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
-        let received = Arc::clone(&received);
+        let (received, tls) = (Arc::clone(&received), tls.clone());
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |request| answer(request, Arc::clone(&received)));
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            let http1 = hyper::server::conn::http1::Builder::new();
+            match tls {
+                None => drop(http1.serve_connection(TokioIo::new(stream), service).await),
+                Some(tls) => {
+                    // A client that does not trust the certificate ends here.
+                    let Ok(stream) = tls.accept(stream).await else { return };
+                    drop(http1.serve_connection(TokioIo::new(stream), service).await);
+                }
+            }
         });
         while connections.try_join_next().is_some() {}
     }
@@ -505,6 +527,33 @@ fn f4_a_webhook_without_a_secret_or_with_a_bad_url_is_refused_before_listening_o
         let last = stderr.lines().last().unwrap_or_default();
         assert!(last.starts_with("presenced: ") && last.contains(reason), "{args:?}: {reason:?} in {stderr:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f4_a_webhook_over_https_is_delivered_to_a_receiver_the_given_ca_vouches_for_and_to_no_other() {
+    let dir = scratch_dir("webhook-https");
+    let pki = crate::common::tls::Pki::new(&dir, "receiver");
+    let receiver = Receiver::start_tls(&pki.issue("receiver", &["localhost"])).await;
+    // Trusting the receiver's CA: the flips arrive, signed.
+    let mut config = webhook_config(receiver.url());
+    config.feed_webhooks.ca = Some(pki.ca_path());
+    let server = TestServer::start(config).await;
+    let mut client = server.client().await;
+    let users: Vec<String> = (0..20).map(|i| format!("secure-{i}")).collect();
+    round_trip(&mut client, &users).await;
+    receiver.until_flip_of("secure-19").await;
+    assert_eq!(receiver.with(|received| received.bad_signatures), 0);
+    server.stop().await;
+
+    // Trusting only the system's roots: no handshake completes, nothing is delivered.
+    let stranger = Receiver::start_tls(&pki.issue("stranger", &["localhost"])).await;
+    let server = TestServer::start(webhook_config(stranger.url())).await;
+    let mut client = server.client().await;
+    round_trip(&mut client, &users).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(stranger.with(|received| received.answered.is_empty()), "no request reached a receiver it does not trust");
+    server.stop().await;
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
