@@ -353,6 +353,11 @@ struct JwksState {
     refresh: std::time::Duration,
     /// One fetch for unknown `kid`s at a time, and not too often.
     unknown_kid: tokio::sync::Mutex<jwks::UnknownKidFetches>,
+    /// One read of the document at a time, whatever asked for it: a call
+    /// with an unknown `kid` arriving while the first read (at start) or a
+    /// scheduled one is under way waits for it and looks again, rather than
+    /// fetching the same document twice.
+    reading: tokio::sync::Mutex<()>,
 }
 
 // By hand, so that a logged authenticator never shows a secret.
@@ -596,6 +601,12 @@ impl Authenticator {
     /// `Ok(None)`: no JWKS, or nothing changed. A failure keeps the keys in use.
     pub(crate) async fn refresh_viewer_keys(&self) -> Result<Option<Vec<String>>, String> {
         let Some(jwks) = &self.jwks else { return Ok(None) };
+        let _reading = jwks.reading.lock().await;
+        self.read_viewer_keys(jwks).await
+    }
+
+    /// [`Authenticator::refresh_viewer_keys`], its caller holding `reading`.
+    async fn read_viewer_keys(&self, jwks: &JwksState) -> Result<Option<Vec<String>>, String> {
         let document = jwks.source.read().await?;
         if jwks.keys.load().document == document {
             return Ok(None);
@@ -621,14 +632,15 @@ impl Authenticator {
             return;
         }
         let mut fetches = jwks.unknown_kid.lock().await;
-        // Another call may have fetched the document while this one waited;
-        // a fetch that found an unknown kid still unknown holds the next off.
+        let _reading = jwks.reading.lock().await;
+        // Another read may have brought the kid while this one waited; a
+        // fetch that found an unknown kid still unknown holds the next off.
         if jwks.keys.load().has(&kid)
             || fetches.last_miss.is_some_and(|miss| miss.elapsed() < jwks::UNKNOWN_KID_REFETCH_AFTER)
         {
             return;
         }
-        let fetched = self.refresh_viewer_keys().await;
+        let fetched = self.read_viewer_keys(jwks).await;
         if !jwks.keys.load().has(&kid) {
             fetches.last_miss = Some(std::time::Instant::now());
         }
@@ -661,7 +673,13 @@ impl JwksState {
             let document = std::fs::read(source).map_err(|err| fail(format!("cannot read: {err}")))?;
             (jwks::JwksSource::File(source.into()), jwks::parse(document.into()).map_err(fail)?)
         };
-        Ok(JwksState { source, keys: ArcSwap::from_pointee(keys), refresh, unknown_kid: tokio::sync::Mutex::default() })
+        Ok(JwksState {
+            source,
+            keys: ArcSwap::from_pointee(keys),
+            refresh,
+            unknown_kid: tokio::sync::Mutex::default(),
+            reading: tokio::sync::Mutex::default(),
+        })
     }
 }
 
