@@ -161,7 +161,7 @@ impl Webhooks {
             }
             return Ok(Webhooks::default());
         }
-        let feed = feed.map_err(|why| format!("--feed-webhook needs the change feed, and {why}"))?;
+        let feed = feed.map_err(|why| format!("--feed-webhook {why}"))?;
         if config.secrets.is_empty() {
             return Err("--feed-webhook needs --feed-webhook-secret (or --feed-webhook-secret-file): \
                         the secret that signs its batches"
