@@ -52,6 +52,15 @@ pub enum FeedEvent {
     User(PresenceChange),
     /// A room became occupied or empty.
     Room(RoomOccupancy),
+    /// A cluster node took `slot` over from its copy of a node that is gone
+    /// (C4): what the gone node recorded for the slot and did not hand on
+    /// is lost to the feed, which says so with a gap for the slot (F3).
+    TakenOver {
+        /// The slot taken over.
+        slot: u32,
+        /// The store time of the takeover.
+        at: Tick,
+    },
 }
 
 impl FeedEvent {
@@ -60,6 +69,7 @@ impl FeedEvent {
         match self {
             FeedEvent::User(change) => &change.user_id,
             FeedEvent::Room(room) => &room.room_id,
+            FeedEvent::TakenOver { .. } => "",
         }
     }
 
@@ -68,6 +78,7 @@ impl FeedEvent {
         match self {
             FeedEvent::User(change) => change.at,
             FeedEvent::Room(room) => room.at,
+            FeedEvent::TakenOver { at, .. } => *at,
         }
     }
 }
@@ -172,6 +183,23 @@ impl FeedIntake {
         let dropped = pending.dropped.get_or_insert(Dropped { first: position, last: position, count: 0 });
         dropped.last = position;
         dropped.count += 1;
+    }
+
+    /// Records that `slots` were taken over (see [`FeedEvent::TakenOver`]),
+    /// before anything the takeover itself changes is recorded.
+    pub fn record_taken_over(&self, slots: impl IntoIterator<Item = u32>, now: Tick) {
+        let mut pending = self.pending.lock();
+        for slot in slots {
+            self.push(&mut pending, now, || FeedEvent::TakenOver { slot, at: now });
+        }
+    }
+
+    /// Gives every later entry a position above `position`: a cluster node
+    /// taking slots over from another raises its feed to the positions the
+    /// other gave their entries, so that each slot's entries stay in
+    /// position order across the move (F3).
+    pub fn raise_to(&self, position: u64) {
+        self.pending.lock().clock.raise_to(position.min(crate::stamp::MAX_STAMP));
     }
 
     /// Takes every entry recorded so far, and raises the clock to `now`, so

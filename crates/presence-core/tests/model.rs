@@ -1193,6 +1193,7 @@ impl Harness {
                     );
                     rooms.push((room.room_id.clone(), room.occupied, room.version));
                 }
+                FeedEvent::TakenOver { .. } => prop_assert!(false, "a single store takes no slot over"),
             }
         }
         prop_assert!(drained.through >= reader.position);
