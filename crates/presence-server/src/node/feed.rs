@@ -50,6 +50,9 @@ const INTAKE_CAPACITY: usize = 1 << 20;
 const READ_BYTES: usize = 256 << 10;
 /// A stream whose cursor moved without an event for it says so this often.
 pub(crate) const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// How often this node's part of a cluster's merged stream says how far it
+/// got: the merging node holds each event until every part passed it.
+pub(crate) const NODE_PART_PROGRESS_EVERY: Duration = Duration::from_millis(50);
 /// Slots of a single node's feed: a cluster's default, so that consumers
 /// can share a single node's feed by slot as a cluster's.
 pub(crate) const SINGLE_NODE_SLOTS: u32 = 1024;
@@ -88,6 +91,7 @@ impl FeedMetrics {
             // A webhook's own gaps, counted as its metrics.
             GapReason::Retention => "retention",
             GapReason::UnknownCursor => "unknown_cursor",
+            GapReason::Takeover => "takeover",
         };
         metrics::counter!(names::FEED_GAPS, "reason" => reason).increment(1);
     }
@@ -99,6 +103,13 @@ pub(crate) struct Feed {
     log: FeedLog,
     intake: Arc<FeedIntake>,
     slots: u32,
+    /// Where a log kept in memory began: nothing before it was ever
+    /// recorded here (a cluster's merged stream asks this node's part from
+    /// a cursor of the cluster's, which may be older).
+    began_in_memory: Option<Cursor>,
+    /// Entries of slots that other cluster nodes handed over to this one,
+    /// with their positions (F3): served with this node's own.
+    inherited: Mutex<Inherited>,
     /// Where the log is complete to, after each batch.
     end: watch::Sender<Cursor>,
     stop: AtomicBool,
@@ -158,10 +169,13 @@ impl Feed {
             }
         };
         let end = watch::Sender::new(log.end());
+        let began_in_memory = dir.is_none().then(|| log.oldest());
         let feed = Feed {
             log,
             intake: FeedIntake::new(INTAKE_CAPACITY, after),
             slots,
+            began_in_memory,
+            inherited: Mutex::new(Inherited::default()),
             end,
             stop: AtomicBool::new(false),
             writer: Mutex::new(None),
@@ -230,6 +244,8 @@ impl Feed {
                 let mut end_moved = self.end_moved.lock();
                 if !frames.is_empty() || end_moved.elapsed() >= END_WITHOUT_FRAMES_EVERY {
                     *end_moved = Instant::now();
+                    // Retention by age for what other nodes handed over, as for the log.
+                    self.inherited.lock().take(Vec::new(), self.log.retention(), now);
                     self.end.send_replace(self.log.end());
                 }
             }
@@ -259,6 +275,62 @@ impl Feed {
         }
     }
 
+    /// This node's retained entries of the slots `carried` marks, its own
+    /// and those it inherited, in cursor order: what a planned move hands
+    /// to the slots' next owner with their users (F3). Reads the log.
+    pub(crate) fn entries_of(&self, carried: &[bool]) -> std::io::Result<Vec<Frame>> {
+        // A gap of every slot (a restart here) concerns the carried slots too.
+        let in_slots =
+            |frame: &Frame| frame.slot() == u32::MAX || carried.get(frame.slot() as usize).copied().unwrap_or(false);
+        let mut after = self.log.oldest();
+        let mut entries = Vec::new();
+        loop {
+            let read = match self.log.read(after, READ_BYTES) {
+                Ok(read) => read,
+                // Retention moved on while this read: what is left is newer.
+                Err(ReadError::OutOfRange(out)) => {
+                    after = out.oldest;
+                    continue;
+                }
+                Err(ReadError::Io(err)) => return Err(std::io::Error::other(err)),
+            };
+            if read.frames.is_empty() {
+                break;
+            }
+            after = read.end;
+            entries.extend(read.frames.into_iter().filter(in_slots));
+        }
+        let inherited = self.inherited.lock();
+        let theirs = inherited.frames.values().filter(|frame| in_slots(frame)).cloned().collect::<Vec<_>>();
+        drop(inherited);
+        entries.extend(theirs);
+        entries.sort_by_key(Frame::cursor);
+        entries.dedup_by_key(|frame| frame.cursor());
+        Ok(entries)
+    }
+
+    /// Returns once the log holds everything up to `position` (recorded
+    /// before the call), or after a few seconds if the writer has stopped.
+    pub(crate) async fn written_through(&self, position: u64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.log.end().position < position && Instant::now() < deadline {
+            tokio::time::sleep(COMMIT_INTERVAL).await;
+        }
+    }
+
+    /// Takes in the entries of slots another node handed over (F3), and
+    /// gives every later entry a position above `last_position`, the last
+    /// the other node gave, so that each slot's entries stay in order.
+    pub(crate) fn inherit(&self, entries: Vec<Frame>, last_position: u64, now: Tick) {
+        self.intake.raise_to(last_position);
+        self.inherited.lock().take(entries, self.log.retention(), now);
+    }
+
+    /// Records that `slots` were taken over from a copy (F3): a gap of each.
+    pub(crate) fn mark_taken_over(&self, slots: impl IntoIterator<Item = u32>, now: Tick) {
+        self.intake.record_taken_over(slots, now);
+    }
+
     /// The cursor after everything recorded so far, written or not yet:
     /// where a stream from now starts.
     pub(crate) fn cursor_now(&self) -> Cursor {
@@ -273,9 +345,45 @@ impl Feed {
         filter: ChangesFilter,
         stopping: CancellationToken,
     ) -> Result<ChangesStream, ServiceError> {
+        self.open_stream(from, filter, stopping, StreamKind::Consumer)
+    }
+
+    /// Opens this node's part of a cluster's merged `Changes` stream (F3):
+    /// as [`Feed::changes`], but progress comes often (the merging node
+    /// waits for every part's before it sends an event on), a cursor from
+    /// before this node's log began starts where it began, and one ahead of
+    /// this node's clock waits for it.
+    pub(crate) fn node_part(
+        self: &Arc<Self>,
+        from: ChangesFrom,
+        filter: ChangesFilter,
+        stopping: CancellationToken,
+    ) -> Result<ChangesStream, ServiceError> {
+        self.open_stream(from, filter, stopping, StreamKind::NodePart)
+    }
+
+    fn open_stream(
+        self: &Arc<Self>,
+        from: ChangesFrom,
+        filter: ChangesFilter,
+        stopping: CancellationToken,
+        kind: StreamKind,
+    ) -> Result<ChangesStream, ServiceError> {
         let after = match from {
             ChangesFrom::Now => self.cursor_now(),
             ChangesFrom::Oldest => self.log.oldest(),
+            ChangesFrom::Cursor(cursor) if kind == StreamKind::NodePart => {
+                let oldest = self.log.oldest();
+                match self.began_in_memory {
+                    // Nothing before it was recorded here, and nothing since was trimmed.
+                    Some(began) if cursor < began && oldest == began => began,
+                    _ if cursor < oldest => {
+                        let why = "older than the oldest change this node's feed retains";
+                        return Err(ServiceError::FeedOutOfRange { oldest, why });
+                    }
+                    _ => cursor,
+                }
+            }
             ChangesFrom::Cursor(cursor) => {
                 if cursor < self.log.oldest() {
                     let why = "older than the oldest change the feed retains";
@@ -289,8 +397,12 @@ impl Feed {
             }
         };
         let (sender, receiver) = mpsc::channel(1);
-        tokio::spawn(Arc::clone(self).stream(after, filter, sender, stopping));
-        Ok(ChangesStream { receiver, batch: std::collections::VecDeque::new() })
+        let progress_every = match kind {
+            StreamKind::Consumer => PROGRESS_EVERY,
+            StreamKind::NodePart => NODE_PART_PROGRESS_EVERY,
+        };
+        tokio::spawn(Arc::clone(self).stream(after, filter, sender, stopping, progress_every));
+        Ok(ChangesStream::of(receiver))
     }
 
     /// One stream's reader: a batch of the log at a time, then waits for more.
@@ -300,6 +412,7 @@ impl Feed {
         filter: ChangesFilter,
         sender: mpsc::Sender<Result<Vec<pb::ChangeEvent>, ServiceError>>,
         stopping: CancellationToken,
+        progress_every: Duration,
     ) {
         self.metrics.streams.increment(1.0);
         let _open = counted_while_open(&self.metrics.streams);
@@ -326,8 +439,9 @@ impl Feed {
                 }
             };
             let caught_up = read.frames.is_empty();
+            let frames = self.inherited.lock().merged_into(read.frames, after, read.end);
             let mut events = Vec::new();
-            for frame in read.frames.iter().filter(|frame| filter.carries(frame)) {
+            for frame in frames.iter().filter(|frame| filter.carries(frame)) {
                 match wire::change_event(frame) {
                     Ok(event) => events.push(event),
                     Err(err) => {
@@ -343,7 +457,7 @@ impl Feed {
                 if sender.send(Ok(events)).await.is_err() {
                     return;
                 }
-            } else if after > reported && last_sent.elapsed() >= PROGRESS_EVERY {
+            } else if after > reported && last_sent.elapsed() >= progress_every {
                 reported = after;
                 last_sent = Instant::now();
                 if sender.send(Ok(vec![wire::progress_event(after)])).await.is_err() {
@@ -353,13 +467,81 @@ impl Feed {
             if !caught_up {
                 continue;
             }
-            let progress_due = PROGRESS_EVERY.saturating_sub(last_sent.elapsed());
+            let progress_due = progress_every.saturating_sub(last_sent.elapsed());
             tokio::select! {
                 changed = end.changed() => if changed.is_err() { return },
                 () = tokio::time::sleep(progress_due), if after > reported => {}
                 () = sender.closed() => return,
                 () = stopping.cancelled() => return,
             }
+        }
+    }
+}
+
+/// Who a stream is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamKind {
+    /// A consumer's `Changes`.
+    Consumer,
+    /// A cluster node merging every node's part (F3).
+    NodePart,
+}
+
+/// Entries other nodes handed over with their slots (F3), by cursor; in
+/// memory, within the feed's retention.
+#[derive(Debug, Default)]
+struct Inherited {
+    frames: std::collections::BTreeMap<Cursor, Frame>,
+    bytes: u64,
+}
+
+impl Inherited {
+    /// `read` (this node's log after `after`, complete through `end`) with
+    /// the inherited entries in `(after, end]` among them, in cursor order;
+    /// an entry both hold once.
+    fn merged_into(&self, read: Vec<Frame>, after: Cursor, end: Cursor) -> Vec<Frame> {
+        use std::ops::Bound::{Excluded, Included};
+        if self.frames.is_empty() || end <= after {
+            return read;
+        }
+        let mut inherited = self.frames.range((Excluded(after), Included(end))).map(|(_, frame)| frame).peekable();
+        if inherited.peek().is_none() {
+            return read;
+        }
+        let mut merged = Vec::with_capacity(read.len());
+        let mut own = read.into_iter().peekable();
+        loop {
+            let take_own = match (own.peek(), inherited.peek()) {
+                (None, None) => break,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (Some(mine), Some(theirs)) => mine.cursor() <= theirs.cursor(),
+            };
+            let next = if take_own { own.next() } else { inherited.next().cloned() };
+            if let Some(frame) = next
+                && merged.last().is_none_or(|last: &Frame| last.cursor() < frame.cursor())
+            {
+                merged.push(frame);
+            }
+        }
+        merged
+    }
+
+    /// Takes `frames` in, then drops what retention lets go, oldest first.
+    fn take(&mut self, frames: Vec<Frame>, retention: Retention, now: Tick) {
+        for frame in frames {
+            let size = frame.len() as u64;
+            if self.frames.insert(frame.cursor(), frame).is_none() {
+                self.bytes += size;
+            }
+        }
+        let too_old = now.saturating_sub(retention.max_age_ms);
+        while let Some(entry) = self.frames.first_entry() {
+            let over = retention.max_bytes > 0 && self.bytes > retention.max_bytes;
+            if !over && entry.get().at() >= too_old {
+                break;
+            }
+            self.bytes -= entry.remove().len() as u64;
         }
     }
 }
@@ -383,6 +565,11 @@ pub struct ChangesStream {
 }
 
 impl ChangesStream {
+    /// The stream of the batches `receiver` gets.
+    pub(crate) fn of(receiver: mpsc::Receiver<Result<Vec<pb::ChangeEvent>, ServiceError>>) -> Self {
+        ChangesStream { receiver, batch: std::collections::VecDeque::new() }
+    }
+
     fn poll_event(&mut self, cx: &mut TaskContext<'_>) -> Poll<Option<Result<pb::ChangeEvent, ServiceError>>> {
         loop {
             if let Some(event) = self.batch.pop_front() {
@@ -416,5 +603,48 @@ impl Stream for ChangesStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
         self.poll_event(cx).map(|next| next.map(|event| event.map_err(tonic::Status::from)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use presence_feed::FrameKind;
+
+    use super::*;
+
+    fn frame(position: u64, slot: u32, at: u64) -> Frame {
+        Frame::new(position, slot, FrameKind::Flip, at, b"user", b"body")
+    }
+
+    fn cursors(frames: &[Frame]) -> Vec<(u64, u32)> {
+        frames.iter().map(|frame| (frame.position(), frame.slot())).collect()
+    }
+
+    #[test]
+    fn f3_entries_handed_over_are_read_among_this_nodes_own_in_cursor_order_once_within_the_read() {
+        let mut inherited = Inherited::default();
+        let unbounded = Retention { max_age_ms: u64::MAX, max_bytes: 0 };
+        inherited.take(vec![frame(10, 3, 0), frame(20, 3, 0), frame(30, 3, 0), frame(50, 3, 0)], unbounded, 0);
+        let own = vec![frame(15, 1, 0), frame(20, 3, 0), frame(40, 1, 0)];
+        // After (10, 3), complete through (45, 0): 50 is not read yet.
+        let merged = inherited.merged_into(own, Cursor { position: 10, slot: 3 }, Cursor::through(45));
+        assert_eq!(cursors(&merged), vec![(15, 1), (20, 3), (30, 3), (40, 1)]);
+        // Nothing of its own: the handed-over entries alone, up to the end.
+        let merged = inherited.merged_into(Vec::new(), Cursor::through(35), Cursor::through(60));
+        assert_eq!(cursors(&merged), vec![(50, 3)]);
+    }
+
+    #[test]
+    fn f3_entries_handed_over_are_kept_within_the_feeds_retention_by_bytes_and_age() {
+        let mut inherited = Inherited::default();
+        let size = frame(1, 0, 0).len() as u64;
+        let by_bytes = Retention { max_age_ms: u64::MAX, max_bytes: 2 * size };
+        inherited.take((1..=5).map(|position| frame(position, 0, 0)).collect(), by_bytes, 0);
+        assert_eq!(inherited.frames.keys().map(|cursor| cursor.position).collect::<Vec<_>>(), vec![4, 5]);
+        assert_eq!(inherited.bytes, 2 * size);
+        let by_age = Retention { max_age_ms: 1_000, max_bytes: 0 };
+        let mut inherited = Inherited::default();
+        inherited.take(vec![frame(1, 0, 100), frame(2, 0, 2_000)], by_age, 2_500);
+        assert_eq!(inherited.frames.keys().map(|cursor| cursor.position).collect::<Vec<_>>(), vec![2]);
     }
 }

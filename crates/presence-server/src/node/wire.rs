@@ -697,6 +697,11 @@ pub(crate) mod tests {
 /// it goes on the wire (without its cursor, which the position and slot make).
 pub(crate) fn feed_frame(entry: &FeedEntry, slot: u32) -> Frame {
     let (kind, event) = match &entry.event {
+        FeedEvent::TakenOver { slot, at } => {
+            let mut body = gap_event(&[], FeedCursor::START, GapReason::Takeover, 0, *at);
+            body.slot = *slot;
+            return Frame::new(entry.position, *slot, FrameKind::Gap, *at, b"", &body.encode_to_vec());
+        }
         FeedEvent::User(change) => {
             let mut user = presence(&change.user_id, change.presence);
             user.status = change.status.as_deref().map(status_message);
@@ -733,6 +738,10 @@ pub(crate) enum GapReason {
     /// A webhook's cursor was ahead of every change the feed holds: a data
     /// directory's feed replaced or removed (F4).
     UnknownCursor,
+    /// A cluster node took a slot over from its copy of a node that is
+    /// gone (F3): what that node recorded for the slot and could not hand
+    /// on is lost. Its gap concerns that slot alone.
+    Takeover,
 }
 
 /// A gap event: everything after `after` up to `cursor` was lost.
@@ -743,8 +752,11 @@ pub(crate) fn gap_event(cursor: &[u8], after: FeedCursor, reason: GapReason, los
         GapReason::WriteFailed => "write failed",
         GapReason::Retention => "retention",
         GapReason::UnknownCursor => "unknown cursor",
+        GapReason::Takeover => "takeover",
     };
-    let gap = pb::Gap { after_cursor: after.encode().to_vec(), reason: reason.to_owned(), lost };
+    // A takeover cannot know what the gone node kept last of the slot: no cursor.
+    let after_cursor = if reason == "takeover" { Vec::new() } else { after.encode().to_vec() };
+    let gap = pb::Gap { after_cursor, reason: reason.to_owned(), lost };
     pb::ChangeEvent { cursor: cursor.to_vec(), event: Some(change_event::Event::Gap(gap)), at_ms: unix_ms(at), slot: 0 }
 }
 
@@ -799,7 +811,14 @@ impl ChangesFilter {
     /// Whether the stream carries `frame`.
     pub(crate) fn carries(&self, frame: &Frame) -> bool {
         let kind = match frame.kind() {
-            FrameKind::Gap => return true,
+            // A gap of one slot (a takeover) concerns only its slot's consumers.
+            FrameKind::Gap if frame.slot() == u32::MAX => return true,
+            FrameKind::Gap => {
+                return self
+                    .slots
+                    .as_ref()
+                    .is_none_or(|slots| slots.get(frame.slot() as usize).copied().unwrap_or(false));
+            }
             FrameKind::Flip => 0,
             FrameKind::Status => 1,
             FrameKind::RoomOccupancy => 2,
