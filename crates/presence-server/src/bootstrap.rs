@@ -180,8 +180,6 @@ impl PreparedServer {
         // The change feed is opened here, before `listening on`: a feed it cannot read refuses to start.
         let feed = match config.feed_retention() {
             None => None,
-            // The feed across a cluster (F3) is not built yet: a cluster node keeps none.
-            Some(_) if config.cluster.is_some() => None,
             Some(retention) => {
                 let dir = data_dir.as_ref().map(DataDir::feed_path);
                 let slots =
@@ -196,9 +194,13 @@ impl PreparedServer {
             }
         };
         let feed_or_why = match (&feed, &config.cluster) {
-            (Some(feed), _) => Ok(feed),
-            (None, Some(_)) => Err("a cluster node keeps none yet (F3)"),
-            (None, None) => Err("--feed-retention-bytes 0 turns it off"),
+            // A node's own feed holds only the slots it owns, and the
+            // webhook sink does not merge the cluster's yet.
+            (Some(_), Some(_)) => Err(
+                "is not built for a cluster node: run a Changes consumer against any node instead (docs/feed.md, \"Across a cluster\")",
+            ),
+            (Some(feed), None) => Ok(feed),
+            (None, _) => Err("needs the change feed, and --feed-retention-bytes 0 turns it off"),
         };
         let cursors = data_dir.as_ref().map(DataDir::webhooks_path);
         let webhooks =

@@ -190,12 +190,8 @@ pub(crate) enum ServiceError {
         /// What is wrong with the cursor.
         why: &'static str,
     },
-    /// A node that keeps no change feed: turned off, or a cluster node (the
-    /// feed across a cluster, F3, is not built yet).
-    #[error(
-        "Changes: this node keeps no change feed (it is turned off with --feed-retention-bytes 0, or this is a \
-         cluster node: the change feed across a cluster is not built yet)"
-    )]
+    /// A node that keeps no change feed: turned off.
+    #[error("Changes: this node keeps no change feed (it is turned off with --feed-retention-bytes 0)")]
     NoFeed,
     /// A task of the server's own failed.
     #[error("{0}")]
@@ -351,6 +347,19 @@ impl From<ServiceError> for Status {
 }
 
 /// A status with one detail of presenced's own messages.
+/// The oldest cursor an `OUT_OF_RANGE` of the change feed carries (as
+/// [`ServiceError::FeedOutOfRange`] makes it): how a cluster node reads
+/// another node's refusal of its part of a merged feed (F3).
+pub(crate) fn feed_out_of_range_oldest(status: &Status) -> Option<presence_feed::Cursor> {
+    if status.code() != Code::OutOfRange {
+        return None;
+    }
+    let details = tonic_types::Status::decode(status.details()).ok()?;
+    let detail = details.details.iter().find(|detail| detail.type_url == CHANGES_OUT_OF_RANGE_TYPE_URL)?;
+    let out = pb::ChangesOutOfRange::decode(detail.value.as_slice()).ok()?;
+    presence_feed::Cursor::decode(&out.oldest_cursor).ok()
+}
+
 fn with_detail(code: Code, message: String, type_url: &str, detail: Vec<u8>) -> Status {
     let status = tonic_types::Status {
         code: code as i32,

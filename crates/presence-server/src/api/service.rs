@@ -623,9 +623,15 @@ impl PresenceApi for PresenceService {
         let Some(feed) = &self.context.feed else {
             return Err(ServiceError::NoFeed.into());
         };
-        let (from, filter) = wire::changes_request(request.get_ref(), feed.slots())?;
         let credentials = StreamCredentials::of(&self.auth, &request, caller, Some(Scope::Feed));
-        let stream = feed.changes(from, filter, self.context.stopping.clone())?;
+        let stream = match &self.cluster {
+            // Every node's part, merged (F3).
+            Some(cluster) => crate::cluster::feed::merged(&self.context, cluster, feed, request.get_ref())?,
+            None => {
+                let (from, filter) = wire::changes_request(request.get_ref(), feed.slots())?;
+                feed.changes(from, filter, self.context.stopping.clone())?
+            }
+        };
         Ok(Response::new(credentials.bind(stream)))
     }
 }

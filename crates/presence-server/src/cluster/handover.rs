@@ -177,8 +177,15 @@ async fn move_chunk(
             return Err(error);
         }
     };
+    let feed = match feed_of(context, &set).await {
+        Ok(feed) => feed,
+        Err(error) => {
+            answer_again(context, membership, &set);
+            return Err(error);
+        }
+    };
     let bytes = state.len() as u64;
-    let taken = send_state(membership, address, &set, map.revision(), state, durable, credential).await;
+    let taken = send_state(membership, address, &set, map.revision(), state, durable, feed, credential).await;
     let taken = match taken {
         Ok(taken) => taken,
         Err(refused) => {
@@ -233,7 +240,31 @@ pub(crate) fn answer_again(context: &Context, membership: &Membership, set: &Slo
     context.store().pause_expiry((!refused.is_empty()).then_some(refused));
 }
 
+/// What a move carries of the change feed (F3): the slots' entries and the
+/// last position the feed gave.
+#[derive(Debug, Default)]
+struct FeedPart {
+    entries: Vec<presence_feed::Frame>,
+    last_position: u64,
+}
+
+/// The feed's entries of `set`, once everything recorded before the slots
+/// were refused here is written (none of theirs comes after).
+async fn feed_of(context: &Context, set: &SlotSet) -> Result<FeedPart, ServiceError> {
+    let Some(feed) = &context.feed else { return Ok(FeedPart::default()) };
+    let last_position = feed.cursor_now().position;
+    feed.written_through(last_position).await;
+    let carried: Vec<bool> = (0..set.slots()).map(|slot| set.contains(slot)).collect();
+    let reader = Arc::clone(feed);
+    let entries = tokio::task::spawn_blocking(move || reader.entries_of(&carried))
+        .await
+        .map_err(|err| ServiceError::Internal(format!("reading the change feed for a move: {err}")))?
+        .map_err(|err| ServiceError::Internal(format!("reading the change feed for a move: {err}")))?;
+    Ok(FeedPart { entries, last_position })
+}
+
 /// Sends the state of `set`'s users to the node at `address`.
+#[allow(clippy::too_many_arguments)]
 async fn send_state(
     membership: &Membership,
     address: &str,
@@ -241,6 +272,7 @@ async fn send_state(
     map_revision: i64,
     state: Vec<u8>,
     durable: Vec<HandedOver>,
+    feed: FeedPart,
     credential: Option<&MetadataValue<Ascii>>,
 ) -> Result<pb::TakeSlotsResponse, ServiceError> {
     let mut pieces: Vec<pb::SlotState> = state
@@ -252,6 +284,19 @@ async fn send_state(
             .into_iter()
             .map(|durable| pb::SlotState { durable, ..pb::SlotState::default() }),
     );
+    let mut entries = Vec::new();
+    let mut entries_bytes = 0;
+    for entry in feed.entries {
+        if entries_bytes + entry.len() > PIECE_BYTES && !entries.is_empty() {
+            pieces.push(pb::SlotState { feed_entries: std::mem::take(&mut entries), ..pb::SlotState::default() });
+            entries_bytes = 0;
+        }
+        entries_bytes += entry.len();
+        entries.push(entry.bytes().to_vec());
+    }
+    if !entries.is_empty() {
+        pieces.push(pb::SlotState { feed_entries: entries, ..pb::SlotState::default() });
+    }
     if pieces.is_empty() {
         pieces.push(pb::SlotState::default());
     }
@@ -260,6 +305,7 @@ async fn send_state(
     first.slots = set.iter().collect();
     first.slot_count = membership.slot_count();
     first.map_revision = map_revision;
+    first.feed_position = feed.last_position;
     // The next protocol minor's added field (D1's mixed-version roll).
     #[cfg(feature = "next-cluster-protocol")]
     {
@@ -326,6 +372,7 @@ pub(crate) async fn take_slots(
         return Err(ServiceError::MoveRefused(format!("slot {slot} is this node's already")));
     }
     let (mut state, mut durable) = (first.state, first.durable);
+    let mut feed_entries = cluster_wire::feed_entries(first.feed_entries)?;
     while let Some(piece) =
         pieces.message().await.map_err(|status| ServiceError::Peer { node: first.from_node.clone(), status })?
     {
@@ -343,6 +390,14 @@ pub(crate) async fn take_slots(
         }
         state.extend_from_slice(&piece.state);
         durable.extend(piece.durable);
+        feed_entries.extend(cluster_wire::feed_entries(piece.feed_entries)?);
+        let feed_bytes: usize = feed_entries.iter().map(presence_feed::Frame::len).sum();
+        if feed_bytes > MAX_HANDOVER_BYTES {
+            return Err(ServiceError::invalid(
+                "feed_entries",
+                format!("more than {MAX_HANDOVER_BYTES} bytes of feed entries in one handover"),
+            ));
+        }
     }
     let now = context.now();
     let durable =
@@ -350,6 +405,11 @@ pub(crate) async fn take_slots(
     let _one_at_a_time = membership.handing_over.lock().await;
     // Slots that come back here are answered again once the map says so.
     answer_again(context, membership, &set);
+    // Before anything of the slots is recorded here: their entries stay in
+    // order across the move (F3).
+    if let Some(feed) = &context.feed {
+        feed.inherit(feed_entries, first.feed_position, now);
+    }
     let imported = context
         .apply(|store, now, changes| store.import(now, &state, changes))
         .map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;

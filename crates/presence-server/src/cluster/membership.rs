@@ -722,6 +722,11 @@ impl Membership {
         self.nodes.current()
     }
 
+    /// The live nodes, each time they change.
+    pub(crate) fn node_changes(&self) -> tokio::sync::watch::Receiver<Arc<NodeSet>> {
+        self.nodes.subscribe()
+    }
+
     /// The live nodes' ids as last seen, this node's among them even while
     /// its registration is gone (etcd let its lease go and it is joining
     /// again): it still runs, and holds what it holds.

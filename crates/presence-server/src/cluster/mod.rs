@@ -6,6 +6,7 @@
 
 pub(crate) mod erasure;
 pub(crate) mod fanin;
+pub(crate) mod feed;
 pub(crate) mod group_sync;
 pub(crate) mod handover;
 pub(crate) mod membership;

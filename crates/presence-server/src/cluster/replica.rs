@@ -532,6 +532,11 @@ async fn take_in(
     let (state, durable) = replica.take(now, &from_copy);
     let bytes = state.len();
     let hold_until = now.saturating_add(replica.hold_ms);
+    // What the gone node recorded of these slots after its last handover is
+    // gone with it: the feed says so, before anything the takeover changes (F3).
+    if let Some(feed) = &context.feed {
+        feed.mark_taken_over(from_copy.iter(), now);
+    }
     // Through the publisher: the users' room facts go to their rooms' owners.
     let taken = match context.apply(|store, _, changes| store.take_over(now, &state, hold_until, changes)) {
         Ok(taken) => taken,

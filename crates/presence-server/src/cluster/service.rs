@@ -75,6 +75,16 @@ impl ClusterService {
 
 #[tonic::async_trait]
 impl Cluster for ClusterService {
+    type NodeChangesStream = crate::node::feed::ChangesStream;
+
+    async fn node_changes(
+        &self,
+        request: Request<pb::ChangesRequest>,
+    ) -> Result<Response<Self::NodeChangesStream>, Status> {
+        self.node_call(&request, "NodeChanges")?;
+        Ok(Response::new(crate::cluster::feed::node_part(&self.context, request.get_ref())?))
+    }
+
     async fn move_slots(
         &self,
         request: Request<pb::MoveSlotsRequest>,

@@ -268,6 +268,23 @@ pub(crate) fn room_facts(sent: Vec<pb::RoomFact>) -> Result<Vec<StampedRoomFact>
         .collect()
 }
 
+/// The feed entries a handover carried (F3), each checked whole: one that
+/// does not parse refuses the handover.
+pub(crate) fn feed_entries(sent: Vec<Vec<u8>>) -> Result<Vec<presence_feed::Frame>, ServiceError> {
+    sent.into_iter()
+        .map(|bytes| {
+            let bytes = bytes::Bytes::from(bytes);
+            match presence_feed::Frame::parse(&bytes) {
+                Ok((frame, size)) if size == bytes.len() => Ok(frame),
+                Ok(_) => Err(ServiceError::invalid("feed_entries", "an entry with bytes after its frame")),
+                Err(err) => {
+                    Err(ServiceError::invalid("feed_entries", format!("an entry that is not a feed frame: {err}")))
+                }
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use presence_core::Availability;
