@@ -11,6 +11,7 @@
 
 mod backup;
 mod erase;
+mod feed;
 mod fencing;
 mod groups;
 mod handover;
