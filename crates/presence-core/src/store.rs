@@ -642,6 +642,33 @@ impl Store {
         scan: RoomFactScan,
         changes: &mut Changes,
     ) {
+        self.take_in_scan(now, source, rooms, scan, changes, true);
+    }
+
+    /// [`Store::take_in_room_scan`] for rooms this store is rebuilding,
+    /// their slots just gained (C1): their members did not change, so the
+    /// change feed records none of it (F3). A room whose last owner died is
+    /// covered by the gap its slot's takeover recorded.
+    pub fn rebuild_rooms_from_scan(
+        &self,
+        now: Tick,
+        source: &str,
+        rooms: &dyn Fn(&str) -> bool,
+        scan: RoomFactScan,
+        changes: &mut Changes,
+    ) {
+        self.take_in_scan(now, source, rooms, scan, changes, false);
+    }
+
+    fn take_in_scan(
+        &self,
+        now: Tick,
+        source: &str,
+        rooms: &dyn Fn(&str) -> bool,
+        scan: RoomFactScan,
+        changes: &mut Changes,
+        recorded: bool,
+    ) {
         let mut by_shard: Vec<Vec<StampedRoomFact>> = (0..self.rooms.len()).map(|_| Vec::new()).collect();
         for fact in scan.facts {
             by_shard[self.room_shard_of(fact.fact.room_id())].push(fact);
@@ -652,7 +679,9 @@ impl Store {
             let mut shard = shard.lock();
             let from = changes.rooms.len();
             shard.take_in_scan(now, source, facts, rooms, &scanned_at, &mut changes.rooms);
-            self.record_rooms(now, &changes.rooms[from..]);
+            if recorded {
+                self.record_rooms(now, &changes.rooms[from..]);
+            }
         }
     }
 

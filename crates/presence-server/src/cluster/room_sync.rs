@@ -607,7 +607,7 @@ async fn rebuild(context: &Arc<Context>, cluster: &Arc<ClusterNode>, map: &SlotM
     if let Ok(own) = scan_of(context, slots).await {
         let node = membership.node().to_owned();
         let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
-        context.apply(|store, now, changes| store.take_in_room_scan(now, &node, &rooms, own, changes));
+        context.apply(|store, now, changes| store.rebuild_rooms_from_scan(now, &node, &rooms, own, changes));
     }
     let mut rebuilding = cluster.room_routes.rebuilding.lock();
     slots.iter().for_each(|slot| {
@@ -637,7 +637,7 @@ async fn scan_at(
     let scan =
         presence_core::RoomFactScan { facts: cluster_wire::room_facts(scan.facts)?, shard_stamps: scan.shard_stamps };
     let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
-    context.apply(|store, now, changes| store.take_in_room_scan(now, node, &rooms, scan, changes));
+    context.apply(|store, now, changes| store.rebuild_rooms_from_scan(now, node, &rooms, scan, changes));
     Ok(())
 }
 
