@@ -292,11 +292,19 @@ impl Merge {
             let why = "older than the oldest change a node of the cluster retains";
             return Err(ServiceError::FeedOutOfRange { oldest, why });
         }
+        // Refusals that another try would meet again: a node with its feed
+        // off, a credential it does not take, a node that does not serve parts.
         if matches!(
             status.code(),
-            Code::InvalidArgument | Code::Unauthenticated | Code::PermissionDenied | Code::Unimplemented
+            Code::InvalidArgument
+                | Code::FailedPrecondition
+                | Code::Unauthenticated
+                | Code::PermissionDenied
+                | Code::Unimplemented
         ) {
-            return Err(ServiceError::Peer { node, status });
+            let part = self.parts.get(&node).map(|part| part.address.clone());
+            let address = part.filter(|address| !address.is_empty()).unwrap_or(node);
+            return Err(ServiceError::Peer { node: address, status });
         }
         self.streams.remove(&node);
         self.paused.remove(&node);
