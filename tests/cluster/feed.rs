@@ -11,6 +11,7 @@ use std::sync::Arc;
 use presence_proto::v1::change_event::Event;
 
 use super::*;
+use crate::common::{generation_of, within};
 
 /// An acknowledged flip: the user's version after it, whether it went
 /// ONLINE, and when its answer came.
@@ -191,7 +192,29 @@ async fn f3_every_slot_of_a_node_moves_and_it_stops_while_users_flip_and_consume
     let high = Consumer::open(&url_c, pb::ChangesFrom::Now, &[], (SLOTS / 2..SLOTS).collect()).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
 
+    // Rooms, some of them in node-a's slots, each occupied by one member.
     let leases = Arc::new(ClusterLeases::new(&servers[1].url(), SLOTS, LeaseChannelConfig::default()).unwrap());
+    let rooms: Vec<String> = (0..12).map(|i| format!("room-{i}")).collect();
+    assert!(rooms.iter().any(|room| moving.contains(&slot_of(room, SLOTS))), "a room in node-a's slots");
+    let mut member_flips: BTreeMap<String, Vec<(u64, bool)>> = BTreeMap::new();
+    for (i, room) in rooms.iter().enumerate() {
+        let member = format!("member-{i}");
+        let registered = until_not_refused(&leases, register(&member)).await;
+        let generation = generation_of(&registered);
+        if let Some(pb::lease_result::Result::Register(done)) = &registered.result {
+            member_flips.insert(member.clone(), vec![(done.presence.as_ref().unwrap().version, true)]);
+        }
+        let join = pb::JoinRequest {
+            user_id: member.clone(),
+            session_id: "s".into(),
+            generation,
+            room_id: room.clone(),
+            ..Default::default()
+        };
+        let joined = until_not_refused(&leases, pb::LeaseItem { op: Some(pb::lease_item::Op::Join(join)) }).await;
+        assert_eq!(joined.code, 0, "{member} joins {room}: {joined:?}");
+    }
+
     let (stop_flipping, flipper) = keep_flipping(Arc::clone(&leases), users.clone());
     tokio::time::sleep(Duration::from_millis(700)).await;
     // Every slot of node-a to node-b, in a planned move, while users flip.
@@ -220,7 +243,23 @@ async fn f3_every_slot_of_a_node_moves_and_it_stops_while_users_flip_and_consume
     assert_eq!(received_after.len(), received.len(), "nothing after the last flip");
     assert_in_cursor_order_once(&received, "the consumer at node-c");
     assert_eq!(gaps(&received), Vec::new(), "no gap in planned moves and stops");
-    assert_eq!(flips_by_user(&received), acked, "exactly the flips the owners answered, in each user's order");
+    let acked_with_members: BTreeMap<String, Vec<(u64, bool)>> =
+        acked.iter().map(|(user, flips)| (user.clone(), flips.clone())).chain(member_flips).collect();
+    assert_eq!(flips_by_user(&received), acked_with_members, "exactly the flips the owners answered, in order");
+    // Each room became occupied once: the move rebuilt node-a's rooms at
+    // node-b without saying so again.
+    let occupancy: Vec<(String, bool)> = received
+        .iter()
+        .filter_map(|event| match &event.event {
+            Some(Event::RoomOccupancy(room)) => Some((room.room_id.clone(), room.occupied)),
+            _ => None,
+        })
+        .collect();
+    let mut once: Vec<(String, bool)> = rooms.iter().map(|room| (room.clone(), true)).collect();
+    once.sort();
+    let mut sorted = occupancy.clone();
+    sorted.sort();
+    assert_eq!(sorted, once, "each room occupied once, in: {occupancy:?}");
 
     // Two consumers sharing the slots: disjoint, and together everything.
     let low_events = low.until("the low slots' flips", |events| has_every(events, &slice(&acked, 0..SLOTS / 2))).await;
@@ -341,6 +380,53 @@ async fn f3_a_node_killed_with_kill_9_while_users_flip_leaves_a_gap_of_each_of_i
         }
     }
     consumer.close();
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_a_bad_request_and_a_node_with_its_feed_off_are_refused_saying_what() {
+    let etcd = EtcdServer::start().await;
+    // node-c keeps no feed: the cluster's cannot be whole.
+    let mut servers = Vec::new();
+    for node in NODES {
+        let mut base = fast_config();
+        if node == "node-c" {
+            base.feed_retention_bytes = Some(0);
+        }
+        servers.push(TestServer::start_with(|addr| node_config_with(&etcd, node, addr, base)).await);
+    }
+    map_where(&etcd.client().await, "every node owns slots", |map| {
+        NODES.iter().all(|node| map.owned_by(node).count() > 0)
+    })
+    .await;
+    let mut at_a = servers[0].client().await;
+
+    // A slot the cluster does not have, named.
+    let request = pb::ChangesRequest { slots: vec![SLOTS], ..Default::default() };
+    let refused = at_a.changes(request).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("slots"), "{refused:?}");
+
+    // At node-a, the merged stream ends saying which node keeps no feed.
+    let mut stream = at_a.changes(pb::ChangesRequest::default()).await.unwrap().into_inner();
+    let ended = within(PATIENCE, "the merged feed ends", async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the merged feed ended without saying why"),
+                Err(status) => return status,
+            }
+        }
+    })
+    .await;
+    assert_eq!(ended.code(), Code::FailedPrecondition, "{ended:?}");
+    assert!(ended.message().contains("keeps no change feed"), "{ended:?}");
+    assert!(ended.message().contains(&servers[2].addr.to_string()), "names node-c: {ended:?}");
+    // At node-c itself, at once.
+    let refused = servers[2].client().await.changes(pb::ChangesRequest::default()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
     for server in servers {
         server.stop().await;
     }
