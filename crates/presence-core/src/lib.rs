@@ -34,7 +34,7 @@ pub use config::{
 };
 pub use error::LeaseError;
 pub use feed::{FeedEntry, FeedEvent, FeedIntake, RoomOccupancy};
-pub use room_intake::{LEFT_KEPT_MS, RoomFactScan, StampedRoomFact};
+pub use room_intake::{LEFT_KEPT_MS, RoomFactScan, ScanTakenFor, StampedRoomFact};
 pub use rooms::{MemberMetadata, RoomFact};
 pub use shard::{LeaseView, MAX_ROOMS_PER_SESSION, SIGNAL_CHANGES_PER_SECOND, SessionView};
 pub use slots::{SlotSet, slot_of};

@@ -67,6 +67,19 @@ pub struct RoomFactScan {
     pub shard_stamps: Vec<u64>,
 }
 
+/// Why a room owner takes in a scan, which decides what the change feed
+/// records of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanTakenFor {
+    /// Mending rooms it holds from a node's view of its users: what changes
+    /// is recorded.
+    Mending,
+    /// Rebuilding the rooms of slots it just gained (C1): their members did
+    /// not change, so the feed records nothing (F3); a room whose last owner
+    /// died is covered by the gap its slot's takeover recorded.
+    Rebuilding,
+}
+
 /// What a room owner holds of each (room, user) whose facts it took in.
 #[derive(Debug, Default)]
 pub(crate) struct RoomIntake {

@@ -15,7 +15,7 @@ use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointWriter, Use
 use crate::config::{ConfigError, StoreConfig};
 use crate::error::LeaseError;
 use crate::feed::FeedIntake;
-use crate::room_intake::{RoomFactScan, StampedRoomFact};
+use crate::room_intake::{RoomFactScan, ScanTakenFor, StampedRoomFact};
 use crate::room_names::{RoomName, RoomNames};
 use crate::rooms::RoomShard;
 use crate::shard::{LeaseView, SessionView, Shard};
@@ -634,40 +634,16 @@ impl Store {
     /// [`RoomFactScan`]): its facts, and, for each member whose last fact
     /// came from `source` and that the scan leaves out, a leave as of the
     /// scan of its user's shard (a signal it leaves out ends likewise).
+    /// What it changes is recorded in the change feed unless `taken_for`
+    /// says the rooms are being rebuilt.
     pub fn take_in_room_scan(
         &self,
         now: Tick,
         source: &str,
         rooms: &dyn Fn(&str) -> bool,
         scan: RoomFactScan,
+        taken_for: ScanTakenFor,
         changes: &mut Changes,
-    ) {
-        self.take_in_scan(now, source, rooms, scan, changes, true);
-    }
-
-    /// [`Store::take_in_room_scan`] for rooms this store is rebuilding,
-    /// their slots just gained (C1): their members did not change, so the
-    /// change feed records none of it (F3). A room whose last owner died is
-    /// covered by the gap its slot's takeover recorded.
-    pub fn rebuild_rooms_from_scan(
-        &self,
-        now: Tick,
-        source: &str,
-        rooms: &dyn Fn(&str) -> bool,
-        scan: RoomFactScan,
-        changes: &mut Changes,
-    ) {
-        self.take_in_scan(now, source, rooms, scan, changes, false);
-    }
-
-    fn take_in_scan(
-        &self,
-        now: Tick,
-        source: &str,
-        rooms: &dyn Fn(&str) -> bool,
-        scan: RoomFactScan,
-        changes: &mut Changes,
-        recorded: bool,
     ) {
         let mut by_shard: Vec<Vec<StampedRoomFact>> = (0..self.rooms.len()).map(|_| Vec::new()).collect();
         for fact in scan.facts {
@@ -679,7 +655,7 @@ impl Store {
             let mut shard = shard.lock();
             let from = changes.rooms.len();
             shard.take_in_scan(now, source, facts, rooms, &scanned_at, &mut changes.rooms);
-            if recorded {
+            if taken_for == ScanTakenFor::Mending {
                 self.record_rooms(now, &changes.rooms[from..]);
             }
         }

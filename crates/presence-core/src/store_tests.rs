@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::{
     Changes, Imported, LeaseError, LeaseView, Presence, PresenceChange, Registered, Registration, Revoked, RoomRef,
-    SlotSet, StampedRoomFact, State, Store, StoreConfig, StoreStats, Tick, UnregisterOutcome, Unregistered,
+    ScanTakenFor, SlotSet, StampedRoomFact, State, Store, StoreConfig, StoreStats, Tick, UnregisterOutcome,
+    Unregistered,
 };
 
 /// A realistic Unix-millisecond start, so that stamps are far from zero.
@@ -2766,7 +2767,7 @@ fn c1_a_nodes_scan_mends_the_facts_its_rooms_owner_missed() {
     owner.take_in_room_facts(T0 + 3, "a", after_scan.room_facts, &mut Changes::default());
 
     let mut mended = Changes::default();
-    owner.take_in_room_scan(T0 + 4, "a", &only_r, scan, &mut mended);
+    owner.take_in_room_scan(T0 + 4, "a", &only_r, scan, ScanTakenFor::Mending, &mut mended);
     let users: Vec<String> = room_state(&owner, "r").0.into_iter().map(|(user, ..)| user).collect();
     assert_eq!(users, ["u1", "u3", "w"]);
     assert!(owner.room("r", usize::MAX).signals.is_empty());

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use hashbrown::{HashMap, HashSet};
 use parking_lot::Mutex;
 use presence_cluster::SlotMap;
-use presence_core::{CompactString, SlotSet, StampedRoomFact, slot_of};
+use presence_core::{CompactString, ScanTakenFor, SlotSet, StampedRoomFact, slot_of};
 use presence_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 
@@ -484,7 +484,9 @@ pub(crate) fn take_in(
             shard_stamps: sent.shard_stamps,
         };
         let rooms = |room_id: &str| slots.holds(room_id.as_bytes()) && owned(room_id);
-        context.apply(|store, now, changes| store.take_in_room_scan(now, &from, &rooms, scan, changes));
+        context.apply(|store, now, changes| {
+            store.take_in_room_scan(now, &from, &rooms, scan, ScanTakenFor::Mending, changes)
+        });
         return Ok(pb::RoomFactsTaken::default());
     }
     let mut room_versions = Vec::with_capacity(sent.versions_of.len());
@@ -607,7 +609,9 @@ async fn rebuild(context: &Arc<Context>, cluster: &Arc<ClusterNode>, map: &SlotM
     if let Ok(own) = scan_of(context, slots).await {
         let node = membership.node().to_owned();
         let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
-        context.apply(|store, now, changes| store.rebuild_rooms_from_scan(now, &node, &rooms, own, changes));
+        context.apply(|store, now, changes| {
+            store.take_in_room_scan(now, &node, &rooms, own, ScanTakenFor::Rebuilding, changes)
+        });
     }
     let mut rebuilding = cluster.room_routes.rebuilding.lock();
     slots.iter().for_each(|slot| {
@@ -637,7 +641,9 @@ async fn scan_at(
     let scan =
         presence_core::RoomFactScan { facts: cluster_wire::room_facts(scan.facts)?, shard_stamps: scan.shard_stamps };
     let rooms = |room_id: &str| slots.holds(room_id.as_bytes());
-    context.apply(|store, now, changes| store.rebuild_rooms_from_scan(now, node, &rooms, scan, changes));
+    context.apply(|store, now, changes| {
+        store.take_in_room_scan(now, node, &rooms, scan, ScanTakenFor::Rebuilding, changes)
+    });
     Ok(())
 }
 
