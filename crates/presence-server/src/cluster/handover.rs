@@ -40,6 +40,7 @@ use crate::cluster::ClusterNode;
 use crate::cluster::membership::{Membership, call_peer, checked_slots, slot_set, with_credential};
 use crate::error::ServiceError;
 use crate::node::context::Context;
+use crate::node::feed::Carried;
 use crate::node::privacy::HandedOver;
 use crate::{cluster::wire as cluster_wire, node::user_data};
 
@@ -88,8 +89,9 @@ pub(crate) async fn move_slots(
     let started = Instant::now();
     let (address, slots) = check_move(membership, slots, to_node)?;
     let mut moved = Moved::default();
+    let mut carried = Carried::of(membership.slot_count(), &slots);
     for chunk in slots.chunks(MOVES_PER_TXN) {
-        let part = move_chunk(context, membership, chunk, to_node, &address, credential).await?;
+        let part = move_chunk(context, membership, chunk, to_node, &address, &mut carried, credential).await?;
         moved.epoch = part.epoch;
         moved.users += part.users;
         moved.sessions += part.sessions;
@@ -155,6 +157,7 @@ async fn move_chunk(
     chunk: &[u32],
     to_node: &str,
     address: &str,
+    carried: &mut Carried,
     credential: Option<&MetadataValue<Ascii>>,
 ) -> Result<Moved, ServiceError> {
     let set = SlotSet::of(membership.slot_count(), chunk.iter().copied());
@@ -177,7 +180,7 @@ async fn move_chunk(
             return Err(error);
         }
     };
-    let feed = match feed_of(context, &set).await {
+    let feed = match feed_of(context, &set, carried).await {
         Ok(feed) => feed,
         Err(error) => {
             answer_again(context, membership, &set);
@@ -249,18 +252,20 @@ struct FeedPart {
 }
 
 /// The feed's entries of `set`, once everything recorded before the slots
-/// were refused here is written (none of theirs comes after).
-async fn feed_of(context: &Context, set: &SlotSet) -> Result<FeedPart, ServiceError> {
+/// were refused here is written (none of theirs comes after); read into
+/// `carried`, which holds what earlier rounds of the move read.
+async fn feed_of(context: &Context, set: &SlotSet, carried: &mut Carried) -> Result<FeedPart, ServiceError> {
     let Some(feed) = &context.feed else { return Ok(FeedPart::default()) };
     let last_position = feed.cursor_now().position;
     feed.written_through(last_position).await;
-    let carried: Vec<bool> = (0..set.slots()).map(|slot| set.contains(slot)).collect();
     let reader = Arc::clone(feed);
-    let entries = tokio::task::spawn_blocking(move || reader.entries_of(&carried))
+    let mut reading = std::mem::replace(carried, Carried::of(0, &[]));
+    let read = tokio::task::spawn_blocking(move || reader.read_for_move(&mut reading).map(|()| reading))
         .await
         .map_err(|err| ServiceError::Internal(format!("reading the change feed for a move: {err}")))?
         .map_err(|err| ServiceError::Internal(format!("reading the change feed for a move: {err}")))?;
-    Ok(FeedPart { entries, last_position })
+    *carried = read;
+    Ok(FeedPart { entries: carried.take(set), last_position })
 }
 
 /// Sends the state of `set`'s users to the node at `address`.

@@ -275,15 +275,19 @@ impl Feed {
         }
     }
 
-    /// This node's retained entries of the slots `carried` marks, its own
-    /// and those it inherited, in cursor order: what a planned move hands
-    /// to the slots' next owner with their users (F3). Reads the log.
-    pub(crate) fn entries_of(&self, carried: &[bool]) -> std::io::Result<Vec<Frame>> {
-        // A gap of every slot (a restart here) concerns the carried slots too.
-        let in_slots =
-            |frame: &Frame| frame.slot() == u32::MAX || carried.get(frame.slot() as usize).copied().unwrap_or(false);
-        let mut after = self.log.oldest();
-        let mut entries = Vec::new();
+    /// Reads into `carried` what the log holds of its slots after what it
+    /// read before (the first time, from the oldest retained entry, with the
+    /// entries other nodes handed over): a planned move reads the log once,
+    /// then only what came since for each of its rounds (F3).
+    pub(crate) fn read_for_move(&self, carried: &mut Carried) -> std::io::Result<()> {
+        if carried.after.is_none() {
+            let inherited = self.inherited.lock();
+            let theirs = inherited.frames.values().filter(|frame| carried.holds(frame)).cloned().collect::<Vec<_>>();
+            drop(inherited);
+            carried.entries.extend(theirs);
+            carried.after = Some(self.log.oldest());
+        }
+        let mut after = carried.after.unwrap_or(Cursor::START);
         loop {
             let read = match self.log.read(after, READ_BYTES) {
                 Ok(read) => read,
@@ -298,15 +302,11 @@ impl Feed {
                 break;
             }
             after = read.end;
-            entries.extend(read.frames.into_iter().filter(in_slots));
+            let of_the_move: Vec<Frame> = read.frames.into_iter().filter(|frame| carried.holds(frame)).collect();
+            carried.entries.extend(of_the_move);
         }
-        let inherited = self.inherited.lock();
-        let theirs = inherited.frames.values().filter(|frame| in_slots(frame)).cloned().collect::<Vec<_>>();
-        drop(inherited);
-        entries.extend(theirs);
-        entries.sort_by_key(Frame::cursor);
-        entries.dedup_by_key(|frame| frame.cursor());
-        Ok(entries)
+        carried.after = Some(after);
+        Ok(())
     }
 
     /// Returns once the log holds everything up to `position` (recorded
@@ -329,6 +329,12 @@ impl Feed {
     /// Records that `slots` were taken over from a copy (F3): a gap of each.
     pub(crate) fn mark_taken_over(&self, slots: impl IntoIterator<Item = u32>, now: Tick) {
         self.intake.record_taken_over(slots, now);
+    }
+
+    /// The cursor that resumes at the oldest entry this feed still holds,
+    /// its own or handed over: anything before it is out of range.
+    fn oldest(&self) -> Cursor {
+        self.log.oldest().max(self.inherited.lock().trimmed)
     }
 
     /// The cursor after everything recorded so far, written or not yet:
@@ -369,14 +375,21 @@ impl Feed {
         stopping: CancellationToken,
         kind: StreamKind,
     ) -> Result<ChangesStream, ServiceError> {
+        let oldest = self.oldest();
+        // The log is read from here on: a node's part may start before its
+        // in-memory log began, where only entries handed over can be.
+        let mut log_floor = Cursor::START;
         let after = match from {
             ChangesFrom::Now => self.cursor_now(),
-            ChangesFrom::Oldest => self.log.oldest(),
+            ChangesFrom::Oldest => oldest,
             ChangesFrom::Cursor(cursor) if kind == StreamKind::NodePart => {
-                let oldest = self.log.oldest();
+                let inherited_trimmed = self.inherited.lock().trimmed;
                 match self.began_in_memory {
                     // Nothing before it was recorded here, and nothing since was trimmed.
-                    Some(began) if cursor < began && oldest == began => began,
+                    Some(began) if cursor < began && self.log.oldest() == began && cursor >= inherited_trimmed => {
+                        log_floor = began;
+                        cursor
+                    }
                     _ if cursor < oldest => {
                         let why = "older than the oldest change this node's feed retains";
                         return Err(ServiceError::FeedOutOfRange { oldest, why });
@@ -385,13 +398,13 @@ impl Feed {
                 }
             }
             ChangesFrom::Cursor(cursor) => {
-                if cursor < self.log.oldest() {
+                if cursor < oldest {
                     let why = "older than the oldest change the feed retains";
-                    return Err(ServiceError::FeedOutOfRange { oldest: self.log.oldest(), why });
+                    return Err(ServiceError::FeedOutOfRange { oldest, why });
                 }
                 if cursor.position > self.intake.last_position() {
                     let why = "ahead of every change this feed holds: not one of its cursors";
-                    return Err(ServiceError::FeedOutOfRange { oldest: self.log.oldest(), why });
+                    return Err(ServiceError::FeedOutOfRange { oldest, why });
                 }
                 cursor
             }
@@ -401,19 +414,19 @@ impl Feed {
             StreamKind::Consumer => PROGRESS_EVERY,
             StreamKind::NodePart => NODE_PART_PROGRESS_EVERY,
         };
-        tokio::spawn(Arc::clone(self).stream(after, filter, sender, stopping, progress_every));
+        let reader = StreamReader { after, log_floor, filter, progress_every };
+        tokio::spawn(Arc::clone(self).stream(reader, sender, stopping));
         Ok(ChangesStream::of(receiver))
     }
 
     /// One stream's reader: a batch of the log at a time, then waits for more.
     async fn stream(
         self: Arc<Self>,
-        mut after: Cursor,
-        filter: ChangesFilter,
+        reader: StreamReader,
         sender: mpsc::Sender<Result<Vec<pb::ChangeEvent>, ServiceError>>,
         stopping: CancellationToken,
-        progress_every: Duration,
     ) {
+        let StreamReader { mut after, log_floor, filter, progress_every } = reader;
         self.metrics.streams.increment(1.0);
         let _open = counted_while_open(&self.metrics.streams);
         let mut end = self.end.subscribe();
@@ -421,7 +434,7 @@ impl Feed {
         let mut last_sent = Instant::now();
         loop {
             let feed = Arc::clone(&self);
-            let read = tokio::task::spawn_blocking(move || feed.log.read(after, READ_BYTES)).await;
+            let read = tokio::task::spawn_blocking(move || feed.log.read(after.max(log_floor), READ_BYTES)).await;
             let read = match read {
                 Ok(Ok(read)) => read,
                 Ok(Err(ReadError::OutOfRange(out))) => {
@@ -478,6 +491,15 @@ impl Feed {
     }
 }
 
+/// Where a stream starts and what it carries.
+#[derive(Debug)]
+struct StreamReader {
+    after: Cursor,
+    log_floor: Cursor,
+    filter: ChangesFilter,
+    progress_every: Duration,
+}
+
 /// Who a stream is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StreamKind {
@@ -493,7 +515,14 @@ enum StreamKind {
 struct Inherited {
     frames: std::collections::BTreeMap<Cursor, Frame>,
     bytes: u64,
+    /// Entries at or before it were let go: a cursor before it is out of range.
+    trimmed: Cursor,
 }
+
+/// The most bytes of entries handed over a node keeps in memory, whatever
+/// the retention: past it the oldest go, and cursors before them are out
+/// of range (F2) rather than silently missing them.
+const INHERITED_MAX_BYTES: u64 = 256 << 20;
 
 impl Inherited {
     /// `read` (this node's log after `after`, complete through `end`) with
@@ -536,13 +565,59 @@ impl Inherited {
             }
         }
         let too_old = now.saturating_sub(retention.max_age_ms);
+        let max_bytes = if retention.max_bytes == 0 { INHERITED_MAX_BYTES } else { retention.max_bytes };
+        let max_bytes = max_bytes.min(INHERITED_MAX_BYTES);
         while let Some(entry) = self.frames.first_entry() {
-            let over = retention.max_bytes > 0 && self.bytes > retention.max_bytes;
-            if !over && entry.get().at() >= too_old {
+            if self.bytes <= max_bytes && entry.get().at() >= too_old {
                 break;
             }
+            self.trimmed = self.trimmed.max(*entry.key());
             self.bytes -= entry.remove().len() as u64;
         }
+    }
+}
+
+/// The feed entries a planned move carries (F3): those of its slots, read
+/// as the move goes on (see [`Feed::read_for_move`]).
+#[derive(Debug)]
+pub(crate) struct Carried {
+    slots: Vec<bool>,
+    /// Read up to here; `None` before the first read.
+    after: Option<Cursor>,
+    /// Read and not taken yet.
+    entries: Vec<Frame>,
+}
+
+impl Carried {
+    /// For a move of `slots` of `slot_count`.
+    pub(crate) fn of(slot_count: u32, slots: &[u32]) -> Carried {
+        let mut marked = vec![false; slot_count as usize];
+        for &slot in slots {
+            if let Some(mark) = marked.get_mut(slot as usize) {
+                *mark = true;
+            }
+        }
+        Carried { slots: marked, after: None, entries: Vec::new() }
+    }
+
+    /// Whether the move carries `frame`: one of its slots', or a gap of
+    /// every slot (a restart here), which concerns its slots too.
+    fn holds(&self, frame: &Frame) -> bool {
+        frame.slot() == u32::MAX || self.slots.get(frame.slot() as usize).copied().unwrap_or(false)
+    }
+
+    /// Takes out what was read of `slots` (and the gaps of every slot), in
+    /// cursor order, each once.
+    pub(crate) fn take(&mut self, slots: &presence_core::SlotSet) -> Vec<Frame> {
+        let (mut taken, kept): (Vec<Frame>, Vec<Frame>) = std::mem::take(&mut self.entries)
+            .into_iter()
+            .partition(|frame| frame.slot() == u32::MAX || slots.contains(frame.slot()));
+        // A gap of every slot goes with each round.
+        self.entries = kept;
+        self.entries.extend(taken.iter().filter(|frame| frame.slot() == u32::MAX).cloned());
+        taken.sort_by_key(Frame::cursor);
+        taken.dedup_by_key(|frame| frame.cursor());
+        taken
     }
 }
 
@@ -635,6 +710,17 @@ mod tests {
     }
 
     #[test]
+    fn f3_a_move_carries_each_rounds_slots_once_and_a_gap_of_every_slot_with_each_round() {
+        let mut carried = Carried::of(8, &[1, 2]);
+        let gap = Frame::new(3, u32::MAX, FrameKind::Gap, 0, b"", b"gap");
+        carried.entries = vec![frame(1, 1, 0), frame(2, 2, 0), gap, frame(4, 1, 0), frame(4, 1, 0)];
+        let first = carried.take(&presence_core::SlotSet::of(8, [1]));
+        assert_eq!(cursors(&first), vec![(1, 1), (3, u32::MAX), (4, 1)]);
+        let second = carried.take(&presence_core::SlotSet::of(8, [2]));
+        assert_eq!(cursors(&second), vec![(2, 2), (3, u32::MAX)]);
+    }
+
+    #[test]
     fn f3_entries_handed_over_are_kept_within_the_feeds_retention_by_bytes_and_age() {
         let mut inherited = Inherited::default();
         let size = frame(1, 0, 0).len() as u64;
@@ -642,6 +728,7 @@ mod tests {
         inherited.take((1..=5).map(|position| frame(position, 0, 0)).collect(), by_bytes, 0);
         assert_eq!(inherited.frames.keys().map(|cursor| cursor.position).collect::<Vec<_>>(), vec![4, 5]);
         assert_eq!(inherited.bytes, 2 * size);
+        assert_eq!(inherited.trimmed, Cursor { position: 3, slot: 0 }, "cursors before the kept ones are out of range");
         let by_age = Retention { max_age_ms: 1_000, max_bytes: 0 };
         let mut inherited = Inherited::default();
         inherited.take(vec![frame(1, 0, 100), frame(2, 0, 2_000)], by_age, 2_500);
