@@ -116,6 +116,8 @@ struct Part {
     backoff: Duration,
 }
 
+/// One consumer's merged stream: every live node's part, and where the
+/// merge stands.
 struct Merge {
     context: Arc<Context>,
     cluster: Arc<ClusterNode>,
