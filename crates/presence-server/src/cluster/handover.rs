@@ -89,7 +89,10 @@ pub(crate) async fn move_slots(
     let started = Instant::now();
     let (address, slots) = check_move(membership, slots, to_node)?;
     let mut moved = Moved::default();
-    let mut carried = Carried::of(membership.slot_count(), &slots);
+    // The slots' feed entries are read here, while the slots are still
+    // answered: each round, once its slots are refused, reads only what
+    // came since, so the feed adds little to the time they are refused.
+    let mut carried = read_feed_ahead(context, Carried::of(membership.slot_count(), &slots)).await?;
     for chunk in slots.chunks(MOVES_PER_TXN) {
         let part = move_chunk(context, membership, chunk, to_node, &address, &mut carried, credential).await?;
         moved.epoch = part.epoch;
@@ -251,6 +254,16 @@ struct FeedPart {
     last_position: u64,
 }
 
+/// `carried` with what the feed holds of its slots now read into it.
+async fn read_feed_ahead(context: &Context, mut carried: Carried) -> Result<Carried, ServiceError> {
+    let Some(feed) = &context.feed else { return Ok(carried) };
+    let reader = Arc::clone(feed);
+    tokio::task::spawn_blocking(move || reader.read_for_move(&mut carried).map(|()| carried))
+        .await
+        .map_err(|err| ServiceError::Internal(format!("reading the change feed for a move: {err}")))?
+        .map_err(|err| ServiceError::Internal(format!("reading the change feed for a move: {err}")))
+}
+
 /// The feed's entries of `set`, once everything recorded before the slots
 /// were refused here is written (none of theirs comes after); read into
 /// `carried`, which holds what earlier rounds of the move read.
@@ -258,13 +271,9 @@ async fn feed_of(context: &Context, set: &SlotSet, carried: &mut Carried) -> Res
     let Some(feed) = &context.feed else { return Ok(FeedPart::default()) };
     let last_position = feed.cursor_now().position;
     feed.written_through(last_position).await;
-    let reader = Arc::clone(feed);
-    let mut reading = std::mem::replace(carried, Carried::of(0, &[]));
-    let read = tokio::task::spawn_blocking(move || reader.read_for_move(&mut reading).map(|()| reading))
-        .await
-        .map_err(|err| ServiceError::Internal(format!("reading the change feed for a move: {err}")))?
+    // Only what came since the last read: little, read here.
+    feed.read_for_move(carried)
         .map_err(|err| ServiceError::Internal(format!("reading the change feed for a move: {err}")))?;
-    *carried = read;
     Ok(FeedPart { entries: carried.take(set), last_position })
 }
 
