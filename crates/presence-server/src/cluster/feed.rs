@@ -247,19 +247,11 @@ impl Merge {
         let Some(part) = self.parts.get_mut(node) else { return Ok(()) };
         part.buffer.clear();
         part.watermark = self.merged;
+        // Until an entry has come, a consumer from the oldest asks each part for its oldest.
+        let from = if self.from_oldest { ChangesFrom::Oldest } else { ChangesFrom::Cursor(self.merged) };
         let mut request = self.request.clone();
-        if self.from_oldest && self.merged == Cursor::START {
-            request.from = pb::ChangesFrom::Oldest as i32;
-        } else {
-            request.from = pb::ChangesFrom::Cursor as i32;
-            request.cursor = self.merged.encode().to_vec();
-        }
+        (request.from, request.cursor) = wire::changes_from_fields(from);
         let opened: Result<PartStream, Status> = if part.address.is_empty() {
-            let from = if self.from_oldest && self.merged == Cursor::START {
-                ChangesFrom::Oldest
-            } else {
-                ChangesFrom::Cursor(self.merged)
-            };
             Ok(Box::pin(self.feed.node_part(from, self.filter.clone(), self.context.stopping.clone())?))
         } else {
             let membership = &self.cluster.membership;

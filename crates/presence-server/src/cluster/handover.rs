@@ -92,7 +92,8 @@ pub(crate) async fn move_slots(
     // The slots' feed entries are read here, while the slots are still
     // answered: each round, once its slots are refused, reads only what
     // came since, so the feed adds little to the time they are refused.
-    let mut carried = read_feed_ahead(context, Carried::of(membership.slot_count(), &slots)).await?;
+    let moving = SlotSet::of(membership.slot_count(), slots.iter().copied());
+    let mut carried = read_feed_ahead(context, Carried::of(moving)).await?;
     for chunk in slots.chunks(MOVES_PER_TXN) {
         let part = move_chunk(context, membership, chunk, to_node, &address, &mut carried, credential).await?;
         moved.epoch = part.epoch;
@@ -260,8 +261,12 @@ async fn read_feed_ahead(context: &Context, mut carried: Carried) -> Result<Carr
     let reader = Arc::clone(feed);
     tokio::task::spawn_blocking(move || reader.read_for_move(&mut carried).map(|()| carried))
         .await
-        .map_err(|err| ServiceError::Internal(format!("reading the change feed for a move: {err}")))?
-        .map_err(|err| ServiceError::Internal(format!("reading the change feed for a move: {err}")))
+        .map_err(feed_read_failed)?
+        .map_err(feed_read_failed)
+}
+
+fn feed_read_failed(err: impl std::fmt::Display) -> ServiceError {
+    ServiceError::Internal(format!("reading the change feed for a move: {err}"))
 }
 
 /// The feed's entries of `set`, once everything recorded before the slots
@@ -272,8 +277,7 @@ async fn feed_of(context: &Context, set: &SlotSet, carried: &mut Carried) -> Res
     let last_position = feed.cursor_now().position;
     feed.written_through(last_position).await;
     // Only what came since the last read: little, read here.
-    feed.read_for_move(carried)
-        .map_err(|err| ServiceError::Internal(format!("reading the change feed for a move: {err}")))?;
+    feed.read_for_move(carried).map_err(feed_read_failed)?;
     Ok(FeedPart { entries: carried.take(set), last_position })
 }
 
@@ -298,19 +302,11 @@ async fn send_state(
             .into_iter()
             .map(|durable| pb::SlotState { durable, ..pb::SlotState::default() }),
     );
-    let mut entries = Vec::new();
-    let mut entries_bytes = 0;
-    for entry in feed.entries {
-        if entries_bytes + entry.len() > PIECE_BYTES && !entries.is_empty() {
-            pieces.push(pb::SlotState { feed_entries: std::mem::take(&mut entries), ..pb::SlotState::default() });
-            entries_bytes = 0;
-        }
-        entries_bytes += entry.len();
-        entries.push(entry.bytes().to_vec());
-    }
-    if !entries.is_empty() {
-        pieces.push(pb::SlotState { feed_entries: entries, ..pb::SlotState::default() });
-    }
+    pieces.extend(
+        cluster_wire::feed_entry_pieces(&feed.entries, PIECE_BYTES)
+            .into_iter()
+            .map(|feed_entries| pb::SlotState { feed_entries, ..pb::SlotState::default() }),
+    );
     if pieces.is_empty() {
         pieces.push(pb::SlotState::default());
     }
@@ -387,6 +383,7 @@ pub(crate) async fn take_slots(
     }
     let (mut state, mut durable) = (first.state, first.durable);
     let mut feed_entries = cluster_wire::feed_entries(first.feed_entries)?;
+    let mut feed_bytes: usize = feed_entries.iter().map(presence_feed::Frame::len).sum();
     while let Some(piece) =
         pieces.message().await.map_err(|status| ServiceError::Peer { node: first.from_node.clone(), status })?
     {
@@ -404,8 +401,9 @@ pub(crate) async fn take_slots(
         }
         state.extend_from_slice(&piece.state);
         durable.extend(piece.durable);
-        feed_entries.extend(cluster_wire::feed_entries(piece.feed_entries)?);
-        let feed_bytes: usize = feed_entries.iter().map(presence_feed::Frame::len).sum();
+        let more = cluster_wire::feed_entries(piece.feed_entries)?;
+        feed_bytes += more.iter().map(presence_feed::Frame::len).sum::<usize>();
+        feed_entries.extend(more);
         if feed_bytes > MAX_HANDOVER_BYTES {
             return Err(ServiceError::invalid(
                 "feed_entries",

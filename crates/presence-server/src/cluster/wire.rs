@@ -33,6 +33,12 @@ pub(crate) fn handed_over_pieces(users: &[HandedOver], piece_bytes: usize) -> Ve
     pieces(users.iter().map(handed_over_message), piece_bytes)
 }
 
+/// The feed entries a handover carries (F3), in pieces of about
+/// `piece_bytes`, each entry a frame's bytes.
+pub(crate) fn feed_entry_pieces(entries: &[presence_feed::Frame], piece_bytes: usize) -> Vec<Vec<Vec<u8>>> {
+    pieces(entries.iter().map(|entry| entry.bytes().to_vec()), piece_bytes)
+}
+
 /// `messages` cut into pieces of about `piece_bytes` encoded (a message
 /// larger than that is a piece of its own), in order.
 fn pieces<M: prost::Message>(messages: impl IntoIterator<Item = M>, piece_bytes: usize) -> Vec<Vec<M>> {

@@ -27,7 +27,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use presence_core::{FeedIntake, Tick, slot_of};
+use presence_core::{FeedIntake, SlotSet, Tick, slot_of};
 use presence_feed::{Cursor, FeedLog, Frame, ReadError, Retention};
 use presence_proto::v1 as pb;
 use tokio::sync::{mpsc, watch};
@@ -581,7 +581,7 @@ impl Inherited {
 /// as the move goes on (see [`Feed::read_for_move`]).
 #[derive(Debug)]
 pub(crate) struct Carried {
-    slots: Vec<bool>,
+    slots: SlotSet,
     /// Read up to here; `None` before the first read.
     after: Option<Cursor>,
     /// Read and not taken yet.
@@ -589,29 +589,21 @@ pub(crate) struct Carried {
 }
 
 impl Carried {
-    /// For a move of `slots` of `slot_count`.
-    pub(crate) fn of(slot_count: u32, slots: &[u32]) -> Carried {
-        let mut marked = vec![false; slot_count as usize];
-        for &slot in slots {
-            if let Some(mark) = marked.get_mut(slot as usize) {
-                *mark = true;
-            }
-        }
-        Carried { slots: marked, after: None, entries: Vec::new() }
+    /// For a move of `slots`.
+    pub(crate) fn of(slots: SlotSet) -> Carried {
+        Carried { slots, after: None, entries: Vec::new() }
     }
 
-    /// Whether the move carries `frame`: one of its slots', or a gap of
-    /// every slot (a restart here), which concerns its slots too.
+    /// Whether the move carries `frame`.
     fn holds(&self, frame: &Frame) -> bool {
-        frame.slot() == u32::MAX || self.slots.get(frame.slot() as usize).copied().unwrap_or(false)
+        concerns(&self.slots, frame)
     }
 
     /// Takes out what was read of `slots` (and the gaps of every slot), in
     /// cursor order, each once.
-    pub(crate) fn take(&mut self, slots: &presence_core::SlotSet) -> Vec<Frame> {
-        let (mut taken, kept): (Vec<Frame>, Vec<Frame>) = std::mem::take(&mut self.entries)
-            .into_iter()
-            .partition(|frame| frame.slot() == u32::MAX || slots.contains(frame.slot()));
+    pub(crate) fn take(&mut self, slots: &SlotSet) -> Vec<Frame> {
+        let (mut taken, kept): (Vec<Frame>, Vec<Frame>) =
+            std::mem::take(&mut self.entries).into_iter().partition(|frame| concerns(slots, frame));
         // A gap of every slot goes with each round.
         self.entries = kept;
         self.entries.extend(taken.iter().filter(|frame| frame.slot() == u32::MAX).cloned());
@@ -619,6 +611,12 @@ impl Carried {
         taken.dedup_by_key(|frame| frame.cursor());
         taken
     }
+}
+
+/// Whether `frame` concerns `slots`: one of theirs, or a gap of every slot
+/// (a restart here), which concerns them too.
+fn concerns(slots: &SlotSet, frame: &Frame) -> bool {
+    frame.slot() == u32::MAX || slots.contains(frame.slot())
 }
 
 /// Counts a stream out of the open gauge when its reader ends, however it ends.
@@ -711,12 +709,12 @@ mod tests {
 
     #[test]
     fn f3_a_move_carries_each_rounds_slots_once_and_a_gap_of_every_slot_with_each_round() {
-        let mut carried = Carried::of(8, &[1, 2]);
+        let mut carried = Carried::of(SlotSet::of(8, [1, 2]));
         let gap = Frame::new(3, u32::MAX, FrameKind::Gap, 0, b"", b"gap");
         carried.entries = vec![frame(1, 1, 0), frame(2, 2, 0), gap, frame(4, 1, 0), frame(4, 1, 0)];
-        let first = carried.take(&presence_core::SlotSet::of(8, [1]));
+        let first = carried.take(&SlotSet::of(8, [1]));
         assert_eq!(cursors(&first), vec![(1, 1), (3, u32::MAX), (4, 1)]);
-        let second = carried.take(&presence_core::SlotSet::of(8, [2]));
+        let second = carried.take(&SlotSet::of(8, [2]));
         assert_eq!(cursors(&second), vec![(2, 2), (3, u32::MAX)]);
     }
 

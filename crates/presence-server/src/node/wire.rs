@@ -607,6 +607,16 @@ pub(crate) mod tests {
     use super::*;
     use presence_proto::lease_frames::MetadataEntryFrame;
 
+    #[test]
+    fn f3_where_a_part_starts_reads_back_as_it_was_asked() {
+        let cursor = FeedCursor { position: 77, slot: 3 };
+        for from in [ChangesFrom::Now, ChangesFrom::Oldest, ChangesFrom::Cursor(cursor)] {
+            let (from_field, cursor_field) = changes_from_fields(from);
+            let request = pb::ChangesRequest { from: from_field, cursor: cursor_field, ..Default::default() };
+            assert_eq!(changes_request(&request, 64).unwrap().0, from);
+        }
+    }
+
     /// The field a refusal names; any other answer fails the test.
     pub(crate) fn field_of<T: std::fmt::Debug>(result: Result<T, ServiceError>) -> String {
         match result {
@@ -812,20 +822,27 @@ impl ChangesFilter {
     pub(crate) fn carries(&self, frame: &Frame) -> bool {
         let kind = match frame.kind() {
             // A gap of one slot (a takeover) concerns only its slot's consumers.
-            FrameKind::Gap if frame.slot() == u32::MAX => return true,
-            FrameKind::Gap => {
-                return self
-                    .slots
-                    .as_ref()
-                    .is_none_or(|slots| slots.get(frame.slot() as usize).copied().unwrap_or(false));
-            }
+            FrameKind::Gap => return frame.slot() == u32::MAX || self.carries_slot(frame.slot()),
             FrameKind::Flip => 0,
             FrameKind::Status => 1,
             FrameKind::RoomOccupancy => 2,
         };
-        self.kinds[kind]
-            && frame.id().starts_with(self.id_prefix.as_bytes())
-            && self.slots.as_ref().is_none_or(|slots| slots.get(frame.slot() as usize).copied().unwrap_or(false))
+        self.kinds[kind] && frame.id().starts_with(self.id_prefix.as_bytes()) && self.carries_slot(frame.slot())
+    }
+
+    /// Whether the request asked for `slot` (every slot when it named none).
+    fn carries_slot(&self, slot: u32) -> bool {
+        self.slots.as_ref().is_none_or(|slots| slots.get(slot as usize).copied().unwrap_or(false))
+    }
+}
+
+/// Where a Changes request starts, as its `from` and `cursor` fields (what
+/// a cluster node asks of another node's part, F3).
+pub(crate) fn changes_from_fields(from: ChangesFrom) -> (i32, Vec<u8>) {
+    match from {
+        ChangesFrom::Now => (pb::ChangesFrom::Now as i32, Vec::new()),
+        ChangesFrom::Oldest => (pb::ChangesFrom::Oldest as i32, Vec::new()),
+        ChangesFrom::Cursor(cursor) => (pb::ChangesFrom::Cursor as i32, cursor.encode().to_vec()),
     }
 }
 
