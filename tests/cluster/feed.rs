@@ -391,6 +391,7 @@ async fn f3_a_bad_request_and_a_node_with_its_feed_off_are_refused_saying_what()
     // node-c keeps no feed: the cluster's cannot be whole.
     let mut servers = Vec::new();
     for node in NODES {
+        tokio::time::sleep(node_stagger()).await;
         let mut base = fast_config();
         if node == "node-c" {
             base.feed_retention_bytes = Some(0);

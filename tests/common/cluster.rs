@@ -55,6 +55,7 @@ pub async fn node_a_apart(
     let node_a = super::daemon::Daemon::start_on(&advertise, &args, &[], None);
     let mut servers = Vec::new();
     for node in &NODES[1..] {
+        tokio::time::sleep(node_stagger()).await;
         let held = ServerConfig { restart_grace: Some(restart_grace), ..fast_config() };
         servers.push(TestServer::start_with(|addr| node_config_with(etcd, node, addr, held)).await);
     }
@@ -81,6 +82,12 @@ pub async fn map_where(etcd: &Etcd, what: &str, done: impl Fn(&SlotMap) -> bool)
 
 pub const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
 
+/// The wait between two nodes' starts: `PRESENCED_TEST_NODE_STAGGER_MS`, else none.
+pub fn node_stagger() -> Duration {
+    let ms = std::env::var("PRESENCED_TEST_NODE_STAGGER_MS").ok().and_then(|ms| ms.parse().ok()).unwrap_or(0);
+    Duration::from_millis(ms)
+}
+
 /// Three nodes started together, and the slot map once they share the slots
 /// (the coordinator of a new cluster waits for the nodes starting with it).
 pub async fn three_nodes(etcd: &EtcdServer) -> (Vec<TestServer>, SlotMap) {
@@ -94,7 +101,15 @@ pub async fn three_nodes_with(
     rebalance: bool,
 ) -> (Vec<TestServer>, SlotMap) {
     let mut servers = Vec::new();
-    for node in NODES {
+    for (started, node) in NODES.into_iter().enumerate() {
+        // PRESENCED_TEST_NODE_STAGGER_MS starts each node that long after
+        // the one before, to shake out races of nodes joining at different
+        // moments (the default starts them back to back). Keep it under the
+        // settle window (500 ms): a node later than that is given no slots
+        // where the test turned rebalancing off, as the test then reports.
+        if started > 0 {
+            tokio::time::sleep(node_stagger()).await;
+        }
         servers.push(
             TestServer::start_with(|addr| {
                 let mut config = node_config_with(etcd, node, addr, base());
