@@ -3,7 +3,8 @@
 //! Starts etcd and `--nodes` nodes (TLS on every connection unless
 //! `--no-tls`), registers `--sessions` sessions through the Rust client's
 //! `ClusterLeases`, and runs, until the end, gateways renewing every session
-//! each heartbeat, a churn of registers, joins and unregisters, and viewers
+//! each heartbeat (a refused renewal sent again after the client's backoff,
+//! as `Session` does), a churn of registers, joins and unregisters, and viewers
 //! watching through whichever node answers. Then it restarts every node in
 //! turn the way an orchestrator does: SIGTERM (the node drains: its slots and
 //! followers handed over), wait for the exit, start `--next-binary` (or the
@@ -16,8 +17,9 @@
 //! answered `NOT_FOUND`), acknowledged registers, unregisters and joins not
 //! found at the end, versions going back at a viewer, viewer streams that
 //! reloaded instead of resuming with `known_versions`, and the renewal p99
-//! before, during and after the roll, and the time per node. It exits 1 if
-//! any target is missed.
+//! before, during and after the roll, and the time per node. A lost
+//! session's example says when it was last renewed, when last refused and
+//! in how many heartbeats in a row. It exits 1 if any target is missed.
 
 mod nodes;
 mod traffic;
@@ -73,6 +75,11 @@ struct Args {
     /// Traffic before the roll and after it, for the latency beside it.
     #[arg(long, default_value_t = 5)]
     settle_secs: u64,
+    /// Renewals refused while their slot moves wait for the next heartbeat
+    /// instead of being retried after the client's backoff, as `Session`
+    /// does: shows how long moves refuse slots next to the heartbeat.
+    #[arg(long)]
+    no_renewal_retry: bool,
     /// Plaintext everywhere instead of TLS on every connection.
     #[arg(long)]
     no_tls: bool,
@@ -111,7 +118,12 @@ struct Report {
     sessions_lost: u64,
     lost_examples: Vec<String>,
     renewals: u64,
-    renewals_refused_and_retried: u64,
+    /// Renewal attempts refused (a slot moving, a node restarting), retries included.
+    renewals_refused: u64,
+    /// Sessions renewed by a retry after their round's renewal was refused,
+    /// and from the round's send to that OK: p50, p99, max (ms).
+    renewed_on_retry: u64,
+    retried_until_renewed_ms: [f64; 3],
     renewal_p99_ms: [f64; 3],
     renewal_p50_ms: [f64; 3],
     registers: u64,
@@ -218,7 +230,14 @@ async fn run(args: Args) -> Result<Report, String> {
     eprintln!("{} sessions registered; traffic starts", sessions.len());
     let phases = Arc::new(Mutex::new(Phases::default()));
     let heartbeat = Duration::from_millis(args.heartbeat_ms);
-    let renewing = traffic::keep_renewing(leases.clone(), sessions, args.ttl_ms, heartbeat, Arc::clone(&phases));
+    let renewing = traffic::keep_renewing(
+        leases.clone(),
+        sessions,
+        args.ttl_ms,
+        heartbeat,
+        Arc::clone(&phases),
+        !args.no_renewal_retry,
+    );
     let churning =
         traffic::churn(reach.leases(&reach.urls[reach.urls.len() - 1]), args.churn, Duration::from_millis(500), 6);
     let watching: Vec<_> = (0..args.viewers)
@@ -283,7 +302,13 @@ async fn run(args: Args) -> Result<Report, String> {
         sessions_lost: renewals.lost,
         lost_examples: renewals.lost_examples.clone(),
         renewals: renewals.renewed,
-        renewals_refused_and_retried: renewals.refused,
+        renewals_refused: renewals.refused,
+        renewed_on_retry: renewals.renewed_on_retry,
+        retried_until_renewed_ms: [
+            millis(&renewals.retried_until_renewed, 0.5),
+            millis(&renewals.retried_until_renewed, 0.99),
+            renewals.retried_until_renewed.max() as f64 / 1_000.0,
+        ],
         renewal_p99_ms: phases.map(|histogram| millis(histogram, 0.99)),
         renewal_p50_ms: phases.map(|histogram| millis(histogram, 0.5)),
         registers: churn.registers,
@@ -325,9 +350,10 @@ fn print_report(report: &Report) {
     println!("  whole roll: {} ms", report.roll_ms);
     println!("  false OFFLINE at viewers: {} {:?}", report.false_offline, report.offline_examples);
     println!("  sessions lost: {} {:?}", report.sessions_lost, report.lost_examples);
+    let [retry50, retry99, retry_max] = report.retried_until_renewed_ms;
     println!(
-        "  renewals: {} answered, {} refused while a slot moved or a node restarted and sent again next round",
-        report.renewals, report.renewals_refused_and_retried
+        "  renewals: {} answered OK; {} attempts refused while a slot moved or a node restarted; {} sessions renewed on a retry, {retry50:.0}/{retry99:.0}/{retry_max:.0} ms (p50/p99/max) after their round's send",
+        report.renewals, report.renewals_refused, report.renewed_on_retry
     );
     let [before, during, after] = report.renewal_p99_ms;
     let [before50, during50, after50] = report.renewal_p50_ms;

@@ -41,30 +41,33 @@ pub(crate) struct Renewals {
     pub(crate) after: hdrhistogram::Histogram<u64>,
     /// Renewals answered OK.
     pub(crate) renewed: u64,
-    /// Renewals refused for a reason a retry fixes (a slot moving, a node
-    /// restarting): the session is renewed again next round.
+    /// Renewal attempts refused for a reason a retry fixes (a slot moving,
+    /// a node restarting), retries included.
     pub(crate) refused: u64,
+    /// Sessions renewed by a retry after their round's renewal was refused.
+    pub(crate) renewed_on_retry: u64,
+    /// From a round's send to the OK of a session renewed on a retry (µs).
+    pub(crate) retried_until_renewed: hdrhistogram::Histogram<u64>,
     /// Renewals answered `NOT_FOUND`: the session was lost.
     pub(crate) lost: u64,
     /// The first few lost sessions, with what they met before.
     pub(crate) lost_examples: Vec<String>,
-    /// Per session: when its last renewal was answered OK, and its last
-    /// refusal with when it was sent, to say what a lost session met.
-    history: HashMap<String, History>,
-    /// Whether `history` is kept: for runs of up to [`HISTORY_UP_TO`]
-    /// sessions, where it costs the generator little.
-    keep_history: bool,
+    /// What each session's renewals met, by its index in the run's list.
+    met: Vec<RenewalsMet>,
+    /// Where [`RenewalsMet`]'s times count from.
+    origin: Instant,
 }
 
-/// The most sessions a run keeps each one's [`History`] for.
-const HISTORY_UP_TO: usize = 100_000;
-
-/// What one session's renewals last met: when one was last answered OK,
-/// and the last refusal with when it was sent.
-#[derive(Debug, Clone, Default)]
-struct History {
-    renewed: Option<Instant>,
-    refused: Option<(Instant, String)>,
+/// What one session's renewals last met, in milliseconds since
+/// [`Renewals::origin`] plus one (0: never), kept for every session (12
+/// bytes each) to say what a lost one met.
+#[derive(Debug, Clone, Copy, Default)]
+struct RenewalsMet {
+    renewed_ms: u32,
+    refused_ms: u32,
+    refused_code: u16,
+    /// Rounds in a row whose renewal (with its retries) was never answered OK.
+    rounds_refused: u16,
 }
 
 impl Renewals {
@@ -76,11 +79,33 @@ impl Renewals {
             after: histogram(),
             renewed: 0,
             refused: 0,
+            renewed_on_retry: 0,
+            retried_until_renewed: histogram(),
             lost: 0,
             lost_examples: Vec::new(),
-            history: HashMap::new(),
-            keep_history: sessions <= HISTORY_UP_TO,
+            met: vec![RenewalsMet::default(); sessions],
+            origin: Instant::now(),
         }
+    }
+
+    fn ms(&self, at: Instant) -> u32 {
+        at.saturating_duration_since(self.origin).as_millis().min(u32::MAX as u128 - 1) as u32 + 1
+    }
+
+    /// What `session`'s renewals met before, for a lost one's example.
+    fn what_it_met(&self, session: usize) -> String {
+        let met = self.met[session];
+        let at = |ms: u32| match ms {
+            0 => "never".to_owned(),
+            ms => format!("{} UTC", wall_clock(self.origin + Duration::from_millis(u64::from(ms - 1)))),
+        };
+        format!(
+            "last renewed {}; last refused {} (code {}); rounds in a row refused before: {}",
+            at(met.renewed_ms),
+            at(met.refused_ms),
+            met.refused_code,
+            met.rounds_refused
+        )
     }
 }
 
@@ -203,12 +228,21 @@ fn wall_clock(at: Instant) -> String {
 /// the ones before were answered (as gateways do); files each batch's
 /// latency under the phase it was sent in: before the first SIGTERM, until
 /// a heartbeat after the last node is ready, after.
+///
+/// A renewal refused for a reason a retry fixes (its slot is moving, its
+/// node restarting) is sent again as the Rust client's `Session` does:
+/// after the client's reconnect backoff (jittered, doubling from 50 ms),
+/// never waiting longer than a heartbeat, until it is answered or the
+/// session's next round comes. With `retry_refused` off, it waits for the
+/// next round instead: a session whose renewals meet moves in rounds in a
+/// row then runs out, which shows how long a move refuses a slot.
 pub(crate) fn keep_renewing(
     leases: ClusterLeases,
     sessions: Arc<Vec<(String, u64)>>,
     ttl_ms: u32,
     heartbeat: Duration,
     phases: Arc<Mutex<Phases>>,
+    retry_refused: bool,
 ) -> Running<Renewals> {
     let (stop, mut stopped) = tokio::sync::oneshot::channel();
     let renewals = Arc::new(Mutex::new(Renewals::new(sessions.len())));
@@ -223,60 +257,17 @@ pub(crate) fn keep_renewing(
                 _ = ticks.tick() => {}
             }
             let start = chunk * RENEWAL_CHUNK;
-            {
-                let (leases, sessions, renewals, phases) =
-                    (leases.clone(), Arc::clone(&sessions), Arc::clone(&renewals), Arc::clone(&phases));
-                rounds.push(tokio::spawn(async move {
-                    let part = &sessions[start..(start + RENEWAL_CHUNK).min(sessions.len())];
-                    let items = part.iter().map(|(user, generation)| renew(user, "s", *generation, ttl_ms)).collect();
-                    let sent = Instant::now();
-                    let results = leases.submit_batch(items).await;
-                    let took = sent.elapsed().as_micros().max(1) as u64;
-                    let phases = phases.lock().expect("phases");
-                    let mut renewals = renewals.lock().expect("renewals");
-                    // A round sent within a heartbeat after the last node is
-                    // ready still meets what the roll left (reconnects).
-                    let histogram = match (phases.roll_started, phases.roll_ended) {
-                        (Some(_), Some(ended)) if sent >= ended + heartbeat => &mut renewals.after,
-                        (Some(started), _) if sent >= started => &mut renewals.during,
-                        _ => &mut renewals.before,
-                    };
-                    histogram.saturating_record(took);
-                    for ((user, _), result) in part.iter().zip(results) {
-                        match result.code {
-                            0 => {
-                                renewals.renewed += 1;
-                                if renewals.keep_history {
-                                    renewals.history.entry(user.clone()).or_default().renewed = Some(sent);
-                                }
-                            }
-                            NOT_FOUND => {
-                                renewals.lost += 1;
-                                if renewals.lost_examples.len() < 5 {
-                                    let History { renewed: ok, refused } =
-                                        renewals.history.get(user).cloned().unwrap_or_default();
-                                    let since = |at: Instant| format!("{} UTC", wall_clock(at));
-                                    renewals.lost_examples.push(format!(
-                                        "{user} (sent {}, routed to {}): {}; last renewed {}; last refused {}",
-                                        since(sent),
-                                        leases.route_of(user),
-                                        result.message,
-                                        ok.map_or("never".to_owned(), since),
-                                        refused.map_or("never".to_owned(), |(at, why)| format!("{}: {why}", since(at))),
-                                    ));
-                                }
-                            }
-                            code => {
-                                renewals.refused += 1;
-                                if renewals.keep_history {
-                                    let why = format!("code {code}: {}", result.message);
-                                    renewals.history.entry(user.clone()).or_default().refused = Some((sent, why));
-                                }
-                            }
-                        }
-                    }
-                }));
-            }
+            let round = Round {
+                leases: leases.clone(),
+                sessions: Arc::clone(&sessions),
+                renewals: Arc::clone(&renewals),
+                phases: Arc::clone(&phases),
+                range: start..(start + RENEWAL_CHUNK).min(sessions.len()),
+                ttl_ms,
+                heartbeat,
+                retry_refused,
+            };
+            rounds.push(tokio::spawn(round.run()));
             rounds.retain(|round| !round.is_finished());
         }
         for round in rounds {
@@ -285,6 +276,120 @@ pub(crate) fn keep_renewing(
         Arc::try_unwrap(renewals).expect("every round ended").into_inner().expect("renewals")
     });
     (stop, task)
+}
+
+/// One batch of renewals, sent at its moment of the heartbeat, with its retries.
+struct Round {
+    leases: ClusterLeases,
+    sessions: Arc<Vec<(String, u64)>>,
+    renewals: Arc<Mutex<Renewals>>,
+    phases: Arc<Mutex<Phases>>,
+    range: std::ops::Range<usize>,
+    ttl_ms: u32,
+    heartbeat: Duration,
+    retry_refused: bool,
+}
+
+impl Round {
+    async fn run(self) {
+        let backoff = presence_client::Backoff::default();
+        let sent = Instant::now();
+        let mut pending: Vec<usize> = self.range.clone().collect();
+        for attempt in 0u32.. {
+            let items = pending
+                .iter()
+                .map(|&session| {
+                    let (user, generation) = &self.sessions[session];
+                    renew(user, "s", *generation, self.ttl_ms)
+                })
+                .collect();
+            let this_send = Instant::now();
+            let results = self.leases.submit_batch(items).await;
+            let refused = self.file(sent, this_send, attempt, &pending, results);
+            let next = backoff.delay(attempt).min(self.heartbeat);
+            if refused.is_empty() || !self.retry_refused || sent.elapsed() + next >= self.heartbeat {
+                // Left for the next round: the session's renewal met only refusals in this one.
+                let mut renewals = self.renewals.lock().expect("renewals");
+                for &session in &refused {
+                    let met = &mut renewals.met[session];
+                    met.rounds_refused = met.rounds_refused.saturating_add(1);
+                }
+                return;
+            }
+            tokio::time::sleep(next).await;
+            pending = refused;
+        }
+    }
+
+    /// Files what one send of the round met; returns the sessions refused.
+    fn file(
+        &self,
+        sent: Instant,
+        this_send: Instant,
+        attempt: u32,
+        pending: &[usize],
+        results: Vec<pb::LeaseResult>,
+    ) -> Vec<usize> {
+        let now = Instant::now();
+        let phases = self.phases.lock().expect("phases");
+        let mut renewals = self.renewals.lock().expect("renewals");
+        if attempt == 0 {
+            // A round sent within a heartbeat after the last node is ready
+            // still meets what the roll left (reconnects).
+            let took = now.duration_since(sent).as_micros().max(1) as u64;
+            let histogram = match (phases.roll_started, phases.roll_ended) {
+                (Some(_), Some(ended)) if sent >= ended + self.heartbeat => &mut renewals.after,
+                (Some(started), _) if sent >= started => &mut renewals.during,
+                _ => &mut renewals.before,
+            };
+            histogram.saturating_record(took);
+        }
+        let mut refused = Vec::new();
+        for (&session, result) in pending.iter().zip(results) {
+            match result.code {
+                0 => {
+                    renewals.renewed += 1;
+                    if attempt > 0 {
+                        renewals.renewed_on_retry += 1;
+                        let until = now.duration_since(sent).as_micros().max(1) as u64;
+                        renewals.retried_until_renewed.saturating_record(until);
+                    }
+                    let ms = renewals.ms(this_send);
+                    let met = &mut renewals.met[session];
+                    met.renewed_ms = ms;
+                    met.rounds_refused = 0;
+                }
+                NOT_FOUND => {
+                    renewals.lost += 1;
+                    if renewals.lost_examples.len() < 5 {
+                        let user = &self.sessions[session].0;
+                        let example = format!(
+                            "{user} (sent {} UTC, routed to {}): {}; {}",
+                            wall_clock(this_send),
+                            self.leases.route_of(user),
+                            result.message,
+                            renewals.what_it_met(session),
+                        );
+                        renewals.lost_examples.push(example);
+                    }
+                }
+                code => {
+                    renewals.refused += 1;
+                    let ms = renewals.ms(this_send);
+                    let met = &mut renewals.met[session];
+                    met.refused_ms = ms;
+                    met.refused_code = code as u16;
+                    if code == tonic::Code::ResourceExhausted as u32 {
+                        // Shed under overload (B2): the server asks for the next heartbeat.
+                        met.rounds_refused = met.rounds_refused.saturating_add(1);
+                    } else {
+                        refused.push(session);
+                    }
+                }
+            }
+        }
+        refused
+    }
 }
 
 /// The churn's acknowledged operations, to be found at the end.
