@@ -814,7 +814,7 @@ pub(crate) struct ChangesFilter {
     /// Only ids starting with this.
     pub(crate) id_prefix: CompactString,
     /// Only these slots (`None`: every one).
-    pub(crate) slots: Option<Vec<bool>>,
+    pub(crate) slots: Option<presence_core::SlotSet>,
 }
 
 impl ChangesFilter {
@@ -832,7 +832,7 @@ impl ChangesFilter {
 
     /// Whether the request asked for `slot` (every slot when it named none).
     fn carries_slot(&self, slot: u32) -> bool {
-        self.slots.as_ref().is_none_or(|slots| slots.get(slot as usize).copied().unwrap_or(false))
+        self.slots.as_ref().is_none_or(|slots| slots.contains(slot))
     }
 }
 
@@ -887,17 +887,13 @@ pub(crate) fn changes_request(
     let slots = if request.slots.is_empty() {
         None
     } else {
-        let mut chosen = vec![false; slot_count as usize];
-        for &slot in &request.slots {
-            let Some(chosen) = chosen.get_mut(slot as usize) else {
-                return Err(ServiceError::invalid(
-                    "slots",
-                    format!("slot {slot} is not below the feed's {slot_count} slots"),
-                ));
-            };
-            *chosen = true;
+        if let Some(slot) = request.slots.iter().find(|&&slot| slot >= slot_count) {
+            return Err(ServiceError::invalid(
+                "slots",
+                format!("slot {slot} is not below the feed's {slot_count} slots"),
+            ));
         }
-        Some(chosen)
+        Some(presence_core::SlotSet::of(slot_count, request.slots.iter().copied()))
     };
     Ok((from, ChangesFilter { kinds, id_prefix: request.id_prefix.as_str().into(), slots }))
 }
