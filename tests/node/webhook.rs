@@ -634,7 +634,9 @@ async fn f4_a_receiver_gone_past_retention_gets_a_retention_gap_then_the_oldest_
     assert_each_event_once_in_order(&received.accepted);
     let events: Vec<&Value> = received.accepted.iter().flat_map(Accepted::events).collect();
     let gaps: Vec<usize> = (0..events.len()).filter(|&at| events[at].get("gap").is_some()).collect();
-    assert_eq!(gaps.len(), 1, "F4: one gap where retention passed the webhook");
+    let around: Vec<String> =
+        gaps.iter().map(|&at| format!("event {at} of {}: {}", events.len(), events[at])).collect();
+    assert_eq!(gaps.len(), 1, "F4: one gap where retention passed the webhook: {around:?}");
     let gap = &events[gaps[0]]["gap"];
     assert_eq!(gap["reason"], "retention");
     assert_eq!(gap["after_cursor"], events[gaps[0] - 1]["cursor"], "the gap starts after the last event sent");

@@ -416,7 +416,7 @@ impl Feed {
         };
         let reader = StreamReader { after, log_floor, filter, progress_every };
         tokio::spawn(Arc::clone(self).stream(reader, sender, stopping));
-        Ok(ChangesStream::of(receiver))
+        Ok(ChangesStream::reading(self, receiver))
     }
 
     /// One stream's reader: a batch of the log at a time, then waits for more.
@@ -635,12 +635,21 @@ fn counted_while_open(streams: &metrics::Gauge) -> impl Drop + '_ {
 pub struct ChangesStream {
     receiver: mpsc::Receiver<Result<Vec<pb::ChangeEvent>, ServiceError>>,
     batch: std::collections::VecDeque<pb::ChangeEvent>,
+    /// The feed read, to name its oldest cursor as of when the consumer
+    /// learns that retention passed it (`None`: a merged stream, whose
+    /// parts' refusals pass through).
+    feed: Option<Arc<Feed>>,
 }
 
 impl ChangesStream {
     /// The stream of the batches `receiver` gets.
     pub(crate) fn of(receiver: mpsc::Receiver<Result<Vec<pb::ChangeEvent>, ServiceError>>) -> Self {
-        ChangesStream { receiver, batch: std::collections::VecDeque::new() }
+        ChangesStream { receiver, batch: std::collections::VecDeque::new(), feed: None }
+    }
+
+    /// The stream of the batches `receiver` gets of `feed`'s log.
+    fn reading(feed: &Arc<Feed>, receiver: mpsc::Receiver<Result<Vec<pb::ChangeEvent>, ServiceError>>) -> Self {
+        ChangesStream { feed: Some(Arc::clone(feed)), ..ChangesStream::of(receiver) }
     }
 
     fn poll_event(&mut self, cx: &mut TaskContext<'_>) -> Poll<Option<Result<pb::ChangeEvent, ServiceError>>> {
@@ -650,6 +659,15 @@ impl ChangesStream {
             }
             match self.receiver.poll_recv(cx) {
                 Poll::Ready(Some(Ok(batch))) => self.batch.extend(batch),
+                // The reader found retention past it before the consumer took
+                // the batches read ahead, maybe long before (a webhook whose
+                // receiver is down): retention may have gone on since, and a
+                // stream opened again from the oldest cursor then would be
+                // refused once more. The oldest is the one of now.
+                Poll::Ready(Some(Err(ServiceError::FeedOutOfRange { oldest, why }))) => {
+                    let oldest = self.feed.as_ref().map_or(oldest, |feed| oldest.max(feed.oldest()));
+                    return Poll::Ready(Some(Err(ServiceError::FeedOutOfRange { oldest, why })));
+                }
                 Poll::Ready(Some(Err(err))) => return Poll::Ready(Some(Err(err))),
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
