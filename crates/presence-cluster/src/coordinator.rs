@@ -71,6 +71,8 @@ pub trait Fencing: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub struct Coordinator {
     leading: watch::Receiver<bool>,
+    /// The state of the lease it campaigns on.
+    lease_state: watch::Receiver<LeaseState>,
     task: JoinHandle<()>,
 }
 
@@ -114,12 +116,14 @@ impl Coordinator {
         let (publish, leading) = watch::channel(false);
         let held = Held { lease: lease.id(), lease_state: lease.subscribe(), campaigner };
         let task = tokio::spawn(campaign(etcd.clone(), prefix.to_owned(), slots, held, publish));
-        Coordinator { leading, task }
+        Coordinator { leading, lease_state: lease.subscribe(), task }
     }
 
-    /// Whether this node is the coordinator, as far as it knows.
+    /// Whether this node is the coordinator, as far as it knows: never once
+    /// etcd said its lease is gone, even before the campaign's task (which
+    /// may not have run since, on a busy machine) has stepped down.
     pub fn is_leading(&self) -> bool {
-        *self.leading.borrow()
+        *self.leading.borrow() && !matches!(*self.lease_state.borrow(), LeaseState::Lost)
     }
 }
 
