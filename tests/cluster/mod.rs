@@ -19,6 +19,7 @@ mod outage;
 mod readiness;
 mod rooms;
 mod routing;
+mod silent;
 mod takeover;
 mod tls;
 
@@ -673,6 +674,17 @@ impl Traffic {
         assert_no_offline_and_no_version_back(&seen, "no OFFLINE through the outages");
         let mut viewer = PresenceClient::connect(viewer_url).await.unwrap();
         assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
+    }
+}
+
+impl Traffic {
+    /// Stops, asserting nothing: for faults that lose users, as two nodes
+    /// failing at once (a slot's one copy is at its follower).
+    async fn stop(self) {
+        let _ = self.renewing.0.send(());
+        let _ = self.renewing.1.await.unwrap();
+        let _ = self.watching.0.send(());
+        let _ = self.watching.1.await.unwrap();
     }
 }
 

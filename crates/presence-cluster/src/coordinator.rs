@@ -25,15 +25,19 @@
 //! it knows, it rides the outage out on their word (the server's
 //! `cluster::outage`), while etcd, answering nodes that joined since, let
 //! its lease go. So before claiming a gone owner's slot the coordinator
-//! makes sure the owner no longer acts (C6): the owner said so when asked
-//! ([`Fencing::stand_down`]), or nothing listens at its address any more,
-//! or its registration has been gone for longer than any node rides an
-//! outage out ([`Campaigner::ride_out`]).
+//! makes sure the owner no longer acts (C6): no majority of the cluster
+//! could be giving it the word it rides on (`silence`, asked of every
+//! registered node through [`Fencing::withhold`]), or the owner said so when
+//! asked ([`Fencing::stand_down`]), or nothing listens at its address any
+//! more, or its registration has been gone for longer than any node rides an
+//! outage out ([`Campaigner::ride_out`]). The first is what lets a node that
+//! stops without a word (a host gone, a frozen process, a node cut off
+//! alone) be taken over within its lease TTL and a second (C4).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
 
@@ -42,10 +46,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::api::v3electionpb::CampaignRequest;
+use crate::silence::{Sightings, Withheld};
 use crate::slots::{
     CLAIMS_PER_TXN, Fence, FencedClaim, NodeSetWatch, SlotMapWatch, claim_all_fenced, claim_fenced, repairs,
 };
-use crate::{Claim, Error, Etcd, LeaseState, NodeLease};
+use crate::{Claim, Error, Etcd, LeaseState, NodeLease, NodeSet};
 
 /// What a gone owner said when asked to stop acting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +70,17 @@ pub trait Fencing: Send + Sync + std::fmt::Debug {
     /// Asks `node`, last registered at `address`, to stop riding out an etcd
     /// outage, and waits a bounded time for its answer.
     fn stand_down(&self, node: String, address: String) -> Pin<Box<dyn Future<Output = StoodDown> + Send>>;
+
+    /// Asks the registered `node` at `address` to give none of `gone` the
+    /// word that etcd does not answer it for `vow`, and whether a promise
+    /// it made is in force; waits a bounded time for its answer.
+    fn withhold(
+        &self,
+        node: String,
+        address: String,
+        gone: Vec<String>,
+        vow: Duration,
+    ) -> Pin<Box<dyn Future<Output = Withheld> + Send>>;
 }
 
 /// A node's part in the election, and while elected, the coordinator's work.
@@ -103,6 +119,9 @@ pub struct Campaigner {
     /// a gone owner that does not answer is taken for one that no longer
     /// acts only once its registration has been gone this long.
     pub ride_out: Duration,
+    /// The TTL of the nodes' etcd leases: a gone node last heard from etcd
+    /// at most about this long before its registration went.
+    pub lease_ttl: Duration,
     /// How to ask a gone owner to stop acting; `None`: nobody rides an
     /// outage out beyond `ride_out`, so only that wait applies.
     pub fencing: Option<Arc<dyn Fencing>>,
@@ -152,7 +171,60 @@ async fn lease_lost(state: &mut watch::Receiver<LeaseState>) {
     }
 }
 
-async fn campaign(etcd: Etcd, prefix: String, slots: u32, mut held: Held, leading: watch::Sender<bool>) {
+/// Campaigns, and coordinates while elected, beside the node's sightings of
+/// the cluster: kept from the campaign's start, so that a node elected when
+/// the coordinator went silent knows what the gone nodes saw (`silence`).
+async fn campaign(etcd: Etcd, prefix: String, slots: u32, held: Held, leading: watch::Sender<bool>) {
+    let sightings = Arc::new(Mutex::new(Sightings::new(Instant::now())));
+    tokio::select! {
+        () = campaign_and_coordinate(&etcd, &prefix, slots, held, leading, &sightings) => {}
+        () = keep_sighting(&etcd, &prefix, slots, &sightings) => {}
+    }
+}
+
+/// Notes the registered nodes and the slot map's owners whenever either
+/// changes, and etcd's raft term every [`RECHECK`]; never returns.
+async fn keep_sighting(etcd: &Etcd, prefix: &str, slots: u32, sightings: &Mutex<Sightings>) {
+    loop {
+        let (nodes, map) =
+            match (NodeSetWatch::start(etcd, prefix).await, SlotMapWatch::start(etcd, prefix, slots).await) {
+                (Ok(nodes), Ok(map)) => (nodes, map),
+                _ => {
+                    tokio::time::sleep(RECHECK).await;
+                    continue;
+                }
+            };
+        let (mut nodes_changed, mut map_changed) = (nodes.subscribe(), map.subscribe());
+        loop {
+            let term = etcd.raft_term().await;
+            {
+                let now = Instant::now();
+                let mut sightings = sightings.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                match term {
+                    Ok(term) => sightings.note_raft_term(now, term),
+                    Err(_) => sightings.gap(now),
+                }
+                sightings.note(now, &nodes.current().ids(), map.current().owners());
+            }
+            tokio::select! {
+                changed = nodes_changed.changed() => if changed.is_err() { break },
+                changed = map_changed.changed() => if changed.is_err() { break },
+                () = tokio::time::sleep(RECHECK) => {}
+            }
+        }
+    }
+}
+
+async fn campaign_and_coordinate(
+    etcd: &Etcd,
+    prefix: &str,
+    slots: u32,
+    mut held: Held,
+    leading: watch::Sender<bool>,
+    sightings: &Mutex<Sightings>,
+) {
+    let etcd = etcd.clone();
+    let prefix = prefix.to_owned();
     let name = election_name(&prefix);
     let node = held.campaigner.node.clone();
     loop {
@@ -190,7 +262,7 @@ async fn campaign(etcd: Etcd, prefix: String, slots: u32, mut held: Held, leadin
         tracing::info!(node, "elected coordinator");
         leading.send_replace(true);
         let ended = tokio::select! {
-            ended = coordinate(&etcd, &prefix, slots, &held.campaigner, &fence) => ended,
+            ended = coordinate(&etcd, &prefix, slots, &held.campaigner, &fence, sightings) => ended,
             () = lease_lost(&mut held.lease_state) => Ok(()),
         };
         leading.send_replace(false);
@@ -216,6 +288,7 @@ async fn coordinate(
     slots: u32,
     campaigner: &Campaigner,
     fence: &Fence,
+    sightings: &Mutex<Sightings>,
 ) -> Result<(), Error> {
     let nodes = NodeSetWatch::start(etcd, prefix).await?;
     let map = SlotMapWatch::start(etcd, prefix, slots).await?;
@@ -227,10 +300,12 @@ async fn coordinate(
         tracing::info!(nodes = nodes.current().ids().len(), "a new cluster: giving out its slots");
     }
     let mut said_held: Option<Instant> = None;
-    let mut fenced = Fenced::default();
+    let mut fenced = Fenced::new(sightings);
     loop {
-        let live = nodes.current().ids();
+        let registered = nodes.current();
+        let live = registered.ids();
         let current = map.current();
+        fenced.sightings().note(Instant::now(), &live, current.owners());
         let held_until = etcd_back.borrow_and_update().map(|back| back + campaigner.rejoin_grace);
         let held_until = held_until.filter(|&until| Instant::now() < until);
         let all = repairs(&current, &live);
@@ -240,7 +315,7 @@ async fn coordinate(
             all.into_iter().filter(|&(slot, _, _)| held_until.is_none() || current.owner(slot).is_none()).collect();
         // A gone owner's slots only once it no longer acts (C6).
         let owners = claims.iter().filter_map(|&(slot, _, _)| current.owner(slot).map(|owner| owner.node.clone()));
-        fenced.ask(etcd, prefix, campaigner, &live, owners.collect()).await;
+        fenced.ask(etcd, prefix, campaigner, &registered, owners.collect()).await;
         let claims: Vec<_> = claims
             .into_iter()
             .filter(|&(slot, _, _)| current.owner(slot).is_none_or(|owner| fenced.done.contains(&owner.node)))
@@ -322,21 +397,40 @@ async fn coordinate(
 }
 
 /// The coordinator's record of gone owners: since when each has been seen
-/// gone, and which are known to act no more.
-#[derive(Debug, Default)]
-struct Fenced {
+/// gone, and which are known to act no more; and what it saw of the nodes.
+#[derive(Debug)]
+struct Fenced<'a> {
     gone_since: HashMap<String, Instant>,
     done: HashSet<String>,
+    sightings: &'a Mutex<Sightings>,
 }
 
 /// How long the coordinator gives a gone owner to answer.
 const ASK_WAIT: Duration = Duration::from_millis(500);
 
-impl Fenced {
-    /// Asks every gone owner in `owners` not known to act no more, at once,
-    /// and notes those that no longer act. A node seen registered again is
-    /// forgotten: should it go again, it is asked again.
-    async fn ask(&mut self, etcd: &Etcd, prefix: &str, campaigner: &Campaigner, live: &[String], owners: Vec<String>) {
+impl<'a> Fenced<'a> {
+    fn new(sightings: &'a Mutex<Sightings>) -> Fenced<'a> {
+        Fenced { gone_since: HashMap::new(), done: HashSet::new(), sightings }
+    }
+
+    fn sightings(&self) -> std::sync::MutexGuard<'a, Sightings> {
+        self.sightings.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notes every gone owner in `owners` that no longer acts: all of them
+    /// when no majority of the cluster could be giving them the word to
+    /// ride an outage out; otherwise each that says so when asked, at once.
+    /// A node seen registered again is forgotten: should it go again, it is
+    /// asked again.
+    async fn ask(
+        &mut self,
+        etcd: &Etcd,
+        prefix: &str,
+        campaigner: &Campaigner,
+        registered: &NodeSet,
+        owners: Vec<String>,
+    ) {
+        let live = registered.ids();
         let mut owners = owners;
         owners.sort_unstable();
         owners.dedup();
@@ -344,6 +438,16 @@ impl Fenced {
         // over is only ever longer.
         self.gone_since.retain(|node, _| owners.binary_search(node).is_ok());
         self.done.retain(|node| !live.contains(node));
+        let waiting: Vec<String> = owners.iter().filter(|owner| !self.done.contains(*owner)).cloned().collect();
+        if !waiting.is_empty() && self.no_majority(etcd, campaigner, registered, &waiting).await {
+            tracing::info!(
+                nodes = ?waiting,
+                "gone nodes that no majority of the cluster could be giving the word to ride an etcd outage out \
+                 act no more: their slots may be given away"
+            );
+            self.done.extend(waiting);
+            return;
+        }
         let now = Instant::now();
         let mut asked = tokio::task::JoinSet::new();
         for owner in owners {
@@ -377,6 +481,59 @@ impl Fenced {
             }
         }
         self.take_answers(&mut asked).await;
+    }
+
+    /// Whether no majority of the cluster could be giving any of `gone` the
+    /// word to act past its lease (`silence`): every registered node is
+    /// asked to withhold it for a ride-out, at once.
+    async fn no_majority(
+        &mut self,
+        etcd: &Etcd,
+        campaigner: &Campaigner,
+        registered: &NodeSet,
+        gone: &[String],
+    ) -> bool {
+        let Some(fencing) = campaigner.fencing.clone() else { return false };
+        let term = match etcd.raft_term().await {
+            Ok(term) => term,
+            Err(error) => {
+                tracing::warn!(%error, "could not read etcd's raft term: waiting gone nodes out");
+                self.sightings().gap(Instant::now());
+                return false;
+            }
+        };
+        let horizon = {
+            let mut sightings = self.sightings();
+            sightings.note_raft_term(Instant::now(), term);
+            sightings.horizon(gone, campaigner.lease_ttl)
+        };
+        let Some(horizon) = horizon else {
+            tracing::debug!(
+                nodes = ?gone,
+                "this coordinator has not seen the cluster since before these gone nodes may have lost etcd \
+                 (a new coordinator, or a new etcd leader): waiting them out"
+            );
+            return false;
+        };
+        let mut asked = tokio::task::JoinSet::new();
+        for node in registered.ids() {
+            let Some(address) = registered.address(&node).map(str::to_owned) else { continue };
+            let (fencing, gone) = (fencing.clone(), gone.to_vec());
+            let vow = campaigner.ride_out;
+            asked.spawn(async move {
+                let said = tokio::time::timeout(ASK_WAIT, fencing.withhold(node.clone(), address, gone, vow)).await;
+                (node, said.unwrap_or(Withheld::Unknown))
+            });
+        }
+        let mut said = HashMap::new();
+        while let Some(answered) = asked.join_next().await {
+            if let Ok((node, answer)) = answered {
+                said.insert(node, answer);
+            }
+        }
+        let tally = self.sightings().tally(horizon, &said);
+        tracing::debug!(?tally, "who could be giving gone nodes the word to ride an etcd outage out");
+        tally.no_majority()
     }
 
     async fn take_answers(&mut self, asked: &mut tokio::task::JoinSet<(String, StoodDown)>) {

@@ -145,6 +145,19 @@ impl Etcd {
         matches!(tokio::time::timeout(wait, self.kv.clone().range(range)).await, Ok(Ok(_)))
     }
 
+    /// The raft term of the etcd member answering: it changes when etcd
+    /// elects a new leader, which renews every lease in full (so a lease
+    /// may then outlive its node's last keep-alive by more than its TTL).
+    pub async fn raft_term(&self) -> Result<u64, Error> {
+        let range = api::etcdserverpb::RangeRequest {
+            key: b"presenced-probe".to_vec(),
+            count_only: true,
+            ..Default::default()
+        };
+        let answer = self.kv.clone().range(range).await.map_err(Error::refused("Range"))?.into_inner();
+        Ok(answer.header.map_or(0, |header| header.raft_term))
+    }
+
     /// The value the leader of election `name` campaigned with (a node id),
     /// if the election has a leader.
     pub async fn leader(&self, name: &[u8]) -> Result<Option<Vec<u8>>, Error> {

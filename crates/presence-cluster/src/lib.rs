@@ -28,6 +28,7 @@ mod coordinator;
 mod etcd;
 mod follow;
 mod lease;
+mod silence;
 mod slots;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -36,6 +37,7 @@ pub use coordinator::{Campaigner, Coordinator, Fencing, StoodDown, election_name
 pub use etcd::{Error, Etcd, api};
 pub use lease::{ANSWER_WAIT, LeaseState, NodeLease};
 pub use presence_core::slot_of;
+pub use silence::{EXPIRY_SLACK, Sightings, Tally, Withheld};
 pub use slots::{
     Claim, MOVES_PER_TXN, NodeSet, NodeSetWatch, REBALANCE_SLOTS_PER_MOVE, SlotMap, SlotMapWatch, SlotOwner,
     claim_slot, even_share, follower_of, last_address, move_slots, rebalancing_move, register_node, repairs,

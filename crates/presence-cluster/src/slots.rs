@@ -71,6 +71,11 @@ impl SlotMap {
         self.owners.iter().flatten().map(|owner| owner.epoch).max().unwrap_or(0)
     }
 
+    /// Every node that owns a slot, ascending, each once.
+    pub fn owners(&self) -> std::collections::BTreeSet<&str> {
+        self.owners.iter().flatten().map(|owner| owner.node.as_str()).collect()
+    }
+
     /// The slots `node` owns, ascending.
     pub fn owned_by<'a>(&'a self, node: &'a str) -> impl Iterator<Item = u32> + 'a {
         self.owners

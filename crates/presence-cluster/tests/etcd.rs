@@ -43,6 +43,7 @@ fn campaigner_seeing(
         etcd_back,
         rejoin_grace,
         ride_out: Duration::ZERO,
+        lease_ttl: Duration::ZERO,
         fencing: None,
     }
 }

@@ -15,6 +15,7 @@
 //! Without `--etcd` nothing of this exists (C5): the node is a
 //! `SingleNode` placement, which checks nothing.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -585,6 +586,11 @@ impl Membership {
                     changed = answering.changed() => if changed.is_err() { break },
                 }
             }
+            // The keeper's last word (`Lost`) may have come with its end: the
+            // branch that saw the end may be the one whose value had not
+            // changed, so the last state is published here, or the node
+            // would never learn that its lease is gone and join again.
+            relayed.publish(*state.borrow(), *answering.borrow());
         });
         *self.lease.lock() = Some(lease);
     }
@@ -852,6 +858,7 @@ fn campaigner(
         etcd_back: etcd_back.subscribe(),
         rejoin_grace: lease_ttl,
         ride_out,
+        lease_ttl,
         fencing: Some(fencing),
     }
 }
@@ -1046,6 +1053,9 @@ pub(crate) struct Outage {
     /// Set when the coordinator, which etcd answers, asked this node to
     /// stand down: no extension until etcd answers this node again.
     stood_down: AtomicBool,
+    /// Gone nodes the coordinator is about to take over, each with until
+    /// when this node gives it no word that etcd does not answer here.
+    withheld: Mutex<HashMap<String, Instant>>,
 }
 
 impl Default for Outage {
@@ -1054,6 +1064,7 @@ impl Default for Outage {
             extended_until: tokio::sync::watch::Sender::new(None),
             no_takeover_before: Mutex::new(None),
             stood_down: AtomicBool::new(false),
+            withheld: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -1109,6 +1120,41 @@ impl Outage {
         if promised.is_none_or(|promised| promised < until) {
             *promised = Some(until);
         }
+    }
+
+    /// Whether a promise this node made is in force at `now`.
+    pub(crate) fn holds_promise(&self, now: Instant) -> bool {
+        self.no_takeover_before.lock().is_some_and(|until| now < until)
+    }
+
+    /// Gives `nodes` no word that etcd does not answer this node until
+    /// `until` (the coordinator's question before a takeover, C4), and
+    /// returns whether a promise this node made is in force. An earlier vow
+    /// never shortens a later one. Under the same lock as
+    /// [`Outage::give_word`]: a word is either given before the vow, and its
+    /// promise counted here, or refused after it.
+    pub(crate) fn withhold(&self, nodes: &[String], until: Instant) -> bool {
+        let mut withheld = self.withheld.lock();
+        let now = Instant::now();
+        withheld.retain(|_, vowed| now < *vowed);
+        for node in nodes {
+            let vowed = withheld.entry(node.clone()).or_insert(until);
+            *vowed = (*vowed).max(until);
+        }
+        self.holds_promise(now)
+    }
+
+    /// Gives `node` the word that etcd does not answer this node, with the
+    /// promise that comes with it ([`Outage::promise`]), unless this node
+    /// vowed not to; returns whether it did.
+    pub(crate) fn give_word(&self, node: &str) -> bool {
+        let withheld = self.withheld.lock();
+        let now = Instant::now();
+        if withheld.get(node).is_some_and(|&until| now < until) {
+            return false;
+        }
+        self.promise(now);
+        true
     }
 
     /// Returns once every promise this node made has run out.

@@ -11,16 +11,27 @@
 //! (`Cluster/EtcdReach`), every [`ROUND`], whether etcd answers them (each
 //! asks etcd there and then):
 //!
-//! - When every one of them says no (or refuses the connection: nothing
-//!   listens there, so nothing acts there), etcd is down for the whole
-//!   cluster, and the node may act for [`EXTENSION`] from the moment it sent
-//!   the round, past its lease's deadline. Each node that said no promised
-//!   to take over no other node's slots for [`PROMISE`] from its answer,
-//!   longer than the extension: should etcd come back and give this node's
-//!   slots to one of them, it acts on them only after this node has stopped.
-//! - When one of them says yes, or one does not answer in time, this node
-//!   may be the one cut off: it gets no extension and stops at its lease's
-//!   deadline, before etcd could expire the lease (as without this module).
+//! - When a majority of the cluster's nodes as this node last saw them (the
+//!   registered nodes and the slot map's owners, itself included) say no,
+//!   and none says yes, etcd is down for the cluster as far as it can tell,
+//!   and the node may act for [`EXTENSION`] from the moment it sent the
+//!   round, past its lease's deadline. Each node that said no (gave its
+//!   word) promised to take over no other node's slots for [`PROMISE`] from
+//!   its answer, longer than the extension: should etcd come back and give
+//!   this node's slots to one of them, it acts on them only after this node
+//!   has stopped.
+//! - When one of them says yes, this node is the one cut off; when fewer
+//!   than a majority say no (the others do not answer in time, refuse the
+//!   connection or withhold their word), it may be. Either way it gets no
+//!   extension and stops at its lease's deadline, before etcd could expire
+//!   the lease (as without this module).
+//!
+//! A majority, not every node: one node that stops without a word (a host
+//! gone, a frozen process) must neither stop the others riding a real
+//! outage out nor, alone or with any minority, be able to ride one out
+//! itself, so that the coordinator can take it over within its lease TTL
+//! and a second (C4 made precise; `presence_cluster::silence` says why the
+//! coordinator's count and this one agree).
 //!
 //! When etcd answers again, the lease's own deadline takes over; etcd
 //! renews every lease in full when it comes back up, so nobody's lapses for
@@ -31,12 +42,14 @@
 //!
 //! What the others' word cannot see: a node that joined after every node
 //! it asks lost etcd is not asked, and etcd may answer it alone and let
-//! this node's lease go. Two bounds close that (C6): a node acts past its
-//! lease for at most `--etcd-ride-out-ms` (the cap in [`ride_out`]), and the
-//! coordinator, before it gives a gone node's slots away, asks that node to
-//! stand down ([`Fencer`], answered in [`answer`]) and, when it cannot
-//! reach it, waits until the node's registration has been gone that long
-//! (`presence_cluster::Coordinator`).
+//! this node's lease go. Bounds close that (C6): a node acts past its lease
+//! for at most `--etcd-ride-out-ms` (the cap in [`ride_out`]); and the
+//! coordinator, before it gives a gone node's slots away, asks every
+//! registered node to withhold its word from the gone nodes ([`Fencer`]'s
+//! `withhold`) and takes them over at once if no majority could be giving
+//! it; otherwise it asks each gone node to stand down (answered in
+//! [`answer`]) and, when it cannot reach one, waits until the node's
+//! registration has been gone that long (`presence_cluster::Coordinator`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -46,7 +59,7 @@ use std::time::Duration;
 use crate::cluster::membership::{EXTENSION, Membership, PROMISE, call_peer, with_credential};
 use crate::cluster::peers::Peers;
 use crate::node::context::Context;
-use presence_cluster::{LeaseState, StoodDown};
+use presence_cluster::{LeaseState, StoodDown, Withheld};
 use presence_proto::v1::{self as pb, cluster_client::ClusterClient};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -66,26 +79,46 @@ const REFUSED_WITHIN: Duration = Duration::from_millis(200);
 /// this node now, found by asking it (within [`PROBE`]) rather than from
 /// this node's last keep-alive, which may be a beat old.
 pub(crate) async fn answer(membership: &Membership, request: &pb::EtcdReachRequest) -> pb::EtcdReachResponse {
+    let refused = pb::EtcdReachResponse { etcd_answers: true, stood_down: true, ..Default::default() };
+    if !request.withhold_from.is_empty() {
+        let vow = Duration::from_millis(u64::from(request.withhold_ms)).min(MAX_VOW);
+        let holds_promise = membership.outage().withhold(&request.withhold_from, Instant::now() + vow);
+        tracing::debug!(
+            coordinator = request.from_node,
+            gone = ?request.withhold_from,
+            holds_promise,
+            "giving gone nodes no word that etcd does not answer here, while the coordinator takes them over"
+        );
+        let etcd_answers = *membership.etcd_answering().borrow();
+        return pb::EtcdReachResponse { etcd_answers, withheld: true, holds_promise, ..Default::default() };
+    }
     if request.stand_down {
         tracing::warn!(
             coordinator = request.from_node,
             "the coordinator, which etcd answers, gives this node's slots away: acting past the lease no more"
         );
         membership.stand_down().await;
-        return pb::EtcdReachResponse { etcd_answers: true, promise_ms: 0, stood_down: true };
+        return refused;
     }
     if membership.outage().stood_down() {
         // A node etcd answers said so: the node asking is no safer riding
         // the outage out than this one.
-        return pb::EtcdReachResponse { etcd_answers: true, promise_ms: 0, stood_down: true };
+        return refused;
     }
     let etcd_answers = membership.etcd.answers_within(PROBE).await;
     if etcd_answers {
-        return pb::EtcdReachResponse { etcd_answers, promise_ms: 0, stood_down: false };
+        return pb::EtcdReachResponse { etcd_answers, ..Default::default() };
     }
-    membership.outage().promise(Instant::now());
-    pb::EtcdReachResponse { etcd_answers, promise_ms: PROMISE.as_millis() as u32, stood_down: false }
+    if !membership.outage().give_word(&request.from_node) {
+        // The coordinator is taking the node asking over: it gets no word.
+        return refused;
+    }
+    pb::EtcdReachResponse { etcd_answers, promise_ms: PROMISE.as_millis() as u32, ..Default::default() }
 }
+
+/// The longest vow a node makes at the coordinator's word, whatever it asks:
+/// longer than any ride-out `--etcd-ride-out-ms` allows.
+const MAX_VOW: Duration = Duration::from_secs(600);
 
 /// What the other nodes said in one round.
 #[derive(Debug, PartialEq, Eq)]
@@ -94,8 +127,9 @@ enum Verdict {
     EtcdDown,
     /// etcd answers `node`: this node is the one cut off.
     CutOff { node: String },
-    /// `node` did not answer in time: no telling.
-    Unsure { node: String },
+    /// Fewer than a majority of the cluster's nodes said etcd answers none
+    /// of them (`silent` of `count` gave no word): no telling.
+    NoMajority { words: usize, count: usize },
 }
 
 /// Asks the others every [`ROUND`] while etcd does not answer this node,
@@ -145,9 +179,11 @@ pub(crate) async fn ride_out(context: Arc<Context>, cluster: Arc<crate::cluster:
                         "etcd answers another node: this node is cut off from it, and stops acting \
                          when its lease lapses"
                     ),
-                    Verdict::Unsure { node } => tracing::warn!(
-                        node,
-                        "a node did not say in time whether etcd answers it: no acting past the lease"
+                    Verdict::NoMajority { words, count } => tracing::warn!(
+                        words,
+                        count,
+                        "fewer than a majority of the cluster's nodes say etcd answers none of them: no acting \
+                         past the lease"
                     ),
                 }
                 said = Some(verdict);
@@ -160,38 +196,42 @@ pub(crate) async fn ride_out(context: Arc<Context>, cluster: Arc<crate::cluster:
 
 /// One round: every other node of the last node set seen, at once.
 async fn ask_the_others(membership: &Membership) -> Verdict {
+    // The cluster's nodes as this node last saw them: a majority of them,
+    // this node included, must give their word.
+    let count = {
+        let map = membership.map();
+        let mut nodes: std::collections::BTreeSet<String> = map.owners().into_iter().map(str::to_owned).collect();
+        nodes.extend(membership.live_ids());
+        nodes.len()
+    };
     let mut asked = JoinSet::new();
     for (node, address) in membership.others() {
         let client = membership.cluster_client(&address);
         let request = with_credential(
-            pb::EtcdReachRequest { from_node: membership.node().to_owned(), stand_down: false },
+            pb::EtcdReachRequest { from_node: membership.node().to_owned(), ..Default::default() },
             membership.peer_token(),
         );
         asked.spawn(async move {
             let Ok(mut client) = client else { return (node, None) };
             match call_peer(&node, ROUND, client.etcd_reach(request)).await {
+                // A node that stood down or withholds its word says etcd
+                // answers it, as far as this node's riding goes.
                 Ok(answer) => (node, Some(answer.etcd_answers)),
-                // No answer: a node whose port refuses connections is not
-                // running, so acts on nothing; any other silence may be a
-                // node that etcd answers.
-                _ if refuses_connections(&address).await => (node, Some(false)),
+                // No answer (a node not running, a host gone, a network
+                // cut): no word.
                 _ => (node, None),
             }
         });
     }
-    let mut verdict = Verdict::EtcdDown;
+    let mut words = 1; // this node's own
     while let Some(answered) = asked.join_next().await {
-        let Ok((node, answer)) = answered else {
-            verdict = Verdict::Unsure { node: "a node whose question failed".to_owned() };
-            continue;
-        };
-        match answer {
-            Some(true) => return Verdict::CutOff { node },
-            Some(false) => {}
-            None => verdict = Verdict::Unsure { node },
+        match answered {
+            Ok((node, Some(true))) => return Verdict::CutOff { node },
+            Ok((_, Some(false))) => words += 1,
+            _ => {}
         }
     }
-    verdict
+    if words * 2 > count { Verdict::EtcdDown } else { Verdict::NoMajority { words, count } }
 }
 
 /// How the coordinator asks a gone node to stand down (C6): `Cluster/EtcdReach`
@@ -210,7 +250,7 @@ impl presence_cluster::Fencing for Fencer {
     fn stand_down(&self, node: String, address: String) -> Pin<Box<dyn Future<Output = StoodDown> + Send>> {
         let client = self.peers.channel(&address).map(ClusterClient::new);
         let request = with_credential(
-            pb::EtcdReachRequest { from_node: self.node.clone(), stand_down: true },
+            pb::EtcdReachRequest { from_node: self.node.clone(), stand_down: true, ..Default::default() },
             self.peer_token.as_ref(),
         );
         Box::pin(async move {
@@ -223,6 +263,33 @@ impl presence_cluster::Fencing for Fencer {
             // A node of a version without the stand-down answers without
             // `stood_down`: it is waited out like one that does not answer.
             if refuses_connections(&address).await { StoodDown::NotRunning } else { StoodDown::NoAnswer }
+        })
+    }
+
+    fn withhold(
+        &self,
+        node: String,
+        address: String,
+        gone: Vec<String>,
+        vow: Duration,
+    ) -> Pin<Box<dyn Future<Output = Withheld> + Send>> {
+        let client = self.peers.channel(&address).map(ClusterClient::new);
+        let request = with_credential(
+            pb::EtcdReachRequest {
+                from_node: self.node.clone(),
+                withhold_from: gone,
+                withhold_ms: u32::try_from(vow.as_millis()).unwrap_or(u32::MAX),
+                ..Default::default()
+            },
+            self.peer_token.as_ref(),
+        );
+        Box::pin(async move {
+            let Ok(mut client) = client else { return Withheld::Unknown };
+            match call_peer(&node, STAND_DOWN_WAIT, client.etcd_reach(request)).await {
+                Ok(answer) if answer.withheld => Withheld::Vowed { holds_promise: answer.holds_promise },
+                // A node of a version without the question, or no answer.
+                _ => Withheld::Unknown,
+            }
         })
     }
 }
