@@ -1,6 +1,8 @@
 //! A real etcd for tests (feature `testing`): one member on loopback ports
-//! with its own data directory, killed when dropped. The binary is `etcd`
-//! from PATH, or `PRESENCED_ETCD_BIN`; `.ci/install-etcd` installs Debian's.
+//! with its own data directory, killed when dropped. The binary is
+//! `PRESENCED_ETCD_BIN`, or `etcd` from PATH, which the first test that
+//! finds it missing installs (`.ci/install-etcd`, Debian's, through
+//! `presence_faults::install`: once, as root).
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -92,7 +94,12 @@ impl EtcdServer {
     /// Runs etcd on the server's ports and data directory; returns once it
     /// answers (true), or false if it exited first.
     async fn run(&mut self) -> bool {
-        let binary = std::env::var("PRESENCED_ETCD_BIN").unwrap_or_else(|_| "etcd".to_owned());
+        let binary = std::env::var("PRESENCED_ETCD_BIN").unwrap_or_else(|_| {
+            if let Err(why) = presence_faults::install::provide(&["etcd"], "install-etcd") {
+                panic!("the cluster tests need etcd: {why}");
+            }
+            "etcd".to_owned()
+        });
         let (endpoint, peer_url) = (&self.endpoint, &self.peer_url);
         let mut command = Command::new(&binary);
         if let Some(tls) = &self.tls {
@@ -112,7 +119,7 @@ impl EtcdServer {
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|error| {
-                panic!("could not start {binary} ({error}): install etcd (bash .ci/install-etcd, or apt-get install etcd-server) or set PRESENCED_ETCD_BIN")
+                panic!("could not start {binary} ({error}): install etcd (sudo bash .ci/install-etcd) or set PRESENCED_ETCD_BIN to an etcd binary")
             });
         let deadline = Instant::now() + PATIENCE;
         loop {

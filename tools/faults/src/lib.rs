@@ -23,6 +23,7 @@ use std::io;
 use std::process::Command;
 
 mod disk;
+pub mod install;
 mod netlab;
 mod proxy;
 mod slowdisk;
@@ -41,13 +42,11 @@ pub enum FaultError {
         /// What was being set up.
         what: &'static str,
     },
-    /// A program the injector runs is not installed.
-    #[error("`{program}` is not installed: install the Debian package `{package}` (.ci/install-fault-tools)")]
-    MissingProgram {
-        /// The program that was not found on `PATH`.
-        program: &'static str,
-        /// The Debian package that provides it.
-        package: &'static str,
+    /// A program the injector runs is not installed, and could not be.
+    #[error("{why}")]
+    MissingPrograms {
+        /// What is missing, and the command that installs it.
+        why: String,
     },
     /// A device the injector opens does not exist.
     #[error("{device} does not exist: {hint}")]
@@ -93,12 +92,10 @@ fn require_root(what: &'static str) -> Result<()> {
     if unsafe { libc::geteuid() } == 0 { Ok(()) } else { Err(FaultError::NotRoot { what }) }
 }
 
-/// Fails unless `program` is on `PATH`, naming the package that provides it.
-fn require_program(program: &'static str, package: &'static str) -> Result<()> {
-    let found = std::env::var_os("PATH")
-        .map(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
-        .unwrap_or(false);
-    if found { Ok(()) } else { Err(FaultError::MissingProgram { program, package }) }
+/// Makes sure `programs` are installed ([`install::provide`] runs
+/// `.ci/<script>` once where it may), or fails saying what to run.
+fn require_programs(programs: &[&str], script: &str) -> Result<()> {
+    install::provide(programs, script).map_err(|why| FaultError::MissingPrograms { why })
 }
 
 /// Runs a command to completion, turning a non-zero exit into an error that

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
-use crate::{FaultError, Result, io_err, require_program, require_root, run};
+use crate::{FaultError, Result, io_err, require_programs, require_root, run};
 
 /// Where the owner pid of each lab number is written.
 const OWNER_DIR: &str = "/run/presence-faults";
@@ -72,8 +72,7 @@ impl NetLab {
     pub fn new(groups: usize) -> Result<NetLab> {
         assert!((1..=MAX_GROUPS).contains(&groups), "a lab has 1..={MAX_GROUPS} client groups, not {groups}");
         require_root("NetLab (network namespaces)")?;
-        require_program("ip", "iproute2")?;
-        require_program("nft", "nftables")?;
+        require_programs(&["ip", "nft"], "install-fault-tools")?;
         std::fs::create_dir_all(OWNER_DIR).map_err(io_err(format!("creating {OWNER_DIR}")))?;
 
         let start = (std::process::id() % 256) as u8;
