@@ -172,17 +172,6 @@ impl Frame {
         self.0.slice(HEADER + self.0[29] as usize..)
     }
 
-    /// The same frame copied into `block`, sharing the block's one
-    /// allocation with the frames copied before it (the in-memory log keeps
-    /// frames so, `log.rs`); `None` when the block has no room left for it.
-    pub(crate) fn packed_into(&self, block: &mut BytesMut) -> Option<Frame> {
-        if block.capacity() - block.len() < self.0.len() {
-            return None;
-        }
-        block.extend_from_slice(&self.0);
-        Some(Frame(block.split().freeze()))
-    }
-
     /// Bytes the frame takes.
     pub fn len(&self) -> usize {
         self.0.len()

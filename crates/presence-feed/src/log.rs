@@ -1,10 +1,7 @@
 //! The log: frames in position order, retained by age and bytes, read from
 //! a cursor while one writer appends.
 //!
-//! In memory the log is a ring of frames, packed into shared blocks (one
-//! allocation holds many frames), so that what retention counts is what
-//! the frames take: their encoded bytes, their slots in the ring (counted
-//! at the ring's capacity) and the block being filled. On disk it is a directory of
+//! In memory the log is a ring of frames. On disk it is a directory of
 //! segment files (`segment.rs`) and the same ring holding the newest frames,
 //! so that consumers keeping up never read the disk. A batch is visible to
 //! readers only once it is written and synced (group commit: one `fdatasync`
@@ -22,7 +19,6 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use bytes::BytesMut;
 use parking_lot::{Mutex, RwLock};
 
 use crate::Cursor;
@@ -34,20 +30,8 @@ use crate::segment::{self, Segment};
 pub struct Retention {
     /// Frames older than this (by their store time) are removed.
     pub max_age_ms: u64,
-    /// At most this many bytes: in memory, everything the kept frames take
-    /// (their bytes, their slots in the ring, the block being filled); on
-    /// disk, the segment files.
+    /// At most about this many bytes of frames are kept.
     pub max_bytes: u64,
-}
-
-/// What a frame's slot in the in-memory ring takes.
-const SLOT_BYTES: u64 = std::mem::size_of::<Frame>() as u64;
-
-/// The size of the blocks frames are packed into, for a log that keeps
-/// `cap` bytes in memory: a 64th of it, within 4 KiB and 1 MiB (a frame
-/// larger than a block gets one of its own).
-fn block_bytes(cap: u64) -> usize {
-    (cap / 64).clamp(4 << 10, 1 << 20) as usize
 }
 
 /// Frames newer than the oldest a disk log keeps in memory: what consumers
@@ -92,13 +76,9 @@ pub struct Recovery {
 
 #[derive(Debug)]
 struct State {
-    /// The newest frames; every frame after `tail_from` is here, packed
-    /// into blocks of `block_bytes`.
+    /// The newest frames; every frame after `tail_from` is here.
     tail: VecDeque<Frame>,
-    /// The bytes of the frames in `tail`.
     tail_bytes: u64,
-    /// The block frames are being packed into.
-    block: BytesMut,
     tail_from: Cursor,
     /// On disk: the segments, oldest first; the last one takes appends.
     segments: VecDeque<Segment>,
@@ -106,30 +86,6 @@ struct State {
     trimmed: Cursor,
     /// Complete through here.
     end: Cursor,
-}
-
-impl State {
-    /// What the kept frames take in memory: their bytes, their slots in the
-    /// ring as it will be once trimmed to size (see [`State::fit_ring`]),
-    /// and a block being filled.
-    fn held(&self, block: usize) -> u64 {
-        let slots = self.tail.capacity().min(ring_size(self.tail.len()));
-        self.tail_bytes + slots as u64 * SLOT_BYTES + block as u64
-    }
-
-    /// Gives the ring back what it has beyond [`ring_size`] of its frames
-    /// (it keeps the most it ever held otherwise).
-    fn fit_ring(&mut self) {
-        let len = self.tail.len();
-        if self.tail.capacity() > ring_size(len) {
-            self.tail.shrink_to(len + len / 4 + 64);
-        }
-    }
-}
-
-/// The most slots a ring of `len` frames keeps.
-fn ring_size(len: usize) -> usize {
-    len + len / 2 + 64
 }
 
 /// The feed's log (see the module).
@@ -153,7 +109,6 @@ impl FeedLog {
             state: RwLock::new(State {
                 tail: VecDeque::new(),
                 tail_bytes: 0,
-                block: BytesMut::new(),
                 tail_from: start,
                 segments: VecDeque::new(),
                 trimmed: start,
@@ -231,15 +186,7 @@ impl FeedLog {
         let log = FeedLog {
             dir: Some(dir.to_owned()),
             retention,
-            state: RwLock::new(State {
-                tail: VecDeque::new(),
-                tail_bytes: 0,
-                block: BytesMut::new(),
-                tail_from: end,
-                segments,
-                trimmed,
-                end,
-            }),
+            state: RwLock::new(State { tail: VecDeque::new(), tail_bytes: 0, tail_from: end, segments, trimmed, end }),
             writer: Mutex::new(()),
         };
         Ok((log, recovery))
@@ -265,43 +212,25 @@ impl FeedLog {
         if let (Some(dir), Some(first)) = (&self.dir, frames.first()) {
             self.write(dir, frames, first.position())?;
         }
+        let mut state = self.state.write();
+        if let Some(last) = frames.last() {
+            debug_assert!(last.cursor() > state.end || state.end.position < last.position());
+            for frame in frames {
+                state.tail_bytes += frame.len() as u64;
+                state.tail.push_back(frame.clone());
+            }
+            state.end = last.cursor();
+        }
+        if through > state.end.position {
+            state.end = Cursor::through(through);
+        }
         let cap = if self.dir.is_some() {
             TAIL_BYTES_ON_DISK.min(self.retention.max_bytes)
         } else {
             self.retention.max_bytes
         };
-        let block = block_bytes(cap);
-        // Packed outside the lock readers take: a copy of each frame into
-        // the block, which other frames' bytes share.
-        let mut filling = std::mem::take(&mut self.state.write().block);
-        let packed: Vec<Frame> = frames
-            .iter()
-            .map(|frame| {
-                frame.packed_into(&mut filling).unwrap_or_else(|| {
-                    if frame.len() > block {
-                        return frame.clone();
-                    }
-                    filling = BytesMut::with_capacity(block);
-                    frame.packed_into(&mut filling).expect("a frame no larger than a new block fits in it")
-                })
-            })
-            .collect();
-        let mut state = self.state.write();
-        state.block = filling;
-        if let Some(last) = packed.last().map(Frame::cursor) {
-            debug_assert!(last > state.end || state.end.position < last.position);
-            state.tail.reserve(packed.len());
-            for frame in packed {
-                state.tail_bytes += frame.len() as u64;
-                state.tail.push_back(frame);
-            }
-            state.end = last;
-        }
-        if through > state.end.position {
-            state.end = Cursor::through(through);
-        }
         let memory = self.dir.is_none();
-        while state.held(block) > cap || state.tail.front().is_some_and(|front| memory && self.expired(front.at(), now))
+        while state.tail_bytes > cap || state.tail.front().is_some_and(|front| memory && self.expired(front.at(), now))
         {
             let Some(front) = state.tail.pop_front() else { break };
             state.tail_bytes -= front.len() as u64;
@@ -310,7 +239,6 @@ impl FeedLog {
                 state.trimmed = front.cursor();
             }
         }
-        state.fit_ring();
         drop(state);
         if let Some(dir) = &self.dir {
             self.trim_segments(dir, now)?;
@@ -453,15 +381,10 @@ impl FeedLog {
         self.state.read().trimmed
     }
 
-    /// Bytes it holds, as [`Retention::max_bytes`] counts them: on disk,
-    /// the segment files; in memory, everything the kept frames take (a
-    /// test holds the process to it: `tests/memory.rs`).
+    /// Bytes of frames it holds.
     pub fn bytes(&self) -> u64 {
         let state = self.state.read();
-        match self.dir {
-            Some(_) => state.segments.iter().map(|segment| segment.bytes).sum(),
-            None => state.held(block_bytes(self.retention.max_bytes)),
-        }
+        if self.dir.is_some() { state.segments.iter().map(|segment| segment.bytes).sum() } else { state.tail_bytes }
     }
 
     /// Syncs the last segment and writes the mark of an orderly close, so
