@@ -625,13 +625,18 @@ struct Traffic {
 impl Traffic {
     /// Registers `name-0` … `name-299` entering at `entry`, and watches them at `viewer_url`.
     async fn start(name: &str, entry: &str, viewer_url: &str) -> Traffic {
+        Traffic::start_with_ttl(name, entry, viewer_url, 3_000).await
+    }
+
+    /// [`Traffic::start`], renewing sessions of `ttl_ms`.
+    async fn start_with_ttl(name: &str, entry: &str, viewer_url: &str, ttl_ms: u32) -> Traffic {
         let users: Vec<String> = (0..300).map(|i| format!("{name}-{i}")).collect();
         let (leases, generations) = register_all_at(entry, &users).await;
         let mut viewer = PresenceClient::connect(viewer_url.to_owned()).await.unwrap();
         let before = presences(&mut viewer, &users).await;
         let watching = watch_through_failures(viewer_url.to_owned(), users.clone());
-        // Sessions of a 3 s TTL, renewed every 200 ms.
-        let renewing = keep_renewing_by_round(leases, generations, 3_000);
+        // Sessions renewed every 200 ms.
+        let renewing = keep_renewing_by_round(leases, generations, ttl_ms);
         tokio::time::sleep(Duration::from_millis(500)).await;
         Traffic { users, viewer_url: viewer_url.to_owned(), before, renewing, watching, outages: Vec::new() }
     }

@@ -142,15 +142,16 @@ fn processes_in_lab(
         .collect()
 }
 
-/// Nodes in this process at the lab's group 0 address, named `names`, each
-/// holding what it takes over for 5 s (as long as the default TTL in
-/// production, well past the time the gateway's client takes to find the
-/// new owners), with `ride_out`.
+/// Nodes in this process at the lab's group 0 address, named `names`, with
+/// `ride_out`, each holding what it takes over for the restart grace of
+/// production's defaults (the default TTL, 45 s), as the node processes
+/// do: a gateway's client waits its response timeout (10 s) on a silent
+/// owner before it sends that owner's renewals elsewhere.
 async fn servers_on_the_host(lab: &NetLab, etcd: &EtcdServer, names: &[&str], ride_out: Duration) -> Vec<TestServer> {
     let mut servers = Vec::new();
     for node in names {
         let config = |addr| {
-            let held = ServerConfig { restart_grace: Some(Duration::from_secs(5)), ..fast_config() };
+            let held = ServerConfig { restart_grace: Some(Duration::from_secs(45)), ..fast_config() };
             let mut config = node_config_with(etcd, node, addr, held);
             config.cluster.as_mut().expect("a cluster node").ride_out = ride_out;
             config
@@ -193,7 +194,12 @@ where
     let client = etcd.client().await;
     map_where(&client, "every node owns slots", |map| all.iter().all(|node| map.owned_by(node).count() > 0)).await;
     assert_eq!(coordinator(&client).await, outside[0], "the first node started coordinates");
-    let mut traffic = Traffic::start(name, &servers[0].url(), &servers[0].url()).await;
+    // Sessions of 15 s: the gateway is cut off from the nodes inside too,
+    // and its client reaches them again only up to its connect timeout (5 s)
+    // and reconnect backoff (5 s) after the cut heals, while planned moves
+    // give them slots back within a second (docs/cluster.md, "A node that
+    // stops without a word": what gateways see).
+    let mut traffic = Traffic::start_with_ttl(name, &servers[0].url(), &servers[0].url(), 15_000).await;
     until_seen_long_enough(started).await;
     let mut takeovers = Vec::new();
     for round in 0..silent_rounds(1) {
