@@ -6,6 +6,7 @@
 #   SCENARIOS="expiry-scale h2load" bash benches/compare.sh           # a subset
 #   SCENARIOS="room-count room-members typing damping" bash benches/compare.sh   # rooms, signals, damping (presenced only)
 #   SCENARIOS=tls bash benches/compare.sh        # TLS beside plaintext: throughput, handshake storms, memory
+#   SCENARIOS="memory feed-flips" bash benches/compare.sh   # what the change feed's defaults cost: memory, flips
 #   BENCH_AUTH=credentials SCENARIOS="load batches" bash benches/compare.sh   # gateways with a token
 #   PRESENCED_BIN=../before/target/release/presenced BENCH_AUTH=service-token SCENARIOS=load bash benches/compare.sh
 #                                                # another build's presenced (before/after); the same generator
@@ -63,6 +64,9 @@ FEED_WINDOW_MS=${FEED_WINDOW_MS:-10000}
 FEED_AWAY_MS=${FEED_AWAY_MS:-2000}           # feed: the consumer (or Redis subscriber) is away this long
 FEED_REDIS_USERS=${FEED_REDIS_USERS:-50000}  # feed: Redis's run (its sweeper drains 250 users/s)
 FEED_COST_ROUNDS=${FEED_COST_ROUNDS:-2}      # feed-cost: feed on and off alternate this many times
+FEED_FLIPS_USERS=${FEED_FLIPS_USERS:-600000}  # feed-flips: users registered, one session each (every register flips)
+FEED_FLIPS_BATCHES=${FEED_FLIPS_BATCHES:-100 1000}   # feed-flips: Leases batch sizes
+FEED_FLIPS_ROUNDS=${FEED_FLIPS_ROUNDS:-3}     # feed-flips: feed on and off alternate this many times per size
 H2LOAD_THREADS=${H2LOAD_THREADS:-2}           # h2load -t: one per core, as the generator's default
 ROOMS_DURATION=${ROOMS_DURATION:-10s}         # room-count, room-members, typing, damping: the measured phase
 ROOM_COUNT_MEMBERS=${ROOM_COUNT_MEMBERS:-100000}      # room-count: one room this big, 1,000 count watchers
@@ -76,7 +80,7 @@ SOAK_SESSIONS=${SOAK_SESSIONS:-3000000}               # soak (not in the default
 SOAK_DURATION=${SOAK_DURATION:-30m}
 SOAK_STORM_SESSIONS=${SOAK_STORM_SESSIONS:-1000000}
 OVERLOAD_PHASE=${OVERLOAD_PHASE:-20s}                 # overload (not in the defaults): quiet and shedding phases
-SCENARIOS=${SCENARIOS:-load unary-defaults h2load pinned batches memory expiry expiry-scale fanout fanout-million resume room-count room-members typing damping room-memory}
+SCENARIOS=${SCENARIOS:-load unary-defaults h2load pinned batches memory feed-flips expiry expiry-scale fanout fanout-million resume room-count room-members typing damping room-memory}
 RESULTS=${RESULTS:-target/compare/$(date -u +%Y%m%dT%H%M%SZ)}
 REDIS_PORT=${REDIS_PORT:-$((20000 + RANDOM % 20000))}
 METRICS_PORT=${METRICS_PORT:-$((40000 + RANDOM % 20000))}   # presenced --metrics-listen (h2load)
@@ -464,10 +468,39 @@ for room in range(20000):
             fresh_servers
             run "memory-$n-presenced" presenced memory --sessions "$n" --sessions-per-user "$SESSIONS_PER_USER" \
                 --pid "$PRESENCED_PID" --mode leases --batch 500 --concurrency "$BATCH_CONCURRENCY" --connections 2
+            # The same with the change feed off: what the defaults' feed costs.
+            PRESENCED_EXTRA=(--feed-retention-bytes 0)
+            fresh_servers
+            run "memory-$n-presenced-feedoff" presenced memory --sessions "$n" --sessions-per-user "$SESSIONS_PER_USER" \
+                --pid "$PRESENCED_PID" --mode leases --batch 500 --concurrency "$BATCH_CONCURRENCY" --connections 2
+            PRESENCED_EXTRA=()
             if [[ $n == "$first" ]]; then
                 run "memory-$n-redis" redis memory --sessions "$n" --sessions-per-user "$SESSIONS_PER_USER" \
                     --pid "$REDIS_PID" --mode leases --batch 500 --concurrency "$BATCH_CONCURRENCY"
             fi
+        done
+        ;;
+    feed-flips)
+        # Every register of a user's one session flips it ONLINE, and every flip is
+        # a change feed entry: registers in Leases batches with the feed on (in
+        # memory, the default) and off, alternating (which goes first changing each
+        # round), then Redis's run of the same; each run's heartbeat phase gives the
+        # renewal p99 beside it.
+        common=(--users "$FEED_FLIPS_USERS" --sessions-per-user 1 --ttl-ms "$LOAD_TTL_MS" --duration 5s
+            --register-mode leases --connections 4 --mode leases --concurrency "$BATCH_CONCURRENCY")
+        for b in $FEED_FLIPS_BATCHES; do
+            for round in $(seq "$FEED_FLIPS_ROUNDS"); do
+                order=(on off)
+                if (( round % 2 == 0 )); then order=(off on); fi
+                for feed in "${order[@]}"; do
+                    if [[ $feed == off ]]; then PRESENCED_EXTRA=(--feed-retention-bytes 0); else PRESENCED_EXTRA=(); fi
+                    fresh_servers
+                    run "feed-flips-$b-$feed-$round" presenced load "${common[@]}" --batch "$b"
+                done
+            done
+            PRESENCED_EXTRA=()
+            fresh_servers
+            run "feed-flips-$b-redis" redis load "${common[@]}" --batch "$b"
         done
         ;;
     expiry)
@@ -600,7 +633,7 @@ for room in range(20000):
             --metrics-addr "127.0.0.1:$METRICS_PORT"
         PRESENCED_EXTRA=()
         ;;
-    *) echo "unknown scenario $scenario (feed, feed-cost, load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-members, typing, damping, room-memory; not by default: soak, overload, tls)" >&2; exit 2 ;;
+    *) echo "unknown scenario $scenario (feed, feed-cost, feed-flips, load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-members, typing, damping, room-memory; not by default: soak, overload, tls)" >&2; exit 2 ;;
     esac
 done
 stop_servers
@@ -684,6 +717,8 @@ sizes = sorted(int(f[len("memory-"):-len("-presenced.json")]) for f in os.listdi
 for n in sizes:
     p, r = rep(f"memory-{n}-presenced"), rep(f"memory-{n}-redis")
     row(f"memory, {int(n):,} sessions", "RSS B/session", g(p, "scenario", "bytes_per_session"), g(r, "scenario", "bytes_per_session"))
+    off = rep(f"memory-{n}-presenced-feedoff")
+    row(f"memory, {int(n):,} sessions, feed off", "RSS B/session", g(off, "scenario", "bytes_per_session"), g(r, "scenario", "bytes_per_session"))
     if r:
         row(f"memory, {int(n):,} sessions", "redis used_memory B/session", None, g(r, "scenario", "used_memory_per_session"))
         row(f"memory, {int(n):,} sessions", "  without presence:due", None, g(r, "scenario", "used_memory_per_session_without_due_set"))
@@ -786,6 +821,25 @@ out = [line(("scenario", "unit", "presenced", "redis", "ratio")), line(tuple("-"
 text = "\n".join(out)
 print(text)
 open(os.path.join(d, "table.txt"), "w").write(text + "\n")
+
+# What recording flips in the change feed costs (SCENARIOS=feed-flips): the median of
+# each size's runs, feed on against off, beside Redis, with each's renewal p99.
+import statistics
+runs = {}
+for f in os.listdir(d):
+    m = re.fullmatch(r"feed-flips-(\d+)-(on|off)-(\d+)\.json", f)
+    if m:
+        runs.setdefault(int(m[1]), {}).setdefault(m[2], []).append(json.load(open(os.path.join(d, f))))
+for b in sorted(runs):
+    med = lambda feed, *path: statistics.median([g(x, *path) or 0 for x in runs[b].get(feed, [])] or [0])
+    on, off = med("on", "scenario", "registers_per_s"), med("off", "scenario", "registers_per_s")
+    p99 = lambda feed: statistics.median([pct(x, 99) or 0 for x in runs[b].get(feed, [])] or [0]) / 1e6
+    r = rep(f"feed-flips-{b}-redis")
+    print(f"feed-flips, batches of {b:,}: registers/s feed on {on:,.0f}, off {off:,.0f} "
+          f"(the feed costs {100 * (1 - on / off) if off else 0:.1f} %; runs on {[round(g(x, 'scenario', 'registers_per_s') or 0) for x in runs[b].get('on', [])]}, "
+          f"off {[round(g(x, 'scenario', 'registers_per_s') or 0) for x in runs[b].get('off', [])]}); "
+          f"redis {g(r, 'scenario', 'registers_per_s') or 0:,.0f} (on x{on / (g(r, 'scenario', 'registers_per_s') or 1):.1f}, off x{off / (g(r, 'scenario', 'registers_per_s') or 1):.1f}); "
+          f"renewal p99 ms on {p99('on'):.3f}, off {p99('off'):.3f}")
 PY
 echo
 echo "The generator and both servers shared $(nproc) cores: absolute figures understate both; compare ratios."
