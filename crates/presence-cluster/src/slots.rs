@@ -503,10 +503,22 @@ impl View for SlotMap {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeSet {
     nodes: std::collections::BTreeMap<String, String>,
+    /// The etcd revision each registration was made at.
+    registered_at: std::collections::BTreeMap<String, i64>,
     revision: i64,
 }
 
 impl NodeSet {
+    /// The etcd revision `node`'s registration was made at, if it is registered.
+    pub fn registered_at(&self, node: &str) -> Option<i64> {
+        self.registered_at.get(node).copied()
+    }
+
+    /// The etcd revision this view is as of.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
     /// The live nodes' ids, ascending.
     pub fn ids(&self) -> Vec<String> {
         self.nodes.keys().cloned().collect()
@@ -521,9 +533,15 @@ impl NodeSet {
 impl View for NodeSet {
     fn apply(&mut self, name: &[u8], kv: Option<&KeyValue>) {
         let Ok(node) = std::str::from_utf8(name) else { return };
-        match kv.and_then(|kv| String::from_utf8(kv.value.clone()).ok()) {
-            Some(address) => self.nodes.insert(node.to_owned(), address),
-            None => self.nodes.remove(node),
+        match kv.and_then(|kv| String::from_utf8(kv.value.clone()).ok().map(|address| (address, kv.create_revision))) {
+            Some((address, created)) => {
+                self.registered_at.insert(node.to_owned(), created);
+                self.nodes.insert(node.to_owned(), address)
+            }
+            None => {
+                self.registered_at.remove(node);
+                self.nodes.remove(node)
+            }
         };
     }
 

@@ -1054,8 +1054,11 @@ pub(crate) struct Outage {
     /// stand down: no extension until etcd answers this node again.
     stood_down: AtomicBool,
     /// Gone nodes the coordinator is about to take over, each with until
-    /// when this node gives it no word that etcd does not answer here.
-    withheld: Mutex<HashMap<String, Instant>>,
+    /// when this node gives it no word that etcd does not answer here, and
+    /// the revision of this node's view of the node set then: a
+    /// registration made after it is the node joined again, which acts
+    /// only on its new lease, and the vow is over.
+    withheld: Mutex<HashMap<String, (Instant, i64)>>,
 }
 
 impl Default for Outage {
@@ -1133,24 +1136,30 @@ impl Outage {
     /// never shortens a later one. Under the same lock as
     /// [`Outage::give_word`]: a word is either given before the vow, and its
     /// promise counted here, or refused after it.
-    pub(crate) fn withhold(&self, nodes: &[String], until: Instant) -> bool {
+    pub(crate) fn withhold(&self, nodes: &[String], until: Instant, view_revision: i64) -> bool {
         let mut withheld = self.withheld.lock();
         let now = Instant::now();
-        withheld.retain(|_, vowed| now < *vowed);
+        withheld.retain(|_, (vowed, _)| now < *vowed);
         for node in nodes {
-            let vowed = withheld.entry(node.clone()).or_insert(until);
+            let (vowed, revision) = withheld.entry(node.clone()).or_insert((until, view_revision));
             *vowed = (*vowed).max(until);
+            *revision = (*revision).max(view_revision);
         }
         self.holds_promise(now)
     }
 
     /// Gives `node` the word that etcd does not answer this node, with the
     /// promise that comes with it ([`Outage::promise`]), unless this node
-    /// vowed not to; returns whether it did.
-    pub(crate) fn give_word(&self, node: &str) -> bool {
+    /// vowed not to and `node` has not registered again since
+    /// (`registered_at`, the revision of its registration in this node's
+    /// view); returns whether it did.
+    pub(crate) fn give_word(&self, node: &str, registered_at: Option<i64>) -> bool {
         let withheld = self.withheld.lock();
         let now = Instant::now();
-        if withheld.get(node).is_some_and(|&until| now < until) {
+        let vowed = withheld.get(node).is_some_and(|&(until, revision)| {
+            now < until && registered_at.is_none_or(|registered| registered <= revision)
+        });
+        if vowed {
             return false;
         }
         self.promise(now);

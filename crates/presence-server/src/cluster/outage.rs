@@ -82,7 +82,8 @@ pub(crate) async fn answer(membership: &Membership, request: &pb::EtcdReachReque
     let refused = pb::EtcdReachResponse { etcd_answers: true, stood_down: true, ..Default::default() };
     if !request.withhold_from.is_empty() {
         let vow = Duration::from_millis(u64::from(request.withhold_ms)).min(MAX_VOW);
-        let holds_promise = membership.outage().withhold(&request.withhold_from, Instant::now() + vow);
+        let view = membership.nodes().revision();
+        let holds_promise = membership.outage().withhold(&request.withhold_from, Instant::now() + vow, view);
         tracing::debug!(
             coordinator = request.from_node,
             gone = ?request.withhold_from,
@@ -109,7 +110,8 @@ pub(crate) async fn answer(membership: &Membership, request: &pb::EtcdReachReque
     if etcd_answers {
         return pb::EtcdReachResponse { etcd_answers, ..Default::default() };
     }
-    if !membership.outage().give_word(&request.from_node) {
+    let registered_at = membership.nodes().registered_at(&request.from_node);
+    if !membership.outage().give_word(&request.from_node, registered_at) {
         // The coordinator is taking the node asking over: it gets no word.
         return refused;
     }
@@ -335,6 +337,20 @@ mod tests {
         outage.resume();
         outage.extend_to(now + EXTENSION);
         assert_eq!(outage.extended_until(), Some(now + EXTENSION));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn c4_a_vow_refuses_the_word_to_a_gone_node_until_it_ends_or_the_node_registers_again() {
+        let outage = Outage::default();
+        let vow_ends = Instant::now() + Duration::from_secs(10);
+        assert!(!outage.withhold(&["node-b".to_owned()], vow_ends, 40), "no promise made yet");
+        assert!(!outage.give_word("node-b", None), "gone: no word");
+        assert!(!outage.give_word("node-b", Some(12)), "its old registration, in a view behind: no word");
+        assert!(outage.give_word("node-c", None), "another node gets its word");
+        assert!(outage.holds_promise(Instant::now()), "a word comes with a promise");
+        assert!(outage.give_word("node-b", Some(41)), "registered again since the vow: the vow is over");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(outage.give_word("node-b", None), "past the vow");
     }
 
     #[tokio::test(start_paused = true)]
