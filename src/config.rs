@@ -186,9 +186,11 @@ pub(crate) struct ServeArgs {
     /// 86400000, a day]
     #[arg(long, env = "PRESENCED_FEED_RETENTION_MS", value_name = "MS")]
     feed_retention_ms: Option<u64>,
-    /// At most about this many bytes of the change feed are kept, on disk
-    /// with --data-dir, else in memory; 0 turns the feed off. [default:
-    /// 1073741824 (1 GiB) with --data-dir, 67108864 (64 MiB) without]
+    /// At most this many bytes of the change feed are kept: on disk with
+    /// --data-dir (its segment files), else in memory (everything its
+    /// entries take, about 90 bytes a change); 0 turns the feed off.
+    /// [default: 1073741824 (1 GiB) with --data-dir, 16777216 (16 MiB)
+    /// without]
     #[arg(long, env = "PRESENCED_FEED_RETENTION_BYTES", value_name = "BYTES")]
     feed_retention_bytes: Option<u64>,
     /// POST the change feed in signed JSON batches to this http:// or

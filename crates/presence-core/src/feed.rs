@@ -205,10 +205,20 @@ impl FeedIntake {
     /// Takes every entry recorded so far, and raises the clock to `now`, so
     /// that a feed with nothing new is known complete up to the present.
     pub fn drain(&self, now: Tick) -> Drained {
+        self.drain_reusing(now, Vec::new())
+    }
+
+    /// As [`FeedIntake::drain`], leaving `spare` (emptied) to take the
+    /// entries recorded next: a writer that hands back each batch's vector
+    /// keeps the intake from growing a new one from nothing every batch
+    /// (under a flood of flips, a few megabytes each time, which the
+    /// allocator then scatters among the store's own memory).
+    pub fn drain_reusing(&self, now: Tick, mut spare: Vec<FeedEntry>) -> Drained {
+        spare.clear();
         let mut pending = self.pending.lock();
         let floor = now.min(crate::stamp::MAX_TICK) << crate::stamp::COUNTER_BITS;
         pending.clock.raise_to(floor);
-        let entries = std::mem::take(&mut pending.entries);
+        let entries = std::mem::replace(&mut pending.entries, spare);
         Drained { entries, dropped: pending.dropped.take(), through: pending.clock.last() }
     }
 

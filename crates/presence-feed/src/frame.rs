@@ -87,21 +87,75 @@ impl Frame {
     /// A frame of these fields. An id longer than 255 bytes is cut (ids are
     /// at most 128 bytes).
     pub fn new(position: u64, slot: u32, kind: FrameKind, at: u64, id: &[u8], body: &[u8]) -> Frame {
-        let id = &id[..id.len().min(255)];
-        let len = HEADER - PREFIX + id.len() + body.len();
-        let mut bytes = BytesMut::with_capacity(PREFIX + len);
-        bytes.put_u32_le(len as u32);
-        bytes.put_u32_le(0);
-        bytes.put_u64_le(position);
-        bytes.put_u32_le(slot);
-        bytes.put_u8(kind as u8);
-        bytes.put_u64_le(at);
-        bytes.put_u8(id.len() as u8);
-        bytes.put_slice(id);
-        bytes.put_slice(body);
-        let crc = crc32fast::hash(&bytes[PREFIX..]);
-        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        let mut bytes = BytesMut::with_capacity(HEADER + id.len().min(255) + body.len());
+        Frame::append_to(&mut bytes, position, slot, kind, at, id, |out| out.put_slice(body));
         Frame(bytes.freeze())
+    }
+
+    /// Appends a frame of these fields to `out`, its body written by
+    /// `write_body`: frames appended one after another to one buffer cost
+    /// one allocation for them all, and [`Frame::packed`] reads them back.
+    /// An id longer than 255 bytes is cut, as by [`Frame::new`].
+    pub fn append_to(
+        out: &mut BytesMut,
+        position: u64,
+        slot: u32,
+        kind: FrameKind,
+        at: u64,
+        id: &[u8],
+        write_body: impl FnOnce(&mut BytesMut),
+    ) {
+        let id = &id[..id.len().min(255)];
+        let start = out.len();
+        out.reserve(HEADER + id.len());
+        out.put_u32_le(0);
+        out.put_u32_le(0);
+        out.put_u64_le(position);
+        out.put_u32_le(slot);
+        out.put_u8(kind as u8);
+        out.put_u64_le(at);
+        out.put_u8(id.len() as u8);
+        out.put_slice(id);
+        write_body(out);
+        let len = out.len() - start - PREFIX;
+        assert!(len <= MAX_FRAME, "a frame of {len} bytes is larger than any the log reads back");
+        let crc = crc32fast::hash(&out[start + PREFIX..]);
+        out[start..start + 4].copy_from_slice(&(len as u32).to_le_bytes());
+        out[start + 4..start + PREFIX].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// The cursor of the frame at the start of `bytes`, a whole frame's
+    /// bytes as the log wrote them (not checked again).
+    pub(crate) fn cursor_in(bytes: &[u8]) -> crate::Cursor {
+        crate::Cursor {
+            position: u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")),
+            slot: u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes")),
+        }
+    }
+
+    /// The store time of the frame at the start of `bytes` (as [`Frame::cursor_in`]).
+    pub(crate) fn at_in(bytes: &[u8]) -> u64 {
+        u64::from_le_bytes(bytes[21..29].try_into().expect("8 bytes"))
+    }
+
+    /// The length of the frame at the start of `bytes` (as [`Frame::cursor_in`]).
+    pub(crate) fn len_in(bytes: &[u8]) -> usize {
+        PREFIX + u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize
+    }
+
+    /// The frames [`Frame::append_to`] wrote one after another into
+    /// `bytes`, each a slice of it (not a copy, and not checked again).
+    pub fn packed(bytes: Bytes) -> impl Iterator<Item = Frame> {
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            if at + PREFIX > bytes.len() {
+                return None;
+            }
+            let len = PREFIX + u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+            let frame = Frame(bytes.slice(at..at + len));
+            at += len;
+            Some(frame)
+        })
     }
 
     /// The frame at the start of `bytes`, checked, and its length; a slice
@@ -186,6 +240,23 @@ impl Frame {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frames_appended_to_one_buffer_read_back_as_each_made_alone() {
+        let alone = [
+            Frame::new(1, 2, FrameKind::Flip, 3, b"alice", b"first body"),
+            Frame::new(4, 5, FrameKind::Gap, 6, b"", b""),
+            Frame::new(7, 8, FrameKind::Status, 9, &[b'x'; 300], b"long id"),
+        ];
+        let mut buffer = BytesMut::new();
+        for frame in &alone {
+            let body = frame.body();
+            let (position, slot, kind, at) = (frame.position(), frame.slot(), frame.kind(), frame.at());
+            Frame::append_to(&mut buffer, position, slot, kind, at, frame.id(), |out| out.put_slice(&body));
+        }
+        let packed: Vec<Frame> = Frame::packed(buffer.freeze()).collect();
+        assert_eq!(packed, alone);
+    }
 
     #[test]
     fn a_frame_reads_back_its_fields_and_a_changed_byte_is_refused() {

@@ -5,9 +5,9 @@
 //! - [`Frame`]: one entry as stored and as read, the same bytes in memory and
 //!   on disk, with its position, slot, kind, store time and id readable
 //!   without decoding its body (the wire message, which the server encodes).
-//! - [`FeedLog`]: frames in position order, retained by age and bytes, in a
-//!   ring in memory or in segment files written by group commit, read from a
-//!   cursor by any number of readers while one writer appends.
+//! - [`FeedLog`]: frames in position order, retained by age and bytes, packed
+//!   in blocks in memory or in segment files written by group commit, read
+//!   from a cursor by any number of readers while one writer appends.
 //!
 //! No async runtime and no clock here: the server's writer task calls
 //! [`FeedLog::append`] with what it drained and `now`, and readers call
@@ -17,6 +17,7 @@ mod cursor;
 mod frame;
 mod log;
 mod segment;
+mod tail;
 
 pub use cursor::{Cursor, CursorError};
 pub use frame::{Frame, FrameError, FrameKind};

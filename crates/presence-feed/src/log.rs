@@ -1,9 +1,11 @@
 //! The log: frames in position order, retained by age and bytes, read from
 //! a cursor while one writer appends.
 //!
-//! In memory the log is a ring of frames. On disk it is a directory of
-//! segment files (`segment.rs`) and the same ring holding the newest frames,
-//! so that consumers keeping up never read the disk. A batch is visible to
+//! In memory the log is a tail of frames packed in blocks (`tail.rs`), so
+//! that what retention counts, the blocks, is what the frames take. On disk
+//! it is a directory of segment files (`segment.rs`) and the same tail
+//! holding the newest frames, so that consumers keeping up never read the
+//! disk. A batch is visible to
 //! readers only once it is written and synced (group commit: one `fdatasync`
 //! per batch), so nothing a consumer was sent can be lost by a crash.
 //!
@@ -24,14 +26,26 @@ use parking_lot::{Mutex, RwLock};
 use crate::Cursor;
 use crate::frame::{Frame, FrameError, MAX_FRAME};
 use crate::segment::{self, Segment};
+use crate::tail::Tail;
 
 /// How much of the feed is kept (F2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     /// Frames older than this (by their store time) are removed.
     pub max_age_ms: u64,
-    /// At most about this many bytes of frames are kept.
+    /// At most this many bytes: in memory, everything the kept frames take
+    /// (the blocks they are packed in, whole); on disk, the segment files.
     pub max_bytes: u64,
+}
+
+/// The size of the blocks frames are packed into in memory, for a log that
+/// keeps `cap` bytes there: a 64th of it, within 4 KiB and 64 KiB, and at
+/// most a quarter of it (a frame larger than a block gets one of its own).
+/// Retention lets go of a block at a time. Under the allocator's threshold
+/// for a mapping of their own, the blocks come from its heap, which reuses
+/// what retention let go of.
+fn block_bytes(cap: u64) -> usize {
+    (cap / 64).clamp(4 << 10, 64 << 10).min((cap / 4).max(256)) as usize
 }
 
 /// Frames newer than the oldest a disk log keeps in memory: what consumers
@@ -77,8 +91,7 @@ pub struct Recovery {
 #[derive(Debug)]
 struct State {
     /// The newest frames; every frame after `tail_from` is here.
-    tail: VecDeque<Frame>,
-    tail_bytes: u64,
+    tail: Tail,
     tail_from: Cursor,
     /// On disk: the segments, oldest first; the last one takes appends.
     segments: VecDeque<Segment>,
@@ -107,8 +120,7 @@ impl FeedLog {
             dir: None,
             retention,
             state: RwLock::new(State {
-                tail: VecDeque::new(),
-                tail_bytes: 0,
+                tail: Tail::new(block_bytes(retention.max_bytes)),
                 tail_from: start,
                 segments: VecDeque::new(),
                 trimmed: start,
@@ -186,7 +198,13 @@ impl FeedLog {
         let log = FeedLog {
             dir: Some(dir.to_owned()),
             retention,
-            state: RwLock::new(State { tail: VecDeque::new(), tail_bytes: 0, tail_from: end, segments, trimmed, end }),
+            state: RwLock::new(State {
+                tail: Tail::new(block_bytes(TAIL_BYTES_ON_DISK.min(retention.max_bytes))),
+                tail_from: end,
+                segments,
+                trimmed,
+                end,
+            }),
             writer: Mutex::new(()),
         };
         Ok((log, recovery))
@@ -212,32 +230,34 @@ impl FeedLog {
         if let (Some(dir), Some(first)) = (&self.dir, frames.first()) {
             self.write(dir, frames, first.position())?;
         }
-        let mut state = self.state.write();
-        if let Some(last) = frames.last() {
-            debug_assert!(last.cursor() > state.end || state.end.position < last.position());
-            for frame in frames {
-                state.tail_bytes += frame.len() as u64;
-                state.tail.push_back(frame.clone());
-            }
-            state.end = last.cursor();
-        }
-        if through > state.end.position {
-            state.end = Cursor::through(through);
-        }
         let cap = if self.dir.is_some() {
             TAIL_BYTES_ON_DISK.min(self.retention.max_bytes)
         } else {
             self.retention.max_bytes
         };
         let memory = self.dir.is_none();
-        while state.tail_bytes > cap || state.tail.front().is_some_and(|front| memory && self.expired(front.at(), now))
-        {
-            let Some(front) = state.tail.pop_front() else { break };
-            state.tail_bytes -= front.len() as u64;
-            state.tail_from = front.cursor();
-            if memory {
-                state.trimmed = front.cursor();
+        let mut state = self.state.write();
+        if let Some(last) = frames.last() {
+            debug_assert!(last.cursor() > state.end || state.end.position < last.position());
+            for frame in frames {
+                state.tail.push(frame);
             }
+            state.end = last.cursor();
+        }
+        if through > state.end.position {
+            state.end = Cursor::through(through);
+        }
+        // By bytes a block at a time; by age a frame at a time.
+        if let Some(gone) = state.tail.trim_to(cap) {
+            state.tail_from = gone;
+            if memory {
+                state.trimmed = gone;
+            }
+        }
+        while memory && state.tail.front_at().is_some_and(|at| self.expired(at, now)) {
+            let gone = state.tail.pop_front().expect("a frame");
+            state.tail_from = gone;
+            state.trimmed = gone;
         }
         drop(state);
         if let Some(dir) = &self.dir {
@@ -329,18 +349,9 @@ impl FeedLog {
         }
         let end = state.end;
         if after >= state.tail_from {
-            let from = state.tail.partition_point(|frame| frame.cursor() <= after);
-            let mut frames = Vec::new();
-            let mut bytes = 0;
-            for frame in state.tail.range(from..) {
-                if bytes >= max_bytes && !frames.is_empty() {
-                    break;
-                }
-                bytes += frame.len();
-                frames.push(frame.clone());
-            }
+            let (frames, whole) = state.tail.read_after(after, max_bytes);
             // The end is known complete only once every frame before it is read.
-            let end = if frames.len() == state.tail.len() - from { end } else { after.max(frames_end(&frames)) };
+            let end = if whole { end } else { after.max(frames_end(&frames)) };
             return Ok(Read { frames, end });
         }
         let at = state.segments.partition_point(|segment| segment.last_cursor <= after);
@@ -381,10 +392,15 @@ impl FeedLog {
         self.state.read().trimmed
     }
 
-    /// Bytes of frames it holds.
+    /// Bytes it holds, as [`Retention::max_bytes`] counts them: on disk,
+    /// the segment files; in memory, everything the kept frames take (a
+    /// test holds the process to it: `tests/memory.rs`).
     pub fn bytes(&self) -> u64 {
         let state = self.state.read();
-        if self.dir.is_some() { state.segments.iter().map(|segment| segment.bytes).sum() } else { state.tail_bytes }
+        match self.dir {
+            Some(_) => state.segments.iter().map(|segment| segment.bytes).sum(),
+            None => state.tail.held(),
+        }
     }
 
     /// Syncs the last segment and writes the mark of an orderly close, so

@@ -112,6 +112,7 @@ impl PreparedServer {
     /// and the durable store and reads what it holds. Nothing is bound,
     /// spawned or printed, so an error here leaves no trace.
     pub fn prepare(config: ServerConfig) -> Result<PreparedServer, ServeError> {
+        crate::allocator::pin_mmap_threshold();
         let clock = StoreClock::start();
         // Credentials first: they need no disk, and a bad one is the likeliest mistake.
         let auth = Authenticator::new(config.auth.clone())?;

@@ -14,6 +14,7 @@
 //! composes them: a single node gets the `SingleNode` placement and starts
 //! no cluster task.
 
+mod allocator;
 mod api;
 pub use api::metrics_port::RenderMetrics;
 mod audit;
@@ -157,7 +158,7 @@ pub struct ServerConfig {
     /// Changes older than this leave the change feed (F2).
     pub feed_retention: Duration,
     /// At most about this many bytes of the change feed are kept (F2); `None`
-    /// takes 1 GiB with a data directory and 64 MiB in memory; 0 turns the
+    /// takes 1 GiB with a data directory and 16 MiB in memory; 0 turns the
     /// feed off.
     pub feed_retention_bytes: Option<u64>,
     /// Receivers the change feed is POSTed to (F4); none by default.

@@ -61,8 +61,10 @@ pub(crate) const SINGLE_NODE_SLOTS: u32 = 1024;
 pub const DEFAULT_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
 /// Bytes kept on disk when none is given.
 pub const DEFAULT_RETENTION_BYTES_ON_DISK: u64 = 1 << 30;
-/// Bytes kept in memory (no data directory) when none is given.
-pub const DEFAULT_RETENTION_BYTES_IN_MEMORY: u64 = 64 << 20;
+/// Bytes kept in memory (no data directory) when none is given: about
+/// 190,000 changes, and 6 bytes a session at 3M sessions (the store itself
+/// takes 79); docs/feed.md says why this size.
+pub const DEFAULT_RETENTION_BYTES_IN_MEMORY: u64 = 16 << 20;
 
 /// The feed's metrics, made once.
 #[derive(Debug)]
@@ -116,10 +118,50 @@ pub(crate) struct Feed {
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// A batch the disk refused, to be marked as a gap by the next one.
     lost: Mutex<Option<(Cursor, u64, u64)>>,
+    /// The writer's buffers, kept from batch to batch.
+    buffers: Mutex<Buffers>,
     /// When `end` last moved without a frame: streams waiting for frames
     /// wake for the end alone only this often.
     end_moved: Mutex<Instant>,
     metrics: FeedMetrics,
+}
+
+/// What the writer keeps between batches, so that a batch allocates
+/// nothing once the first few have grown them: the intake's vector, handed
+/// back emptied to take the next batch's entries; the buffer a batch's
+/// frames are packed into; the list of those frames.
+#[derive(Debug, Default)]
+struct Buffers {
+    spare: Vec<presence_core::FeedEntry>,
+    packed: bytes::BytesMut,
+    frames: Vec<Frame>,
+}
+
+/// The most entries of a batch the writer's buffers are kept at (about
+/// 4 MB in all): a flood past it lets them go, not keep them for good.
+const KEPT_BUFFER_ENTRIES: usize = 1 << 14;
+/// The fewest entries they are kept at.
+const LEAST_BUFFER_ENTRIES: usize = 1 << 8;
+/// About what a frame takes, for the packed buffer's share.
+const FRAME_BYTES: usize = 128;
+
+impl Buffers {
+    /// Sizes the buffers for a batch of `entries` after one of as many: a
+    /// flood grows them once and keeps them while it lasts, and they
+    /// shrink back as batches get small again (so an idle feed holds a few
+    /// kilobytes, not its busiest batch).
+    fn fit(&mut self, entries: usize) {
+        let wanted = (entries * 2).next_power_of_two().clamp(LEAST_BUFFER_ENTRIES, KEPT_BUFFER_ENTRIES);
+        if self.spare.capacity() > 2 * wanted {
+            self.spare = Vec::with_capacity(wanted);
+        }
+        if self.frames.capacity() > 2 * wanted {
+            self.frames = Vec::with_capacity(wanted);
+        }
+        if self.packed.capacity() > 2 * wanted * FRAME_BYTES {
+            self.packed = bytes::BytesMut::with_capacity(wanted * FRAME_BYTES);
+        }
+    }
 }
 
 /// How often streams hear that the end moved with no frame (for progress).
@@ -180,6 +222,7 @@ impl Feed {
             stop: AtomicBool::new(false),
             writer: Mutex::new(None),
             lost: Mutex::new(None),
+            buffers: Mutex::new(Buffers::default()),
             end_moved: Mutex::new(Instant::now()),
             metrics: FeedMetrics::new(),
         };
@@ -216,16 +259,18 @@ impl Feed {
 
     /// Drains the intake and appends what it held: one write and one sync.
     fn write_batch(&self, now: Tick) {
-        let drained = self.intake.drain(now);
-        let mut frames = Vec::with_capacity(drained.entries.len() + 2);
+        let mut buffers = self.buffers.lock();
+        let Buffers { spare, packed, frames } = &mut *buffers;
+        let drained = self.intake.drain_reusing(now, std::mem::take(spare));
+        frames.clear();
         if let Some((after, position, lost)) = self.lost.lock().take() {
             FeedMetrics::gap(GapReason::WriteFailed);
             frames.push(wire::gap_frame(position, after, GapReason::WriteFailed, lost, now));
         }
-        frames.extend(drained.entries.iter().map(|entry| {
-            let slot = slot_of(entry.event.id(), self.slots);
-            wire::feed_frame(entry, slot)
-        }));
+        for entry in &drained.entries {
+            wire::append_feed_frame(packed, entry, slot_of(entry.event.id(), self.slots));
+        }
+        frames.extend(Frame::packed(packed.split().freeze()));
         if let Some(dropped) = drained.dropped {
             let after = frames.last().map_or(self.log.end(), Frame::cursor);
             tracing::error!(count = dropped.count, "the change feed's writer fell behind; a gap marks what it dropped");
@@ -233,7 +278,7 @@ impl Feed {
             frames.push(wire::gap_frame(dropped.last, after, GapReason::Overflow, dropped.count, now));
         }
         let started = Instant::now();
-        let appended = self.log.append(&frames, drained.through, now);
+        let appended = self.log.append(frames, drained.through, now);
         if !frames.is_empty() {
             self.metrics.write_seconds.record(started.elapsed().as_secs_f64());
         }
@@ -260,6 +305,13 @@ impl Feed {
                 }
             }
         }
+        // The log copied what it keeps: the buffers go back for the next batch.
+        frames.clear();
+        let mut entries = drained.entries;
+        let batch = entries.len();
+        entries.clear();
+        *spare = entries;
+        buffers.fit(batch);
     }
 
     /// Stops the writer, writes what is left and closes the log, so that
@@ -379,9 +431,14 @@ impl Feed {
         // The log is read from here on: a node's part may start before its
         // in-memory log began, where only entries handed over can be.
         let mut log_floor = Cursor::START;
+        let mut first = None;
         let after = match from {
             ChangesFrom::Now => self.cursor_now(),
-            ChangesFrom::Oldest => oldest,
+            ChangesFrom::Oldest => {
+                let (start, read) = self.read_from_oldest()?;
+                first = Some(read);
+                start
+            }
             ChangesFrom::Cursor(cursor) if kind == StreamKind::NodePart => {
                 let inherited_trimmed = self.inherited.lock().trimmed;
                 match self.began_in_memory {
@@ -414,9 +471,31 @@ impl Feed {
             StreamKind::Consumer => PROGRESS_EVERY,
             StreamKind::NodePart => NODE_PART_PROGRESS_EVERY,
         };
-        let reader = StreamReader { after, log_floor, filter, progress_every };
+        let reader = StreamReader { after, log_floor, first, filter, progress_every };
         tokio::spawn(Arc::clone(self).stream(reader, sender, stopping));
-        Ok(ChangesStream::reading(self, receiver))
+        Ok(ChangesStream::reading(self, receiver, after))
+    }
+
+    /// The oldest cursor the feed holds and the first read after it, taken
+    /// together: a stream from the oldest change then starts there even if
+    /// retention moves on before its reader runs (F4: a webhook that
+    /// retention passed resumes with one gap, not a second one for the
+    /// changes recorded while it reopened).
+    fn read_from_oldest(&self) -> Result<(Cursor, presence_feed::Read), ServiceError> {
+        let mut oldest = self.oldest();
+        // Each try fails only if retention moved between two reads of a
+        // few microseconds; a log turning over that fast is out of reach.
+        for _ in 0..100 {
+            match self.log.read(oldest, READ_BYTES) {
+                Ok(read) => return Ok((oldest, read)),
+                Err(ReadError::OutOfRange(out)) => oldest = out.oldest.max(self.oldest()),
+                Err(ReadError::Io(err)) => {
+                    return Err(ServiceError::Internal(format!("reading the change feed: {err}")));
+                }
+            }
+        }
+        let why = "retention removes changes faster than the feed can be read from its oldest";
+        Err(ServiceError::FeedOutOfRange { oldest, why })
     }
 
     /// One stream's reader: a batch of the log at a time, then waits for more.
@@ -426,15 +505,20 @@ impl Feed {
         sender: mpsc::Sender<Result<Vec<pb::ChangeEvent>, ServiceError>>,
         stopping: CancellationToken,
     ) {
-        let StreamReader { mut after, log_floor, filter, progress_every } = reader;
+        let StreamReader { mut after, log_floor, mut first, filter, progress_every } = reader;
         self.metrics.streams.increment(1.0);
         let _open = counted_while_open(&self.metrics.streams);
         let mut end = self.end.subscribe();
         let mut reported = after;
         let mut last_sent = Instant::now();
         loop {
-            let feed = Arc::clone(&self);
-            let read = tokio::task::spawn_blocking(move || feed.log.read(after.max(log_floor), READ_BYTES)).await;
+            let read = match first.take() {
+                Some(read) => Ok(Ok(read)),
+                None => {
+                    let feed = Arc::clone(&self);
+                    tokio::task::spawn_blocking(move || feed.log.read(after.max(log_floor), READ_BYTES)).await
+                }
+            };
             let read = match read {
                 Ok(Ok(read)) => read,
                 Ok(Err(ReadError::OutOfRange(out))) => {
@@ -496,6 +580,8 @@ impl Feed {
 struct StreamReader {
     after: Cursor,
     log_floor: Cursor,
+    /// The first read, when opening the stream took it.
+    first: Option<presence_feed::Read>,
     filter: ChangesFilter,
     progress_every: Duration,
 }
@@ -639,17 +725,28 @@ pub struct ChangesStream {
     /// learns that retention passed it (`None`: a merged stream, whose
     /// parts' refusals pass through).
     feed: Option<Arc<Feed>>,
+    /// Every event the stream carries is after it.
+    start: Cursor,
 }
 
 impl ChangesStream {
     /// The stream of the batches `receiver` gets.
     pub(crate) fn of(receiver: mpsc::Receiver<Result<Vec<pb::ChangeEvent>, ServiceError>>) -> Self {
-        ChangesStream { receiver, batch: std::collections::VecDeque::new(), feed: None }
+        ChangesStream { receiver, batch: std::collections::VecDeque::new(), feed: None, start: Cursor::START }
     }
 
-    /// The stream of the batches `receiver` gets of `feed`'s log.
-    fn reading(feed: &Arc<Feed>, receiver: mpsc::Receiver<Result<Vec<pb::ChangeEvent>, ServiceError>>) -> Self {
-        ChangesStream { feed: Some(Arc::clone(feed)), ..ChangesStream::of(receiver) }
+    /// The stream of the batches `receiver` gets of `feed`'s log, from `start`.
+    fn reading(
+        feed: &Arc<Feed>,
+        receiver: mpsc::Receiver<Result<Vec<pb::ChangeEvent>, ServiceError>>,
+        start: Cursor,
+    ) -> Self {
+        ChangesStream { feed: Some(Arc::clone(feed)), start, ..ChangesStream::of(receiver) }
+    }
+
+    /// Where a stream of one feed's log starts: every event it carries is after it.
+    pub(crate) fn start(&self) -> Cursor {
+        self.start
     }
 
     fn poll_event(&mut self, cx: &mut TaskContext<'_>) -> Poll<Option<Result<pb::ChangeEvent, ServiceError>>> {
@@ -699,6 +796,7 @@ impl Stream for ChangesStream {
 
 #[cfg(test)]
 mod tests {
+    use presence_core::CompactString;
     use presence_feed::FrameKind;
 
     use super::*;
@@ -709,6 +807,32 @@ mod tests {
 
     fn cursors(frames: &[Frame]) -> Vec<(u64, u32)> {
         frames.iter().map(|frame| (frame.position(), frame.slot())).collect()
+    }
+
+    /// Gaps of the writer's own, `count` of them from `first`: frames whose
+    /// bodies decode as the events a stream sends.
+    fn gaps(first: u64, count: u64) -> Vec<Frame> {
+        (first..first + count)
+            .map(|position| wire::gap_frame(position, Cursor::START, GapReason::Overflow, 0, 1))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn f4_a_stream_from_the_oldest_starts_where_it_says_though_retention_passes_it_before_it_is_read() {
+        let retention = Retention { max_age_ms: u64::MAX / 2, max_bytes: 16 << 10 };
+        let (feed, _) = Feed::open(None, retention, SINGLE_NODE_SLOTS, 0).unwrap();
+        let first = feed.log.oldest().position + 1;
+        feed.log.append(&gaps(first, 100), first + 99, 1).unwrap();
+        let everything = ChangesFilter { kinds: [true; 3], id_prefix: CompactString::default(), slots: None };
+        let mut stream = feed.changes(ChangesFrom::Oldest, everything, CancellationToken::new()).unwrap();
+        let start = stream.start();
+        assert_eq!(start, feed.log.oldest(), "it starts at the oldest change");
+        // Retention passes the start before the stream's reader has run.
+        feed.log.append(&gaps(first + 100, 1_000), first + 1_099, 1).unwrap();
+        assert!(feed.log.oldest() > start);
+        let event = stream.next_event().await.expect("an event").expect("not refused");
+        let cursor = Cursor::decode(&event.cursor).expect("a cursor");
+        assert_eq!(cursor.position, start.position + 1, "the change right after its start");
     }
 
     #[test]

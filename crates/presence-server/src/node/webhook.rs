@@ -638,14 +638,20 @@ impl Source {
         event
     }
 
-    /// A gap event when `err` says retention passed the cursor (the stream
-    /// goes on from the oldest change); `None` for any other failure.
+    /// When `err` says retention passed the cursor: a gap event, with the
+    /// stream opened again at once from the oldest change, where the gap
+    /// ends (opened later, after the gap is delivered, it could find
+    /// retention past that too and need a second gap); `None` for any
+    /// other failure, or when the feed cannot be read from its oldest.
     fn gap_for(&mut self, err: &ServiceError) -> Option<pb::ChangeEvent> {
         let ServiceError::FeedOutOfRange { oldest, .. } = err else { return None };
         let reason = if self.read < *oldest { GapReason::Retention } else { GapReason::UnknownCursor };
+        let stream = self.feed.changes(ChangesFrom::Oldest, self.filter.clone(), self.stopping.clone()).ok()?;
+        let resumes_at = stream.start();
+        self.stream = Some(stream);
         tracing::error!(webhook = %self.label, %err, "the webhook's cursor is out of the feed's range; it sends a gap and goes on from the oldest change");
         self.metrics.gaps.increment(1);
-        Some(wire::gap_event(&oldest.encode(), self.read, reason, 0, self.clock.now()))
+        Some(wire::gap_event(&resumes_at.encode(), self.read, reason, 0, self.clock.now()))
     }
 
     /// After the stream failed with `err`: a gap to send next, or a wait

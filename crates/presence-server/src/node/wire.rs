@@ -703,14 +703,17 @@ pub(crate) mod tests {
 // The change feed (F1, F2): entries into frames as the log keeps them, frames
 // into events, and a Changes request into what it asks for.
 
-/// A feed entry as the log keeps it: its slot and kind beside the event as
-/// it goes on the wire (without its cursor, which the position and slot make).
-pub(crate) fn feed_frame(entry: &FeedEntry, slot: u32) -> Frame {
+/// Appends to `out` the frame of a feed entry as the log keeps it: its slot
+/// and kind beside the event as it goes on the wire (without its cursor,
+/// which the position and slot make). The writer packs a batch's frames
+/// into one buffer, with no allocation of their own.
+pub(crate) fn append_feed_frame(out: &mut bytes::BytesMut, entry: &FeedEntry, slot: u32) {
     let (kind, event) = match &entry.event {
         FeedEvent::TakenOver { slot, at } => {
             let mut body = gap_event(&[], FeedCursor::START, GapReason::Takeover, 0, *at);
             body.slot = *slot;
-            return Frame::new(entry.position, *slot, FrameKind::Gap, *at, b"", &body.encode_to_vec());
+            Frame::append_to(out, entry.position, *slot, FrameKind::Gap, *at, b"", |out| body.encode_raw(out));
+            return;
         }
         FeedEvent::User(change) => {
             let mut user = presence(&change.user_id, change.presence);
@@ -731,7 +734,8 @@ pub(crate) fn feed_frame(entry: &FeedEntry, slot: u32) -> Frame {
     };
     let at = entry.event.at();
     let body = pb::ChangeEvent { cursor: Vec::new(), event: Some(event), at_ms: unix_ms(at), slot };
-    Frame::new(entry.position, slot, kind, at, entry.event.id().as_bytes(), &body.encode_to_vec())
+    let id = entry.event.id().as_bytes();
+    Frame::append_to(out, entry.position, slot, kind, at, id, |out| body.encode_raw(out));
 }
 
 /// Why the feed lost changes, as a gap says it.
