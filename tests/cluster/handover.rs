@@ -444,3 +444,46 @@ async fn c3_a_move_that_cannot_be_made_is_refused_saying_why_and_changes_nothing
         server.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c7_cluster_leases_waits_out_a_move_to_a_target_that_answers_late_by_time_and_no_renewal_is_refused() {
+    // The target of a move is frozen (SIGSTOP) for 1.2 s, within its lease
+    // TTL: all that time the source refuses the moving slots' requests and
+    // names no owner. ClusterLeases waits such refusals out by time (3 s),
+    // not by a count of tries (five, about 0.75 s, before): the gateway
+    // renewing every 200 ms sees no refusal, and nobody flips.
+    let name = "slow-target";
+    let logs = daemon::scratch_dir(name);
+    let etcd = EtcdServer::start().await;
+    let nodes = three_node_processes(&etcd, &logs).await;
+    let client = etcd.client().await;
+    let traffic = Traffic::start(name, &nodes[0].url(), &nodes[0].url()).await;
+    let map = map_where(&client, "the map", |_| true).await;
+    let moving: std::collections::BTreeSet<u32> = traffic
+        .users
+        .iter()
+        .map(|user| slot_of(user, SLOTS))
+        .filter(|&slot| map.owner(slot).unwrap().node == NODES[0])
+        .take(8)
+        .collect();
+    assert!(!moving.is_empty(), "{} owns some of the users", NODES[0]);
+    let mut at_source = presence_proto::v1::cluster_client::ClusterClient::connect(nodes[0].url()).await.unwrap();
+    nodes[1].pause();
+    let request = pb::MoveSlotsRequest { slots: moving.iter().copied().collect(), to_node: NODES[1].into() };
+    let (moved, ()) = tokio::join!(at_source.move_slots(request), async {
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        nodes[1].resume();
+    });
+    let moved = moved.expect("the move completes once the target answers").into_inner();
+    assert!(moved.sessions > 0, "the slots held sessions: {moved:?}");
+    map_where(&client, "the slots at the target", |map| {
+        moving.iter().all(|&slot| map.owner(slot).is_some_and(|owner| owner.node == NODES[1]))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    traffic.finish_seeing_nothing(&logs).await;
+    for node in nodes {
+        node.stop().await;
+    }
+    let _ = std::fs::remove_dir_all(&logs);
+}

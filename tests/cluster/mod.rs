@@ -652,9 +652,23 @@ impl Traffic {
     /// going back at the viewer, and every user online at the version it
     /// had. `logs` says where the nodes' logs are.
     async fn finish(self, logs: &std::path::Path) {
+        self.finish_checking(logs, false).await;
+    }
+
+    /// [`Traffic::finish`], asserting besides that no renewal met any
+    /// refusal at all: the gateway saw nothing (C7).
+    async fn finish_seeing_nothing(self, logs: &std::path::Path) {
+        self.finish_checking(logs, true).await;
+    }
+
+    async fn finish_checking(self, logs: &std::path::Path, nothing_refused: bool) {
         let Traffic { users, viewer_url, before, renewing, watching, outages } = self;
         let _ = renewing.0.send(());
         let rounds = renewing.1.await.unwrap();
+        if nothing_refused {
+            let refused: Vec<&String> = rounds.iter().flat_map(|(_, failed)| failed).collect();
+            assert!(refused.is_empty(), "{} renewals were refused, first {:?}", refused.len(), refused.first());
+        }
         let _ = watching.0.send(());
         let seen = watching.1.await.unwrap();
         let lost: Vec<String> = rounds

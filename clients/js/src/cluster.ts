@@ -10,8 +10,10 @@
  * learns the slot map from those refusals: it sends each item to the node it
  * last learned owns the item's slot (at first, to the node it was given),
  * splits a batch by node, and sends refused items on to the owner named, a
- * few hops at most; a refusal that names no owner (none may act right now)
- * is retried after a short backoff. Of two routes for one slot it keeps the
+ * few hops at most; a refusal that names no owner (none may act right now:
+ * the slot is moving, or a node is being replaced) is retried after a short
+ * backoff, again and again for up to {@link MOVE_WAIT_MS}: a move is waited
+ * out by time, not by a count of tries. Of two routes for one slot it keeps the
  * one of the higher epoch: etcd's revisions only grow; a refusal of an older
  * epoch than the route known comes from a node a moment behind etcd, and is
  * retried after the backoff too.
@@ -61,11 +63,20 @@ import {
   type UnregisterInit,
 } from "./leaseChannel.js";
 
-/** How many times one item is sent on before its last refusal is its result. */
+/** How many times one item is sent on to an owner a refusal named before its last refusal is its result. */
 const MAX_HOPS = 5;
 
-/** The first wait before an item whose slot has no owner is sent again; it doubles per hop. */
-const NO_OWNER_BACKOFF_MS = 50;
+/**
+ * How long items whose slot has no owner that may act are sent again, a
+ * backoff apart, before their last refusal is their result: longer than a
+ * planned move or a takeover keeps a slot without one (C7, C4), well within
+ * a session's TTL. The Rust client's `MOVE_WAIT`.
+ */
+export const MOVE_WAIT_MS = 3_000;
+
+/** The first wait before an item whose slot has no owner is sent again; it doubles per try, up to the next. */
+const NO_OWNER_BACKOFF_MS = 25;
+const MAX_NO_OWNER_BACKOFF_MS = 200;
 
 /**
  * How long a node that could not be reached is not routed to, whatever
@@ -242,7 +253,9 @@ export class ClusterLeases {
     const results: (LeaseResult | undefined)[] = new Array(items.length).fill(undefined);
     let pending = items.map((_, index) => index);
     let backoff = NO_OWNER_BACKOFF_MS;
-    for (let hop = 0; hop < MAX_HOPS && pending.length > 0; hop++) {
+    const giveUpAt = Date.now() + MOVE_WAIT_MS;
+    let hops = 0;
+    while (pending.length > 0) {
       const byNode = new Map<string, number[]>();
       for (const index of pending) {
         const url = this.routeOf(userOf(items[index]!));
@@ -278,9 +291,14 @@ export class ClusterLeases {
         }),
       );
       pending = again;
-      if (pending.length > 0 && ownerless && hop + 1 < MAX_HOPS) {
+      if (pending.length === 0) break;
+      if (ownerless) {
+        // A slot without an owner that may act: waited out by time.
+        if (Date.now() + backoff > giveUpAt) break;
         await sleep(backoff);
-        backoff *= 2;
+        backoff = Math.min(backoff * 2, MAX_NO_OWNER_BACKOFF_MS);
+      } else if (++hops === MAX_HOPS) {
+        break;
       }
     }
     return results.map((result) => result ?? unavailable("not sent"));

@@ -10,7 +10,7 @@ import { test } from "node:test";
 
 import { Session, slotOf, pb } from "../src/index.js";
 import { connectClusterLeases } from "../src/node.js";
-import { TEST_TIMEOUT_MS, Server, freePort, scratchDir, until } from "./helpers.js";
+import { BINARY, TEST_TIMEOUT_MS, Server, freePort, scratchDir, until } from "./helpers.js";
 
 const SLOTS = 64;
 const PREFIX = "/js/";
@@ -217,4 +217,54 @@ test("C3: Sessions over a ClusterLeases renew at their users' owners and carry o
   });
   const closed = await sessions[users.indexOf(onB[0]!)]!.close();
   assert.ok(closed.removed && closed.changed, "closed at its owner, wherever that is now");
+});
+
+test("C7: a ClusterLeases waits out a move to a target that answers late by time, and no renewal is refused", { timeout: TEST_TIMEOUT_MS }, async (t) => {
+  // The target of a move is frozen (SIGSTOP) for 1.2 s, within its lease
+  // TTL: all that time the source refuses the slot's requests and names no
+  // owner. ClusterLeases waits such refusals out by time (MOVE_WAIT_MS, 3 s),
+  // not by a count of tries (five, about 0.75 s, before).
+  const { etcd, nodes, owners } = await threeNodes(t);
+  const leases = connectClusterLeases(nodes[0]!.url, SLOTS);
+  t.after(() => leases.close());
+  const users = Array.from({ length: 200 }, (_, i) => `late-${i}`);
+  const registered = await leases.submitBatch(
+    users.map((userId) => ({ op: { case: "register", value: { userId, sessionId: "s", gatewayId: "gw", ttlMs: 30_000 } } })),
+  );
+  const generations = registered.map((result, i) => {
+    assert.equal(result.result.case, "register", `${users[i]}: ${result.message}`);
+    return result.result.case === "register" ? result.result.value.generation : 0n;
+  });
+  const slot = [...new Set(users.map((user) => slotOf(user, SLOTS)))].find((slot) => owners.get(slot) === "node-a");
+  assert.ok(slot !== undefined, "node-a owns some of the users");
+  const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+  const refused: string[] = [];
+  let renewing = true;
+  const renewer = (async () => {
+    while (renewing) {
+      const results = await leases.submitBatch(
+        users.map((userId, i) => ({ op: { case: "renew", value: { userId, sessionId: "s", generation: generations[i]!, ttlMs: 30_000 } } })),
+      );
+      results.forEach((result, i) => {
+        if (result.code !== 0) refused.push(`${users[i]}: ${result.message}`);
+      });
+      await sleep(200);
+    }
+  })();
+  await sleep(500);
+  const target = nodes[1]!.child;
+  target.kill("SIGSTOP");
+  t.after(() => target.kill("SIGCONT"));
+  const move = spawn(BINARY, ["cluster", "move", `${slot}`, "node-b", "--etcd", etcd.endpoint, "--etcd-prefix", PREFIX, "--slots", `${SLOTS}`], {
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+  const moved = new Promise<number | null>((resolve) => move.once("exit", resolve));
+  await sleep(1_200);
+  target.kill("SIGCONT");
+  assert.equal(await moved, 0, "the move completes once the target answers");
+  await until("the slot at node-b", async () => (await etcd.owners()).get(slot) === "node-b");
+  await sleep(1_000);
+  renewing = false;
+  await renewer;
+  assert.deepEqual(refused.slice(0, 3), [], `${refused.length} renewals were refused`);
 });

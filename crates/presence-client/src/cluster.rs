@@ -9,7 +9,9 @@
 //! learned owns the item's slot (at first, to the node it was given), splits
 //! a batch by node, and sends refused items again to the owner named, a few
 //! hops at most. A refusal that names no owner (the slot has none that may act
-//! right now: a node is being replaced) is retried after a short backoff.
+//! right now: it is moving, or a node is being replaced) is retried after a
+//! short backoff, again and again for up to [`MOVE_WAIT`]: a move is waited
+//! out by time, not by a count of tries.
 //!
 //! Of two routes for one slot it keeps the one of the higher epoch: etcd's
 //! revisions only grow, so a node that still believes in an older ownership
@@ -43,11 +45,20 @@ use tonic::{Code, Status};
 use crate::error::ClientError;
 use crate::lease_channel::{LeaseChannel, LeaseChannelConfig, lease_item_calls, lease_result};
 
-/// How many times one item is sent on before its last refusal is its result.
+/// How many times one item is sent on to an owner a refusal named before
+/// its last refusal is its result.
 const MAX_HOPS: usize = 5;
 
-/// The first wait before an item whose slot has no owner is sent again; it doubles per hop.
-const NO_OWNER_BACKOFF: Duration = Duration::from_millis(50);
+/// How long items whose slot has no owner that may act are sent again, a
+/// backoff apart, before their last refusal is their result: longer than a
+/// planned move or a takeover keeps a slot without one (C7, C4), well
+/// within a session's TTL.
+const MOVE_WAIT: Duration = Duration::from_secs(3);
+
+/// The first wait before an item whose slot has no owner is sent again; it
+/// doubles per try, up to [`MAX_NO_OWNER_BACKOFF`].
+const NO_OWNER_BACKOFF: Duration = Duration::from_millis(25);
+const MAX_NO_OWNER_BACKOFF: Duration = Duration::from_millis(200);
 
 /// How long a node that could not be reached is not routed to, whatever
 /// refusals name it: until etcd's lease of a dead node expires, the other
@@ -182,7 +193,9 @@ impl ClusterLeases {
         let mut results: Vec<Option<pb::LeaseResult>> = vec![None; items.len()];
         let mut pending: Vec<usize> = (0..items.len()).collect();
         let mut backoff = NO_OWNER_BACKOFF;
-        for hop in 0..MAX_HOPS {
+        let give_up_at = tokio::time::Instant::now() + MOVE_WAIT;
+        let mut hops = 0;
+        loop {
             let mut by_node: HashMap<String, Vec<usize>> = HashMap::new();
             {
                 // One look at the routes for the whole hop.
@@ -246,9 +259,18 @@ impl ClusterLeases {
                 break;
             }
             pending = again;
-            if ownerless && hop + 1 < MAX_HOPS {
+            if ownerless {
+                // A slot without an owner that may act: waited out by time.
+                if tokio::time::Instant::now() + backoff > give_up_at {
+                    break;
+                }
                 tokio::time::sleep(backoff).await;
-                backoff *= 2;
+                backoff = (backoff * 2).min(MAX_NO_OWNER_BACKOFF);
+            } else {
+                hops += 1;
+                if hops == MAX_HOPS {
+                    break;
+                }
             }
         }
         results.into_iter().map(|result| result.unwrap_or_else(|| unavailable("not sent"))).collect()
