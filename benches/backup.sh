@@ -23,7 +23,8 @@ cd "$(dirname "$0")/.."
 USERS=${USERS:-400000}
 DURATION=${DURATION:-30s}
 RESULTS=${RESULTS:-$(mktemp -d /tmp/presenced-backup-bench.XXXXXX)}
-BIN=target/release/presenced
+mkdir -p "$RESULTS"
+BIN=${PRESENCED_BIN:-target/release/presenced}   # another build's binary, to compare
 LOADGEN=target/release/presence-loadgen
 
 cargo build --release -p presenced -p presence-loadgen >&2

@@ -14,8 +14,10 @@
 //! and room memberships) under its shard's lock, as a checkpoint takes it,
 //! at most 1,024 users per lock hold, so renewals wait for a short slice,
 //! never for a whole shard; each shard's stamp clock and room settings
-//! after its users. Different users are taken at different instants within
-//! the backup's run (0.13 s for 1M sessions), and no user tears. The
+//! after its users. After each shard the backup rests twice as long as the
+//! shard took, leaving the cores to renewals ([`REST_PER_WORK`]). Different
+//! users are taken at different instants within the backup's run (under a
+//! second for 1M sessions), and no user tears. The
 //! durable data is read in one read transaction, a view of it as of one
 //! instant. A user's leases and its durable rows may be from instants that
 //! far apart, which restores as it would had the write landed just after
@@ -28,6 +30,7 @@
 use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
+use std::time::Instant;
 
 use presence_core::checkpoint::{CheckpointError, CheckpointWriter, StoreLoader};
 use presence_core::{ConfigError, Store, StoreConfig, Tick};
@@ -42,6 +45,14 @@ const KIND_DURABLE: u8 = 2;
 /// Most bytes in one frame: bounds what a reader holds at a time and keeps
 /// each frame within one gRPC message of the default 4 MiB limit.
 pub(crate) const FRAME_BYTES: usize = 1 << 20;
+
+/// How long a backup rests after taking and sending a shard, for each unit
+/// of time that took: the heartbeat comes first, and a backup is work that
+/// can wait. On two cores busy with renewals, backups back to back that ran
+/// flat out put renewal p99 at 5-8x quiet; resting twice as long as they
+/// work, about 2.3x, each backup taking twice as long (docs/benchmarks.md,
+/// "Backup of 1M sessions").
+const REST_PER_WORK: u32 = 2;
 
 /// What a backup held.
 #[derive(Debug, Clone, Copy, Default)]
@@ -109,8 +120,12 @@ pub(crate) fn write(
         if !framer.open {
             return Ok(summary);
         }
+        let started = Instant::now();
         store.checkpoint_shard(shard, &mut writer);
         framer.frames(KIND_LEASES, &writer.take_chunk());
+        // Sending waits for the reader, which is part of the backup's work
+        // (the stream, the client writing the file): measured with it.
+        std::thread::sleep(started.elapsed() * REST_PER_WORK);
     }
     framer.frames(KIND_LEASES, &writer.finish());
     if let Some(durable) = durable {
