@@ -151,7 +151,7 @@ impl Frame {
             if at + PREFIX > bytes.len() {
                 return None;
             }
-            let len = PREFIX + u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+            let len = Frame::len_in(&bytes[at..]);
             let frame = Frame(bytes.slice(at..at + len));
             at += len;
             Some(frame)
@@ -193,17 +193,17 @@ impl Frame {
 
     /// The entry's position.
     pub fn position(&self) -> u64 {
-        u64::from_le_bytes(self.0[8..16].try_into().expect("8 bytes"))
+        Frame::cursor_in(&self.0).position
     }
 
     /// The slot of the entry's user or room.
     pub fn slot(&self) -> u32 {
-        u32::from_le_bytes(self.0[16..20].try_into().expect("4 bytes"))
+        Frame::cursor_in(&self.0).slot
     }
 
     /// The cursor just after this entry.
     pub fn cursor(&self) -> crate::Cursor {
-        crate::Cursor { position: self.position(), slot: self.slot() }
+        Frame::cursor_in(&self.0)
     }
 
     /// What it records.
@@ -213,7 +213,7 @@ impl Frame {
 
     /// The store time of the entry, ms.
     pub fn at(&self) -> u64 {
-        u64::from_le_bytes(self.0[21..29].try_into().expect("8 bytes"))
+        Frame::at_in(&self.0)
     }
 
     /// The user's or room's id (empty for a gap).
