@@ -188,7 +188,7 @@ async fn install_metrics_recorder(
     addr: std::net::SocketAddr,
 ) -> Result<(TcpListener, presence_server::RenderMetrics), String> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-    use presence_server::metrics::{LATENCY_BUCKETS, names};
+    use presence_server::metrics::{LATENCY_BUCKETS, MOVE_BUCKETS, names};
     let cannot = |err: &dyn std::fmt::Display| format!("cannot serve metrics on {addr}: {err}");
     let listener = TcpListener::bind(addr).await.map_err(|err| cannot(&err))?;
     let mut builder = PrometheusBuilder::new();
@@ -197,6 +197,11 @@ async fn install_metrics_recorder(
     {
         builder = builder
             .set_buckets_for_metric(Matcher::Full(histogram.to_owned()), LATENCY_BUCKETS)
+            .map_err(|err| cannot(&err))?;
+    }
+    for histogram in [names::MOVE_FREEZE_SECONDS, names::REQUEST_HOLD_SECONDS] {
+        builder = builder
+            .set_buckets_for_metric(Matcher::Full(histogram.to_owned()), MOVE_BUCKETS)
             .map_err(|err| cannot(&err))?;
     }
     let recorder = builder.build_recorder();

@@ -487,3 +487,100 @@ async fn c7_cluster_leases_waits_out_a_move_to_a_target_that_answers_late_by_tim
     }
     let _ = std::fs::remove_dir_all(&logs);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c7_slots_move_while_a_gateway_that_never_retries_renews_every_session_and_sees_no_refusal_and_nobody_flips() {
+    // The gateway follows a refusal that names an owner (that is routing)
+    // but never sends a refused item again: a refusal naming no owner is its
+    // result, as for a gateway that waits for its next heartbeat. It is two
+    // clients, one learning owners from refusals only, one from etcd too (it
+    // may learn of a move before the target acts on it). Sessions are
+    // renewed in small chunks every 5 ms, so that every freeze meets some. Each of node-a's slots moves to node-b on its own,
+    // then all of them move back at once: requests that meet a freeze wait
+    // at the node that received them and are answered by the owner after it.
+    const TTL_MS: u32 = 5_000;
+    let etcd = EtcdServer::start().await;
+    let (servers, map) = three_nodes_with(&etcd, fast_config, false).await;
+    let users: Vec<String> = (0..1_200).map(|i| format!("steady-{i}")).collect();
+    let never_retrying = || {
+        ClusterLeases::new(&servers[2].url(), SLOTS, LeaseChannelConfig::default())
+            .unwrap()
+            .with_move_wait(Duration::ZERO)
+    };
+    let following_etcd = never_retrying();
+    following_etcd.follow_etcd(std::slice::from_ref(&etcd.endpoint), PREFIX).await.unwrap();
+    let gateways = std::sync::Arc::new([never_retrying(), following_etcd]);
+    let leases = &gateways[0];
+    let registered = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
+    let generations: Vec<(String, u64)> = users
+        .iter()
+        .zip(registered)
+        .map(|(user, result)| match lease_result(result) {
+            Ok(pb::lease_result::Result::Register(done)) => (user.clone(), done.generation),
+            other => panic!("{user}: {other:?}"),
+        })
+        .collect();
+    let mut viewer = servers[2].client().await;
+    let before = presences(&mut viewer, &users).await;
+    let watching = watch_through_failures(servers[2].url(), users.clone());
+
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let renewer = {
+        let (gateways, generations) = (std::sync::Arc::clone(&gateways), std::sync::Arc::new(generations));
+        tokio::spawn(async move {
+            let mut chunks = tokio::task::JoinSet::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(5));
+            let (mut next, mut gateway) = (0, 0);
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    _ = tick.tick() => {}
+                }
+                let range = next..(next + 30).min(generations.len());
+                next = if range.end == generations.len() { 0 } else { range.end };
+                gateway = (gateway + 1) % 2;
+                let (gateways, generations) = (std::sync::Arc::clone(&gateways), std::sync::Arc::clone(&generations));
+                chunks.spawn(async move {
+                    let items =
+                        generations[range.clone()].iter().map(|(user, generation)| renew(user, *generation, TTL_MS));
+                    let results = gateways[gateway].submit_batch(items.collect()).await;
+                    let sessions = generations[range].iter();
+                    sessions
+                        .zip(results)
+                        .filter(|(_, result)| result.code != 0)
+                        .map(|((user, _), result)| format!("{user}: {} {}", result.code, result.message))
+                        .collect::<Vec<String>>()
+                });
+            }
+            let mut refused = Vec::new();
+            let mut sent = 0;
+            while let Some(chunk) = chunks.join_next().await {
+                refused.extend(chunk.unwrap());
+                sent += 1;
+            }
+            (sent, refused)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let moving: Vec<u32> = map.owned_by("node-a").collect();
+    assert!(moving.len() > 5, "node-a owns {} slots", moving.len());
+    let mut at_a = presence_proto::v1::cluster_client::ClusterClient::connect(servers[0].url()).await.unwrap();
+    for &slot in &moving {
+        let request = pb::MoveSlotsRequest { slots: vec![slot], to_node: "node-b".into() };
+        at_a.move_slots(request).await.unwrap_or_else(|status| panic!("slot {slot} to node-b: {status:?}"));
+    }
+    let mut at_b = presence_proto::v1::cluster_client::ClusterClient::connect(servers[1].url()).await.unwrap();
+    let back = pb::MoveSlotsRequest { slots: moving.clone(), to_node: "node-a".into() };
+    at_b.move_slots(back).await.expect("every slot back to node-a");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let _ = stop.send(());
+    let (sent, refused) = renewer.await.unwrap();
+    assert!(sent > 100, "renewals went on all along: {sent} chunks");
+    assert!(refused.is_empty(), "{} renewals were refused to the gateway, first {:?}", refused.len(), refused.first());
+    let _ = watching.0.send(());
+    let seen = watching.1.await.unwrap();
+    assert_no_offline_and_no_version_back(&seen, "no OFFLINE through the moves");
+    assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
+}

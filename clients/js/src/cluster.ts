@@ -141,6 +141,8 @@ export class ClusterLeases {
   private readonly scheme: string;
   /** The slot map followed in etcd, once {@link followEtcd} was called. */
   private follower: EtcdFollower | undefined;
+  /** How long (ms) refusals naming no owner are sent again: {@link MOVE_WAIT_MS} unless set. */
+  private moveWaitMs = MOVE_WAIT_MS;
 
   /**
    * Routes over the cluster of `slots` slots (the nodes' `--slots`) that the
@@ -156,6 +158,18 @@ export class ClusterLeases {
     this.slots = Math.max(1, slots);
     this.routes = new Array<Route | undefined>(this.slots).fill(undefined);
     this.scheme = seed.startsWith("https://") ? "https://" : "http://";
+  }
+
+  /**
+   * Sends items refused for a slot with no owner that may act again for up
+   * to `ms` instead of {@link MOVE_WAIT_MS}; 0 never sends them again, as a
+   * gateway that waits for its next heartbeat would not (their refusal is
+   * their result). Refusals that name an owner are still followed there:
+   * that is routing, not a retry. Returns this client.
+   */
+  withMoveWait(ms: number): this {
+    this.moveWaitMs = Math.max(0, ms);
+    return this;
   }
 
   /** The node (its URL) this client sends `userId`'s items to now. */
@@ -253,7 +267,7 @@ export class ClusterLeases {
     const results: (LeaseResult | undefined)[] = new Array(items.length).fill(undefined);
     let pending = items.map((_, index) => index);
     let backoff = NO_OWNER_BACKOFF_MS;
-    const giveUpAt = Date.now() + MOVE_WAIT_MS;
+    const giveUpAt = Date.now() + this.moveWaitMs;
     let hops = 0;
     while (pending.length > 0) {
       const byNode = new Map<string, number[]>();

@@ -274,3 +274,32 @@ test("ClusterLeases routes to a node it could not reach at once when it is given
   assert.equal(renewed!.code, 0, "within the second, routed to node-a for its new ownership");
   assert.ok(sent.includes("http://a:1"), `${sent}`);
 });
+
+test("C7: a ClusterLeases with no move wait sends nothing refused for a slot with no owner again; by default it waits the move out", { timeout: TEST_TIMEOUT_MS }, async () => {
+  // The node refuses the first two sends naming no owner (a freeze past its wait), then answers.
+  let sends = 0;
+  const open = () =>
+    ({
+      submitBatch: async (items: pb.LeaseItem[]) => {
+        sends += 1;
+        if (sends > 2) return items.map(() => create(pb.LeaseResultSchema, { code: 0 }));
+        return items.map((item) =>
+          create(pb.LeaseResultSchema, {
+            code: Code.Unavailable,
+            message: "moving",
+            notOwner: { slot: slotOf(item.op.value?.userId ?? "", 16), epoch: 3n, ownerId: "", ownerAddr: "" },
+          }),
+        );
+      },
+      close: () => {},
+    }) as unknown as LeaseChannel;
+  const renew = { op: { case: "renew" as const, value: { userId: "u", sessionId: "s", generation: 1n } } };
+  const once = new ClusterLeases("http://b:1", 16, open).withMoveWait(0);
+  const [refused] = await once.submitBatch([renew]);
+  assert.equal(refused!.code, Code.Unavailable, "the refusal is the result");
+  assert.equal(sends, 1, "sent once");
+  sends = 0;
+  const [renewed] = await new ClusterLeases("http://b:1", 16, open).submitBatch([renew]);
+  assert.equal(renewed!.code, 0, "waited out by time");
+  assert.equal(sends, 3);
+});

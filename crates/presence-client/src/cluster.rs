@@ -111,6 +111,8 @@ struct Shared {
     channels: Mutex<HashMap<String, LeaseChannel>>,
     /// Nodes that could not be reached, until when they are not routed to.
     unreachable: Mutex<HashMap<String, Shunned>>,
+    /// How long refusals naming no owner are sent again ([`MOVE_WAIT`] unless set).
+    move_wait: Duration,
 }
 
 impl ClusterLeases {
@@ -128,8 +130,22 @@ impl ClusterLeases {
             routes: Mutex::new(vec![None; slots.max(1) as usize]),
             channels: Mutex::new(HashMap::from([(seed.to_owned(), channel)])),
             unreachable: Mutex::new(HashMap::new()),
+            move_wait: MOVE_WAIT,
         };
         Ok(ClusterLeases { shared: Arc::new(shared) })
+    }
+
+    /// This client, sending items refused for a slot with no owner that may
+    /// act again for up to `wait` instead of [`MOVE_WAIT`]; `Duration::ZERO`
+    /// never sends them again, as a gateway that waits for its next
+    /// heartbeat would not (their refusal is their result). Refusals that
+    /// name an owner are still followed there: that is routing, not a retry.
+    /// Call before the first batch and before cloning.
+    pub fn with_move_wait(mut self, wait: Duration) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.move_wait = wait;
+        }
+        self
     }
 
     /// The node (its URL) this client sends `user_id`'s items to now.
@@ -193,7 +209,7 @@ impl ClusterLeases {
         let mut results: Vec<Option<pb::LeaseResult>> = vec![None; items.len()];
         let mut pending: Vec<usize> = (0..items.len()).collect();
         let mut backoff = NO_OWNER_BACKOFF;
-        let give_up_at = tokio::time::Instant::now() + MOVE_WAIT;
+        let give_up_at = tokio::time::Instant::now() + self.shared.move_wait;
         let mut hops = 0;
         loop {
             let mut by_node: HashMap<String, Vec<usize>> = HashMap::new();

@@ -41,9 +41,9 @@ pub use slots::{SlotSet, slot_of};
 pub use store::Store;
 pub use types::{
     Availability, ChangeKind, Changes, Erased, Imported, Joined, Left, Presence, PresenceChange, Registered,
-    Registration, Renewal, Renewed, Revoked, RoomAccess, RoomChange, RoomChangeKind, RoomEventBody, RoomMember,
-    RoomMetadata, RoomRef, RoomView, SIGNAL_SET_CAP, Signalled, State, Status, StoreStats, UnregisterOutcome,
-    Unregistered, UserView,
+    Registration, Renewal, Renewed, Replaced, Revoked, RoomAccess, RoomChange, RoomChangeKind, RoomEventBody,
+    RoomMember, RoomMetadata, RoomRef, RoomView, SIGNAL_SET_CAP, Signalled, State, Status, StoreStats,
+    UnregisterOutcome, Unregistered, UserView,
 };
 pub use validate::{
     MAX_ID_BYTES, MAX_METADATA_ENTRIES, MAX_METADATA_KEY_BYTES, MAX_METADATA_VALUE_BYTES, MAX_SIGNAL_KIND_BYTES,

@@ -59,8 +59,8 @@ use crate::rooms::{MemberMetadata, MetadataSlots, NO_METADATA, RoomFact};
 use crate::slots::SlotSet;
 use crate::stamp::StampClock;
 use crate::types::{
-    ChangeKind, Erased, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked, RoomMetadata,
-    RoomRef, State, Status, UnregisterOutcome, Unregistered, UserView,
+    ChangeKind, Erased, Imported, Presence, PresenceChange, Registered, Registration, Renewal, Renewed, Revoked,
+    RoomMetadata, RoomRef, State, Status, UnregisterOutcome, Unregistered, UserView,
 };
 
 /// What a shard operation appends its users' changes to; the room changes
@@ -479,6 +479,19 @@ pub(crate) struct Shard {
     /// but a renewal's new deadline, since the last [`Shard::take_changed`].
     /// `None` unless the store is asked to track them.
     changed: Option<hashbrown::HashSet<CompactString>>,
+    /// The users of the slots a move is copying (C7) that changed since the
+    /// last [`Shard::take_moving_changed`]: every change, a renewal's new
+    /// deadline included, for the move to send before it freezes them.
+    /// `None` while no move copies slots out of this store.
+    moving: Option<MovingSlots>,
+}
+
+/// The slots a move copies out of a shard, and their users changed since
+/// the move last sent them (see [`Shard::moving`]).
+#[derive(Debug)]
+struct MovingSlots {
+    slots: SlotSet,
+    changed: hashbrown::HashSet<CompactString>,
 }
 
 impl Shard {
@@ -515,6 +528,7 @@ impl Shard {
             signals: HashMap::new(),
             facts: Vec::new(),
             changed: None,
+            moving: None,
         }
     }
 
@@ -534,6 +548,29 @@ impl Shard {
             let id = &self.users[slot as usize].id;
             if !changed.contains(id) {
                 changed.insert(id.clone());
+            }
+        }
+        self.note_moving(slot);
+    }
+
+    /// Starts noting which users of `slots` change in any way (a move copies
+    /// them, C7), or stops with `None`; forgets what was noted before.
+    pub(crate) fn track_moving(&mut self, slots: Option<&SlotSet>) {
+        self.moving = slots.map(|slots| MovingSlots { slots: slots.clone(), changed: Default::default() });
+    }
+
+    /// The users of the moving slots changed since the last call, each once.
+    pub(crate) fn take_moving_changed(&mut self) -> Vec<CompactString> {
+        self.moving.as_mut().map(|moving| moving.changed.drain().collect()).unwrap_or_default()
+    }
+
+    /// Notes that the user in `slot` changed, when it is in a moving slot.
+    #[inline]
+    fn note_moving(&mut self, slot: u32) {
+        if let Some(moving) = &mut self.moving {
+            let id = &self.users[slot as usize].id;
+            if moving.slots.holds(id.as_bytes()) && !moving.changed.contains(id) {
+                moving.changed.insert(id.clone());
             }
         }
     }
@@ -677,6 +714,7 @@ impl Shard {
         let expires_at = now + u64::from(ttl_ms);
         let previous_deadline = lease.expires_at;
         self.set_times(index, now, expires_at);
+        self.note_moving(slot);
         // The user's timer is at or before this lease's previous deadline, so a
         // renewal that moves the deadline later leaves it right, and the wheel
         // is not even read. Only a shorter TTL than the time left can need an
@@ -1545,16 +1583,17 @@ impl Shard {
     /// Drops, publishing nothing, the users named that this shard holds (a
     /// follower's copy of users its owner forgot or no longer has). Returns
     /// how many it held.
-    pub(crate) fn release_users(&mut self, now: Tick, user_ids: &[CompactString]) -> usize {
+    pub(crate) fn release_users(&mut self, now: Tick, user_ids: &[CompactString]) -> Imported {
         let now = self.advance(now);
-        let mut released = 0;
+        let sessions_before = self.sessions;
+        let mut users = 0;
         for user_id in user_ids {
             if let Some(slot) = self.find(user_id) {
                 self.drop_user(slot, now);
-                released += 1;
+                users += 1;
             }
         }
-        released
+        Imported { users, sessions: sessions_before - self.sessions }
     }
 
     /// Drops the user in `slot` whole, publishing nothing; the last user takes its slot.

@@ -23,7 +23,8 @@ use crate::slots::SlotSet;
 use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 use crate::types::{
     Changes, Erased, Imported, Joined, Left, Presence, PresenceChange, Registered, Registration, Renewal, Renewed,
-    Revoked, RoomAccess, RoomChange, RoomRef, RoomView, Signalled, Status, StoreStats, Unregistered, UserView,
+    Replaced, Revoked, RoomAccess, RoomChange, RoomRef, RoomView, Signalled, Status, StoreStats, Unregistered,
+    UserView,
 };
 use crate::validate;
 use crate::wheel::Tick;
@@ -911,6 +912,40 @@ impl Store {
         self.shards.iter().flat_map(|shard| shard.lock().take_changed()).collect()
     }
 
+    /// Starts noting every change to the users of `slots` (a move copies
+    /// them while they are served, C7), renewals' new deadlines included,
+    /// for [`Store::take_moving_changed`]; `None` stops. One move at a time:
+    /// a call forgets what the last one noted.
+    pub fn track_moving(&self, slots: Option<&SlotSet>) {
+        self.shards.iter().for_each(|shard| shard.lock().track_moving(slots));
+    }
+
+    /// The users of the moving slots that changed since the last call, each
+    /// once: what a move sends again before it freezes the slots.
+    pub fn take_moving_changed(&self) -> Vec<CompactString> {
+        self.shards.iter().flat_map(|shard| shard.lock().take_moving_changed()).collect()
+    }
+
+    /// Takes in a move's later state of some users (C7): each user `bytes`
+    /// holds (as [`Store::export_users`] writes it) replaces what this store
+    /// holds of it, and each of `absent` (users the source no longer holds)
+    /// is dropped. Publishes no change; the room facts of the users taken are
+    /// put in `changes`, as [`Store::import`] does.
+    pub fn replace_users(
+        &self,
+        now: Tick,
+        bytes: &[u8],
+        absent: &[CompactString],
+        changes: &mut Changes,
+    ) -> Result<Replaced, CheckpointError> {
+        let handed = self.decode_raising_clocks(bytes)?;
+        let mut replaced: Vec<CompactString> =
+            handed.users.iter().map(|user| CompactString::from(user.user_id.as_str())).collect();
+        replaced.extend(absent.iter().cloned());
+        let dropped = self.drop_users(now, &replaced);
+        Ok(Replaced { dropped, taken: self.import_decoded(now, &handed, changes) })
+    }
+
     /// The state of the users named, as [`Store::export_slots`] writes it,
     /// and the ones this store does not hold (forgotten, or never seen).
     pub fn export_users(&self, user_ids: &[CompactString], at: Tick) -> (Vec<u8>, Vec<CompactString>) {
@@ -933,6 +968,11 @@ impl Store {
     /// Drops, publishing nothing, the users named (a follower's copy of users
     /// its owner no longer holds). Returns how many were held.
     pub fn release_users(&self, now: Tick, user_ids: &[CompactString]) -> usize {
+        self.drop_users(now, user_ids).users
+    }
+
+    /// [`Store::release_users`], answering the users and sessions dropped.
+    fn drop_users(&self, now: Tick, user_ids: &[CompactString]) -> Imported {
         let mut by_shard: Vec<Vec<CompactString>> = vec![Vec::new(); self.shards.len()];
         for user_id in user_ids {
             by_shard[self.shard_of(user_id)].push(user_id.clone());
@@ -943,7 +983,10 @@ impl Store {
             .enumerate()
             .filter(|(_, ids)| !ids.is_empty())
             .map(|(index, ids)| self.with_shard_at(index, &mut unpublished, |shard, _| shard.release_users(now, ids)))
-            .sum()
+            .fold(Imported::default(), |all, shard| Imported {
+                users: all.users + shard.users,
+                sessions: all.sessions + shard.sessions,
+            })
     }
 
     /// Takes over users a follower kept of a dead node (C4; the bytes of

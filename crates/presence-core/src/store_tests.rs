@@ -2970,3 +2970,45 @@ mod rooms_across_nodes {
         }
     }
 }
+
+#[test]
+fn c7_a_moves_copy_made_while_served_and_sent_its_changes_ends_equal_to_the_source() {
+    let (source, target) = (c4_store(), c4_store());
+    let slots = 4;
+    let users: Vec<String> = (0..40).map(|n| format!("u{n}")).collect();
+    let mut changes = Changes::default();
+    let mut generations = std::collections::HashMap::new();
+    for user in &users {
+        generations.insert(user.clone(), register(&source, T0, reg(user, "s", "gw", 1_000), &mut changes).generation);
+    }
+    let moving = SlotSet::of(slots, [1]);
+    let in_move: Vec<&String> = users.iter().filter(|user| moving.holds(user)).collect();
+    assert!(in_move.len() > 3 && in_move.len() < users.len(), "some users in the slot, not all");
+    source.track_moving(Some(&moving));
+    // The copy, then the source serves on: renewals, an unregister, a new user, an expiry.
+    target.import(T0, &source.export_slots(&moving, T0), &mut Changes::default()).expect("the copy");
+    for user in &in_move[1..] {
+        source.renew(T0 + 400, user, "s", generations[*user], 1_000, &mut changes).expect("renewed");
+    }
+    source.unregister(T0 + 400, in_move[1], "s", generations[in_move[1]], 0, &mut changes).expect("unregistered");
+    let newcomer = users.iter().map(|user| format!("{user}-new")).find(|user| moving.holds(user)).expect("one");
+    register(&source, T0 + 400, reg(&newcomer, "s", "gw", 1_000), &mut changes);
+    let outside = users.iter().find(|user| !moving.holds(user)).expect("one outside");
+    source.renew(T0 + 400, outside, "s", generations[outside], 1_000, &mut changes).expect("renewed");
+    drive(&source, T0 + 400, T0 + 1_001);
+
+    let mut changed = source.take_moving_changed();
+    changed.sort();
+    assert!(!changed.iter().any(|user| !moving.holds(user)), "only the moving slots' users: {changed:?}");
+    assert_eq!(changed.len(), in_move.len() + 1, "every user of the slot changed, and the newcomer: {changed:?}");
+    let (bytes, absent) = source.export_users(&changed, T0 + 1_001);
+    target.replace_users(T0 + 1_001, &bytes, &absent, &mut Changes::default()).expect("the changes");
+    for user in in_move.iter().map(|user| user.as_str()).chain([newcomer.as_str()]) {
+        assert_eq!(presence(&target, T0 + 1_001, user), presence(&source, T0 + 1_001, user), "{user}");
+        assert_eq!(leases(&target, T0 + 1_001, user), leases(&source, T0 + 1_001, user), "{user}'s deadlines");
+    }
+    assert!(source.take_moving_changed().is_empty(), "taken: nothing new");
+    source.track_moving(None);
+    source.renew(T0 + 1_200, in_move[2], "s", generations[in_move[2]], 1_000, &mut changes).expect("renewed");
+    assert!(source.take_moving_changed().is_empty(), "nothing is noted once the move stopped tracking");
+}

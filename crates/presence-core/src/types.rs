@@ -387,3 +387,13 @@ pub struct Imported {
     /// Their sessions.
     pub sessions: usize,
 }
+
+/// What [`Store::replace_users`](crate::Store::replace_users) did: the users
+/// (and their sessions) it dropped, and those it took in their place.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replaced {
+    /// What this store held of the users named, dropped.
+    pub dropped: Imported,
+    /// What it took.
+    pub taken: Imported,
+}

@@ -27,6 +27,9 @@ pub(crate) struct NotOwner {
     pub(crate) epoch: i64,
     pub(crate) owner_id: String,
     pub(crate) owner_addr: String,
+    /// The slot is this node's, frozen for the last step of a move (C7): a
+    /// request may wait the freeze out here instead of being refused.
+    pub(crate) frozen: bool,
 }
 
 /// Why the service refused a request. Every refusal changed nothing.
@@ -221,8 +224,13 @@ pub(crate) enum ServiceError {
 }
 
 fn not_owner_message(not_owner: &NotOwner) -> String {
-    let NotOwner { slot, epoch, owner_id, owner_addr } = not_owner;
-    if owner_id.is_empty() {
+    let NotOwner { slot, epoch, owner_id, owner_addr, frozen } = not_owner;
+    if *frozen {
+        format!(
+            "slot {slot} is moving between nodes (epoch {epoch}) and stayed frozen longer than requests wait for it; \
+             retry after a backoff"
+        )
+    } else if owner_id.is_empty() {
         format!("slot {slot} has no owner that may act now (epoch {epoch}); retry after a backoff")
     } else {
         format!(

@@ -172,7 +172,7 @@ pub fn leases(shed_renewals: bool, frame: &[u8]) {
     }
     let items = batch.items.len();
     let batch_id = batch.batch_id;
-    let results = leases::apply(&context(), batch, shed_renewals);
+    let results = leases::apply(&context(), &batch, shed_renewals);
     assert_eq!((results.batch_id, results.results.len()), (batch_id, items), "one result per item (L8)");
 }
 
@@ -436,7 +436,7 @@ fn lease_seeds() -> Vec<(&'static str, u8, pb::LeaseBatch)> {
         batch_id: 1,
         items: vec![item(Op::Register(register("alice", "s1"))), item(Op::Register(register("bob", "s1")))],
     };
-    let answered = leases::apply(&context(), LeaseBatchFrame::from(&registers), false);
+    let answered = leases::apply(&context(), &LeaseBatchFrame::from(&registers), false);
     let generation = match &answered.results[0].result {
         Some(pb::lease_result::Result::Register(registered)) => registered.generation,
         other => panic!("a register is answered with its generation, not {other:?}"),
@@ -555,7 +555,7 @@ mod tests {
         let seeds = seeds();
         for seed in seeds.iter().filter(|seed| seed.target == "leases") {
             let batch = LeaseBatchFrame::decode(&seed.bytes[1..]).unwrap();
-            let results = leases::apply(&context(), batch, seed.bytes[0] & 1 == 1);
+            let results = leases::apply(&context(), &batch, seed.bytes[0] & 1 == 1);
             let codes: Vec<u32> = results.results.iter().map(|result| result.code).collect();
             let expected = if seed.name.contains("shed") { tonic::Code::ResourceExhausted } else { tonic::Code::Ok };
             assert!(codes.iter().all(|&code| code == expected as u32), "{}: {results:?}", seed.name);

@@ -106,6 +106,15 @@ pub mod names {
     pub const CHECKPOINTS: &str = "presenced_checkpoints_total";
     /// From an owner taking its users' changes to their follower applying them, in seconds (histogram, C4).
     pub const FOLLOWER_LAG_SECONDS: &str = "presenced_follower_lag_seconds";
+    /// How long a move's slots were frozen at this node, the node handing them over: from refusing
+    /// them to etcd giving them to the target, in seconds (histogram, C7).
+    pub const MOVE_FREEZE_SECONDS: &str = "presenced_move_freeze_seconds";
+    /// Freezes given up past their bound: the slots were answered here again and stayed (counter, C7).
+    pub const MOVE_FREEZES_ABORTED: &str = "presenced_move_freezes_aborted_total";
+    /// Requests for a frozen slot that waited the freeze out at this node instead of being refused (counter, C7).
+    pub const REQUESTS_HELD: &str = "presenced_requests_held_total";
+    /// How long those requests waited, in seconds (histogram, C7).
+    pub const REQUEST_HOLD_SECONDS: &str = "presenced_request_hold_seconds";
     /// Users taken over from this node's copy when their owner died (counter, C4).
     pub const TAKEN_OVER_USERS: &str = "presenced_taken_over_users_total";
     /// Group ledger entries newer than this node's, taken in from other nodes, by `via`: sent (another node's write), catch_up (counter).
@@ -186,6 +195,11 @@ pub(crate) fn checkpoint_written(ok: bool) {
 /// Buckets for the latency histograms, in seconds: 50 µs to 5 s.
 pub const LATENCY_BUCKETS: &[f64] =
     &[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+
+/// Buckets for a move's freeze and the requests held through it, in
+/// seconds: 1 ms to 1 s, fine around their bounds (20 ms, 250 ms).
+pub const MOVE_BUCKETS: &[f64] =
+    &[0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.5, 1.0];
 
 /// The results a renewal can have, as counted.
 #[derive(Debug, Clone, Copy)]
@@ -329,6 +343,10 @@ pub(crate) struct Totals {
 pub(crate) struct Metrics {
     renewals: [Tally; RenewResult::COUNT],
     pub(crate) renewal_seconds: Histogram,
+    pub(crate) requests_held: Counter,
+    pub(crate) move_freeze_seconds: Histogram,
+    pub(crate) move_freezes_aborted: Counter,
+    pub(crate) request_hold_seconds: Histogram,
     pub(crate) registers_ok: Tally,
     pub(crate) registers_invalid: Tally,
     pub(crate) reconnects: Counter,
@@ -370,6 +388,10 @@ impl Metrics {
                 renewal("not_owner"),
             ],
             renewal_seconds: histogram!(names::RENEWAL_SECONDS),
+            requests_held: counter!(names::REQUESTS_HELD),
+            move_freeze_seconds: histogram!(names::MOVE_FREEZE_SECONDS),
+            move_freezes_aborted: counter!(names::MOVE_FREEZES_ABORTED),
+            request_hold_seconds: histogram!(names::REQUEST_HOLD_SECONDS),
             registers_ok: Tally::new(counter!(names::REGISTERS, "result" => "ok")),
             registers_invalid: Tally::new(counter!(names::REGISTERS, "result" => "invalid")),
             reconnects: counter!(names::RECONNECTS),

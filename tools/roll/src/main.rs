@@ -21,6 +21,7 @@
 //! session's example says when it was last renewed, when last refused and
 //! in how many heartbeats in a row. It exits 1 if any target is missed.
 
+mod moves;
 mod nodes;
 mod traffic;
 
@@ -75,9 +76,10 @@ struct Args {
     /// Traffic before the roll and after it, for the latency beside it.
     #[arg(long, default_value_t = 5)]
     settle_secs: u64,
-    /// Renewals refused while their slot moves wait for the next heartbeat
-    /// instead of being retried after the client's backoff, as `Session`
-    /// does: shows how long moves refuse slots next to the heartbeat.
+    /// A renewal refused is not sent again, neither by the generator nor
+    /// by its client (`ClusterLeases` waits out no move): the session waits
+    /// for its next heartbeat, as a hand-written gateway does. Every refusal
+    /// the generator sees then misses a target (C7: moves refuse nothing).
     #[arg(long)]
     no_renewal_retry: bool,
     /// Plaintext everywhere instead of TLS on every connection.
@@ -124,6 +126,16 @@ struct Report {
     /// and from the round's send to that OK: p50, p99, max (ms).
     renewed_on_retry: u64,
     retried_until_renewed_ms: [f64; 3],
+    /// Whether refused renewals were never sent again (`--no-renewal-retry`).
+    no_renewal_retry: bool,
+    /// Requests the nodes held through a freeze (C7), and their wait: p50, p99 (ms, bucket bounds).
+    requests_held: u64,
+    held_wait_ms: [f64; 2],
+    /// Freezes of moves, and how long: p50, p99, max (ms, bucket bounds).
+    freezes: u64,
+    freeze_ms: [f64; 3],
+    /// Freezes given up past their bound.
+    freezes_aborted: u64,
     renewal_p99_ms: [f64; 3],
     renewal_p50_ms: [f64; 3],
     registers: u64,
@@ -159,6 +171,9 @@ impl Report {
         check(self.versions_back, "versions going back at a viewer");
         check(self.viewer_reloaded as usize, "viewer streams reloaded instead of resumed");
         check(self.not_acknowledged as usize, "operations never acknowledged");
+        if self.no_renewal_retry {
+            check(self.renewals_refused as usize, "renewal attempts refused to a generator that never retries");
+        }
         missed
     }
 }
@@ -224,7 +239,10 @@ async fn run(args: Args) -> Result<Report, String> {
 
     // The sessions, then the traffic that runs through the roll.
     let users: Vec<String> = (0..args.sessions).map(|i| format!("user-{i}")).collect();
-    let leases = reach.leases(&reach.urls[0]);
+    let leases = match args.no_renewal_retry {
+        true => reach.leases(&reach.urls[0]).with_move_wait(Duration::ZERO),
+        false => reach.leases(&reach.urls[0]),
+    };
     let generations = traffic::register_all(&leases, &users, args.ttl_ms).await?;
     let sessions = Arc::new(users.iter().cloned().zip(generations).collect::<Vec<_>>());
     eprintln!("{} sessions registered; traffic starts", sessions.len());
@@ -255,7 +273,7 @@ async fn run(args: Args) -> Result<Report, String> {
     for node in &mut nodes {
         eprintln!("{}: SIGTERM", node.id);
         let stopping = Instant::now();
-        node.stop().await?;
+        node.stop(&probe).await?;
         let stop_ms = stopping.elapsed().as_millis() as u64;
         let starting = Instant::now();
         node.start(&next_binary).await?;
@@ -280,8 +298,11 @@ async fn run(args: Args) -> Result<Report, String> {
     }
     let lost = traffic::lost_operations(&reach, &reach.urls[0], &churn).await?;
     for node in &mut nodes {
-        node.stop().await?;
+        node.stop(&probe).await?;
     }
+    let mut moves = moves::MoveMetrics::default();
+    nodes.iter().for_each(|node| moves.add(&node.moves()));
+    let (freezes, freeze_ms) = moves.freezes();
 
     let millis = |histogram: &hdrhistogram::Histogram<u64>, q: f64| {
         if histogram.is_empty() { 0.0 } else { histogram.value_at_quantile(q) as f64 / 1_000.0 }
@@ -309,6 +330,12 @@ async fn run(args: Args) -> Result<Report, String> {
             millis(&renewals.retried_until_renewed, 0.99),
             renewals.retried_until_renewed.max() as f64 / 1_000.0,
         ],
+        no_renewal_retry: args.no_renewal_retry,
+        requests_held: moves.requests_held,
+        held_wait_ms: moves.hold_ms(),
+        freezes,
+        freeze_ms,
+        freezes_aborted: moves.freezes_aborted,
         renewal_p99_ms: phases.map(|histogram| millis(histogram, 0.99)),
         renewal_p50_ms: phases.map(|histogram| millis(histogram, 0.5)),
         registers: churn.registers,
@@ -354,6 +381,12 @@ fn print_report(report: &Report) {
     println!(
         "  renewals: {} answered OK; {} attempts refused while a slot moved or a node restarted; {} sessions renewed on a retry, {retry50:.0}/{retry99:.0}/{retry_max:.0} ms (p50/p99/max) after their round's send",
         report.renewals, report.renewals_refused, report.renewed_on_retry
+    );
+    let [held50, held99] = report.held_wait_ms;
+    let [freeze50, freeze99, freeze_max] = report.freeze_ms;
+    println!(
+        "  moves: {} freezes, {freeze50:.0}/{freeze99:.0}/{freeze_max:.0} ms (p50/p99/max, bucket bounds); {} given up; {} requests held through a freeze, waiting {held50:.0}/{held99:.0} ms (p50/p99)",
+        report.freezes, report.freezes_aborted, report.requests_held
     );
     let [before, during, after] = report.renewal_p99_ms;
     let [before50, during50, after50] = report.renewal_p50_ms;

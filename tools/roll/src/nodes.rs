@@ -14,6 +14,8 @@ use presence_tls::{ClientTls, ClientTlsFiles};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 
+use crate::moves::MoveMetrics;
+
 /// The service token every node takes and every client presents.
 pub(crate) const TOKEN: &str = "roll-service-token-of-at-least-32-bytes";
 
@@ -136,6 +138,10 @@ pub(crate) struct Node {
     /// How many times it was started.
     starts: u32,
     logs: PathBuf,
+    /// What its processes that exited last said of moves, summed.
+    moves_before: MoveMetrics,
+    /// What its process now last said of moves.
+    moves_now: MoveMetrics,
 }
 
 impl Node {
@@ -167,7 +173,17 @@ impl Node {
             args.extend(certificates.node_flags(id, layout.etcd.is_some()));
         }
         args.extend(layout.extra.iter().cloned());
-        Node { id: id.to_owned(), listen, metrics, args, child: None, starts: 0, logs: layout.dir.clone() }
+        Node {
+            id: id.to_owned(),
+            listen,
+            metrics,
+            args,
+            child: None,
+            starts: 0,
+            logs: layout.dir.clone(),
+            moves_before: MoveMetrics::default(),
+            moves_now: MoveMetrics::default(),
+        }
     }
 
     /// The service port's URL.
@@ -198,16 +214,44 @@ impl Node {
         Ok(())
     }
 
+    /// Reads what the process says of moves now (it is kept if it answers).
+    pub(crate) async fn read_moves(&mut self, probe: &Probe) {
+        if let Ok((200, page)) = probe.get(&self.metrics, "/metrics").await {
+            self.moves_now = MoveMetrics::parse(&page);
+        }
+    }
+
+    /// What every process of this node said of moves, the last one's as last read.
+    pub(crate) fn moves(&self) -> MoveMetrics {
+        let mut moves = self.moves_before.clone();
+        moves.add(&self.moves_now);
+        moves
+    }
+
     /// SIGTERM, as an orchestrator stops a node, and waits for its exit,
-    /// which must be clean.
-    pub(crate) async fn stop(&mut self) -> Result<(), String> {
+    /// which must be clean; what it says of moves is read every 20 ms
+    /// meanwhile, so that its drain's figures are kept.
+    pub(crate) async fn stop(&mut self, probe: &Probe) -> Result<(), String> {
         let Some((mut child, _stdout)) = self.child.take() else { return Ok(()) };
         let pid = child.id().ok_or("the process is gone")?.to_string();
+        self.read_moves(probe).await;
         let signalled = Command::new("kill").args(["-TERM", &pid]).status().await;
         if !signalled.is_ok_and(|status| status.success()) {
             return Err(format!("cannot send SIGTERM to {}", self.id));
         }
-        match tokio::time::timeout(PATIENCE, child.wait()).await {
+        let exited = async {
+            let mut exit = std::pin::pin!(child.wait());
+            loop {
+                tokio::select! {
+                    status = &mut exit => return status,
+                    () = tokio::time::sleep(Duration::from_millis(20)) => self.read_moves(probe).await,
+                }
+            }
+        };
+        let exited = tokio::time::timeout(PATIENCE, exited).await;
+        let ended = std::mem::take(&mut self.moves_now);
+        self.moves_before.add(&ended);
+        match exited {
             Ok(Ok(status)) if status.success() => Ok(()),
             Ok(Ok(status)) => Err(format!("{} exited with {status} after SIGTERM", self.id)),
             Ok(Err(err)) => Err(format!("waiting for {}: {err}", self.id)),

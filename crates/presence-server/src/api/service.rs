@@ -12,7 +12,7 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use presence_core::CompactString;
 use presence_proto::lease_frames::LeaseBatchFrame;
-use presence_proto::v1::{self as pb, presence_server::Presence as PresenceApi};
+use presence_proto::v1::{self as pb, lease_item, lease_result, presence_server::Presence as PresenceApi};
 use serde_json::json;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -32,7 +32,7 @@ use crate::node::erase;
 use crate::node::feed::ChangesStream;
 use crate::node::leases::{self, LeaseQueue, LeasesStream};
 use crate::node::ops;
-use crate::node::placement::Acting;
+use crate::node::placement::{Acting, HOLD_THROUGH_FREEZE};
 use crate::node::privacy::{RelationChange, Shown};
 use crate::node::rooms::{self, RoomStream};
 use crate::node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
@@ -212,9 +212,74 @@ fn answer<T>(result: Result<T, ServiceError>) -> Answer<T> {
     result.map(Response::new).map_err(Status::from)
 }
 
+impl PresenceService {
+    /// A lease request for a user whose slot is frozen for a move out of
+    /// this node (C7) waits the freeze out here, at most
+    /// [`HOLD_THROUGH_FREEZE`]. If the slot went to another node meanwhile,
+    /// the request is sent on to it as the caller, and its answer is
+    /// returned (`Some`); `None`: it is answered here as any other (there was
+    /// no freeze, or the move was given up, or the refusal names the owner).
+    async fn through_freeze<T>(
+        &self,
+        request: &Request<T>,
+        operation: &'static str,
+        user_id: &str,
+        item: impl FnOnce() -> lease_item::Op,
+    ) -> Option<Result<lease_result::Result, ServiceError>> {
+        let frozen_slot = |acting: Acting<'_>| match acting.check(user_id) {
+            Err(ServiceError::NotOwner(not_owner)) if not_owner.frozen => Some(not_owner.slot),
+            _ => None,
+        };
+        let slot = frozen_slot(self.context.placement.acting())?;
+        if let Err(refusal) = self.require(request, Scope::Gateway, operation) {
+            return Some(Err(refusal));
+        }
+        let metrics = self.context.metrics();
+        metrics.requests_held.increment(1);
+        let started = tokio::time::Instant::now();
+        self.context.placement.freeze_over(vec![slot], started + HOLD_THROUGH_FREEZE).await;
+        metrics.request_hold_seconds.record(started.elapsed().as_secs_f64());
+        let owner = match self.context.placement.acting().check(user_id) {
+            Err(ServiceError::NotOwner(not_owner)) if !not_owner.owner_addr.is_empty() => not_owner.owner_addr,
+            _ => return None,
+        };
+        if request.metadata().contains_key(FORWARDED) {
+            return None;
+        }
+        let batch = pb::LeaseBatch { batch_id: 0, items: vec![pb::LeaseItem { op: Some(item()) }] };
+        let authorization = request.metadata().get("authorization").cloned();
+        let answered = self.context.placement.forward_leases(&owner, batch, authorization).await;
+        Some(answered.and_then(|results| match results.results.into_iter().next() {
+            Some(pb::LeaseResult { code: 0, result: Some(result), .. }) => Ok(result),
+            Some(refused) => Err(ServiceError::Peer {
+                node: owner,
+                status: Status::new(tonic::Code::from(refused.code as i32), refused.message),
+            }),
+            None => Err(ServiceError::Peer { node: owner, status: Status::internal("no result for the item sent") }),
+        }))
+    }
+}
+
+/// The answer a node sent on to gave a lease item (C7), as the unary call's.
+fn sent_on<T>(
+    answered: Result<lease_result::Result, ServiceError>,
+    unwrap: impl FnOnce(lease_result::Result) -> Option<T>,
+) -> Answer<T> {
+    answer(answered.and_then(|result| {
+        unwrap(result).ok_or_else(|| ServiceError::Internal("the owner answered another operation".to_owned()))
+    }))
+}
+
 #[tonic::async_trait]
 impl PresenceApi for PresenceService {
     async fn register(&self, request: Request<pb::RegisterRequest>) -> Answer<pb::RegisterResponse> {
+        let item = || lease_item::Op::Register(request.get_ref().clone());
+        if let Some(answered) = self.through_freeze(&request, "Register", &request.get_ref().user_id, item).await {
+            return sent_on(answered, |result| match result {
+                lease_result::Result::Register(registered) => Some(registered),
+                _ => None,
+            });
+        }
         answer((|| {
             self.require(&request, Scope::Gateway, "Register")?;
             let _owned = self.owns(&request.get_ref().user_id)?;
@@ -227,6 +292,13 @@ impl PresenceApi for PresenceService {
     }
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Answer<pb::RenewResponse> {
+        let item = || lease_item::Op::Renew(request.get_ref().clone());
+        if let Some(answered) = self.through_freeze(&request, "Renew", &request.get_ref().user_id, item).await {
+            return sent_on(answered, |result| match result {
+                lease_result::Result::Renew(renewed) => Some(renewed),
+                _ => None,
+            });
+        }
         answer((|| {
             self.require(&request, Scope::Gateway, "Renew")?;
             let metrics = self.context.metrics();
@@ -254,6 +326,13 @@ impl PresenceApi for PresenceService {
     }
 
     async fn unregister(&self, request: Request<pb::UnregisterRequest>) -> Answer<pb::UnregisterResponse> {
+        let item = || lease_item::Op::Unregister(request.get_ref().clone());
+        if let Some(answered) = self.through_freeze(&request, "Unregister", &request.get_ref().user_id, item).await {
+            return sent_on(answered, |result| match result {
+                lease_result::Result::Unregister(unregistered) => Some(unregistered),
+                _ => None,
+            });
+        }
         answer((|| {
             self.require(&request, Scope::Gateway, "Unregister")?;
             let _owned = self.owns(&request.get_ref().user_id)?;
@@ -284,7 +363,11 @@ impl PresenceApi for PresenceService {
     async fn leases(&self, request: Request<Streaming<LeaseBatchFrame>>) -> Answer<Self::LeasesStream> {
         let caller = self.require(&request, Scope::Gateway, "Leases")?;
         let credentials = StreamCredentials::of(&self.auth, &request, caller, Some(Scope::Gateway));
-        Ok(Response::new(credentials.bind(leases::open(self.leases.clone(), request.into_inner()))))
+        let caller = leases::Caller {
+            authorization: request.metadata().get("authorization").cloned(),
+            forwarded: request.metadata().contains_key(FORWARDED),
+        };
+        Ok(Response::new(credentials.bind(leases::open(self.leases.clone(), request.into_inner(), caller))))
     }
 
     async fn snapshot(&self, request: Request<pb::SnapshotRequest>) -> Answer<pb::SnapshotResponse> {

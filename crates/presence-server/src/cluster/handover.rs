@@ -1,24 +1,36 @@
-//! Planned handover (C3): slots move to another node with their users' state.
+//! Planned handover (C3, C7): slots move to another node with their users'
+//! state, and no client sees them move.
 //!
 //! The node handing slots over (the source), for at most
-//! [`MOVES_PER_TXN`] slots at a time:
-//! 1. starts refusing the slots' requests, once every request that passed
-//!    its ownership check before has written (the gates in `membership.rs`),
-//!    and holds back their users' expiry;
-//! 2. takes their state: a checkpoint of their users (leases with their
-//!    generations and deadlines, versions, room memberships) and what each
-//!    keeps beside it (status, visibility, audience);
-//! 3. sends it to the node taking them (the target), which takes it into its
-//!    store and answers;
-//! 4. gives the slots to the target in etcd, by compare-and-swap on the
-//!    epochs it owned them at;
-//! 5. drops them.
+//! [`MOVES_PER_TXN`] slots at a time (a round):
+//! 1. copies them while it serves them: it starts noting every change to
+//!    their users (renewals included), takes their state (a checkpoint of
+//!    their users: leases with their generations and deadlines, versions,
+//!    room memberships) and sends it to the node taking them (the target),
+//!    which keeps it aside: it answers for none of it and expires none of it;
+//! 2. sends what changed since, again and again, until little is left
+//!    (at most [`FREEZE_AT_USERS`] users): a round whose slots change
+//!    faster than they are sent is given up, never frozen;
+//! 3. freezes them: refuses their requests, once every request that passed
+//!    its ownership check before has written (the gates in
+//!    `membership.rs`), and holds back their users' expiry. A request that
+//!    meets the freeze waits at the node that received it
+//!    (`HOLD_THROUGH_FREEZE`), and is then answered by the new owner;
+//! 4. sends the last changes with what each user keeps beside its state
+//!    (status, visibility, audience) and the slots' feed entries; the
+//!    target takes the slots as its own state;
+//! 5. gives the slots to the target in etcd, by compare-and-swap on the
+//!    epochs it owned them at, and drops them.
+//!
+//! Steps 3 to 5 are the freeze, bounded: a target that has not taken the
+//! last changes within [`FREEZE_BOUND`] is told to drop what it took and the
+//! slots are answered here again (`presenced_move_freezes_aborted_total`).
+//! No slot of a round is frozen while another's copy is under way.
 //!
 //! The target answers for the slots once its slot map shows them as its own.
 //! A step that fails undoes the ones before: the target drops what it took,
-//! the source answers again. Requests refused meanwhile name no owner, so
-//! clients retry them after a short backoff, and reach the target once the
-//! map moved: none is lost, and a gateway that keeps renewing sees no flip.
+//! the source answers again. None is lost, and a gateway that keeps
+//! renewing sees no flip.
 //!
 //! Versions never go back across the move (M4): the target raises its stamp
 //! clocks to the source's last stamp before it takes a user, so every
@@ -33,11 +45,10 @@ use std::time::{Duration, Instant};
 use presence_cluster::{MOVES_PER_TXN, move_slots as give_slots, repairs};
 use presence_core::SlotSet;
 use presence_proto::v1 as pb;
-use tonic::Streaming;
 use tonic::metadata::{Ascii, MetadataValue};
 
 use crate::cluster::ClusterNode;
-use crate::cluster::membership::{Membership, call_peer, checked_slots, slot_set, with_credential};
+use crate::cluster::membership::{Membership, call_peer, checked_slots, with_credential};
 use crate::error::ServiceError;
 use crate::node::context::Context;
 use crate::node::feed::Carried;
@@ -47,22 +58,10 @@ use crate::{cluster::wire as cluster_wire, node::user_data};
 /// The state bytes one `SlotState` message carries: well under gRPC's 4 MiB.
 const PIECE_BYTES: usize = 1 << 20;
 
-/// The most state a node takes in one handover: far above the few hundred
-/// bytes per session of a real one, low enough that a caller cannot make the
-/// node hold much memory.
-const MAX_HANDOVER_BYTES: usize = 1 << 30;
-
-/// The most users with durable data in one handover.
-const MAX_HANDOVER_DURABLE: usize = 10_000_000;
-
 /// How long the target may take to answer a handover's state: a hundred
 /// slots of a node with a million sessions are ten megabytes, taken in well
 /// under a second; a node that does not answer must not hold up a drain.
 const TAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a target keeps state it took for slots the map does not give
-/// it: the source gives them in etcd milliseconds after the target answered.
-const CLAIM_WAIT: Duration = Duration::from_secs(10);
 
 /// What a move came to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -95,7 +94,14 @@ pub(crate) async fn move_slots(
     let moving = SlotSet::of(membership.slot_count(), slots.iter().copied());
     let mut carried = read_feed_ahead(context, Carried::of(moving)).await?;
     for chunk in slots.chunks(MOVES_PER_TXN) {
-        let part = move_chunk(context, membership, chunk, to_node, &address, &mut carried, credential).await?;
+        let mut tries = 1;
+        let part = loop {
+            match move_chunk(context, membership, chunk, to_node, &address, &mut carried, credential).await? {
+                Round::Moved(part) => break part,
+                Round::FreezeGivenUp(error) if tries >= FREEZE_TRIES => return Err(error),
+                Round::FreezeGivenUp(_) => tries += 1,
+            }
+        };
         moved.epoch = part.epoch;
         moved.users += part.users;
         moved.sessions += part.sessions;
@@ -154,7 +160,36 @@ fn check_move(membership: &Membership, slots: &[u32], to_node: &str) -> Result<(
     Ok((address.to_owned(), slots))
 }
 
-/// One round of a move, for at most [`MOVES_PER_TXN`] slots.
+/// The most users changed since the last step a round freezes its slots
+/// with: sent in a few milliseconds, so the freeze stays short.
+pub(crate) const FREEZE_AT_USERS: usize = 500;
+
+/// How many times a round sends what changed before it gives up: slots that
+/// change faster than they are sent are never frozen (the move is aborted,
+/// and the slots stay here).
+const CATCH_UP_STEPS: usize = 16;
+
+/// How long the target may take to answer the last step of a move, while
+/// its slots are frozen: past it the freeze is given up and the slots are
+/// answered here again. Below `HOLD_THROUGH_FREEZE`, so that the requests
+/// held meanwhile are answered.
+pub(crate) const FREEZE_BOUND: Duration = Duration::from_millis(200);
+
+/// How many times a round whose freeze was given up is made again (copied
+/// again, frozen again) before the move fails.
+const FREEZE_TRIES: usize = 3;
+
+/// How a round of a move ended, short of an error.
+enum Round {
+    /// Its slots are the target's.
+    Moved(Moved),
+    /// Its freeze was given up past [`FREEZE_BOUND`]: the slots stayed here,
+    /// and the round may be made again.
+    FreezeGivenUp(ServiceError),
+}
+
+/// One round of a move, for at most [`MOVES_PER_TXN`] slots: copied while
+/// served, then frozen for the last changes and the ownership write.
 async fn move_chunk(
     context: &Arc<Context>,
     membership: &Membership,
@@ -163,51 +198,103 @@ async fn move_chunk(
     address: &str,
     carried: &mut Carried,
     credential: Option<&MetadataValue<Ascii>>,
-) -> Result<Moved, ServiceError> {
+) -> Result<Round, ServiceError> {
     let set = SlotSet::of(membership.slot_count(), chunk.iter().copied());
     let store = context.store();
+    let target = Target { membership, address, set: &set, move_id: fastrand::u64(1..), credential };
+    // Every change to the slots' users from here on is noted, until the round ends.
+    let _noting = NotingChanges::start(store, &set);
+    let copy = store.export_slots(&set, context.now());
+    let mut bytes = copy.len() as u64;
+    let map = membership.map();
+    let copied = target.send(Step::copy(copy, map.revision())).await;
+    if let Err(refused) = copied {
+        drop_at(membership, address, &set, credential).await;
+        return Err(refused);
+    }
+    let mut changed = store.take_moving_changed();
+    let mut steps = 0;
+    while changed.len() > FREEZE_AT_USERS {
+        steps += 1;
+        if steps > CATCH_UP_STEPS {
+            drop_at(membership, address, &set, credential).await;
+            return Err(ServiceError::MoveAborted(format!(
+                "slots {chunk:?} changed faster than they were sent ({} users after {CATCH_UP_STEPS} steps); \
+                 they were never frozen and stayed here",
+                changed.len()
+            )));
+        }
+        let (state, absent) = store.export_users(&changed, context.now());
+        bytes += state.len() as u64;
+        if let Err(refused) = target.send(Step::changes(state, absent)).await {
+            drop_at(membership, address, &set, credential).await;
+            return Err(refused);
+        }
+        changed = store.take_moving_changed();
+    }
+
+    // The freeze: every request checked before is written; every later one waits.
     store.pause_expiry(Some(membership.start_leaving(&set).await));
-    // Every request checked before is written; every later one is refused.
+    let frozen_at = Instant::now();
+    let refuse = |error| {
+        answer_again(context, membership, &set);
+        error
+    };
     let map = membership.map();
     let seen: Vec<(u32, i64)> =
         chunk.iter().map(|&slot| (slot, map.owner(slot).map_or(0, |owner| owner.epoch))).collect();
     let mine = chunk.iter().all(|&slot| membership.owns(&map, slot));
     if !mine || !membership.acting_now() {
-        answer_again(context, membership, &set);
-        return Err(ServiceError::MoveAborted("the slot map changed as the move began; nothing moved".to_owned()));
+        drop_at(membership, address, &set, credential).await;
+        return Err(refuse(ServiceError::MoveAborted(
+            "the slot map changed as the move began; nothing moved".to_owned(),
+        )));
     }
-    let state = store.export_slots(&set, context.now());
+    changed.extend(store.take_moving_changed());
+    let (state, absent) = store.export_users(&changed, context.now());
+    bytes += state.len() as u64;
     let durable = match user_data::in_slots(context, &set).await {
         Ok(durable) => durable,
         Err(error) => {
-            answer_again(context, membership, &set);
-            return Err(error);
+            drop_at(membership, address, &set, credential).await;
+            return Err(refuse(error));
         }
     };
     let feed = match feed_of(context, &set, carried).await {
         Ok(feed) => feed,
         Err(error) => {
-            answer_again(context, membership, &set);
-            return Err(error);
+            drop_at(membership, address, &set, credential).await;
+            return Err(refuse(error));
         }
     };
-    let bytes = state.len() as u64;
-    let taken = send_state(membership, address, &set, map.revision(), state, durable, feed, credential).await;
-    let taken = match taken {
-        Ok(taken) => taken,
-        Err(refused) => {
-            answer_again(context, membership, &set);
-            return Err(refused);
+    let last = Step::last(state, absent, durable, feed);
+    let taken = match tokio::time::timeout(FREEZE_BOUND.saturating_sub(frozen_at.elapsed()), target.send(last)).await {
+        Ok(Ok(taken)) => taken,
+        Ok(Err(refused)) => {
+            drop_at(membership, address, &set, credential).await;
+            return Err(refuse(refused));
+        }
+        Err(_) => {
+            drop_at(membership, address, &set, credential).await;
+            context.metrics().move_freezes_aborted.increment(1);
+            tracing::warn!(
+                slots = chunk.len(),
+                to_node,
+                bound_ms = FREEZE_BOUND.as_millis() as u64,
+                "a move's freeze was given up: the target did not take the last changes in time; the slots stay here"
+            );
+            return Ok(Round::FreezeGivenUp(refuse(ServiceError::MoveAborted(format!(
+                "node {to_node} did not take the last changes of slots {chunk:?} within {FREEZE_BOUND:?}; they stayed here"
+            )))));
         }
     };
     let epoch = match give_slots(&membership.etcd, &membership.prefix, &seen, to_node).await {
         Ok(Some(epoch)) => epoch,
         Ok(None) => {
             drop_at(membership, address, &set, credential).await;
-            answer_again(context, membership, &set);
-            return Err(ServiceError::MoveAborted(format!(
+            return Err(refuse(ServiceError::MoveAborted(format!(
                 "slots {chunk:?} changed in etcd during the move; they stayed here"
-            )));
+            ))));
         }
         Err(error) => {
             // The transaction may have been made: the map says.
@@ -215,19 +302,44 @@ async fn move_chunk(
                 Some(epoch) => epoch,
                 None => {
                     drop_at(membership, address, &set, credential).await;
-                    answer_again(context, membership, &set);
-                    return Err(ServiceError::Etcd(format!(
+                    return Err(refuse(ServiceError::Etcd(format!(
                         "giving the slots to {to_node}: {error}; they stayed here"
-                    )));
+                    ))));
                 }
             }
         }
     };
+    let frozen = frozen_at.elapsed();
+    context.metrics().move_freeze_seconds.record(frozen.as_secs_f64());
     // The slots stay refused here: this node's map may show them as its own
-    // a little longer.
+    // a little longer, and requests held meanwhile go to the target once it does.
     let released = drop_here(context, &set, "slots handed over").await;
-    tracing::debug!(slots = chunk.len(), released, epoch, "slots handed over and dropped here");
-    Ok(Moved { epoch, users: taken.users, sessions: taken.sessions, bytes, elapsed: Duration::ZERO })
+    tracing::debug!(
+        slots = chunk.len(),
+        released,
+        epoch,
+        catch_up_steps = steps,
+        frozen_ms = frozen.as_secs_f64() * 1e3,
+        "slots handed over and dropped here"
+    );
+    Ok(Round::Moved(Moved { epoch, users: taken.users, sessions: taken.sessions, bytes, elapsed: Duration::ZERO }))
+}
+
+/// Notes every change to a round's users while it runs (see
+/// `Store::track_moving`), and stops when dropped, however the round ends.
+struct NotingChanges<'a>(&'a presence_core::Store);
+
+impl<'a> NotingChanges<'a> {
+    fn start(store: &'a presence_core::Store, set: &SlotSet) -> Self {
+        store.track_moving(Some(set));
+        NotingChanges(store)
+    }
+}
+
+impl Drop for NotingChanges<'_> {
+    fn drop(&mut self) {
+        self.0.track_moving(None);
+    }
 }
 
 /// Drops the users of `set` here without publishing anything, with what
@@ -281,49 +393,93 @@ async fn feed_of(context: &Context, set: &SlotSet, carried: &mut Carried) -> Res
     Ok(FeedPart { entries: carried.take(set), last_position })
 }
 
-/// Sends the state of `set`'s users to the node at `address`.
-#[allow(clippy::too_many_arguments)]
-async fn send_state(
-    membership: &Membership,
-    address: &str,
-    set: &SlotSet,
-    map_revision: i64,
+/// One call of a move to its target (C7): what it carries.
+#[derive(Debug, Default)]
+struct Step {
+    phase: pb::MovePhase,
     state: Vec<u8>,
+    absent: Vec<presence_core::CompactString>,
     durable: Vec<HandedOver>,
     feed: FeedPart,
-    credential: Option<&MetadataValue<Ascii>>,
-) -> Result<pb::TakeSlotsResponse, ServiceError> {
-    let mut pieces: Vec<pb::SlotState> = state
-        .chunks(PIECE_BYTES)
-        .map(|piece| pb::SlotState { state: piece.to_vec(), ..pb::SlotState::default() })
-        .collect();
-    pieces.extend(
-        cluster_wire::handed_over_pieces(&durable, PIECE_BYTES)
-            .into_iter()
-            .map(|durable| pb::SlotState { durable, ..pb::SlotState::default() }),
-    );
-    pieces.extend(
-        cluster_wire::feed_entry_pieces(&feed.entries, PIECE_BYTES)
-            .into_iter()
-            .map(|feed_entries| pb::SlotState { feed_entries, ..pb::SlotState::default() }),
-    );
-    if pieces.is_empty() {
-        pieces.push(pb::SlotState::default());
+    map_revision: i64,
+}
+
+impl Step {
+    /// The slots' state, taken while they are served.
+    fn copy(state: Vec<u8>, map_revision: i64) -> Self {
+        Step { phase: pb::MovePhase::Copy, state, map_revision, ..Step::default() }
     }
-    let first = &mut pieces[0];
-    first.from_node = membership.node().to_owned();
-    first.slots = set.iter().collect();
-    first.slot_count = membership.slot_count();
-    first.map_revision = map_revision;
-    first.feed_position = feed.last_position;
-    // The next protocol minor's added field (D1's mixed-version roll).
-    #[cfg(feature = "next-cluster-protocol")]
-    {
-        first.sender_version = env!("CARGO_PKG_VERSION").to_owned();
+
+    /// What changed since the last step.
+    fn changes(state: Vec<u8>, absent: Vec<presence_core::CompactString>) -> Self {
+        Step { phase: pb::MovePhase::Changes, state, absent, ..Step::default() }
     }
-    let request = with_credential(tokio_stream::iter(pieces), credential);
-    let mut client = membership.cluster_client(address)?;
-    call_peer(address, TAKE_TIMEOUT, client.take_slots(request)).await
+
+    /// The last changes, with the users' durable data and the slots' feed entries.
+    fn last(
+        state: Vec<u8>,
+        absent: Vec<presence_core::CompactString>,
+        durable: Vec<HandedOver>,
+        feed: FeedPart,
+    ) -> Self {
+        Step { phase: pb::MovePhase::Final, state, absent, durable, feed, map_revision: 0 }
+    }
+}
+
+/// The node a round of a move goes to.
+struct Target<'a> {
+    membership: &'a Membership,
+    address: &'a str,
+    set: &'a SlotSet,
+    move_id: u64,
+    credential: Option<&'a MetadataValue<Ascii>>,
+}
+
+/// Users named per piece of a step (those the source no longer holds).
+const ABSENT_PER_PIECE: usize = 10_000;
+
+impl Target<'_> {
+    /// Sends one step of the move to the target; its answer.
+    async fn send(&self, step: Step) -> Result<pb::TakeSlotsResponse, ServiceError> {
+        let Step { phase, state, absent, durable, feed, map_revision } = step;
+        let mut pieces: Vec<pb::SlotState> = state
+            .chunks(PIECE_BYTES)
+            .map(|piece| pb::SlotState { state: piece.to_vec(), ..pb::SlotState::default() })
+            .collect();
+        pieces.extend(absent.chunks(ABSENT_PER_PIECE).map(|users| pb::SlotState {
+            absent_users: users.iter().map(|user| user.to_string()).collect(),
+            ..pb::SlotState::default()
+        }));
+        pieces.extend(
+            cluster_wire::handed_over_pieces(&durable, PIECE_BYTES)
+                .into_iter()
+                .map(|durable| pb::SlotState { durable, ..pb::SlotState::default() }),
+        );
+        pieces.extend(
+            cluster_wire::feed_entry_pieces(&feed.entries, PIECE_BYTES)
+                .into_iter()
+                .map(|feed_entries| pb::SlotState { feed_entries, ..pb::SlotState::default() }),
+        );
+        if pieces.is_empty() {
+            pieces.push(pb::SlotState::default());
+        }
+        let first = &mut pieces[0];
+        first.from_node = self.membership.node().to_owned();
+        first.slots = self.set.iter().collect();
+        first.slot_count = self.membership.slot_count();
+        first.map_revision = map_revision;
+        first.feed_position = feed.last_position;
+        first.phase = phase as i32;
+        first.move_id = self.move_id;
+        // The next protocol minor's added field (D1's mixed-version roll).
+        #[cfg(feature = "next-cluster-protocol")]
+        {
+            first.sender_version = env!("CARGO_PKG_VERSION").to_owned();
+        }
+        let request = with_credential(tokio_stream::iter(pieces), self.credential);
+        let mut client = self.membership.cluster_client(self.address)?;
+        call_peer(self.address, TAKE_TIMEOUT, client.take_slots(request)).await
+    }
 }
 
 /// Asks the node at `address` to drop what it took of `set` (best effort:
@@ -358,117 +514,6 @@ async fn outcome(membership: &Membership, seen: &[(u32, i64)], to_node: &str) ->
             return None;
         }
     }
-}
-
-/// Takes the state of slots another node hands over: into the store, then
-/// the durable data; answers how much it took.
-pub(crate) async fn take_slots(
-    context: &Arc<Context>,
-    cluster: &Arc<ClusterNode>,
-    mut pieces: Streaming<pb::SlotState>,
-) -> Result<pb::TakeSlotsResponse, ServiceError> {
-    let membership = &cluster.membership;
-    let Some(first) =
-        pieces.message().await.map_err(|status| ServiceError::Peer { node: "the source".into(), status })?
-    else {
-        return Err(ServiceError::invalid("slots", "the handover sent nothing"));
-    };
-    let set = slot_set(membership, &first.slots, first.slot_count)?;
-    if membership.is_draining() {
-        return Err(ServiceError::MoveRefused("this node is handing its slots over before it stops".to_owned()));
-    }
-    let map = membership.map();
-    if let Some(slot) = set.iter().find(|&slot| membership.owns(&map, slot)) {
-        return Err(ServiceError::MoveRefused(format!("slot {slot} is this node's already")));
-    }
-    let (mut state, mut durable) = (first.state, first.durable);
-    let mut feed_entries = cluster_wire::feed_entries(first.feed_entries)?;
-    let mut feed_bytes: usize = feed_entries.iter().map(presence_feed::Frame::len).sum();
-    while let Some(piece) =
-        pieces.message().await.map_err(|status| ServiceError::Peer { node: first.from_node.clone(), status })?
-    {
-        if state.len() + piece.state.len() > MAX_HANDOVER_BYTES {
-            return Err(ServiceError::invalid(
-                "state",
-                format!("more than {MAX_HANDOVER_BYTES} bytes in one handover"),
-            ));
-        }
-        if durable.len() + piece.durable.len() > MAX_HANDOVER_DURABLE {
-            return Err(ServiceError::invalid(
-                "durable",
-                format!("more than {MAX_HANDOVER_DURABLE} users in one handover"),
-            ));
-        }
-        state.extend_from_slice(&piece.state);
-        durable.extend(piece.durable);
-        let more = cluster_wire::feed_entries(piece.feed_entries)?;
-        feed_bytes += more.iter().map(presence_feed::Frame::len).sum::<usize>();
-        feed_entries.extend(more);
-        if feed_bytes > MAX_HANDOVER_BYTES {
-            return Err(ServiceError::invalid(
-                "feed_entries",
-                format!("more than {MAX_HANDOVER_BYTES} bytes of feed entries in one handover"),
-            ));
-        }
-    }
-    let now = context.now();
-    let durable =
-        durable.into_iter().map(|user| cluster_wire::handed_over(user, now)).collect::<Result<Vec<_>, _>>()?;
-    let _one_at_a_time = membership.handing_over.lock().await;
-    // Slots that come back here are answered again once the map says so.
-    answer_again(context, membership, &set);
-    // Before anything of the slots is recorded here: their entries stay in
-    // order across the move (F3).
-    if let Some(feed) = &context.feed {
-        feed.inherit(feed_entries, first.feed_position, now);
-    }
-    let imported = context
-        .apply(|store, now, changes| store.import(now, &state, changes))
-        .map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
-    user_data::take_over(context, durable, now).await?;
-    membership.note_taken_in(&set);
-    tracing::info!(
-        from_node = first.from_node,
-        slots = set.len(),
-        users = imported.users,
-        sessions = imported.sessions,
-        bytes = state.len(),
-        "took over the state of slots handed over"
-    );
-    tokio::spawn(drop_unless_given(Arc::clone(context), Arc::clone(cluster), set));
-    Ok(pb::TakeSlotsResponse { users: imported.users as u64, sessions: imported.sessions as u64 })
-}
-
-/// Drops what was taken of `set` if the map has not given this node all of
-/// it after [`CLAIM_WAIT`]: the source's move failed without telling.
-async fn drop_unless_given(context: Arc<Context>, cluster: Arc<ClusterNode>, set: SlotSet) {
-    let membership = &cluster.membership;
-    let mut changes = membership.map_changes();
-    let given = |membership: &Membership| {
-        let map = membership.map();
-        set.iter().all(|slot| membership.owns(&map, slot))
-    };
-    let waited = tokio::time::timeout(CLAIM_WAIT, async {
-        while !given(membership) {
-            if changes.changed().await.is_err() {
-                return;
-            }
-        }
-    });
-    if waited.await.is_ok() && given(membership) {
-        return;
-    }
-    let map = membership.map();
-    let not_given = SlotSet::of(set.slots(), set.iter().filter(|&slot| !membership.owns(&map, slot)));
-    for slot in not_given.iter() {
-        membership.forget_taken_in(slot);
-    }
-    let users = drop_here(&context, &not_given, "a handover that did not happen").await;
-    tracing::warn!(
-        slots = not_given.len(),
-        users,
-        "a handover's slots were not given to this node: dropped their state"
-    );
 }
 
 /// Hands every slot of this node over to the other live nodes before it

@@ -255,7 +255,7 @@ pub(crate) struct Membership {
     acted: tokio::sync::watch::Sender<Arc<SlotMap>>,
     /// Slots whose state a handover brought (C3) and that the map has not
     /// given this node yet: taken in already, so not taken over from a copy.
-    taken_in: Mutex<SlotSet>,
+    taken_in: RwLock<SlotSet>,
     nodes: NodeSetWatch,
     peers: Arc<Peers>,
     /// How the coordinator asks a gone node to stand down (C6).
@@ -281,6 +281,12 @@ pub(crate) struct Membership {
     /// write checked before the handover began lands after the slots' state
     /// was taken (C3).
     leaving: RwLock<SlotSet>,
+    /// Bumped whenever slots stop being refused for a move: what requests
+    /// held through a freeze wait on, with the map this node acts on.
+    unfrozen: tokio::sync::watch::Sender<u64>,
+    /// Slots whose state a move is bringing here (C7): not answered here
+    /// yet, and their copy here expires nothing.
+    taking: Mutex<SlotSet>,
     /// Held as [`Membership::leaving`] is by requests whose write awaits the
     /// disk (statuses, relations), across the await.
     durable_gate: tokio::sync::RwLock<()>,
@@ -358,7 +364,7 @@ impl Membership {
             left: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             acted: tokio::sync::watch::Sender::new(map.current()),
-            taken_in: Mutex::new(SlotSet::new(config.slots)),
+            taken_in: RwLock::new(SlotSet::new(config.slots)),
             map,
             nodes,
             peers,
@@ -374,6 +380,8 @@ impl Membership {
             prefix: config.prefix.clone(),
             lease_ttl: config.lease_ttl,
             leaving: RwLock::new(SlotSet::new(config.slots)),
+            unfrozen: tokio::sync::watch::Sender::new(0),
+            taking: Mutex::new(SlotSet::new(config.slots)),
             durable_gate: tokio::sync::RwLock::new(()),
             handing_over: tokio::sync::Mutex::new(()),
             peer_token,
@@ -388,10 +396,12 @@ impl Membership {
             // Taken first: a handover that starts refusing a slot waits
             // for every view taken before, and every later view sees it.
             leaving: self.leaving.read(),
+            taken_in: self.taken_in.read(),
             node: &self.node,
             slots: self.slots,
             acting: self.is_acting(Instant::now()),
             map: self.acted_map(),
+            latest: self.map(),
             nodes: self.nodes.current(),
         }
     }
@@ -415,6 +425,27 @@ impl Membership {
         let mut client = self.peers.client(address)?;
         let request = forwarded(pb::SnapshotRequest { user_ids, viewer_id: viewer_id.to_owned() }, authorization);
         Ok(call_peer(address, FORWARD_TIMEOUT, client.snapshot(request)).await?.users)
+    }
+
+    /// Sends lease items held through a freeze to the node at `address`,
+    /// which owns their users now (C7), with the caller's credentials.
+    pub(crate) async fn forward_leases(
+        &self,
+        address: &str,
+        batch: pb::LeaseBatch,
+        authorization: Option<MetadataValue<Ascii>>,
+    ) -> Result<pb::LeaseResults, ServiceError> {
+        let mut client = self.peers.client(address)?;
+        let request = forwarded(tokio_stream::iter([batch]), authorization.as_ref());
+        let mut results = call_peer(address, FORWARD_TIMEOUT, client.leases(request)).await?;
+        let peer = |status| ServiceError::Peer { node: address.to_owned(), status };
+        let answered = tokio::time::timeout(FORWARD_TIMEOUT, results.message()).await;
+        match answered {
+            Ok(Ok(Some(results))) => Ok(results),
+            Ok(Ok(None)) => Err(peer(Status::unavailable("the stream ended without results"))),
+            Ok(Err(status)) => Err(peer(status)),
+            Err(_) => Err(peer(Status::deadline_exceeded(format!("no results within {FORWARD_TIMEOUT:?}")))),
+        }
     }
 
     /// Opens a Watch at the node at `address` for the caller, as
@@ -701,7 +732,7 @@ impl Membership {
 
     /// Notes that a handover brought the state of `slots` (C3).
     pub(crate) fn note_taken_in(&self, slots: &SlotSet) {
-        let mut taken_in = self.taken_in.lock();
+        let mut taken_in = self.taken_in.write();
         slots.iter().for_each(|slot| taken_in.insert(slot));
     }
 
@@ -712,12 +743,12 @@ impl Membership {
 
     /// Whether a handover brought `slot`'s state (and the map has not given it yet).
     pub(crate) fn was_taken_in(&self, slot: u32) -> bool {
-        self.taken_in.lock().contains(slot)
+        self.taken_in.read().contains(slot)
     }
 
     /// Forgets that a handover brought `slot`'s state; returns whether one had.
     pub(crate) fn forget_taken_in(&self, slot: u32) -> bool {
-        let mut taken_in = self.taken_in.lock();
+        let mut taken_in = self.taken_in.write();
         let had = taken_in.contains(slot);
         taken_in.remove(slot);
         had
@@ -763,20 +794,77 @@ impl Membership {
 
     /// Starts refusing every request for `slots` (C3), once every request
     /// that passed its ownership check before has written; returns the slots
-    /// refused from now on, for the store to hold back their expiry.
+    /// whose expiry is held back from now on ([`Membership::expiry_held`]).
     pub(crate) async fn start_leaving(&self, slots: &SlotSet) -> Arc<SlotSet> {
         let _durable = self.durable_gate.write().await;
         let mut leaving = self.leaving.write();
         slots.iter().for_each(|slot| leaving.insert(slot));
-        Arc::new(leaving.clone())
+        drop(leaving);
+        self.expiry_held()
     }
 
     /// Stops refusing `slots` for being handed over: a handover that failed,
-    /// or slots coming back to this node. Returns the slots still refused.
+    /// or slots coming back to this node. Returns the slots whose expiry is
+    /// still held back.
     pub(crate) fn stop_leaving(&self, slots: &SlotSet) -> Arc<SlotSet> {
         let mut leaving = self.leaving.write();
         slots.iter().for_each(|slot| leaving.remove(slot));
-        Arc::new(leaving.clone())
+        drop(leaving);
+        self.unfrozen.send_modify(|count| *count += 1);
+        self.expiry_held()
+    }
+
+    /// Notes that a move is bringing `slots`' state here (C7); returns the
+    /// slots whose expiry is held back from now on.
+    pub(crate) fn start_taking(&self, slots: &SlotSet) -> Arc<SlotSet> {
+        let mut taking = self.taking.lock();
+        slots.iter().for_each(|slot| taking.insert(slot));
+        drop(taking);
+        self.expiry_held()
+    }
+
+    /// Notes that no move brings `slots`' state here any more (it came
+    /// whole, or the move ended); returns the slots whose expiry is held back.
+    pub(crate) fn stop_taking(&self, slots: &SlotSet) -> Arc<SlotSet> {
+        let mut taking = self.taking.lock();
+        slots.iter().for_each(|slot| taking.remove(slot));
+        drop(taking);
+        self.expiry_held()
+    }
+
+    /// The slots whose users' expiry this node holds back: those it refuses
+    /// for a move out of it, and those a move is bringing in.
+    pub(crate) fn expiry_held(&self) -> Arc<SlotSet> {
+        let mut held = self.leaving.read().clone();
+        self.taking.lock().iter().for_each(|slot| held.insert(slot));
+        Arc::new(held)
+    }
+
+    /// Returns once none of `slots` is frozen for a move (see
+    /// [`Frozen`]), or at `deadline`; returns whether some still is then.
+    pub(crate) async fn freeze_over(&self, slots: &[u32], deadline: Instant) -> bool {
+        let mut unfrozen = self.unfrozen.subscribe();
+        let mut acted = self.acted_changes();
+        let mut latest = self.map_changes();
+        let frozen = |membership: &Membership| {
+            let frozen = Frozen {
+                node: &membership.node,
+                acted: &membership.acted_map(),
+                latest: &membership.map(),
+                leaving: &membership.leaving.read(),
+                taken_in: &membership.taken_in.read(),
+            };
+            slots.iter().any(|&slot| frozen.holds(slot))
+        };
+        while frozen(self) {
+            tokio::select! {
+                _ = unfrozen.changed() => {}
+                _ = acted.changed() => {}
+                _ = latest.changed() => {}
+                () = tokio::time::sleep_until(deadline) => return frozen(self),
+            }
+        }
+        false
     }
 
     /// A client of the Cluster service of the node at `address`.
@@ -948,15 +1036,38 @@ pub(crate) struct OwnershipView<'a> {
     slots: u32,
     acting: bool,
     map: Arc<SlotMap>,
+    /// The map as last seen, which this node may not act on yet.
+    latest: Arc<SlotMap>,
     nodes: Arc<NodeSet>,
     leaving: RwLockReadGuard<'a, SlotSet>,
+    taken_in: RwLockReadGuard<'a, SlotSet>,
+}
+
+/// Whether a slot is frozen for a move (C7) at one node: a request for it
+/// waits the freeze out there (`HOLD_THROUGH_FREEZE`) instead of being
+/// refused. At the source, from the freeze until the map it acts on gives
+/// the slot away; at the target, from taking the slot's state (or seeing
+/// the map give it the slot) until it acts on a map that gives it.
+struct Frozen<'a> {
+    node: &'a str,
+    acted: &'a SlotMap,
+    latest: &'a SlotMap,
+    leaving: &'a SlotSet,
+    taken_in: &'a SlotSet,
+}
+
+impl Frozen<'_> {
+    fn holds(&self, slot: u32) -> bool {
+        let owns = |map: &SlotMap| map.owner(slot).is_some_and(|owner| owner.node == self.node);
+        if owns(self.acted) { self.leaving.contains(slot) } else { self.taken_in.contains(slot) || owns(self.latest) }
+    }
 }
 
 impl OwnershipView<'_> {
     /// `Ok` when this node may act for `user_id` now; else the refusal that
     /// names the owner.
     pub(crate) fn check(&self, user_id: impl AsRef<[u8]>) -> Result<(), ServiceError> {
-        let OwnershipView { node, slots, acting, map, nodes, leaving } = self;
+        let OwnershipView { node, slots, acting, map, latest, nodes, leaving, taken_in } = self;
         if user_id.as_ref().is_empty() {
             // Any node refuses it as INVALID_ARGUMENT, naming the field.
             return Ok(());
@@ -976,6 +1087,7 @@ impl OwnershipView<'_> {
             epoch: owner.map_or(0, |owner| owner.epoch),
             owner_id: named.map(|owner| owner.node.clone()).unwrap_or_default(),
             owner_addr: named.and_then(|owner| nodes.address(&owner.node)).unwrap_or_default().to_owned(),
+            frozen: *acting && Frozen { node, acted: map, latest, leaving, taken_in }.holds(slot),
         }))
     }
 

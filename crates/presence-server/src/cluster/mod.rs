@@ -17,6 +17,7 @@ pub(crate) mod rebalance;
 pub(crate) mod replica;
 pub(crate) mod room_sync;
 pub(crate) mod service;
+pub(crate) mod taking;
 pub(crate) mod wire;
 
 use std::sync::Arc;
@@ -24,6 +25,8 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use hashbrown::HashMap;
 use presence_core::CompactString;
+use presence_proto::v1 as pb;
+use tonic::metadata::{Ascii, MetadataValue};
 
 use crate::error::ServiceError;
 use crate::node::context::Context;
@@ -40,12 +43,19 @@ pub(crate) struct ClusterNode {
     /// Where this node sends each room's facts, and which of its room slots
     /// it is rebuilding (`room_sync.rs`).
     pub(crate) room_routes: room_sync::RoomRoutes,
+    /// The moves bringing slots here, while their copies are kept aside (C7).
+    pub(crate) arrivals: taking::Arrivals,
 }
 
 impl ClusterNode {
     /// A cluster node of `membership` keeping `replica`.
     pub(crate) fn new(membership: membership::Membership, replica: replica::Replica) -> Self {
-        ClusterNode { membership, replica, room_routes: room_sync::RoomRoutes::default() }
+        ClusterNode {
+            membership,
+            replica,
+            room_routes: room_sync::RoomRoutes::default(),
+            arrivals: taking::Arrivals::default(),
+        }
     }
 }
 
@@ -56,6 +66,19 @@ impl Placement for ClusterNode {
 
     fn durable_gate(&self) -> Option<&tokio::sync::RwLock<()>> {
         Some(self.membership.durable_gate())
+    }
+
+    fn freeze_over<'a>(&'a self, slots: Vec<u32>, deadline: tokio::time::Instant) -> BoxFuture<'a, bool> {
+        Box::pin(async move { self.membership.freeze_over(&slots, deadline).await })
+    }
+
+    fn forward_leases<'a>(
+        &'a self,
+        address: &'a str,
+        batch: pb::LeaseBatch,
+        authorization: Option<MetadataValue<Ascii>>,
+    ) -> BoxFuture<'a, Result<pb::LeaseResults, ServiceError>> {
+        Box::pin(self.membership.forward_leases(address, batch, authorization))
     }
 
     fn rooms_at_their_owners(&self) -> bool {

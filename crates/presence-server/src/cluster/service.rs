@@ -14,8 +14,9 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::audit::Audit;
 use crate::auth::{Authenticator, ConnectionInfo, Scope};
 use crate::cluster::ClusterNode;
-use crate::cluster::handover::{move_slots, take_slots};
+use crate::cluster::handover::move_slots;
 use crate::cluster::membership::slot_set;
+use crate::cluster::taking::take_slots;
 use crate::cluster::wire as cluster_wire;
 use crate::error::ServiceError;
 use crate::node::context::Context;
@@ -125,14 +126,18 @@ impl Cluster for ClusterService {
         &self,
         request: Request<pb::DropSlotsRequest>,
     ) -> Result<Response<pb::DropSlotsResponse>, Status> {
-        let membership = &self.node_call(&request, "DropSlots")?.membership;
+        let cluster = self.node_call(&request, "DropSlots")?;
+        let membership = &cluster.membership;
         let request = request.into_inner();
         let set = slot_set(membership, &request.slots, request.slot_count)?;
         let map = membership.map();
         if let Some(slot) = set.iter().find(|&slot| membership.owns(&map, slot)) {
             return Err(ServiceError::MoveRefused(format!("slot {slot} is this node's: its state stays")).into());
         }
+        // A copy kept aside for a move of them goes too (C7).
+        let no_longer_coming = cluster.arrivals.forget(&set);
         let users = self.context.store().release_slots(self.context.now(), &set);
+        self.context.store().pause_expiry(Some(membership.stop_taking(&no_longer_coming)));
         self.context.privacy.release_slots(&set).await?;
         Ok(Response::new(pb::DropSlotsResponse { users: users as u64 }))
     }

@@ -17,12 +17,15 @@ use std::sync::Arc;
 
 use presence_proto::lease_frames::{LeaseBatchFrame, LeaseItemFrame, LeaseOpFrame};
 use presence_proto::v1::{self as pb, lease_result};
+use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic::{Status, Streaming};
 
 use crate::error::ServiceError;
 use crate::metrics::RenewResult;
 use crate::node::context::Context;
+use crate::node::placement::HOLD_THROUGH_FREEZE;
 use crate::{node::ops, node::wire};
 
 pub use presence_proto::lease_frames::MAX_BATCH_ITEMS;
@@ -33,7 +36,19 @@ pub(crate) struct Job {
     batch: LeaseBatchFrame,
     /// Answer the batch's renewals `RESOURCE_EXHAUSTED` instead of applying them.
     shed_renewals: bool,
+    /// Who sent it, for items held through a move's freeze to be sent on as.
+    caller: Caller,
     reply: oneshot::Sender<pb::LeaseResults>,
+}
+
+/// Who sent a Leases stream's batches: what its items held through a move's
+/// freeze (C7) are sent on to the new owner with.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Caller {
+    /// The stream's `authorization`, if any.
+    pub(crate) authorization: Option<MetadataValue<Ascii>>,
+    /// Whether another node forwarded the stream: what it sends is never sent on again.
+    pub(crate) forwarded: bool,
 }
 
 /// The bounded queue between Leases streams and the workers that apply batches.
@@ -75,9 +90,9 @@ impl LeaseQueue {
     }
 
     /// Applies a batch and returns its results, in item order.
-    async fn run(&self, batch: LeaseBatchFrame) -> Result<pb::LeaseResults, ServiceError> {
+    async fn run(&self, batch: LeaseBatchFrame, caller: &Caller) -> Result<pb::LeaseResults, ServiceError> {
         let (reply, results) = oneshot::channel();
-        let job = Job { batch, shed_renewals: false, reply };
+        let job = Job { batch, shed_renewals: false, caller: caller.clone(), reply };
         match self.jobs.try_send(job) {
             Ok(()) => {}
             Err(async_channel::TrySendError::Full(mut job)) => {
@@ -85,7 +100,7 @@ impl LeaseQueue {
                 let only_renewals = job.batch.items.iter().all(is_renewal);
                 if only_renewals {
                     // Nothing in it must wait: answer at once, without a worker.
-                    return Ok(apply(&self.context, job.batch, true));
+                    return Ok(apply(&self.context, &job.batch, true));
                 }
                 tokio::select! {
                     sent = self.waiting.send(job) => sent.map_err(|_| stopping())?,
@@ -126,19 +141,24 @@ async fn next_job(queues: &Receivers, stopping: &tokio_util::sync::CancellationT
 async fn work(context: Arc<Context>, queues: Receivers) {
     while let Some(job) = next_job(&queues, &context.stopping).await {
         let rooms = rooms_to_hear(&context, &job.batch);
-        let (results, answered) = apply_hearing_rooms(&context, job.batch, job.shed_renewals);
-        match rooms {
-            None => {
+        let Applied { results, rooms_answered, held } = apply_hearing_rooms(&context, &job.batch, job.shed_renewals);
+        if rooms.is_none() && held.is_empty() {
+            let _ = job.reply.send(results);
+        } else {
+            // The rooms' owners answer the room versions, and held items
+            // wait out a freeze: aside, so that the worker goes on with the
+            // next batch (H1).
+            let context = Arc::clone(&context);
+            tokio::spawn(async move {
+                let mut results = match rooms {
+                    Some(rooms) => with_room_versions(Arc::clone(&context), results, &rooms, rooms_answered).await,
+                    None => results,
+                };
+                if !held.is_empty() {
+                    answer_held(&context, &job.batch, &job.caller, held, &mut results).await;
+                }
                 let _ = job.reply.send(results);
-            }
-            Some(rooms) => {
-                // The rooms' owners answer the room versions: waited for
-                // aside, so that the worker goes on with the next batch.
-                let context = Arc::clone(&context);
-                tokio::spawn(async move {
-                    let _ = job.reply.send(with_room_versions(context, results, &rooms, answered).await);
-                });
-            }
+            });
         }
         // A batch is a burst of CPU work: let other tasks (readers, viewers) in between.
         tokio::task::yield_now().await;
@@ -150,8 +170,104 @@ async fn work(context: Arc<Context>, queues: Receivers) {
 /// Consecutive renewals go to the store together ([`presence_core::Store::renew_batch`]),
 /// which applies each user's in order; a register or unregister between them
 /// ends the run, so every item still sees exactly the items before it.
-pub(crate) fn apply(context: &Context, batch: LeaseBatchFrame, shed_renewals: bool) -> pb::LeaseResults {
-    apply_hearing_rooms(context, batch, shed_renewals).0
+pub(crate) fn apply(context: &Context, batch: &LeaseBatchFrame, shed_renewals: bool) -> pb::LeaseResults {
+    apply_hearing_rooms(context, batch, shed_renewals).results
+}
+
+/// A batch applied: its results, what the owners of the rooms it changed
+/// answer, and its items held (by index, with their slots) because their
+/// slots are frozen for a move out of this node (C7); each of those has a
+/// refusal in `results` for now.
+struct Applied {
+    results: pb::LeaseResults,
+    rooms_answered: tokio::sync::oneshot::Receiver<crate::node::placement::RoomAnswer>,
+    held: Vec<(usize, u32)>,
+}
+
+/// Answers the items of `batch` held through a move's freeze (C7), in
+/// `results`: once the freeze is over (or [`HOLD_THROUGH_FREEZE`] passed)
+/// each is applied again here, which answers it if the move was given up;
+/// one whose slot went to another node is sent on to it, as the caller. A
+/// refusal left names the new owner and epoch when they are known.
+async fn answer_held(
+    context: &Arc<Context>,
+    batch: &LeaseBatchFrame,
+    caller: &Caller,
+    held: Vec<(usize, u32)>,
+    results: &mut pb::LeaseResults,
+) {
+    let metrics = context.metrics();
+    metrics.requests_held.increment(held.len() as u64);
+    let started = tokio::time::Instant::now();
+    let mut slots: Vec<u32> = held.iter().map(|&(_, slot)| slot).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    context.placement.freeze_over(slots, started + HOLD_THROUGH_FREEZE).await;
+    metrics.request_hold_seconds.record(started.elapsed().as_secs_f64());
+    let again = LeaseBatchFrame {
+        batch_id: results.batch_id,
+        items: held.iter().map(|&(index, _)| batch.items[index].clone()).collect(),
+        items_beyond_limit: 0,
+    };
+    let rooms = rooms_to_hear(context, &again);
+    let Applied { results: answers, rooms_answered, .. } = apply_hearing_rooms(context, &again, false);
+    let mut answers = match rooms {
+        Some(rooms) => with_room_versions(Arc::clone(context), answers, &rooms, rooms_answered).await,
+        None => answers,
+    };
+    if !caller.forwarded {
+        send_on_to_owners(context, &again, caller, &mut answers.results).await;
+    }
+    for ((index, _), answer) in held.into_iter().zip(answers.results) {
+        results.results[index] = answer;
+    }
+}
+
+/// Sends each item of `batch` whose answer names another node as its owner
+/// there, and puts that node's answer in its place (C7).
+async fn send_on_to_owners(
+    context: &Context,
+    batch: &LeaseBatchFrame,
+    caller: &Caller,
+    answers: &mut [pb::LeaseResult],
+) {
+    let mut by_owner: std::collections::BTreeMap<String, Vec<usize>> = std::collections::BTreeMap::new();
+    for (index, answer) in answers.iter().enumerate() {
+        if let Some(owner) = answer.not_owner.as_ref().filter(|owner| !owner.owner_addr.is_empty()) {
+            by_owner.entry(owner.owner_addr.clone()).or_default().push(index);
+        }
+    }
+    for (address, indices) in by_owner {
+        // Text that is not UTF-8 goes no further: it is refused here, naming the field.
+        let mut items = Vec::with_capacity(indices.len());
+        let mut sent = Vec::with_capacity(indices.len());
+        for index in indices {
+            match pb::LeaseItem::decode(batch.items[index].encode_to_vec().as_slice()) {
+                Ok(item) => {
+                    items.push(item);
+                    sent.push(index);
+                }
+                Err(_) => {
+                    answers[index] = wire::lease_refused(&ServiceError::invalid("items", "text that is not UTF-8"));
+                }
+            }
+        }
+        let forwarded = pb::LeaseBatch { batch_id: batch.batch_id, items };
+        match context.placement.forward_leases(&address, forwarded, caller.authorization.clone()).await {
+            Ok(owner_answers) if owner_answers.results.len() == sent.len() => {
+                for (index, answer) in sent.into_iter().zip(owner_answers.results) {
+                    answers[index] = answer;
+                }
+            }
+            Ok(owner_answers) => tracing::warn!(
+                address,
+                sent = sent.len(),
+                answered = owner_answers.results.len(),
+                "a node answered a different number of lease items than it was sent; they are refused, naming it"
+            ),
+            Err(error) => tracing::debug!(address, %error, "lease items held through a freeze could not be sent on"),
+        }
+    }
 }
 
 /// On a cluster node, the room each item names (Join, Leave, Signal), by
@@ -201,15 +317,12 @@ async fn with_room_versions(
 }
 
 /// [`apply`], with what the owners of the rooms the batch changed answer (see [`Context::apply_to_rooms`]).
-fn apply_hearing_rooms(
-    context: &Context,
-    batch: LeaseBatchFrame,
-    shed_renewals: bool,
-) -> (pb::LeaseResults, tokio::sync::oneshot::Receiver<crate::node::placement::RoomAnswer>) {
+fn apply_hearing_rooms(context: &Context, batch: &LeaseBatchFrame, shed_renewals: bool) -> Applied {
     let started = std::time::Instant::now();
     let metrics = context.metrics();
     let mut renewals = [0u64; RenewResult::COUNT];
     let mut results = Vec::with_capacity(batch.items.len());
+    let mut held = Vec::new();
     // One look at the slot map for the whole batch (C2).
     let acting = context.placement.acting();
     let ((), answered) = context.apply_to_rooms(|store, now, changes| {
@@ -219,8 +332,13 @@ fn apply_hearing_rooms(
                 && let Err(refusal) = acting.check(user_id)
             {
                 apply_renewals(store, now, &mut run, &mut results, changes, &mut renewals);
-                if let Some(LeaseOpFrame::Renew(_)) = &item.op {
-                    renewals[RenewResult::NotOwner as usize] += 1;
+                match &refusal {
+                    // Waits the freeze out; counted when applied again.
+                    ServiceError::NotOwner(not_owner) if not_owner.frozen => held.push((results.len(), not_owner.slot)),
+                    _ if matches!(&item.op, Some(LeaseOpFrame::Renew(_))) => {
+                        renewals[RenewResult::NotOwner as usize] += 1;
+                    }
+                    _ => {}
                 }
                 results.push(wire::lease_refused(&refusal));
                 continue;
@@ -286,7 +404,7 @@ fn apply_hearing_rooms(
     }
     metrics.shed.increment(renewals[RenewResult::Shed as usize]);
     metrics.renewal_seconds.record(started.elapsed().as_secs_f64());
-    (pb::LeaseResults { batch_id: batch.batch_id, results }, answered)
+    Applied { results: pb::LeaseResults { batch_id: batch.batch_id, results }, rooms_answered: answered, held }
 }
 
 /// Applies a run of renewals, appends their answers to `results` and counts them.
@@ -324,7 +442,7 @@ pub(crate) fn admit(batch: &LeaseBatchFrame) -> Result<(), ServiceError> {
 pub type LeasesStream = tokio_stream::wrappers::ReceiverStream<Result<pb::LeaseResults, Status>>;
 
 /// Serves one gateway's Leases stream.
-pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>) -> LeasesStream {
+pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>, caller: Caller) -> LeasesStream {
     // Results wait here only while the gateway is slow to read; then this
     // stream stops reading batches, and HTTP/2 flow control pushes back.
     let (tx, rx) = mpsc::channel(4);
@@ -351,7 +469,7 @@ pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>) -
                 let _ = tx.send(Err(refusal.into())).await;
                 return;
             }
-            let results = queue.run(batch).await.map_err(Status::from);
+            let results = queue.run(batch, &caller).await.map_err(Status::from);
             let failed = results.is_err();
             if tx.send(results).await.is_err() || failed {
                 return;
@@ -408,13 +526,13 @@ mod tests {
     async fn l8_every_item_gets_its_own_result_in_order_and_a_bad_one_fails_alone() {
         let context = context();
         let queue = LeaseQueue::start(Arc::clone(&context), 4, 1);
-        let registered = queue.run(batch(vec![register("a"), register("b")])).await.unwrap();
+        let registered = queue.run(batch(vec![register("a"), register("b")]), &Caller::default()).await.unwrap();
         let generation = |index: usize| match &registered.results[index].result {
             Some(lease_result::Result::Register(response)) => response.generation,
             other => panic!("{other:?}"),
         };
         let items = vec![renew("a", generation(0)), register(""), renew("nobody", 1), renew("b", generation(1))];
-        let results = queue.run(batch(items)).await.unwrap();
+        let results = queue.run(batch(items), &Caller::default()).await.unwrap();
         assert_eq!(results.batch_id, 7);
         let codes: Vec<Code> = results.results.iter().map(|r| Code::from(r.code as i32)).collect();
         assert_eq!(codes, [Code::Ok, Code::InvalidArgument, Code::NotFound, Code::Ok]);
@@ -425,7 +543,7 @@ mod tests {
     async fn l8_an_item_whose_text_is_not_utf8_is_refused_alone_naming_the_field() {
         let context = context();
         let queue = LeaseQueue::start(Arc::clone(&context), 4, 1);
-        let registered = queue.run(batch(vec![register("a")])).await.unwrap();
+        let registered = queue.run(batch(vec![register("a")]), &Caller::default()).await.unwrap();
         let Some(lease_result::Result::Register(a)) = &registered.results[0].result else { panic!("{registered:?}") };
         let not_utf8 = bytes::Bytes::from_static(&[0xff, 0xfe]);
         let unregister = |user: &str| pb::LeaseItem {
@@ -450,7 +568,7 @@ mod tests {
         bad.gateway_id = not_utf8.clone();
         let Some(LeaseOpFrame::Unregister(bad)) = &mut items.items[4].op else { unreachable!("an unregister") };
         bad.user_id = not_utf8;
-        let results = queue.run(items).await.unwrap();
+        let results = queue.run(items, &Caller::default()).await.unwrap();
         let codes: Vec<Code> = results.results.iter().map(|r| Code::from(r.code as i32)).collect();
         let invalid = Code::InvalidArgument;
         assert_eq!(codes, [Code::Ok, invalid, invalid, Code::Ok, invalid, Code::Ok]);
@@ -470,20 +588,20 @@ mod tests {
         let (queue, queues) = LeaseQueue::new(Arc::clone(&context), 1);
         let first = tokio::spawn({
             let queue = queue.clone();
-            async move { queue.run(batch(vec![register("a")])).await }
+            async move { queue.run(batch(vec![register("a")]), &Caller::default()).await }
         });
         while !queue.is_overloaded() {
             tokio::task::yield_now().await;
         }
 
         // A batch of renewals only is answered at once, every item RESOURCE_EXHAUSTED.
-        let shed = queue.run(batch(vec![renew("a", 1), renew("b", 1)])).await.unwrap();
+        let shed = queue.run(batch(vec![renew("a", 1), renew("b", 1)]), &Caller::default()).await.unwrap();
         assert!(shed.results.iter().all(|r| r.code == Code::ResourceExhausted as u32), "{shed:?}");
 
         // A batch with a register waits for room: it is not dropped and not answered yet.
         let mixed = tokio::spawn({
             let queue = queue.clone();
-            async move { queue.run(batch(vec![renew("a", 1), register("c")])).await }
+            async move { queue.run(batch(vec![renew("a", 1), register("c")]), &Caller::default()).await }
         });
         for _ in 0..100 {
             tokio::task::yield_now().await;
@@ -511,7 +629,7 @@ mod tests {
         let first = tokio::spawn({
             let queue = queue.clone();
             let first = with_id(1, vec![register("a")]);
-            async move { queue.run(first).await }
+            async move { queue.run(first, &Caller::default()).await }
         });
         while !queue.is_overloaded() {
             tokio::task::yield_now().await;
@@ -519,7 +637,7 @@ mod tests {
         let waiting = tokio::spawn({
             let queue = queue.clone();
             let waiting = with_id(2, vec![register("b")]);
-            async move { queue.run(waiting).await }
+            async move { queue.run(waiting, &Caller::default()).await }
         });
         for _ in 0..100 {
             tokio::task::yield_now().await;
@@ -530,7 +648,8 @@ mod tests {
         // it before the waiting batch's task runs again (under a flood of renewals, one
         // always does). It must not be applied before the waiting register batch.
         let mut taken = vec![next_job(&queues, &context.stopping).await.expect("a batch")];
-        let mut renewals = std::pin::pin!(queue.run(with_id(3, vec![renew("a", 1)])));
+        let caller = Caller::default();
+        let mut renewals = std::pin::pin!(queue.run(with_id(3, vec![renew("a", 1)]), &caller));
         let _ = renewals.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
         while !taken.iter().any(|job| job.batch.batch_id == 2) {
             taken.push(next_job(&queues, &context.stopping).await.expect("a batch"));

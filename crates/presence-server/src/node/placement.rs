@@ -15,7 +15,9 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use hashbrown::HashMap;
 use presence_core::{CompactString, StampedRoomFact};
+use presence_proto::v1 as pb;
 use tokio::sync::oneshot;
+use tonic::metadata::{Ascii, MetadataValue};
 
 use crate::error::ServiceError;
 use crate::node::context::Context;
@@ -23,6 +25,11 @@ use crate::node::context::Context;
 /// How long a node waits for another node's answer to a call made for a
 /// request (a forwarded read, room facts and versions) before it gives up.
 pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a request for a slot in the last step of a move out of this node
+/// waits here for the move to end before it is refused (C7): far above a
+/// freeze (milliseconds), far below a heartbeat.
+pub(crate) const HOLD_THROUGH_FREEZE: Duration = Duration::from_millis(250);
 
 /// The room version of each room a batch of facts touched, after them.
 pub(crate) type RoomVersions = HashMap<CompactString, u64>;
@@ -68,6 +75,20 @@ pub(crate) trait Placement: Debug + Send + Sync {
     /// takes it to write) sees it done (C3); `None` when nothing moves away.
     fn durable_gate(&self) -> Option<&tokio::sync::RwLock<()>>;
 
+    /// Returns once none of `slots` is frozen for a move out of this node
+    /// (C7), or at `deadline`; whether some still is then.
+    fn freeze_over<'a>(&'a self, slots: Vec<u32>, deadline: tokio::time::Instant) -> BoxFuture<'a, bool>;
+
+    /// Sends lease items to the node at `address`, which owns their users
+    /// now, as the caller (`authorization`) would (C7: a request held
+    /// through a freeze is answered by the slot's new owner).
+    fn forward_leases<'a>(
+        &'a self,
+        address: &'a str,
+        batch: pb::LeaseBatch,
+        authorization: Option<MetadataValue<Ascii>>,
+    ) -> BoxFuture<'a, Result<pb::LeaseResults, ServiceError>>;
+
     /// Whether rooms live at their room slot's owner, which answers their
     /// versions and members (a cluster); `false` when this store holds every
     /// room and answers for it itself.
@@ -107,6 +128,22 @@ impl Placement for SingleNode {
 
     fn durable_gate(&self) -> Option<&tokio::sync::RwLock<()>> {
         None
+    }
+
+    fn freeze_over<'a>(&'a self, _slots: Vec<u32>, _deadline: tokio::time::Instant) -> BoxFuture<'a, bool> {
+        // Nothing moves away from a node on its own.
+        Box::pin(std::future::ready(false))
+    }
+
+    fn forward_leases<'a>(
+        &'a self,
+        address: &'a str,
+        _batch: pb::LeaseBatch,
+        _authorization: Option<MetadataValue<Ascii>>,
+    ) -> BoxFuture<'a, Result<pb::LeaseResults, ServiceError>> {
+        let refusal =
+            ServiceError::Internal(format!("a node on its own forwards nothing (asked to send to {address})"));
+        Box::pin(std::future::ready(Err(refusal)))
     }
 
     fn rooms_at_their_owners(&self) -> bool {
