@@ -20,6 +20,7 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -51,6 +52,8 @@ fn block_bytes(cap: u64) -> usize {
 /// Frames newer than the oldest a disk log keeps in memory: what consumers
 /// that keep up read.
 const TAIL_BYTES_ON_DISK: u64 = 32 << 20;
+/// How much of a segment a read of some slots' frames takes at a time.
+const SLOT_READ_BYTES: usize = 256 << 10;
 /// The largest segment file; byte retention removes a segment at a time.
 const MAX_SEGMENT_BYTES: u64 = 16 << 20;
 const MIN_SEGMENT_BYTES: u64 = 64 << 10;
@@ -379,6 +382,55 @@ impl FeedLog {
             }
         }
         let end = after.max(frames_end(&frames));
+        Ok(Read { frames, end })
+    }
+
+    /// Every frame after `after` whose slot `wanted` takes, in order, and
+    /// how far the log is complete: found through each segment's index of
+    /// its frames by slot, and in the tail in memory, copying no other frame
+    /// (C7: what a move carries of its slots). The segments' frames are read
+    /// in chunks of [`SLOT_READ_BYTES`] that hold some of them.
+    pub fn read_slots(&self, after: Cursor, wanted: &dyn Fn(u32) -> bool) -> Result<Read, ReadError> {
+        let state = self.state.read();
+        if after < state.trimmed {
+            return Err(ReadError::OutOfRange(OutOfRange { oldest: state.trimmed }));
+        }
+        let (end, tail_from) = (state.end, state.tail_from);
+        let tail = state.tail.read_matching(after.max(tail_from), wanted);
+        if after >= tail_from {
+            return Ok(Read { frames: tail, end });
+        }
+        let planned: Vec<(Arc<fs::File>, u64, Vec<u64>)> = state
+            .segments
+            .iter()
+            .filter(|segment| segment.last_cursor > after)
+            .map(|segment| (Arc::clone(&segment.file), segment.bytes, segment.offsets_of(wanted)))
+            .collect();
+        drop(state);
+        let mut frames = Vec::new();
+        // A segment retention removes meanwhile stays readable through its open file.
+        for (file, bytes, offsets) in planned {
+            let mut next = 0;
+            while next < offsets.len() {
+                let start = offsets[next];
+                let chunk = segment::read_at(&file, start, bytes, SLOT_READ_BYTES.max(MAX_FRAME))
+                    .map_err(|error| ReadError::Io(error.to_string()))?;
+                while next < offsets.len() && offsets[next] < start + chunk.len() as u64 {
+                    match Frame::parse(&chunk.slice((offsets[next] - start) as usize..)) {
+                        Ok((frame, _)) => {
+                            if frame.cursor() > after && frame.cursor() <= tail_from {
+                                frames.push(frame);
+                            }
+                            next += 1;
+                        }
+                        // Cut by the chunk's end: the next chunk starts at it.
+                        Err(FrameError::Short { .. }) if offsets[next] > start => break,
+                        Err(error) => return Err(ReadError::Io(error.to_string())),
+                    }
+                }
+            }
+        }
+        frames.extend(tail);
         Ok(Read { frames, end })
     }
 

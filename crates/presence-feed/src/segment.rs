@@ -2,6 +2,7 @@
 //! the position of its first frame, with a sparse index of positions to
 //! offsets so that a read from a cursor starts near it.
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -33,6 +34,9 @@ pub(crate) struct Segment {
     pub(crate) last_at: u64,
     /// (position, offset) of a frame every [`INDEX_EVERY`] bytes, the first frame's included.
     index: Vec<(u64, u64)>,
+    /// The offset of every frame, by slot, ascending: a move reads its
+    /// slots' frames and no other (C7). Four bytes a frame.
+    by_slot: HashMap<u32, Vec<u32>>,
 }
 
 /// What recovering a segment found wrong and mended.
@@ -70,6 +74,7 @@ impl Segment {
             bytes: 0,
             last_at: 0,
             index: Vec::new(),
+            by_slot: HashMap::new(),
         }
     }
 
@@ -124,6 +129,8 @@ impl Segment {
         if self.index.last().is_none_or(|&(_, indexed)| offset >= indexed + INDEX_EVERY) {
             self.index.push((frame.position(), offset));
         }
+        // A segment stops taking batches at 16 MiB: its offsets fit.
+        self.by_slot.entry(frame.slot()).or_default().push(offset as u32);
         self.last = frame.position();
         self.last_cursor = frame.cursor();
         self.last_at = self.last_at.max(frame.at());
@@ -139,6 +146,18 @@ impl Segment {
     pub(crate) fn offset_before(&self, position: u64) -> u64 {
         let at = self.index.partition_point(|&(indexed, _)| indexed <= position);
         if at == 0 { 0 } else { self.index[at - 1].1 }
+    }
+
+    /// The offsets of the frames whose slot `wanted` takes, ascending.
+    pub(crate) fn offsets_of(&self, wanted: &dyn Fn(u32) -> bool) -> Vec<u64> {
+        let mut offsets: Vec<u64> = self
+            .by_slot
+            .iter()
+            .filter(|&(&slot, _)| wanted(slot))
+            .flat_map(|(_, offsets)| offsets.iter().map(|&offset| u64::from(offset)))
+            .collect();
+        offsets.sort_unstable();
+        offsets
     }
 
     /// Up to `max` bytes from `offset`, no further than `end`.

@@ -151,6 +151,25 @@ impl Tail {
         }
         (Frame::packed(copied.freeze()).collect(), true)
     }
+
+    /// Every frame after `after` whose slot `wanted` takes, in order: only
+    /// those are copied out (C7: a move's slots).
+    pub(crate) fn read_matching(&self, after: Cursor, wanted: &dyn Fn(u32) -> bool) -> Vec<Frame> {
+        let from = self.blocks.partition_point(|block| block.last <= after);
+        let mut copied = BytesMut::new();
+        for block in self.blocks.range(from..) {
+            let mut offset = block.start;
+            while offset < block.bytes.len() {
+                let frame = &block.bytes[offset..];
+                let (cursor, len) = (Frame::cursor_in(frame), Frame::len_in(frame));
+                if cursor > after && wanted(cursor.slot) {
+                    copied.extend_from_slice(&frame[..len]);
+                }
+                offset += len;
+            }
+        }
+        Frame::packed(copied.freeze()).collect()
+    }
 }
 
 #[cfg(test)]

@@ -177,3 +177,38 @@ fn a_frame_body_is_read_back_as_written() {
     assert_eq!(read.frames, vec![frame]);
     assert_eq!(read.frames[0].body(), Bytes::from_static(b"gap body"));
 }
+
+#[test]
+fn f3_a_read_of_some_slots_gets_exactly_their_frames_after_a_cursor_from_segments_tail_and_a_reopened_log() {
+    let dir = scratch("slots");
+    // More than the 32 MiB of newest frames a log on disk keeps in memory,
+    // less than it keeps on disk: the oldest frames are read from segments.
+    let retention = Retention { max_age_ms: u64::MAX / 2, max_bytes: 40 << 20 };
+    let wanted = |slot: u32| slot % 10 == 3 || slot == 1000;
+    let expected = |log: &FeedLog, after: Cursor| -> Vec<u64> {
+        let all = read_all(log, after, 1 << 16);
+        all.into_iter().filter(|position| wanted((position % 1024) as u32)).collect()
+    };
+    let read = |log: &FeedLog, after: Cursor| -> Vec<u64> {
+        let read = log.read_slots(after, &wanted).unwrap();
+        assert_eq!(read.end, log.end(), "complete to the log's end");
+        read.frames.iter().map(Frame::position).collect()
+    };
+    let (log, _) = FeedLog::open(&dir, retention).unwrap();
+    for batch in 0..60u64 {
+        log.append(&frames(1 + batch * 10_000, 1 + (batch + 1) * 10_000), 0, 0).unwrap();
+    }
+    let oldest = log.oldest();
+    assert!(oldest.position > 1, "retention removed some segments: {oldest:?}");
+    for after in [oldest, Cursor::through(200_000), Cursor::through(599_990), log.end()] {
+        let got = read(&log, after);
+        assert_eq!(got, expected(&log, after), "after {after:?}");
+    }
+    assert!(!read(&log, oldest).is_empty());
+    assert!(matches!(log.read_slots(Cursor::START, &wanted), Err(ReadError::OutOfRange(_))), "before the oldest");
+    log.close().unwrap();
+    drop(log);
+    let (log, _) = FeedLog::open(&dir, retention).unwrap();
+    assert_eq!(read(&log, log.oldest()), expected(&log, log.oldest()), "the index is built again at open");
+    let _ = std::fs::remove_dir_all(&dir);
+}

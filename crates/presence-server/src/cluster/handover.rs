@@ -204,10 +204,13 @@ async fn move_chunk(
     let target = Target { membership, address, set: &set, move_id: fastrand::u64(1..), credential };
     // Every change to the slots' users from here on is noted, until the round ends.
     let _noting = NotingChanges::start(store, &set);
+    let began = Instant::now();
     let copy = store.export_slots(&set, context.now());
     let mut bytes = copy.len() as u64;
     let map = membership.map();
-    let copied = target.send(Step::copy(copy, map.revision())).await;
+    // What the feed held of the slots when the move began goes with the copy.
+    let feed_so_far = FeedPart { entries: carried.take(&set), last_position: 0 };
+    let copied = target.send(Step::copy(copy, map.revision(), feed_so_far)).await;
     if let Err(refused) = copied {
         drop_at(membership, address, &set, credential).await;
         return Err(refused);
@@ -233,6 +236,7 @@ async fn move_chunk(
         changed = store.take_moving_changed();
     }
 
+    let copied_in = began.elapsed();
     // The freeze: every request checked before is written; every later one waits.
     store.pause_expiry(Some(membership.start_leaving(&set).await));
     let frozen_at = Instant::now();
@@ -268,6 +272,7 @@ async fn move_chunk(
         }
     };
     let last = Step::last(state, absent, durable, feed);
+    let sending_at = frozen_at.elapsed();
     let taken = match tokio::time::timeout(FREEZE_BOUND.saturating_sub(frozen_at.elapsed()), target.send(last)).await {
         Ok(Ok(taken)) => taken,
         Ok(Err(refused)) => {
@@ -314,13 +319,16 @@ async fn move_chunk(
     // The slots stay refused here: this node's map may show them as its own
     // a little longer, and requests held meanwhile go to the target once it does.
     let released = drop_here(context, &set, "slots handed over").await;
-    tracing::debug!(
+    tracing::info!(
         slots = chunk.len(),
         released,
         epoch,
+        copy_and_catch_up_ms = copied_in.as_secs_f64() * 1e3,
         catch_up_steps = steps,
+        last_changes = changed.len(),
         frozen_ms = frozen.as_secs_f64() * 1e3,
-        "slots handed over and dropped here"
+        last_step_sent_after_ms = sending_at.as_secs_f64() * 1e3,
+        "a round of slots handed over and dropped here"
     );
     Ok(Round::Moved(Moved { epoch, users: taken.users, sessions: taken.sessions, bytes, elapsed: Duration::ZERO }))
 }
@@ -405,9 +413,9 @@ struct Step {
 }
 
 impl Step {
-    /// The slots' state, taken while they are served.
-    fn copy(state: Vec<u8>, map_revision: i64) -> Self {
-        Step { phase: pb::MovePhase::Copy, state, map_revision, ..Step::default() }
+    /// The slots' state, taken while they are served, with their feed entries so far.
+    fn copy(state: Vec<u8>, map_revision: i64, feed: FeedPart) -> Self {
+        Step { phase: pb::MovePhase::Copy, state, map_revision, feed, ..Step::default() }
     }
 
     /// What changed since the last step.
@@ -415,7 +423,7 @@ impl Step {
         Step { phase: pb::MovePhase::Changes, state, absent, ..Step::default() }
     }
 
-    /// The last changes, with the users' durable data and the slots' feed entries.
+    /// The last changes, with the users' durable data and the slots' feed entries since the copy.
     fn last(
         state: Vec<u8>,
         absent: Vec<presence_core::CompactString>,

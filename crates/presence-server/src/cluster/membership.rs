@@ -290,8 +290,10 @@ pub(crate) struct Membership {
     /// Held as [`Membership::leaving`] is by requests whose write awaits the
     /// disk (statuses, relations), across the await.
     durable_gate: tokio::sync::RwLock<()>,
-    /// One handover at a time, out of this node or into it.
+    /// One handover out of this node at a time.
     pub(crate) handing_over: tokio::sync::Mutex<()>,
+    /// One handover into this node at a time (its last step).
+    pub(crate) taking_in: tokio::sync::Mutex<()>,
     /// What this node presents to the others for its own calls (a drain's
     /// handover): the first service token, when there are any.
     peer_token: Option<MetadataValue<Ascii>>,
@@ -384,6 +386,7 @@ impl Membership {
             taking: Mutex::new(SlotSet::new(config.slots)),
             durable_gate: tokio::sync::RwLock::new(()),
             handing_over: tokio::sync::Mutex::new(()),
+            taking_in: tokio::sync::Mutex::new(()),
             peer_token,
         };
         membership.relay(lease);

@@ -453,8 +453,14 @@ pub(crate) async fn act_on_the_map(context: Arc<Context>, cluster: Arc<ClusterNo
                 // its slots until then.
                 membership.outage().promises_kept().await;
             }
-            take_in(&context, membership, replica, &acted, &map).await;
+            let handed = take_in(&context, membership, replica, &acted, &map).await;
             membership.act_on(Arc::clone(&map));
+            // Their state came whole with the handover: the copy is older.
+            // Dropped once this node acts on them, since requests held
+            // through the move wait for that (C7).
+            if !handed.is_empty() {
+                replica.drop_slots(context.now(), &handed);
+            }
             drop_given_away(&context, membership, &acted, &map).await;
         }
         tokio::select! {
@@ -500,14 +506,16 @@ fn takes_over(membership: &Membership, acted: &presence_cluster::SlotMap, map: &
     })
 }
 
-/// Takes in the state of the slots `map` gives this node and `acted` gave another.
+/// Takes in the state of the slots `map` gives this node and `acted` gave
+/// another, from this node's copy unless a handover brought it; returns the
+/// slots a handover brought, whose copy is to be dropped.
 async fn take_in(
     context: &Context,
     membership: &Membership,
     replica: &Replica,
     acted: &presence_cluster::SlotMap,
     map: &presence_cluster::SlotMap,
-) {
+) -> SlotSet {
     let slots = membership.slot_count();
     let (mut from_copy, mut handed) = (SlotSet::new(slots), SlotSet::new(slots));
     for slot in 0..slots {
@@ -521,12 +529,8 @@ async fn take_in(
         }
     }
     let now = context.now();
-    if !handed.is_empty() {
-        // Their state came whole with the handover: the copy is older.
-        replica.drop_slots(now, &handed);
-    }
     if from_copy.is_empty() {
-        return;
+        return handed;
     }
     crate::cluster::handover::answer_again(context, membership, &from_copy);
     let (state, durable) = replica.take(now, &from_copy);
@@ -542,7 +546,7 @@ async fn take_in(
         Ok(taken) => taken,
         Err(damaged) => {
             tracing::error!(%damaged, slots = from_copy.len(), "a follower's copy could not be taken over");
-            return;
+            return handed;
         }
     };
     if let Err(error) = user_data::take_over(context, durable, now).await {
@@ -556,4 +560,5 @@ async fn take_in(
         bytes,
         "took over slots of a node that is gone, from this node's copy"
     );
+    handed
 }

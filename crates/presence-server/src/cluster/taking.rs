@@ -260,6 +260,14 @@ fn take_copy(
         held: imported,
         touched: Instant::now(),
     };
+    // The slots' feed entries so far are kept with the others handed over
+    // now, outside the freeze. Nothing of the slots is recorded here before
+    // the last step raises this feed above the source's positions (F3); a
+    // consumer merging the cluster's feed drops an entry two nodes hold by
+    // its cursor, so a move given up leaves nothing wrong behind.
+    if let Some(feed) = &context.feed {
+        feed.inherit(received.feed_entries, 0, context.now());
+    }
     cluster.arrivals.moves.lock().insert(received.move_id, arrival);
     tokio::spawn(drop_if_abandoned(Arc::clone(context), Arc::clone(cluster), received.move_id, received.set));
     tracing::debug!(
@@ -303,17 +311,23 @@ async fn take_last(
             (Vec::new(), Imported::default())
         }
     };
+    let began = Instant::now();
     let now = context.now();
     let durable =
         durable.into_iter().map(|user| cluster_wire::handed_over(user, now)).collect::<Result<Vec<_>, _>>()?;
-    let _one_at_a_time = membership.handing_over.lock().await;
+    // One move into this node at a time; a move out of it goes on meanwhile
+    // (its slots are this node's, and these are not).
+    let _one_at_a_time = membership.taking_in.lock().await;
+    let locked = began.elapsed();
     // Slots that come back here are answered again once the map says so.
     answer_again(context, membership, &set);
     // Before anything of the slots is recorded here: their entries stay in
     // order across the move (F3).
+    let feed_entries_taken = feed_entries.len();
     if let Some(feed) = &context.feed {
         feed.inherit(feed_entries, feed_position, now);
     }
+    let inherited = began.elapsed();
     let imported = context
         .apply(|store, now, changes| {
             // The copy's room facts first: the rooms' owners take facts by stamp.
@@ -327,6 +341,7 @@ async fn take_last(
         users: (copied.users + replaced.taken.users).saturating_sub(replaced.dropped.users),
         sessions: (copied.sessions + replaced.taken.sessions).saturating_sub(replaced.dropped.sessions),
     };
+    let applied = began.elapsed();
     user_data::take_over(context, durable, now).await?;
     membership.note_taken_in(&set);
     tracing::info!(
@@ -335,6 +350,11 @@ async fn take_last(
         users = imported.users,
         sessions = imported.sessions,
         bytes = state.len(),
+        feed_entries = feed_entries_taken,
+        waited_ms = locked.as_secs_f64() * 1e3,
+        feed_ms = (inherited - locked).as_secs_f64() * 1e3,
+        apply_ms = (applied - inherited).as_secs_f64() * 1e3,
+        took_ms = began.elapsed().as_secs_f64() * 1e3,
         "took over the state of slots handed over"
     );
     tokio::spawn(drop_unless_given(Arc::clone(context), Arc::clone(cluster), set));

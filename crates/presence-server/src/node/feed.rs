@@ -340,23 +340,19 @@ impl Feed {
             carried.after = Some(self.log.oldest());
         }
         let mut after = carried.after.unwrap_or(Cursor::START);
-        loop {
-            let read = match self.log.read(after, READ_BYTES) {
-                Ok(read) => read,
+        // The log's index of its frames by slot finds them: no other is read.
+        let slots = carried.slots.clone();
+        let wanted = move |slot: u32| slot == u32::MAX || slots.contains(slot);
+        let read = loop {
+            match self.log.read_slots(after, &wanted) {
+                Ok(read) => break read,
                 // Retention moved on while this read: what is left is newer.
-                Err(ReadError::OutOfRange(out)) => {
-                    after = out.oldest;
-                    continue;
-                }
+                Err(ReadError::OutOfRange(out)) => after = out.oldest,
                 Err(ReadError::Io(err)) => return Err(std::io::Error::other(err)),
-            };
-            if read.frames.is_empty() {
-                break;
             }
-            after = read.end;
-            let of_the_move: Vec<Frame> = read.frames.into_iter().filter(|frame| carried.holds(frame)).collect();
-            carried.entries.extend(of_the_move);
-        }
+        };
+        after = after.max(read.end);
+        carried.entries.extend(read.frames);
         carried.after = Some(after);
         Ok(())
     }
