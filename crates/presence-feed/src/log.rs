@@ -85,7 +85,9 @@ pub struct Recovery {
     pub clean: bool,
     /// The last frame's position, or through which the log was complete (0: empty).
     pub last_position: u64,
-    /// Frames found.
+    /// Frames found in the newest segment (the whole log's in memory).
+    /// Older segments are read on a thread after the open returns: a read
+    /// that needs them waits for it.
     pub frames: u64,
     /// What was damaged and cut off (a write torn by a crash), by file.
     pub repairs: Vec<String>,
@@ -112,6 +114,52 @@ pub struct FeedLog {
     state: RwLock<State>,
     /// One writer at a time; readers never take it.
     writer: Mutex<()>,
+    /// The segments before the newest, while a thread reads them at open.
+    older: Mutex<Older>,
+}
+
+/// The older segments of a log on disk (see [`FeedLog::open`]).
+#[derive(Debug)]
+enum Older {
+    /// Read and in the log's segments (or there were none).
+    Settled,
+    /// Being read: the thread's answer.
+    Reading(std::thread::JoinHandle<io::Result<Found>>),
+    /// Could not be read: every read that needs them fails saying why.
+    Failed(String),
+}
+
+/// What reading the older segments found, oldest first.
+#[derive(Debug)]
+struct Found {
+    segments: Vec<Segment>,
+}
+
+/// Reads the segments starting at `firsts` (ascending), as
+/// [`FeedLog::open`] reads the newest: each frame checked, a damaged end
+/// cut off, an empty file removed.
+fn read_older(dir: &Path, firsts: &[u64], after: u64) -> io::Result<Found> {
+    let mut segments = Vec::new();
+    let mut last = after;
+    for &first in firsts {
+        let path = Segment::path_for(dir, first);
+        let (found, repair) = Segment::recover(&path, last)?;
+        if let Some(repair) = repair {
+            // Only a crash's torn write is expected, and only in the newest segment.
+            tracing::warn!(damage = describe(&path, &repair), "the change feed's older segment was damaged and cut");
+        }
+        if found.is_empty() {
+            fs::remove_file(&path)?;
+            continue;
+        }
+        last = found.last;
+        segments.push(found);
+    }
+    Ok(Found { segments })
+}
+
+fn describe(path: &Path, repair: &segment::Repair) -> String {
+    format!("{}: {} bytes cut off at offset {} ({})", path.display(), repair.cut, repair.offset, repair.why)
 }
 
 impl FeedLog {
@@ -130,6 +178,7 @@ impl FeedLog {
                 end: start,
             }),
             writer: Mutex::new(()),
+            older: Mutex::new(Older::Settled),
         }
     }
 
@@ -157,22 +206,20 @@ impl FeedLog {
             }
         }
         firsts.sort_unstable();
+        // The newest segment that holds a frame is read now: the log's end
+        // is there, and a write a crash tore can only be there. The older
+        // ones are read on a thread of their own (`Older`), so that a large
+        // log does not hold up the start; a read that needs them waits.
         let mut segments = VecDeque::new();
         let mut repairs = Vec::new();
         let mut last = trimmed.position;
         let mut end = trimmed;
         let mut frames = 0;
-        for first in firsts {
+        while let Some(first) = firsts.pop() {
             let path = Segment::path_for(dir, first);
-            let (found, repair) = Segment::recover(&path, last)?;
+            let (found, repair) = Segment::recover(&path, first.saturating_sub(1).max(trimmed.position))?;
             if let Some(repair) = repair {
-                repairs.push(format!(
-                    "{}: {} bytes cut off at offset {} ({})",
-                    path.display(),
-                    repair.cut,
-                    repair.offset,
-                    repair.why
-                ));
+                repairs.push(describe(&path, &repair));
             }
             if found.is_empty() {
                 fs::remove_file(&path)?;
@@ -180,9 +227,20 @@ impl FeedLog {
             }
             last = found.last;
             end = found.last_cursor;
-            frames += count_frames(&found)?;
+            frames = found.frames;
             segments.push_back(found);
+            break;
         }
+        let older = match firsts.is_empty() {
+            true => Older::Settled,
+            false => {
+                let (dir, after) = (dir.to_owned(), trimmed.position);
+                let reading = std::thread::Builder::new()
+                    .name("feed-older-segments".to_owned())
+                    .spawn(move || read_older(&dir, &firsts, after))?;
+                Older::Reading(reading)
+            }
+        };
         if clean {
             // The end an orderly close wrote may be past the last frame (a
             // batch with no frame moves it): consumers were handed cursors
@@ -209,8 +267,43 @@ impl FeedLog {
                 end,
             }),
             writer: Mutex::new(()),
+            older: Mutex::new(older),
         };
         Ok((log, recovery))
+    }
+
+    /// Puts the older segments read at open in the log, waiting for the
+    /// thread reading them if `wait` (else returning whether they are in).
+    fn settle_older(&self, wait: bool) -> Result<bool, ReadError> {
+        let mut older = self.older.lock();
+        match &*older {
+            Older::Settled => return Ok(true),
+            Older::Failed(why) => return Err(ReadError::Io(why.clone())),
+            Older::Reading(reading) if !wait && !reading.is_finished() => return Ok(false),
+            Older::Reading(_) => {}
+        }
+        let Older::Reading(reading) = std::mem::replace(&mut *older, Older::Settled) else { unreachable!("matched") };
+        let found = reading.join().unwrap_or_else(|_| Err(io::Error::other("the thread reading them panicked")));
+        match found {
+            Ok(found) => {
+                let mut state = self.state.write();
+                for segment in found.segments.into_iter().rev() {
+                    state.segments.push_front(segment);
+                }
+                Ok(true)
+            }
+            Err(error) => {
+                let why = format!("reading the change feed's older segments: {error}");
+                *older = Older::Failed(why.clone());
+                Err(ReadError::Io(why))
+            }
+        }
+    }
+
+    /// Waits until the segments read at open in the background are in the
+    /// log: a test or a tool that needs the whole log at once.
+    pub fn wait_for_older_segments(&self) -> Result<(), ReadError> {
+        self.settle_older(true).map(drop)
     }
 
     /// Whether the log is on disk.
@@ -316,6 +409,10 @@ impl FeedLog {
     /// while the rest hold more than the bytes kept, or while its newest
     /// frame is older than the age kept.
     fn trim_segments(&self, dir: &Path, now: u64) -> io::Result<()> {
+        // Retention counts every segment: it waits for the older ones to be read.
+        if !matches!(self.settle_older(false), Ok(true)) {
+            return Ok(());
+        }
         let mut removed = Vec::new();
         {
             let mut state = self.state.write();
@@ -346,6 +443,7 @@ impl FeedLog {
     /// one when there is one), and how far the log is complete; or
     /// [`OutOfRange`] for a cursor before what it holds.
     pub fn read(&self, after: Cursor, max_bytes: usize) -> Result<Read, ReadError> {
+        self.settle_older(true)?;
         let state = self.state.read();
         if after < state.trimmed {
             return Err(ReadError::OutOfRange(OutOfRange { oldest: state.trimmed }));
@@ -391,6 +489,7 @@ impl FeedLog {
     /// (C7: what a move carries of its slots). The segments' frames are read
     /// in chunks of [`SLOT_READ_BYTES`] that hold some of them.
     pub fn read_slots(&self, after: Cursor, wanted: &dyn Fn(u32) -> bool) -> Result<Read, ReadError> {
+        self.settle_older(true)?;
         let state = self.state.read();
         if after < state.trimmed {
             return Err(ReadError::OutOfRange(OutOfRange { oldest: state.trimmed }));
@@ -489,24 +588,6 @@ fn parse_cursor(text: &str) -> Option<Cursor> {
 
 fn frames_end(frames: &[Frame]) -> Cursor {
     frames.last().map_or(Cursor::START, Frame::cursor)
-}
-
-fn count_frames(segment: &Segment) -> io::Result<u64> {
-    let mut count = 0;
-    let mut offset = 0;
-    while offset < segment.bytes {
-        let chunk = segment.read_chunk(offset, segment.bytes, 4 * MAX_FRAME)?;
-        let mut at = 0;
-        while let Ok((_, size)) = Frame::parse(&chunk.slice(at..)) {
-            at += size;
-            count += 1;
-        }
-        if at == 0 {
-            break;
-        }
-        offset += at as u64;
-    }
-    Ok(count)
 }
 
 /// Writes a small file whole or not at all: a temporary file, synced, renamed.

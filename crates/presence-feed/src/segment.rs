@@ -32,6 +32,8 @@ pub(crate) struct Segment {
     pub(crate) bytes: u64,
     /// The latest store time of its frames.
     pub(crate) last_at: u64,
+    /// How many frames it holds.
+    pub(crate) frames: u64,
     /// (position, offset) of a frame every [`INDEX_EVERY`] bytes, the first frame's included.
     index: Vec<(u64, u64)>,
     /// The offset of every frame, by slot, ascending: a move reads its
@@ -73,6 +75,7 @@ impl Segment {
             last_cursor: crate::Cursor::START,
             bytes: 0,
             last_at: 0,
+            frames: 0,
             index: Vec::new(),
             by_slot: HashMap::new(),
         }
@@ -135,6 +138,7 @@ impl Segment {
         self.last_cursor = frame.cursor();
         self.last_at = self.last_at.max(frame.at());
         self.bytes = offset + frame.len() as u64;
+        self.frames += 1;
     }
 
     /// Whether it holds no frame.

@@ -212,3 +212,28 @@ fn f3_a_read_of_some_slots_gets_exactly_their_frames_after_a_cursor_from_segment
     assert_eq!(read(&log, log.oldest()), expected(&log, log.oldest()), "the index is built again at open");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn f2_a_log_on_disk_opens_reading_only_its_newest_segment_and_a_read_waits_for_the_older_ones() {
+    let dir = scratch("older-segments");
+    // Segments of 128 KiB: eight batches of 70 KB make several.
+    let retention = Retention { max_age_ms: u64::MAX / 2, max_bytes: 1 << 20 };
+    let (log, _) = FeedLog::open(&dir, retention).unwrap();
+    for batch in 0..8u64 {
+        log.append(&frames(1 + batch * 1_000, 1 + (batch + 1) * 1_000), 0, 0).unwrap();
+    }
+    log.close().unwrap();
+    drop(log);
+    let segments = std::fs::read_dir(&dir).unwrap().filter(|entry| {
+        entry.as_ref().unwrap().file_name().to_string_lossy().ends_with(".feed")
+    });
+    assert!(segments.count() > 2, "several segments");
+    let (log, recovery) = FeedLog::open(&dir, retention).unwrap();
+    assert_eq!((recovery.clean, recovery.last_position), (true, 8_000));
+    assert!(recovery.frames < 8_000, "only the newest segment is read at open: {}", recovery.frames);
+    // Appended at once, before the older segments are in: nothing is lost or trimmed.
+    log.append(&frames(8_001, 8_101), 0, 0).unwrap();
+    assert_eq!(read_all(&log, Cursor::START, 1 << 16), (1..=8_100).collect::<Vec<_>>());
+    assert_eq!(log.oldest(), Cursor::START);
+    let _ = std::fs::remove_dir_all(&dir);
+}

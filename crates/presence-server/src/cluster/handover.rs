@@ -205,7 +205,8 @@ async fn move_chunk(
     // Every change to the slots' users from here on is noted, until the round ends.
     let _noting = NotingChanges::start(store, &set);
     let began = Instant::now();
-    let copy = store.export_slots(&set, context.now());
+    let (to_copy, now) = (set.clone(), context.now());
+    let copy = off_the_runtime(store, move |store| store.export_slots(&to_copy, now)).await?;
     let mut bytes = copy.len() as u64;
     let map = membership.map();
     // What the feed held of the slots when the move began goes with the copy.
@@ -227,7 +228,8 @@ async fn move_chunk(
                 changed.len()
             )));
         }
-        let (state, absent) = store.export_users(&changed, context.now());
+        let now = context.now();
+        let (state, absent) = off_the_runtime(store, move |store| store.export_users(&changed, now)).await?;
         bytes += state.len() as u64;
         if let Err(refused) = target.send(Step::changes(state, absent)).await {
             drop_at(membership, address, &set, credential).await;
@@ -331,6 +333,20 @@ async fn move_chunk(
         "a round of slots handed over and dropped here"
     );
     Ok(Round::Moved(Moved { epoch, users: taken.users, sessions: taken.sessions, bytes, elapsed: Duration::ZERO }))
+}
+
+/// Runs `work` on the store (a copy's export, or import) on a thread of its
+/// own, so that the runtime's workers go on with renewals meanwhile (H1):
+/// taking a hundred slots of a node of a million sessions is a few hundred
+/// milliseconds of CPU, which would hold up every request queued behind it.
+pub(crate) async fn off_the_runtime<T: Send + 'static>(
+    store: &Arc<presence_core::Store>,
+    work: impl FnOnce(&presence_core::Store) -> T + Send + 'static,
+) -> Result<T, ServiceError> {
+    let store = Arc::clone(store);
+    tokio::task::spawn_blocking(move || work(&store))
+        .await
+        .map_err(|error| ServiceError::Internal(format!("a move's work on the store failed: {error}")))
 }
 
 /// Notes every change to a round's users while it runs (see

@@ -25,7 +25,7 @@ use presence_proto::v1 as pb;
 use tonic::Streaming;
 
 use crate::cluster::ClusterNode;
-use crate::cluster::handover::{answer_again, drop_here};
+use crate::cluster::handover::{answer_again, drop_here, off_the_runtime};
 use crate::cluster::membership::{Membership, slot_set};
 use crate::error::ServiceError;
 use crate::node::context::Context;
@@ -214,8 +214,8 @@ pub(crate) async fn take_slots(
     let membership = &cluster.membership;
     let received = receive(membership, pieces).await?;
     match received.phase {
-        pb::MovePhase::Copy => take_copy(context, cluster, received),
-        pb::MovePhase::Changes => take_changes(context, cluster, received),
+        pb::MovePhase::Copy => take_copy(context, cluster, received).await,
+        pb::MovePhase::Changes => take_changes(context, cluster, received).await,
         pb::MovePhase::Whole | pb::MovePhase::Final => take_last(context, cluster, received).await,
     }
 }
@@ -233,10 +233,10 @@ fn check_welcome(membership: &Membership, set: &SlotSet) -> Result<(), ServiceEr
 }
 
 /// The first step: the copy, kept aside.
-fn take_copy(
+async fn take_copy(
     context: &Arc<Context>,
     cluster: &Arc<ClusterNode>,
-    received: Received,
+    mut received: Received,
 ) -> Result<pb::TakeSlotsResponse, ServiceError> {
     let membership = &cluster.membership;
     check_welcome(membership, &received.set)?;
@@ -245,8 +245,13 @@ fn take_copy(
     }
     // Held back before the copy is in: a lease of it never expires here.
     context.store().pause_expiry(Some(membership.start_taking(&received.set)));
-    let mut kept_aside = presence_core::Changes::default();
-    let imported = match context.store().import(context.now(), &received.state, &mut kept_aside) {
+    let (state, now) = (std::mem::take(&mut received.state), context.now());
+    let (imported, kept_aside) = off_the_runtime(context.store(), move |store| {
+        let mut kept_aside = presence_core::Changes::default();
+        (store.import(now, &state, &mut kept_aside), kept_aside)
+    })
+    .await?;
+    let imported = match imported {
         Ok(imported) => imported,
         Err(refused) => {
             context.store().pause_expiry(Some(membership.stop_taking(&received.set)));
@@ -280,17 +285,19 @@ fn take_copy(
 }
 
 /// A later step: what changed since, kept aside with the copy.
-fn take_changes(
+async fn take_changes(
     context: &Arc<Context>,
     cluster: &Arc<ClusterNode>,
     received: Received,
 ) -> Result<pb::TakeSlotsResponse, ServiceError> {
     cluster.arrivals.expects(received.move_id, &received.from_node, &received.set)?;
-    let mut kept_aside = presence_core::Changes::default();
-    let replaced = context
-        .store()
-        .replace_users(context.now(), &received.state, &received.absent, &mut kept_aside)
-        .map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
+    let (state, absent, now) = (received.state, received.absent, context.now());
+    let (replaced, kept_aside) = off_the_runtime(context.store(), move |store| {
+        let mut kept_aside = presence_core::Changes::default();
+        (store.replace_users(now, &state, &absent, &mut kept_aside), kept_aside)
+    })
+    .await?;
+    let replaced = replaced.map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
     let held = cluster.arrivals.touch(received.move_id, replaced, kept_aside.room_facts)?;
     Ok(pb::TakeSlotsResponse { users: held.users as u64, sessions: held.sessions as u64 })
 }
