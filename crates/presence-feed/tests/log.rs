@@ -224,9 +224,9 @@ fn f2_a_log_on_disk_opens_reading_only_its_newest_segment_and_a_read_waits_for_t
     }
     log.close().unwrap();
     drop(log);
-    let segments = std::fs::read_dir(&dir).unwrap().filter(|entry| {
-        entry.as_ref().unwrap().file_name().to_string_lossy().ends_with(".feed")
-    });
+    let segments = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|entry| entry.as_ref().unwrap().file_name().to_string_lossy().ends_with(".feed"));
     assert!(segments.count() > 2, "several segments");
     let (log, recovery) = FeedLog::open(&dir, retention).unwrap();
     assert_eq!((recovery.clean, recovery.last_position), (true, 8_000));

@@ -242,8 +242,13 @@ async fn move_chunk(
     // The freeze: every request checked before is written; every later one waits.
     store.pause_expiry(Some(membership.start_leaving(&set).await));
     let frozen_at = Instant::now();
-    let refuse = |error| {
-        answer_again(context, membership, &set);
+    // A freeze that ends without the move answers the slots here again
+    // first, so that the requests held through it go on at once, then has
+    // the target drop its copy (the map never gave it the slots).
+    let set = &set;
+    let give_up = |error: ServiceError| async move {
+        answer_again(context, membership, set);
+        drop_at(membership, address, set, credential).await;
         error
     };
     let map = membership.map();
@@ -251,26 +256,24 @@ async fn move_chunk(
         chunk.iter().map(|&slot| (slot, map.owner(slot).map_or(0, |owner| owner.epoch))).collect();
     let mine = chunk.iter().all(|&slot| membership.owns(&map, slot));
     if !mine || !membership.acting_now() {
-        drop_at(membership, address, &set, credential).await;
-        return Err(refuse(ServiceError::MoveAborted(
+        return Err(give_up(ServiceError::MoveAborted(
             "the slot map changed as the move began; nothing moved".to_owned(),
-        )));
+        ))
+        .await);
     }
     changed.extend(store.take_moving_changed());
     let (state, absent) = store.export_users(&changed, context.now());
     bytes += state.len() as u64;
-    let durable = match user_data::in_slots(context, &set).await {
+    let durable = match user_data::in_slots(context, set).await {
         Ok(durable) => durable,
         Err(error) => {
-            drop_at(membership, address, &set, credential).await;
-            return Err(refuse(error));
+            return Err(give_up(error).await);
         }
     };
-    let feed = match feed_of(context, &set, carried).await {
+    let feed = match feed_of(context, set, carried).await {
         Ok(feed) => feed,
         Err(error) => {
-            drop_at(membership, address, &set, credential).await;
-            return Err(refuse(error));
+            return Err(give_up(error).await);
         }
     };
     let last = Step::last(state, absent, durable, feed);
@@ -278,11 +281,13 @@ async fn move_chunk(
     let taken = match tokio::time::timeout(FREEZE_BOUND.saturating_sub(frozen_at.elapsed()), target.send(last)).await {
         Ok(Ok(taken)) => taken,
         Ok(Err(refused)) => {
-            drop_at(membership, address, &set, credential).await;
-            return Err(refuse(refused));
+            return Err(give_up(refused).await);
         }
         Err(_) => {
-            drop_at(membership, address, &set, credential).await;
+            let given_up = give_up(ServiceError::MoveAborted(format!(
+                "node {to_node} did not take the last changes of slots {chunk:?} within {FREEZE_BOUND:?}; they stayed here"
+            )))
+            .await;
             context.metrics().move_freezes_aborted.increment(1);
             tracing::warn!(
                 slots = chunk.len(),
@@ -290,28 +295,26 @@ async fn move_chunk(
                 bound_ms = FREEZE_BOUND.as_millis() as u64,
                 "a move's freeze was given up: the target did not take the last changes in time; the slots stay here"
             );
-            return Ok(Round::FreezeGivenUp(refuse(ServiceError::MoveAborted(format!(
-                "node {to_node} did not take the last changes of slots {chunk:?} within {FREEZE_BOUND:?}; they stayed here"
-            )))));
+            return Ok(Round::FreezeGivenUp(given_up));
         }
     };
     let epoch = match give_slots(&membership.etcd, &membership.prefix, &seen, to_node).await {
         Ok(Some(epoch)) => epoch,
         Ok(None) => {
-            drop_at(membership, address, &set, credential).await;
-            return Err(refuse(ServiceError::MoveAborted(format!(
+            return Err(give_up(ServiceError::MoveAborted(format!(
                 "slots {chunk:?} changed in etcd during the move; they stayed here"
-            ))));
+            )))
+            .await);
         }
         Err(error) => {
             // The transaction may have been made: the map says.
             match outcome(membership, &seen, to_node).await {
                 Some(epoch) => epoch,
                 None => {
-                    drop_at(membership, address, &set, credential).await;
-                    return Err(refuse(ServiceError::Etcd(format!(
+                    return Err(give_up(ServiceError::Etcd(format!(
                         "giving the slots to {to_node}: {error}; they stayed here"
-                    ))));
+                    )))
+                    .await);
                 }
             }
         }
@@ -320,7 +323,7 @@ async fn move_chunk(
     context.metrics().move_freeze_seconds.record(frozen.as_secs_f64());
     // The slots stay refused here: this node's map may show them as its own
     // a little longer, and requests held meanwhile go to the target once it does.
-    let released = drop_here(context, &set, "slots handed over").await;
+    let released = drop_here(context, set, "slots handed over").await;
     tracing::info!(
         slots = chunk.len(),
         released,
