@@ -495,9 +495,10 @@ async fn c7_slots_move_while_a_gateway_that_never_retries_renews_every_session_a
     // result, as for a gateway that waits for its next heartbeat. It is two
     // clients, one learning owners from refusals only, one from etcd too (it
     // may learn of a move before the target acts on it). Sessions are
-    // renewed in small chunks every 5 ms, so that every freeze meets some. Each of node-a's slots moves to node-b on its own,
-    // then all of them move back at once: requests that meet a freeze wait
-    // at the node that received them and are answered by the owner after it.
+    // renewed in small chunks every 5 ms, so that every freeze meets some.
+    // Each of node-a's slots moves to node-b on its own, then all of them
+    // move back at once: requests that meet a freeze wait at the node that
+    // received them and are answered by the owner after it.
     const TTL_MS: u32 = 5_000;
     let etcd = EtcdServer::start().await;
     let (servers, map) = three_nodes_with(&etcd, fast_config, false).await;
@@ -509,58 +510,12 @@ async fn c7_slots_move_while_a_gateway_that_never_retries_renews_every_session_a
     };
     let following_etcd = never_retrying();
     following_etcd.follow_etcd(std::slice::from_ref(&etcd.endpoint), PREFIX).await.unwrap();
-    let gateways = std::sync::Arc::new([never_retrying(), following_etcd]);
-    let leases = &gateways[0];
-    let registered = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
-    let generations: Vec<(String, u64)> = users
-        .iter()
-        .zip(registered)
-        .map(|(user, result)| match lease_result(result) {
-            Ok(pb::lease_result::Result::Register(done)) => (user.clone(), done.generation),
-            other => panic!("{user}: {other:?}"),
-        })
-        .collect();
+    let gateways = std::sync::Arc::new(vec![never_retrying(), following_etcd]);
+    let generations = register_through(&gateways[0], &users).await;
     let mut viewer = servers[2].client().await;
     let before = presences(&mut viewer, &users).await;
     let watching = watch_through_failures(servers[2].url(), users.clone());
-
-    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-    let renewer = {
-        let (gateways, generations) = (std::sync::Arc::clone(&gateways), std::sync::Arc::new(generations));
-        tokio::spawn(async move {
-            let mut chunks = tokio::task::JoinSet::new();
-            let mut tick = tokio::time::interval(Duration::from_millis(5));
-            let (mut next, mut gateway) = (0, 0);
-            loop {
-                tokio::select! {
-                    _ = &mut stopped => break,
-                    _ = tick.tick() => {}
-                }
-                let range = next..(next + 30).min(generations.len());
-                next = if range.end == generations.len() { 0 } else { range.end };
-                gateway = (gateway + 1) % 2;
-                let (gateways, generations) = (std::sync::Arc::clone(&gateways), std::sync::Arc::clone(&generations));
-                chunks.spawn(async move {
-                    let items =
-                        generations[range.clone()].iter().map(|(user, generation)| renew(user, *generation, TTL_MS));
-                    let results = gateways[gateway].submit_batch(items.collect()).await;
-                    let sessions = generations[range].iter();
-                    sessions
-                        .zip(results)
-                        .filter(|(_, result)| result.code != 0)
-                        .map(|((user, _), result)| format!("{user}: {} {}", result.code, result.message))
-                        .collect::<Vec<String>>()
-                });
-            }
-            let mut refused = Vec::new();
-            let mut sent = 0;
-            while let Some(chunk) = chunks.join_next().await {
-                refused.extend(chunk.unwrap());
-                sent += 1;
-            }
-            (sent, refused)
-        })
-    };
+    let renewing = renew_in_chunks(std::sync::Arc::clone(&gateways), generations, 30, TTL_MS);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let moving: Vec<u32> = map.owned_by("node-a").collect();
@@ -575,12 +530,64 @@ async fn c7_slots_move_while_a_gateway_that_never_retries_renews_every_session_a
     at_b.move_slots(back).await.expect("every slot back to node-a");
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let _ = stop.send(());
-    let (sent, refused) = renewer.await.unwrap();
+    let _ = renewing.0.send(());
+    let (sent, refused) = renewing.1.await.unwrap();
     assert!(sent > 100, "renewals went on all along: {sent} chunks");
     assert!(refused.is_empty(), "{} renewals were refused to the gateway, first {:?}", refused.len(), refused.first());
     let _ = watching.0.send(());
     let seen = watching.1.await.unwrap();
     assert_no_offline_and_no_version_back(&seen, "no OFFLINE through the moves");
+    assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c7_a_freeze_past_its_bound_is_given_up_and_the_slots_answered_where_they_were_with_no_refusal() {
+    // node-a gives every freeze up at once (its bound is 0): each round of
+    // the move is copied, frozen, given up and made again, three times, and
+    // the move fails saying why. Meanwhile a gateway that never retries
+    // renews every session in small chunks: the requests held through each
+    // freeze are answered at node-a, which still owns the slots.
+    const TTL_MS: u32 = 5_000;
+    let etcd = EtcdServer::start().await;
+    let mut servers = Vec::new();
+    for node in NODES {
+        let server = TestServer::start_with(|addr| {
+            let mut config = node_config_with(&etcd, node, addr, fast_config());
+            let cluster = config.cluster.as_mut().expect("a cluster node");
+            cluster.rebalance = false;
+            if node == "node-a" {
+                cluster.move_freeze_bound = Duration::ZERO;
+            }
+            config
+        })
+        .await;
+        servers.push(server);
+    }
+    let client = etcd.client().await;
+    let map =
+        map_where(&client, "every node owns slots", |map| NODES.iter().all(|node| map.owned_by(node).count() > 0))
+            .await;
+    let users: Vec<String> = (0..600).map(|i| format!("held-{i}")).collect();
+    let gateway = ClusterLeases::new(&servers[2].url(), SLOTS, LeaseChannelConfig::default())
+        .unwrap()
+        .with_move_wait(Duration::ZERO);
+    let generations = register_through(&gateway, &users).await;
+    let mut viewer = servers[2].client().await;
+    let before = presences(&mut viewer, &users).await;
+    let renewing = renew_in_chunks(std::sync::Arc::new(vec![gateway]), generations, 20, TTL_MS);
+    let moving: Vec<u32> = map.owned_by("node-a").collect();
+    let mut at_a = presence_proto::v1::cluster_client::ClusterClient::connect(servers[0].url()).await.unwrap();
+    let refused = at_a
+        .move_slots(pb::MoveSlotsRequest { slots: moving.clone(), to_node: "node-b".into() })
+        .await
+        .expect_err("every freeze is given up");
+    assert_eq!(refused.code(), Code::Aborted, "{refused:?}");
+    assert!(refused.message().contains("did not take the last changes"), "{refused:?}");
+    let after = map_where(&client, "the map", |_| true).await;
+    assert!(moving.iter().all(|&slot| after.owner(slot).unwrap().node == "node-a"), "the slots stayed at node-a");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = renewing.0.send(());
+    let (_, refused) = renewing.1.await.unwrap();
+    assert!(refused.is_empty(), "{} renewals were refused to the gateway, first {:?}", refused.len(), refused.first());
     assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
 }

@@ -90,6 +90,12 @@ async fn register_all(entry: &TestServer, users: &[String]) -> (std::sync::Arc<C
 /// [`register_all`] entering at the node at `url`.
 async fn register_all_at(url: &str, users: &[String]) -> (std::sync::Arc<ClusterLeases>, Vec<(String, u64)>) {
     let leases = std::sync::Arc::new(ClusterLeases::new(url, SLOTS, LeaseChannelConfig::default()).unwrap());
+    let generations = register_through(&leases, users).await;
+    (leases, generations)
+}
+
+/// Registers a session of each of `users` through `leases`; each user with its generation.
+async fn register_through(leases: &ClusterLeases, users: &[String]) -> Vec<(String, u64)> {
     let registered = leases.submit_batch(users.iter().map(|user| register(user)).collect()).await;
     let mut generations = Vec::new();
     for (user, result) in users.iter().zip(registered) {
@@ -98,7 +104,54 @@ async fn register_all_at(url: &str, users: &[String]) -> (std::sync::Arc<Cluster
             other => panic!("{user}: {other:?}"),
         }
     }
-    (leases, generations)
+    generations
+}
+
+/// Renews every session of `generations` (TTL `ttl_ms`) in chunks of
+/// `chunk`, one every 5 ms, through each of `gateways` in turn, until told
+/// to stop, sending nothing refused again (C7: every freeze meets some):
+/// how many chunks went, and every refusal.
+fn renew_in_chunks(
+    gateways: std::sync::Arc<Vec<ClusterLeases>>,
+    generations: Vec<(String, u64)>,
+    chunk: usize,
+    ttl_ms: u32,
+) -> Running<(usize, Vec<String>)> {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let generations = std::sync::Arc::new(generations);
+    let task = tokio::spawn(async move {
+        let mut chunks = tokio::task::JoinSet::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(5));
+        let (mut next, mut gateway) = (0, 0);
+        loop {
+            tokio::select! {
+                _ = &mut stopped => break,
+                _ = tick.tick() => {}
+            }
+            let range = next..(next + chunk).min(generations.len());
+            next = if range.end == generations.len() { 0 } else { range.end };
+            gateway = (gateway + 1) % gateways.len();
+            let (gateways, generations) = (std::sync::Arc::clone(&gateways), std::sync::Arc::clone(&generations));
+            chunks.spawn(async move {
+                let items =
+                    generations[range.clone()].iter().map(|(user, generation)| renew(user, *generation, ttl_ms));
+                let results = gateways[gateway].submit_batch(items.collect()).await;
+                let sessions = generations[range].iter();
+                sessions
+                    .zip(results)
+                    .filter(|(_, result)| result.code != 0)
+                    .map(|((user, _), result)| format!("{user}: {} {}", result.code, result.message))
+                    .collect::<Vec<String>>()
+            });
+        }
+        let (mut sent, mut refused) = (0, Vec::new());
+        while let Some(chunk) = chunks.join_next().await {
+            refused.extend(chunk.unwrap());
+            sent += 1;
+        }
+        (sent, refused)
+    });
+    (stop, task)
 }
 
 /// Asserts that `viewer` sees every one of `users` ONLINE at the version `before` held (M4: no flip, no new version).

@@ -169,10 +169,10 @@ pub(crate) const FREEZE_AT_USERS: usize = 500;
 /// and the slots stay here).
 const CATCH_UP_STEPS: usize = 16;
 
-/// How long the target may take to answer the last step of a move, while
-/// its slots are frozen: past it the freeze is given up and the slots are
-/// answered here again. Below `HOLD_THROUGH_FREEZE`, so that the requests
-/// held meanwhile are answered.
+/// How long a freeze may last before the target has taken the last changes
+/// (`ClusterConfig::move_freeze_bound`'s default): past it the freeze is
+/// given up and the slots are answered here again. Below
+/// `HOLD_THROUGH_FREEZE`, so that the requests held meanwhile are answered.
 pub(crate) const FREEZE_BOUND: Duration = Duration::from_millis(200);
 
 /// How many times a round whose freeze was given up is made again (copied
@@ -278,21 +278,25 @@ async fn move_chunk(
     };
     let last = Step::last(state, absent, durable, feed);
     let sending_at = frozen_at.elapsed();
-    let taken = match tokio::time::timeout(FREEZE_BOUND.saturating_sub(frozen_at.elapsed()), target.send(last)).await {
-        Ok(Ok(taken)) => taken,
-        Ok(Err(refused)) => {
+    let bound = membership.move_freeze_bound;
+    // A freeze already past its bound sends nothing more.
+    let left = bound.saturating_sub(frozen_at.elapsed());
+    let sent = async { if left.is_zero() { None } else { tokio::time::timeout(left, target.send(last)).await.ok() } };
+    let taken = match sent.await {
+        Some(Ok(taken)) => taken,
+        Some(Err(refused)) => {
             return Err(give_up(refused).await);
         }
-        Err(_) => {
+        None => {
             let given_up = give_up(ServiceError::MoveAborted(format!(
-                "node {to_node} did not take the last changes of slots {chunk:?} within {FREEZE_BOUND:?}; they stayed here"
+                "node {to_node} did not take the last changes of slots {chunk:?} within {bound:?}; they stayed here"
             )))
             .await;
             context.metrics().move_freezes_aborted.increment(1);
             tracing::warn!(
                 slots = chunk.len(),
                 to_node,
-                bound_ms = FREEZE_BOUND.as_millis() as u64,
+                bound_ms = bound.as_millis() as u64,
                 "a move's freeze was given up: the target did not take the last changes in time; the slots stay here"
             );
             return Ok(Round::FreezeGivenUp(given_up));

@@ -62,6 +62,12 @@ pub struct ClusterConfig {
     /// Whether this node, while it coordinates, evens the slots out between
     /// the live nodes by planned moves (`rebalance`).
     pub rebalance: bool,
+    /// How long a move out of this node may keep its slots frozen for the
+    /// target to take the last changes (C7) before it gives the freeze up
+    /// and answers them here again. At most `HOLD_THROUGH_FREEZE` (250 ms),
+    /// so that requests held meanwhile are answered; not a flag (0 gives
+    /// every freeze up, which only a test wants).
+    pub move_freeze_bound: Duration,
     /// What this node presents to the other nodes when it calls them of its
     /// own accord (handing its slots over as it drains): one of the service
     /// tokens every node accepts. `None` when the cluster runs open.
@@ -90,6 +96,7 @@ impl ClusterConfig {
             settle: Duration::from_secs(2),
             ride_out: DEFAULT_RIDE_OUT,
             rebalance: true,
+            move_freeze_bound: crate::cluster::handover::FREEZE_BOUND,
             peer_token: None,
             peer_tls: None,
             etcd_tls: None,
@@ -115,6 +122,12 @@ impl ClusterConfig {
         }
         if self.lease_ttl < Duration::from_secs(2) {
             return refuse("cluster.lease_ttl", "must be at least 2 s (etcd counts whole seconds, less a margin)");
+        }
+        if self.move_freeze_bound > crate::node::placement::HOLD_THROUGH_FREEZE {
+            return refuse(
+                "cluster.move_freeze_bound",
+                "must be at most 250 ms, the time requests wait through a freeze",
+            );
         }
         // Read now, so that a bad file refuses the start (B7); `join` reads them again.
         self.client_tls()?;
@@ -270,6 +283,8 @@ pub(crate) struct Membership {
     settle: Duration,
     /// Whether to even the slots out while coordinating.
     pub(crate) rebalance: bool,
+    /// See [`ClusterConfig::move_freeze_bound`].
+    pub(crate) move_freeze_bound: Duration,
     pub(crate) etcd: Etcd,
     pub(crate) prefix: String,
     pub(crate) lease_ttl: Duration,
@@ -378,6 +393,7 @@ impl Membership {
             advertise: config.advertise.clone(),
             settle: config.settle,
             rebalance: config.rebalance,
+            move_freeze_bound: config.move_freeze_bound,
             etcd,
             prefix: config.prefix.clone(),
             lease_ttl: config.lease_ttl,
