@@ -1585,7 +1585,8 @@ impl Shard {
     /// how many it held.
     pub(crate) fn release_users(&mut self, now: Tick, user_ids: &[CompactString]) -> Imported {
         let now = self.advance(now);
-        let sessions_before = self.sessions;
+        // Sessions as the store counts them: a hold through a stall or a restart is not one.
+        let sessions_before = self.sessions();
         let mut users = 0;
         for user_id in user_ids {
             if let Some(slot) = self.find(user_id) {
@@ -1593,7 +1594,7 @@ impl Shard {
                 users += 1;
             }
         }
-        Imported { users, sessions: sessions_before - self.sessions }
+        Imported { users, sessions: sessions_before - self.sessions() }
     }
 
     /// Drops the user in `slot` whole, publishing nothing; the last user takes its slot.
