@@ -79,10 +79,7 @@ impl Arrivals {
         let Some(arrival) = moves.get_mut(&move_id) else { return Err(no_copy(move_id)) };
         arrival.room_facts.extend(facts);
         arrival.touched = Instant::now();
-        arrival.held = Imported {
-            users: (arrival.held.users + replaced.taken.users).saturating_sub(replaced.dropped.users),
-            sessions: (arrival.held.sessions + replaced.taken.sessions).saturating_sub(replaced.dropped.sessions),
-        };
+        arrival.held = held_after(arrival.held, replaced);
         Ok(arrival.held)
     }
 
@@ -245,23 +242,18 @@ async fn take_copy(
     }
     // Held back before the copy is in: a lease of it never expires here.
     context.store().pause_expiry(Some(membership.start_taking(&received.set)));
-    let (state, now) = (std::mem::take(&mut received.state), context.now());
-    let (imported, kept_aside) = off_the_runtime(context.store(), move |store| {
-        let mut kept_aside = presence_core::Changes::default();
-        (store.import(now, &state, &mut kept_aside), kept_aside)
-    })
-    .await?;
-    let imported = match imported {
-        Ok(imported) => imported,
+    let state = std::mem::take(&mut received.state);
+    let (imported, room_facts) = match take_aside(context, state, Vec::new()).await {
+        Ok((replaced, room_facts)) => (held_after(Imported::default(), replaced), room_facts),
         Err(refused) => {
             context.store().pause_expiry(Some(membership.stop_taking(&received.set)));
-            return Err(ServiceError::invalid("state", refused.to_string()));
+            return Err(refused);
         }
     };
     let arrival = Arrival {
         from_node: received.from_node.clone(),
         slots: received.set.clone(),
-        room_facts: kept_aside.room_facts,
+        room_facts,
         held: imported,
         touched: Instant::now(),
     };
@@ -277,11 +269,37 @@ async fn take_copy(
     tokio::spawn(drop_if_abandoned(Arc::clone(context), Arc::clone(cluster), received.move_id, received.set));
     tracing::debug!(
         from_node = received.from_node,
-        slots = imported.users,
+        users = imported.users,
         sessions = imported.sessions,
         "took a copy of slots a move is bringing"
     );
     Ok(pb::TakeSlotsResponse { users: imported.users as u64, sessions: imported.sessions as u64 })
+}
+
+/// Takes a step's users into the store aside (each replacing what the store
+/// holds of it; `absent` dropped), on a thread of its own, publishing
+/// nothing: what it dropped and took, and the room facts it held back.
+async fn take_aside(
+    context: &Context,
+    state: Vec<u8>,
+    absent: Vec<CompactString>,
+) -> Result<(Replaced, Vec<StampedRoomFact>), ServiceError> {
+    let now = context.now();
+    let (replaced, kept_aside) = off_the_runtime(context.store(), move |store| {
+        let mut kept_aside = presence_core::Changes::default();
+        (store.replace_users(now, &state, &absent, &mut kept_aside), kept_aside)
+    })
+    .await?;
+    let replaced = replaced.map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
+    Ok((replaced, kept_aside.room_facts))
+}
+
+/// What a copy holds after a step `replaced` some of its users.
+fn held_after(held: Imported, replaced: Replaced) -> Imported {
+    Imported {
+        users: (held.users + replaced.taken.users).saturating_sub(replaced.dropped.users),
+        sessions: (held.sessions + replaced.taken.sessions).saturating_sub(replaced.dropped.sessions),
+    }
 }
 
 /// A later step: what changed since, kept aside with the copy.
@@ -291,14 +309,8 @@ async fn take_changes(
     received: Received,
 ) -> Result<pb::TakeSlotsResponse, ServiceError> {
     cluster.arrivals.expects(received.move_id, &received.from_node, &received.set)?;
-    let (state, absent, now) = (received.state, received.absent, context.now());
-    let (replaced, kept_aside) = off_the_runtime(context.store(), move |store| {
-        let mut kept_aside = presence_core::Changes::default();
-        (store.replace_users(now, &state, &absent, &mut kept_aside), kept_aside)
-    })
-    .await?;
-    let replaced = replaced.map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
-    let held = cluster.arrivals.touch(received.move_id, replaced, kept_aside.room_facts)?;
+    let (replaced, room_facts) = take_aside(context, received.state, received.absent).await?;
+    let held = cluster.arrivals.touch(received.move_id, replaced, room_facts)?;
     Ok(pb::TakeSlotsResponse { users: held.users as u64, sessions: held.sessions as u64 })
 }
 
@@ -344,10 +356,7 @@ async fn take_last(
         .map_err(|refused| ServiceError::invalid("state", refused.to_string()));
     context.store().pause_expiry(Some(membership.stop_taking(&set)));
     let replaced = imported?;
-    let imported = Imported {
-        users: (copied.users + replaced.taken.users).saturating_sub(replaced.dropped.users),
-        sessions: (copied.sessions + replaced.taken.sessions).saturating_sub(replaced.dropped.sessions),
-    };
+    let imported = held_after(copied, replaced);
     let applied = began.elapsed();
     user_data::take_over(context, durable, now).await?;
     membership.note_taken_in(&set);
