@@ -1585,16 +1585,16 @@ impl Shard {
     /// how many it held.
     pub(crate) fn release_users(&mut self, now: Tick, user_ids: &[CompactString]) -> Imported {
         let now = self.advance(now);
-        // Sessions as the store counts them: a hold through a stall or a restart is not one.
-        let sessions_before = self.sessions();
-        let mut users = 0;
+        let (mut users, mut sessions) = (0, 0);
         for user_id in user_ids {
             if let Some(slot) = self.find(user_id) {
+                // A hold (through a stall, a restart or a takeover) is not a session.
+                sessions += self.lease_indices(slot).filter(|&index| !self.lease(index).is_hold()).count();
                 self.drop_user(slot, now);
                 users += 1;
             }
         }
-        Imported { users, sessions: sessions_before - self.sessions() }
+        Imported { users, sessions }
     }
 
     /// Drops the user in `slot` whole, publishing nothing; the last user takes its slot.
