@@ -1566,18 +1566,33 @@ impl Shard {
 
     /// Drops, publishing nothing, every user of the `slots` another node has
     /// taken over (C3): their leases, memberships, signals and statuses, then
-    /// the users themselves. Returns how many users were dropped.
-    pub(crate) fn release(&mut self, now: Tick, slots: &SlotSet) -> usize {
+    /// the users themselves.
+    ///
+    /// Looks at most `visits` users, from the one below `below` (`None`:
+    /// from the last) downwards, and answers where the next call goes on
+    /// (`None`: done), with how many it dropped. Between calls the shard may change: a user dropped
+    /// meanwhile moves the last user into its place, which the next calls
+    /// see (again, at worst), and a user added goes last, which they do not:
+    /// no user of `slots` is added once they are given away.
+    pub(crate) fn release(
+        &mut self,
+        now: Tick,
+        slots: &SlotSet,
+        below: Option<u32>,
+        visits: usize,
+    ) -> (usize, Option<u32>) {
         let now = self.advance(now);
+        let end = below.map_or(self.users.len(), |below| (below as usize).min(self.users.len()));
+        let start = end.saturating_sub(visits);
         let mut released = 0;
-        for slot in (0..self.users.len() as u32).rev() {
+        for slot in (start as u32..end as u32).rev() {
             if slots.holds(self.users[slot as usize].id.as_bytes()) {
                 // Forgetting moves the last user here, which was seen already.
                 self.drop_user(slot, now);
                 released += 1;
             }
         }
-        released
+        (released, (start > 0).then_some(start as u32))
     }
 
     /// Drops, publishing nothing, the users named that this shard holds (a

@@ -894,9 +894,24 @@ impl Store {
         // Room changes of the sessions dropped are not published either:
         // the rooms' viewers are at the nodes that own the users now.
         let mut unpublished = Changes::default();
-        (0..self.shards.len())
-            .map(|index| self.with_shard_at(index, &mut unpublished, |shard, _| shard.release(now, slots)))
-            .sum()
+        let mut released = 0;
+        for index in 0..self.shards.len() {
+            // A slice of the shard's users per lock hold, as a checkpoint
+            // takes them: renewals of the shard's other users wait for a
+            // slice at most, not for the whole shard.
+            let mut below = None;
+            loop {
+                let (dropped, next) = self.with_shard_at(index, &mut unpublished, |shard, _| {
+                    shard.release(now, slots, below, CHECKPOINT_USERS_PER_LOCK)
+                });
+                released += dropped;
+                match next {
+                    Some(next) => below = Some(next),
+                    None => break,
+                }
+            }
+        }
+        released
     }
 
     /// Starts noting which users change (C4): every change to a user's
@@ -982,6 +997,7 @@ impl Store {
             .iter()
             .enumerate()
             .filter(|(_, ids)| !ids.is_empty())
+            .flat_map(|(index, ids)| ids.chunks(CHECKPOINT_USERS_PER_LOCK).map(move |part| (index, part)))
             .map(|(index, ids)| self.with_shard_at(index, &mut unpublished, |shard, _| shard.release_users(now, ids)))
             .fold(Imported::default(), |all, shard| Imported {
                 users: all.users + shard.users,

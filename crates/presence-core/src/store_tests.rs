@@ -2442,6 +2442,24 @@ fn c3_a_released_slot_is_dropped_without_a_flip_and_the_rest_stays() {
 }
 
 #[test]
+fn c3_a_release_of_shards_of_many_slices_drops_every_user_of_the_slots_and_no_other() {
+    // 4 shards of about 2,500 users each: a release takes each in slices of
+    // 1,024 users per lock hold, and must still find every user of the slots.
+    let store = Store::new(StoreConfig { shards: 4, ..StoreConfig::default() }, T0).expect("valid config");
+    let slots = SlotSet::of(16, [0, 5, 9]);
+    let (inside, outside) = users_in_and_out_of(&slots, &store, sec(0), 10_000);
+    assert_eq!(store.release_slots(sec(1), &slots), inside.len());
+    assert_eq!(store.stats().users, outside.len());
+    assert_eq!(store.stats().sessions, outside.len());
+    for user in inside.iter().step_by(97) {
+        assert_eq!(presence(&store, sec(1), user), offline(0), "{user} is in the slots: dropped");
+    }
+    for user in outside.iter().step_by(97) {
+        assert_eq!(presence(&store, sec(1), user).state, State::Online, "{user} is not in the slots");
+    }
+}
+
+#[test]
 fn c3_a_paused_slots_users_do_not_expire_until_resumed() {
     let store = small_store();
     let slots = Arc::new(SlotSet::of(4, [1]));
