@@ -104,6 +104,11 @@ struct State {
     trimmed: Cursor,
     /// Complete through here.
     end: Cursor,
+    /// The batch being written and synced, not yet readable by streams:
+    /// only a move reads it ([`FeedLog::read_slots_unsynced`]).
+    writing: Vec<Frame>,
+    /// Where the log is complete once that batch is synced.
+    writing_end: Cursor,
 }
 
 /// The feed's log (see the module).
@@ -176,6 +181,8 @@ impl FeedLog {
                 segments: VecDeque::new(),
                 trimmed: start,
                 end: start,
+                writing: Vec::new(),
+                writing_end: start,
             }),
             writer: Mutex::new(()),
             older: Mutex::new(Older::Settled),
@@ -265,6 +272,8 @@ impl FeedLog {
                 segments,
                 trimmed,
                 end,
+                writing: Vec::new(),
+                writing_end: end,
             }),
             writer: Mutex::new(()),
             older: Mutex::new(older),
@@ -324,7 +333,17 @@ impl FeedLog {
         let _writer = self.writer.lock();
         debug_assert!(frames.windows(2).all(|pair| pair[0].position() < pair[1].position()));
         if let (Some(dir), Some(first)) = (&self.dir, frames.first()) {
-            self.write(dir, frames, first.position())?;
+            {
+                let mut state = self.state.write();
+                state.writing = frames.to_vec();
+                let last = frames.last().map_or(state.end, Frame::cursor);
+                state.writing_end = last.max(Cursor::through(through)).max(state.end);
+            }
+            let written = self.write(dir, frames, first.position());
+            if written.is_err() {
+                self.state.write().writing.clear();
+            }
+            written?;
         }
         let cap = if self.dir.is_some() {
             TAIL_BYTES_ON_DISK.min(self.retention.max_bytes)
@@ -339,6 +358,7 @@ impl FeedLog {
                 state.tail.push(frame);
             }
             state.end = last.cursor();
+            state.writing.clear();
         }
         if through > state.end.position {
             state.end = Cursor::through(through);
@@ -533,9 +553,35 @@ impl FeedLog {
         Ok(Read { frames, end })
     }
 
+    /// [`FeedLog::read_slots`], and the matching frames of the batch being
+    /// written and synced, which no stream reads yet (C7: a move freezes its
+    /// slots, then sends their entries to the target at once instead of
+    /// waiting for the disk; the target keeps them from then on).
+    pub fn read_slots_unsynced(&self, after: Cursor, wanted: &dyn Fn(u32) -> bool) -> Result<Read, ReadError> {
+        // The batch first: if it is appended while the rest is read, the
+        // read finds it in the tail, and its copy here is left out by cursor.
+        let (writing, writing_end) = {
+            let state = self.state.read();
+            let matching: Vec<Frame> = state.writing.iter().filter(|frame| wanted(frame.slot())).cloned().collect();
+            (matching, state.writing_end)
+        };
+        let mut read = self.read_slots(after, wanted)?;
+        let from = read.end.max(after);
+        read.frames.extend(writing.into_iter().filter(|frame| frame.cursor() > from));
+        read.end = read.end.max(writing_end);
+        Ok(read)
+    }
+
     /// The cursor through which it is complete now.
     pub fn end(&self) -> Cursor {
         self.state.read().end
+    }
+
+    /// The cursor through which it is complete once the batch being written
+    /// is synced: what [`FeedLog::read_slots_unsynced`] reads through.
+    pub fn end_unsynced(&self) -> Cursor {
+        let state = self.state.read();
+        state.end.max(state.writing_end)
     }
 
     /// The cursor that resumes at the oldest frame it holds.

@@ -237,3 +237,38 @@ fn f2_a_log_on_disk_opens_reading_only_its_newest_segment_and_a_read_waits_for_t
     assert_eq!(log.oldest(), Cursor::START);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn c7_a_move_reads_the_batch_being_synced_and_every_frame_of_its_slots_once() {
+    let dir = scratch("unsynced");
+    let retention = Retention { max_age_ms: u64::MAX / 2, max_bytes: 1 << 30 };
+    let (log, _) = FeedLog::open(&dir, retention).unwrap();
+    let log = std::sync::Arc::new(log);
+    let wanted = |slot: u32| slot % 7 == 2;
+    const BATCH: u64 = 50_000;
+    const BATCHES: u64 = 30;
+    let writer = {
+        let log = std::sync::Arc::clone(&log);
+        std::thread::spawn(move || {
+            for batch in 0..BATCHES {
+                log.append(&frames(1 + batch * BATCH, 1 + (batch + 1) * BATCH), 0, 0).unwrap();
+            }
+        })
+    };
+    let (mut reads, mut ahead_of_the_disk) = (0, 0);
+    while !writer.is_finished() {
+        let read = log.read_slots_unsynced(Cursor::START, &wanted).unwrap();
+        let synced_after = log.end();
+        let got: Vec<u64> = read.frames.iter().map(Frame::position).collect();
+        let expected: Vec<u64> = (1..=read.end.position).filter(|position| wanted((position % 1024) as u32)).collect();
+        assert_eq!(got, expected, "every frame of the slots through the read's end, once, in order");
+        if read.end > synced_after {
+            ahead_of_the_disk += 1;
+        }
+        reads += 1;
+    }
+    writer.join().unwrap();
+    assert!(ahead_of_the_disk > 0, "a read found a batch before its sync ({reads} reads)");
+    assert_eq!(log.end_unsynced(), log.end(), "nothing is being written any more");
+    let _ = std::fs::remove_dir_all(&dir);
+}

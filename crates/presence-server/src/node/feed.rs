@@ -42,6 +42,9 @@ use crate::node::wire::{self, ChangesFilter, ChangesFrom, GapReason};
 /// How often the writer drains the intake: the longest a change waits
 /// before it is written (plus the sync).
 pub(crate) const COMMIT_INTERVAL: Duration = Duration::from_millis(5);
+/// How often a move looks whether the writer took what it waits for: a
+/// freeze waits for it (C7), at most a commit interval and a batch's encoding.
+const TAKEN_POLL: Duration = Duration::from_millis(1);
 /// Most entries the intake holds between two drains before it drops what
 /// comes next (and the writer marks a gap): about 100 MB, and far more than
 /// a writer that keeps up ever sees.
@@ -344,7 +347,7 @@ impl Feed {
         let slots = carried.slots.clone();
         let wanted = move |slot: u32| slot == u32::MAX || slots.contains(slot);
         let read = loop {
-            match self.log.read_slots(after, &wanted) {
+            match self.log.read_slots_unsynced(after, &wanted) {
                 Ok(read) => break read,
                 // Retention moved on while this read: what is left is newer.
                 Err(ReadError::OutOfRange(out)) => after = out.oldest,
@@ -357,12 +360,14 @@ impl Feed {
         Ok(())
     }
 
-    /// Returns once the log holds everything up to `position` (recorded
-    /// before the call), or after a few seconds if the writer has stopped.
-    pub(crate) async fn written_through(&self, position: u64) {
+    /// Returns once the writer has taken everything up to `position`
+    /// (recorded before the call) from the intake into the log, synced or
+    /// not yet (a move reads the batch being synced: it need not wait for
+    /// the disk), or after a few seconds if the writer has stopped.
+    pub(crate) async fn taken_through(&self, position: u64) {
         let deadline = Instant::now() + Duration::from_secs(5);
-        while self.log.end().position < position && Instant::now() < deadline {
-            tokio::time::sleep(COMMIT_INTERVAL).await;
+        while self.log.end_unsynced().position < position && Instant::now() < deadline {
+            tokio::time::sleep(TAKEN_POLL).await;
         }
     }
 
