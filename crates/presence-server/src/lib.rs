@@ -550,7 +550,9 @@ async fn checkpoint_periodically(dir: DataDir, context: Arc<Context>, interval: 
         }
         let (dir, store) = (dir.clone(), Arc::clone(context.store()));
         let now = context.now();
-        match tokio::task::spawn_blocking(move || dir.write_checkpoint(&store, now)).await {
+        // Housekeeping: at a lower priority than the runtime, so that on full
+        // cores renewals go first (H1).
+        match crate::node::background::run("presenced-checkpoint", move || dir.write_checkpoint(&store, now)).await {
             Ok(Ok(written)) => {
                 metrics::checkpoint_written(true);
                 tracing::debug!(bytes = written.bytes, took_ms = written.took.as_millis() as u64, "checkpoint written");

@@ -26,7 +26,6 @@ use crate::cluster::membership::{FORWARDED, Routes};
 use crate::cluster::room_sync::{self, RoomPlace};
 use crate::error::ServiceError;
 use crate::metrics::RenewResult;
-use crate::node::backup;
 use crate::node::context::{Context, hear_rooms, room_version_after};
 use crate::node::erase;
 use crate::node::feed::ChangesStream;
@@ -38,6 +37,7 @@ use crate::node::rooms::{self, RoomStream};
 use crate::node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
 use crate::node::watch::{self, WatchStream};
 use crate::node::wire;
+use crate::node::{background, backup};
 
 /// The `presence.v1.Presence` service of one server.
 #[derive(Debug, Clone)]
@@ -720,7 +720,7 @@ impl PresenceApi for PresenceService {
 }
 
 impl PresenceService {
-    /// A backup of this node (D3), made on the blocking pool and streamed a
+    /// A backup of this node (D3), made on a background thread and streamed a
     /// frame at a time through a short queue, so that a slow reader holds
     /// back the writing instead of the server buffering the whole file.
     async fn backup_audited(&self, request: Request<pb::BackupRequest>) -> Answer<<Self as PresenceApi>::BackupStream> {
@@ -733,7 +733,7 @@ impl PresenceService {
         let store = Arc::clone(self.context.store());
         let durable = self.context.durable.clone();
         let now = self.context.now();
-        tokio::task::spawn_blocking(move || {
+        let writing = move || {
             let mut out =
                 |data: Vec<u8>| sender.blocking_send(Ok(pb::BackupChunk { data, ..Default::default() })).is_ok();
             let last = match backup::write(&store, durable.as_deref(), slots, now, &mut out) {
@@ -747,7 +747,9 @@ impl PresenceService {
                 Err(err) => Err(Status::from(ServiceError::from(err))),
             };
             let _ = sender.blocking_send(last);
-        });
+        };
+        background::spawn("presenced-backup", writing)
+            .map_err(|err| ServiceError::Internal(format!("cannot start a thread for the backup: {err}")))?;
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(receiver)))
     }
 

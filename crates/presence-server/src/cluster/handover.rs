@@ -50,6 +50,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use crate::cluster::ClusterNode;
 use crate::cluster::membership::{Membership, call_peer, checked_slots, with_credential};
 use crate::error::ServiceError;
+use crate::node::background;
 use crate::node::context::Context;
 use crate::node::feed::Carried;
 use crate::node::privacy::HandedOver;
@@ -264,12 +265,14 @@ async fn move_chunk(
     changed.extend(store.take_moving_changed());
     let (state, absent) = store.export_users(&changed, context.now());
     bytes += state.len() as u64;
+    let exported_after = frozen_at.elapsed();
     let durable = match user_data::in_slots(context, set).await {
         Ok(durable) => durable,
         Err(error) => {
             return Err(give_up(error).await);
         }
     };
+    let durable_after = frozen_at.elapsed();
     let feed = match feed_of(context, set, carried).await {
         Ok(feed) => feed,
         Err(error) => {
@@ -302,6 +305,7 @@ async fn move_chunk(
             return Ok(Round::FreezeGivenUp(given_up));
         }
     };
+    let taken_after = frozen_at.elapsed();
     let epoch = match give_slots(&membership.etcd, &membership.prefix, &seen, to_node).await {
         Ok(Some(epoch)) => epoch,
         Ok(None) => {
@@ -337,23 +341,28 @@ async fn move_chunk(
         last_changes = changed.len(),
         frozen_ms = frozen.as_secs_f64() * 1e3,
         last_step_sent_after_ms = sending_at.as_secs_f64() * 1e3,
+        exported_after_ms = exported_after.as_secs_f64() * 1e3,
+        durable_after_ms = durable_after.as_secs_f64() * 1e3,
+        last_step_taken_after_ms = taken_after.as_secs_f64() * 1e3,
         "a round of slots handed over and dropped here"
     );
     Ok(Round::Moved(Moved { epoch, users: taken.users, sessions: taken.sessions, bytes, elapsed: Duration::ZERO }))
 }
 
-/// Runs `work` on the store (a copy's export, or import) on a thread of its
-/// own, so that the runtime's workers go on with renewals meanwhile (H1):
-/// taking a hundred slots of a node of a million sessions is a few hundred
-/// milliseconds of CPU, which would hold up every request queued behind it.
+/// Runs `work` on a store (a move's export or import, dropping slots, a
+/// follower's copy) on a background thread, so that the runtime's workers
+/// go on with renewals meanwhile, and go first when the cores are full
+/// (H1): a hundred slots of a node of a million sessions are a few hundred
+/// milliseconds of CPU, which would hold up every request queued behind
+/// them on that worker.
 pub(crate) async fn off_the_runtime<T: Send + 'static>(
     store: &Arc<presence_core::Store>,
     work: impl FnOnce(&presence_core::Store) -> T + Send + 'static,
 ) -> Result<T, ServiceError> {
     let store = Arc::clone(store);
-    tokio::task::spawn_blocking(move || work(&store))
+    background::run("presenced-slots", move || work(&store))
         .await
-        .map_err(|error| ServiceError::Internal(format!("a move's work on the store failed: {error}")))
+        .map_err(|error| ServiceError::Internal(format!("work on a store's slots failed: {error}")))
 }
 
 /// Notes every change to a round's users while it runs (see
@@ -377,7 +386,14 @@ impl Drop for NotingChanges<'_> {
 /// they keep on disk (their state lives at another node now: `why`);
 /// returns how many users went.
 pub(crate) async fn drop_here(context: &Context, set: &SlotSet, why: &str) -> usize {
-    let users = context.store().release_slots(context.now(), set);
+    let (now, slots) = (context.now(), set.clone());
+    let users = match off_the_runtime(context.store(), move |store| store.release_slots(now, &slots)).await {
+        Ok(users) => users,
+        Err(error) => {
+            tracing::error!(%error, why, "slots could not be dropped here");
+            0
+        }
+    };
     if let Err(error) = user_data::release(context, set).await {
         tracing::warn!(%error, why, "slots dropped here, but their users' durable data could not be deleted");
     }
@@ -412,13 +428,14 @@ fn feed_read_failed(err: impl std::fmt::Display) -> ServiceError {
     ServiceError::Internal(format!("reading the change feed for a move: {err}"))
 }
 
-/// The feed's entries of `set`, once everything recorded before the slots
-/// were refused here is written (none of theirs comes after); read into
+/// The feed's entries of `set`, once the feed's writer has taken everything
+/// recorded before the slots were refused here (none of theirs comes
+/// after), synced or not yet: the target keeps them from then on; read into
 /// `carried`, which holds what earlier rounds of the move read.
 async fn feed_of(context: &Context, set: &SlotSet, carried: &mut Carried) -> Result<FeedPart, ServiceError> {
     let Some(feed) = &context.feed else { return Ok(FeedPart::default()) };
     let last_position = feed.cursor_now().position;
-    feed.written_through(last_position).await;
+    feed.taken_through(last_position).await;
     // Only what came since the last read: little, read here.
     feed.read_for_move(carried).map_err(feed_read_failed)?;
     Ok(FeedPart { entries: carried.take(set), last_position })

@@ -41,6 +41,7 @@ use tokio::sync::mpsc;
 use tonic::Streaming;
 
 use crate::cluster::ClusterNode;
+use crate::cluster::handover::off_the_runtime;
 use crate::cluster::membership::{Membership, with_credential};
 use crate::cluster::wire as cluster_wire;
 use crate::error::ServiceError;
@@ -79,7 +80,10 @@ const MAX_UPDATE_USERS: usize = 10_000_000;
 pub(crate) struct Replica {
     /// The followed users, as their owners last sent them. Nothing here
     /// expires or publishes: it is only ever copied from and taken over.
-    copy: Store,
+    /// Whatever walks it goes to a blocking thread (`off_the_runtime`): a
+    /// node newly a follower takes in a third of another node's users at
+    /// once, and the runtime's workers answer renewals meanwhile (H1).
+    copy: Arc<Store>,
     /// What each followed user keeps beside its leases, when it has anything.
     durable: Mutex<HashMap<CompactString, HandedOver>>,
     /// By slot: the owner whose copy this node holds.
@@ -104,7 +108,7 @@ impl Replica {
     /// configuration; taken-over users are held for `hold_ms`.
     pub(crate) fn new(config: &StoreConfig, now: u64, slots: u32, hold_ms: u64) -> Result<Self, ConfigError> {
         Ok(Replica {
-            copy: Store::new(config.clone(), now)?,
+            copy: Arc::new(Store::new(config.clone(), now)?),
             durable: Mutex::new(HashMap::new()),
             followed: Mutex::new(vec![None; slots as usize]),
             hold_ms,
@@ -113,25 +117,35 @@ impl Replica {
 
     /// Applies an owner's update to the copy. The state is checked whole
     /// before anything changes.
-    fn apply(&self, now: u64, update: Update) -> Result<(), ServiceError> {
-        let refused =
-            |refused: presence_core::checkpoint::CheckpointError| ServiceError::invalid("state", refused.to_string());
-        if !update.fresh.is_empty() {
-            // The copy of these slots starts afresh: what it held of them is
-            // dropped once the new state is checked whole.
-            self.copy.replace_slots(now, &update.fresh, &update.state, &mut Changes::default()).map_err(refused)?;
-            self.durable.lock().retain(|user, _| !update.fresh.holds(user.as_bytes()));
+    async fn apply(&self, now: u64, update: Update) -> Result<(), ServiceError> {
+        let Update { from_node, fresh, state, removed, durable: kept, .. } = update;
+        let applied = off_the_runtime(&self.copy, move |copy| {
+            let applied = if !fresh.is_empty() {
+                // The copy of these slots starts afresh: what it held of them
+                // is dropped once the new state is checked whole.
+                copy.replace_slots(now, &fresh, &state, &mut Changes::default()).map(drop)
+            } else if !state.is_empty() {
+                copy.import(now, &state, &mut Changes::default()).map(drop)
+            } else {
+                Ok(())
+            };
+            if applied.is_ok() {
+                copy.release_users(now, &removed);
+            }
+            (applied, fresh, removed)
+        });
+        let (applied, fresh, removed) = applied.await?;
+        applied.map_err(|refused| ServiceError::invalid("state", refused.to_string()))?;
+        if !fresh.is_empty() {
+            self.durable.lock().retain(|user, _| !fresh.holds(user.as_bytes()));
             let mut followed = self.followed.lock();
-            update.fresh.iter().for_each(|slot| followed[slot as usize] = Some(update.from_node.clone()));
-        } else if !update.state.is_empty() {
-            self.copy.import(now, &update.state, &mut Changes::default()).map_err(refused)?;
+            fresh.iter().for_each(|slot| followed[slot as usize] = Some(from_node.clone()));
         }
-        self.copy.release_users(now, &update.removed);
         let mut durable = self.durable.lock();
-        for user in &update.removed {
+        for user in &removed {
             durable.remove(user);
         }
-        for user in update.durable {
+        for user in kept {
             if user.status.is_none() && user.visibility.is_none() && user.audience.is_empty() {
                 durable.remove(&user.user_id);
             } else {
@@ -149,26 +163,30 @@ impl Replica {
     }
 
     /// Drops the copy of `slots`.
-    fn drop_slots(&self, now: u64, slots: &SlotSet) {
-        self.copy.release_slots(now, slots);
+    async fn drop_slots(&self, now: u64, slots: &SlotSet) {
+        let set = slots.clone();
+        if let Err(error) = off_the_runtime(&self.copy, move |copy| copy.release_slots(now, &set)).await {
+            tracing::error!(%error, "a follower's copy of slots could not be dropped");
+        }
         self.durable.lock().retain(|user, _| !slots.holds(user.as_bytes()));
         let mut followed = self.followed.lock();
         slots.iter().for_each(|slot| followed[slot as usize] = None);
     }
 
     /// Takes the copy of `slots` out: its users' state and durable data.
-    fn take(&self, now: u64, slots: &SlotSet) -> (Vec<u8>, Vec<HandedOver>) {
-        let state = self.copy.export_slots(slots, now);
+    async fn take(&self, now: u64, slots: &SlotSet) -> Result<(Vec<u8>, Vec<HandedOver>), ServiceError> {
+        let set = slots.clone();
+        let state = off_the_runtime(&self.copy, move |copy| copy.export_slots(&set, now)).await?;
         let durable =
             self.durable.lock().values().filter(|user| slots.holds(user.user_id.as_bytes())).cloned().collect();
-        self.drop_slots(now, slots);
-        (state, durable)
+        self.drop_slots(now, slots).await;
+        Ok((state, durable))
     }
 
     /// Drops the copies of slots this node no longer follows: their owner is
     /// another node than the one the copy came from, or another node follows
     /// them now. Slots the map gives this node are kept, to be taken over.
-    fn prune(&self, now: u64, membership: &Membership) {
+    async fn prune(&self, now: u64, membership: &Membership) {
         let (map, nodes) = (membership.map(), membership.live_ids());
         let stale = {
             let followed = self.followed.lock();
@@ -183,7 +201,7 @@ impl Replica {
         };
         if !stale.is_empty() {
             tracing::debug!(slots = stale.len(), "dropped the copies of slots this node no longer follows");
-            self.drop_slots(now, &stale);
+            self.drop_slots(now, &stale).await;
         }
     }
 }
@@ -245,7 +263,7 @@ pub(crate) async fn follow(
         if piece.complete {
             let update = pending.take().expect("an update is pending");
             let taken_at_ms = update.taken_at_ms;
-            replica.apply(context.now(), update)?;
+            replica.apply(context.now(), update).await?;
             updates += 1;
             let lag_ms = unix_ms().saturating_sub(taken_at_ms);
             histogram!(names::FOLLOWER_LAG_SECONDS).record(lag_ms as f64 / 1_000.0);
@@ -282,7 +300,7 @@ pub(crate) async fn send_to_followers(context: Arc<Context>, cluster: Arc<Cluste
             _ = ticks.tick() => {}
             () = context.stopping.cancelled() => return,
         }
-        replica.prune(context.now(), membership);
+        replica.prune(context.now(), membership).await;
         let taken_at_ms = unix_ms();
         let mut changed: HashSet<CompactString> = context.store().take_changed().into_iter().collect();
         changed.extend(user_data::take_changed(&context));
@@ -377,8 +395,8 @@ async fn send_update(
         ..pb::FollowUpdate::default()
     };
     if !fresh.is_empty() {
-        let (store, set, now) = (Arc::clone(context.store()), fresh.clone(), context.now());
-        let state = tokio::task::spawn_blocking(move || store.export_slots(&set, now)).await.map_err(drop)?;
+        let (set, now) = (fresh.clone(), context.now());
+        let state = off_the_runtime(context.store(), move |store| store.export_slots(&set, now)).await.map_err(drop)?;
         let durable = user_data::in_slots(context, fresh).await.map_err(|error| {
             tracing::warn!(%error, "the durable data of slots to follow could not be read");
         })?;
@@ -459,7 +477,7 @@ pub(crate) async fn act_on_the_map(context: Arc<Context>, cluster: Arc<ClusterNo
             // Dropped once this node acts on them, since requests held
             // through the move wait for that (C7).
             if !handed.is_empty() {
-                replica.drop_slots(context.now(), &handed);
+                replica.drop_slots(context.now(), &handed).await;
             }
             drop_given_away(&context, membership, &acted, &map).await;
         }
@@ -533,7 +551,13 @@ async fn take_in(
         return handed;
     }
     crate::cluster::handover::answer_again(context, membership, &from_copy);
-    let (state, durable) = replica.take(now, &from_copy);
+    let (state, durable) = match replica.take(now, &from_copy).await {
+        Ok(taken) => taken,
+        Err(error) => {
+            tracing::error!(%error, slots = from_copy.len(), "a follower's copy could not be read to take it over");
+            return handed;
+        }
+    };
     let bytes = state.len();
     let hold_until = now.saturating_add(replica.hold_ms);
     // What the gone node recorded of these slots after its last handover is

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::audit::Audit;
 use crate::auth::{Authenticator, ConnectionInfo, Scope};
 use crate::cluster::ClusterNode;
-use crate::cluster::handover::move_slots;
+use crate::cluster::handover::{move_slots, off_the_runtime};
 use crate::cluster::membership::slot_set;
 use crate::cluster::taking::take_slots;
 use crate::cluster::wire as cluster_wire;
@@ -136,7 +136,8 @@ impl Cluster for ClusterService {
         }
         // A copy kept aside for a move of them goes too (C7).
         let no_longer_coming = cluster.arrivals.forget(&set);
-        let users = self.context.store().release_slots(self.context.now(), &set);
+        let (now, slots) = (self.context.now(), set.clone());
+        let users = off_the_runtime(self.context.store(), move |store| store.release_slots(now, &slots)).await?;
         self.context.store().pause_expiry(Some(membership.stop_taking(&no_longer_coming)));
         self.context.privacy.release_slots(&set).await?;
         Ok(Response::new(pb::DropSlotsResponse { users: users as u64 }))

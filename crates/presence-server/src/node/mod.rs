@@ -6,6 +6,7 @@
 //! here".
 
 pub(crate) mod activity;
+pub(crate) mod background;
 pub(crate) mod backup;
 pub(crate) mod clock;
 pub(crate) mod context;
