@@ -217,7 +217,7 @@ pub(crate) async fn register_all(leases: &ClusterLeases, users: &[String], ttl_m
 pub(crate) type Running<T> = (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<T>);
 
 /// `at` on the wall clock, `HH:MM:SS.mmm` UTC, to find it in the nodes' logs.
-fn wall_clock(at: Instant) -> String {
+pub(crate) fn wall_clock(at: Instant) -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let ms = now.saturating_sub(at.elapsed()).as_millis() % 86_400_000;
     format!("{:02}:{:02}:{:02}.{:03}", ms / 3_600_000, ms / 60_000 % 60, ms / 1_000 % 60, ms % 1_000)
@@ -243,6 +243,7 @@ pub(crate) fn keep_renewing(
     heartbeat: Duration,
     phases: Arc<Mutex<Phases>>,
     retry_refused: bool,
+    print_slower_than: Duration,
 ) -> Running<Renewals> {
     let (stop, mut stopped) = tokio::sync::oneshot::channel();
     let renewals = Arc::new(Mutex::new(Renewals::new(sessions.len())));
@@ -266,6 +267,7 @@ pub(crate) fn keep_renewing(
                 ttl_ms,
                 heartbeat,
                 retry_refused,
+                print_slower_than,
             };
             rounds.push(tokio::spawn(round.run()));
             rounds.retain(|round| !round.is_finished());
@@ -288,6 +290,8 @@ struct Round {
     ttl_ms: u32,
     heartbeat: Duration,
     retry_refused: bool,
+    /// Batches that took at least this long are printed (zero: none).
+    print_slower_than: Duration,
 }
 
 impl Round {
@@ -343,6 +347,9 @@ impl Round {
                 _ => &mut renewals.before,
             };
             histogram.saturating_record(took);
+            if !self.print_slower_than.is_zero() && took >= self.print_slower_than.as_micros() as u64 {
+                eprintln!("slow renewal batch: sent {} UTC, took {} ms", wall_clock(sent), took / 1000);
+            }
         }
         let mut refused = Vec::new();
         for (&session, result) in pending.iter().zip(results) {
