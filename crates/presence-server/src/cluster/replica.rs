@@ -88,6 +88,10 @@ pub(crate) struct Replica {
     durable: Mutex<HashMap<CompactString, HandedOver>>,
     /// By slot: the owner whose copy this node holds.
     followed: Mutex<Vec<Option<String>>>,
+    /// Held by each change of the copy, from its store's work (on another
+    /// thread, awaited) to `followed`: a prune that read `followed` while an
+    /// owner's new copy of a slot was going in would drop that copy.
+    changing: tokio::sync::Mutex<()>,
     /// How long a taken-over user is held online, and its leases kept alive.
     hold_ms: u64,
 }
@@ -111,6 +115,7 @@ impl Replica {
             copy: Arc::new(Store::new(config.clone(), now)?),
             durable: Mutex::new(HashMap::new()),
             followed: Mutex::new(vec![None; slots as usize]),
+            changing: tokio::sync::Mutex::new(()),
             hold_ms,
         })
     }
@@ -118,6 +123,7 @@ impl Replica {
     /// Applies an owner's update to the copy. The state is checked whole
     /// before anything changes.
     async fn apply(&self, now: u64, update: Update) -> Result<(), ServiceError> {
+        let _changing = self.changing.lock().await;
         let Update { from_node, fresh, state, removed, durable: kept, .. } = update;
         let applied = off_the_runtime(&self.copy, move |copy| {
             let applied = if !fresh.is_empty() {
@@ -164,6 +170,12 @@ impl Replica {
 
     /// Drops the copy of `slots`.
     async fn drop_slots(&self, now: u64, slots: &SlotSet) {
+        let _changing = self.changing.lock().await;
+        self.drop_slots_changing(now, slots).await;
+    }
+
+    /// [`Replica::drop_slots`], with `changing` held.
+    async fn drop_slots_changing(&self, now: u64, slots: &SlotSet) {
         let set = slots.clone();
         if let Err(error) = off_the_runtime(&self.copy, move |copy| copy.release_slots(now, &set)).await {
             tracing::error!(%error, "a follower's copy of slots could not be dropped");
@@ -175,11 +187,12 @@ impl Replica {
 
     /// Takes the copy of `slots` out: its users' state and durable data.
     async fn take(&self, now: u64, slots: &SlotSet) -> Result<(Vec<u8>, Vec<HandedOver>), ServiceError> {
+        let _changing = self.changing.lock().await;
         let set = slots.clone();
         let state = off_the_runtime(&self.copy, move |copy| copy.export_slots(&set, now)).await?;
         let durable =
             self.durable.lock().values().filter(|user| slots.holds(user.user_id.as_bytes())).cloned().collect();
-        self.drop_slots(now, slots).await;
+        self.drop_slots_changing(now, slots).await;
         Ok((state, durable))
     }
 
@@ -187,6 +200,8 @@ impl Replica {
     /// another node than the one the copy came from, or another node follows
     /// them now. Slots the map gives this node are kept, to be taken over.
     async fn prune(&self, now: u64, membership: &Membership) {
+        // A copy going in now is looked at on a later tick.
+        let Ok(_changing) = self.changing.try_lock() else { return };
         let (map, nodes) = (membership.map(), membership.live_ids());
         let stale = {
             let followed = self.followed.lock();
@@ -201,7 +216,7 @@ impl Replica {
         };
         if !stale.is_empty() {
             tracing::debug!(slots = stale.len(), "dropped the copies of slots this node no longer follows");
-            self.drop_slots(now, &stale).await;
+            self.drop_slots_changing(now, &stale).await;
         }
     }
 }
