@@ -53,10 +53,10 @@
 //! for every user the model knows, the model's state and version, and for every room whether
 //! the model's room has members.
 
-use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use presence_core::{
     Changes, FeedEvent, FeedIntake, LeaseError, LeaseView, Presence, PresenceChange, Registration, Revoked, RoomChange,
@@ -64,7 +64,7 @@ use presence_core::{
     UnregisterOutcome, Unregistered,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{FileFailurePersistence, TestRunner};
+use proptest::test_runner::{FileFailurePersistence, RngSeed, TestRunner};
 
 const USERS: [&str; 5] = ["alice", "bob", "carol", "dave", "erin"];
 /// Asked about in snapshots, never registered.
@@ -1485,32 +1485,55 @@ const DEFAULT_MIN_OPERATIONS: u64 = 1_000_000;
 /// default; `PRESENCE_MODEL_CASES=300000` is the long mode of over 100 million. A failure is
 /// shrunk to a minimal sequence, printed in full, and saved in `proptest-regressions/` so that
 /// every later run replays it first.
+///
+/// The cases are shared among one runner per core, each with a seed of its own: the test is
+/// alone in its binary, so one runner would leave every other core idle while it runs.
 #[test]
 fn store_matches_reference_model() {
     let cases = from_env("PRESENCE_MODEL_CASES", DEFAULT_CASES);
     let max_steps = from_env("PRESENCE_MODEL_STEPS", DEFAULT_STEPS).max(2) as usize;
+    let cases_u32 = u32::try_from(cases).expect("PRESENCE_MODEL_CASES fits in 32 bits");
     let config = ProptestConfig {
-        cases: u32::try_from(cases).expect("PRESENCE_MODEL_CASES fits in 32 bits"),
         source_file: Some(file!()),
         // Relative to the package, where `cargo test` runs the test: beside the other suites' files.
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct("proptest-regressions/model.txt"))),
         ..ProptestConfig::default()
     };
-    let grace = prop_oneof![2 => Just(0u64), 1 => 1..=60u64, 1 => Just(150u64)];
-    let strategy = (start(), grace, prop::collection::vec(step(), 1..max_steps));
-    let operations = Cell::new(0u64);
+    let runners = std::thread::available_parallelism().map_or(1, |cores| cores.get() as u32).clamp(1, cases_u32.max(1));
+    let operations = AtomicU64::new(0);
     let started = std::time::Instant::now();
-    let outcome = TestRunner::new(config).run(&strategy, |(start, grace, steps)| {
-        operations.set(operations.get() + steps.iter().map(operations_in).sum::<u64>());
-        run_case(start, grace, &steps)
+    let outcomes: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..runners)
+            .map(|runner| {
+                let mut config = config.clone();
+                // Runner 0 takes the remainder; every runner replays the saved failures first.
+                config.cases = cases_u32 / runners + if runner == 0 { cases_u32 % runners } else { 0 };
+                if let RngSeed::Fixed(seed) = config.rng_seed {
+                    // PROPTEST_RNG_SEED repeats a run: each runner still needs its own sequence.
+                    config.rng_seed = RngSeed::Fixed(seed.wrapping_add(u64::from(runner)));
+                }
+                let operations = &operations;
+                scope.spawn(move || {
+                    let grace = prop_oneof![2 => Just(0u64), 1 => 1..=60u64, 1 => Just(150u64)];
+                    let strategy = (start(), grace, prop::collection::vec(step(), 1..max_steps));
+                    TestRunner::new(config).run(&strategy, |(start, grace, steps)| {
+                        operations.fetch_add(steps.iter().map(operations_in).sum::<u64>(), Ordering::Relaxed);
+                        run_case(start, grace, &steps)
+                    })
+                })
+            })
+            .collect();
+        handles.into_iter().map(|handle| handle.join().expect("a model runner panicked outside a case")).collect()
     });
-    if let Err(error) = outcome {
-        // The runner has shrunk the failure: print the minimal sequence whole.
-        panic!("the store and the model disagree.\n{error}");
+    for outcome in outcomes {
+        if let Err(error) = outcome {
+            // The runner has shrunk the failure: print the minimal sequence whole.
+            panic!("the store and the model disagree.\n{error}");
+        }
     }
-    let operations = operations.get();
+    let operations = operations.into_inner();
     eprintln!(
-        "model: {operations} store operations in {cases} cases of up to {max_steps} steps, {:.1} s",
+        "model: {operations} store operations in {cases} cases of up to {max_steps} steps on {runners} runners, {:.1} s",
         started.elapsed().as_secs_f64()
     );
     if cases == DEFAULT_CASES && max_steps as u64 == DEFAULT_STEPS {
