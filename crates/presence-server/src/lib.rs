@@ -24,7 +24,8 @@ mod bootstrap;
 pub mod checker;
 mod cluster;
 mod error;
-#[cfg(feature = "fuzzing")]
+// Also in the unit tests, so that `cargo test` checks the seeds and entry points.
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod metrics;
 mod node;

@@ -97,7 +97,7 @@ impl StoreClock {
     /// A clock that stays at `unix_ms` (for a year: its origin is that far
     /// ahead, and earlier instants count as the origin), so that a fuzzed
     /// input meets the same ticks, and so the same generations, each time.
-    #[cfg(feature = "fuzzing")]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn frozen_at(unix_ms: u64) -> Self {
         StoreClock::from(Instant::now() + Duration::from_secs(365 * 86_400), unix_ms)
     }
