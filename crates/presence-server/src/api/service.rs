@@ -26,6 +26,7 @@ use crate::cluster::membership::{FORWARDED, Routes};
 use crate::cluster::room_sync::{self, RoomPlace};
 use crate::error::ServiceError;
 use crate::metrics::RenewResult;
+use crate::node::background;
 use crate::node::context::{Context, hear_rooms, room_version_after};
 use crate::node::erase;
 use crate::node::feed::ChangesStream;
@@ -35,9 +36,9 @@ use crate::node::placement::{Acting, HOLD_THROUGH_FREEZE};
 use crate::node::privacy::{RelationChange, Shown};
 use crate::node::rooms::{self, RoomStream};
 use crate::node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
+use crate::node::storage::backup;
 use crate::node::watch::{self, WatchStream};
 use crate::node::wire;
-use crate::node::{background, backup};
 
 /// The `presence.v1.Presence` service of one server.
 #[derive(Debug, Clone)]

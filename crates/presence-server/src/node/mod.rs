@@ -7,11 +7,8 @@
 
 pub(crate) mod activity;
 pub(crate) mod background;
-pub(crate) mod backup;
 pub(crate) mod clock;
 pub(crate) mod context;
-pub(crate) mod data_dir;
-pub(crate) mod durable;
 pub(crate) mod erase;
 pub(crate) mod expiry;
 pub(crate) mod feed;
@@ -25,6 +22,7 @@ pub(crate) mod publish;
 pub(crate) mod relations;
 pub(crate) mod rooms;
 pub(crate) mod settings;
+pub(crate) mod storage;
 pub(crate) mod sync;
 pub(crate) mod user_data;
 pub(crate) mod watch;
