@@ -27,11 +27,11 @@ use crate::cluster::membership::Membership;
 use crate::cluster::replica::Replica;
 use crate::node::context::Context;
 use crate::node::feed::Feed;
+use crate::node::feed::webhook::Webhooks;
 use crate::node::storage::backup::{self, Restored as FromBackup};
 use crate::node::storage::data_dir::{DataDir, Loaded};
 use crate::node::storage::durable::BackupRow;
 use crate::node::storage::durable::{self, DurableStore};
-use crate::node::webhook::Webhooks;
 use crate::{ServeError, ServerConfig, StoreClock};
 
 /// A server whose configuration has been checked and whose data directory is

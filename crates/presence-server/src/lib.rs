@@ -60,6 +60,7 @@ pub use auth::{AuthConfig, AuthConfigError, CredentialsError, Scope, Scopes, TOK
 pub use bootstrap::PreparedServer;
 pub use cluster::membership::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
 pub use node::clock::StoreClock;
+pub use node::feed::webhook::WebhookConfig;
 pub use node::feed::{
     ChangesStream, DEFAULT_RETENTION_BYTES_IN_MEMORY, DEFAULT_RETENTION_BYTES_ON_DISK, DEFAULT_RETENTION_MS,
 };
@@ -68,7 +69,6 @@ pub use node::leases::{LeasesStream, MAX_BATCH_ITEMS};
 pub use node::privacy;
 pub use node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
 pub use node::watch::WatchStream;
-pub use node::webhook::WebhookConfig;
 pub use node::wire::MAX_USERS_PER_REQUEST;
 
 /// Largest request the server decodes; larger ones are refused before decoding.

@@ -712,7 +712,7 @@ impl PresenceApi for PresenceService {
             // Every node's part, merged (F3).
             Some(cluster) => crate::cluster::feed::merged(&self.context, cluster, feed, request.get_ref())?,
             None => {
-                let (from, filter) = wire::changes_request(request.get_ref(), feed.slots())?;
+                let (from, filter) = crate::node::feed::wire::changes_request(request.get_ref(), feed.slots())?;
                 feed.changes(from, filter, self.context.stopping.clone())?
             }
         };

@@ -26,7 +26,6 @@ pub(crate) mod storage;
 pub(crate) mod sync;
 pub(crate) mod user_data;
 pub(crate) mod watch;
-pub(crate) mod webhook;
 pub(crate) mod wire;
 
 #[cfg(test)]
