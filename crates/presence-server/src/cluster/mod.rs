@@ -127,3 +127,22 @@ pub(crate) fn start(context: &Arc<Context>, cluster: &Arc<ClusterNode>) {
     tokio::spawn(room_sync::rebuild_rooms(Arc::clone(c), Arc::clone(n)));
     tokio::spawn(room_sync::forget_gone_nodes(Arc::clone(c), Arc::clone(n)));
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::node::tests::{lines_naming, rust_files_under, source_folder};
+
+    /// `api → cluster`, one way: a file under `cluster/` or any of its
+    /// sub-folders with a crate path into the api folder (or one climbing
+    /// out of `cluster` by `super`s into it) fails here, naming the file and
+    /// line. (The path is spelled in pieces so that this file does not name
+    /// it.)
+    #[test]
+    fn cluster_names_nothing_of_the_api() {
+        let dir = source_folder("cluster");
+        let files = rust_files_under(&dir);
+        assert!(files.len() > 10, "the cluster's files are read from {}", dir.display());
+        let named = lines_naming(&dir, &files, &[concat!("crate::", "api")], &["::api"]);
+        assert!(named.is_empty(), "cluster/ names what builds on it:\n{}", named.join("\n"));
+    }
+}
