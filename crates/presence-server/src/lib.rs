@@ -366,8 +366,8 @@ async fn serve_prepared(
         cluster::start(&context, cluster);
     }
     tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
-    tokio::spawn(api::tls::keep_reloading(
-        api::tls::Reloadable::of(tls.as_ref(), cluster.as_deref()),
+    tokio::spawn(api::reload_tls::keep_reloading(
+        api::reload_tls::Reloadable::of(tls.as_ref(), cluster.as_deref()),
         config.tls_reload_interval,
         stopping.clone(),
     ));
@@ -375,7 +375,7 @@ async fn serve_prepared(
 
     let service_context = Arc::clone(&context);
     let (auth, audit) = (Arc::new(auth), Arc::new(audit));
-    tokio::spawn(api::credentials::keep_reloading(
+    tokio::spawn(api::reload_credentials::keep_reloading(
         Arc::clone(&auth),
         Arc::clone(&audit),
         config.credentials_reload_interval,

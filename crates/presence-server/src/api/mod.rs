@@ -4,9 +4,9 @@
 //! or by another node.
 
 pub(crate) mod connections;
-pub(crate) mod credentials;
 pub(crate) mod metrics_port;
 pub(crate) mod readiness;
+pub(crate) mod reload_credentials;
+pub(crate) mod reload_tls;
 pub(crate) mod service;
-pub(crate) mod tls;
 pub(crate) mod web;

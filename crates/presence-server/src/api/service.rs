@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::audit::{Audit, AuditEntry};
 use crate::auth::{Authenticator, Caller, CredentialBound, Scope, StreamCredentials};
 use crate::cluster::ClusterNode;
-use crate::cluster::erasure;
+use crate::cluster::erase::held_elsewhere;
 use crate::cluster::fanin;
 use crate::cluster::group_sync;
 use crate::cluster::membership::{FORWARDED, Routes};
@@ -765,7 +765,7 @@ impl PresenceService {
         self.owns(&user)?;
         let mut exported = erase::export(&self.context, &user).await?;
         if let Some(cluster) = &self.cluster {
-            let elsewhere = erasure::held_elsewhere(&cluster.membership, "ExportUser", &user, false).await?;
+            let elsewhere = held_elsewhere(&cluster.membership, "ExportUser", &user, false).await?;
             exported.in_audience_of.extend(elsewhere);
             exported.in_audience_of.sort_unstable();
             exported.in_audience_of.dedup();
@@ -799,7 +799,7 @@ impl PresenceService {
                     group_sync::send_to_the_others(membership, leaves).await;
                 }
             };
-            let ((), elsewhere) = tokio::join!(left, erasure::held_elsewhere(membership, "EraseUser", &user, true));
+            let ((), elsewhere) = tokio::join!(left, held_elsewhere(membership, "EraseUser", &user, true));
             granted_by.extend(elsewhere?);
             granted_by.sort_unstable();
             granted_by.dedup();

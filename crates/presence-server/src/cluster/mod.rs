@@ -4,7 +4,7 @@
 //! rooms and groups across nodes, and the connections between nodes. It
 //! builds on `node/` and plugs into it through [`crate::node::placement`].
 
-pub(crate) mod erasure;
+pub(crate) mod erase;
 pub(crate) mod fanin;
 pub(crate) mod feed;
 pub(crate) mod group_sync;
