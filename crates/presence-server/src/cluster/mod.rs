@@ -1,8 +1,10 @@
+//! The cluster: the nodes that share the slots through etcd, and what each does for the others.
+//! It may name `node/`, plugging into it through [`crate::node::placement`]; it names nothing in `api/`.
+//!
 //! Everything that runs only with `--etcd`: membership and slot ownership,
 //! forwarding to owners, the node-to-node `Cluster` service and its wire
 //! conversions and protocol version, planned moves, followers' copies, etcd outages, rebalancing,
-//! rooms and groups across nodes, and the connections between nodes. It
-//! builds on `node/` and plugs into it through [`crate::node::placement`].
+//! rooms and groups across nodes, and the connections between nodes.
 
 pub(crate) mod erase;
 pub(crate) mod fanin;

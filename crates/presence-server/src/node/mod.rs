@@ -1,9 +1,11 @@
-//! One node's presence service: the lease store's clock and context, what
-//! is published to whom, leases, rooms, privacy, durable data, expiry and
-//! the client API's wire conversions. It names nothing in `cluster/` or
-//! `api/`: where a cluster changes what one node does, it asks through
-//! [`placement::Placement`], which a single node answers as "everything is
-//! here".
+//! One node's presence service: serving and relations (here), what it keeps on disk (`storage/`), its feed (`feed/`).
+//! It may name nothing in `cluster/` or `api/`; a cluster changes what one node does through [`placement::Placement`].
+//!
+//! Serving: the lease store's clock and context, what is published to
+//! whom, leases, rooms, watches, expiry and the client API's wire
+//! conversions (`wire.rs`). Relations: privacy, groups, settings, activity,
+//! a user's data and its erasure. A single node answers
+//! [`placement::Placement`] as "everything is here".
 
 pub(crate) mod activity;
 pub(crate) mod background;
