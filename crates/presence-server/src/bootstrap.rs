@@ -25,13 +25,13 @@ use crate::auth::Authenticator;
 use crate::cluster::ClusterNode;
 use crate::cluster::membership::Membership;
 use crate::cluster::replica::Replica;
-use crate::node::backup::{self, Restored as FromBackup};
 use crate::node::context::Context;
-use crate::node::data_dir::{DataDir, Loaded};
-use crate::node::durable::BackupRow;
-use crate::node::durable::{self, DurableStore};
 use crate::node::feed::Feed;
-use crate::node::webhook::Webhooks;
+use crate::node::feed::webhook::Webhooks;
+use crate::node::storage::backup::{self, Restored as FromBackup};
+use crate::node::storage::data_dir::{DataDir, Loaded};
+use crate::node::storage::durable::BackupRow;
+use crate::node::storage::durable::{self, DurableStore};
 use crate::{ServeError, ServerConfig, StoreClock};
 
 /// A server whose configuration has been checked and whose data directory is

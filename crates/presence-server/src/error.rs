@@ -17,7 +17,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 use presence_proto::v1 as pb;
 use prost::Message as _;
 
-use crate::node::durable::DurableError;
+use crate::node::storage::durable::DurableError;
 
 /// A refusal's pointer to a slot's owner (`presence.v1.NotOwner`): what a
 /// node that does not act for a user says of the node that does (C2).

@@ -30,9 +30,9 @@ use crate::api::service::PresenceService;
 use crate::auth::{AuthConfig, Authenticator};
 use crate::node::clock::StoreClock;
 use crate::node::context::Context;
-use crate::node::durable::{self, stored};
 use crate::node::leases::{self, LeaseQueue};
 use crate::node::privacy::Visibility;
+use crate::node::storage::durable::{self, stored};
 use crate::{ServerConfig, node::wire};
 
 /// The store a fuzzed request meets: the default limits (TTL bounds, the

@@ -46,9 +46,9 @@ use crate::cluster::handover;
 use crate::cluster::membership::Membership;
 use crate::cluster::service::ClusterService;
 use crate::node::context::Context;
-use crate::node::data_dir::DataDir;
 use crate::node::leases::LeaseQueue;
 use crate::node::privacy::Visibility;
+use crate::node::storage::data_dir::DataDir;
 use crate::node::{activity, clock, expiry};
 use presence_proto::v1::cluster_server::ClusterServer;
 use presence_proto::v1::presence_server::PresenceServer;
@@ -61,6 +61,7 @@ pub use auth::{AuthConfig, AuthConfigError, CredentialsError, Scope, Scopes, TOK
 pub use bootstrap::PreparedServer;
 pub use cluster::membership::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
 pub use node::clock::StoreClock;
+pub use node::feed::webhook::WebhookConfig;
 pub use node::feed::{
     ChangesStream, DEFAULT_RETENTION_BYTES_IN_MEMORY, DEFAULT_RETENTION_BYTES_ON_DISK, DEFAULT_RETENTION_MS,
 };
@@ -69,7 +70,6 @@ pub use node::leases::{LeasesStream, MAX_BATCH_ITEMS};
 pub use node::privacy;
 pub use node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
 pub use node::watch::WatchStream;
-pub use node::webhook::WebhookConfig;
 pub use node::wire::MAX_USERS_PER_REQUEST;
 
 /// Largest request the server decodes; larger ones are refused before decoding.
@@ -367,8 +367,8 @@ async fn serve_prepared(
         cluster::start(&context, cluster);
     }
     tokio::spawn(metrics::export_store_counts(Arc::clone(&store), stopping.clone()));
-    tokio::spawn(api::tls::keep_reloading(
-        api::tls::Reloadable::of(tls.as_ref(), cluster.as_deref()),
+    tokio::spawn(api::reload_tls::keep_reloading(
+        api::reload_tls::Reloadable::of(tls.as_ref(), cluster.as_deref()),
         config.tls_reload_interval,
         stopping.clone(),
     ));
@@ -376,7 +376,7 @@ async fn serve_prepared(
 
     let service_context = Arc::clone(&context);
     let (auth, audit) = (Arc::new(auth), Arc::new(audit));
-    tokio::spawn(api::credentials::keep_reloading(
+    tokio::spawn(api::reload_credentials::keep_reloading(
         Arc::clone(&auth),
         Arc::clone(&audit),
         config.credentials_reload_interval,

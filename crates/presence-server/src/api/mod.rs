@@ -1,12 +1,15 @@
-//! The edge of one process: the `Presence` gRPC handlers, gRPC-Web and the
-//! console, and the connections they are served on. It sees both `node/`
-//! and `cluster/`, and decides once per request whether it is answered here
-//! or by another node.
+//! The edge of one process: the `Presence` handlers, gRPC-Web and the console, their connections, and reloads.
+//! It may name both `node/` and `cluster/`; nothing in either names it (their guard tests say so).
+//!
+//! It decides once per request whether a call is answered here or by
+//! another node. `reload_credentials.rs` and `reload_tls.rs` keep the
+//! credentials and the TLS material in use current (the credentials file's
+//! format is `auth/credentials.rs`'s).
 
 pub(crate) mod connections;
-pub(crate) mod credentials;
 pub(crate) mod metrics_port;
 pub(crate) mod readiness;
+pub(crate) mod reload_credentials;
+pub(crate) mod reload_tls;
 pub(crate) mod service;
-pub(crate) mod tls;
 pub(crate) mod web;

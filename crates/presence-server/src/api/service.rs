@@ -19,13 +19,14 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::audit::{Audit, AuditEntry};
 use crate::auth::{Authenticator, Caller, CredentialBound, Scope, StreamCredentials};
 use crate::cluster::ClusterNode;
-use crate::cluster::erasure;
+use crate::cluster::erase::held_elsewhere;
 use crate::cluster::fanin;
 use crate::cluster::group_sync;
 use crate::cluster::membership::{FORWARDED, Routes};
 use crate::cluster::room_sync::{self, RoomPlace};
 use crate::error::ServiceError;
 use crate::metrics::RenewResult;
+use crate::node::background;
 use crate::node::context::{Context, hear_rooms, room_version_after};
 use crate::node::erase;
 use crate::node::feed::ChangesStream;
@@ -35,9 +36,9 @@ use crate::node::placement::{Acting, HOLD_THROUGH_FREEZE};
 use crate::node::privacy::{RelationChange, Shown};
 use crate::node::rooms::{self, RoomStream};
 use crate::node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
+use crate::node::storage::backup;
 use crate::node::watch::{self, WatchStream};
 use crate::node::wire;
-use crate::node::{background, backup};
 
 /// The `presence.v1.Presence` service of one server.
 #[derive(Debug, Clone)]
@@ -711,7 +712,7 @@ impl PresenceApi for PresenceService {
             // Every node's part, merged (F3).
             Some(cluster) => crate::cluster::feed::merged(&self.context, cluster, feed, request.get_ref())?,
             None => {
-                let (from, filter) = wire::changes_request(request.get_ref(), feed.slots())?;
+                let (from, filter) = crate::node::feed::wire::changes_request(request.get_ref(), feed.slots())?;
                 feed.changes(from, filter, self.context.stopping.clone())?
             }
         };
@@ -764,7 +765,7 @@ impl PresenceService {
         self.owns(&user)?;
         let mut exported = erase::export(&self.context, &user).await?;
         if let Some(cluster) = &self.cluster {
-            let elsewhere = erasure::held_elsewhere(&cluster.membership, "ExportUser", &user, false).await?;
+            let elsewhere = held_elsewhere(&cluster.membership, "ExportUser", &user, false).await?;
             exported.in_audience_of.extend(elsewhere);
             exported.in_audience_of.sort_unstable();
             exported.in_audience_of.dedup();
@@ -798,7 +799,7 @@ impl PresenceService {
                     group_sync::send_to_the_others(membership, leaves).await;
                 }
             };
-            let ((), elsewhere) = tokio::join!(left, erasure::held_elsewhere(membership, "EraseUser", &user, true));
+            let ((), elsewhere) = tokio::join!(left, held_elsewhere(membership, "EraseUser", &user, true));
             granted_by.extend(elsewhere?);
             granted_by.sort_unstable();
             granted_by.dedup();

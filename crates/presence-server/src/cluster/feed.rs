@@ -2,7 +2,7 @@
 //! merged from every live node's part.
 //!
 //! Each node records the changes of the slots it owns in its own feed
-//! (`node/feed.rs`); a planned move hands a slot's entries to its next
+//! (`node/feed/`); a planned move hands a slot's entries to its next
 //! owner, which raises its feed above the positions the old owner gave
 //! (`handover.rs`), and a takeover from a copy records a gap of the slot
 //! (`replica.rs`). So every slot's entries, wherever they are, are in
@@ -44,8 +44,8 @@ use crate::cluster::ClusterNode;
 use crate::cluster::membership::with_credential;
 use crate::error::{ServiceError, feed_out_of_range_oldest};
 use crate::node::context::Context;
+use crate::node::feed::wire::{self, ChangesFilter, ChangesFrom};
 use crate::node::feed::{ChangesStream, Feed, PROGRESS_EVERY};
-use crate::node::wire::{self, ChangesFilter, ChangesFrom};
 
 /// Entries held for one part ahead of the watermark before the merge stops
 /// reading it (the slowest part holds the others back).

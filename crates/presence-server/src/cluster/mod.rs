@@ -1,10 +1,12 @@
+//! The cluster: the nodes that share the slots through etcd, and what each does for the others.
+//! It may name `node/`, plugging into it through [`crate::node::placement`]; it names nothing in `api/`.
+//!
 //! Everything that runs only with `--etcd`: membership and slot ownership,
 //! forwarding to owners, the node-to-node `Cluster` service and its wire
 //! conversions and protocol version, planned moves, followers' copies, etcd outages, rebalancing,
-//! rooms and groups across nodes, and the connections between nodes. It
-//! builds on `node/` and plugs into it through [`crate::node::placement`].
+//! rooms and groups across nodes, and the connections between nodes.
 
-pub(crate) mod erasure;
+pub(crate) mod erase;
 pub(crate) mod fanin;
 pub(crate) mod feed;
 pub(crate) mod group_sync;
@@ -126,4 +128,23 @@ pub(crate) fn start(context: &Arc<Context>, cluster: &Arc<ClusterNode>) {
     context.publisher.install_room_facts(queue);
     tokio::spawn(room_sync::rebuild_rooms(Arc::clone(c), Arc::clone(n)));
     tokio::spawn(room_sync::forget_gone_nodes(Arc::clone(c), Arc::clone(n)));
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::node::tests::{lines_naming, rust_files_under, source_folder};
+
+    /// `api → cluster`, one way: a file under `cluster/` or any of its
+    /// sub-folders with a crate path into the api folder (or one climbing
+    /// out of `cluster` by `super`s into it) fails here, naming the file and
+    /// line. (The path is spelled in pieces so that this file does not name
+    /// it.)
+    #[test]
+    fn cluster_names_nothing_of_the_api() {
+        let dir = source_folder("cluster");
+        let files = rust_files_under(&dir);
+        assert!(files.len() > 10, "the cluster's files are read from {}", dir.display());
+        let named = lines_naming(&dir, &files, &[concat!("crate::", "api")], &["::api"]);
+        assert!(named.is_empty(), "cluster/ names what builds on it:\n{}", named.join("\n"));
+    }
 }

@@ -4,7 +4,7 @@
 //! only nodes make) and handed to the module that owns its idea: planned
 //! moves to `handover`, followers' copies to `replica`, the outage question
 //! to `outage`, groups to `privacy` and `group_sync`, rooms to `room_sync`,
-//! what a node holds of another's user (P7) to `erasure`.
+//! what a node holds of another's user (P7) to `erase`.
 
 use std::sync::Arc;
 
@@ -208,7 +208,7 @@ impl Cluster for ClusterService {
         request: Request<pb::HeldElsewhereRequest>,
     ) -> Result<Response<pb::HeldElsewhereResponse>, Status> {
         let cluster = self.node_call(&request, "HeldElsewhere")?;
-        Ok(Response::new(crate::cluster::erasure::answer(&self.context, cluster, request.get_ref()).await?))
+        Ok(Response::new(crate::cluster::erase::answer(&self.context, cluster, request.get_ref()).await?))
     }
 
     async fn room_scan(&self, request: Request<pb::RoomScanRequest>) -> Result<Response<pb::RoomFacts>, Status> {

@@ -18,7 +18,7 @@ use presence_core::{CompactString, SlotSet, Tick};
 use tokio_util::sync::CancellationToken;
 
 use crate::node::clock::StoreClock;
-use crate::node::durable::{DurableError, DurableStore, run_blocking};
+use crate::node::storage::durable::{DurableError, DurableStore, run_blocking};
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {

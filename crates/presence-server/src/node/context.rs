@@ -18,12 +18,12 @@ use crate::error::ServiceError;
 use crate::metrics::Metrics;
 use crate::node::activity::Activity;
 use crate::node::clock::StoreClock;
-use crate::node::durable::DurableStore;
 use crate::node::placement::{FORWARD_TIMEOUT, Placement, RoomAnswer, SingleNode};
 use crate::node::privacy::{Privacy, Shown};
 use crate::node::publish::Publisher;
 use crate::node::rooms::RoomHub;
 use crate::node::settings::Settings;
+use crate::node::storage::durable::DurableStore;
 use crate::node::watch::Watches;
 use crate::node::wire;
 

@@ -24,10 +24,10 @@ use hashbrown::{HashMap, HashSet};
 use presence_core::{CompactString, Presence, SlotSet, State, Store, UserView};
 
 use crate::error::ServiceError;
-use crate::node::durable::{self, DurableStore, run_blocking};
 use crate::node::groups::{GroupEntry, GroupLedger, Merged};
 use crate::node::hub::{Pending, Subscription, Transition};
 use crate::node::publish::Publisher;
+use crate::node::storage::durable::{self, DurableStore, run_blocking};
 use crate::node::sync::RwLock;
 
 pub use crate::node::relations::Visibility;

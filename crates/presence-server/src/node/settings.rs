@@ -13,7 +13,7 @@ use hashbrown::{HashMap, HashSet};
 use parking_lot::Mutex;
 use presence_core::{CompactString, SlotSet};
 
-use crate::node::durable::{DurableError, DurableStore, Named, run_blocking};
+use crate::node::storage::durable::{DurableError, DurableStore, Named, run_blocking};
 
 /// Longest setting name, in bytes.
 pub const MAX_SETTING_NAME_BYTES: usize = 64;

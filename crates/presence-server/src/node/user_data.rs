@@ -10,8 +10,8 @@ use presence_core::{CompactString, SlotSet};
 
 use crate::error::ServiceError;
 use crate::node::context::Context;
-use crate::node::durable::Named;
 use crate::node::privacy::HandedOver;
+use crate::node::storage::durable::Named;
 
 /// Starts noting whose data changes, for [`take_changed`] (C4).
 pub(crate) fn track_changes(context: &Context) {

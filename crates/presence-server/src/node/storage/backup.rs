@@ -35,7 +35,7 @@ use std::time::Instant;
 use presence_core::checkpoint::{CheckpointError, CheckpointWriter, StoreLoader};
 use presence_core::{ConfigError, Store, StoreConfig, Tick};
 
-use crate::node::durable::{BackupRow, DurableError, DurableStore};
+use crate::node::storage::durable::{BackupRow, DurableError, DurableStore};
 
 const MAGIC: &[u8; 8] = b"PRESBKUP";
 const FORMAT: u32 = 1;

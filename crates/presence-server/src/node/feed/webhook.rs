@@ -37,8 +37,8 @@ use tokio_util::sync::CancellationToken;
 use crate::error::ServiceError;
 use crate::metrics::{WebhookFailure, WebhookMetrics};
 use crate::node::clock::StoreClock;
+use crate::node::feed::wire::{self, ChangesFilter, ChangesFrom, GapReason};
 use crate::node::feed::{ChangesStream, Feed};
-use crate::node::wire::{self, ChangesFilter, ChangesFrom, GapReason};
 use crate::outbound;
 
 /// The most events in one batch, and the most a webhook's `max_events` may ask.
@@ -449,7 +449,7 @@ impl Sink {
         let id = id.as_str().expect("base64 is a string");
         let mut failures: u32 = 0;
         loop {
-            let lag_ms = wire::unix_ms(self.clock.now()).saturating_sub(batch.first_at_ms).max(0);
+            let lag_ms = crate::node::wire::unix_ms(self.clock.now()).saturating_sub(batch.first_at_ms).max(0);
             self.metrics.lag_seconds.set(lag_ms as f64 / 1_000.0);
             let stopping = self.stopping.clone();
             let outcome = tokio::select! {

@@ -14,7 +14,7 @@ use metrics::counter;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::tls::{hangups, next_hangup};
+use crate::api::reload_tls::{hangups, next_hangup};
 use crate::audit::Audit;
 use crate::auth::Authenticator;
 use crate::metrics::names;

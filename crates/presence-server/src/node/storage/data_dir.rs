@@ -6,8 +6,8 @@
 //! DIR/leases.checkpoint.prev   the one before it, kept in case the latest is damaged
 //! DIR/leases.checkpoint.tmp    a checkpoint being written (never read)
 //! DIR/durable.redb             settings and activity (see durable.rs)
-//! DIR/feed/                     the change feed's log (feed.rs)
-//! DIR/webhooks/                 each webhook's cursor (webhook.rs)
+//! DIR/feed/                     the change feed's log (feed/mod.rs)
+//! DIR/webhooks/                 each webhook's cursor (feed/webhook.rs)
 //! ```
 //!
 //! A checkpoint is written to the temporary file, fsynced, and renamed over
@@ -77,7 +77,7 @@ impl DataDir {
 
     /// The webhooks' cursors (F4).
     pub(crate) fn webhooks_path(&self) -> PathBuf {
-        self.path.join(crate::node::webhook::CURSORS_DIR)
+        self.path.join(crate::node::feed::webhook::CURSORS_DIR)
     }
 
     /// A store restored from the latest checkpoint that is intact, falling

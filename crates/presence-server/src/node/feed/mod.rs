@@ -1,5 +1,8 @@
-//! The change feed (F1, F2): the writer that moves what the store recorded
-//! into the log, and the `Changes` streams that read the log.
+//! The change feed: its writer and `Changes` streams (here), its webhooks, and its frames, events and JSON (`wire.rs`).
+//! It may name the node's clock and the client API's conversions of a user (`node/wire.rs`); nothing else of `node/`.
+//!
+//! This file (F1, F2): the writer that moves what the store recorded into
+//! the log, and the `Changes` streams that read the log.
 //!
 //! The store records every flip, status change and room occupancy change in
 //! its intake, under the lock that made it (`presence_core::feed`). A writer
@@ -19,6 +22,9 @@
 //! process that stopped without closing its feed, a batch the disk refused,
 //! an intake the writer let overflow.
 
+pub(crate) mod webhook;
+pub(crate) mod wire;
+
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -34,10 +40,10 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 
+use self::wire::{ChangesFilter, ChangesFrom, GapReason};
 use crate::error::ServiceError;
 use crate::metrics::names;
 use crate::node::clock::StoreClock;
-use crate::node::wire::{self, ChangesFilter, ChangesFrom, GapReason};
 
 /// How often the writer drains the intake: the longest a change waits
 /// before it is written (plus the sync).
