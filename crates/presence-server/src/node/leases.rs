@@ -26,6 +26,7 @@ use crate::error::ServiceError;
 use crate::metrics::RenewResult;
 use crate::node::context::Context;
 use crate::node::placement::HOLD_THROUGH_FREEZE;
+use crate::node::publish::RoomAnswer;
 use crate::{node::ops, node::wire};
 
 pub use presence_proto::lease_frames::MAX_BATCH_ITEMS;
@@ -180,7 +181,7 @@ pub(crate) fn apply(context: &Context, batch: &LeaseBatchFrame, shed_renewals: b
 /// refusal in `results` for now.
 struct Applied {
     results: pb::LeaseResults,
-    rooms_answered: tokio::sync::oneshot::Receiver<crate::node::placement::RoomAnswer>,
+    rooms_answered: tokio::sync::oneshot::Receiver<RoomAnswer>,
     held: Vec<(usize, u32)>,
 }
 
@@ -270,11 +271,12 @@ async fn send_on_to_owners(
     }
 }
 
-/// On a cluster node, the room each item names (Join, Leave, Signal), by
-/// item, whose version its owner answers; `None` for a batch that names no
-/// room, and on a single node, whose store answers room versions itself.
+/// When room facts leave the store (a cluster node), the room each item
+/// names (Join, Leave, Signal), by item, whose version its owner answers;
+/// `None` for a batch that names no room, and when the store answers room
+/// versions itself (a single node).
 fn rooms_to_hear(context: &Context, batch: &LeaseBatchFrame) -> Option<Vec<Option<String>>> {
-    if !context.placement.rooms_at_their_owners() {
+    if !context.publisher.sends_room_facts() {
         return None;
     }
     let room_of = |item: &LeaseItemFrame| match &item.op {
@@ -297,7 +299,7 @@ async fn with_room_versions(
     context: Arc<Context>,
     mut results: pb::LeaseResults,
     rooms: &[Option<String>],
-    answered: tokio::sync::oneshot::Receiver<crate::node::placement::RoomAnswer>,
+    answered: tokio::sync::oneshot::Receiver<RoomAnswer>,
 ) -> pb::LeaseResults {
     let heard = crate::node::context::hear_rooms(answered).await;
     for (result, room) in results.results.iter_mut().zip(rooms) {

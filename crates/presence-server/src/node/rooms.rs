@@ -326,22 +326,20 @@ impl MemberLens {
         MemberLens { viewer: request.viewer.clone(), asked: HashMap::new() }
     }
 
-    /// Asks the nodes of those of `users` not asked yet (on a cluster node, for a viewer).
+    /// Asks the nodes of those of `users` not asked yet (for a viewer;
+    /// a single node answers none, and its relations decide every member).
     async fn learn<'a>(
         &mut self,
         context: &Context,
         users: impl IntoIterator<Item = &'a CompactString>,
     ) -> Result<(), ServiceError> {
         let Some(viewer) = &self.viewer else { return Ok(()) };
-        if !context.placement.rooms_at_their_owners() {
-            return Ok(());
-        }
         let mut new: Vec<CompactString> =
             users.into_iter().filter(|user| !self.asked.contains_key(*user)).cloned().collect();
         new.sort_unstable();
         new.dedup();
         if !new.is_empty() {
-            self.asked.extend(context.placement.may_view(context, viewer, new).await?);
+            self.asked.extend(context.placement.may_view(&context.privacy, viewer, new).await?);
         }
         Ok(())
     }
@@ -400,7 +398,7 @@ pub(crate) async fn snapshot(
     let signalling = view.signals.iter().flat_map(|(_, users, _)| users);
     lens.learn(context, listed_users.chain(signalling)).await?;
     let Some(members) = view.members else {
-        let (_, users, sessions) = counted(context, &request.room_id);
+        let (_, users, sessions) = context.placement.room_counts(context.store(), &context.privacy, &request.room_id);
         return Ok(pb::RoomSnapshot {
             room_id: view.room_id.to_string(),
             version: view.version,
@@ -610,18 +608,6 @@ fn member_event(context: &Context, lens: &MemberLens, change: RoomChange) -> Opt
     }
 }
 
-/// The room's version, and its users and sessions as counted for anyone:
-/// invisible members are counted by nobody (R4). A cluster's room counts
-/// what the members' own nodes said of their visibility.
-fn counted(context: &Context, room_id: &str) -> (u64, u32, u32) {
-    if context.placement.rooms_at_their_owners() {
-        return context.store().room_visible_tally(room_id);
-    }
-    let (version, users, sessions) = context.store().room_tally(room_id);
-    let (users, sessions) = context.privacy.counted(context.store(), room_id, users, sessions);
-    (version, users, sessions)
-}
-
 /// Feeds a count-mode stream: the counts at once, then whenever they changed,
 /// at most once per `interval`.
 async fn counts(
@@ -650,7 +636,8 @@ async fn counts(
         if !may_read(context, request) {
             return Err(not_visible(&request.room_id));
         }
-        let (version, users, sessions) = counted(context, &request.room_id);
+        let (version, users, sessions) =
+            context.placement.room_counts(context.store(), &context.privacy, &request.room_id);
         let counts = (users, sessions);
         if sent == Some(counts) {
             continue;
