@@ -485,16 +485,22 @@ pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>, c
 mod tests {
     use super::*;
     use crate::node::clock::StoreClock;
+    use crate::node::testing::{EPOCH, ToldPlacement};
     use presence_core::{Store, StoreConfig};
     use presence_proto::v1::lease_item;
     use tokio_util::sync::CancellationToken;
     use tonic::Code;
 
     fn context() -> Arc<Context> {
+        placed(Arc::new(crate::node::placement::SingleNode))
+    }
+
+    fn placed(placement: Arc<dyn crate::node::placement::Placement>) -> Arc<Context> {
         let clock = StoreClock::start();
         let config = StoreConfig { min_renew_interval_ms: 0, ..StoreConfig::default() };
         let store = Arc::new(Store::new(config, clock.now()).unwrap());
-        Arc::new(Context::new(store, clock, None, &crate::ServerConfig::default(), CancellationToken::new()))
+        let config = crate::ServerConfig::default();
+        Arc::new(Context::placed(store, clock, None, &config, CancellationToken::new(), placement))
     }
 
     fn register(user: &str) -> pb::LeaseItem {
@@ -539,6 +545,41 @@ mod tests {
         let codes: Vec<Code> = results.results.iter().map(|r| Code::from(r.code as i32)).collect();
         assert_eq!(codes, [Code::Ok, Code::InvalidArgument, Code::NotFound, Code::Ok]);
         assert!(results.results[1].message.contains("user_id"));
+    }
+
+    #[tokio::test]
+    async fn c2_items_of_users_another_node_owns_are_refused_naming_it_and_the_others_applied_in_order() {
+        let told = ToldPlacement::default().owned_elsewhere("b", "node-b", "10.0.0.2:7000");
+        let context = placed(Arc::new(told));
+        let codes = |results: &pb::LeaseResults| -> Vec<Code> {
+            results.results.iter().map(|result| Code::from(result.code as i32)).collect()
+        };
+        let registered = apply(&context, &batch(vec![register("a"), register("b"), register("c")]), false);
+        assert_eq!(codes(&registered), [Code::Ok, Code::Unavailable, Code::Ok]);
+        let owner = registered.results[1].not_owner.as_ref().expect("the refusal names the owner");
+        let named = (owner.slot, owner.epoch, owner.owner_id.as_str(), owner.owner_addr.as_str());
+        assert_eq!(named, (presence_core::slot_of("b", 1024), EPOCH, "node-b", "10.0.0.2:7000"));
+        assert!(registered.results[0].not_owner.is_none() && registered.results[2].not_owner.is_none());
+        let mut changes = presence_core::Changes::default();
+        let seen = context.store().snapshot(context.now(), &["a", "b", "c"], &mut changes).unwrap();
+        let states: Vec<presence_core::State> = seen.iter().map(|presence| presence.state).collect();
+        let (online, offline) = (presence_core::State::Online, presence_core::State::Offline);
+        assert_eq!(states, [online, offline, online], "nothing is changed for the refused user");
+
+        // A refusal amid renewals answers in its place; those around it are applied.
+        let generation = |index: usize| match &registered.results[index].result {
+            Some(lease_result::Result::Register(response)) => response.generation,
+            other => panic!("{other:?}"),
+        };
+        let items =
+            vec![renew("a", generation(0)), renew("b", 1), renew("c", generation(2)), renew("a", generation(0))];
+        let renewed = apply(&context, &batch(items), false);
+        assert_eq!(codes(&renewed), [Code::Ok, Code::Unavailable, Code::Ok, Code::Ok]);
+        assert!(renewed.results[1].not_owner.as_ref().is_some_and(|owner| owner.owner_id == "node-b"));
+        for index in [0, 2, 3] {
+            let renewal = &renewed.results[index].result;
+            assert!(matches!(renewal, Some(lease_result::Result::Renew(_))), "{index}: {renewal:?}");
+        }
     }
 
     #[tokio::test]

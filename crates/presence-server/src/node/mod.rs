@@ -26,6 +26,8 @@ pub(crate) mod relations;
 pub(crate) mod rooms;
 pub(crate) mod settings;
 pub(crate) mod sync;
+#[cfg(test)]
+pub(crate) mod testing;
 pub(crate) mod user_data;
 pub(crate) mod watch;
 pub(crate) mod webhook;

@@ -655,7 +655,11 @@ async fn counts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use presence_core::RoomMember;
+    use crate::node::clock::StoreClock;
+    use crate::node::privacy::{RelationChange, Visibility};
+    use crate::node::testing::ToldPlacement;
+    use presence_core::{Registration, RoomMember, RoomRef, Store, StoreConfig};
+    use tokio_util::sync::CancellationToken;
 
     fn member_change(user: &str, kind: RoomChangeKind, version: u64, tab: &str) -> RoomChange {
         let metadata: presence_core::RoomMetadata = vec![("tab".to_string(), tab.to_string())].into();
@@ -718,5 +722,86 @@ mod tests {
         mailbox.hold(9);
         mailbox.post(&member_change("d", RoomChangeKind::Joined, 10, "one"));
         assert_eq!(taken(&mailbox), [("d".into(), RoomChangeKind::Joined, 10)]);
+    }
+
+    /// A node placed by `placement` whose room "room" has v, a, b and c as
+    /// members, each signalling "typing".
+    fn room_of_four(placement: &Arc<ToldPlacement>) -> Context {
+        let clock = StoreClock::start();
+        let store = Arc::new(Store::new(StoreConfig::default(), clock.now()).unwrap());
+        let config = crate::ServerConfig::default();
+        let context = Context::placed(store, clock, None, &config, CancellationToken::new(), placement.clone());
+        for user in ["v", "a", "b", "c"] {
+            let registration =
+                Registration { user_id: user, session_id: "s", gateway_id: "gw", ttl_ms: 0, metadata: &[] };
+            let registered = context.apply(|store, now, changes| store.register(now, &registration, changes)).unwrap();
+            let room = RoomRef { user_id: user, session_id: "s", generation: registered.generation, room_id: "room" };
+            context.apply(|store, now, changes| store.join(now, &room, &[], changes)).unwrap();
+            context.apply(|store, now, changes| store.signal(now, &room, "typing", 5_000, changes)).unwrap();
+        }
+        context
+    }
+
+    fn request(viewer: Option<&str>) -> RoomRequest {
+        RoomRequest { room_id: "room".into(), viewer: viewer.map(CompactString::from) }
+    }
+
+    /// The members a snapshot lists, and the users and count of its one signal set.
+    fn shown(snapshot: &pb::RoomSnapshot) -> (Vec<&str>, Vec<&str>, u32) {
+        let mut members: Vec<&str> = snapshot.members.iter().map(|member| member.user_id.as_str()).collect();
+        members.sort_unstable();
+        let [signals] = snapshot.signals.as_slice() else { panic!("one signal set: {snapshot:?}") };
+        let mut signalling: Vec<&str> = signals.user_ids.iter().map(String::as_str).collect();
+        signalling.sort_unstable();
+        (members, signalling, signals.count)
+    }
+
+    #[tokio::test]
+    async fn r4_members_other_nodes_hold_are_shown_as_their_nodes_answer_asked_once_and_this_nodes_as_its_relations_say()
+     {
+        let placement = Arc::new(
+            ToldPlacement::default()
+                .owned_elsewhere("b", "node-b", "10.0.0.2:7000")
+                .owned_elsewhere("c", "node-c", "10.0.0.3:7000")
+                .shows("v", "b", true)
+                .shows("v", "c", false),
+        );
+        let context = room_of_four(&placement);
+        // a is this node's, seen by everyone here; b and c would be hidden by
+        // the relations here (an audience of none), c is by its own node.
+        let everyone = RelationChange::Visibility { user: "a".into(), visibility: Visibility::Everyone };
+        context.privacy.change(everyone).await.unwrap();
+
+        let mut lens = MemberLens::new(&request(Some("v")));
+        let first = snapshot(&context, &request(Some("v")), &mut lens).await.unwrap();
+        assert_eq!(shown(&first), (vec!["a", "b", "v"], vec!["a", "b", "v"], 3));
+        assert_eq!(first.users, 3);
+        let all: Vec<CompactString> = ["a", "b", "c", "v"].map(CompactString::from).into();
+        assert_eq!(placement.asked(), [("v".to_owned(), all)], "every member asked at once");
+
+        // The lens keeps what the members' nodes answered: only those they
+        // left to the relations here are asked again.
+        let again = snapshot(&context, &request(Some("v")), &mut lens).await.unwrap();
+        assert_eq!(shown(&again), shown(&first));
+        let left_here: Vec<CompactString> = ["a", "v"].map(CompactString::from).into();
+        assert_eq!(placement.asked()[1..], [("v".to_owned(), left_here)]);
+
+        // A service acting for no viewer sees every member and asks no node.
+        let mut lens = MemberLens::new(&request(None));
+        let service = snapshot(&context, &request(None), &mut lens).await.unwrap();
+        assert_eq!(shown(&service), (vec!["a", "b", "c", "v"], vec!["a", "b", "c", "v"], 4));
+        assert_eq!(placement.asked().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn r4_a_viewers_room_read_fails_naming_a_members_node_that_does_not_answer() {
+        let placement =
+            Arc::new(ToldPlacement::default().owned_elsewhere("b", "node-b", "10.0.0.2:7000").unreachable("node-b"));
+        let context = room_of_four(&placement);
+        let mut lens = MemberLens::new(&request(Some("v")));
+        let refused = snapshot(&context, &request(Some("v")), &mut lens).await.unwrap_err();
+        assert!(matches!(&refused, ServiceError::RoomOwnerUnreachable { node } if node == "node-b"), "{refused:?}");
+        let mut lens = MemberLens::new(&request(None));
+        assert_eq!(snapshot(&context, &request(None), &mut lens).await.unwrap().members.len(), 4);
     }
 }
