@@ -22,7 +22,7 @@ use crate::node::durable::DurableStore;
 use crate::node::placement::{FORWARD_TIMEOUT, Placement, SingleNode};
 use crate::node::privacy::{Privacy, Shown};
 use crate::node::publish::{Publisher, RoomAnswer};
-use crate::node::rooms::RoomHub;
+use crate::node::room_hub::RoomHub;
 use crate::node::settings::Settings;
 use crate::node::watch::Watches;
 use crate::node::wire;

@@ -23,6 +23,7 @@ pub(crate) mod placement;
 pub mod privacy;
 pub(crate) mod publish;
 pub(crate) mod relations;
+pub(crate) mod room_hub;
 pub(crate) mod rooms;
 pub(crate) mod settings;
 pub(crate) mod sync;

@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::metrics::names;
 use crate::node::clock::StoreClock;
 use crate::node::hub::Hub;
-use crate::node::rooms::RoomHub;
+use crate::node::room_hub::RoomHub;
 
 /// The room version of each room a batch of facts touched, after them.
 pub(crate) type RoomVersions = HashMap<CompactString, u64>;
