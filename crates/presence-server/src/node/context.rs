@@ -24,7 +24,7 @@ use crate::node::privacy::{Privacy, Shown};
 use crate::node::publish::{Publisher, RoomAnswer};
 use crate::node::room_hub::RoomHub;
 use crate::node::settings::Settings;
-use crate::node::watch::Watches;
+use crate::node::watches::Watches;
 use crate::node::wire;
 
 /// The shared state of one running server.

@@ -31,6 +31,7 @@ pub(crate) mod sync;
 pub(crate) mod testing;
 pub(crate) mod user_data;
 pub(crate) mod watch;
+pub(crate) mod watches;
 pub(crate) mod webhook;
 pub(crate) mod wire;
 
