@@ -403,21 +403,34 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     /// A node placed by `placement` whose room "room" has v, a, b and c as
-    /// members, each signalling "typing".
-    fn room_of_four(placement: &Arc<ToldPlacement>) -> Context {
+    /// members, each signalling "typing", and the generation of each one's session.
+    fn room_of_four(placement: &Arc<ToldPlacement>) -> (Context, HashMap<&'static str, u64>) {
         let clock = StoreClock::start();
         let store = Arc::new(Store::new(StoreConfig::default(), clock.now()).unwrap());
         let config = crate::ServerConfig::default();
         let context = Context::placed(store, clock, None, &config, CancellationToken::new(), placement.clone());
+        let mut generations = HashMap::new();
         for user in ["v", "a", "b", "c"] {
+            let generation = join(&context, user, "one", None);
+            let room = RoomRef { user_id: user, session_id: "s", generation, room_id: "room" };
+            context.apply(|store, now, changes| store.signal(now, &room, "typing", 5_000, changes)).unwrap();
+            generations.insert(user, generation);
+        }
+        (context, generations)
+    }
+
+    /// `user`'s session "s" (registered unless `generation` is given) joins
+    /// "room" with `tab` as its metadata; its generation.
+    fn join(context: &Context, user: &str, tab: &str, generation: Option<u64>) -> u64 {
+        let generation = generation.unwrap_or_else(|| {
             let registration =
                 Registration { user_id: user, session_id: "s", gateway_id: "gw", ttl_ms: 0, metadata: &[] };
-            let registered = context.apply(|store, now, changes| store.register(now, &registration, changes)).unwrap();
-            let room = RoomRef { user_id: user, session_id: "s", generation: registered.generation, room_id: "room" };
-            context.apply(|store, now, changes| store.join(now, &room, &[], changes)).unwrap();
-            context.apply(|store, now, changes| store.signal(now, &room, "typing", 5_000, changes)).unwrap();
-        }
-        context
+            context.apply(|store, now, changes| store.register(now, &registration, changes)).unwrap().generation
+        });
+        let room = RoomRef { user_id: user, session_id: "s", generation, room_id: "room" };
+        let metadata = [("tab".to_owned(), tab.to_owned())];
+        context.apply(|store, now, changes| store.join(now, &room, &metadata, changes)).unwrap();
+        generation
     }
 
     fn request(viewer: Option<&str>) -> RoomRequest {
@@ -435,8 +448,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn r4_members_other_nodes_hold_are_shown_as_their_nodes_answer_asked_once_and_this_nodes_as_its_relations_say()
-     {
+    async fn r4_a_snapshot_shows_other_nodes_members_as_their_nodes_answer_once_and_this_nodes_by_its_relations() {
         let placement = Arc::new(
             ToldPlacement::default()
                 .owned_elsewhere("b", "node-b", "10.0.0.2:7000")
@@ -444,7 +456,7 @@ mod tests {
                 .shows("v", "b", true)
                 .shows("v", "c", false),
         );
-        let context = room_of_four(&placement);
+        let (context, _) = room_of_four(&placement);
         // a is this node's, seen by everyone here; b and c would be hidden by
         // the relations here (an audience of none), c is by its own node.
         let everyone = RelationChange::Visibility { user: "a".into(), visibility: Visibility::Everyone };
@@ -475,11 +487,49 @@ mod tests {
     async fn r4_a_viewers_room_read_fails_naming_a_members_node_that_does_not_answer() {
         let placement =
             Arc::new(ToldPlacement::default().owned_elsewhere("b", "node-b", "10.0.0.2:7000").unreachable("node-b"));
-        let context = room_of_four(&placement);
+        let (context, _) = room_of_four(&placement);
         let mut lens = MemberLens::new(&request(Some("v")));
         let refused = snapshot(&context, &request(Some("v")), &mut lens).await.unwrap_err();
         assert!(matches!(&refused, ServiceError::RoomOwnerUnreachable { node } if node == "node-b"), "{refused:?}");
         let mut lens = MemberLens::new(&request(None));
         assert_eq!(snapshot(&context, &request(None), &mut lens).await.unwrap().members.len(), 4);
+    }
+
+    #[tokio::test]
+    async fn r4_a_viewers_room_watch_shows_changes_of_other_nodes_members_as_their_nodes_answer() {
+        let placement = Arc::new(
+            ToldPlacement::default()
+                .owned_elsewhere("b", "node-b", "10.0.0.2:7000")
+                .owned_elsewhere("c", "node-c", "10.0.0.3:7000")
+                .owned_elsewhere("d", "node-b", "10.0.0.2:7000")
+                .shows("v", "b", true)
+                .shows("v", "c", false)
+                .shows("v", "d", true),
+        );
+        let (context, generations) = room_of_four(&placement);
+        let context = Arc::new(context);
+        let mut events = watch(Arc::clone(&context), request(Some("v")), None).await.unwrap().into_inner();
+        let next = async |events: &mut mpsc::Receiver<Result<pb::RoomEvent, Status>>| {
+            let event = tokio::time::timeout(Duration::from_secs(5), events.recv()).await.expect("an event in time");
+            event.expect("the stream is open").expect("not an error").event.expect("an event")
+        };
+        assert!(matches!(next(&mut events).await, room_event::Event::Snapshot(_)));
+        assert_eq!(placement.asked().len(), 1, "the snapshot asked for every member");
+
+        // d joins, then c and b change: c is hidden by its node, and only d,
+        // not asked yet, is asked about.
+        join(&context, "d", "one", None);
+        join(&context, "c", "two", Some(generations["c"]));
+        join(&context, "b", "two", Some(generations["b"]));
+        let mut shown = Vec::new();
+        while shown.last().is_none_or(|(user, _)| user != "b") {
+            let room_event::Event::Change(change) = next(&mut events).await else { continue };
+            let member = change.member.expect("a member");
+            shown.push((member.user_id, pb::RoomChangeKind::try_from(change.kind).unwrap()));
+        }
+        let joined = pb::RoomChangeKind::RoomChangeJoined;
+        assert_eq!(shown, [("d".to_owned(), joined), ("b".to_owned(), pb::RoomChangeKind::RoomChangeUpdated)]);
+        let later: Vec<CompactString> = placement.asked()[1..].iter().flat_map(|(_, users)| users.clone()).collect();
+        assert_eq!(later, [CompactString::from("d")]);
     }
 }
