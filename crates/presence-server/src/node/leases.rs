@@ -583,6 +583,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn c7_a_held_item_is_answered_by_the_slots_new_owner_and_one_sent_on_by_another_node_goes_no_further() {
+        let told = Arc::new(ToldPlacement::default().moving("m", "node-b", "10.0.0.2:7000"));
+        let context = placed(told.clone());
+        let queue = LeaseQueue::start(Arc::clone(&context), 4, 1);
+        let results = queue.run(batch(vec![register("a"), register("m"), register("c")]), &Caller::default()).await;
+        let results = results.unwrap().results;
+        assert!(results.iter().all(|result| result.code == Code::Ok as u32), "{results:?}");
+        assert_eq!(results[1].message, "taken at 10.0.0.2:7000", "the new owner's answer is the item's");
+        for index in [0, 2] {
+            assert!(matches!(results[index].result, Some(lease_result::Result::Register(_))), "applied here");
+        }
+        let sent_on = told.sent_on();
+        assert_eq!(sent_on.len(), 1, "{sent_on:?}");
+        assert_eq!((sent_on[0].0.as_str(), sent_on[0].1.batch_id), ("10.0.0.2:7000", 7));
+        assert_eq!(sent_on[0].1.items, [register("m")], "only the held item is sent on");
+        let mut changes = presence_core::Changes::default();
+        let seen = context.store().snapshot(context.now(), &["m"], &mut changes).unwrap();
+        assert_eq!(seen[0].state, presence_core::State::Offline, "the held item is not applied here");
+
+        // Items another node sent on wait the same, but go no further: their
+        // answer names the new owner.
+        let told = Arc::new(ToldPlacement::default().moving("m", "node-b", "10.0.0.2:7000"));
+        let queue = LeaseQueue::start(placed(told.clone()), 4, 1);
+        let forwarded = Caller { authorization: None, forwarded: true };
+        let results = queue.run(batch(vec![register("m")]), &forwarded).await.unwrap().results;
+        assert_eq!(results[0].code, Code::Unavailable as u32);
+        let owner = results[0].not_owner.as_ref().expect("the refusal names the new owner");
+        assert_eq!((owner.owner_id.as_str(), owner.owner_addr.as_str()), ("node-b", "10.0.0.2:7000"));
+        assert!(told.sent_on().is_empty());
+    }
+
+    #[tokio::test]
     async fn l8_an_item_whose_text_is_not_utf8_is_refused_alone_naming_the_field() {
         let context = context();
         let queue = LeaseQueue::start(Arc::clone(&context), 4, 1);

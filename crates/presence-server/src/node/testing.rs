@@ -1,7 +1,9 @@
 //! A [`Placement`] a test tells what to answer: one node of a cluster that
-//! owns some users and not others, and hears from the other users' nodes
-//! what a viewer may see of them, so that one node's code is tested on the
-//! cluster's paths without etcd or another node.
+//! owns some users and not others, hands some over in a move, and hears
+//! from the other users' nodes what a viewer may see of them, so that one
+//! node's code is tested on the cluster's paths without etcd or another node.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::BoxFuture;
 use hashbrown::HashMap;
@@ -33,6 +35,13 @@ pub(crate) struct ToldPlacement {
     unreachable: Option<String>,
     /// Every MayView asked, in order: the viewer and the users.
     asked: Mutex<Vec<(String, Vec<CompactString>)>>,
+    /// Users whose slot moves to the node named, at the address given:
+    /// frozen here until the freeze is waited out, then that node's.
+    moving: HashMap<CompactString, (String, String)>,
+    /// Whether the freeze was waited out.
+    moved: AtomicBool,
+    /// Every batch sent on to another node, with its address.
+    sent_on: Mutex<Vec<(String, pb::LeaseBatch)>>,
 }
 
 impl ToldPlacement {
@@ -54,6 +63,17 @@ impl ToldPlacement {
         self
     }
 
+    /// `user`'s slot moves to `node`, at `address`.
+    pub(crate) fn moving(mut self, user: &str, node: &str, address: &str) -> Self {
+        self.moving.insert(user.into(), (node.to_owned(), address.to_owned()));
+        self
+    }
+
+    /// The batches sent on to other nodes so far, with their addresses.
+    pub(crate) fn sent_on(&self) -> Vec<(String, pb::LeaseBatch)> {
+        self.sent_on.lock().clone()
+    }
+
     /// The MayView calls made so far.
     pub(crate) fn asked(&self) -> Vec<(String, Vec<CompactString>)> {
         self.asked.lock().clone()
@@ -66,15 +86,23 @@ struct Owned<'a>(&'a ToldPlacement);
 impl UserCheck for Owned<'_> {
     fn check(&self, user_id: &[u8]) -> Result<(), ServiceError> {
         let user = String::from_utf8_lossy(user_id);
-        match self.0.elsewhere.get(user.as_ref()) {
-            None => Ok(()),
-            Some((node, address)) => Err(ServiceError::NotOwner(NotOwner {
+        let not_owner = |owner_id: &str, owner_addr: &str, frozen| {
+            let (owner_id, owner_addr) = (owner_id.to_owned(), owner_addr.to_owned());
+            Err(ServiceError::NotOwner(NotOwner {
                 slot: slot_of(user_id, SLOTS),
                 epoch: EPOCH,
-                owner_id: node.clone(),
-                owner_addr: address.clone(),
-                frozen: false,
-            })),
+                owner_id,
+                owner_addr,
+                frozen,
+            }))
+        };
+        if let Some((node, address)) = self.0.elsewhere.get(user.as_ref()) {
+            return not_owner(node, address, false);
+        }
+        match self.0.moving.get(user.as_ref()) {
+            Some((node, address)) if self.0.moved.load(Ordering::Acquire) => not_owner(node, address, false),
+            Some(_) => not_owner("", "", true),
+            None => Ok(()),
         }
     }
 }
@@ -84,25 +112,30 @@ impl Placement for ToldPlacement {
         Acting::Some(Box::new(Owned(self)))
     }
 
-    // What is not told is as on a single node: nothing moves away, nothing is
-    // held through a freeze or sent on, rooms are held here.
     fn durable_gate(&self) -> Option<&tokio::sync::RwLock<()>> {
         None
     }
 
-    fn freeze_over<'a>(&'a self, slots: Vec<u32>, deadline: tokio::time::Instant) -> BoxFuture<'a, bool> {
-        SingleNode::freeze_over(&SingleNode, slots, deadline)
+    fn freeze_over<'a>(&'a self, _slots: Vec<u32>, _deadline: tokio::time::Instant) -> BoxFuture<'a, bool> {
+        // The move ends as soon as it is waited for.
+        self.moved.store(true, Ordering::Release);
+        Box::pin(std::future::ready(false))
     }
 
     fn forward_leases<'a>(
         &'a self,
         address: &'a str,
         batch: pb::LeaseBatch,
-        authorization: Option<MetadataValue<Ascii>>,
+        _authorization: Option<MetadataValue<Ascii>>,
     ) -> BoxFuture<'a, Result<pb::LeaseResults, ServiceError>> {
-        SingleNode::forward_leases(&SingleNode, address, batch, authorization)
+        // The node there takes every item, saying so.
+        let answer = |_| pb::LeaseResult { message: format!("taken at {address}"), ..Default::default() };
+        let results = pb::LeaseResults { batch_id: batch.batch_id, results: batch.items.iter().map(answer).collect() };
+        self.sent_on.lock().push((address.to_owned(), batch));
+        Box::pin(std::future::ready(Ok(results)))
     }
 
+    // Rooms are held here, as on a single node.
     fn room_here(&self, room_id: &str) -> Result<(), ServiceError> {
         SingleNode.room_here(room_id)
     }
