@@ -38,6 +38,7 @@ use crate::node::rooms::{self, RoomStream};
 use crate::node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
 use crate::node::storage::backup;
 use crate::node::watch::{self, WatchStream};
+use crate::node::watches::WatchUpdate;
 use crate::node::wire;
 
 /// The `presence.v1.Presence` service of one server.
@@ -458,7 +459,7 @@ impl PresenceApi for PresenceService {
         self.auth.fetch_unknown_kid(request.metadata()).await;
         let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id, "UpdateWatch")?;
         let request = request.get_ref();
-        let update = watch::WatchUpdate {
+        let update = WatchUpdate {
             add: wire::user_ids("add_user_ids", &request.add_user_ids)?,
             remove: wire::user_ids("remove_user_ids", &request.remove_user_ids)?,
         };

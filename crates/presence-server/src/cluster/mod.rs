@@ -26,13 +26,14 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use hashbrown::HashMap;
-use presence_core::CompactString;
+use presence_core::{CompactString, Store};
 use presence_proto::v1 as pb;
 use tonic::metadata::{Ascii, MetadataValue};
 
 use crate::error::ServiceError;
 use crate::node::context::Context;
 use crate::node::placement::{Acting, Placement};
+use crate::node::privacy::Privacy;
 
 /// This node's part in its cluster: what every cluster task and the
 /// `Cluster` service are given, and the node's [`Placement`].
@@ -83,29 +84,30 @@ impl Placement for ClusterNode {
         Box::pin(self.membership.forward_leases(address, batch, authorization))
     }
 
-    fn rooms_at_their_owners(&self) -> bool {
-        true
-    }
-
     fn room_here(&self, room_id: &str) -> Result<(), ServiceError> {
         room_sync::place_of(self, room_id, true).map(drop)
     }
 
     fn room_version<'a>(
         &'a self,
-        context: &'a Context,
+        store: &'a Store,
         room_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<u64>, ServiceError>> {
-        Box::pin(room_sync::room_version(context, self, room_id))
+        Box::pin(room_sync::room_version(store, self, room_id))
     }
 
     fn may_view<'a>(
         &'a self,
-        context: &'a Context,
+        privacy: &'a Privacy,
         viewer: &'a str,
         users: Vec<CompactString>,
     ) -> BoxFuture<'a, Result<HashMap<CompactString, bool>, ServiceError>> {
-        Box::pin(room_sync::may_view(context, self, viewer, users))
+        Box::pin(room_sync::may_view(privacy, self, viewer, users))
+    }
+
+    fn room_counts(&self, store: &Store, _privacy: &Privacy, room_id: &str) -> (u64, u32, u32) {
+        // The members' own nodes marked those they hold invisible (R4).
+        store.room_visible_tally(room_id)
     }
 }
 

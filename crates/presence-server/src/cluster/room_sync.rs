@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use hashbrown::{HashMap, HashSet};
 use parking_lot::Mutex;
 use presence_cluster::SlotMap;
-use presence_core::{CompactString, ScanTakenFor, SlotSet, StampedRoomFact, slot_of};
+use presence_core::{CompactString, ScanTakenFor, SlotSet, StampedRoomFact, Store, slot_of};
 use presence_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 
@@ -46,7 +46,8 @@ use crate::cluster::membership::{FORWARD_TIMEOUT, Membership, call_peer, with_cr
 use crate::cluster::wire as cluster_wire;
 use crate::error::ServiceError;
 use crate::node::context::Context;
-use crate::node::placement::{RoomAnswer, RoomFactSink, RoomVersions};
+use crate::node::privacy::Privacy;
+use crate::node::publish::{RoomAnswer, RoomFactSink, RoomVersions};
 use crate::node::wire;
 
 /// Batches of facts made and not yet routed; past it, facts are dropped and
@@ -359,7 +360,7 @@ async fn send_facts(membership: &Membership, node: &str, facts: pb::RoomFacts) -
 /// The room's version at its owner: what a Join, Leave or Signal that made
 /// no fact answers (`Placement::room_version`).
 pub(crate) async fn room_version(
-    context: &Context,
+    store: &Store,
     cluster: &ClusterNode,
     room_id: &str,
 ) -> Result<Option<u64>, ServiceError> {
@@ -368,7 +369,7 @@ pub(crate) async fn room_version(
         cluster.room_routes.owner(&membership.acted_map(), slot_of(room_id.as_bytes(), membership.slot_count()));
     let Some(owner) = owner else { return Err(ServiceError::RoomOwnerUnreachable { node: "none yet".into() }) };
     if owner == membership.node() {
-        return Ok(Some(context.store().room_tally(room_id).0));
+        return Ok(Some(store.room_tally(room_id).0));
     }
     let address = membership.nodes().address(&owner).map(str::to_owned);
     let address = address.ok_or_else(|| ServiceError::RoomOwnerUnreachable { node: owner.clone() })?;
@@ -713,12 +714,12 @@ pub(crate) async fn forget_gone_nodes(context: Arc<Context>, cluster: Arc<Cluste
 /// this node's users here, the others' asked of their owners (MayView), all
 /// at once. A user whose slot has no owner now is taken as hidden.
 pub(crate) async fn may_view(
-    context: &Context,
+    privacy: &Privacy,
     cluster: &ClusterNode,
     viewer: &str,
     users: Vec<CompactString>,
 ) -> Result<HashMap<CompactString, bool>, ServiceError> {
-    let here = |user: &CompactString| context.privacy.can_see(Some(viewer), user);
+    let here = |user: &CompactString| privacy.can_see(Some(viewer), user);
     let membership = &cluster.membership;
     let map = membership.acted_map();
     let mut seen = HashMap::new();

@@ -18,13 +18,13 @@ use crate::error::ServiceError;
 use crate::metrics::Metrics;
 use crate::node::activity::Activity;
 use crate::node::clock::StoreClock;
-use crate::node::placement::{FORWARD_TIMEOUT, Placement, RoomAnswer, SingleNode};
+use crate::node::placement::{FORWARD_TIMEOUT, Placement, SingleNode};
 use crate::node::privacy::{Privacy, Shown};
-use crate::node::publish::Publisher;
-use crate::node::rooms::RoomHub;
+use crate::node::publish::{Publisher, RoomAnswer};
+use crate::node::room_hub::RoomHub;
 use crate::node::settings::Settings;
 use crate::node::storage::durable::DurableStore;
-use crate::node::watch::Watches;
+use crate::node::watches::Watches;
 use crate::node::wire;
 
 /// The shared state of one running server.
@@ -201,7 +201,6 @@ pub(crate) async fn room_version_after(
     match heard {
         Some(Ok(versions)) if versions.contains_key(room_id) => Ok(versions.get(room_id).copied()),
         Some(Err(node)) => Err(ServiceError::RoomOwnerUnreachable { node: node.clone() }),
-        _ if !context.placement.rooms_at_their_owners() => Ok(None),
-        _ => context.placement.room_version(context, room_id).await,
+        _ => context.placement.room_version(context.store(), room_id).await,
     }
 }

@@ -26,6 +26,7 @@ use crate::error::ServiceError;
 use crate::metrics::RenewResult;
 use crate::node::context::Context;
 use crate::node::placement::HOLD_THROUGH_FREEZE;
+use crate::node::publish::RoomAnswer;
 use crate::{node::ops, node::wire};
 
 pub use presence_proto::lease_frames::MAX_BATCH_ITEMS;
@@ -180,7 +181,7 @@ pub(crate) fn apply(context: &Context, batch: &LeaseBatchFrame, shed_renewals: b
 /// refusal in `results` for now.
 struct Applied {
     results: pb::LeaseResults,
-    rooms_answered: tokio::sync::oneshot::Receiver<crate::node::placement::RoomAnswer>,
+    rooms_answered: tokio::sync::oneshot::Receiver<RoomAnswer>,
     held: Vec<(usize, u32)>,
 }
 
@@ -270,11 +271,12 @@ async fn send_on_to_owners(
     }
 }
 
-/// On a cluster node, the room each item names (Join, Leave, Signal), by
-/// item, whose version its owner answers; `None` for a batch that names no
-/// room, and on a single node, whose store answers room versions itself.
+/// When room facts leave the store (a cluster node), the room each item
+/// names (Join, Leave, Signal), by item, whose version its owner answers;
+/// `None` for a batch that names no room, and when the store answers room
+/// versions itself (a single node).
 fn rooms_to_hear(context: &Context, batch: &LeaseBatchFrame) -> Option<Vec<Option<String>>> {
-    if !context.placement.rooms_at_their_owners() {
+    if !context.publisher.sends_room_facts() {
         return None;
     }
     let room_of = |item: &LeaseItemFrame| match &item.op {
@@ -297,7 +299,7 @@ async fn with_room_versions(
     context: Arc<Context>,
     mut results: pb::LeaseResults,
     rooms: &[Option<String>],
-    answered: tokio::sync::oneshot::Receiver<crate::node::placement::RoomAnswer>,
+    answered: tokio::sync::oneshot::Receiver<RoomAnswer>,
 ) -> pb::LeaseResults {
     let heard = crate::node::context::hear_rooms(answered).await;
     for (result, room) in results.results.iter_mut().zip(rooms) {
@@ -483,16 +485,22 @@ pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>, c
 mod tests {
     use super::*;
     use crate::node::clock::StoreClock;
+    use crate::node::testing::{EPOCH, ToldPlacement};
     use presence_core::{Store, StoreConfig};
     use presence_proto::v1::lease_item;
     use tokio_util::sync::CancellationToken;
     use tonic::Code;
 
     fn context() -> Arc<Context> {
+        placed(Arc::new(crate::node::placement::SingleNode))
+    }
+
+    fn placed(placement: Arc<dyn crate::node::placement::Placement>) -> Arc<Context> {
         let clock = StoreClock::start();
         let config = StoreConfig { min_renew_interval_ms: 0, ..StoreConfig::default() };
         let store = Arc::new(Store::new(config, clock.now()).unwrap());
-        Arc::new(Context::new(store, clock, None, &crate::ServerConfig::default(), CancellationToken::new()))
+        let config = crate::ServerConfig::default();
+        Arc::new(Context::placed(store, clock, None, &config, CancellationToken::new(), placement))
     }
 
     fn register(user: &str) -> pb::LeaseItem {
@@ -537,6 +545,73 @@ mod tests {
         let codes: Vec<Code> = results.results.iter().map(|r| Code::from(r.code as i32)).collect();
         assert_eq!(codes, [Code::Ok, Code::InvalidArgument, Code::NotFound, Code::Ok]);
         assert!(results.results[1].message.contains("user_id"));
+    }
+
+    #[tokio::test]
+    async fn c2_items_of_users_another_node_owns_are_refused_naming_it_and_the_others_applied_in_order() {
+        let told = ToldPlacement::default().owned_elsewhere("b", "node-b", "10.0.0.2:7000");
+        let context = placed(Arc::new(told));
+        let codes = |results: &pb::LeaseResults| -> Vec<Code> {
+            results.results.iter().map(|result| Code::from(result.code as i32)).collect()
+        };
+        let registered = apply(&context, &batch(vec![register("a"), register("b"), register("c")]), false);
+        assert_eq!(codes(&registered), [Code::Ok, Code::Unavailable, Code::Ok]);
+        let owner = registered.results[1].not_owner.as_ref().expect("the refusal names the owner");
+        let named = (owner.slot, owner.epoch, owner.owner_id.as_str(), owner.owner_addr.as_str());
+        assert_eq!(named, (presence_core::slot_of("b", 1024), EPOCH, "node-b", "10.0.0.2:7000"));
+        assert!(registered.results[0].not_owner.is_none() && registered.results[2].not_owner.is_none());
+        let mut changes = presence_core::Changes::default();
+        let seen = context.store().snapshot(context.now(), &["a", "b", "c"], &mut changes).unwrap();
+        let states: Vec<presence_core::State> = seen.iter().map(|presence| presence.state).collect();
+        let (online, offline) = (presence_core::State::Online, presence_core::State::Offline);
+        assert_eq!(states, [online, offline, online], "nothing is changed for the refused user");
+
+        // A refusal amid renewals answers in its place; those around it are applied.
+        let generation = |index: usize| match &registered.results[index].result {
+            Some(lease_result::Result::Register(response)) => response.generation,
+            other => panic!("{other:?}"),
+        };
+        let items =
+            vec![renew("a", generation(0)), renew("b", 1), renew("c", generation(2)), renew("a", generation(0))];
+        let renewed = apply(&context, &batch(items), false);
+        assert_eq!(codes(&renewed), [Code::Ok, Code::Unavailable, Code::Ok, Code::Ok]);
+        assert!(renewed.results[1].not_owner.as_ref().is_some_and(|owner| owner.owner_id == "node-b"));
+        for index in [0, 2, 3] {
+            let renewal = &renewed.results[index].result;
+            assert!(matches!(renewal, Some(lease_result::Result::Renew(_))), "{index}: {renewal:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn c7_a_held_item_is_answered_by_the_slots_new_owner_and_one_sent_on_by_another_node_goes_no_further() {
+        let told = Arc::new(ToldPlacement::default().moving("m", "node-b", "10.0.0.2:7000"));
+        let context = placed(told.clone());
+        let queue = LeaseQueue::start(Arc::clone(&context), 4, 1);
+        let results = queue.run(batch(vec![register("a"), register("m"), register("c")]), &Caller::default()).await;
+        let results = results.unwrap().results;
+        assert!(results.iter().all(|result| result.code == Code::Ok as u32), "{results:?}");
+        assert_eq!(results[1].message, "taken at 10.0.0.2:7000", "the new owner's answer is the item's");
+        for index in [0, 2] {
+            assert!(matches!(results[index].result, Some(lease_result::Result::Register(_))), "applied here");
+        }
+        let sent_on = told.sent_on();
+        assert_eq!(sent_on.len(), 1, "{sent_on:?}");
+        assert_eq!((sent_on[0].0.as_str(), sent_on[0].1.batch_id), ("10.0.0.2:7000", 7));
+        assert_eq!(sent_on[0].1.items, [register("m")], "only the held item is sent on");
+        let mut changes = presence_core::Changes::default();
+        let seen = context.store().snapshot(context.now(), &["m"], &mut changes).unwrap();
+        assert_eq!(seen[0].state, presence_core::State::Offline, "the held item is not applied here");
+
+        // Items another node sent on wait the same, but go no further: their
+        // answer names the new owner.
+        let told = Arc::new(ToldPlacement::default().moving("m", "node-b", "10.0.0.2:7000"));
+        let queue = LeaseQueue::start(placed(told.clone()), 4, 1);
+        let forwarded = Caller { authorization: None, forwarded: true };
+        let results = queue.run(batch(vec![register("m")]), &forwarded).await.unwrap().results;
+        assert_eq!(results[0].code, Code::Unavailable as u32);
+        let owner = results[0].not_owner.as_ref().expect("the refusal names the new owner");
+        assert_eq!((owner.owner_id.as_str(), owner.owner_addr.as_str()), ("node-b", "10.0.0.2:7000"));
+        assert!(told.sent_on().is_empty());
     }
 
     #[tokio::test]

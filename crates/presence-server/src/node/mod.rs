@@ -22,12 +22,16 @@ pub(crate) mod placement;
 pub mod privacy;
 pub(crate) mod publish;
 pub(crate) mod relations;
+pub(crate) mod room_hub;
 pub(crate) mod rooms;
 pub(crate) mod settings;
 pub(crate) mod storage;
 pub(crate) mod sync;
+#[cfg(test)]
+pub(crate) mod testing;
 pub(crate) mod user_data;
 pub(crate) mod watch;
+pub(crate) mod watches;
 pub(crate) mod wire;
 
 #[cfg(test)]

@@ -2,25 +2,25 @@
 //!
 //! One node's code asks [`Placement`] the few things a cluster changes: which
 //! users it may act for now, what a write that awaits the disk holds while it
-//! does, whether a room is answered here, a room's version at its owner and
-//! which members a viewer may see. [`SingleNode`] answers "everything is
-//! here" without allocating; `cluster::ClusterNode` answers from the slot
-//! map. Room facts leave the store through a [`RoomFactSink`], which only a
-//! cluster node installs. `node/` declares both and names nothing of
-//! `cluster/`, which implements them (the direction `api → cluster → node`).
+//! does, whether a room is answered here, a room's version at its owner, how
+//! a room is counted and which members a viewer may see. [`SingleNode`]
+//! answers "everything is here" without allocating; `cluster::ClusterNode`
+//! answers from the slot map. Room facts leave the store through the
+//! publisher's sink (`publish::RoomFactSink`), which only a cluster node
+//! installs. `node/` declares both and names nothing of `cluster/`, which
+//! implements them (the direction `api → cluster → node`).
 
 use std::fmt::Debug;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use hashbrown::HashMap;
-use presence_core::{CompactString, StampedRoomFact};
+use presence_core::{CompactString, Store};
 use presence_proto::v1 as pb;
-use tokio::sync::oneshot;
 use tonic::metadata::{Ascii, MetadataValue};
 
 use crate::error::ServiceError;
-use crate::node::context::Context;
+use crate::node::privacy::Privacy;
 
 /// How long a node waits for another node's answer to a call made for a
 /// request (a forwarded read, room facts and versions) before it gives up.
@@ -30,12 +30,6 @@ pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 /// waits here for the move to end before it is refused (C7): far above a
 /// freeze (milliseconds), far below a heartbeat.
 pub(crate) const HOLD_THROUGH_FREEZE: Duration = Duration::from_millis(250);
-
-/// The room version of each room a batch of facts touched, after them.
-pub(crate) type RoomVersions = HashMap<CompactString, u64>;
-
-/// What the owners answered for a batch: the versions, or the owner that did not take it.
-pub(crate) type RoomAnswer = Result<RoomVersions, String>;
 
 /// Which users this node may act for, at one instant.
 pub(crate) enum Acting<'a> {
@@ -89,31 +83,32 @@ pub(crate) trait Placement: Debug + Send + Sync {
         authorization: Option<MetadataValue<Ascii>>,
     ) -> BoxFuture<'a, Result<pb::LeaseResults, ServiceError>>;
 
-    /// Whether rooms live at their room slot's owner, which answers their
-    /// versions and members (a cluster); `false` when this store holds every
-    /// room and answers for it itself.
-    fn rooms_at_their_owners(&self) -> bool;
-
     /// `Ok` when this node still answers for `room_id` (an open room read
     /// checks it as it goes on); else the refusal naming its owner.
     fn room_here(&self, room_id: &str) -> Result<(), ServiceError>;
 
-    /// The version of `room_id` at its owner (asked only when
-    /// [`Placement::rooms_at_their_owners`]).
+    /// The version of `room_id` at its owner, for a Join, Leave or Signal
+    /// whose owner answered none (it made no fact of the room); `None` when
+    /// `store` holds the room and answered its version with the operation.
     fn room_version<'a>(
         &'a self,
-        context: &'a Context,
+        store: &'a Store,
         room_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<u64>, ServiceError>>;
 
-    /// Which of `users` `viewer` may see, each by its own node's relations
-    /// (R4; asked only when [`Placement::rooms_at_their_owners`]).
+    /// Which of `users` `viewer` may see by their own nodes' relations (R4),
+    /// for the caller to keep while it shows them; a user left out is shown
+    /// as `privacy`, the relations here, has it when it is shown.
     fn may_view<'a>(
         &'a self,
-        context: &'a Context,
+        privacy: &'a Privacy,
         viewer: &'a str,
         users: Vec<CompactString>,
     ) -> BoxFuture<'a, Result<HashMap<CompactString, bool>, ServiceError>>;
+
+    /// `room_id`'s version, and its users and sessions as counted for
+    /// anyone: invisible members are counted by nobody (R4).
+    fn room_counts(&self, store: &Store, privacy: &Privacy, room_id: &str) -> (u64, u32, u32);
 }
 
 /// A node on its own (no `--etcd`): every user and every room is here.
@@ -146,17 +141,13 @@ impl Placement for SingleNode {
         Box::pin(std::future::ready(Err(refusal)))
     }
 
-    fn rooms_at_their_owners(&self) -> bool {
-        false
-    }
-
     fn room_here(&self, _room_id: &str) -> Result<(), ServiceError> {
         Ok(())
     }
 
     fn room_version<'a>(
         &'a self,
-        _context: &'a Context,
+        _store: &'a Store,
         _room_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<u64>, ServiceError>> {
         // The store answered the version with the operation.
@@ -165,25 +156,18 @@ impl Placement for SingleNode {
 
     fn may_view<'a>(
         &'a self,
-        context: &'a Context,
-        viewer: &'a str,
-        users: Vec<CompactString>,
+        _privacy: &'a Privacy,
+        _viewer: &'a str,
+        _users: Vec<CompactString>,
     ) -> BoxFuture<'a, Result<HashMap<CompactString, bool>, ServiceError>> {
-        let seen = users.into_iter().map(|user| {
-            let visible = context.privacy.can_see(Some(viewer), &user);
-            (user, visible)
-        });
-        Box::pin(std::future::ready(Ok(seen.collect())))
+        // Every user's relations are here, read as each is shown: a change
+        // of them shows at once.
+        Box::pin(std::future::ready(Ok(HashMap::new())))
     }
-}
 
-/// Where room facts leave this node's store: to their rooms' owners. Only a
-/// cluster node installs one (`Publisher::room_facts`).
-pub(crate) trait RoomFactSink: Debug + Send + Sync {
-    /// Sends an operation's facts; `answer` hears the owners' room versions.
-    fn send(&self, facts: Vec<StampedRoomFact>, answer: Option<oneshot::Sender<RoomAnswer>>);
-
-    /// Tells the owners of `rooms` that a member's relations changed here
-    /// (P4): their viewers' watches start over.
-    fn send_relations_changed(&self, rooms: Vec<CompactString>);
+    fn room_counts(&self, store: &Store, privacy: &Privacy, room_id: &str) -> (u64, u32, u32) {
+        let (version, users, sessions) = store.room_tally(room_id);
+        let (users, sessions) = privacy.counted(store, room_id, users, sessions);
+        (version, users, sessions)
+    }
 }

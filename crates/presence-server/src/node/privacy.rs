@@ -550,10 +550,9 @@ impl Privacy {
             changed.insert(user.clone());
         }
         self.show_changed_relations(relations, std::slice::from_ref(&user), &[]);
-        if let (RelationChange::Visibility { .. }, Some(queue)) = (&change, self.publisher.room_facts.get()) {
-            // The rooms' owners count the user as its visibility says (R4):
-            // it says where it stands again, which the router marks so.
-            queue.send(self.store().room_facts_of(self.publisher.clock.now(), &user), None);
+        if let RelationChange::Visibility { .. } = &change {
+            // The rooms' owners count the user as its visibility says (R4).
+            self.publisher.restate_rooms_of(&user);
         }
         Ok(())
     }
@@ -572,11 +571,7 @@ impl Privacy {
         drop(relations);
         // Room watchers that may see these users differently start over from a fresh snapshot.
         let rooms: Vec<CompactString> = users.iter().flat_map(|user| self.store().rooms_of(user)).collect();
-        self.publisher.rooms.relations_changed(&rooms, viewers);
-        // On a cluster node those rooms live at their owners: they are told.
-        if let Some(queue) = self.publisher.room_facts.get() {
-            queue.send_relations_changed(rooms);
-        }
+        self.publisher.relations_changed(rooms, viewers);
     }
 
     /// Makes a cluster node keep group leaves as tombstones (`groups.rs`);

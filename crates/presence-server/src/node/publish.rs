@@ -4,11 +4,14 @@
 //! caller hands that `Vec` here once the shard lock is released, whatever the
 //! operation's own answer (a refused renewal may have found an expired lease
 //! and flipped its user). [`Publisher::apply`] owns that pattern, so no handler
-//! can forget it.
+//! can forget it. On a cluster node room facts also leave here, for their
+//! rooms' owners, through a [`RoomFactSink`].
 
+use std::fmt::Debug;
 use std::sync::{Arc, OnceLock};
 
-use presence_core::{Changes, PresenceChange, RoomChange, Store};
+use hashbrown::HashMap;
+use presence_core::{Changes, CompactString, PresenceChange, RoomChange, StampedRoomFact, Store};
 use tokio::sync::oneshot;
 
 use crate::metrics::Metrics;
@@ -16,8 +19,24 @@ use crate::metrics::Metrics;
 use crate::metrics::names;
 use crate::node::clock::StoreClock;
 use crate::node::hub::Hub;
-use crate::node::placement::{RoomAnswer, RoomFactSink};
-use crate::node::rooms::RoomHub;
+use crate::node::room_hub::RoomHub;
+
+/// The room version of each room a batch of facts touched, after them.
+pub(crate) type RoomVersions = HashMap<CompactString, u64>;
+
+/// What the owners answered for a batch: the versions, or the owner that did not take it.
+pub(crate) type RoomAnswer = Result<RoomVersions, String>;
+
+/// Where room facts leave this node's store: to their rooms' owners. Only a
+/// cluster node installs one ([`Publisher::install_room_facts`]).
+pub(crate) trait RoomFactSink: Debug + Send + Sync {
+    /// Sends an operation's facts; `answer` hears the owners' room versions.
+    fn send(&self, facts: Vec<StampedRoomFact>, answer: Option<oneshot::Sender<RoomAnswer>>);
+
+    /// Tells the owners of `rooms` that a member's relations changed here
+    /// (P4): their viewers' watches start over.
+    fn send_relations_changed(&self, rooms: Vec<CompactString>);
+}
 
 /// Publishes changes to the viewers of this process.
 #[derive(Debug, Clone)]
@@ -35,7 +54,7 @@ pub(crate) struct Publisher {
     /// On a cluster node, where the store's room facts go: to their rooms'
     /// owners. Installed once, as the node starts routing them
     /// ([`Publisher::install_room_facts`]); a single node has none.
-    pub(crate) room_facts: Arc<OnceLock<Arc<dyn RoomFactSink>>>,
+    room_facts: Arc<OnceLock<Arc<dyn RoomFactSink>>>,
 }
 
 impl Publisher {
@@ -57,6 +76,12 @@ impl Publisher {
         if self.room_facts.set(sink).is_err() {
             tracing::error!("room facts already have a way out; the second one is not installed");
         }
+    }
+
+    /// Whether the store's room facts leave for their rooms' owners, who
+    /// then answer the rooms' versions (a cluster node).
+    pub(crate) fn sends_room_facts(&self) -> bool {
+        self.room_facts.get().is_some()
     }
 
     /// Runs one store operation at the current tick and publishes the changes
@@ -83,6 +108,25 @@ impl Publisher {
             queue.send(changes.room_facts, answer);
         }
         answered
+    }
+
+    /// Tells the rooms' owners again where `user` stands in its rooms, which
+    /// the sink marks as its visibility now says, so that they count it so
+    /// (R4); nothing when room facts do not leave this store.
+    pub(crate) fn restate_rooms_of(&self, user: &str) {
+        if let Some(sink) = self.room_facts.get() {
+            sink.send(self.store.room_facts_of(self.clock.now(), user), None);
+        }
+    }
+
+    /// Relations changed for the members of `rooms` and for `viewers`: the
+    /// room watchers here that may see them differently start over (P4),
+    /// and so, told, do those at the rooms' owners.
+    pub(crate) fn relations_changed(&self, rooms: Vec<CompactString>, viewers: &[CompactString]) {
+        self.rooms.relations_changed(&rooms, viewers);
+        if let Some(sink) = self.room_facts.get() {
+            sink.send_relations_changed(rooms);
+        }
     }
 
     /// Publishes room changes to the room watchers of this process, in order, and counts them.

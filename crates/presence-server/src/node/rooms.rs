@@ -4,13 +4,9 @@
 //! Member mode: a WatchRoom stream opens with the room's snapshot and then
 //! gets each member change and signal set the store publishes, with the room
 //! version. As for users, the stream subscribes before it reads the snapshot
-//! and drops what is not newer than it, so nothing falls between them. A
-//! publisher drops each change into the watchers' mailboxes and moves on; a
-//! mailbox conflates per member (the newest change, a join followed by an
-//! update staying a join, a join followed by a leave cancelling out) and per
-//! signal kind, and keeps changes in version order. A watcher with more than
-//! its capacity pending is resynced with a fresh snapshot, and never slows a
-//! gateway.
+//! and drops what is not newer than it, so nothing falls between them. Its
+//! mailbox (`room_hub.rs`) conflates what it has not taken yet, in version
+//! order, and resyncs a watcher that fell too far behind.
 //!
 //! Count mode needs no subscription: the stream reads the room's counts once
 //! per `count_interval_ms` (O(1) plus the invisible users, who are counted by
@@ -24,20 +20,18 @@
 //! the status an unknown room gets.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dashmap::DashMap;
 use hashbrown::HashMap;
-use parking_lot::Mutex;
 use presence_core::{CompactString, RoomAccess, RoomChange, RoomChangeKind, RoomEventBody};
 use presence_proto::v1::{self as pb, room_event};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::error::ServiceError;
 use crate::metrics::OpenGauge;
 use crate::node::context::Context;
+use crate::node::room_hub::{RoomDelivery, RoomMailbox};
 use crate::node::wire;
 
 /// Items the gRPC layer has not yet sent; the mailbox conflates the rest.
@@ -45,259 +39,6 @@ const STREAM_BUFFER: usize = 64;
 
 /// The stream type the WatchRoom RPC returns.
 pub(crate) type RoomStream = tokio_stream::wrappers::ReceiverStream<Result<pb::RoomEvent, Status>>;
-
-/// The room topics of one process.
-#[derive(Debug, Default)]
-pub(crate) struct RoomHub {
-    topics: DashMap<CompactString, Vec<Arc<RoomMailbox>>>,
-    next_id: AtomicU64,
-}
-
-/// One member-mode watcher's pending room changes.
-#[derive(Debug)]
-pub(crate) struct RoomMailbox {
-    id: u64,
-    /// The viewer it serves; `None`: a service acting for no viewer.
-    viewer: Option<CompactString>,
-    state: Mutex<RoomPending>,
-    capacity: usize,
-    ready: Notify,
-}
-
-#[derive(Debug, Default)]
-struct RoomPending {
-    /// In publication order; a conflated-away change leaves a `None`.
-    changes: Vec<Option<RoomChange>>,
-    /// Live entries of `changes`.
-    live: usize,
-    /// The position in `changes` of each member's or signal kind's pending change.
-    positions: HashMap<Key, usize>,
-    /// The version of the last change delivered for each member or kind:
-    /// publishers race after the store's lock, so a change may arrive after
-    /// a newer one of the same member and must then be dropped.
-    delivered: HashMap<Key, u64>,
-    /// The version of the snapshot the watcher holds: anything not newer is in it.
-    floor: u64,
-    /// Too much is pending: the watcher gets a fresh snapshot instead.
-    resync: bool,
-    /// Who may read the room may have changed: check before sending more.
-    recheck: bool,
-}
-
-/// What a member watcher takes from its mailbox.
-enum RoomDelivery {
-    /// In version order.
-    Changes(Vec<RoomChange>),
-    Resync,
-}
-
-/// What conflates: one member's changes, or one kind's signal sets.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Key {
-    Member(CompactString),
-    Signal(CompactString),
-}
-
-impl Key {
-    fn of(change: &RoomChange) -> Option<Key> {
-        match &change.body {
-            // Member mode shows sessions only in snapshots.
-            RoomEventBody::Sessions => None,
-            RoomEventBody::Member { member, .. } => Some(Key::Member(member.user_id.clone())),
-            RoomEventBody::Signals { kind, .. } => Some(Key::Signal(kind.clone())),
-        }
-    }
-}
-
-impl RoomPending {
-    /// Starts over: nothing pending, nothing delivered.
-    fn reset(&mut self, resync: bool) {
-        let recheck = self.recheck;
-        *self = RoomPending { resync, recheck, ..RoomPending::default() };
-    }
-}
-
-impl RoomMailbox {
-    /// Keeps the change (conflated) and wakes the stream; false if it was dropped.
-    fn post(&self, change: &RoomChange) -> bool {
-        let Some(key) = Key::of(change) else { return false };
-        let wake = {
-            let mut pending = self.state.lock();
-            let newest = pending.delivered.get(&key).copied().unwrap_or(0).max(pending.floor);
-            if pending.resync || change.version <= newest {
-                return false;
-            }
-            let mut change = change.clone();
-            if let Some(&at) = pending.positions.get(&key) {
-                let held = pending.changes[at].as_ref().expect("positions point at live entries");
-                if held.version >= change.version {
-                    return false;
-                }
-                let earlier = pending.changes[at].take().expect("positions point at live entries");
-                pending.positions.remove(&key);
-                pending.live -= 1;
-                if let (
-                    RoomEventBody::Member { kind: RoomChangeKind::Joined, .. },
-                    RoomEventBody::Member { kind: later, .. },
-                ) = (&earlier.body, &mut change.body)
-                {
-                    match later {
-                        // The watcher never saw the join: nothing to tell.
-                        RoomChangeKind::Left => return false,
-                        RoomChangeKind::Updated => *later = RoomChangeKind::Joined,
-                        RoomChangeKind::Joined => {}
-                    }
-                }
-            }
-            if pending.live >= self.capacity {
-                pending.reset(true);
-            } else {
-                let at = pending.changes.len();
-                pending.changes.push(Some(change));
-                pending.live += 1;
-                pending.positions.insert(key, at);
-            }
-            pending.live == 1 || pending.resync
-        };
-        if wake {
-            self.ready.notify_one();
-        }
-        true
-    }
-
-    /// Takes what is pending (and whether to check the right to read first).
-    fn take(&self) -> (RoomDelivery, bool) {
-        let mut pending = self.state.lock();
-        let recheck = std::mem::take(&mut pending.recheck);
-        if pending.resync {
-            pending.reset(false);
-            return (RoomDelivery::Resync, recheck);
-        }
-        let floor = pending.floor;
-        let mut changes: Vec<RoomChange> = std::mem::take(&mut pending.changes)
-            .into_iter()
-            .flatten()
-            .filter(|change| change.version > floor)
-            .collect();
-        pending.positions.clear();
-        pending.live = 0;
-        changes.sort_unstable_by_key(|change| change.version);
-        for change in &changes {
-            if let Some(key) = Key::of(change) {
-                pending.delivered.insert(key, change.version);
-            }
-        }
-        (RoomDelivery::Changes(changes), recheck)
-    }
-
-    /// The watcher now holds a snapshot of `version`.
-    fn hold(&self, version: u64) {
-        let mut pending = self.state.lock();
-        pending.delivered.clear();
-        pending.floor = version;
-    }
-
-    fn mark(&self, resync: bool) {
-        {
-            let mut pending = self.state.lock();
-            if resync {
-                pending.reset(true);
-            }
-            pending.recheck = true;
-        }
-        self.ready.notify_one();
-    }
-}
-
-/// A member watcher's place in its room's topic; leaves it when dropped.
-struct RoomSubscription {
-    hub: Arc<RoomHub>,
-    room_id: CompactString,
-    mailbox: Arc<RoomMailbox>,
-}
-
-impl Drop for RoomSubscription {
-    fn drop(&mut self) {
-        if let dashmap::Entry::Occupied(mut topic) = self.hub.topics.entry(self.room_id.clone()) {
-            topic.get_mut().retain(|other| other.id != self.mailbox.id);
-            if topic.get().is_empty() {
-                topic.remove();
-            }
-        }
-    }
-}
-
-impl RoomHub {
-    fn subscribe(
-        self: &Arc<Self>,
-        room_id: &CompactString,
-        viewer: Option<CompactString>,
-        capacity: usize,
-    ) -> RoomSubscription {
-        let mailbox = Arc::new(RoomMailbox {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            viewer,
-            state: Mutex::default(),
-            capacity: capacity.max(1),
-            ready: Notify::new(),
-        });
-        self.topics.entry(room_id.clone()).or_default().push(Arc::clone(&mailbox));
-        RoomSubscription { hub: Arc::clone(self), room_id: room_id.clone(), mailbox }
-    }
-
-    /// Delivers a room change to the room's member watchers; returns how many took it.
-    pub(crate) fn publish(&self, change: &RoomChange) -> usize {
-        let Some(watchers) = self.topics.get(&change.room_id) else { return 0 };
-        // A member leaving may end a viewer's right to read the room.
-        let leaving = match &change.body {
-            RoomEventBody::Member { kind: RoomChangeKind::Left, member } => Some(&member.user_id),
-            _ => None,
-        };
-        let mut delivered = 0;
-        for mailbox in watchers.iter() {
-            if leaving.is_some() && mailbox.viewer.as_ref() == leaving {
-                mailbox.mark(false);
-            }
-            delivered += usize::from(mailbox.post(change));
-        }
-        delivered
-    }
-
-    /// This node no longer answers for the rooms `rooms` accepts (their slot
-    /// moved, C1): their watchers check, and end.
-    pub(crate) fn end_rooms(&self, rooms: &dyn Fn(&str) -> bool) {
-        for topic in self.topics.iter().filter(|topic| rooms(topic.key())) {
-            topic.value().iter().for_each(|mailbox| mailbox.mark(false));
-        }
-    }
-
-    /// The room's access changed: its watchers check whether they may still read it.
-    pub(crate) fn access_changed(&self, room_id: &str) {
-        if let Some(watchers) = self.topics.get(room_id) {
-            watchers.iter().for_each(|mailbox| mailbox.mark(false));
-        }
-    }
-
-    /// Relations changed for these users and viewers: the member watchers of
-    /// the users' rooms, and the viewers' own, resync (what they may be shown changed).
-    pub(crate) fn relations_changed(&self, rooms: &[CompactString], viewers: &[CompactString]) {
-        for room_id in rooms {
-            if let Some(watchers) = self.topics.get(room_id) {
-                watchers.iter().filter(|mailbox| mailbox.viewer.is_some()).for_each(|mailbox| mailbox.mark(true));
-            }
-        }
-        if viewers.is_empty() {
-            return;
-        }
-        for topic in self.topics.iter() {
-            for mailbox in topic.value() {
-                if mailbox.viewer.as_ref().is_some_and(|viewer| viewers.contains(viewer)) {
-                    mailbox.mark(true);
-                }
-            }
-        }
-    }
-}
 
 /// What a WatchRoom or RoomSnapshot is for.
 #[derive(Debug, Clone)]
@@ -326,22 +67,20 @@ impl MemberLens {
         MemberLens { viewer: request.viewer.clone(), asked: HashMap::new() }
     }
 
-    /// Asks the nodes of those of `users` not asked yet (on a cluster node, for a viewer).
+    /// Asks the nodes of those of `users` not asked yet (for a viewer;
+    /// a single node answers none, and its relations decide every member).
     async fn learn<'a>(
         &mut self,
         context: &Context,
         users: impl IntoIterator<Item = &'a CompactString>,
     ) -> Result<(), ServiceError> {
         let Some(viewer) = &self.viewer else { return Ok(()) };
-        if !context.placement.rooms_at_their_owners() {
-            return Ok(());
-        }
         let mut new: Vec<CompactString> =
             users.into_iter().filter(|user| !self.asked.contains_key(*user)).cloned().collect();
         new.sort_unstable();
         new.dedup();
         if !new.is_empty() {
-            self.asked.extend(context.placement.may_view(context, viewer, new).await?);
+            self.asked.extend(context.placement.may_view(&context.privacy, viewer, new).await?);
         }
         Ok(())
     }
@@ -400,7 +139,7 @@ pub(crate) async fn snapshot(
     let signalling = view.signals.iter().flat_map(|(_, users, _)| users);
     lens.learn(context, listed_users.chain(signalling)).await?;
     let Some(members) = view.members else {
-        let (_, users, sessions) = counted(context, &request.room_id);
+        let (_, users, sessions) = context.placement.room_counts(context.store(), &context.privacy, &request.room_id);
         return Ok(pb::RoomSnapshot {
             room_id: view.room_id.to_string(),
             version: view.version,
@@ -610,18 +349,6 @@ fn member_event(context: &Context, lens: &MemberLens, change: RoomChange) -> Opt
     }
 }
 
-/// The room's version, and its users and sessions as counted for anyone:
-/// invisible members are counted by nobody (R4). A cluster's room counts
-/// what the members' own nodes said of their visibility.
-fn counted(context: &Context, room_id: &str) -> (u64, u32, u32) {
-    if context.placement.rooms_at_their_owners() {
-        return context.store().room_visible_tally(room_id);
-    }
-    let (version, users, sessions) = context.store().room_tally(room_id);
-    let (users, sessions) = context.privacy.counted(context.store(), room_id, users, sessions);
-    (version, users, sessions)
-}
-
 /// Feeds a count-mode stream: the counts at once, then whenever they changed,
 /// at most once per `interval`.
 async fn counts(
@@ -650,7 +377,8 @@ async fn counts(
         if !may_read(context, request) {
             return Err(not_visible(&request.room_id));
         }
-        let (version, users, sessions) = counted(context, &request.room_id);
+        let (version, users, sessions) =
+            context.placement.room_counts(context.store(), &context.privacy, &request.room_id);
         let counts = (users, sessions);
         if sent == Some(counts) {
             continue;
@@ -668,68 +396,140 @@ async fn counts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use presence_core::RoomMember;
+    use crate::node::clock::StoreClock;
+    use crate::node::privacy::{RelationChange, Visibility};
+    use crate::node::testing::ToldPlacement;
+    use presence_core::{Registration, RoomRef, Store, StoreConfig};
+    use tokio_util::sync::CancellationToken;
 
-    fn member_change(user: &str, kind: RoomChangeKind, version: u64, tab: &str) -> RoomChange {
-        let metadata: presence_core::RoomMetadata = vec![("tab".to_string(), tab.to_string())].into();
-        RoomChange {
-            room_id: "room".into(),
-            version,
-            users: 1,
-            sessions: 1,
-            body: RoomEventBody::Member { kind, member: RoomMember { user_id: user.into(), metadata, sessions: 1 } },
+    /// A node placed by `placement` whose room "room" has v, a, b and c as
+    /// members, each signalling "typing", and the generation of each one's session.
+    fn room_of_four(placement: &Arc<ToldPlacement>) -> (Context, HashMap<&'static str, u64>) {
+        let clock = StoreClock::start();
+        let store = Arc::new(Store::new(StoreConfig::default(), clock.now()).unwrap());
+        let config = crate::ServerConfig::default();
+        let context = Context::placed(store, clock, None, &config, CancellationToken::new(), placement.clone());
+        let mut generations = HashMap::new();
+        for user in ["v", "a", "b", "c"] {
+            let generation = join(&context, user, "one", None);
+            let room = RoomRef { user_id: user, session_id: "s", generation, room_id: "room" };
+            context.apply(|store, now, changes| store.signal(now, &room, "typing", 5_000, changes)).unwrap();
+            generations.insert(user, generation);
         }
+        (context, generations)
     }
 
-    fn mailbox(capacity: usize) -> RoomMailbox {
-        RoomMailbox { id: 0, viewer: None, state: Mutex::default(), capacity, ready: Notify::new() }
+    /// `user`'s session "s" (registered unless `generation` is given) joins
+    /// "room" with `tab` as its metadata; its generation.
+    fn join(context: &Context, user: &str, tab: &str, generation: Option<u64>) -> u64 {
+        let generation = generation.unwrap_or_else(|| {
+            let registration =
+                Registration { user_id: user, session_id: "s", gateway_id: "gw", ttl_ms: 0, metadata: &[] };
+            context.apply(|store, now, changes| store.register(now, &registration, changes)).unwrap().generation
+        });
+        let room = RoomRef { user_id: user, session_id: "s", generation, room_id: "room" };
+        let metadata = [("tab".to_owned(), tab.to_owned())];
+        context.apply(|store, now, changes| store.join(now, &room, &metadata, changes)).unwrap();
+        generation
     }
 
-    fn taken(mailbox: &RoomMailbox) -> Vec<(String, RoomChangeKind, u64)> {
-        let (RoomDelivery::Changes(changes), _) = mailbox.take() else { panic!("unexpected resync") };
-        changes
-            .into_iter()
-            .map(|change| match change.body {
-                RoomEventBody::Member { kind, member } => (member.user_id.to_string(), kind, change.version),
-                other => panic!("unexpected {other:?}"),
-            })
-            .collect()
+    fn request(viewer: Option<&str>) -> RoomRequest {
+        RoomRequest { room_id: "room".into(), viewer: viewer.map(CompactString::from) }
     }
 
-    #[test]
-    fn r3_a_slow_watcher_gets_each_members_newest_change_in_version_order() {
-        let mailbox = mailbox(16);
-        mailbox.post(&member_change("a", RoomChangeKind::Joined, 10, "one"));
-        mailbox.post(&member_change("b", RoomChangeKind::Joined, 11, "one"));
-        mailbox.post(&member_change("a", RoomChangeKind::Updated, 12, "two"));
-        mailbox.post(&member_change("c", RoomChangeKind::Joined, 13, "one"));
-        mailbox.post(&member_change("c", RoomChangeKind::Left, 14, "one"));
-        // A publisher that lost the race delivers an older change of b late.
-        mailbox.post(&member_change("b", RoomChangeKind::Updated, 9, "old"));
-        let changes = taken(&mailbox);
-        assert_eq!(
-            changes,
-            [("b".into(), RoomChangeKind::Joined, 11), ("a".into(), RoomChangeKind::Joined, 12)],
-            "a joined and updated: still a join (with the new metadata); c joined and left: nothing"
+    /// The members a snapshot lists, and the users and count of its one signal set.
+    fn shown(snapshot: &pb::RoomSnapshot) -> (Vec<&str>, Vec<&str>, u32) {
+        let mut members: Vec<&str> = snapshot.members.iter().map(|member| member.user_id.as_str()).collect();
+        members.sort_unstable();
+        let [signals] = snapshot.signals.as_slice() else { panic!("one signal set: {snapshot:?}") };
+        let mut signalling: Vec<&str> = signals.user_ids.iter().map(String::as_str).collect();
+        signalling.sort_unstable();
+        (members, signalling, signals.count)
+    }
+
+    #[tokio::test]
+    async fn r4_a_snapshot_shows_other_nodes_members_as_their_nodes_answer_once_and_this_nodes_by_its_relations() {
+        let placement = Arc::new(
+            ToldPlacement::default()
+                .owned_elsewhere("b", "node-b", "10.0.0.2:7000")
+                .owned_elsewhere("c", "node-c", "10.0.0.3:7000")
+                .shows("v", "b", true)
+                .shows("v", "c", false),
         );
-        // Delivered versions hold: an older change arriving after them is dropped.
-        assert!(!mailbox.post(&member_change("a", RoomChangeKind::Updated, 11, "stale")));
-        assert!(taken(&mailbox).is_empty());
+        let (context, _) = room_of_four(&placement);
+        // a is this node's, seen by everyone here; b and c would be hidden by
+        // the relations here (an audience of none), c is by its own node.
+        let everyone = RelationChange::Visibility { user: "a".into(), visibility: Visibility::Everyone };
+        context.privacy.change(everyone).await.unwrap();
+
+        let mut lens = MemberLens::new(&request(Some("v")));
+        let first = snapshot(&context, &request(Some("v")), &mut lens).await.unwrap();
+        assert_eq!(shown(&first), (vec!["a", "b", "v"], vec!["a", "b", "v"], 3));
+        assert_eq!(first.users, 3);
+        let all: Vec<CompactString> = ["a", "b", "c", "v"].map(CompactString::from).into();
+        assert_eq!(placement.asked(), [("v".to_owned(), all)], "every member asked at once");
+
+        // The lens keeps what the members' nodes answered: only those they
+        // left to the relations here are asked again.
+        let again = snapshot(&context, &request(Some("v")), &mut lens).await.unwrap();
+        assert_eq!(shown(&again), shown(&first));
+        let left_here: Vec<CompactString> = ["a", "v"].map(CompactString::from).into();
+        assert_eq!(placement.asked()[1..], [("v".to_owned(), left_here)]);
+
+        // A service acting for no viewer sees every member and asks no node.
+        let mut lens = MemberLens::new(&request(None));
+        let service = snapshot(&context, &request(None), &mut lens).await.unwrap();
+        assert_eq!(shown(&service), (vec!["a", "b", "c", "v"], vec!["a", "b", "c", "v"], 4));
+        assert_eq!(placement.asked().len(), 2);
     }
 
-    #[test]
-    fn r3_nothing_not_newer_than_the_snapshot_is_sent_and_a_full_mailbox_resyncs() {
-        let mailbox = mailbox(2);
-        mailbox.post(&member_change("a", RoomChangeKind::Joined, 5, "one"));
-        mailbox.hold(6);
-        assert!(!mailbox.post(&member_change("b", RoomChangeKind::Joined, 6, "one")), "in the snapshot already");
-        assert!(taken(&mailbox).is_empty(), "a change posted before the snapshot was read is in it");
-        for (version, user) in [(7, "a"), (8, "b"), (9, "c")] {
-            mailbox.post(&member_change(user, RoomChangeKind::Joined, version, "one"));
+    #[tokio::test]
+    async fn r4_a_viewers_room_read_fails_naming_a_members_node_that_does_not_answer() {
+        let placement =
+            Arc::new(ToldPlacement::default().owned_elsewhere("b", "node-b", "10.0.0.2:7000").unreachable("node-b"));
+        let (context, _) = room_of_four(&placement);
+        let mut lens = MemberLens::new(&request(Some("v")));
+        let refused = snapshot(&context, &request(Some("v")), &mut lens).await.unwrap_err();
+        assert!(matches!(&refused, ServiceError::RoomOwnerUnreachable { node } if node == "node-b"), "{refused:?}");
+        let mut lens = MemberLens::new(&request(None));
+        assert_eq!(snapshot(&context, &request(None), &mut lens).await.unwrap().members.len(), 4);
+    }
+
+    #[tokio::test]
+    async fn r4_a_viewers_room_watch_shows_changes_of_other_nodes_members_as_their_nodes_answer() {
+        let placement = Arc::new(
+            ToldPlacement::default()
+                .owned_elsewhere("b", "node-b", "10.0.0.2:7000")
+                .owned_elsewhere("c", "node-c", "10.0.0.3:7000")
+                .owned_elsewhere("d", "node-b", "10.0.0.2:7000")
+                .shows("v", "b", true)
+                .shows("v", "c", false)
+                .shows("v", "d", true),
+        );
+        let (context, generations) = room_of_four(&placement);
+        let context = Arc::new(context);
+        let mut events = watch(Arc::clone(&context), request(Some("v")), None).await.unwrap().into_inner();
+        let next = async |events: &mut mpsc::Receiver<Result<pb::RoomEvent, Status>>| {
+            let event = tokio::time::timeout(Duration::from_secs(5), events.recv()).await.expect("an event in time");
+            event.expect("the stream is open").expect("not an error").event.expect("an event")
+        };
+        assert!(matches!(next(&mut events).await, room_event::Event::Snapshot(_)));
+        assert_eq!(placement.asked().len(), 1, "the snapshot asked for every member");
+
+        // d joins, then c and b change: c is hidden by its node, and only d,
+        // not asked yet, is asked about.
+        join(&context, "d", "one", None);
+        join(&context, "c", "two", Some(generations["c"]));
+        join(&context, "b", "two", Some(generations["b"]));
+        let mut shown = Vec::new();
+        while shown.last().is_none_or(|(user, _)| user != "b") {
+            let room_event::Event::Change(change) = next(&mut events).await else { continue };
+            let member = change.member.expect("a member");
+            shown.push((member.user_id, pb::RoomChangeKind::try_from(change.kind).unwrap()));
         }
-        assert!(matches!(mailbox.take().0, RoomDelivery::Resync), "a third member past a capacity of 2");
-        mailbox.hold(9);
-        mailbox.post(&member_change("d", RoomChangeKind::Joined, 10, "one"));
-        assert_eq!(taken(&mailbox), [("d".into(), RoomChangeKind::Joined, 10)]);
+        let joined = pb::RoomChangeKind::RoomChangeJoined;
+        assert_eq!(shown, [("d".to_owned(), joined), ("b".to_owned(), pb::RoomChangeKind::RoomChangeUpdated)]);
+        let later: Vec<CompactString> = placement.asked()[1..].iter().flat_map(|(_, users)| users.clone()).collect();
+        assert_eq!(later, [CompactString::from("d")]);
     }
 }

@@ -31,12 +31,9 @@
 //! hidden in the snapshot; from then on the mailbox keeps hidden users'
 //! changes out, and changes of relations arrive as ordinary updates.
 
-use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dashmap::DashMap;
 use hashbrown::HashMap;
 use presence_core::{CompactString, State};
 use presence_proto::v1::{UserPresence, WatchEvent};
@@ -48,13 +45,11 @@ use crate::metrics::OpenGauge;
 use crate::node::context::Context;
 use crate::node::hub::{Delivery, Pending, PendingChanges, Subscription};
 use crate::node::privacy::Shown;
+use crate::node::watches::{UpdateRequest, WatchUpdate};
 use crate::node::wire::{self, MAX_USERS_PER_REQUEST};
 
 /// Items the gRPC layer has not yet sent; the viewer's mailbox conflates the rest.
 const STREAM_BUFFER: usize = 64;
-
-/// `UpdateWatch` calls one stream may have waiting for its task; more wait to hand theirs over.
-const PENDING_UPDATES: usize = 4;
 
 /// The stream type the Watch RPC returns.
 pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<WatchEvent, Status>>;
@@ -68,82 +63,6 @@ pub(crate) struct WatchOptions {
     pub(crate) batch_window: Option<Duration>,
     /// The versions the viewer holds (E8).
     pub(crate) known_versions: HashMap<CompactString, u64>,
-}
-
-/// A change of a Watch's users (E7), validated.
-#[derive(Debug)]
-pub(crate) struct WatchUpdate {
-    pub(crate) add: Vec<CompactString>,
-    pub(crate) remove: Vec<CompactString>,
-}
-
-/// The open Watch streams of one server, by `watch_id`, for `UpdateWatch`.
-#[derive(Debug)]
-pub(crate) struct Watches {
-    open: Arc<DashMap<CompactString, WatchHandle>>,
-    /// Differs from one process to the next, so a watch id names one stream of one run.
-    run: u64,
-    next: AtomicU64,
-}
-
-/// A change handed to a Watch's task, and where to answer it.
-type UpdateRequest = (WatchUpdate, oneshot::Sender<Result<(), ServiceError>>);
-
-#[derive(Debug)]
-struct WatchHandle {
-    /// The viewer the Watch belongs to (`None`: a service's, for no viewer).
-    owner: Option<CompactString>,
-    updates: mpsc::Sender<UpdateRequest>,
-}
-
-impl Default for Watches {
-    fn default() -> Self {
-        Watches {
-            open: Arc::default(),
-            run: std::collections::hash_map::RandomState::new().hash_one(0u8),
-            next: AtomicU64::new(1),
-        }
-    }
-}
-
-impl Watches {
-    /// Hands `update` to the Watch `watch_id` of `caller` and waits until it
-    /// is applied. A watch of another caller is answered exactly as one that
-    /// does not exist.
-    pub(crate) async fn update(
-        &self,
-        watch_id: &str,
-        caller: Option<&str>,
-        update: WatchUpdate,
-    ) -> Result<(), ServiceError> {
-        let not_found = || ServiceError::WatchNotFound { watch_id: watch_id.into() };
-        let updates = match self.open.get(watch_id) {
-            Some(handle) if handle.owner.as_deref() == caller => handle.updates.clone(),
-            _ => return Err(not_found()),
-        };
-        let (reply, applied) = oneshot::channel();
-        updates.send((update, reply)).await.map_err(|_| not_found())?;
-        applied.await.map_err(|_| not_found())?
-    }
-
-    fn register(&self, owner: Option<CompactString>) -> (WatchRegistration, mpsc::Receiver<UpdateRequest>) {
-        let id = CompactString::from(format!("{:016x}{:x}", self.run, self.next.fetch_add(1, Ordering::Relaxed)));
-        let (updates, received) = mpsc::channel(PENDING_UPDATES);
-        self.open.insert(id.clone(), WatchHandle { owner, updates });
-        (WatchRegistration { open: Arc::clone(&self.open), id }, received)
-    }
-}
-
-/// A Watch's entry among the open ones; leaves when dropped.
-struct WatchRegistration {
-    open: Arc<DashMap<CompactString, WatchHandle>>,
-    id: CompactString,
-}
-
-impl Drop for WatchRegistration {
-    fn drop(&mut self) {
-        self.open.remove(&self.id);
-    }
 }
 
 /// Opens a watch of `user_ids` and spawns the task that feeds it.
