@@ -26,13 +26,14 @@ use crate::cluster::ClusterNode;
 use crate::cluster::membership::Membership;
 use crate::cluster::replica::Replica;
 use crate::node::backup::{self, Restored as FromBackup};
+use crate::node::clock::StoreClock;
 use crate::node::context::Context;
 use crate::node::data_dir::{DataDir, Loaded};
 use crate::node::durable::BackupRow;
 use crate::node::durable::{self, DurableStore};
 use crate::node::feed::Feed;
 use crate::node::webhook::Webhooks;
-use crate::{ServeError, ServerConfig, StoreClock};
+use crate::{ServeError, ServerConfig};
 
 /// A server whose configuration has been checked and whose data directory is
 /// open, ready to [`serve`](PreparedServer::serve) on a listener.

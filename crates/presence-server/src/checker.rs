@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::ServerConfig;
 use crate::node::clock::StoreClock;
 use crate::node::context::Context;
-use crate::node::hub::{Hub, Subscription};
+use crate::node::hub::Subscription;
 use crate::node::privacy::Shown;
 use crate::{node::expiry, node::watch};
 
@@ -37,11 +37,6 @@ impl Node {
     /// The store.
     pub fn store(&self) -> &Store {
         self.context.store()
-    }
-
-    /// The viewers' topics.
-    pub fn hub(&self) -> &Arc<Hub> {
-        &self.context.publisher.hub
     }
 
     /// Runs one store operation and publishes what it changed, as every

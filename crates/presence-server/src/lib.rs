@@ -40,6 +40,7 @@ use std::time::Duration;
 use presence_core::{ConfigError, Store, StoreConfig};
 
 use crate::api::connections;
+use crate::api::service::PresenceService;
 use crate::api::web;
 use crate::cluster::handover;
 use crate::cluster::membership::Membership;
@@ -54,20 +55,15 @@ use presence_proto::v1::presence_server::PresenceServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use api::service::PresenceService;
-pub use audit::{AUDIT_TARGET, AuditLogError};
+pub use audit::AuditLogError;
 pub use auth::{AuthConfig, AuthConfigError, CredentialsError, Scope, Scopes, TOKEN_PREFIX, entry_for, new_token};
 pub use bootstrap::PreparedServer;
 pub use cluster::membership::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
-pub use node::clock::StoreClock;
-pub use node::feed::{
-    ChangesStream, DEFAULT_RETENTION_BYTES_IN_MEMORY, DEFAULT_RETENTION_BYTES_ON_DISK, DEFAULT_RETENTION_MS,
-};
-pub use node::hub::{Delivery, Hub, Mailbox, Subscription};
-pub use node::leases::{LeasesStream, MAX_BATCH_ITEMS};
+pub use node::feed::{DEFAULT_RETENTION_BYTES_IN_MEMORY, DEFAULT_RETENTION_BYTES_ON_DISK, DEFAULT_RETENTION_MS};
+pub use node::hub::{Delivery, Subscription};
+pub use node::leases::MAX_BATCH_ITEMS;
 pub use node::privacy;
 pub use node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
-pub use node::watch::WatchStream;
 pub use node::webhook::WebhookConfig;
 pub use node::wire::MAX_USERS_PER_REQUEST;
 

@@ -439,7 +439,7 @@ pub(crate) fn admit(batch: &LeaseBatchFrame) -> Result<(), ServiceError> {
 }
 
 /// The stream type the Leases RPC returns.
-pub type LeasesStream = tokio_stream::wrappers::ReceiverStream<Result<pb::LeaseResults, Status>>;
+pub(crate) type LeasesStream = tokio_stream::wrappers::ReceiverStream<Result<pb::LeaseResults, Status>>;
 
 /// Serves one gateway's Leases stream.
 pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>, caller: Caller) -> LeasesStream {

@@ -57,7 +57,7 @@ const STREAM_BUFFER: usize = 64;
 const PENDING_UPDATES: usize = 4;
 
 /// The stream type the Watch RPC returns.
-pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<WatchEvent, Status>>;
+pub(crate) type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<WatchEvent, Status>>;
 
 /// What a Watch is opened with.
 #[derive(Debug)]
