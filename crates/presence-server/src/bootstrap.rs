@@ -270,8 +270,9 @@ impl PreparedServer {
             move || wake.notify_one()
         }));
         let stopping = CancellationToken::new();
+        let node = config.node();
         let (context, cluster) = match membership {
-            None => (Context::new(store, clock, durable, &config, stopping), None),
+            None => (Context::new(store, clock, durable, feed, &node, stopping), None),
             Some(membership) => {
                 // Followers' copies are made of what changed (C4).
                 store.track_changes();
@@ -279,14 +280,12 @@ impl PreparedServer {
                 let replica = Replica::new(&config.store, started, membership.slot_count(), hold_ms)?;
                 let cluster = Arc::new(ClusterNode::new(membership, replica));
                 let placement: Arc<dyn crate::node::placement::Placement> = cluster.clone();
-                let context = Context::placed(store, clock, durable, &config, stopping, placement);
+                let context = Context::placed(store, clock, durable, feed, &node, stopping, placement);
                 crate::node::user_data::track_changes(&context);
                 context.privacy.keep_group_tombstones();
                 (context, Some(cluster))
             }
         };
-        let mut context = context;
-        context.feed = feed;
         let context = Arc::new(context);
         if let Some(stored) = stored {
             context.privacy.load(stored, started);

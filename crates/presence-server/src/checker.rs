@@ -8,9 +8,8 @@ use std::sync::Arc;
 use presence_core::{Changes, CompactString, Presence, Store, Tick};
 use tokio_util::sync::CancellationToken;
 
-use crate::ServerConfig;
 use crate::node::clock::StoreClock;
-use crate::node::context::Context;
+use crate::node::context::{Context, NodeConfig};
 use crate::node::hub::Subscription;
 use crate::node::privacy::Shown;
 use crate::{node::expiry, node::watch};
@@ -31,7 +30,9 @@ impl Node {
     /// about the ticks the checker gives the store, and a schedule replays the same.
     pub fn new(store: Store, now: Tick) -> Self {
         let clock = StoreClock::starting_at(now);
-        Node { context: Context::new(Arc::new(store), clock, None, &ServerConfig::default(), CancellationToken::new()) }
+        Node {
+            context: Context::new(Arc::new(store), clock, None, None, &NodeConfig::default(), CancellationToken::new()),
+        }
     }
 
     /// The store.

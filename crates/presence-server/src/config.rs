@@ -1,11 +1,13 @@
 //! What a server is configured with ([`ServerConfig`]) and why it could not
-//! run ([`ServeError`]).
+//! run ([`ServeError`]). The node's own part of the settings is handed to it
+//! as a [`NodeConfig`], so that `node/` names nothing of this file.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use presence_core::{ConfigError, StoreConfig};
 
+use crate::node::context::NodeConfig;
 use crate::privacy::Visibility;
 use crate::{AuditLogError, AuthConfig, AuthConfigError, ClusterConfig, JoinError, WebhookConfig};
 use crate::{DEFAULT_RETENTION_BYTES_IN_MEMORY, DEFAULT_RETENTION_BYTES_ON_DISK, DEFAULT_RETENTION_MS};
@@ -124,16 +126,30 @@ impl ServerConfig {
         let max_age_ms = u64::try_from(self.feed_retention.as_millis()).unwrap_or(u64::MAX);
         (max_bytes > 0).then_some(presence_feed::Retention { max_age_ms, max_bytes })
     }
+
+    /// The settings the node itself reads, for its [`Context`](crate::node::context::Context).
+    pub(crate) fn node(&self) -> NodeConfig {
+        NodeConfig {
+            watch_buffer: self.watch_buffer,
+            room_member_cap: self.room_member_cap,
+            activity_write_interval: self.activity_write_interval,
+            forget_offline_after_ms: self.store.forget_offline_after_ms,
+            default_visibility: self.default_visibility,
+            last_seen_granularity: self.last_seen_granularity,
+        }
+    }
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
+        // The node's own settings have their defaults in one place, the node's.
+        let node = NodeConfig::default();
         ServerConfig {
             store: StoreConfig::default(),
             expiry_batch: 1_024,
             shutdown_grace: Duration::from_secs(5),
-            watch_buffer: 4_096,
-            room_member_cap: 1_000,
+            watch_buffer: node.watch_buffer,
+            room_member_cap: node.room_member_cap,
             lease_queue: 256,
             lease_workers: cpus(),
             connection_threads: cpus(),
@@ -141,12 +157,12 @@ impl Default for ServerConfig {
             restore: None,
             checkpoint_interval: Duration::from_secs(5),
             restart_grace: None,
-            activity_write_interval: Duration::from_secs(60),
+            activity_write_interval: node.activity_write_interval,
             auth: AuthConfig::default(),
             credentials_reload_interval: Duration::from_millis(250),
             audit_log: None,
-            default_visibility: Visibility::Audience,
-            last_seen_granularity: Duration::from_secs(300),
+            default_visibility: node.default_visibility,
+            last_seen_granularity: node.last_seen_granularity,
             max_connections: 10_000,
             handshake_timeout: Duration::from_secs(10),
             max_streams_per_connection: 1_024,

@@ -483,6 +483,7 @@ pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>, c
 mod tests {
     use super::*;
     use crate::node::clock::StoreClock;
+    use crate::node::context::NodeConfig;
     use presence_core::{Store, StoreConfig};
     use presence_proto::v1::lease_item;
     use tokio_util::sync::CancellationToken;
@@ -492,7 +493,7 @@ mod tests {
         let clock = StoreClock::start();
         let config = StoreConfig { min_renew_interval_ms: 0, ..StoreConfig::default() };
         let store = Arc::new(Store::new(config, clock.now()).unwrap());
-        Arc::new(Context::new(store, clock, None, &crate::ServerConfig::default(), CancellationToken::new()))
+        Arc::new(Context::new(store, clock, None, None, &NodeConfig::default(), CancellationToken::new()))
     }
 
     fn register(user: &str) -> pb::LeaseItem {
