@@ -15,6 +15,7 @@ mod feed;
 mod fencing;
 mod groups;
 mod handover;
+pub(crate) mod nodes;
 mod outage;
 mod readiness;
 mod rooms;
@@ -27,8 +28,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::common::cluster::*;
-use crate::common::daemon;
+use crate::common::{PATIENCE, daemon};
+use nodes::*;
 use presence_client::{ClusterLeases, LeaseChannelConfig, Session, SessionConfig, SessionState, lease_result};
 use presence_cluster::testing::EtcdServer;
 use presence_cluster::{Etcd, slot_of};

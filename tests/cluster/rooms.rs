@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::common::cluster::*;
-use crate::common::{PATIENCE as WAIT, within};
+use super::nodes::*;
+use crate::common::{PATIENCE, within};
 use presence_cluster::slot_of;
 use presence_cluster::testing::EtcdServer;
 use presence_proto::v1::presence_client::PresenceClient;
@@ -94,7 +94,7 @@ async fn room_snapshot_of(client: &mut PresenceClient<Channel>, room: &str) -> R
 /// The room as `client`'s node answers it, once it answers (a node that just
 /// gained the room's slot answers UNAVAILABLE while it gathers the members).
 async fn room_snapshot_once_answered(client: &mut PresenceClient<Channel>) -> pb::RoomSnapshot {
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + PATIENCE;
     loop {
         match room_snapshot(client).await {
             Ok(snapshot) => return snapshot,
@@ -115,7 +115,7 @@ async fn watch_room_of(
     client: &mut PresenceClient<Channel>,
     room: &str,
 ) -> (tonic::Streaming<pb::RoomEvent>, pb::RoomSnapshot) {
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + PATIENCE;
     loop {
         match client.watch_room(members_of(room)).await {
             Ok(stream) => {
@@ -135,7 +135,7 @@ async fn watch_room_of(
 }
 
 async fn next_room_event(stream: &mut tonic::Streaming<pb::RoomEvent>) -> Result<room_event::Event, tonic::Status> {
-    let item = within(WAIT, "a room event", stream.message()).await?;
+    let item = within(PATIENCE, "a room event", stream.message()).await?;
     Ok(item.expect("the stream stays open").event.expect("an event"))
 }
 
@@ -152,7 +152,7 @@ async fn next_change(stream: &mut tonic::Streaming<pb::RoomEvent>) -> (pb::RoomC
 /// The status a room watch ends with (`what` it is), past whatever it still carries.
 async fn ended(stream: &mut tonic::Streaming<pb::RoomEvent>, what: &str) -> tonic::Status {
     loop {
-        match within(WAIT, what, stream.message()).await {
+        match within(PATIENCE, what, stream.message()).await {
             Ok(Some(_)) => continue,
             Ok(None) => panic!("{what}: ended without a status"),
             Err(status) => return status,

@@ -6,7 +6,6 @@
 #![allow(unreachable_pub)]
 
 pub mod auth;
-pub mod cluster;
 pub mod daemon;
 pub mod scrape;
 pub mod tls;

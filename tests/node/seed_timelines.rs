@@ -7,6 +7,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::cluster::nodes;
 use crate::common::*;
 use presence_cluster::slot_of;
 use presence_cluster::testing::EtcdServer;
@@ -43,11 +44,11 @@ impl Deployment {
     /// the viewer watches through node-b.
     async fn cluster() -> Deployment {
         let etcd = EtcdServer::start().await;
-        let (servers, map) = cluster::three_nodes(&etcd).await;
+        let (servers, map) = nodes::three_nodes(&etcd).await;
         let of_a = |prefix: &str| {
             (0..)
                 .map(|i| format!("{prefix}{i}"))
-                .find(|id| map.owner(slot_of(id, cluster::SLOTS)).is_some_and(|owner| owner.node == "node-a"))
+                .find(|id| map.owner(slot_of(id, nodes::SLOTS)).is_some_and(|owner| owner.node == "node-a"))
                 .expect("node-a owns slots")
         };
         let (user, other, sentinel) = (of_a("u"), of_a("v"), of_a("sentinel-"));

@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 
 use presence_client::{Backoff, LeaseChannel, LeaseChannelConfig, pb};
 use presence_proto::codec::FieldNamingCodec;
+use presence_server::testing::PATIENCE;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
@@ -21,8 +22,6 @@ use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::{NamedService, StreamingService};
 use tonic::{Code, Request, Response, Status, Streaming};
-
-const PATIENCE: Duration = Duration::from_secs(10);
 
 /// One batch as the scripted server received it, and the way to answer its stream.
 struct Received {

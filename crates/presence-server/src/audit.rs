@@ -30,7 +30,7 @@ use crate::auth::{Authenticator, ConnectionInfo};
 use crate::cluster::membership::FORWARDED;
 
 /// The tracing target of audit lines.
-pub const AUDIT_TARGET: &str = "presenced::audit";
+pub(crate) const AUDIT_TARGET: &str = "presenced::audit";
 
 /// Where audit lines go.
 #[derive(Debug, Default)]

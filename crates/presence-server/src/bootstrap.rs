@@ -8,7 +8,7 @@
 //! then binds and announces `listening on`, so a supervisor that waits for
 //! that line never sees a service that is about to exit over its own
 //! configuration. The tasks (expiry, checkpoints, lease workers) and the
-//! routes are started by [`PreparedServer::serve`], in `lib.rs`.
+//! routes are started by [`PreparedServer::serve`], in `serve.rs`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,6 +25,7 @@ use crate::auth::Authenticator;
 use crate::cluster::ClusterNode;
 use crate::cluster::membership::Membership;
 use crate::cluster::replica::Replica;
+use crate::node::clock::StoreClock;
 use crate::node::context::Context;
 use crate::node::feed::Feed;
 use crate::node::feed::webhook::Webhooks;
@@ -32,37 +33,20 @@ use crate::node::storage::backup::{self, Restored as FromBackup};
 use crate::node::storage::data_dir::{DataDir, Loaded};
 use crate::node::storage::durable::BackupRow;
 use crate::node::storage::durable::{self, DurableStore};
-use crate::{ServeError, ServerConfig, StoreClock};
+use crate::{ServeError, ServerConfig};
 
 /// A server whose configuration has been checked and whose data directory is
 /// open, ready to [`serve`](PreparedServer::serve) on a listener.
 pub struct PreparedServer {
-    /// What it was prepared with; `serve` reads the network and task settings.
-    pub(crate) config: ServerConfig,
+    /// What `serve` reads as it was prepared; `restore` hands it on whole.
+    pub(crate) serving: Serving,
     /// The store's clock, started here so that the restore and the relations
     /// read agree on `now`.
     clock: StoreClock,
-    /// Who is calling; built here because a bad key or secret refuses the configuration.
-    auth: Authenticator,
-    /// Where privileged calls are recorded; opened here because a file that
-    /// cannot be opened refuses the configuration.
-    audit: Audit,
-    /// Where checkpoints go, with a data directory.
-    data_dir: Option<DataDir>,
     /// Relations, statuses and settings on disk, with a data directory.
     durable: Option<Arc<DurableStore>>,
     /// The relations and statuses read from `durable`, applied once the store exists.
     stored: Option<durable::Relations>,
-    /// `config.cors_origins` as browsers send them; read here because a bad
-    /// one refuses the configuration.
-    cors_origins: Vec<HeaderValue>,
-    /// The service port's TLS material, read and checked here because an
-    /// expired certificate or a key that is not its own refuses the
-    /// configuration (T1, B7).
-    pub(crate) tls: Option<Arc<ServerTls>>,
-    /// What `/readyz` reports: made here because the metrics port serves it
-    /// from before the restore, while the node is not ready yet (D2).
-    pub(crate) readiness: Arc<Readiness>,
     /// The store of `--restore`'s backup and when it was written, read here
     /// because a corrupt or foreign file refuses the configuration (D3).
     from_backup: Option<(Store, u64)>,
@@ -73,35 +57,48 @@ pub struct PreparedServer {
     webhooks: Webhooks,
 }
 
+/// What a server was prepared with that `serve` reads, from the metrics
+/// port's start to the final checkpoint.
+pub(crate) struct Serving {
+    /// The settings; `serve` reads the network and task ones.
+    pub(crate) config: ServerConfig,
+    /// Who is calling; built here because a bad key or secret refuses the configuration.
+    pub(crate) auth: Arc<Authenticator>,
+    /// Where privileged calls are recorded; opened here because a file that
+    /// cannot be opened refuses the configuration.
+    pub(crate) audit: Arc<Audit>,
+    /// Where checkpoints go, with a data directory.
+    pub(crate) data_dir: Option<DataDir>,
+    /// `config.cors_origins` as browsers send them; read here because a bad
+    /// one refuses the configuration.
+    pub(crate) cors_origins: Vec<HeaderValue>,
+    /// The service port's TLS material, read and checked here because an
+    /// expired certificate or a key that is not its own refuses the
+    /// configuration (T1, B7).
+    pub(crate) tls: Option<Arc<ServerTls>>,
+    /// What `/readyz` reports: made here because the metrics port serves it
+    /// from before the restore, while the node is not ready yet (D2); told
+    /// when the server has started and when it stops.
+    pub(crate) readiness: Arc<Readiness>,
+}
+
 impl std::fmt::Debug for PreparedServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PreparedServer").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("PreparedServer").field("config", &self.serving.config).finish_non_exhaustive()
     }
 }
 
 /// What [`PreparedServer::restore`] hands to `serve`.
 pub(crate) struct Restored {
     /// What the server was prepared with.
-    pub(crate) config: ServerConfig,
+    pub(crate) serving: Serving,
     /// The state every handler and task shares.
     pub(crate) context: Arc<Context>,
     /// This node's part in its cluster; `None` for a single node.
     pub(crate) cluster: Option<Arc<ClusterNode>>,
-    /// Who is calling, for the service.
-    pub(crate) auth: Authenticator,
-    /// The audit log.
-    pub(crate) audit: Audit,
     /// Woken by the store when a deadline earlier than any other is set, so
     /// the expiry task can sleep until the next deadline.
     pub(crate) expiry_wake: Arc<Notify>,
-    /// Where checkpoints go, with a data directory.
-    pub(crate) data_dir: Option<DataDir>,
-    /// The origins whose pages may call over gRPC-Web.
-    pub(crate) cors_origins: Vec<HeaderValue>,
-    /// The service port's TLS, with TLS on.
-    pub(crate) tls: Option<Arc<ServerTls>>,
-    /// What `/readyz` reports, told when the server has started and when it stops.
-    pub(crate) readiness: Arc<Readiness>,
     /// The change feed's webhooks, to start with the feed.
     pub(crate) webhooks: Webhooks,
 }
@@ -115,8 +112,8 @@ impl PreparedServer {
         crate::allocator::pin_mmap_threshold();
         let clock = StoreClock::start();
         // Credentials first: they need no disk, and a bad one is the likeliest mistake.
-        let auth = Authenticator::new(config.auth.clone())?;
-        let audit = Audit::open(config.audit_log.as_deref())?;
+        let auth = Arc::new(Authenticator::new(config.auth.clone())?);
+        let audit = Arc::new(Audit::open(config.audit_log.as_deref())?);
         config.store.validate()?;
         // Zero would refuse every connection, every stream, or every handshake.
         for (setting, zero) in [
@@ -208,21 +205,8 @@ impl PreparedServer {
             Webhooks::prepare(&config.feed_webhooks, feed_or_why, cursors.as_deref()).map_err(ServeError::Webhook)?;
         let readiness = Arc::new(Readiness::default());
         let from_backup = from_backup.map(|(restored, _)| (restored.store, restored.written_at));
-        Ok(PreparedServer {
-            config,
-            clock,
-            auth,
-            audit,
-            data_dir,
-            durable,
-            stored,
-            cors_origins,
-            tls,
-            readiness,
-            from_backup,
-            feed,
-            webhooks,
-        })
+        let serving = Serving { config, auth, audit, data_dir, cors_origins, tls, readiness };
+        Ok(PreparedServer { serving, clock, durable, stored, from_backup, feed, webhooks })
     }
 
     /// Loads the last checkpoint and the stored relations into a new store
@@ -232,24 +216,10 @@ impl PreparedServer {
     /// reconnecting gateways wait in the listen backlog instead of being
     /// refused and backing off.
     pub(crate) fn restore(self, membership: Option<Membership>) -> Result<Restored, ServeError> {
-        let PreparedServer {
-            config,
-            clock,
-            auth,
-            audit,
-            data_dir,
-            durable,
-            stored,
-            cors_origins,
-            tls,
-            readiness,
-            from_backup,
-            feed,
-            webhooks,
-        } = self;
-        let started = clock.now();
+        let config = &self.serving.config;
+        let started = self.clock.now();
         let hold_until = started.saturating_add(config.restart_grace_ms());
-        let restored = match (from_backup, &data_dir) {
+        let restored = match (self.from_backup, &self.serving.data_dir) {
             (Some((store, written_at)), _) => Some(Loaded { store, written_at }),
             (None, Some(dir)) => dir.load_store(&config.store, started, hold_until)?,
             (None, None) => None,
@@ -260,7 +230,7 @@ impl PreparedServer {
             None => Store::new(config.store.clone(), started)?,
         };
         let expiry_wake = Arc::new(Notify::new());
-        let store = match &feed {
+        let store = match &self.feed {
             Some(feed) => store.with_feed(feed.intake()),
             None => store,
         };
@@ -269,8 +239,9 @@ impl PreparedServer {
             move || wake.notify_one()
         }));
         let stopping = CancellationToken::new();
+        let node = config.node();
         let (context, cluster) = match membership {
-            None => (Context::new(store, clock, durable, &config, stopping), None),
+            None => (Context::new(store, self.clock, self.durable, self.feed, &node, stopping), None),
             Some(membership) => {
                 // Followers' copies are made of what changed (C4).
                 store.track_changes();
@@ -278,16 +249,14 @@ impl PreparedServer {
                 let replica = Replica::new(&config.store, started, membership.slot_count(), hold_ms)?;
                 let cluster = Arc::new(ClusterNode::new(membership, replica));
                 let placement: Arc<dyn crate::node::placement::Placement> = cluster.clone();
-                let context = Context::placed(store, clock, durable, &config, stopping, placement);
+                let context = Context::placed(store, self.clock, self.durable, self.feed, &node, stopping, placement);
                 crate::node::user_data::track_changes(&context);
                 context.privacy.keep_group_tombstones();
                 (context, Some(cluster))
             }
         };
-        let mut context = context;
-        context.feed = feed;
         let context = Arc::new(context);
-        if let Some(stored) = stored {
+        if let Some(stored) = self.stored {
             context.privacy.load(stored, started);
             // Users erased after the checkpoint was written are forgotten again (P7).
             let forgotten = context.privacy.forget_erased_at_restart(written_at, started).map_err(|err| {
@@ -297,19 +266,7 @@ impl PreparedServer {
                 tracing::info!(forgotten, "users erased after the checkpoint are forgotten again");
             }
         }
-        Ok(Restored {
-            config,
-            context,
-            cluster,
-            auth,
-            audit,
-            expiry_wake,
-            data_dir,
-            cors_origins,
-            tls,
-            readiness,
-            webhooks,
-        })
+        Ok(Restored { serving: self.serving, context, cluster, expiry_wake, webhooks: self.webhooks })
     }
 }
 

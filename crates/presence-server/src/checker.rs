@@ -8,10 +8,9 @@ use std::sync::Arc;
 use presence_core::{Changes, CompactString, Presence, Store, Tick};
 use tokio_util::sync::CancellationToken;
 
-use crate::ServerConfig;
 use crate::node::clock::StoreClock;
-use crate::node::context::Context;
-use crate::node::hub::{Hub, Subscription};
+use crate::node::context::{Context, NodeConfig};
+use crate::node::hub::Subscription;
 use crate::node::privacy::Shown;
 use crate::{node::expiry, node::watch};
 
@@ -31,17 +30,14 @@ impl Node {
     /// about the ticks the checker gives the store, and a schedule replays the same.
     pub fn new(store: Store, now: Tick) -> Self {
         let clock = StoreClock::starting_at(now);
-        Node { context: Context::new(Arc::new(store), clock, None, &ServerConfig::default(), CancellationToken::new()) }
+        Node {
+            context: Context::new(Arc::new(store), clock, None, None, &NodeConfig::default(), CancellationToken::new()),
+        }
     }
 
     /// The store.
     pub fn store(&self) -> &Store {
         self.context.store()
-    }
-
-    /// The viewers' topics.
-    pub fn hub(&self) -> &Arc<Hub> {
-        &self.context.publisher.hub
     }
 
     /// Runs one store operation and publishes what it changed, as every

@@ -58,9 +58,7 @@ fn context() -> Arc<Context> {
     let (feed, _) = crate::node::feed::Feed::open(None, retention, crate::node::feed::SINGLE_NODE_SLOTS, EPOCH)
         .expect("a feed in memory opens");
     let store = Arc::new(store.with_feed(feed.intake()));
-    let mut context = Context::new(store, clock, None, config, CancellationToken::new());
-    context.feed = Some(feed);
-    Arc::new(context)
+    Arc::new(Context::new(store, clock, None, Some(feed), &config.node(), CancellationToken::new()))
 }
 
 // ---------------------------------------------------------------------------

@@ -43,7 +43,7 @@ use crate::node::wire;
 
 /// The `presence.v1.Presence` service of one server.
 #[derive(Debug, Clone)]
-pub struct PresenceService {
+pub(crate) struct PresenceService {
     context: Arc<Context>,
     /// This node's part in its cluster; `None` on a single node, which
     /// answers everything here.

@@ -111,7 +111,7 @@ fn until(at: u64) -> Duration {
 }
 
 /// A response stream that ends with its credentials (see the module).
-pub struct CredentialBound<S> {
+pub(crate) struct CredentialBound<S> {
     inner: S,
     ending: Option<Pin<Box<dyn Future<Output = Status> + Send>>>,
     ended: bool,

@@ -43,7 +43,7 @@ const RECORD_EVERY_MS: u64 = 10;
 
 /// Converts between `Instant`s and store ticks, leaving out the time the process was stopped.
 #[derive(Debug, Clone)]
-pub struct StoreClock {
+pub(crate) struct StoreClock {
     inner: Arc<Inner>,
 }
 
@@ -65,7 +65,7 @@ struct Inner {
 
 impl StoreClock {
     /// A clock reading the wall clock now and the monotonic clock from then on.
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
         StoreClock::from(Instant::now(), u64::try_from(unix.as_millis()).unwrap_or(u64::MAX))
     }
@@ -106,7 +106,7 @@ impl StoreClock {
     ///
     /// Ticks never go back, across threads too: a stall is taken out only down to
     /// [`STALL`] past the last reading before it, which no reading before it exceeds.
-    pub fn now(&self) -> Tick {
+    pub(crate) fn now(&self) -> Tick {
         let inner = &*self.inner;
         loop {
             // `excluded_ms` is read first and checked again last: a stall taken out
@@ -128,18 +128,19 @@ impl StoreClock {
     }
 
     /// The instant at which `tick` begins, as things stand: a stall taken out later moves it later.
-    pub fn instant_at(&self, tick: Tick) -> Instant {
+    pub(crate) fn instant_at(&self, tick: Tick) -> Instant {
         let excluded = self.inner.excluded_ms.load(Ordering::Acquire);
         self.inner.origin + Duration::from_millis(tick.saturating_sub(self.inner.origin_unix_ms) + excluded)
     }
 
     /// Stalls taken out of store time so far.
-    pub fn stalls(&self) -> u64 {
+    pub(crate) fn stalls(&self) -> u64 {
         self.inner.stalls_seen.load(Ordering::Acquire)
     }
 
     /// Milliseconds left out of store time so far.
-    pub fn excluded(&self) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn excluded(&self) -> Duration {
         Duration::from_millis(self.inner.excluded_ms.load(Ordering::Acquire))
     }
 

@@ -6,26 +6,59 @@
 //! an operation changed whatever it answered.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hashbrown::HashMap;
 use presence_core::{Changes, Store};
 use presence_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 
-use crate::ServerConfig;
 use crate::error::ServiceError;
 use crate::metrics::Metrics;
 use crate::node::activity::Activity;
 use crate::node::clock::StoreClock;
+use crate::node::feed::Feed;
 use crate::node::placement::{FORWARD_TIMEOUT, Placement, SingleNode};
-use crate::node::privacy::{Privacy, Shown};
+use crate::node::privacy::{Privacy, Shown, Visibility};
 use crate::node::publish::{Publisher, RoomAnswer};
 use crate::node::room_hub::RoomHub;
 use crate::node::settings::Settings;
 use crate::node::storage::durable::DurableStore;
 use crate::node::watches::Watches;
 use crate::node::wire;
+
+/// The settings one node reads: the server's, less what only the process
+/// around the node (the network, the tasks, the cluster) needs.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeConfig {
+    /// Most distinct users a viewer's mailbox holds before the viewer is resynced (E4).
+    pub(crate) watch_buffer: usize,
+    /// Most members a member-mode room snapshot or watch lists (R6).
+    pub(crate) room_member_cap: usize,
+    /// How often at most a user's activity is written to disk.
+    pub(crate) activity_write_interval: Duration,
+    /// The store's `forget_offline_after_ms`: activity held in memory is
+    /// forgotten after as long, as the store forgets long-offline users (B6).
+    pub(crate) forget_offline_after_ms: u64,
+    /// The visibility of a user that chose none.
+    pub(crate) default_visibility: Visibility,
+    /// Last seen is released rounded down to this (P5).
+    pub(crate) last_seen_granularity: Duration,
+}
+
+impl Default for NodeConfig {
+    /// The server's defaults for these settings.
+    fn default() -> Self {
+        NodeConfig {
+            watch_buffer: 4_096,
+            room_member_cap: 1_000,
+            activity_write_interval: Duration::from_secs(60),
+            forget_offline_after_ms: presence_core::StoreConfig::default().forget_offline_after_ms,
+            default_visibility: Visibility::Audience,
+            last_seen_granularity: Duration::from_secs(300),
+        }
+    }
+}
 
 /// The shared state of one running server.
 #[derive(Debug)]
@@ -55,21 +88,23 @@ pub(crate) struct Context {
     /// The data directory's durable store, for backups (D3); `None`: memory only.
     pub(crate) durable: Option<Arc<DurableStore>>,
     /// The change feed (F1); `None` when it is turned off.
-    pub(crate) feed: Option<Arc<crate::node::feed::Feed>>,
+    pub(crate) feed: Option<Arc<Feed>>,
 }
 
 impl Context {
     /// The context of a single node over `store`, with `durable` as its data
-    /// directory's store (or none: memory only). Relations kept on disk are
-    /// loaded separately (`Privacy::load`).
+    /// directory's store (or none: memory only) and `feed` as its change feed
+    /// (or none: turned off), which the store's changes already go to.
+    /// Relations kept on disk are loaded separately (`Privacy::load`).
     pub(crate) fn new(
         store: Arc<Store>,
         clock: StoreClock,
         durable: Option<Arc<DurableStore>>,
-        config: &ServerConfig,
+        feed: Option<Arc<Feed>>,
+        config: &NodeConfig,
         stopping: CancellationToken,
     ) -> Self {
-        Context::placed(store, clock, durable, config, stopping, Arc::new(SingleNode))
+        Context::placed(store, clock, durable, feed, config, stopping, Arc::new(SingleNode))
     }
 
     /// [`Context::new`] for a node whose users and rooms `placement` places.
@@ -77,7 +112,8 @@ impl Context {
         store: Arc<Store>,
         clock: StoreClock,
         durable: Option<Arc<DurableStore>>,
-        config: &ServerConfig,
+        feed: Option<Arc<Feed>>,
+        config: &NodeConfig,
         stopping: CancellationToken,
         placement: Arc<dyn Placement>,
     ) -> Self {
@@ -89,7 +125,7 @@ impl Context {
             activity: Arc::new(Activity::new(
                 durable.clone(),
                 config.activity_write_interval,
-                config.store.forget_offline_after_ms,
+                config.forget_offline_after_ms,
             )),
             settings: Settings::new(durable.clone()),
             durable,
@@ -99,7 +135,7 @@ impl Context {
             stopping,
             started: Instant::now(),
             placement,
-            feed: None,
+            feed,
         }
     }
 

@@ -99,8 +99,8 @@ mod tests {
     use presence_core::{Registration, State, Store, StoreConfig};
     use tokio_util::sync::CancellationToken;
 
-    use crate::ServerConfig;
     use crate::node::clock::StoreClock;
+    use crate::node::context::NodeConfig;
     use crate::node::hub::Delivery;
 
     /// Seed 000's timeline 2 on the server's own clock, paused: the last
@@ -118,7 +118,8 @@ mod tests {
             move || wake.notify_one()
         });
         let stopping = CancellationToken::new();
-        let context = Arc::new(Context::new(Arc::new(store), clock, None, &ServerConfig::default(), stopping.clone()));
+        let context =
+            Arc::new(Context::new(Arc::new(store), clock, None, None, &NodeConfig::default(), stopping.clone()));
         let driver = tokio::spawn(run(Arc::clone(&context), wake, 1_024));
         let (viewer, _) = context.privacy.subscribe(vec!["u42".into()], 16, None).unwrap();
 

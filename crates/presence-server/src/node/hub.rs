@@ -39,7 +39,7 @@ use crate::node::sync::{AtomicU64, DashMap, Entry, Mutex, Notify, Ordering};
 
 /// The topics of one process.
 #[derive(Debug, Default)]
-pub struct Hub {
+pub(crate) struct Hub {
     /// Viewers' mailboxes (and the user's slot in each) by watched user.
     topics: DashMap<CompactString, Vec<Watcher>>,
     /// Mailboxes by viewer, for changes of what a viewer may see.
@@ -318,7 +318,7 @@ impl Hub {
     /// ignored, the order of first mention kept) for `viewer`, with `hidden`
     /// the watched users it may not see. Changes published from now on reach
     /// it; the subscription ends when dropped.
-    pub fn subscribe(
+    pub(crate) fn subscribe(
         self: &Arc<Self>,
         user_ids: impl IntoIterator<Item = CompactString>,
         capacity: usize,
@@ -342,7 +342,7 @@ impl Hub {
 
     /// Delivers a change to every mailbox subscribed to its user whose viewer
     /// may see it; returns how many took it.
-    pub fn publish(&self, change: &PresenceChange) -> usize {
+    pub(crate) fn publish(&self, change: &PresenceChange) -> usize {
         match self.topics.get(&change.user_id) {
             Some(watchers) => {
                 let pending = Pending { presence: change.presence, status: change.status.clone(), hidden: false };
@@ -356,7 +356,8 @@ impl Hub {
     }
 
     /// Number of users with at least one subscriber in this process.
-    pub fn topics(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn topics(&self) -> usize {
         self.topics.len()
     }
 

@@ -441,7 +441,7 @@ pub(crate) fn admit(batch: &LeaseBatchFrame) -> Result<(), ServiceError> {
 }
 
 /// The stream type the Leases RPC returns.
-pub type LeasesStream = tokio_stream::wrappers::ReceiverStream<Result<pb::LeaseResults, Status>>;
+pub(crate) type LeasesStream = tokio_stream::wrappers::ReceiverStream<Result<pb::LeaseResults, Status>>;
 
 /// Serves one gateway's Leases stream.
 pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>, caller: Caller) -> LeasesStream {
@@ -485,6 +485,7 @@ pub(crate) fn open(queue: LeaseQueue, mut inbound: Streaming<LeaseBatchFrame>, c
 mod tests {
     use super::*;
     use crate::node::clock::StoreClock;
+    use crate::node::context::NodeConfig;
     use crate::node::testing::{EPOCH, ToldPlacement};
     use presence_core::{Store, StoreConfig};
     use presence_proto::v1::lease_item;
@@ -499,8 +500,7 @@ mod tests {
         let clock = StoreClock::start();
         let config = StoreConfig { min_renew_interval_ms: 0, ..StoreConfig::default() };
         let store = Arc::new(Store::new(config, clock.now()).unwrap());
-        let config = crate::ServerConfig::default();
-        Arc::new(Context::placed(store, clock, None, &config, CancellationToken::new(), placement))
+        Arc::new(Context::placed(store, clock, None, None, &NodeConfig::default(), CancellationToken::new(), placement))
     }
 
     fn register(user: &str) -> pb::LeaseItem {

@@ -62,6 +62,7 @@ mod checked {
             }
         }
 
+        #[cfg_attr(not(test), allow(dead_code))]
         pub(crate) fn len(&self) -> usize {
             self.0.read().len()
         }

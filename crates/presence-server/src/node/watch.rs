@@ -52,7 +52,7 @@ use crate::node::wire::{self, MAX_USERS_PER_REQUEST};
 const STREAM_BUFFER: usize = 64;
 
 /// The stream type the Watch RPC returns.
-pub type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<WatchEvent, Status>>;
+pub(crate) type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<WatchEvent, Status>>;
 
 /// What a Watch is opened with.
 #[derive(Debug)]

@@ -725,7 +725,7 @@ fn counted_while_open(streams: &metrics::Gauge) -> impl Drop + '_ {
 
 /// The events of a `Changes` stream, a batch of the log at a time.
 #[derive(Debug)]
-pub struct ChangesStream {
+pub(crate) struct ChangesStream {
     receiver: mpsc::Receiver<Result<Vec<pb::ChangeEvent>, ServiceError>>,
     batch: std::collections::VecDeque<pb::ChangeEvent>,
     /// The feed read, to name its oldest cursor as of when the consumer

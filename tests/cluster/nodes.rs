@@ -11,15 +11,16 @@ use presence_server::testing::{TestServer, fast_config};
 use presence_server::{ClusterConfig, ServerConfig};
 use tokio::time::Instant;
 
-pub const SLOTS: u32 = 64;
-pub const PATIENCE: Duration = Duration::from_secs(20);
-pub const PREFIX: &str = "/test/";
+use crate::common::{PATIENCE, daemon};
 
-pub fn node_config(etcd: &EtcdServer, node: &str, addr: SocketAddr) -> ServerConfig {
+pub(crate) const SLOTS: u32 = 64;
+pub(crate) const PREFIX: &str = "/test/";
+
+pub(crate) fn node_config(etcd: &EtcdServer, node: &str, addr: SocketAddr) -> ServerConfig {
     node_config_with(etcd, node, addr, fast_config())
 }
 
-pub fn node_config_with(etcd: &EtcdServer, node: &str, addr: SocketAddr, base: ServerConfig) -> ServerConfig {
+pub(crate) fn node_config_with(etcd: &EtcdServer, node: &str, addr: SocketAddr, base: ServerConfig) -> ServerConfig {
     let mut cluster = ClusterConfig::new(vec![etcd.endpoint.clone()], node, addr.to_string());
     cluster.slots = SLOTS;
     cluster.prefix = PREFIX.to_owned();
@@ -30,7 +31,7 @@ pub fn node_config_with(etcd: &EtcdServer, node: &str, addr: SocketAddr, base: S
 
 /// The `presenced serve` flags of `node` as a process of its own, reached at
 /// `advertise`, with the settings [`node_config`] gives a node in the test.
-pub fn node_process_args(etcd: &EtcdServer, node: &str, advertise: &str) -> Vec<String> {
+pub(crate) fn node_process_args(etcd: &EtcdServer, node: &str, advertise: &str) -> Vec<String> {
     let slots = SLOTS.to_string();
     let flags = [("--etcd", etcd.endpoint.as_str()), ("--node-id", node), ("--advertise", advertise)];
     let settings = [
@@ -45,14 +46,14 @@ pub fn node_process_args(etcd: &EtcdServer, node: &str, advertise: &str) -> Vec<
 /// node-a as a `presenced` process of its own (for a `kill -9`), node-b and
 /// node-c in this process, each holding what it takes over for
 /// `restart_grace`, and the slot map once every node owns slots.
-pub async fn node_a_apart(
+pub(crate) async fn node_a_apart(
     etcd: &EtcdServer,
     restart_grace: Duration,
-) -> (super::daemon::Daemon, Vec<TestServer>, SlotMap) {
-    let advertise = format!("127.0.0.1:{}", super::daemon::free_port());
+) -> (daemon::Daemon, Vec<TestServer>, SlotMap) {
+    let advertise = format!("127.0.0.1:{}", daemon::free_port());
     let args = node_process_args(etcd, "node-a", &advertise);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let node_a = super::daemon::Daemon::start_on(&advertise, &args, &[], None);
+    let node_a = daemon::Daemon::start_on(&advertise, &args, &[], None);
     let mut servers = Vec::new();
     for node in &NODES[1..] {
         tokio::time::sleep(node_stagger()).await;
@@ -67,7 +68,7 @@ pub async fn node_a_apart(
 }
 
 /// Waits until every slot has an owner and the map is as `done` wants it.
-pub async fn map_where(etcd: &Etcd, what: &str, done: impl Fn(&SlotMap) -> bool) -> SlotMap {
+pub(crate) async fn map_where(etcd: &Etcd, what: &str, done: impl Fn(&SlotMap) -> bool) -> SlotMap {
     let watch = SlotMapWatch::start(etcd, PREFIX, SLOTS).await.unwrap();
     let deadline = Instant::now() + PATIENCE;
     loop {
@@ -80,22 +81,22 @@ pub async fn map_where(etcd: &Etcd, what: &str, done: impl Fn(&SlotMap) -> bool)
     }
 }
 
-pub const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
+pub(crate) const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
 
 /// The wait between two nodes' starts: `PRESENCED_TEST_NODE_STAGGER_MS`, else none.
-pub fn node_stagger() -> Duration {
+pub(crate) fn node_stagger() -> Duration {
     let ms = std::env::var("PRESENCED_TEST_NODE_STAGGER_MS").ok().and_then(|ms| ms.parse().ok()).unwrap_or(0);
     Duration::from_millis(ms)
 }
 
 /// Three nodes started together, and the slot map once they share the slots
 /// (the coordinator of a new cluster waits for the nodes starting with it).
-pub async fn three_nodes(etcd: &EtcdServer) -> (Vec<TestServer>, SlotMap) {
+pub(crate) async fn three_nodes(etcd: &EtcdServer) -> (Vec<TestServer>, SlotMap) {
     three_nodes_with(etcd, fast_config, true).await
 }
 
 /// [`three_nodes`] on `base`'s settings, evening the slots out by themselves if `rebalance`.
-pub async fn three_nodes_with(
+pub(crate) async fn three_nodes_with(
     etcd: &EtcdServer,
     base: fn() -> ServerConfig,
     rebalance: bool,
