@@ -26,7 +26,7 @@ use tokio_stream::{Stream, StreamExt, StreamMap};
 use tonic::Status;
 
 use crate::cluster::ClusterNode;
-use crate::cluster::membership::FORWARD_TIMEOUT;
+use crate::cluster::forward::FORWARD_TIMEOUT;
 use crate::cluster::peers::PeerStream;
 use crate::error::ServiceError;
 use crate::error::relayed;

@@ -19,7 +19,8 @@ use std::time::Duration;
 use presence_proto::v1 as pb;
 use tokio::task::JoinSet;
 
-use crate::cluster::membership::{FORWARD_TIMEOUT, Membership, call_peer, with_credential};
+use crate::cluster::forward::{FORWARD_TIMEOUT, call_peer, with_credential};
+use crate::cluster::membership::Membership;
 use crate::cluster::wire as cluster_wire;
 use crate::error::ServiceError;
 use crate::metrics::names;

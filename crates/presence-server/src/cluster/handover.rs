@@ -48,7 +48,8 @@ use presence_proto::v1 as pb;
 use tonic::metadata::{Ascii, MetadataValue};
 
 use crate::cluster::ClusterNode;
-use crate::cluster::membership::{Membership, call_peer, checked_slots, with_credential};
+use crate::cluster::forward::{call_peer, with_credential};
+use crate::cluster::membership::{Membership, checked_slots};
 use crate::error::ServiceError;
 use crate::node::background;
 use crate::node::context::Context;

@@ -4,9 +4,11 @@
 //! rooms and groups across nodes, and the connections between nodes. It
 //! builds on `node/` and plugs into it through [`crate::node::placement`].
 
+pub(crate) mod config;
 pub(crate) mod erasure;
 pub(crate) mod fanin;
 pub(crate) mod feed;
+pub(crate) mod forward;
 pub(crate) mod group_sync;
 pub(crate) mod handover;
 pub(crate) mod membership;
