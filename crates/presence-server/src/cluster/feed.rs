@@ -334,7 +334,7 @@ impl Merge {
             Err(status) => return self.failed(node, status),
         };
         let cursor = Cursor::decode(&event.cursor)
-            .map_err(|err| ServiceError::Peer { node: node.clone(), status: Status::internal(err.to_string()) })?;
+            .map_err(|err| ServiceError::PeerUnusable { node: node.clone(), reason: err.to_string() })?;
         let merged = self.merged;
         let Some(part) = self.parts.get_mut(&node) else { return Ok(()) };
         part.backoff = RETRY_FIRST;

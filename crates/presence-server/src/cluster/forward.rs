@@ -17,19 +17,18 @@ use crate::cluster::peers::PeerStream;
 use crate::error::ServiceError;
 pub(crate) use crate::node::placement::FORWARD_TIMEOUT;
 
-/// `call` to node `node`, given at most `within`: its answer, or the
-/// node's refusal, or `DEADLINE_EXCEEDED` naming it once the time is up.
-/// The wait is bounded here rather than by a grpc-timeout, which tonic would
-/// report as CANCELLED.
+/// `call` to node `node`, given at most `within`: its answer, or the node's
+/// refusal relayed, or [`ServiceError::PeerTimedOut`] naming it once the
+/// time is up.
 pub(crate) async fn call_peer<T>(
     node: &str,
     within: Duration,
     call: impl Future<Output = Result<tonic::Response<T>, Status>>,
 ) -> Result<T, ServiceError> {
-    let peer = |status| ServiceError::Peer { node: node.to_owned(), status };
     match tokio::time::timeout(within, call).await {
-        Ok(answered) => Ok(answered.map_err(peer)?.into_inner()),
-        Err(_) => Err(peer(Status::deadline_exceeded(format!("no answer within {within:?}")))),
+        Ok(Ok(answer)) => Ok(answer.into_inner()),
+        Ok(Err(status)) => Err(ServiceError::Peer { node: node.to_owned(), status }),
+        Err(_) => Err(ServiceError::PeerTimedOut { node: node.to_owned(), awaited: "answer", within }),
     }
 }
 
@@ -100,12 +99,12 @@ impl Membership {
                 client.leases(batch).await
             })
             .await?;
-        let peer = |status| ServiceError::Peer { node: address.to_owned(), status };
+        let node = address.to_owned();
         match tokio::time::timeout(FORWARD_TIMEOUT, results.message()).await {
             Ok(Ok(Some(results))) => Ok(results),
-            Ok(Ok(None)) => Err(peer(Status::unavailable("the stream ended without results"))),
-            Ok(Err(status)) => Err(peer(status)),
-            Err(_) => Err(peer(Status::deadline_exceeded(format!("no results within {FORWARD_TIMEOUT:?}")))),
+            Ok(Ok(None)) => Err(ServiceError::PeerEnded { node, awaited: "results" }),
+            Ok(Err(status)) => Err(ServiceError::Peer { node, status }),
+            Err(_) => Err(ServiceError::PeerTimedOut { node, awaited: "results", within: FORWARD_TIMEOUT }),
         }
     }
 
