@@ -153,3 +153,66 @@ pub enum JoinError {
     #[error("joining the cluster: {0}")]
     Tls(String),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ServeError;
+    use crate::node::placement::HOLD_THROUGH_FREEZE;
+
+    /// Makes a good configuration bad in one setting.
+    type Spoil = fn(&mut ClusterConfig);
+
+    fn config() -> ClusterConfig {
+        ClusterConfig::new(vec!["http://127.0.0.1:2379".into()], "node-a", "127.0.0.1:4000")
+    }
+
+    /// B7: a cluster setting no cluster could run with refuses the start,
+    /// naming the setting; each bound itself is allowed.
+    #[test]
+    fn b7_a_setting_no_cluster_could_run_with_refuses_the_start_naming_it() {
+        config().validate().expect("the defaults run");
+        let spoiled: [(&str, Spoil); 9] = [
+            ("cluster.etcd", |c| c.etcd.clear()),
+            ("cluster.node_id", |c| c.node_id.clear()),
+            ("cluster.node_id", |c| c.node_id = "a/b".into()),
+            ("cluster.node_id", |c| c.node_id = "n".repeat(129)),
+            ("cluster.advertise", |c| c.advertise.clear()),
+            ("cluster.slots", |c| c.slots = 0),
+            ("cluster.slots", |c| c.slots = MAX_SLOTS + 1),
+            ("cluster.lease_ttl", |c| c.lease_ttl = Duration::from_millis(1_999)),
+            ("cluster.move_freeze_bound", |c| c.move_freeze_bound = HOLD_THROUGH_FREEZE + Duration::from_millis(1)),
+        ];
+        for (setting, spoil) in spoiled {
+            let mut config = config();
+            spoil(&mut config);
+            match config.validate() {
+                Err(ServeError::Setting { setting: named, .. }) => assert_eq!(named, setting),
+                other => panic!("{setting} spoiled: {other:?}"),
+            }
+        }
+        let mut at_the_bounds = config();
+        at_the_bounds.node_id = "n".repeat(128);
+        at_the_bounds.slots = MAX_SLOTS;
+        at_the_bounds.lease_ttl = Duration::from_secs(2);
+        at_the_bounds.move_freeze_bound = HOLD_THROUGH_FREEZE;
+        at_the_bounds.validate().expect("each bound is allowed");
+    }
+
+    /// B7: node-to-node TLS that cannot be read refuses the start, naming
+    /// its flag, rather than the join after the server is up.
+    #[test]
+    fn b7_peer_tls_that_cannot_be_read_refuses_the_start_naming_its_flag() {
+        let mut config = config();
+        config.peer_tls = Some(ClientTlsFiles {
+            ca: Some("/nonexistent/peer-ca.pem".into()),
+            cert: None,
+            key: None,
+            flags: ["--peer-ca", "--peer-cert", "--peer-key"],
+            as_cluster_node: true,
+        });
+        let refused = config.validate().expect_err("no such file");
+        assert!(matches!(refused, ServeError::Tls(_)), "{refused:?}");
+        assert!(refused.to_string().contains("--peer-ca"), "{refused}");
+    }
+}
