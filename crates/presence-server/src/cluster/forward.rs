@@ -201,3 +201,112 @@ impl Membership {
         Ok(PeerStream::new(stream.await?, place))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+
+    use super::*;
+    use crate::cluster::peers::Peers;
+    use crate::cluster::protocol::PROTOCOL_HEADER;
+
+    const OWNER: &str = "10.0.0.2:4000";
+
+    /// C2: what reaches the owner is marked forwarded (so it answers for its
+    /// own users only), carries the caller's credential and this node's
+    /// protocol; the owner's answer comes back as it is.
+    #[tokio::test]
+    async fn c2_a_forwarded_request_is_marked_with_the_callers_credential_and_brings_the_answer_back() {
+        let credential = MetadataValue::from_static("Bearer viewer-token");
+        let mut sent = None;
+        let answer =
+            forward((), OWNER, FORWARD_TIMEOUT, pb::SnapshotRequest::default(), Some(&credential), |(), request| {
+                sent = Some(request.metadata().clone());
+                async { Ok(tonic::Response::new("the owner's answer")) }
+            })
+            .await;
+        assert_eq!(answer.unwrap(), "the owner's answer");
+        let sent = sent.expect("the owner was called");
+        assert_eq!(sent.get(FORWARDED).and_then(|mark| mark.to_str().ok()), Some("1"));
+        assert_eq!(sent.get("authorization"), Some(&credential));
+        assert!(sent.contains_key(PROTOCOL_HEADER), "{sent:?}");
+    }
+
+    /// C2: the owner's refusal reaches the caller with its code, the owner named.
+    #[tokio::test]
+    async fn c2_an_owners_refusal_is_relayed_with_its_code_and_the_owner_named() {
+        let refused = forward((), OWNER, FORWARD_TIMEOUT, pb::SnapshotRequest::default(), None, |(), _| async {
+            Err::<tonic::Response<()>, _>(Status::permission_denied("Snapshot: requires a viewer"))
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(&refused, ServiceError::Peer { node, .. } if node == OWNER), "{refused:?}");
+        let status = Status::from(refused);
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::PermissionDenied, "node at 10.0.0.2:4000: Snapshot: requires a viewer")
+        );
+    }
+
+    /// C2: an owner that does not answer is given up at the wait's end, as
+    /// DEADLINE_EXCEEDED naming it.
+    #[tokio::test(start_paused = true)]
+    async fn c2_an_owner_silent_past_the_wait_is_given_up_then_as_deadline_exceeded() {
+        let started = tokio::time::Instant::now();
+        let within = Duration::from_millis(700);
+        let silent = forward((), OWNER, within, pb::SnapshotRequest::default(), None, |(), _| {
+            std::future::pending::<Result<tonic::Response<()>, Status>>()
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(started.elapsed(), within);
+        assert!(matches!(silent, ServiceError::PeerTimedOut { .. }), "{silent:?}");
+        let status = Status::from(silent);
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::DeadlineExceeded, "node at 10.0.0.2:4000: no answer within 700ms")
+        );
+    }
+
+    /// A Snapshot of `user_ids` forwarded to the node at `address`, as the
+    /// caller would see its refusal.
+    async fn snapshot_refused_at(address: &str, user_ids: Vec<String>) -> Status {
+        let client = Peers::new(8, None).client(address).unwrap();
+        let request = pb::SnapshotRequest { user_ids, ..Default::default() };
+        let answer = forward(client, address, FORWARD_TIMEOUT, request, None, |mut client, request| async move {
+            client.snapshot(request).await
+        });
+        Status::from(answer.await.expect_err("refused"))
+    }
+
+    /// C2: an owner nobody listens for is UNAVAILABLE (the client retries),
+    /// the owner named.
+    #[tokio::test]
+    async fn c2_an_owner_nobody_listens_for_is_unavailable_naming_it() {
+        let address = {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            listener.local_addr().unwrap().to_string()
+        };
+        let status = snapshot_refused_at(&address, vec!["u1".into()]).await;
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(status.message().starts_with(&format!("node at {address}: ")), "{status:?}");
+    }
+
+    /// C2 against a real owner: a presenced on 127.0.0.1 refuses a bad
+    /// request forwarded to it, and its refusal reaches the caller with its
+    /// code and the field it names.
+    #[tokio::test]
+    async fn c2_a_real_owners_refusal_reaches_the_caller_with_its_code_and_field() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(crate::serve(listener, crate::ServerConfig::default(), async {
+            let _ = stopped.await;
+        }));
+        let status = snapshot_refused_at(&address, vec![String::new()]).await;
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().starts_with(&format!("node at {address}: user_ids: ")), "{status:?}");
+        let _ = stop.send(());
+        server.await.unwrap().unwrap();
+    }
+}
