@@ -505,6 +505,25 @@ mod tests {
         assert!(outage.give_word("node-b", None), "past the vow");
     }
 
+    /// C4: the coordinator's vows only ever lengthen, and each asks whether
+    /// a promise of this node's is in force (the takeover waits it out).
+    #[tokio::test(start_paused = true)]
+    async fn c4_a_vow_is_never_shortened_and_reports_a_promise_in_force() {
+        let outage = Outage::default();
+        let start = Instant::now();
+        let gone = ["node-b".to_owned()];
+        assert!(!outage.withhold(&gone, start + Duration::from_secs(10), 40));
+        assert!(!outage.withhold(&gone, start + Duration::from_secs(1), 40), "an earlier vow changes nothing");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(!outage.give_word("node-b", None), "still vowed: the later end holds");
+        assert!(outage.give_word("node-c", None), "node-c was never withheld");
+        assert!(outage.withhold(&gone, start + Duration::from_secs(10), 40), "the word to node-c came with a promise");
+        tokio::time::advance(PROMISE).await;
+        assert!(!outage.withhold(&gone, start + Duration::from_secs(10), 40), "that promise ran out");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(outage.give_word("node-b", None), "the vow ran out at its later end");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_extension_only_ever_moves_later() {
         let outage = Outage::default();
