@@ -67,7 +67,7 @@ impl ClusterConfig {
             settle: Duration::from_secs(2),
             ride_out: DEFAULT_RIDE_OUT,
             rebalance: true,
-            move_freeze_bound: crate::cluster::handover::FREEZE_BOUND,
+            move_freeze_bound: FREEZE_BOUND,
             peer_token: None,
             peer_tls: None,
             etcd_tls: None,
@@ -126,6 +126,12 @@ pub const MAX_SLOTS: u32 = 65_536;
 
 /// `--slots`' default.
 pub const DEFAULT_SLOTS: u32 = 1024;
+
+/// How long a freeze may last before the target has taken the last changes
+/// (`ClusterConfig::move_freeze_bound`'s default): past it the freeze is
+/// given up and the slots are answered here again. Below
+/// `HOLD_THROUGH_FREEZE`, so that the requests held meanwhile are answered.
+pub(crate) const FREEZE_BOUND: Duration = Duration::from_millis(200);
 
 /// `--etcd-ride-out-ms`' default: an etcd outage of up to this long past
 /// the lease is ridden out; a node that dies unreachable (not refusing

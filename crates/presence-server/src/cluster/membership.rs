@@ -24,7 +24,7 @@ use presence_cluster::{
     Campaigner, Coordinator, Etcd, LeaseState, NodeLease, NodeSet, NodeSetWatch, SlotMap, SlotMapWatch, register_node,
 };
 use presence_core::{SlotSet, slot_of};
-use presence_proto::v1::cluster_client::ClusterClient;
+use presence_proto::v1::{self as pb, cluster_client::ClusterClient};
 use presence_tls::ClientTls;
 use tokio::time::Instant;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -34,8 +34,9 @@ use tonic::transport::Channel;
 pub(crate) use crate::audit::FORWARDED;
 use crate::cluster::config::ClusterTls;
 pub use crate::cluster::config::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
+use crate::cluster::forward::{FORWARD_TIMEOUT, forward, next_message};
 use crate::cluster::outage::{Fencer, Outage};
-use crate::cluster::peers::Peers;
+use crate::cluster::peers::{PeerStream, Peers};
 use crate::error::{NotOwner, ServiceError};
 
 /// The most users of a forwarded Snapshot whose epochs its answer names.
@@ -254,6 +255,135 @@ impl Membership {
     /// ownership check to the end of its write (see [`Membership::leaving`]).
     pub(crate) fn durable_gate(&self) -> &tokio::sync::RwLock<()> {
         &self.durable_gate
+    }
+
+    /// Asks the node at `address` for a Snapshot of `user_ids`, for the same
+    /// viewer and with the caller's own credentials (C2).
+    pub(crate) async fn forward_snapshot(
+        &self,
+        address: &str,
+        user_ids: Vec<String>,
+        viewer_id: &str,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<Vec<pb::UserPresence>, ServiceError> {
+        let request = pb::SnapshotRequest { user_ids, viewer_id: viewer_id.to_owned() };
+        let client = self.peers.client(address)?;
+        let answer =
+            forward(client, address, FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+                client.snapshot(request).await
+            });
+        Ok(answer.await?.users)
+    }
+
+    /// Sends lease items held through a freeze to the node at `address`,
+    /// which owns their users now (C7), with the caller's credentials.
+    pub(crate) async fn forward_leases(
+        &self,
+        address: &str,
+        batch: pb::LeaseBatch,
+        authorization: Option<MetadataValue<Ascii>>,
+    ) -> Result<pb::LeaseResults, ServiceError> {
+        let client = self.peers.client(address)?;
+        let batch = tokio_stream::iter([batch]);
+        let mut results =
+            forward(client, address, FORWARD_TIMEOUT, batch, authorization.as_ref(), |mut client, batch| async move {
+                client.leases(batch).await
+            })
+            .await?;
+        next_message(address, FORWARD_TIMEOUT, "results", &mut results).await
+    }
+
+    /// Opens a Watch at the node at `address` for the caller, as
+    /// [`Membership::forward_snapshot`] asks for a Snapshot.
+    pub(crate) async fn forward_watch(
+        &self,
+        address: &str,
+        request: pb::WatchRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<PeerStream<pb::WatchEvent>, ServiceError> {
+        let (client, place) = self.peers.stream_client(address)?;
+        let stream =
+            forward(client, address, FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+                client.watch(request).await
+            });
+        Ok(PeerStream::new(stream.await?, place))
+    }
+
+    /// Asks the room's owner at `address` for a RoomSnapshot, for the caller
+    /// and with its credentials (C1).
+    pub(crate) async fn forward_room_snapshot(
+        &self,
+        address: &str,
+        request: pb::RoomSnapshotRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<pb::RoomSnapshot, ServiceError> {
+        let client = self.peers.client(address)?;
+        forward(client, address, FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+            client.room_snapshot(request).await
+        })
+        .await
+    }
+
+    /// Asks the room's owner at `address` to set the room's access, for the
+    /// caller and with its credentials (C1).
+    pub(crate) async fn forward_set_room_access(
+        &self,
+        address: &str,
+        request: pb::SetRoomAccessRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<pb::SetRoomAccessResponse, ServiceError> {
+        let client = self.peers.client(address)?;
+        forward(client, address, FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+            client.set_room_access(request).await
+        })
+        .await
+    }
+
+    /// Asks the user's owner at `address` for an ExportUser, with the
+    /// caller's credentials (P7). The owner asks every node in turn, so this
+    /// waits for twice the forwarding time.
+    pub(crate) async fn forward_export_user(
+        &self,
+        address: &str,
+        request: pb::ExportUserRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<pb::ExportUserResponse, ServiceError> {
+        let client = self.peers.client(address)?;
+        forward(client, address, 2 * FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+            client.export_user(request).await
+        })
+        .await
+    }
+
+    /// Asks the user's owner at `address` to erase it, with the caller's
+    /// credentials (P7), waiting as [`Membership::forward_export_user`] does.
+    pub(crate) async fn forward_erase_user(
+        &self,
+        address: &str,
+        request: pb::EraseUserRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<pb::EraseUserResponse, ServiceError> {
+        let client = self.peers.client(address)?;
+        forward(client, address, 2 * FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+            client.erase_user(request).await
+        })
+        .await
+    }
+
+    /// Opens a WatchRoom at the room's owner at `address`, as
+    /// [`Membership::forward_room_snapshot`] asks for a RoomSnapshot.
+    pub(crate) async fn forward_watch_room(
+        &self,
+        address: &str,
+        request: pb::WatchRoomRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<PeerStream<pb::RoomEvent>, ServiceError> {
+        let (client, place) = self.peers.stream_client(address)?;
+        let stream =
+            forward(client, address, FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+                client.watch_room(request).await
+            });
+        Ok(PeerStream::new(stream.await?, place))
     }
 
     /// What may end this node's right to act for some user: the slot map's
@@ -598,11 +728,6 @@ impl Membership {
             }
         }
         false
-    }
-
-    /// The connections to the other nodes.
-    pub(crate) fn peers(&self) -> &Peers {
-        &self.peers
     }
 
     /// A client of the Cluster service of the node at `address`.
