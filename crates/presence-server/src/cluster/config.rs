@@ -73,9 +73,7 @@ impl ClusterConfig {
             etcd_tls: None,
         }
     }
-}
 
-impl ClusterConfig {
     /// Refuses a configuration no cluster could run with.
     pub(crate) fn validate(&self) -> Result<(), crate::ServeError> {
         let refuse = |setting, reason| Err(crate::ServeError::Setting { setting, reason });
