@@ -27,10 +27,14 @@ use serde_json::{Value, json};
 use tonic::{Code, Status};
 
 use crate::auth::{Authenticator, ConnectionInfo};
-use crate::cluster::membership::FORWARDED;
 
 /// The tracing target of audit lines.
 pub(crate) const AUDIT_TARGET: &str = "presenced::audit";
+
+/// The metadata a node adds to a request it forwards to another node: that
+/// node answers for its own users only and forwards nothing. Named here, as
+/// a record's `forwarded`, for the cluster's forwarding to use.
+pub(crate) const FORWARDED: &str = "presenced-forwarded";
 
 /// Where audit lines go.
 #[derive(Debug, Default)]

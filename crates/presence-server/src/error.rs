@@ -135,6 +135,36 @@ pub(crate) enum ServiceError {
         /// Its answer.
         status: tonic::Status,
     },
+    /// Another node said nothing, or not all it owed, within this node's
+    /// wait. The wait is bounded here, not by a grpc-timeout (which tonic
+    /// reports as CANCELLED), so that the caller reads DEADLINE_EXCEEDED.
+    #[error("node at {node}: no {awaited} within {within:?}")]
+    PeerTimedOut {
+        /// The node's address (or id).
+        node: String,
+        /// What was awaited: `answer`, `opening snapshot`...
+        awaited: &'static str,
+        /// How long.
+        within: std::time::Duration,
+    },
+    /// Another node ended its answer before it was whole: a node stopping,
+    /// which another try meets no more.
+    #[error("node at {node}: its answer ended without {awaited}")]
+    PeerEnded {
+        /// The node's address.
+        node: String,
+        /// What never came.
+        awaited: &'static str,
+    },
+    /// Another node's address, or an answer of it, that this node cannot
+    /// use: a fault of the cluster's, not of the caller's request.
+    #[error("node at {node}: {reason}")]
+    PeerUnusable {
+        /// The node's address (or id).
+        node: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// Another node speaks a major version of the node-to-node protocol
     /// this node cannot read (D1).
     #[error(
@@ -291,6 +321,9 @@ impl ServiceError {
             | ServiceError::ProtocolMismatch { .. } => Code::FailedPrecondition,
             ServiceError::MoveAborted(_) => Code::Aborted,
             ServiceError::Etcd(_) | ServiceError::Reopen(_) | ServiceError::NodesUnreached { .. } => Code::Unavailable,
+            ServiceError::PeerTimedOut { .. } => Code::DeadlineExceeded,
+            ServiceError::PeerEnded { .. } => Code::Unavailable,
+            ServiceError::PeerUnusable { .. } => Code::Internal,
             ServiceError::Peer { status, .. } => status.code(),
         }
     }
@@ -416,5 +449,34 @@ mod tests {
             Status::from(ServiceError::Unauthenticated("invalid credentials".into())).code(),
             Code::Unauthenticated
         );
+    }
+
+    /// C2: what another node did reaches the caller with the code it had
+    /// before these outcomes had names: a refusal keeps the node's code, a
+    /// wait that ran out reads DEADLINE_EXCEEDED (not tonic's CANCELLED), an
+    /// answer cut short UNAVAILABLE, and an address or answer this node
+    /// cannot use INTERNAL; each names the node.
+    #[test]
+    fn a_peers_outcome_has_one_code_and_names_the_node() {
+        let node = || "10.0.0.2:4000".to_owned();
+        let within = std::time::Duration::from_secs(2);
+        let outcomes = [
+            (
+                ServiceError::Peer { node: node(), status: Status::permission_denied("Watch: no") },
+                Code::PermissionDenied,
+            ),
+            (ServiceError::Peer { node: node(), status: Status::unavailable("connection refused") }, Code::Unavailable),
+            (ServiceError::PeerTimedOut { node: node(), awaited: "answer", within }, Code::DeadlineExceeded),
+            (ServiceError::PeerEnded { node: node(), awaited: "results" }, Code::Unavailable),
+            (ServiceError::PeerUnusable { node: node(), reason: "bad address: no port".into() }, Code::Internal),
+        ];
+        for (outcome, code) in outcomes {
+            assert_eq!(outcome.code(), code, "{outcome:?}");
+            let status = Status::from(outcome);
+            assert_eq!(status.code(), code, "{status:?}");
+            assert!(status.message().starts_with("node at 10.0.0.2:4000: "), "{status:?}");
+        }
+        let timed_out = Status::from(ServiceError::PeerTimedOut { node: node(), awaited: "answer", within });
+        assert_eq!(timed_out.message(), "node at 10.0.0.2:4000: no answer within 2s");
     }
 }

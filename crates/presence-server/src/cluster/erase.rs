@@ -22,7 +22,8 @@ use presence_proto::v1 as pb;
 use tokio::task::JoinSet;
 
 use crate::cluster::ClusterNode;
-use crate::cluster::membership::{FORWARD_TIMEOUT, Membership, call_peer, with_credential};
+use crate::cluster::forward::{FORWARD_TIMEOUT, call_peer, with_credential};
+use crate::cluster::membership::Membership;
 use crate::error::ServiceError;
 use crate::node::context::Context;
 use crate::node::erase;

@@ -26,7 +26,7 @@ use tokio_stream::{Stream, StreamExt, StreamMap};
 use tonic::Status;
 
 use crate::cluster::ClusterNode;
-use crate::cluster::membership::FORWARD_TIMEOUT;
+use crate::cluster::forward::FORWARD_TIMEOUT;
 use crate::cluster::peers::PeerStream;
 use crate::error::ServiceError;
 use crate::error::relayed;
@@ -85,9 +85,10 @@ pub(crate) async fn open(
     let mut opening = pb::Snapshot::default();
     for part in &mut parts {
         let first = tokio::time::timeout(FORWARD_TIMEOUT, part.next()).await;
-        let first = first.map_err(|_| ServiceError::Peer {
+        let first = first.map_err(|_| ServiceError::PeerTimedOut {
             node: "a watched owner".into(),
-            status: Status::deadline_exceeded("no opening snapshot in time"),
+            awaited: "opening snapshot",
+            within: FORWARD_TIMEOUT,
         })?;
         match first {
             Some(Ok(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)) })) => {
@@ -96,9 +97,9 @@ pub(crate) async fn open(
             }
             Some(Err(status)) => return Err(ServiceError::Peer { node: "a watched owner".into(), status }),
             _ => {
-                return Err(ServiceError::Peer {
+                return Err(ServiceError::PeerUnusable {
                     node: "a watched owner".into(),
-                    status: Status::internal("no opening snapshot"),
+                    reason: "no opening snapshot".into(),
                 });
             }
         }

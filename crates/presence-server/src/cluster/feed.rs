@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
 use crate::cluster::ClusterNode;
-use crate::cluster::membership::with_credential;
+use crate::cluster::forward::with_credential;
 use crate::error::{ServiceError, feed_out_of_range_oldest};
 use crate::node::context::Context;
 use crate::node::feed::wire::{self, ChangesFilter, ChangesFrom};
@@ -258,7 +258,7 @@ impl Merge {
             match membership.cluster_client(&part.address) {
                 Ok(mut client) => {
                     let call = client.node_changes(with_credential(request, membership.peer_token()));
-                    match tokio::time::timeout(crate::cluster::membership::FORWARD_TIMEOUT, call).await {
+                    match tokio::time::timeout(crate::cluster::forward::FORWARD_TIMEOUT, call).await {
                         Ok(Ok(response)) => Ok(Box::pin(response.into_inner())),
                         Ok(Err(status)) => Err(status),
                         Err(_) => Err(Status::deadline_exceeded("no answer to NodeChanges")),
@@ -334,7 +334,7 @@ impl Merge {
             Err(status) => return self.failed(node, status),
         };
         let cursor = Cursor::decode(&event.cursor)
-            .map_err(|err| ServiceError::Peer { node: node.clone(), status: Status::internal(err.to_string()) })?;
+            .map_err(|err| ServiceError::PeerUnusable { node: node.clone(), reason: err.to_string() })?;
         let merged = self.merged;
         let Some(part) = self.parts.get_mut(&node) else { return Ok(()) };
         part.backoff = RETRY_FIRST;

@@ -19,7 +19,8 @@ use std::time::Duration;
 use presence_proto::v1 as pb;
 use tokio::task::JoinSet;
 
-use crate::cluster::membership::{FORWARD_TIMEOUT, Membership, call_peer, with_credential};
+use crate::cluster::forward::{FORWARD_TIMEOUT, call_peer, with_credential};
+use crate::cluster::membership::Membership;
 use crate::cluster::wire as cluster_wire;
 use crate::error::ServiceError;
 use crate::metrics::names;
@@ -105,10 +106,12 @@ async fn merge_ledger_of(
     let mut pieces = call_peer(node, FORWARD_TIMEOUT, client.group_ledger(request)).await?;
     let (mut merged, mut newer) = (0, 0);
     loop {
-        let piece = tokio::time::timeout(FORWARD_TIMEOUT, pieces.message()).await.map_err(|_| ServiceError::Peer {
-            node: node.to_owned(),
-            status: tonic::Status::deadline_exceeded("a piece of the group ledger"),
-        })?;
+        let piece =
+            tokio::time::timeout(FORWARD_TIMEOUT, pieces.message()).await.map_err(|_| ServiceError::PeerTimedOut {
+                node: node.to_owned(),
+                awaited: "piece of the group ledger",
+                within: FORWARD_TIMEOUT,
+            })?;
         let piece = piece.map_err(|status| ServiceError::Peer { node: node.to_owned(), status })?;
         let Some(piece) = piece else { break };
         let entries = cluster_wire::group_entries(piece)?;

@@ -23,8 +23,9 @@
 //!    epochs it owned them at, and drops them.
 //!
 //! Steps 3 to 5 are the freeze, bounded: a target that has not taken the
-//! last changes within [`FREEZE_BOUND`] is told to drop what it took and the
-//! slots are answered here again (`presenced_move_freezes_aborted_total`).
+//! last changes within `ClusterConfig::move_freeze_bound` is told to drop
+//! what it took and the slots are answered here again
+//! (`presenced_move_freezes_aborted_total`).
 //! No slot of a round is frozen while another's copy is under way.
 //!
 //! The target answers for the slots once its slot map shows them as its own.
@@ -48,7 +49,8 @@ use presence_proto::v1 as pb;
 use tonic::metadata::{Ascii, MetadataValue};
 
 use crate::cluster::ClusterNode;
-use crate::cluster::membership::{Membership, call_peer, checked_slots, with_credential};
+use crate::cluster::forward::{call_peer, with_credential};
+use crate::cluster::membership::{Membership, checked_slots};
 use crate::error::ServiceError;
 use crate::node::background;
 use crate::node::context::Context;
@@ -170,12 +172,6 @@ pub(crate) const FREEZE_AT_USERS: usize = 500;
 /// and the slots stay here).
 const CATCH_UP_STEPS: usize = 16;
 
-/// How long a freeze may last before the target has taken the last changes
-/// (`ClusterConfig::move_freeze_bound`'s default): past it the freeze is
-/// given up and the slots are answered here again. Below
-/// `HOLD_THROUGH_FREEZE`, so that the requests held meanwhile are answered.
-pub(crate) const FREEZE_BOUND: Duration = Duration::from_millis(200);
-
 /// How many times a round whose freeze was given up is made again (copied
 /// again, frozen again) before the move fails.
 const FREEZE_TRIES: usize = 3;
@@ -184,8 +180,8 @@ const FREEZE_TRIES: usize = 3;
 enum Round {
     /// Its slots are the target's.
     Moved(Moved),
-    /// Its freeze was given up past [`FREEZE_BOUND`]: the slots stayed here,
-    /// and the round may be made again.
+    /// Its freeze was given up past `ClusterConfig::move_freeze_bound`: the
+    /// slots stayed here, and the round may be made again.
     FreezeGivenUp(ServiceError),
 }
 

@@ -15,7 +15,6 @@
 //! Without `--etcd` nothing of this exists (C5): the node is a
 //! `SingleNode` placement, which checks nothing.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -26,167 +25,19 @@ use presence_cluster::{
 };
 use presence_core::{SlotSet, slot_of};
 use presence_proto::v1::{self as pb, cluster_client::ClusterClient};
-use presence_tls::{ClientTls, ClientTlsFiles};
+use presence_tls::ClientTls;
 use tokio::time::Instant;
-use tonic::Status;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
 
+// The crate's public paths (lib.rs) and the API's handlers name these here.
+pub(crate) use crate::audit::FORWARDED;
+use crate::cluster::config::ClusterTls;
+pub use crate::cluster::config::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
+use crate::cluster::forward::{FORWARD_TIMEOUT, forward, next_message};
+use crate::cluster::outage::{Fencer, Outage};
 use crate::cluster::peers::{PeerStream, Peers};
 use crate::error::{NotOwner, ServiceError};
-
-/// How to join a cluster: `serve --etcd ... --node-id ... --advertise ...`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterConfig {
-    /// etcd's client URLs; the first one that answers is used.
-    pub etcd: Vec<String>,
-    /// This node's name, unique in the cluster.
-    pub node_id: String,
-    /// Where clients reach this node (host:port), as `NotOwner` names it.
-    pub advertise: String,
-    /// The cluster's slot count, the same on every node for its whole life.
-    pub slots: u32,
-    /// The keys' prefix in etcd, so that clusters can share one etcd.
-    pub prefix: String,
-    /// The TTL of this node's etcd lease: how long after its last confirmed
-    /// keep-alive a dead or cut-off node's slots are given to others.
-    pub lease_ttl: Duration,
-    /// How long a new cluster waits for no more nodes to join before giving
-    /// out its slots.
-    pub settle: Duration,
-    /// How long past its lease this node may act riding out an etcd outage
-    /// that every node it knows is in too; and how long the coordinator
-    /// waits, after a node's registration is gone, before it gives away the
-    /// slots of a node it cannot reach (C6). The same on every node.
-    pub ride_out: Duration,
-    /// Whether this node, while it coordinates, evens the slots out between
-    /// the live nodes by planned moves (`rebalance`).
-    pub rebalance: bool,
-    /// How long a move out of this node may keep its slots frozen for the
-    /// target to take the last changes (C7) before it gives the freeze up
-    /// and answers them here again. At most `HOLD_THROUGH_FREEZE` (250 ms),
-    /// so that requests held meanwhile are answered; not a flag (0 gives
-    /// every freeze up, which only a test wants).
-    pub move_freeze_bound: Duration,
-    /// What this node presents to the other nodes when it calls them of its
-    /// own accord (handing its slots over as it drains): one of the service
-    /// tokens every node accepts. `None` when the cluster runs open.
-    pub peer_token: Option<String>,
-    /// Node-to-node TLS, as this node dials the others: the cluster's CA,
-    /// which their certificates must come from, and the certificate this
-    /// node shows them. With it, nodes dial each other over `https://`,
-    /// verifying each other's advertised names, and accept `Cluster` calls
-    /// only from a certificate of the cluster's CA (T2).
-    pub peer_tls: Option<ClientTlsFiles>,
-    /// TLS to etcd (`https://` endpoints): its CA, and a client certificate
-    /// for etcd's `--client-cert-auth`.
-    pub etcd_tls: Option<ClientTlsFiles>,
-}
-
-impl ClusterConfig {
-    /// The defaults for joining through `etcd` as `node_id`, reached at `advertise`.
-    pub fn new(etcd: Vec<String>, node_id: impl Into<String>, advertise: impl Into<String>) -> Self {
-        ClusterConfig {
-            etcd,
-            node_id: node_id.into(),
-            advertise: advertise.into(),
-            slots: DEFAULT_SLOTS,
-            prefix: "/presenced/".to_owned(),
-            lease_ttl: Duration::from_secs(5),
-            settle: Duration::from_secs(2),
-            ride_out: DEFAULT_RIDE_OUT,
-            rebalance: true,
-            move_freeze_bound: crate::cluster::handover::FREEZE_BOUND,
-            peer_token: None,
-            peer_tls: None,
-            etcd_tls: None,
-        }
-    }
-}
-
-impl ClusterConfig {
-    /// Refuses a configuration no cluster could run with.
-    pub(crate) fn validate(&self) -> Result<(), crate::ServeError> {
-        let refuse = |setting, reason| Err(crate::ServeError::Setting { setting, reason });
-        if self.etcd.is_empty() {
-            return refuse("cluster.etcd", "needs at least one etcd URL");
-        }
-        if self.node_id.is_empty() || self.node_id.len() > 128 || self.node_id.contains('/') {
-            return refuse("cluster.node_id", "must be 1 to 128 bytes without '/'");
-        }
-        if self.advertise.is_empty() {
-            return refuse("cluster.advertise", "must be the host:port clients reach this node at");
-        }
-        if !(1..=MAX_SLOTS).contains(&self.slots) {
-            return refuse("cluster.slots", "must be between 1 and 65536");
-        }
-        if self.lease_ttl < Duration::from_secs(2) {
-            return refuse("cluster.lease_ttl", "must be at least 2 s (etcd counts whole seconds, less a margin)");
-        }
-        if self.move_freeze_bound > crate::node::placement::HOLD_THROUGH_FREEZE {
-            return refuse(
-                "cluster.move_freeze_bound",
-                "must be at most 250 ms, the time requests wait through a freeze",
-            );
-        }
-        // Read now, so that a bad file refuses the start (B7); `join` reads them again.
-        self.client_tls()?;
-        Ok(())
-    }
-
-    /// The peer and etcd client TLS material, read and checked.
-    pub(crate) fn client_tls(&self) -> Result<ClusterTls, crate::ServeError> {
-        let load = |files: &Option<ClientTlsFiles>| {
-            files.clone().map(ClientTls::load).transpose().map(|tls| tls.map(Arc::new))
-        };
-        Ok(ClusterTls { peer: load(&self.peer_tls)?, etcd: load(&self.etcd_tls)? })
-    }
-}
-
-/// A node's client TLS material: to the other nodes, and to etcd.
-#[derive(Debug)]
-pub(crate) struct ClusterTls {
-    peer: Option<Arc<ClientTls>>,
-    etcd: Option<Arc<ClientTls>>,
-}
-
-/// The most slots a cluster may have: the slot map is read whole.
-pub const MAX_SLOTS: u32 = 65_536;
-
-pub(crate) use crate::node::placement::FORWARD_TIMEOUT;
-
-/// `call` to node `node`, given at most `within`: its answer, or the
-/// node's refusal, or `DEADLINE_EXCEEDED` naming it once the time is up.
-/// The wait is bounded here rather than by a grpc-timeout, which tonic would
-/// report as CANCELLED.
-pub(crate) async fn call_peer<T>(
-    node: &str,
-    within: Duration,
-    call: impl std::future::Future<Output = Result<tonic::Response<T>, Status>>,
-) -> Result<T, ServiceError> {
-    let peer = |status| ServiceError::Peer { node: node.to_owned(), status };
-    match tokio::time::timeout(within, call).await {
-        Ok(answered) => Ok(answered.map_err(peer)?.into_inner()),
-        Err(_) => Err(peer(Status::deadline_exceeded(format!("no answer within {within:?}")))),
-    }
-}
-
-/// `message` as a request to another node, carrying `credential`
-/// (`authorization`), if any, and this node's protocol version (every
-/// node-to-node request is made here).
-pub(crate) fn with_credential<T>(message: T, credential: Option<&MetadataValue<Ascii>>) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    crate::cluster::protocol::stamp(request.metadata_mut());
-    if let Some(credential) = credential {
-        request.metadata_mut().insert("authorization", credential.clone());
-    }
-    request
-}
-
-/// `--etcd-ride-out-ms`' default: an etcd outage of up to this long past
-/// the lease is ridden out; a node that dies unreachable (not refusing
-/// connections) is taken over this long after its lease expires.
-pub(crate) const DEFAULT_RIDE_OUT: Duration = Duration::from_secs(10);
 
 /// The most users of a forwarded Snapshot whose epochs its answer names.
 const MAX_STAMPED_USERS: usize = 64;
@@ -206,35 +57,10 @@ impl OwnerStamp {
     }
 }
 
-/// `--slots`' default.
-pub const DEFAULT_SLOTS: u32 = 1024;
-
 /// Taken off every confirmed lease deadline before this node stops acting:
 /// covers the difference of clock rates between etcd and this node and the
 /// time an answer takes to leave.
 const LEASE_MARGIN: Duration = Duration::from_millis(500);
-
-/// Why a node could not join its cluster.
-#[derive(Debug, thiserror::Error)]
-pub enum JoinError {
-    /// No etcd endpoint answered.
-    #[error("no etcd endpoint of {endpoints:?} could be reached: {last}")]
-    Unreachable {
-        /// The endpoints tried.
-        endpoints: Vec<String>,
-        /// The last one's error.
-        last: presence_cluster::Error,
-    },
-    /// The credential for calls to the other nodes cannot be sent.
-    #[error("joining the cluster: {0}")]
-    Token(&'static str),
-    /// etcd refused a step of joining.
-    #[error("joining the cluster through etcd: {0}")]
-    Etcd(#[from] presence_cluster::Error),
-    /// The node-to-node or etcd TLS material cannot be used.
-    #[error("joining the cluster: {0}")]
-    Tls(String),
-}
 
 /// A node's part in its cluster, kept while it serves.
 #[derive(Debug)]
@@ -272,7 +98,7 @@ pub(crate) struct Membership {
     nodes: NodeSetWatch,
     peers: Arc<Peers>,
     /// How the coordinator asks a gone node to stand down (C6).
-    fencer: Arc<crate::cluster::outage::Fencer>,
+    fencer: Arc<Fencer>,
     /// How long past its lease this node may act riding out an outage.
     pub(crate) ride_out: Duration,
     /// This node's part in the coordinator's election, on the lease in force.
@@ -354,7 +180,7 @@ impl Membership {
             None => None,
         };
         let peers = Arc::new(Peers::new(max_streams_per_connection, peer_tls.clone()));
-        let fencer = Arc::new(crate::cluster::outage::Fencer {
+        let fencer = Arc::new(Fencer {
             node: config.node_id.clone(),
             peers: Arc::clone(&peers),
             peer_token: peer_token.clone(),
@@ -432,8 +258,7 @@ impl Membership {
     }
 
     /// Asks the node at `address` for a Snapshot of `user_ids`, for the same
-    /// viewer and with the caller's own credentials, so that the owner
-    /// applies its privacy rules to the caller as if asked directly (C2).
+    /// viewer and with the caller's own credentials (C2).
     pub(crate) async fn forward_snapshot(
         &self,
         address: &str,
@@ -441,9 +266,13 @@ impl Membership {
         viewer_id: &str,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<Vec<pb::UserPresence>, ServiceError> {
-        let mut client = self.peers.client(address)?;
-        let request = forwarded(pb::SnapshotRequest { user_ids, viewer_id: viewer_id.to_owned() }, authorization);
-        Ok(call_peer(address, FORWARD_TIMEOUT, client.snapshot(request)).await?.users)
+        let request = pb::SnapshotRequest { user_ids, viewer_id: viewer_id.to_owned() };
+        let client = self.peers.client(address)?;
+        let answer =
+            forward(client, address, FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+                client.snapshot(request).await
+            });
+        Ok(answer.await?.users)
     }
 
     /// Sends lease items held through a freeze to the node at `address`,
@@ -454,17 +283,14 @@ impl Membership {
         batch: pb::LeaseBatch,
         authorization: Option<MetadataValue<Ascii>>,
     ) -> Result<pb::LeaseResults, ServiceError> {
-        let mut client = self.peers.client(address)?;
-        let request = forwarded(tokio_stream::iter([batch]), authorization.as_ref());
-        let mut results = call_peer(address, FORWARD_TIMEOUT, client.leases(request)).await?;
-        let peer = |status| ServiceError::Peer { node: address.to_owned(), status };
-        let answered = tokio::time::timeout(FORWARD_TIMEOUT, results.message()).await;
-        match answered {
-            Ok(Ok(Some(results))) => Ok(results),
-            Ok(Ok(None)) => Err(peer(Status::unavailable("the stream ended without results"))),
-            Ok(Err(status)) => Err(peer(status)),
-            Err(_) => Err(peer(Status::deadline_exceeded(format!("no results within {FORWARD_TIMEOUT:?}")))),
-        }
+        let client = self.peers.client(address)?;
+        let batch = tokio_stream::iter([batch]);
+        let mut results =
+            forward(client, address, FORWARD_TIMEOUT, batch, authorization.as_ref(), |mut client, batch| async move {
+                client.leases(batch).await
+            })
+            .await?;
+        next_message(address, FORWARD_TIMEOUT, "results", &mut results).await
     }
 
     /// Opens a Watch at the node at `address` for the caller, as
@@ -475,9 +301,12 @@ impl Membership {
         request: pb::WatchRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<PeerStream<pb::WatchEvent>, ServiceError> {
-        let (mut client, place) = self.peers.stream_client(address)?;
-        let stream = call_peer(address, FORWARD_TIMEOUT, client.watch(forwarded(request, authorization))).await?;
-        Ok(PeerStream::new(stream, place))
+        let (client, place) = self.peers.stream_client(address)?;
+        let stream =
+            forward(client, address, FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+                client.watch(request).await
+            });
+        Ok(PeerStream::new(stream.await?, place))
     }
 
     /// Asks the room's owner at `address` for a RoomSnapshot, for the caller
@@ -488,8 +317,11 @@ impl Membership {
         request: pb::RoomSnapshotRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<pb::RoomSnapshot, ServiceError> {
-        let mut client = self.peers.client(address)?;
-        call_peer(address, FORWARD_TIMEOUT, client.room_snapshot(forwarded(request, authorization))).await
+        let client = self.peers.client(address)?;
+        forward(client, address, FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+            client.room_snapshot(request).await
+        })
+        .await
     }
 
     /// Asks the room's owner at `address` to set the room's access, for the
@@ -500,8 +332,11 @@ impl Membership {
         request: pb::SetRoomAccessRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<pb::SetRoomAccessResponse, ServiceError> {
-        let mut client = self.peers.client(address)?;
-        call_peer(address, FORWARD_TIMEOUT, client.set_room_access(forwarded(request, authorization))).await
+        let client = self.peers.client(address)?;
+        forward(client, address, FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+            client.set_room_access(request).await
+        })
+        .await
     }
 
     /// Asks the user's owner at `address` for an ExportUser, with the
@@ -513,8 +348,11 @@ impl Membership {
         request: pb::ExportUserRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<pb::ExportUserResponse, ServiceError> {
-        let mut client = self.peers.client(address)?;
-        call_peer(address, 2 * FORWARD_TIMEOUT, client.export_user(forwarded(request, authorization))).await
+        let client = self.peers.client(address)?;
+        forward(client, address, 2 * FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+            client.export_user(request).await
+        })
+        .await
     }
 
     /// Asks the user's owner at `address` to erase it, with the caller's
@@ -525,8 +363,11 @@ impl Membership {
         request: pb::EraseUserRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<pb::EraseUserResponse, ServiceError> {
-        let mut client = self.peers.client(address)?;
-        call_peer(address, 2 * FORWARD_TIMEOUT, client.erase_user(forwarded(request, authorization))).await
+        let client = self.peers.client(address)?;
+        forward(client, address, 2 * FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+            client.erase_user(request).await
+        })
+        .await
     }
 
     /// Opens a WatchRoom at the room's owner at `address`, as
@@ -537,9 +378,12 @@ impl Membership {
         request: pb::WatchRoomRequest,
         authorization: Option<&MetadataValue<Ascii>>,
     ) -> Result<PeerStream<pb::RoomEvent>, ServiceError> {
-        let (mut client, place) = self.peers.stream_client(address)?;
-        let stream = call_peer(address, FORWARD_TIMEOUT, client.watch_room(forwarded(request, authorization))).await?;
-        Ok(PeerStream::new(stream, place))
+        let (client, place) = self.peers.stream_client(address)?;
+        let stream =
+            forward(client, address, FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+                client.watch_room(request).await
+            });
+        Ok(PeerStream::new(stream.await?, place))
     }
 
     /// What may end this node's right to act for some user: the slot map's
@@ -952,7 +796,7 @@ fn campaigner(
     etcd_back: &tokio::sync::watch::Sender<Option<Instant>>,
     lease_ttl: Duration,
     ride_out: Duration,
-    fencer: &Arc<crate::cluster::outage::Fencer>,
+    fencer: &Arc<Fencer>,
 ) -> Campaigner {
     // The ride-out is counted from the lease's own deadline, which comes
     // before etcd expires the lease (`LEASE_MARGIN`); the margin added here
@@ -999,13 +843,6 @@ impl Relayed {
             self.etcd_back.send_replace(Some(now));
         }
     }
-}
-
-/// `message` as a request forwarded to another node: marked so, with the caller's credentials.
-fn forwarded<T>(message: T, authorization: Option<&MetadataValue<Ascii>>) -> tonic::Request<T> {
-    let mut request = with_credential(message, authorization);
-    request.metadata_mut().insert(FORWARDED, MetadataValue::from_static("1"));
-    request
 }
 
 /// Until when a node whose lease stands at `lease` may act, given the
@@ -1142,10 +979,6 @@ pub(crate) struct Routes {
     pub(crate) remote: std::collections::BTreeMap<String, Vec<usize>>,
 }
 
-/// The metadata a node adds to a request it forwards to another node: that
-/// node answers for its own users only and forwards nothing.
-pub(crate) const FORWARDED: &str = "presenced-forwarded";
-
 /// `slots` of a cluster of `slot_count`, checked against this one's.
 pub(crate) fn slot_set(membership: &Membership, slots: &[u32], slot_count: u32) -> Result<SlotSet, ServiceError> {
     let count = membership.slot_count();
@@ -1164,149 +997,6 @@ pub(crate) fn checked_slots(count: u32, slots: &[u32]) -> Result<SlotSet, Servic
         return Err(ServiceError::invalid("slots", format!("{bad} is not one of the cluster's {count} slots")));
     }
     Ok(SlotSet::of(count, slots.iter().copied()))
-}
-
-/// How long past the send time of a round that every other node answered
-/// "etcd does not answer me either" the node may act.
-pub(crate) const EXTENSION: Duration = Duration::from_millis(1_000);
-
-/// How long a node that answered "etcd does not answer me" takes over no
-/// other node's slots: the extension and a margin for clock rates.
-pub(crate) const PROMISE: Duration = Duration::from_millis(1_500);
-
-/// A node's part in riding out etcd outages.
-#[derive(Debug)]
-pub(crate) struct Outage {
-    /// Until when the others' answers let this node act past its lease.
-    extended_until: tokio::sync::watch::Sender<Option<Instant>>,
-    /// Until when this node promised the others to take over no slot.
-    no_takeover_before: Mutex<Option<Instant>>,
-    /// Set when the coordinator, which etcd answers, asked this node to
-    /// stand down: no extension until etcd answers this node again.
-    stood_down: AtomicBool,
-    /// Gone nodes the coordinator is about to take over, each with until
-    /// when this node gives it no word that etcd does not answer here, and
-    /// the revision of this node's view of the node set then: a
-    /// registration made after it is the node joined again, which acts
-    /// only on its new lease, and the vow is over.
-    withheld: Mutex<HashMap<String, (Instant, i64)>>,
-}
-
-impl Default for Outage {
-    fn default() -> Self {
-        Outage {
-            extended_until: tokio::sync::watch::Sender::new(None),
-            no_takeover_before: Mutex::new(None),
-            stood_down: AtomicBool::new(false),
-            withheld: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-impl Outage {
-    /// Until when the others' answers let this node act past its lease.
-    pub(crate) fn extended_until(&self) -> Option<Instant> {
-        *self.extended_until.borrow()
-    }
-
-    /// Changes of [`Outage::extended_until`], to wait on.
-    pub(crate) fn extensions(&self) -> tokio::sync::watch::Receiver<Option<Instant>> {
-        self.extended_until.subscribe()
-    }
-
-    pub(crate) fn extend_to(&self, until: Instant) {
-        self.extended_until.send_if_modified(|extended| {
-            // Checked under the channel's lock, which `stand_down` takes
-            // too: no extension lands after a stand-down.
-            if self.stood_down.load(Ordering::Acquire) {
-                return false;
-            }
-            let later = extended.is_none_or(|extended| extended < until);
-            if later {
-                *extended = Some(until);
-            }
-            later
-        });
-    }
-
-    /// Ends any extension, and refuses new ones until [`Outage::resume`].
-    pub(crate) fn stand_down(&self) {
-        self.extended_until.send_modify(|extended| {
-            self.stood_down.store(true, Ordering::Release);
-            *extended = None;
-        });
-    }
-
-    /// Whether a coordinator asked this node to stand down since etcd last answered it.
-    pub(crate) fn stood_down(&self) -> bool {
-        self.stood_down.load(Ordering::Acquire)
-    }
-
-    /// etcd answers this node again: a later outage may be ridden out.
-    pub(crate) fn resume(&self) {
-        self.stood_down.store(false, Ordering::Release);
-    }
-
-    /// Promises to take over no slot of another node until `now` + [`PROMISE`].
-    pub(crate) fn promise(&self, now: Instant) {
-        let until = now + PROMISE;
-        let mut promised = self.no_takeover_before.lock();
-        if promised.is_none_or(|promised| promised < until) {
-            *promised = Some(until);
-        }
-    }
-
-    /// Whether a promise this node made is in force at `now`.
-    pub(crate) fn holds_promise(&self, now: Instant) -> bool {
-        self.no_takeover_before.lock().is_some_and(|until| now < until)
-    }
-
-    /// Gives `nodes` no word that etcd does not answer this node until
-    /// `until` (the coordinator's question before a takeover, C4), and
-    /// returns whether a promise this node made is in force. An earlier vow
-    /// never shortens a later one. Under the same lock as
-    /// [`Outage::give_word`]: a word is either given before the vow, and its
-    /// promise counted here, or refused after it.
-    pub(crate) fn withhold(&self, nodes: &[String], until: Instant, view_revision: i64) -> bool {
-        let mut withheld = self.withheld.lock();
-        let now = Instant::now();
-        withheld.retain(|_, (vowed, _)| now < *vowed);
-        for node in nodes {
-            let (vowed, revision) = withheld.entry(node.clone()).or_insert((until, view_revision));
-            *vowed = (*vowed).max(until);
-            *revision = (*revision).max(view_revision);
-        }
-        self.holds_promise(now)
-    }
-
-    /// Gives `node` the word that etcd does not answer this node, with the
-    /// promise that comes with it ([`Outage::promise`]), unless this node
-    /// vowed not to and `node` has not registered again since
-    /// (`registered_at`, the revision of its registration in this node's
-    /// view); returns whether it did.
-    pub(crate) fn give_word(&self, node: &str, registered_at: Option<i64>) -> bool {
-        let withheld = self.withheld.lock();
-        let now = Instant::now();
-        let vowed = withheld.get(node).is_some_and(|&(until, revision)| {
-            now < until && registered_at.is_none_or(|registered| registered <= revision)
-        });
-        if vowed {
-            return false;
-        }
-        self.promise(now);
-        true
-    }
-
-    /// Returns once every promise this node made has run out.
-    pub(crate) async fn promises_kept(&self) {
-        loop {
-            let until = *self.no_takeover_before.lock();
-            match until {
-                Some(until) if Instant::now() < until => tokio::time::sleep_until(until).await,
-                _ => return,
-            }
-        }
-    }
 }
 
 impl crate::node::placement::UserCheck for OwnershipView<'_> {

@@ -6,9 +6,11 @@
 //! conversions and protocol version, planned moves, followers' copies, etcd outages, rebalancing,
 //! rooms and groups across nodes, and the connections between nodes.
 
+pub(crate) mod config;
 pub(crate) mod erase;
 pub(crate) mod fanin;
 pub(crate) mod feed;
+pub(crate) mod forward;
 pub(crate) mod group_sync;
 pub(crate) mod handover;
 pub(crate) mod membership;

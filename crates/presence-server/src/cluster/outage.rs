@@ -1,11 +1,12 @@
 //! Serving through an etcd outage, and only through an outage.
 //!
-//! A node acts on its slots while etcd confirms its lease (see `cluster`).
-//! When its keep-alives go unanswered, the node cannot tell by itself
-//! whether etcd is down or it alone is cut off from etcd. The first is safe
-//! to serve through: etcd being down, nobody can change the slot map, so no
-//! other node can be given this node's slots. The second is not: etcd will
-//! expire this node's lease and the coordinator give its slots away.
+//! A node acts on its slots while etcd confirms its lease (see
+//! `membership.rs`). When its keep-alives go unanswered, the node cannot
+//! tell by itself whether etcd is down or it alone is cut off from etcd.
+//! The first is safe to serve through: etcd being down, nobody can change
+//! the slot map, so no other node can be given this node's slots. The
+//! second is not: etcd will expire this node's lease and the coordinator
+//! give its slots away.
 //!
 //! So a node whose keep-alives go unanswered asks every other node it knows
 //! (`Cluster/EtcdReach`), every [`ROUND`], whether etcd answers them (each
@@ -37,8 +38,11 @@
 //! renews every lease in full when it comes back up, so nobody's lapses for
 //! the outage. Planned moves are refused meanwhile (they need etcd).
 //!
-//! The state this keeps (the extension, the promises) is the membership's
-//! (`cluster::Outage`); this module asks and answers.
+//! The state this keeps (the extension, the promises, the vows) is an
+//! [`Outage`], which the membership holds and reads at every ownership
+//! check. This module asks and answers, reaching the membership through the
+//! [`ClusterNode`] it is given: the membership holds the state and the
+//! [`Fencer`] without the two modules naming each other.
 //!
 //! What the others' word cannot see: a node that joined after every node
 //! it asks lost etcd is not asked, and etcd may answer it alone and let
@@ -51,19 +55,166 @@
 //! [`answer`]) and, when it cannot reach one, waits until the node's
 //! registration has been gone that long (`presence_cluster::Coordinator`).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::cluster::membership::{EXTENSION, Membership, PROMISE, call_peer, with_credential};
+use crate::cluster::ClusterNode;
+use crate::cluster::forward::{call_peer, with_credential};
 use crate::cluster::peers::Peers;
 use crate::node::context::Context;
+use parking_lot::Mutex;
 use presence_cluster::{LeaseState, StoodDown, Withheld};
 use presence_proto::v1::{self as pb, cluster_client::ClusterClient};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::metadata::{Ascii, MetadataValue};
+
+/// How long past the send time of a round that every other node answered
+/// "etcd does not answer me either" the node may act.
+pub(crate) const EXTENSION: Duration = Duration::from_millis(1_000);
+
+/// How long a node that answered "etcd does not answer me" takes over no
+/// other node's slots: the extension and a margin for clock rates.
+pub(crate) const PROMISE: Duration = Duration::from_millis(1_500);
+
+/// A node's part in riding out etcd outages.
+#[derive(Debug)]
+pub(crate) struct Outage {
+    /// Until when the others' answers let this node act past its lease.
+    extended_until: tokio::sync::watch::Sender<Option<Instant>>,
+    /// Until when this node promised the others to take over no slot.
+    no_takeover_before: Mutex<Option<Instant>>,
+    /// Set when the coordinator, which etcd answers, asked this node to
+    /// stand down: no extension until etcd answers this node again.
+    stood_down: AtomicBool,
+    /// Gone nodes the coordinator is about to take over, each with until
+    /// when this node gives it no word that etcd does not answer here, and
+    /// the revision of this node's view of the node set then: a
+    /// registration made after it is the node joined again, which acts
+    /// only on its new lease, and the vow is over.
+    withheld: Mutex<HashMap<String, (Instant, i64)>>,
+}
+
+impl Default for Outage {
+    fn default() -> Self {
+        Outage {
+            extended_until: tokio::sync::watch::Sender::new(None),
+            no_takeover_before: Mutex::new(None),
+            stood_down: AtomicBool::new(false),
+            withheld: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Outage {
+    /// Until when the others' answers let this node act past its lease.
+    pub(crate) fn extended_until(&self) -> Option<Instant> {
+        *self.extended_until.borrow()
+    }
+
+    /// Changes of [`Outage::extended_until`], to wait on.
+    pub(crate) fn extensions(&self) -> tokio::sync::watch::Receiver<Option<Instant>> {
+        self.extended_until.subscribe()
+    }
+
+    pub(crate) fn extend_to(&self, until: Instant) {
+        self.extended_until.send_if_modified(|extended| {
+            // Checked under the channel's lock, which `stand_down` takes
+            // too: no extension lands after a stand-down.
+            if self.stood_down.load(Ordering::Acquire) {
+                return false;
+            }
+            let later = extended.is_none_or(|extended| extended < until);
+            if later {
+                *extended = Some(until);
+            }
+            later
+        });
+    }
+
+    /// Ends any extension, and refuses new ones until [`Outage::resume`].
+    pub(crate) fn stand_down(&self) {
+        self.extended_until.send_modify(|extended| {
+            self.stood_down.store(true, Ordering::Release);
+            *extended = None;
+        });
+    }
+
+    /// Whether a coordinator asked this node to stand down since etcd last answered it.
+    pub(crate) fn stood_down(&self) -> bool {
+        self.stood_down.load(Ordering::Acquire)
+    }
+
+    /// etcd answers this node again: a later outage may be ridden out.
+    pub(crate) fn resume(&self) {
+        self.stood_down.store(false, Ordering::Release);
+    }
+
+    /// Promises to take over no slot of another node until `now` + [`PROMISE`].
+    pub(crate) fn promise(&self, now: Instant) {
+        let until = now + PROMISE;
+        let mut promised = self.no_takeover_before.lock();
+        if promised.is_none_or(|promised| promised < until) {
+            *promised = Some(until);
+        }
+    }
+
+    /// Whether a promise this node made is in force at `now`.
+    pub(crate) fn holds_promise(&self, now: Instant) -> bool {
+        self.no_takeover_before.lock().is_some_and(|until| now < until)
+    }
+
+    /// Gives `nodes` no word that etcd does not answer this node until
+    /// `until` (the coordinator's question before a takeover, C4), and
+    /// returns whether a promise this node made is in force. An earlier vow
+    /// never shortens a later one. Under the same lock as
+    /// [`Outage::give_word`]: a word is either given before the vow, and its
+    /// promise counted here, or refused after it.
+    pub(crate) fn withhold(&self, nodes: &[String], until: Instant, view_revision: i64) -> bool {
+        let mut withheld = self.withheld.lock();
+        let now = Instant::now();
+        withheld.retain(|_, (vowed, _)| now < *vowed);
+        for node in nodes {
+            let (vowed, revision) = withheld.entry(node.clone()).or_insert((until, view_revision));
+            *vowed = (*vowed).max(until);
+            *revision = (*revision).max(view_revision);
+        }
+        self.holds_promise(now)
+    }
+
+    /// Gives `node` the word that etcd does not answer this node, with the
+    /// promise that comes with it ([`Outage::promise`]), unless this node
+    /// vowed not to and `node` has not registered again since
+    /// (`registered_at`, the revision of its registration in this node's
+    /// view); returns whether it did.
+    pub(crate) fn give_word(&self, node: &str, registered_at: Option<i64>) -> bool {
+        let withheld = self.withheld.lock();
+        let now = Instant::now();
+        let vowed = withheld.get(node).is_some_and(|&(until, revision)| {
+            now < until && registered_at.is_none_or(|registered| registered <= revision)
+        });
+        if vowed {
+            return false;
+        }
+        self.promise(now);
+        true
+    }
+
+    /// Returns once every promise this node made has run out.
+    pub(crate) async fn promises_kept(&self) {
+        loop {
+            let until = *self.no_takeover_before.lock();
+            match until {
+                Some(until) if Instant::now() < until => tokio::time::sleep_until(until).await,
+                _ => return,
+            }
+        }
+    }
+}
 
 /// How often a node whose keep-alives go unanswered asks the others, and
 /// how long it waits for their answers.
@@ -78,7 +229,8 @@ const REFUSED_WITHIN: Duration = Duration::from_millis(200);
 /// The answer to another node's `Cluster/EtcdReach`: whether etcd answers
 /// this node now, found by asking it (within [`PROBE`]) rather than from
 /// this node's last keep-alive, which may be a beat old.
-pub(crate) async fn answer(membership: &Membership, request: &pb::EtcdReachRequest) -> pb::EtcdReachResponse {
+pub(crate) async fn answer(cluster: &ClusterNode, request: &pb::EtcdReachRequest) -> pb::EtcdReachResponse {
+    let membership = &cluster.membership;
     let refused = pb::EtcdReachResponse { etcd_answers: true, stood_down: true, ..Default::default() };
     if !request.withhold_from.is_empty() {
         let vow = Duration::from_millis(u64::from(request.withhold_ms)).min(MAX_VOW);
@@ -130,14 +282,14 @@ enum Verdict {
     /// etcd answers `node`: this node is the one cut off.
     CutOff { node: String },
     /// Fewer than a majority of the cluster's nodes said etcd answers none
-    /// of them (`silent` of `count` gave no word): no telling.
+    /// of them (only `words` of `count` gave their word): no telling.
     NoMajority { words: usize, count: usize },
 }
 
 /// Asks the others every [`ROUND`] while etcd does not answer this node,
 /// and extends its right to act while every one of them is in the same
 /// case; until the server stops.
-pub(crate) async fn ride_out(context: Arc<Context>, cluster: Arc<crate::cluster::ClusterNode>) {
+pub(crate) async fn ride_out(context: Arc<Context>, cluster: Arc<ClusterNode>) {
     let membership = &cluster.membership;
     let (mut answering, mut lease) = (membership.etcd_answering(), membership.lease_changes());
     loop {
@@ -161,7 +313,7 @@ pub(crate) async fn ride_out(context: Arc<Context>, cluster: Arc<crate::cluster:
                 () = context.stopping.cancelled() => return,
             }
             let sent = Instant::now();
-            let verdict = ask_the_others(membership).await;
+            let verdict = ask_the_others(&cluster).await;
             if verdict == Verdict::EtcdDown {
                 // Never past the lease by more than the ride-out: however
                 // long this goes on, a coordinator that cannot reach this
@@ -197,7 +349,8 @@ pub(crate) async fn ride_out(context: Arc<Context>, cluster: Arc<crate::cluster:
 }
 
 /// One round: every other node of the last node set seen, at once.
-async fn ask_the_others(membership: &Membership) -> Verdict {
+async fn ask_the_others(cluster: &ClusterNode) -> Verdict {
+    let membership = &cluster.membership;
     // The cluster's nodes as this node last saw them: a majority of them,
     // this node included, must give their word.
     let count = {
@@ -307,7 +460,6 @@ async fn refuses_connections(address: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::membership::Outage;
 
     #[tokio::test(start_paused = true)]
     async fn a_promise_holds_back_takeovers_for_its_length_and_a_later_one_extends_it() {
@@ -351,6 +503,25 @@ mod tests {
         assert!(outage.give_word("node-b", Some(41)), "registered again since the vow: the vow is over");
         tokio::time::advance(Duration::from_secs(10)).await;
         assert!(outage.give_word("node-b", None), "past the vow");
+    }
+
+    /// C4: the coordinator's vows only ever lengthen, and each asks whether
+    /// a promise of this node's is in force (the takeover waits it out).
+    #[tokio::test(start_paused = true)]
+    async fn c4_a_vow_is_never_shortened_and_reports_a_promise_in_force() {
+        let outage = Outage::default();
+        let start = Instant::now();
+        let gone = ["node-b".to_owned()];
+        assert!(!outage.withhold(&gone, start + Duration::from_secs(10), 40));
+        assert!(!outage.withhold(&gone, start + Duration::from_secs(1), 40), "an earlier vow changes nothing");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(!outage.give_word("node-b", None), "still vowed: the later end holds");
+        assert!(outage.give_word("node-c", None), "node-c was never withheld");
+        assert!(outage.withhold(&gone, start + Duration::from_secs(10), 40), "the word to node-c came with a promise");
+        tokio::time::advance(PROMISE).await;
+        assert!(!outage.withhold(&gone, start + Duration::from_secs(10), 40), "that promise ran out");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(outage.give_word("node-b", None), "the vow ran out at its later end");
     }
 
     #[tokio::test(start_paused = true)]

@@ -106,9 +106,9 @@ impl PeerConnection {
     /// A connection to the node at `address`, made by its first call.
     fn open(address: &str, tls: Option<&Arc<ClientTls>>) -> Result<PeerConnection, ServiceError> {
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let bad_address = |err: presence_tls::TlsError| ServiceError::Peer {
+        let bad_address = |err: presence_tls::TlsError| ServiceError::PeerUnusable {
             node: address.to_owned(),
-            status: Status::internal(format!("bad address: {err}")),
+            reason: format!("bad address: {err}"),
         };
         let node = TlsEndpoint::new(&format!("{scheme}://{address}"), tls.cloned(), None).map_err(bad_address)?;
         let endpoint = node

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cluster::membership::{call_peer, with_credential};
+use crate::cluster::forward::{call_peer, with_credential};
 use crate::error::ServiceError;
 use crate::node::context::Context;
 use presence_cluster::rebalancing_move;

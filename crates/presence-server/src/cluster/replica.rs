@@ -41,8 +41,9 @@ use tokio::sync::mpsc;
 use tonic::Streaming;
 
 use crate::cluster::ClusterNode;
+use crate::cluster::forward::with_credential;
 use crate::cluster::handover::off_the_runtime;
-use crate::cluster::membership::{Membership, with_credential};
+use crate::cluster::membership::Membership;
 use crate::cluster::wire as cluster_wire;
 use crate::error::ServiceError;
 use crate::metrics::names;

@@ -157,7 +157,7 @@ impl Cluster for ClusterService {
         request: Request<pb::EtcdReachRequest>,
     ) -> Result<Response<pb::EtcdReachResponse>, Status> {
         let cluster = self.node_call(&request, "EtcdReach")?;
-        Ok(Response::new(crate::cluster::outage::answer(&cluster.membership, request.get_ref()).await))
+        Ok(Response::new(crate::cluster::outage::answer(cluster, request.get_ref()).await))
     }
 
     async fn merge_groups(
