@@ -241,3 +241,12 @@ pub enum ServeError {
         message: String,
     },
 }
+
+impl From<crate::cluster::config::Refused> for ServeError {
+    fn from(refused: crate::cluster::config::Refused) -> Self {
+        match refused {
+            crate::cluster::config::Refused::Setting { setting, reason } => ServeError::Setting { setting, reason },
+            crate::cluster::config::Refused::Tls(err) => ServeError::Tls(err),
+        }
+    }
+}

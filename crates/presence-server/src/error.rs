@@ -64,11 +64,11 @@ pub(crate) enum ServiceError {
         /// The RPC refused.
         operation: &'static str,
         /// The scope it needs.
-        scope: crate::auth::Scope,
+        scope: crate::auth::scopes::Scope,
         /// The credential's name (never its token).
         credential: std::sync::Arc<str>,
         /// The scopes it has.
-        scopes: crate::auth::Scopes,
+        scopes: crate::auth::scopes::Scopes,
     },
     /// A stream's viewer token passed its `exp` plus the leeway (T3): the
     /// client opens it again with a fresh token.

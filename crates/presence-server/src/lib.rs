@@ -47,14 +47,14 @@ use tokio::net::TcpListener;
 pub use audit::AuditLogError;
 pub use auth::{AuthConfig, AuthConfigError, CredentialsError, Scope, Scopes, TOKEN_PREFIX, entry_for, new_token};
 pub use bootstrap::PreparedServer;
-pub use cluster::membership::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
+pub use cluster::config::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
 pub use config::{ServeError, ServerConfig, cpus};
+pub use node::feed::webhook::WebhookConfig;
 pub use node::feed::{DEFAULT_RETENTION_BYTES_IN_MEMORY, DEFAULT_RETENTION_BYTES_ON_DISK, DEFAULT_RETENTION_MS};
 pub use node::hub::{Delivery, Subscription};
 pub use node::leases::MAX_BATCH_ITEMS;
 pub use node::privacy;
 pub use node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
-pub use node::feed::webhook::WebhookConfig;
 pub use node::wire::MAX_USERS_PER_REQUEST;
 
 /// Largest request the server decodes; larger ones are refused before decoding.

@@ -24,9 +24,9 @@ use crate::cluster::membership::Membership;
 use crate::cluster::service::ClusterService;
 use crate::cluster::{self, ClusterNode, handover};
 use crate::node::context::Context;
-use crate::node::storage::data_dir::DataDir;
-use crate::node::leases::LeaseQueue;
 use crate::node::feed::webhook::Webhooks;
+use crate::node::leases::LeaseQueue;
+use crate::node::storage::data_dir::DataDir;
 use crate::node::{activity, clock, expiry};
 use crate::{MAX_REQUEST_BYTES, ServeError, metrics};
 

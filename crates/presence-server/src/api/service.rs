@@ -16,13 +16,14 @@ use presence_proto::v1::{self as pb, lease_item, lease_result, presence_server::
 use serde_json::json;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::audit::FORWARDED;
 use crate::audit::{Audit, AuditEntry};
 use crate::auth::{Authenticator, Caller, CredentialBound, Scope, StreamCredentials};
 use crate::cluster::ClusterNode;
 use crate::cluster::erase::held_elsewhere;
 use crate::cluster::fanin;
 use crate::cluster::group_sync;
-use crate::cluster::membership::{FORWARDED, Routes};
+use crate::cluster::membership::Routes;
 use crate::cluster::room_sync::{self, RoomPlace};
 use crate::error::ServiceError;
 use crate::metrics::RenewResult;

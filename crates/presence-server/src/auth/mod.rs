@@ -35,7 +35,7 @@
 
 mod credentials;
 mod jwks;
-mod scopes;
+pub(crate) mod scopes;
 mod stream;
 
 use std::fmt;

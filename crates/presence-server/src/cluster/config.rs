@@ -75,8 +75,8 @@ impl ClusterConfig {
     }
 
     /// Refuses a configuration no cluster could run with.
-    pub(crate) fn validate(&self) -> Result<(), crate::ServeError> {
-        let refuse = |setting, reason| Err(crate::ServeError::Setting { setting, reason });
+    pub(crate) fn validate(&self) -> Result<(), Refused> {
+        let refuse = |setting, reason| Err(Refused::Setting { setting, reason });
         if self.etcd.is_empty() {
             return refuse("cluster.etcd", "needs at least one etcd URL");
         }
@@ -104,11 +104,27 @@ impl ClusterConfig {
     }
 
     /// The peer and etcd client TLS material, read and checked.
-    pub(crate) fn client_tls(&self) -> Result<ClusterTls, crate::ServeError> {
+    pub(crate) fn client_tls(&self) -> Result<ClusterTls, presence_tls::TlsError> {
         let load = |files: &Option<ClientTlsFiles>| {
             files.clone().map(ClientTls::load).transpose().map(|tls| tls.map(Arc::new))
         };
         Ok(ClusterTls { peer: load(&self.peer_tls)?, etcd: load(&self.etcd_tls)? })
+    }
+}
+
+/// Why a cluster configuration refuses the start (B7); the server's start-up
+/// error (`ServeError`) takes it in with the same words.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// A setting out of its range: the `ClusterConfig` field, and what is wrong.
+    Setting { setting: &'static str, reason: &'static str },
+    /// TLS material that cannot be read or used.
+    Tls(presence_tls::TlsError),
+}
+
+impl From<presence_tls::TlsError> for Refused {
+    fn from(err: presence_tls::TlsError) -> Self {
+        Refused::Tls(err)
     }
 }
 
@@ -164,6 +180,10 @@ mod tests {
     use crate::ServeError;
     use crate::node::placement::HOLD_THROUGH_FREEZE;
 
+    fn validate(config: &ClusterConfig) -> Result<(), ServeError> {
+        config.validate().map_err(ServeError::from)
+    }
+
     /// Makes a good configuration bad in one setting.
     type Spoil = fn(&mut ClusterConfig);
 
@@ -190,7 +210,7 @@ mod tests {
         for (setting, spoil) in spoiled {
             let mut config = config();
             spoil(&mut config);
-            match config.validate() {
+            match validate(&config) {
                 Err(ServeError::Setting { setting: named, .. }) => assert_eq!(named, setting),
                 other => panic!("{setting} spoiled: {other:?}"),
             }
@@ -215,7 +235,7 @@ mod tests {
             flags: ["--peer-ca", "--peer-cert", "--peer-key"],
             as_cluster_node: true,
         });
-        let refused = config.validate().expect_err("no such file");
+        let refused = validate(&config).expect_err("no such file");
         assert!(matches!(refused, ServeError::Tls(_)), "{refused:?}");
         assert!(refused.to_string().contains("--peer-ca"), "{refused}");
     }

@@ -30,10 +30,7 @@ use tokio::time::Instant;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
 
-// The crate's public paths (lib.rs) and the API's handlers name these here.
-pub(crate) use crate::audit::FORWARDED;
-use crate::cluster::config::ClusterTls;
-pub use crate::cluster::config::{ClusterConfig, DEFAULT_SLOTS, JoinError, MAX_SLOTS};
+use crate::cluster::config::{ClusterConfig, ClusterTls, JoinError};
 use crate::cluster::forward::{FORWARD_TIMEOUT, forward, next_message};
 use crate::cluster::outage::{Fencer, Outage};
 use crate::cluster::peers::{PeerStream, Peers};
@@ -164,7 +161,7 @@ impl Membership {
     /// `max_streams_per_connection` streams a connection.
     pub(crate) async fn join(config: &ClusterConfig, max_streams_per_connection: u32) -> Result<Membership, JoinError> {
         let ClusterTls { peer: peer_tls, etcd: etcd_tls } =
-            config.client_tls().map_err(|err| JoinError::Tls(err.to_string()))?;
+            config.client_tls().map_err(|err| JoinError::Tls(format!("TLS: {err}")))?;
         let etcd = Etcd::connect_any(&config.etcd, etcd_tls.as_ref())
             .await
             .map_err(|last| JoinError::Unreachable { endpoints: config.etcd.clone(), last })?;

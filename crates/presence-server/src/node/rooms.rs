@@ -397,8 +397,8 @@ async fn counts(
 mod tests {
     use super::*;
     use crate::node::clock::StoreClock;
-    use crate::node::privacy::{RelationChange, Visibility};
     use crate::node::context::NodeConfig;
+    use crate::node::privacy::{RelationChange, Visibility};
     use crate::node::testing::ToldPlacement;
     use presence_core::{Registration, RoomRef, Store, StoreConfig};
     use tokio_util::sync::CancellationToken;
@@ -408,8 +408,15 @@ mod tests {
     fn room_of_four(placement: &Arc<ToldPlacement>) -> (Context, HashMap<&'static str, u64>) {
         let clock = StoreClock::start();
         let store = Arc::new(Store::new(StoreConfig::default(), clock.now()).unwrap());
-        let context =
-            Context::placed(store, clock, None, None, &NodeConfig::default(), CancellationToken::new(), placement.clone());
+        let context = Context::placed(
+            store,
+            clock,
+            None,
+            None,
+            &NodeConfig::default(),
+            CancellationToken::new(),
+            placement.clone(),
+        );
         let mut generations = HashMap::new();
         for user in ["v", "a", "b", "c"] {
             let generation = join(&context, user, "one", None);
