@@ -16,8 +16,11 @@ use tokio::time::Instant;
 
 use crate::{Etcd, SlotMapWatch};
 
-/// How long etcd may take to answer after it is started.
-const PATIENCE: Duration = Duration::from_secs(10);
+/// How long any awaited condition may take before a test fails: the one
+/// deadline of the workspace's tests (`presence_server::testing` re-exports
+/// it), long enough for the slowest of them, a cluster's (an etcd election, a
+/// slot move on a loaded machine). Here: etcd answering after its start.
+pub const PATIENCE: Duration = Duration::from_secs(20);
 
 /// One etcd member on loopback, killed when dropped.
 #[derive(Debug)]

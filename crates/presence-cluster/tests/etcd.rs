@@ -13,8 +13,7 @@ use presence_cluster::{
 };
 use tokio::time::Instant;
 
-/// How long any one condition may take before the test fails.
-const PATIENCE: Duration = Duration::from_secs(10);
+use presence_cluster::testing::PATIENCE;
 
 /// Waits for `condition` to hold, polling, for at most [`PATIENCE`].
 async fn until(what: &str, mut condition: impl AsyncFnMut() -> bool) {

@@ -18,9 +18,8 @@ use tonic::transport::Channel;
 use crate::{ServeError, ServerConfig};
 
 /// How long any awaited condition may take before the test fails: the one
-/// deadline of the workspace's tests, long enough for the slowest of them, a
-/// cluster's (an etcd election, a slot move on a loaded machine).
-pub const PATIENCE: Duration = Duration::from_secs(20);
+/// deadline of the workspace's tests, defined beside the test etcd.
+pub use presence_cluster::testing::PATIENCE;
 
 /// Short TTLs (20 ms to 60 s, 300 ms by default) and no renewal throttle, so
 /// that lease and expiry tests take a fraction of a second.
