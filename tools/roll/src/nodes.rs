@@ -21,7 +21,7 @@ pub(crate) const TOKEN: &str = "roll-service-token-of-at-least-32-bytes";
 
 /// How long a node may take to print its listening line, to exit after
 /// SIGTERM, or to become ready.
-const PATIENCE: Duration = Duration::from_secs(300);
+const NODE_STEP_WITHIN: Duration = Duration::from_secs(300);
 
 /// The certificates of a roll with TLS on: the service port's (clients and
 /// the metrics port), the nodes' to each other and to etcd, etcd's own.
@@ -206,7 +206,7 @@ impl Node {
             .map_err(|err| format!("start {}: {err}", binary.display()))?;
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut line = String::new();
-        let read = tokio::time::timeout(PATIENCE, stdout.read_line(&mut line)).await;
+        let read = tokio::time::timeout(NODE_STEP_WITHIN, stdout.read_line(&mut line)).await;
         if !matches!(read, Ok(Ok(_))) || !line.starts_with("listening on ") {
             return Err(format!("{} printed {line:?} instead of its listening line (log: {})", self.id, log.display()));
         }
@@ -248,20 +248,20 @@ impl Node {
                 }
             }
         };
-        let exited = tokio::time::timeout(PATIENCE, exited).await;
+        let exited = tokio::time::timeout(NODE_STEP_WITHIN, exited).await;
         let ended = std::mem::take(&mut self.moves_now);
         self.moves_before.add(&ended);
         match exited {
             Ok(Ok(status)) if status.success() => Ok(()),
             Ok(Ok(status)) => Err(format!("{} exited with {status} after SIGTERM", self.id)),
             Ok(Err(err)) => Err(format!("waiting for {}: {err}", self.id)),
-            Err(_) => Err(format!("{} did not exit within {PATIENCE:?} of SIGTERM", self.id)),
+            Err(_) => Err(format!("{} did not exit within {NODE_STEP_WITHIN:?} of SIGTERM", self.id)),
         }
     }
 
     /// Probes `/readyz` every 50 ms until it answers 200.
     pub(crate) async fn until_ready(&self, probe: &Probe) -> Result<(), String> {
-        let deadline = Instant::now() + PATIENCE;
+        let deadline = Instant::now() + NODE_STEP_WITHIN;
         let mut last = String::new();
         while Instant::now() < deadline {
             match probe.get(&self.metrics, "/readyz").await {
@@ -271,7 +271,7 @@ impl Node {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Err(format!("{} not ready within {PATIENCE:?}; /readyz said:\n{last}", self.id))
+        Err(format!("{} not ready within {NODE_STEP_WITHIN:?}; /readyz said:\n{last}", self.id))
     }
 }
 
