@@ -258,7 +258,7 @@ impl PresenceService {
                 node: owner,
                 status: Status::new(tonic::Code::from(refused.code as i32), refused.message),
             }),
-            None => Err(ServiceError::Peer { node: owner, status: Status::internal("no result for the item sent") }),
+            None => Err(ServiceError::PeerUnusable { node: owner, reason: "no result for the item sent".into() }),
         }))
     }
 }
