@@ -35,6 +35,11 @@ enum Command {
     /// Service credentials for the credentials file (`serve --credentials`).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Certificates for development in DIR: a CA, a server certificate for
+    /// 127.0.0.1, ::1, localhost (and each --name), a client certificate, and
+    /// a cluster CA with peer certificates for three nodes; prints the flags
+    /// that use them.
+    DevCerts(DevCertsArgs),
     // The operator's tools, each a client of a running service.
     #[command(flatten)]
     Client(presence_cli::Command),
@@ -59,6 +64,57 @@ struct TokenNewArgs {
     /// gateway, read, read-as-viewer, admin, feed, cluster.
     #[arg(long = "scope", value_name = "SCOPE", value_delimiter = ',', required = true, value_parser = parse_scope)]
     scopes: Vec<presence_server::Scope>,
+}
+
+/// `presenced dev-certs DIR [--name NAME ...]`
+#[derive(Debug, clap::Args)]
+struct DevCertsArgs {
+    /// The directory to write them to (made if missing; no file of the set may be there yet).
+    #[arg(value_name = "DIR")]
+    dir: std::path::PathBuf,
+    /// Another name the server and peer certificates cover: a DNS name or an
+    /// IP address clients dial (repeat it for several).
+    #[arg(long = "name", value_name = "NAME")]
+    names: Vec<String>,
+}
+
+fn run_dev_certs(args: DevCertsArgs) -> Result<(), String> {
+    let certs = presence_tls::dev_certs::write(&args.dir, &args.names).map_err(|err| err.to_string())?;
+    print!("{}", dev_certs_usage(&certs));
+    Ok(())
+}
+
+/// What `dev-certs` made and the flags that use it, as it prints them.
+fn dev_certs_usage(certs: &presence_tls::dev_certs::DevCerts) -> String {
+    let path = |path: &std::path::Path| path.display().to_string();
+    let (node, node_cert, node_key) = &certs.nodes[0];
+    let nodes: Vec<&str> = certs.nodes.iter().map(|(node, _, _)| node.as_str()).collect();
+    format!(
+        "Development certificates (X.509 v3; not for production), covering {names}:\n\
+         \n\
+         TLS (callers prove themselves with tokens):\n\
+         \x20 presenced serve --tls-cert {server} --tls-key {server_key}\n\
+         \x20 presenced stats --addr https://127.0.0.1:50051 --ca {ca}\n\
+         \n\
+         Mutual TLS (a gateway's certificate makes it a service caller without a token):\n\
+         \x20 presenced serve --tls-cert {server} --tls-key {server_key} \\\n\
+         \x20   --tls-client-ca {ca} --tls-service-identity {identity}\n\
+         \x20 presenced stats --addr https://127.0.0.1:50051 --ca {ca} --cert {client} --key {client_key}\n\
+         \n\
+         A cluster node ({node}; also {others}), beside the flags above:\n\
+         \x20 presenced serve ... --peer-tls-cert {node_cert} --peer-tls-key {node_key} --peer-tls-ca {cluster_ca}\n",
+        names = certs.names.join(", "),
+        server = path(&certs.server.0),
+        server_key = path(&certs.server.1),
+        ca = path(&certs.ca),
+        identity = presence_tls::dev_certs::CLIENT_IDENTITY,
+        client = path(&certs.client.0),
+        client_key = path(&certs.client.1),
+        others = nodes[1..].join(", "),
+        node_cert = path(node_cert),
+        node_key = path(node_key),
+        cluster_ca = path(&certs.cluster_ca),
+    )
 }
 
 fn parse_scope(name: &str) -> Result<presence_server::Scope, String> {
@@ -105,6 +161,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(reason) => {
                 eprintln!("presenced: {reason}");
+                ExitCode::from(2)
+            }
+        },
+        Command::DevCerts(args) => match run_dev_certs(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(reason) => {
+                eprintln!("presenced dev-certs: {reason}");
                 ExitCode::from(2)
             }
         },

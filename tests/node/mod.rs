@@ -7,6 +7,7 @@ mod cli;
 mod connection_limits;
 mod connection_threads;
 mod credentials;
+mod dev_certs;
 mod disk_faults;
 mod erase;
 mod feed;

@@ -19,12 +19,14 @@
 //! beyond `ring`'s own), chosen per configuration rather than installed
 //! process-wide, so a library user's own choice is not overridden.
 //!
-//! Nothing here reads a clock other than to check a certificate's validity,
+//! Nothing here reads a clock other than to check a certificate's validity
+//! (or to date a development certificate, `dev_certs`),
 //! spawns a task or records a metric: the server decides when to reload and
 //! what to count.
 
 mod certificate;
 mod client;
+pub mod dev_certs;
 mod error;
 mod files;
 mod server;
