@@ -522,6 +522,10 @@ fn tls_settings(
             "--tls-service-identity needs --tls-client-ca: identities come from client certificates".into(),
         );
     }
+    if let Some((given, needs)) = half_given(args) {
+        let key = |flag: &str| flag.trim_start_matches("--").replace('-', "_");
+        return invalid(format!("{given} needs {needs} (in a --config file: {} needs {})", key(given), key(needs)));
+    }
     let Some(cluster) = cluster else {
         if let Some(flag) = [("--peer-tls-cert / --peer-tls-ca", peer_given), ("--etcd-ca / --etcd-cert", etcd_given)]
             .iter()
@@ -602,6 +606,23 @@ fn webhook_config(args: &ServeArgs) -> Result<presence_server::WebhookConfig, Se
         }
     }
     Ok(presence_server::WebhookConfig { urls: args.feed_webhooks.clone(), secrets, ca: args.feed_webhook_ca.clone() })
+}
+
+/// The first setting given without the one it needs. The flags' `requires`
+/// say the same on the command line, but a `--config` file is merged after
+/// clap has checked it: half a TLS setup from a file would otherwise start
+/// in plaintext without a word.
+fn half_given(args: &ServeArgs) -> Option<(&'static str, &'static str)> {
+    let pairs = [
+        ("--tls-cert", args.tls_cert.is_some(), "--tls-key", args.tls_key.is_some()),
+        ("--tls-key", args.tls_key.is_some(), "--tls-cert", args.tls_cert.is_some()),
+        ("--tls-client-ca", args.tls_client_ca.is_some(), "--tls-cert", args.tls_cert.is_some()),
+        ("--peer-tls-cert", args.peer_tls_cert.is_some(), "--peer-tls-key", args.peer_tls_key.is_some()),
+        ("--peer-tls-key", args.peer_tls_key.is_some(), "--peer-tls-cert", args.peer_tls_cert.is_some()),
+        ("--etcd-cert", args.etcd_cert.is_some(), "--etcd-key", args.etcd_key.is_some()),
+        ("--etcd-key", args.etcd_key.is_some(), "--etcd-cert", args.etcd_cert.is_some()),
+    ];
+    pairs.into_iter().find(|(_, given, _, needed)| *given && !*needed).map(|(given, _, needs, _)| (given, needs))
 }
 
 fn server_tls_files(args: &ServeArgs, peer: Option<presence_tls::PeerFiles>) -> Option<presence_tls::ServerTlsFiles> {
@@ -1117,5 +1138,31 @@ mod tests {
             let err = resolve(&["--config", file.path()]).unwrap_err();
             assert!(err.to_string().contains(named), "{text:?}: {err}");
         }
+    }
+
+    /// T1, B7: a config file means what the flags mean: half a TLS setup
+    /// given there (a certificate without its key, a client CA without a
+    /// certificate) is refused as the same flags are, naming both the flag
+    /// and the file's key, instead of serving plaintext.
+    #[test]
+    fn t1_half_a_tls_setup_in_a_config_file_is_refused_as_the_flags_are() {
+        for (text, refusal) in [
+            (
+                "tls_cert = \"/etc/server.pem\"\n",
+                "--tls-cert needs --tls-key (in a --config file: tls_cert needs tls_key)",
+            ),
+            ("tls_key = \"/etc/server-key.pem\"\n", "--tls-key needs --tls-cert"),
+            ("tls_client_ca = \"/etc/ca.pem\"\n", "--tls-client-ca needs --tls-cert"),
+        ] {
+            let file = ConfigFile::new("half-tls", text);
+            let err = resolve(&["--config", file.path()]).expect_err(text).to_string();
+            assert!(err.contains(refusal), "{text:?}: {err}");
+        }
+        let file = ConfigFile::new(
+            "half-tls-whole",
+            "tls_cert = \"/nonexistent/server.pem\"\ntls_key = \"/nonexistent/server-key.pem\"\n",
+        );
+        let whole = resolve(&["--config", file.path()]);
+        assert!(!whole.is_err_and(|err| err.to_string().contains("needs")), "a whole pair is not refused as half");
     }
 }
