@@ -1,5 +1,5 @@
-//! Caller authentication: who is calling, as which role, with which scopes
-//! (P1, P6, T3).
+//! Caller authentication: who is calling, as which role, with which scopes (P1, P6, T3).
+//! It names only the shared `error.rs`: nothing of `node/`, `cluster/` or `api/`, which all may use it.
 //!
 //! This module owns the check of the `authorization: Bearer <token>` metadata
 //! and the role and scope rules built on its answer. It reads request
