@@ -488,6 +488,19 @@ async fn c7_cluster_leases_waits_out_a_move_to_a_target_that_answers_late_by_tim
     let _ = std::fs::remove_dir_all(&logs);
 }
 
+/// Moves each of `moving` (node-a's slots) to node-b on its own, then all
+/// of them back to node-a at once.
+async fn each_to_node_b_then_all_back(servers: &[TestServer], moving: &[u32]) {
+    let mut at_a = presence_proto::v1::cluster_client::ClusterClient::connect(servers[0].url()).await.unwrap();
+    for &slot in moving {
+        let request = pb::MoveSlotsRequest { slots: vec![slot], to_node: "node-b".into() };
+        at_a.move_slots(request).await.unwrap_or_else(|status| panic!("slot {slot} to node-b: {status:?}"));
+    }
+    let mut at_b = presence_proto::v1::cluster_client::ClusterClient::connect(servers[1].url()).await.unwrap();
+    let back = pb::MoveSlotsRequest { slots: moving.to_vec(), to_node: "node-a".into() };
+    at_b.move_slots(back).await.expect("every slot back to node-a");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c7_slots_move_while_a_gateway_that_never_retries_renews_every_session_and_sees_no_refusal_and_nobody_flips() {
     // The gateway follows a refusal that names an owner (that is routing)
@@ -520,14 +533,7 @@ async fn c7_slots_move_while_a_gateway_that_never_retries_renews_every_session_a
 
     let moving: Vec<u32> = map.owned_by("node-a").collect();
     assert!(moving.len() > 5, "node-a owns {} slots", moving.len());
-    let mut at_a = presence_proto::v1::cluster_client::ClusterClient::connect(servers[0].url()).await.unwrap();
-    for &slot in &moving {
-        let request = pb::MoveSlotsRequest { slots: vec![slot], to_node: "node-b".into() };
-        at_a.move_slots(request).await.unwrap_or_else(|status| panic!("slot {slot} to node-b: {status:?}"));
-    }
-    let mut at_b = presence_proto::v1::cluster_client::ClusterClient::connect(servers[1].url()).await.unwrap();
-    let back = pb::MoveSlotsRequest { slots: moving.clone(), to_node: "node-a".into() };
-    at_b.move_slots(back).await.expect("every slot back to node-a");
+    each_to_node_b_then_all_back(&servers, &moving).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let _ = renewing.0.send(());
@@ -537,6 +543,52 @@ async fn c7_slots_move_while_a_gateway_that_never_retries_renews_every_session_a
     let _ = watching.0.send(());
     let seen = watching.1.await.unwrap();
     assert_no_offline_and_no_version_back(&seen, "no OFFLINE through the moves");
+    assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c7_snapshots_through_a_third_node_while_slots_move_are_never_refused() {
+    // A viewer reads every user through node-c, which owns none of the
+    // moving slots and forwards their users to whoever it thinks owns them,
+    // back to back, while each of node-a's slots moves to node-b on its own
+    // and then all come back at once. node-c's view of the map lags etcd
+    // and the two nodes' by a moment: a read it sends to the old owner in
+    // that moment, or one that meets a freeze, waits for the owner after
+    // the move instead of being refused (C7).
+    let etcd = EtcdServer::start().await;
+    let (servers, map) = three_nodes_with(&etcd, fast_config, false).await;
+    let moving: Vec<u32> = map.owned_by("node-a").collect();
+    let users: Vec<String> = (0..3_000)
+        .map(|i| format!("read-{i}"))
+        .filter(|user| moving.contains(&slot_of(user, SLOTS)))
+        .take(300)
+        .collect();
+    assert!(users.len() == 300 && moving.len() > 5, "node-a owns {} slots", moving.len());
+    let gateway = ClusterLeases::new(&servers[2].url(), SLOTS, LeaseChannelConfig::default()).unwrap();
+    register_through(&gateway, &users).await;
+    let mut viewer = servers[2].client().await;
+    let before = presences(&mut viewer, &users).await;
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let reading = {
+        let (mut viewer, users) = (servers[2].client().await, users.clone());
+        tokio::spawn(async move {
+            let (mut reads, mut refused) = (0, Vec::new());
+            while stopped.try_recv().is_err() {
+                let request = pb::SnapshotRequest { user_ids: users.clone(), ..Default::default() };
+                if let Err(status) = viewer.snapshot(request).await {
+                    refused.push(status);
+                }
+                reads += 1;
+            }
+            (reads, refused)
+        })
+    };
+    each_to_node_b_then_all_back(&servers, &moving).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = stop.send(());
+    let (reads, refused) = reading.await.unwrap();
+    assert!(reads > moving.len(), "reads went on all along: {reads}");
+    assert!(refused.is_empty(), "{} of {reads} Snapshots were refused, first {:?}", refused.len(), refused.first());
     assert_online_at_the_versions_before(&mut viewer, &users, &before).await;
 }
 

@@ -354,7 +354,10 @@ fn keep_renewing(
 /// Every user's presence, read through `client`.
 async fn presences(client: &mut PresenceClient<Channel>, users: &[String]) -> HashMap<String, pb::UserPresence> {
     let request = pb::SnapshotRequest { user_ids: users.to_vec(), ..Default::default() };
-    let answer = client.snapshot(request).await.unwrap().into_inner().users;
+    let answer = match client.snapshot(request).await {
+        Ok(answer) => answer.into_inner().users,
+        Err(status) => panic!("a Snapshot of {} users: {status:?}", users.len()),
+    };
     answer.into_iter().map(|presence| (presence.user_id.clone(), presence)).collect()
 }
 

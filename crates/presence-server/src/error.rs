@@ -288,6 +288,19 @@ impl ServiceError {
         }
     }
 
+    /// Whether this refusal may be a move's (C7) seen from one side: a slot
+    /// with no owner that may act here yet, a user this node does not own
+    /// (for a request forwarded to it), or a node asked that does not own
+    /// its users any more or does not answer; a moment later, with the map
+    /// acted on everywhere, the same request may be answered.
+    pub(crate) fn may_pass_with_a_move(&self) -> bool {
+        match self {
+            ServiceError::NotOwner(_) | ServiceError::PeerEnded { .. } => true,
+            ServiceError::Peer { status, .. } => status.code() == Code::Unavailable,
+            _ => false,
+        }
+    }
+
     /// A refusal of `field`.
     pub(crate) fn invalid(field: impl Into<Cow<'static, str>>, reason: impl Into<String>) -> Self {
         ServiceError::InvalidArgument { field: field.into(), reason: reason.into() }

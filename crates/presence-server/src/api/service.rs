@@ -261,7 +261,97 @@ impl PresenceService {
             None => Err(ServiceError::PeerUnusable { node: owner, reason: "no result for the item sent".into() }),
         }))
     }
+    /// A Snapshot of `user_ids` for `viewer`, answered here for this node's
+    /// users and at their owners for the others', merged in request order.
+    async fn snapshot_routed(
+        &self,
+        request: &Request<pb::SnapshotRequest>,
+        viewer: Option<&str>,
+        user_ids: &[CompactString],
+    ) -> Result<Response<pb::SnapshotResponse>, ServiceError> {
+        let forwarded = request.metadata().contains_key(FORWARDED);
+        let context = &self.context;
+        let stamp =
+            self.cluster.as_ref().filter(|_| forwarded).and_then(|cluster| cluster.membership.owner_stamp(user_ids));
+        let Some((cluster, routes)) = self.routes(user_ids, forwarded)? else {
+            let shown = context.privacy.shown(viewer, user_ids)?;
+            let users = context.released(user_ids, &shown, viewer.is_none()).await?;
+            let mut response = Response::new(pb::SnapshotResponse { users });
+            if let Some(stamp) = stamp {
+                stamp.apply(response.metadata_mut());
+            }
+            return Ok(response);
+        };
+        let local: Vec<&CompactString> = routes.local.iter().map(|&index| &user_ids[index]).collect();
+        let shown = context.privacy.shown(viewer, &local)?;
+        let answered = context.released(&local, &shown, viewer.is_none()).await?;
+        let mut users: Vec<Option<pb::UserPresence>> = vec![None; user_ids.len()];
+        for (&index, user) in routes.local.iter().zip(answered) {
+            users[index] = Some(user);
+        }
+        let authorization = request.metadata().get("authorization");
+        let viewer_id = &request.get_ref().viewer_id;
+        let asked = routes.remote.iter().map(|(address, indices)| {
+            let ids = indices.iter().map(|&index| user_ids[index].to_string()).collect();
+            cluster.membership.forward_snapshot(address, ids, viewer_id, authorization)
+        });
+        for ((address, indices), answer) in routes.remote.iter().zip(join_all(asked).await) {
+            let answer = answer?;
+            if answer.len() != indices.len() {
+                let wrong =
+                    format!("the node at {address} answered a forwarded Snapshot with the wrong number of users");
+                return Err(ServiceError::Internal(wrong));
+            }
+            for (&index, user) in indices.iter().zip(answer) {
+                users[index] = Some(user);
+            }
+        }
+        Ok(Response::new(pb::SnapshotResponse { users: users.into_iter().flatten().collect() }))
+    }
+
+    /// A read that meets a move (C7) waits for it where it arrived: made
+    /// again each time this node's view of the owners changes, and every
+    /// [`MOVE_RECHECK`] (the owner it asked may have moved on first), for
+    /// at most [`HOLD_THROUGH_FREEZE`]; then its last refusal is the answer.
+    /// A forwarded read is answered at once: the node that received it waits.
+    async fn through_moves<T, R, F>(&self, request: &Request<T>, mut read: impl FnMut() -> F) -> Result<R, ServiceError>
+    where
+        F: std::future::Future<Output = Result<R, ServiceError>>,
+    {
+        let Some(cluster) = self.cluster.as_ref().filter(|_| !request.metadata().contains_key(FORWARDED)) else {
+            return read().await;
+        };
+        let started = tokio::time::Instant::now();
+        let deadline = started + HOLD_THROUGH_FREEZE;
+        let mut held = false;
+        loop {
+            let mut changes = cluster.membership.changes();
+            match read().await {
+                Err(refusal) if refusal.may_pass_with_a_move() && tokio::time::Instant::now() < deadline => {
+                    held = true;
+                    tokio::select! {
+                        () = changes.changed() => {}
+                        () = tokio::time::sleep(MOVE_RECHECK) => {}
+                        () = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+                answered => {
+                    if held {
+                        let metrics = self.context.metrics();
+                        metrics.requests_held.increment(1);
+                        metrics.request_hold_seconds.record(started.elapsed().as_secs_f64());
+                    }
+                    return answered;
+                }
+            }
+        }
+    }
 }
+
+/// How often a read held through a move (C7) is made again when this node's
+/// view does not change meanwhile: the owner it was sent to acts on the new
+/// map a moment before or after this node does.
+const MOVE_RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The answer a node sent on to gave a lease item (C7), as the unary call's.
 fn sent_on<T>(
@@ -377,45 +467,8 @@ impl PresenceApi for PresenceService {
         self.auth.fetch_unknown_kid(request.metadata()).await;
         let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id, "Snapshot")?;
         let user_ids = wire::user_ids("user_ids", &request.get_ref().user_ids)?;
-        let forwarded = request.metadata().contains_key(FORWARDED);
-        let context = &self.context;
-        let stamp =
-            self.cluster.as_ref().filter(|_| forwarded).and_then(|cluster| cluster.membership.owner_stamp(&user_ids));
-        let Some((cluster, routes)) = self.routes(&user_ids, forwarded)? else {
-            let shown = context.privacy.shown(viewer.as_deref(), &user_ids)?;
-            let users = context.released(&user_ids, &shown, viewer.is_none()).await?;
-            let mut response = Response::new(pb::SnapshotResponse { users });
-            if let Some(stamp) = stamp {
-                stamp.apply(response.metadata_mut());
-            }
-            return Ok(response);
-        };
-        let local: Vec<&CompactString> = routes.local.iter().map(|&index| &user_ids[index]).collect();
-        let shown = context.privacy.shown(viewer.as_deref(), &local)?;
-        let answered = context.released(&local, &shown, viewer.is_none()).await?;
-        // Users of other nodes: asked of their owners at once, merged in request order.
-        let mut users: Vec<Option<pb::UserPresence>> = vec![None; user_ids.len()];
-        for (&index, user) in routes.local.iter().zip(answered) {
-            users[index] = Some(user);
-        }
-        let authorization = request.metadata().get("authorization");
-        let viewer_id = &request.get_ref().viewer_id;
-        let asked = routes.remote.iter().map(|(address, indices)| {
-            let ids = indices.iter().map(|&index| user_ids[index].to_string()).collect();
-            cluster.membership.forward_snapshot(address, ids, viewer_id, authorization)
-        });
-        for ((address, indices), answer) in routes.remote.iter().zip(join_all(asked).await) {
-            let answer = answer?;
-            if answer.len() != indices.len() {
-                let wrong =
-                    format!("the node at {address} answered a forwarded Snapshot with the wrong number of users");
-                return Err(ServiceError::Internal(wrong).into());
-            }
-            for (&index, user) in indices.iter().zip(answer) {
-                users[index] = Some(user);
-            }
-        }
-        Ok(Response::new(pb::SnapshotResponse { users: users.into_iter().flatten().collect() }))
+        let answered = self.through_moves(&request, || self.snapshot_routed(&request, viewer.as_deref(), &user_ids));
+        Ok(answered.await?)
     }
 
     type WatchStream = CredentialBound<WatchStream>;
@@ -510,18 +563,19 @@ impl PresenceApi for PresenceService {
         self.auth.fetch_unknown_kid(request.metadata()).await;
         let room =
             self.room_request(&request, &request.get_ref().room_id, &request.get_ref().viewer_id, "RoomSnapshot")?;
-        match self.room_place(&request, &room.room_id)? {
-            RoomAt::Here => {
-                let mut lens = rooms::MemberLens::new(&room);
-                Ok(Response::new(rooms::snapshot(&self.context, &room, &mut lens).await?))
+        let answered = self.through_moves(&request, || async {
+            match self.room_place(&request, &room.room_id)? {
+                RoomAt::Here => {
+                    let mut lens = rooms::MemberLens::new(&room);
+                    rooms::snapshot(&self.context, &room, &mut lens).await
+                }
+                RoomAt::Owner(cluster, address) => {
+                    let authorization = request.metadata().get("authorization");
+                    cluster.membership.forward_room_snapshot(&address, request.get_ref().clone(), authorization).await
+                }
             }
-            RoomAt::Owner(cluster, address) => {
-                let authorization = request.metadata().get("authorization");
-                let forwarded =
-                    cluster.membership.forward_room_snapshot(&address, request.get_ref().clone(), authorization);
-                Ok(Response::new(forwarded.await?))
-            }
-        }
+        });
+        Ok(Response::new(answered.await?))
     }
 
     type WatchRoomStream = CredentialBound<RoomStream>;

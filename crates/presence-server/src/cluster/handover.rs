@@ -10,7 +10,9 @@
 //!    which keeps it aside: it answers for none of it and expires none of it;
 //! 2. sends what changed since, again and again, until little is left
 //!    (at most [`FREEZE_AT_USERS`] users): a round whose slots change
-//!    faster than they are sent is given up, never frozen;
+//!    faster than they are sent is given up, never frozen, and made again
+//!    as two rounds of half its slots each (a move of one slot that still
+//!    changes faster than it is sent fails, its slot staying here);
 //! 3. freezes them: refuses their requests, once every request that passed
 //!    its ownership check before has written (the gates in
 //!    `membership.rs`), and holds back their users' expiry. A request that
@@ -96,15 +98,32 @@ pub(crate) async fn move_slots(
     // came since, so the feed adds little to the time they are refused.
     let moving = SlotSet::of(membership.slot_count(), slots.iter().copied());
     let mut carried = read_feed_ahead(context, Carried::of(moving)).await?;
-    for chunk in slots.chunks(MOVES_PER_TXN) {
+    // The rounds still to make, the next one last.
+    let mut rounds: Vec<Vec<u32>> = slots.chunks(MOVES_PER_TXN).rev().map(<[u32]>::to_vec).collect();
+    while let Some(chunk) = rounds.pop() {
         let mut tries = 1;
         let part = loop {
-            match move_chunk(context, membership, chunk, to_node, &address, &mut carried, credential).await? {
-                Round::Moved(part) => break part,
+            match move_chunk(context, membership, &chunk, to_node, &address, &mut carried, credential).await? {
+                Round::Moved(part) => break Some(part),
                 Round::FreezeGivenUp(error) if tries >= FREEZE_TRIES => return Err(error),
                 Round::FreezeGivenUp(_) => tries += 1,
+                Round::OutPaced(error) if chunk.len() == 1 => return Err(error),
+                Round::OutPaced(_) => {
+                    // Fewer slots change by fewer users between two steps,
+                    // whatever starves the move of CPU (H1 puts it last).
+                    let (first, second) = chunk.split_at(chunk.len() / 2);
+                    tracing::info!(
+                        slots = chunk.len(),
+                        to_node,
+                        "a round's slots changed faster than they were sent: moving them in two rounds"
+                    );
+                    rounds.push(second.to_vec());
+                    rounds.push(first.to_vec());
+                    break None;
+                }
             }
         };
+        let Some(part) = part else { continue };
         moved.epoch = part.epoch;
         moved.users += part.users;
         moved.sessions += part.sessions;
@@ -183,6 +202,10 @@ enum Round {
     /// Its freeze was given up past `ClusterConfig::move_freeze_bound`: the
     /// slots stayed here, and the round may be made again.
     FreezeGivenUp(ServiceError),
+    /// Its slots changed faster than they were sent, [`CATCH_UP_STEPS`]
+    /// times over: never frozen, they stayed here, and may move in smaller
+    /// rounds.
+    OutPaced(ServiceError),
 }
 
 /// One round of a move, for at most [`MOVES_PER_TXN`] slots: copied while
@@ -219,11 +242,11 @@ async fn move_chunk(
         steps += 1;
         if steps > CATCH_UP_STEPS {
             drop_at(membership, address, &set, credential).await;
-            return Err(ServiceError::MoveAborted(format!(
+            return Ok(Round::OutPaced(ServiceError::MoveAborted(format!(
                 "slots {chunk:?} changed faster than they were sent ({} users after {CATCH_UP_STEPS} steps); \
                  they were never frozen and stayed here",
                 changed.len()
-            )));
+            ))));
         }
         let now = context.now();
         let (state, absent) = off_the_runtime(store, move |store| store.export_users(&changed, now)).await?;
