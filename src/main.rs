@@ -48,9 +48,10 @@ enum Command {
 /// `presenced token ...`
 #[derive(Debug, Subcommand)]
 enum TokenCommand {
-    /// Make a fresh token for a credential NAME: prints the token on the
-    /// first line (give it to the caller; it is shown once), then the entry
-    /// to append to the credentials file, which holds only its SHA-256.
+    /// Make a fresh token for a credential NAME: prints the entry to append
+    /// to the credentials file (which holds only the token's SHA-256) on
+    /// stdout, and the token on stderr, or into --token-file: give it to the
+    /// caller; it is shown once.
     New(TokenNewArgs),
 }
 
@@ -64,6 +65,10 @@ struct TokenNewArgs {
     /// gateway, read, read-as-viewer, admin, feed, cluster.
     #[arg(long = "scope", value_name = "SCOPE", value_delimiter = ',', required = true, value_parser = parse_scope)]
     scopes: Vec<presence_server::Scope>,
+    /// Write the token to FILE (made readable by its owner only; not one
+    /// that exists) instead of stderr.
+    #[arg(long = "token-file", value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
 }
 
 /// `presenced dev-certs DIR [--name NAME ...]`
@@ -128,9 +133,24 @@ fn run_token(command: TokenCommand) -> Result<(), String> {
     let TokenCommand::New(args) = command;
     let token = presence_server::new_token().map_err(|err| format!("cannot read the system's random source: {err}"))?;
     let entry = presence_server::entry_for(&args.name, &args.scopes, &token)?;
-    println!("{token}");
+    // stdout is the entry alone, so that `token new ... >> credentials.toml`
+    // appends what the file may hold and never the secret.
+    match &args.token_file {
+        Some(path) => write_secret(path, &format!("{token}\n"))
+            .map_err(|err| format!("--token-file {}: cannot write: {err}", path.display()))?,
+        None => eprintln!("{token}"),
+    }
     print!("{entry}");
     Ok(())
+}
+
+/// Writes `text` to a new file at `path` that only its owner may read.
+fn write_secret(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)?.write_all(text.as_bytes())
 }
 
 fn main() -> ExitCode {

@@ -489,20 +489,51 @@ async fn p7_privileged_calls_are_audited_with_the_credential_peer_and_arguments(
 }
 
 #[tokio::test]
-async fn t3_token_new_prints_a_token_and_the_entry_that_lets_it_in_with_its_scopes() {
+async fn t3_token_new_prints_the_entry_on_stdout_and_the_token_apart_so_that_appending_it_lets_it_in_with_its_scopes() {
     use crate::common::daemon::{BINARY, Daemon};
     let dir = scratch_dir("token-new");
-    let output = std::process::Command::new(BINARY)
-        .args(["token", "new", "ops-reader", "--scope", "read,read-as-viewer"])
+    let token_new = |name: &str, more: &[&str]| {
+        let output = std::process::Command::new(BINARY)
+            .args(["token", "new", name, "--scope", "read,read-as-viewer"])
+            .args(more)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        (String::from_utf8(output.stdout).unwrap(), String::from_utf8(output.stderr).unwrap())
+    };
+    // `token new ... >> credentials.toml`, after an entry already there: stdout is the entry alone.
+    let (entry, printed_apart) = token_new("ops-reader", &[]);
+    let token = printed_apart.trim();
+    assert!(token.starts_with(presence_server::TOKEN_PREFIX), "the token is on stderr: {printed_apart}");
+    assert!(entry.starts_with("[[credential]]\n") && !entry.contains(token), "stdout is the entry alone: {entry}");
+    let path = dir.join("credentials.toml");
+    let (other_entry, _) = token_new("other", &[]);
+    std::fs::write(&path, format!("{other_entry}{entry}")).unwrap();
+
+    // --token-file: the token alone in a file only its owner reads; never over a file that is there.
+    let token_file = dir.join("ops-reader.token");
+    let (entry_again, said) = token_new("ops-reader-2", &["--token-file", token_file.to_str().unwrap()]);
+    assert!(said.is_empty() && entry_again.starts_with("[[credential]]"), "{said}{entry_again}");
+    let written = std::fs::read_to_string(&token_file).unwrap();
+    assert!(written.trim().starts_with(presence_server::TOKEN_PREFIX) && entry_again.lines().count() == 4);
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&token_file).unwrap().permissions()) & 0o777,
+        0o600
+    );
+    let again = std::process::Command::new(BINARY)
+        .args(["token", "new", "x", "--scope", "read", "--token-file", token_file.to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let printed = String::from_utf8(output.stdout).unwrap();
-    let (token, entry) = printed.split_once('\n').unwrap();
-    assert!(token.starts_with(presence_server::TOKEN_PREFIX), "the token is on the first line: {printed}");
-    assert!(!entry.contains(token), "the entry holds only the token's hash: {entry}");
-    let path = dir.join("credentials.toml");
-    std::fs::write(&path, entry).unwrap();
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--token-file"), "{again:?}");
+    assert_eq!(std::fs::read_to_string(&token_file).unwrap(), written, "the file there is left as it was");
+
+    // A file holding a token, as an older `token new >>` left it: the start names its line.
+    let leaked = dir.join("leaked.toml");
+    std::fs::write(&leaked, format!("{other_entry}{token}\n{entry}")).unwrap();
+    let said = start_refused_with(&leaked);
+    assert!(said.contains("line 5: is a token, not an entry"), "{said}");
+    assert!(!said.contains(token), "the refusal does not print the secret: {said}");
 
     let daemon = Daemon::start(&["--credentials", path.to_str().unwrap()], &[]);
     let mut client = presence_proto::v1::presence_client::PresenceClient::connect(daemon.url()).await.unwrap();
@@ -524,16 +555,10 @@ async fn t3_token_new_prints_a_token_and_the_entry_that_lets_it_in_with_its_scop
 
 #[tokio::test]
 async fn t3_a_bad_credentials_file_refuses_to_start_naming_the_entry() {
-    use crate::common::daemon::BINARY;
     let dir = scratch_dir("credentials-bad");
     let path = dir.join("credentials.toml");
     std::fs::write(&path, "[[credential]]\nname = \"gw\"\nscopes = [\"gateways\"]\ntoken_sha256 = \"00\"\n").unwrap();
-    let output = std::process::Command::new(BINARY)
-        .args(["serve", "--listen", "127.0.0.1:0", "--credentials", path.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let said = String::from_utf8_lossy(&output.stderr);
+    let said = start_refused_with(&path);
     let expected = format!(
         "presenced: --credentials {}: credential #1 (\"gw\"): scopes: unknown scope \"gateways\"",
         path.display()
@@ -661,4 +686,14 @@ async fn t3_a_room_watcher_with_a_token_provider_outlives_its_tokens() {
     assert!(fetched.load(Ordering::SeqCst) >= 2, "a token for the opening and a fresh one after the expiry");
     server.stop().await;
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// What a start with the credentials file at `path` says as it refuses (exit 2).
+fn start_refused_with(path: &std::path::Path) -> String {
+    let output = std::process::Command::new(crate::common::daemon::BINARY)
+        .args(["serve", "--listen", "127.0.0.1:0", "--credentials", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
 }

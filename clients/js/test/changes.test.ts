@@ -7,7 +7,7 @@
  * a credential's rotation; the file store and the cursor's text.
  */
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { readFileSync, readdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
@@ -227,8 +227,10 @@ test("F2: a cursor past retention is a ChangesOutOfRangeError with the oldest cu
 
 /** A fresh token of `scope` from `presenced token new`, and its credentials file entry. */
 function credential(name: string, scope: string): { token: string; entry: string } {
-  const [token, ...entry] = execFileSync(BINARY, ["token", "new", "--scope", scope, name], { encoding: "utf8" }).split("\n");
-  return { token: token!, entry: entry.join("\n") };
+  // The entry is stdout, the token stderr: `token new ... >> file` appends no secret.
+  const made = spawnSync(BINARY, ["token", "new", "--scope", scope, name], { encoding: "utf8" });
+  if (made.status !== 0) throw new Error(`token new: ${made.stderr}`);
+  return { token: made.stderr.trim(), entry: made.stdout };
 }
 
 test("T3: a consumer with a token provider reopens with a fresh token when its credential is removed", { timeout: TEST_TIMEOUT_MS }, async () => {

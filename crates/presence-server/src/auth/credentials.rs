@@ -98,6 +98,16 @@ impl CredentialSet {
 
     /// Parses and checks the text of a credentials file.
     pub(crate) fn parse(text: &str) -> Result<CredentialSet, String> {
+        // A token appended with its entry (`token new ... >> file` of an
+        // older version printed both) is the one secret the file must never
+        // hold: said as such, not as TOML's complaint about a bare key.
+        if let Some(line) = text.lines().position(|line| line.trim().starts_with(TOKEN_PREFIX)) {
+            return Err(format!(
+                "line {}: is a token, not an entry: remove it from this file and give it to the caller; \
+                 the file holds only each token's SHA-256 (`presenced token new` prints the entry on stdout)",
+                line + 1
+            ));
+        }
         let file: FileFormat = toml::from_str(text).map_err(|err| format!("not a credentials file: {err}"))?;
         if file.credentials.len() > MAX_CREDENTIALS {
             return Err(format!("{} credentials, more than the limit of {MAX_CREDENTIALS}", file.credentials.len()));
@@ -222,6 +232,16 @@ mod tests {
         let (one, two) = (new_token().unwrap(), new_token().unwrap());
         assert!(one.starts_with(TOKEN_PREFIX) && one.len() == TOKEN_PREFIX.len() + 64, "{one}");
         assert_ne!(one, two);
+    }
+
+    /// A token appended to the file with its entry is named as one, by its line.
+    #[test]
+    fn a_token_in_the_file_is_refused_as_a_token_naming_its_line() {
+        let token = new_token().unwrap();
+        let entry = entry_for("gateway-eu-1", &[Scope::Gateway], &token).unwrap();
+        let refused = CredentialSet::parse(&format!("# gateways\n{token}\n{entry}")).err().unwrap();
+        assert!(refused.starts_with("line 2: is a token, not an entry"), "{refused}");
+        assert!(!refused.contains(&token[TOKEN_PREFIX.len()..]), "the refusal does not echo the secret: {refused}");
     }
 
     #[test]
