@@ -40,6 +40,7 @@ fn presenced(args: &[&str], env: &[(&str, &str)]) -> Ran {
         .args(args)
         .env_remove("PRESENCED_ADDR")
         .env_remove("PRESENCED_TOKEN")
+        .env_remove("PRESENCED_TOKEN_FILE")
         .envs(env.iter().copied())
         .output()
         .expect("run presenced");
@@ -448,6 +449,73 @@ async fn o4_exit_status_tells_unknown_unreachable_denied_invalid_and_usage_apart
     assert_eq!(presenced(&["get", "u1", "--addr", "http://not a uri"], &[]).code, Some(2));
     let help = presenced(&["get", "--help"], &[]);
     assert!(help.stdout.contains("4  unauthenticated or permission denied"), "the exit statuses are in --help");
+}
+
+#[tokio::test]
+async fn o4_a_token_file_a_missing_token_and_a_tls_port_dialled_in_plaintext_each_say_what_to_do() {
+    let dir = scratch_dir("cli-tokens");
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    let ran = presenced(&["get", "u1", "--addr", &nowhere], &[]);
+    assert_eq!(ran.code, Some(3), "nothing listens there");
+    assert!(ran.stderr.contains("is `presenced serve` running there?"), "how to check the server: {:?}", ran.stderr);
+
+    // No token: the refusal names the ways to give one.
+    let daemon = Daemon::start(&["--service-token", SERVICE], &[]);
+    let ran = against(&daemon, &["get", "u1"]);
+    assert_eq!(ran.code, Some(4), "{:?}", ran.stderr);
+    assert!(ran.stderr.contains("give a token with --token, --token-file or PRESENCED_TOKEN"), "{:?}", ran.stderr);
+
+    // --token-file (or PRESENCED_TOKEN_FILE): the token stays out of `ps`.
+    let token_file = dir.join("service.token");
+    std::fs::write(&token_file, format!("{SERVICE}\n")).unwrap();
+    let file = token_file.to_str().unwrap();
+    assert_eq!(against(&daemon, &["get", "u1", "--token-file", file]).code, Some(0));
+    let from_env = presenced(&["get", "u1", "--addr", daemon.addr()], &[("PRESENCED_TOKEN_FILE", file)]);
+    assert_eq!(from_env.code, Some(0), "{:?}", from_env.stderr);
+    let both = against(&daemon, &["get", "u1", "--token-file", file, "--token", SERVICE]);
+    assert_eq!(both.code, Some(2));
+    assert!(both.stderr.contains("--token-file: give the token one way"), "{:?}", both.stderr);
+    let missing = dir.join("none.token");
+    let ran = against(&daemon, &["get", "u1", "--token-file", missing.to_str().unwrap()]);
+    assert_eq!(ran.code, Some(2));
+    assert!(ran.stderr.contains(&format!("--token-file {}: cannot read", missing.display())), "{:?}", ran.stderr);
+    std::fs::write(dir.join("empty.token"), "\n").unwrap();
+    let ran = against(&daemon, &["get", "u1", "--token-file", dir.join("empty.token").to_str().unwrap()]);
+    assert_eq!((ran.code, ran.stderr.contains("is empty; its first line is the token")), (Some(2), true));
+    // Every client command that presents a token takes it (`cluster status` reads etcd alone).
+    for command in [
+        &["get"][..],
+        &["watch"],
+        &["changes"],
+        &["sessions"],
+        &["revoke"],
+        &["room"],
+        &["stats"],
+        &["export"],
+        &["erase"],
+        &["backup"],
+        &["register"],
+        &["cluster", "backup"],
+        &["cluster", "move"],
+    ] {
+        let help = presenced(&[command, &["--help"]].concat(), &[]);
+        assert!(help.stdout.contains("--token-file <FILE>"), "{command:?} takes --token-file: {}", help.stdout);
+    }
+    daemon.stop().await;
+
+    // A plaintext client on a TLS port cannot reach it, and is told why.
+    let certs = dir.join("certs");
+    assert_eq!(presenced(&["dev-certs", certs.to_str().unwrap()], &[]).code, Some(0));
+    let (cert, key) = (certs.join("server.pem"), certs.join("server-key.pem"));
+    let tls = Daemon::start(&["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()], &[]);
+    let ran = against(&tls, &["get", "u1"]);
+    assert_eq!(ran.code, Some(3), "{:?}", ran.stderr);
+    assert!(ran.stderr.contains("this port speaks TLS: use an https:// --addr and --ca"), "{:?}", ran.stderr);
+    let https = format!("https://{}", tls.addr());
+    let ran = presenced(&["get", "u1", "--addr", &https, "--ca", certs.join("ca.pem").to_str().unwrap()], &[]);
+    assert_eq!(ran.code, Some(0), "over TLS with the CA: {:?}", ran.stderr);
+    tls.stop().await;
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[tokio::test]

@@ -137,7 +137,7 @@ pub(crate) async fn cluster_backup(args: ClusterBackupArgs) -> Result<(), Failur
     }
     fs::create_dir_all(&args.dir)
         .map_err(|err| Failure::new(Exit::Failed, format!("cannot create {}: {err}", args.dir.display())))?;
-    let authorization = crate::connect::bearer(args.token.as_deref())?;
+    let authorization = args.token.authorization()?;
     let scheme = if args.tls.given() { "https" } else { "http" };
     let mut nodes = Vec::new();
     let mut total = Written { users: 0, sessions: 0, durable_rows: 0, bytes: 0, took: Duration::ZERO };

@@ -87,7 +87,7 @@ pub(crate) async fn move_slot(args: ClusterMoveArgs) -> Result<(), Failure> {
     let channel = args.tls.connect(&format!("{scheme}://{address}")).await?;
     let mut request = Request::new(pb::MoveSlotsRequest { slots: vec![args.slot], to_node: args.node.clone() });
     request.set_timeout(MOVE_TIMEOUT);
-    if let Some(value) = crate::connect::bearer(args.token.as_deref())? {
+    if let Some(value) = args.token.authorization()? {
         request.metadata_mut().insert("authorization", value);
     }
     let moved =

@@ -11,7 +11,7 @@ use tonic::Request;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Channel;
 
-use crate::exit::{Exit, Failure};
+use crate::exit::{CHECK_THE_SERVER, Exit, Failure};
 
 /// How long a connection attempt may take before the server counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -29,13 +29,51 @@ pub struct Target {
     addr: String,
     #[command(flatten)]
     pub(crate) tls: TlsArgs,
-    /// A service token (or a viewer's JWT), sent as `authorization: Bearer TOKEN`.
-    #[arg(long, env = "PRESENCED_TOKEN", hide_env_values = true, value_name = "TOKEN")]
-    token: Option<String>,
+    #[command(flatten)]
+    pub(crate) token: TokenArgs,
     /// Print JSON (the proto's field names; 64-bit integers as strings, enums
     /// by name): one document, or for `watch` and `changes` one object per line.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// The credential every client subcommand presents.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct TokenArgs {
+    /// A service token (or a viewer's JWT), sent as `authorization: Bearer
+    /// TOKEN`. A token given here shows in `ps` and the shell's history:
+    /// prefer --token-file or PRESENCED_TOKEN.
+    #[arg(long, env = "PRESENCED_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    token: Option<String>,
+    /// A file holding the token (its first line; `presenced token new
+    /// --token-file` writes one); instead of --token.
+    #[arg(long, env = "PRESENCED_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+impl TokenArgs {
+    /// The token given, read from --token-file if that is how; a usage
+    /// error when both are given or the file cannot be used.
+    pub(crate) fn token(&self) -> Result<Option<String>, Failure> {
+        let Some(path) = &self.token_file else { return Ok(self.token.clone()) };
+        if self.token.is_some() {
+            return Err(Failure::new(
+                Exit::Usage,
+                "--token-file: give the token one way: --token (or PRESENCED_TOKEN) or --token-file, not both",
+            ));
+        }
+        let unusable = |why: String| Failure::new(Exit::Usage, format!("--token-file {}: {why}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|err| unusable(format!("cannot read: {err}")))?;
+        match text.lines().next().map(str::trim) {
+            Some(token) if !token.is_empty() => Ok(Some(token.to_owned())),
+            _ => Err(unusable("is empty; its first line is the token".to_owned())),
+        }
+    }
+
+    /// The token as the `authorization` header's value, checked before anything is sent.
+    pub(crate) fn authorization(&self) -> Result<Option<AsciiMetadataValue>, Failure> {
+        bearer(self.token()?.as_deref())
+    }
 }
 
 /// TLS to a server (`https://` addresses), for every client subcommand.
@@ -110,16 +148,15 @@ impl Connection {
     /// token is unusable, unreachable if nothing answers there.
     pub(crate) async fn open(target: &Target) -> Result<Connection, Failure> {
         let uri = endpoint_uri(&target.addr);
-        let authorization = bearer(target.token.as_deref())?;
+        let token = target.token.token()?;
+        let authorization = bearer(token.as_deref())?;
         let channel = tokio::time::timeout(CONNECT_TIMEOUT, target.tls.connect(&uri)).await.map_err(|_| {
-            Failure::new(Exit::Unreachable, format!("cannot reach presenced at {uri}: no answer in time"))
+            Failure::new(
+                Exit::Unreachable,
+                format!("cannot reach presenced at {uri}: no answer in time; {CHECK_THE_SERVER}"),
+            )
         })??;
-        Ok(Connection {
-            client: PresenceClient::new(channel.clone()),
-            channel,
-            authorization,
-            token: target.token.clone(),
-        })
+        Ok(Connection { client: PresenceClient::new(channel.clone()), channel, authorization, token })
     }
 
     /// `message` as a streamed call: with the credentials and no time limit
@@ -143,8 +180,8 @@ impl Connection {
     }
 }
 
-/// `--token` as the `authorization` header's value, checked before anything is sent.
-pub(crate) fn bearer(token: Option<&str>) -> Result<Option<AsciiMetadataValue>, Failure> {
+/// A token as the `authorization` header's value, checked before anything is sent.
+fn bearer(token: Option<&str>) -> Result<Option<AsciiMetadataValue>, Failure> {
     token
         .map(|token| {
             format!("Bearer {token}").parse().map_err(|_| {
@@ -155,10 +192,25 @@ pub(crate) fn bearer(token: Option<&str>) -> Result<Option<AsciiMetadataValue>, 
 }
 
 /// `--addr` as a URI: `serve --listen` takes HOST:PORT, so that is accepted
-/// here too, and means plain HTTP/2 (a server with TLS is https://HOST:PORT).
+/// here too, and means plain HTTP/2 (a server with TLS is https://HOST:PORT);
+/// an address without a port means presenced's, 50051.
 fn endpoint_uri(addr: &str) -> String {
-    if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") }
+    let uri = if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") };
+    let (scheme, rest) = uri.split_once("://").unwrap_or(("http", &uri));
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(authority, path)| (authority, path));
+    // A port follows the last ':', unless that ':' is inside an IPv6 literal's brackets.
+    let has_port = authority.rsplit_once(':').is_some_and(|(_, after)| !after.contains(']'));
+    let bare_ipv6 = !authority.starts_with('[') && authority.matches(':').count() > 1;
+    if (has_port && !bare_ipv6) || authority.is_empty() {
+        return uri;
+    }
+    let authority = if bare_ipv6 { format!("[{authority}]") } else { authority.to_owned() };
+    let path = if path.is_empty() { String::new() } else { format!("/{path}") };
+    format!("{scheme}://{authority}:{DEFAULT_PORT}{path}")
 }
+
+/// The port `presenced serve` listens on unless told otherwise.
+const DEFAULT_PORT: u16 = 50051;
 
 #[cfg(test)]
 mod tests {
@@ -168,5 +220,15 @@ mod tests {
     fn o4_an_address_is_taken_with_or_without_its_scheme() {
         assert_eq!(endpoint_uri("127.0.0.1:50051"), "http://127.0.0.1:50051");
         assert_eq!(endpoint_uri("http://presenced:50051"), "http://presenced:50051");
+    }
+
+    #[test]
+    fn o4_an_address_without_a_port_means_presenceds_port() {
+        assert_eq!(endpoint_uri("localhost"), "http://localhost:50051");
+        assert_eq!(endpoint_uri("https://presenced.internal"), "https://presenced.internal:50051");
+        assert_eq!(endpoint_uri("https://presenced.internal:443"), "https://presenced.internal:443");
+        assert_eq!(endpoint_uri("[::1]"), "http://[::1]:50051");
+        assert_eq!(endpoint_uri("http://[::1]:7000"), "http://[::1]:7000");
+        assert_eq!(endpoint_uri("::1"), "http://[::1]:50051");
     }
 }

@@ -14,7 +14,8 @@ backup, register, cluster status, cluster backup):
      both are answers, not errors; an interrupted watch, changes or register also exits 0)
   1  not found: revoke found no session to revoke, or the server answered NOT_FOUND
      (a room the token may not read)
-  2  usage error (unknown flag, missing argument, unusable --addr, --token, --from or --cursor-file)
+  2  usage error (unknown flag, missing argument, unusable --addr, --token, --token-file, --from or
+     --cursor-file)
   3  cannot reach the server (or, for cluster status and backup, etcd), or it is unavailable
      (UNAVAILABLE, DEADLINE_EXCEEDED)
   4  unauthenticated or permission denied (a missing or bad token, a viewer token
@@ -22,6 +23,14 @@ backup, register, cluster status, cluster backup):
   5  invalid argument (the server answered INVALID_ARGUMENT, naming the field), or for changes a
      cursor the feed no longer retains (OUT_OF_RANGE; the message gives the oldest cursor)
   6  any other failure (the message says which)";
+
+/// What an unreachable server's refusal adds: how to check it.
+pub(crate) const CHECK_THE_SERVER: &str = "is `presenced serve` running there? It prints the address it listens on \
+     when it starts (--addr or PRESENCED_ADDR say where to look)";
+
+/// What a presenced TLS port answers a plaintext HTTP/2 client with (in
+/// its GOAWAY), as `api/connections.rs` words it.
+const TLS_PORT_SAYS: &str = "this port speaks TLS";
 
 /// An exit status of a client subcommand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +57,10 @@ impl Failure {
 
     /// The server at `addr` could not be reached at all.
     pub(crate) fn unreachable(addr: &str, err: &(dyn Error + 'static)) -> Self {
-        Failure::new(Exit::Unreachable, format!("cannot reach presenced at {addr}: {}", causes(err)))
+        Failure::new(
+            Exit::Unreachable,
+            format!("cannot reach presenced at {addr}: {}; {CHECK_THE_SERVER}", causes(err)),
+        )
     }
 
     /// The server's refusal (or the transport's, as a status) of a call.
@@ -63,6 +75,17 @@ impl Failure {
         let mut message = format!("{:?}: {}", status.code(), status.message());
         if let Some(source) = status.source() {
             message = format!("{message}: {}", causes(source));
+        }
+        // A plaintext call to a TLS port: the server says so in the HTTP/2
+        // refusal that ends the connection; the call never reached it.
+        if message.contains(TLS_PORT_SAYS) {
+            return Failure::new(
+                Exit::Unreachable,
+                "cannot reach presenced over plaintext: this port speaks TLS: use an https:// --addr and --ca",
+            );
+        }
+        if status.code() == Code::Unauthenticated && status.message().starts_with("missing credentials") {
+            message.push_str(" (give a token with --token, --token-file or PRESENCED_TOKEN)");
         }
         Failure::new(exit, message)
     }

@@ -114,9 +114,9 @@ pub struct ClusterBackupArgs {
     /// TLS to the nodes; any of these dials them over https://.
     #[command(flatten)]
     tls: connect::TlsArgs,
-    /// A service token with the admin scope, sent as `authorization: Bearer TOKEN`.
-    #[arg(long, env = "PRESENCED_TOKEN", hide_env_values = true, value_name = "TOKEN")]
-    token: Option<String>,
+    // A service token with the admin scope (--token, --token-file or PRESENCED_TOKEN).
+    #[command(flatten)]
+    token: connect::TokenArgs,
     /// Print the manifest as JSON instead of a line per node.
     #[arg(long)]
     json: bool,
@@ -148,9 +148,9 @@ pub struct ClusterMoveArgs {
     /// of these dials the owner over https://.
     #[command(flatten)]
     tls: connect::TlsArgs,
-    /// A service token of the cluster, sent as `authorization: Bearer TOKEN`.
-    #[arg(long, env = "PRESENCED_TOKEN", hide_env_values = true, value_name = "TOKEN")]
-    token: Option<String>,
+    // A service token with the cluster scope (--token, --token-file or PRESENCED_TOKEN).
+    #[command(flatten)]
+    token: connect::TokenArgs,
     /// One JSON object instead of a line.
     #[arg(long)]
     json: bool,
