@@ -228,10 +228,24 @@ async fn o4_stats_prints_the_services_figures() {
     assert_eq!(lag["bounds_seconds"].as_array().unwrap().len() + 1, lag["counts"].as_array().unwrap().len());
 }
 
-/// A client command running in the background, its stdout read line by line.
+/// A client command running in the background, its stdout and stderr read line by line.
 struct Running {
     child: Child,
     lines: mpsc::Receiver<String>,
+    said: mpsc::Receiver<String>,
+}
+
+/// Each line `from` gives, sent on the returned channel as it comes.
+fn lines_of(from: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (sender, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    lines
 }
 
 impl Running {
@@ -242,18 +256,19 @@ impl Running {
             .env_remove("PRESENCED_ADDR")
             .env_remove("PRESENCED_TOKEN")
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn presenced");
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let (sender, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stdout.lines().map_while(Result::ok) {
-                if sender.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Running { child, lines }
+        let lines = lines_of(child.stdout.take().unwrap());
+        let said = lines_of(child.stderr.take().unwrap());
+        Running { child, lines, said }
+    }
+
+    /// The next line on stderr, within the patience.
+    fn said_line(&self) -> String {
+        let line = self.said.recv_timeout(PATIENCE).expect("a line on stderr within the patience");
+        eprintln!("said: {line}");
+        line
     }
 
     /// The next line, within the patience.
@@ -361,6 +376,15 @@ async fn f1_changes_prints_each_change_with_its_cursor_and_resumes_from_its_curs
 
     // The first run starts at the oldest change retained: it misses nothing made as it starts.
     let feed = Running::start(&daemon, &["changes", "--from", "oldest", "--cursor-file", file]);
+    assert_eq!(
+        feed.said_line(),
+        format!(
+            "presenced changes: connected to http://{}; from the oldest change the feed retains; \
+             saving each batch's cursor in {file}",
+            daemon.addr()
+        ),
+        "where it starts, once connected"
+    );
     let registered = client.register(register("u1", "phone", "gw-a", 60_000)).await.unwrap().into_inner();
     let online = change_words(&feed.line());
     let version = registered.presence.unwrap().version.to_string();
@@ -377,6 +401,10 @@ async fn f1_changes_prints_each_change_with_its_cursor_and_resumes_from_its_curs
     // is for a first run): that change, and nothing printed before.
     client.register(register("u2", "tab", "gw-a", 60_000)).await.unwrap();
     let feed = Running::start(&daemon, &["changes", "--from", "oldest", "--cursor-file", file, "--kind", "flip"]);
+    let said = feed.said_line();
+    let resuming =
+        format!("resuming after cursor {} from {file}; the file's cursor comes before --from oldest", offline[6]);
+    assert!(said.ends_with(&resuming), "the cursor file wins, and it says so: {said}");
     let resumed = change_words(&feed.line());
     assert_eq!(resumed[..3], ["FLIP", "u2", "ONLINE"], "resumed after the saved cursor: {resumed:?}");
     saved(&resumed[6]);
@@ -384,12 +412,19 @@ async fn f1_changes_prints_each_change_with_its_cursor_and_resumes_from_its_curs
 
     // --from a printed cursor, as JSON lines: what came after it.
     let feed = Running::start(&daemon, &["changes", "--from", &online[6], "--json"]);
+    assert!(feed.said_line().ends_with(&format!("; after cursor {}", online[6])));
     let line: Value = serde_json::from_str(&feed.line()).unwrap();
     assert_eq!(
         (&line["change"]["flip"]["user_id"], &line["change"]["flip"]["state"]),
         (&"u1".into(), &"STATE_OFFLINE".into())
     );
     assert_eq!(line["cursor_hex"], offline[6].as_str(), "the cursor as --from takes it");
+    assert_eq!(feed.interrupt().await, Some(0));
+    // --quiet: the changes, and nothing on stderr.
+    let feed = Running::start(&daemon, &["changes", "--from", &online[6], "--quiet"]);
+    assert_eq!(change_words(&feed.line())[..3], ["FLIP", "u1", "OFFLINE"]);
+    let said = feed.said.recv_timeout(std::time::Duration::from_millis(200));
+    assert!(said.is_err(), "--quiet says nothing: {said:?}");
     assert_eq!(feed.interrupt().await, Some(0));
 
     // Bad input names the flag; a cursor the feed does not hold gives the oldest one.
@@ -401,6 +436,12 @@ async fn f1_changes_prints_each_change_with_its_cursor_and_resumes_from_its_curs
     let ran = against(&daemon, &["changes", "--cursor-file", file]);
     assert_eq!(ran.code, Some(2), "{}", ran.stderr);
     assert!(ran.stderr.contains("--cursor-file") && ran.stderr.contains(file), "{:?}", ran.stderr);
+    let nowhere = dir.join("missing").join("cursor");
+    let ran = against(&daemon, &["changes", "--cursor-file", nowhere.to_str().unwrap()]);
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    let missing =
+        format!("--cursor-file {}: its directory {} does not exist", nowhere.display(), dir.join("missing").display());
+    assert!(ran.stderr.contains(&missing), "{:?}", ran.stderr);
     let ran = against(&daemon, &["changes", "--slot", "1024"]);
     assert_eq!(ran.code, Some(5), "{}", ran.stderr);
     assert!(ran.stderr.contains("slots: slot 1024"), "{:?}", ran.stderr);

@@ -66,7 +66,14 @@ pub(crate) async fn changes(args: ChangesArgs) -> Result<(), Failure> {
     // lines, never in the middle of one.
     let interrupted = interrupted()?;
     tokio::pin!(interrupted);
+    // A cursor file that cannot be written is a usage error found now, not
+    // once the first batch is printed.
+    let saved = match &args.cursor_file {
+        Some(path) => saved_cursor(path).await?,
+        None => None,
+    };
     let connection = Connection::open(&args.target).await?;
+    let starts = where_it_starts(&args, &connection.uri, saved.as_deref());
     let (from, cursor) = match &args.from {
         Start::Now => (pb::ChangesFrom::Now, Vec::new()),
         Start::Oldest => (pb::ChangesFrom::Oldest, Vec::new()),
@@ -81,8 +88,8 @@ pub(crate) async fn changes(args: ChangesArgs) -> Result<(), Failure> {
     };
     let following = async {
         match &args.cursor_file {
-            Some(path) => follow(&connection, request, FileCursorStore::new(path), &args).await,
-            None => follow(&connection, request, MemoryCursorStore::new(), &args).await,
+            Some(path) => follow(&connection, request, FileCursorStore::new(path), &args, &starts).await,
+            None => follow(&connection, request, MemoryCursorStore::new(), &args, &starts).await,
         }
     };
     tokio::select! {
@@ -97,6 +104,7 @@ async fn follow<S: CursorStore>(
     request: pb::ChangesRequest,
     store: S,
     args: &ChangesArgs,
+    starts: &str,
 ) -> Result<(), Failure> {
     let token = connection.token.as_deref();
     let opened =
@@ -107,6 +115,9 @@ async fn follow<S: CursorStore>(
         ChangesError::Store(err) => Failure::new(Exit::Usage, format!("--cursor-file: {err}")),
         err => failure(err, args),
     })?;
+    if !args.quiet {
+        eprintln!("{starts}");
+    }
     loop {
         let batch = consumer.next_batch().await.map_err(|err| failure(err, args))?;
         let reader = if args.target.json { print_json_lines(&batch)? } else { print(&lines(&batch))? };
@@ -115,6 +126,43 @@ async fn follow<S: CursorStore>(
         }
         consumer.commit().await.map_err(|err| failure(err, args))?;
     }
+}
+
+/// The cursor `path` holds, if any: a usage error when the file cannot be
+/// read or its directory does not exist (the first save would fail).
+async fn saved_cursor(path: &std::path::Path) -> Result<Option<Vec<u8>>, Failure> {
+    let unusable = |why: String| Failure::new(Exit::Usage, format!("--cursor-file {}: {why}", path.display()));
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(unusable(format!("its directory {} does not exist", dir.display())));
+    }
+    FileCursorStore::new(path).load().await.map_err(|err| unusable(err.to_string()))
+}
+
+/// What `changes` says once connected: where the feed starts, and why.
+fn where_it_starts(args: &ChangesArgs, uri: &str, saved: Option<&[u8]>) -> String {
+    let from = match (&args.from, saved) {
+        (Start::Now, None) => "from now (changes made from here on)".to_owned(),
+        (Start::Oldest, None) => "from the oldest change the feed retains".to_owned(),
+        (Start::After(cursor), None) => format!("after cursor {}", cursor_to_hex(cursor)),
+        (given, Some(cursor)) => {
+            let path = args.cursor_file.as_deref().unwrap_or(std::path::Path::new("")).display();
+            let over = match given {
+                Start::Now => "",
+                Start::Oldest => "; the file's cursor comes before --from oldest",
+                Start::After(_) => "; the file's cursor comes before --from's",
+            };
+            format!("resuming after cursor {} from {path}{over}", cursor_to_hex(cursor))
+        }
+    };
+    let saving = match (&args.cursor_file, saved) {
+        (Some(path), None) => format!("; saving each batch's cursor in {}", path.display()),
+        _ => String::new(),
+    };
+    format!("presenced changes: connected to {uri}; {from}{saving}")
 }
 
 fn print_json_lines(batch: &ChangeBatch) -> Result<Reader, Failure> {

@@ -141,6 +141,8 @@ pub(crate) struct Connection {
     authorization: Option<AsciiMetadataValue>,
     /// The token as given, for the watchers, which add it to every reopen themselves.
     pub(crate) token: Option<String>,
+    /// The address connected to, as a URI.
+    pub(crate) uri: String,
 }
 
 impl Connection {
@@ -156,7 +158,7 @@ impl Connection {
                 format!("cannot reach presenced at {uri}: no answer in time; {CHECK_THE_SERVER}"),
             )
         })??;
-        Ok(Connection { client: PresenceClient::new(channel.clone()), channel, authorization, token })
+        Ok(Connection { client: PresenceClient::new(channel.clone()), channel, authorization, token, uri })
     }
 
     /// `message` as a streamed call: with the credentials and no time limit

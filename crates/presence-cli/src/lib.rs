@@ -239,6 +239,10 @@ pub struct ChangesArgs {
     /// stopped resumes where it left off, printing at most its last batch again.
     #[arg(long, value_name = "FILE")]
     cursor_file: Option<std::path::PathBuf>,
+    /// Say nothing on stderr when connected (where the feed starts: from
+    /// now, the oldest change, a cursor, or the cursor file's).
+    #[arg(long, short)]
+    quiet: bool,
     #[command(flatten)]
     target: Target,
 }
