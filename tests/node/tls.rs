@@ -101,7 +101,8 @@ async fn t1_a_client_with_the_right_ca_is_served_over_grpc_and_grpc_web_and_the_
 #[tokio::test]
 async fn t1_each_wrong_client_is_refused_with_an_error_that_says_which() {
     let (_pki, server) = server_pki("tls-refusals");
-    let daemon = start(&server, &[]);
+    let metrics = format!("127.0.0.1:{}", crate::common::daemon::free_port());
+    let daemon = start(&server, &["--metrics-listen", &metrics]);
 
     let other = Pki::new(&scratch_dir("tls-refusals-other"), "other");
     let unknown_ca = refusal_seen(&daemon, &other.ca_path(), None).await;
@@ -122,6 +123,14 @@ async fn t1_each_wrong_client_is_refused_with_an_error_that_says_which() {
     let mut answer = Vec::new();
     let _ =
         within(PATIENCE, "the plaintext refusal", tokio::io::AsyncReadExt::read_to_end(&mut raw, &mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("this port speaks TLS"), "{answer}");
+    // The metrics port says the same to curl http:// (not a raw TLS alert).
+    let mut raw = tokio::net::TcpStream::connect(&metrics).await.unwrap();
+    raw.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    let _ = within(PATIENCE, "the metrics port's refusal", tokio::io::AsyncReadExt::read_to_end(&mut raw, &mut answer))
+        .await;
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("this port speaks TLS"), "{answer}");
     daemon.stop().await;

@@ -119,9 +119,9 @@ fn goaway_frames(debug: &[u8], error_code: u32) -> Vec<u8> {
     frames
 }
 
-/// What an HTTP/1 client (curl, a browser) that speaks plaintext to the TLS
-/// port is answered with.
-fn http1_tls_required() -> Vec<u8> {
+/// What an HTTP/1 client (curl, a browser) that speaks plaintext to a TLS
+/// port (the service's or the metrics') is answered with.
+pub(crate) fn http1_tls_required() -> Vec<u8> {
     let text = format!("{TLS_REQUIRED}\n");
     format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\n\
@@ -133,7 +133,7 @@ fn http1_tls_required() -> Vec<u8> {
 
 /// The first byte of a TLS record that carries a handshake message: a TLS
 /// client's first byte. No HTTP/1 method and not the HTTP/2 preface starts with it.
-const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+pub(crate) const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 /// TLS handshakes one server loop (one connection thread) works on at once.
 pub(crate) const HANDSHAKES_IN_FLIGHT: usize = 32;

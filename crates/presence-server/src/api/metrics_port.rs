@@ -72,6 +72,13 @@ async fn serve_connection(stream: TcpStream, answers: Answers, tls: Option<Arc<S
     let http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     let served = match tls {
         None => http.serve_connection(TokioIo::new(stream), service).await,
+        Some(_) if !speaks_tls(&stream, timeout).await => {
+            // curl http:// (a scraper set up without TLS): told in HTTP/1 what
+            // to change, as the service port tells it, not a raw TLS alert.
+            let mut stream = stream;
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, &super::connections::http1_tls_required()).await;
+            return;
+        }
         Some(tls) => match tokio::time::timeout(timeout, tls.current().acceptor().accept(stream)).await {
             Ok(Ok(stream)) => http.serve_connection(TokioIo::new(stream), service).await,
             Ok(Err(err)) => return tracing::debug!(%err, "metrics port: TLS handshake failed"),
@@ -80,6 +87,17 @@ async fn serve_connection(stream: TcpStream, answers: Answers, tls: Option<Arc<S
     };
     if let Err(err) = served {
         tracing::debug!(%err, "metrics connection ended with an error");
+    }
+}
+
+/// Whether the client's first byte, within `timeout`, starts a TLS
+/// handshake; a client that sends nothing in time is left to the handshake's
+/// own deadline.
+async fn speaks_tls(stream: &TcpStream, timeout: Duration) -> bool {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => first[0] == super::connections::TLS_HANDSHAKE_RECORD,
+        _ => true,
     }
 }
 
