@@ -137,6 +137,71 @@ async fn t1_each_wrong_client_is_refused_with_an_error_that_says_which() {
 }
 
 #[tokio::test]
+async fn t1_a_v1_certificate_is_refused_naming_it_one_naming_no_address_is_warned_of_and_refused_handshakes_are_logged()
+{
+    use crate::common::daemon::BINARY;
+    // The usual openssl recipe without -extfile makes an X.509 v1 certificate.
+    presence_faults::install::provide(&["openssl"], "install-openssl").expect("openssl");
+    let dir = scratch_dir("tls-v1");
+    let (cert, key, csr) = (dir.join("v1.pem"), dir.join("v1-key.pem"), dir.join("v1.csr"));
+    let openssl = |args: &[&str]| {
+        let ran = std::process::Command::new("openssl").args(args).output().unwrap();
+        assert!(ran.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&ran.stderr));
+    };
+    let path = |path: &std::path::PathBuf| path.to_str().unwrap().to_owned();
+    openssl(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &path(&key)]);
+    openssl(&["req", "-new", "-key", &path(&key), "-subj", "/CN=localhost", "-out", &path(&csr)]);
+    openssl(&["x509", "-req", "-in", &path(&csr), "-signkey", &path(&key), "-days", "30", "-out", &path(&cert)]);
+    let refused = std::process::Command::new(BINARY)
+        .args(["serve", "--listen", "127.0.0.1:0", "--tls-cert", &path(&cert), "--tls-key", &path(&key)])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains(&format!("--tls-cert {}: is an X.509 v1 certificate, which TLS clients refuse", cert.display())),
+        "the certificate is blamed, in words: {said}"
+    );
+    assert!(!said.contains("--tls-key") && !said.contains("UnsupportedCertVersion"), "{said}");
+
+    // A v3 certificate that names no address starts, with a warning.
+    let pki = Pki::new(&dir, "server");
+    let nameless = pki.issue("nameless", &["spiffe://example.org/presenced"]);
+    let log = dir.join("nameless.log");
+    let daemon = Daemon::start_on("127.0.0.1:0", &tls_flags_args(&nameless), &[], Some(&log));
+    let warned = std::fs::read_to_string(&log).unwrap();
+    assert!(warned.contains("the certificate in --tls-cert names no DNS name or IP address"), "{warned}");
+    daemon.stop().await;
+
+    // Refused handshakes are logged, a line per ten seconds with their count.
+    let (_, server) = server_pki("tls-refused-logged");
+    let log = dir.join("refused.log");
+    let daemon = Daemon::start_on("127.0.0.1:0", &tls_flags_args(&server), &[], Some(&log));
+    let other = Pki::new(&scratch_dir("tls-refused-logged-other"), "other");
+    for _ in 0..3 {
+        refusal_seen(&daemon, &other.ca_path(), None).await;
+    }
+    within(PATIENCE, "the refused handshake in the log", async {
+        loop {
+            let logged = std::fs::read_to_string(&log).unwrap();
+            if let Some(line) = logged.lines().find(|line| line.contains("refused TLS handshakes")) {
+                assert!(line.contains("the last, from 127.0.0.1:"), "{line}");
+                assert_eq!(logged.matches("refused TLS handshakes").count(), 1, "one line for three: {logged}");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    daemon.stop().await;
+}
+
+/// The TLS flags of `issued`, as `Daemon` takes them.
+fn tls_flags_args(issued: &Issued) -> Vec<&str> {
+    vec!["--tls-cert", issued.cert.to_str().unwrap(), "--tls-key", issued.key.to_str().unwrap()]
+}
+
+#[tokio::test]
 async fn t1_an_expired_server_certificate_is_refused_by_the_client() {
     // A server whose certificate expired while it ran (presenced refuses to
     // start with one, below, but keeps serving one that expires): a
@@ -245,6 +310,12 @@ async fn t2_a_service_identity_certificate_is_a_service_caller_and_a_viewer_jwt_
     let mut as_browser = client(&daemon, &pki.ca_path(), Some(&browser)).await;
     let unlisted = as_browser.snapshot(pb::SnapshotRequest::default()).await.expect_err("no token, unlisted identity");
     assert_eq!(unlisted.code(), Code::Unauthenticated, "{unlisted:?}");
+    assert!(
+        unlisted
+            .message()
+            .contains("the client certificate (browser.internal) has no identity listed by --tls-service-identity"),
+        "the refusal names the certificate's identities and the flag: {unlisted:?}"
+    );
 
     let jwt = viewer_token("carol", false);
     let seen = as_browser

@@ -14,6 +14,11 @@ pub struct CertificateFacts {
     /// addresses, IP addresses), then the subject's common name. A
     /// `--tls-service-identity` matches any one of them exactly.
     pub identities: Vec<String>,
+    /// The names a client can dial it by (its DNS and IP subject
+    /// alternative names): what a TLS client checks the address against.
+    pub dialable_names: Vec<String>,
+    /// Its X.509 version: 1, 2 or 3. TLS clients accept only 3.
+    pub version: u32,
     /// When it becomes valid.
     pub not_before: SystemTime,
     /// When it stops being valid.
@@ -36,16 +41,19 @@ impl CertificateFacts {
     /// (rustls refuses such a certificate on its own).
     pub fn of(certificate: &CertificateDer<'_>) -> Option<CertificateFacts> {
         let (_, parsed) = X509Certificate::from_der(certificate.as_ref()).ok()?;
-        let mut identities = Vec::new();
+        let (mut identities, mut dialable_names) = (Vec::new(), Vec::new());
         if let Ok(Some(names)) = parsed.subject_alternative_name() {
             for name in &names.value.general_names {
                 match name {
-                    GeneralName::DNSName(name) | GeneralName::URI(name) | GeneralName::RFC822Name(name) => {
+                    GeneralName::DNSName(name) => {
                         identities.push((*name).to_owned());
+                        dialable_names.push((*name).to_owned());
                     }
+                    GeneralName::URI(name) | GeneralName::RFC822Name(name) => identities.push((*name).to_owned()),
                     GeneralName::IPAddress(bytes) => {
                         if let Some(address) = ip_address(bytes) {
                             identities.push(address.to_string());
+                            dialable_names.push(address.to_string());
                         }
                     }
                     _ => {}
@@ -60,6 +68,8 @@ impl CertificateFacts {
         let time = |seconds: i64| UNIX_EPOCH + Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
         Some(CertificateFacts {
             identities,
+            dialable_names,
+            version: parsed.version().0 + 1,
             not_before: time(parsed.validity().not_before.timestamp()),
             not_after: time(parsed.validity().not_after.timestamp()),
         })
@@ -78,6 +88,14 @@ impl CertificateFacts {
 
     /// Why it cannot be served at `now`, if it cannot.
     pub(crate) fn unusable_at(&self, now: SystemTime) -> Option<String> {
+        if self.version < 3 {
+            return Some(format!(
+                "is an X.509 v{} certificate, which TLS clients refuse: they need v3, with a subjectAltName \
+                 naming the address they dial (`openssl x509 -req` makes v1 unless given -extfile; \
+                 `presenced dev-certs DIR` makes a v3 set; see docs/security.md)",
+                self.version
+            ));
+        }
         match self.validity(now) {
             Validity::Valid(_) => None,
             Validity::NotYet(left) => Some(format!(

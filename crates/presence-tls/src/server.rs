@@ -144,6 +144,7 @@ impl ServerTls {
             .map_err(|err| TlsError::Settings(format!("cannot make a session ticket key: {err}")))?;
         let sessions = ServerSessionMemoryCache::new(SESSION_CACHE);
         let snapshot = build(&files, &ticketer, &sessions, SystemTime::now())?;
+        warn_of_names_nobody_dials(&snapshot);
         Ok(ServerTls { files, current: ArcSwap::from_pointee(snapshot), ticketer, sessions })
     }
 
@@ -161,6 +162,7 @@ impl ServerTls {
         if snapshot.fingerprint == self.current.load().fingerprint {
             return Ok(false);
         }
+        warn_of_names_nobody_dials(&snapshot);
         self.current.store(Arc::new(snapshot));
         Ok(true)
     }
@@ -174,6 +176,23 @@ impl ServerTls {
     /// Where the material is read from.
     pub fn files(&self) -> &ServerTlsFiles {
         &self.files
+    }
+}
+
+/// Warns of a served certificate that names nothing a client dials (no DNS
+/// or IP subjectAltName): every TLS client refuses it, whatever address it
+/// dials, so the start succeeds and each client fails later; the warning
+/// says why where the operator looks first.
+fn warn_of_names_nobody_dials(snapshot: &ServerTlsSnapshot) {
+    for (used_as, facts) in &snapshot.certificates {
+        if facts.dialable_names.is_empty() {
+            let flag = if *used_as == "peer" { "--peer-tls-cert" } else { "--tls-cert" };
+            tracing::warn!(
+                "the certificate in {flag} names no DNS name or IP address (subjectAltName): TLS clients will \
+                 refuse it whatever address they dial (a common name is not checked); make it for the names \
+                 clients dial (`presenced dev-certs DIR --name NAME`, docs/security.md)"
+            );
+        }
     }
 }
 
@@ -263,7 +282,12 @@ pub(crate) fn certified_key(
             &key.path,
             format!("is not the key of the certificate in {} {}", cert.flag, cert.path.display()),
         ),
-        err => TlsError::file(key.flag, &key.path, format!("cannot be used: {err}")),
+        // Past the checks above, what rustls refuses is the certificate's
+        // (its encoding or extensions), not the key's.
+        rustls::Error::InvalidCertificate(why) => {
+            TlsError::file(cert.flag, &cert.path, format!("cannot be used: the certificate is invalid ({why:?})"))
+        }
+        err => TlsError::file(key.flag, &key.path, format!("cannot be used with {}: {err}", cert.flag)),
     })?;
     Ok((Arc::new(certified), facts))
 }

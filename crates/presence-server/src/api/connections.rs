@@ -195,11 +195,13 @@ pub(crate) struct Admission {
     refused: Counter,
     /// Connections closed for not completing the handshake in time (counter).
     handshake_timeouts: Counter,
-    /// When a refusal was last logged, so a flood logs once a second, not
-    /// once a connection.
-    last_warning: Arc<parking_lot::Mutex<Option<std::time::Instant>>>,
-    /// Refusals since the last warning, reported with the next one.
-    refused_unlogged: Arc<AtomicU64>,
+    /// The warning of connections refused at the cap, at most once a second.
+    refusals_logged: Arc<EveryNow>,
+    /// The warning of TLS handshakes refused (a client with the wrong CA, an
+    /// expired certificate or none where one is required), at most once
+    /// every ten seconds: a client's mistake, but one its operator asks the
+    /// server's log about.
+    handshake_refusals_logged: Arc<EveryNow>,
     /// Places for refused connections that are kept open a moment, so that
     /// their GOAWAY is read (see `refuse`); bounded, because a flood of
     /// refused connections must not become a flood of tasks.
@@ -215,6 +217,35 @@ pub(crate) struct Admission {
     /// TLS handshakes completed, resumed or full (counters).
     tls_resumed: Counter,
     tls_full: Counter,
+}
+
+/// A warning logged at most once per period, with how many times it
+/// happened since the last one: a flood of the same event logs a line a
+/// period, not a line an event.
+#[derive(Debug)]
+struct EveryNow {
+    period: Duration,
+    last: parking_lot::Mutex<Option<std::time::Instant>>,
+    unlogged: AtomicU64,
+}
+
+impl EveryNow {
+    fn new(period: Duration) -> Self {
+        EveryNow { period, last: parking_lot::Mutex::new(None), unlogged: AtomicU64::new(0) }
+    }
+
+    /// Notes one more event; `Some(how many since the last line)` when it is
+    /// time to log one.
+    fn note(&self) -> Option<u64> {
+        self.unlogged.fetch_add(1, Ordering::Relaxed);
+        let mut last = self.last.lock();
+        let now = std::time::Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < self.period) {
+            return None;
+        }
+        *last = Some(now);
+        Some(self.unlogged.swap(0, Ordering::Relaxed))
+    }
 }
 
 /// Refused connections kept open at once until their client has read the
@@ -242,8 +273,8 @@ impl Admission {
             open: gauge!(names::CONNECTIONS),
             refused: counter!(names::CONNECTIONS_REFUSED),
             handshake_timeouts: counter!(names::HANDSHAKE_TIMEOUTS),
-            last_warning: Arc::default(),
-            refused_unlogged: Arc::default(),
+            refusals_logged: Arc::new(EveryNow::new(Duration::from_secs(1))),
+            handshake_refusals_logged: Arc::new(EveryNow::new(Duration::from_secs(10))),
             lingering: Arc::new(Semaphore::new(LINGERING_REFUSALS)),
             cors_origins: cors_origins.into(),
             tls,
@@ -270,15 +301,8 @@ impl Admission {
     /// effort: the socket is not waited on), and closes the connection.
     fn refuse(&self, stream: std::net::TcpStream, why: &'static str) {
         self.refused.increment(1);
-        self.refused_unlogged.fetch_add(1, Ordering::Relaxed);
-        {
-            let mut last = self.last_warning.lock();
-            let now = std::time::Instant::now();
-            if last.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1)) {
-                *last = Some(now);
-                let refused = self.refused_unlogged.swap(0, Ordering::Relaxed);
-                tracing::warn!(max_connections = self.max_connections, refused, "refusing connections: {why}");
-            }
+        if let Some(refused) = self.refusals_logged.note() {
+            tracing::warn!(max_connections = self.max_connections, refused, "refusing connections: {why}");
         }
         let lingering = Arc::clone(&self.lingering).try_acquire_owned().ok().and_then(|place| {
             let runtime = tokio::runtime::Handle::try_current().ok()?;
@@ -607,6 +631,7 @@ fn ready_to_serve(
 async fn tls_handshake(accepted: Accepted, admission: Admission) -> Option<Guarded> {
     let Accepted { stream, admitted, deadline } = accepted;
     let material = admission.tls.as_ref()?.current();
+    let peer = stream.peer_addr().ok();
     let handshake = async {
         let mut first = [0; 1];
         if stream.peek(&mut first).await? == 0 {
@@ -627,7 +652,14 @@ async fn tls_handshake(accepted: Accepted, admission: Admission) -> Option<Guard
             Some(Guarded::new(Transport::Tls(Box::new(tls)), admitted, deadline, &admission, certificate))
         }
         Ok(Err(err)) => {
-            tracing::debug!(%err, "TLS handshake failed");
+            tracing::debug!(%err, ?peer, "TLS handshake failed");
+            if let Some(refused) = admission.handshake_refusals_logged.note() {
+                let peer = peer.map_or_else(|| "an unknown address".to_owned(), |peer| peer.to_string());
+                tracing::warn!(
+                    refused,
+                    "refused TLS handshakes ({refused} since the last such line); the last, from {peer}: {err}"
+                );
+            }
             None
         }
         Err(_) => {

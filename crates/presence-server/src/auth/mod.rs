@@ -520,9 +520,29 @@ impl Authenticator {
             return Ok(Caller::Service(ServiceCaller { name: Arc::clone(&OPEN), scopes: Scopes::ALL }));
         }
         if metadata.get("authorization").is_none()
-            && let Some(caller) = certificate.and_then(certificate_caller)
+            && let Some(certificate) = certificate
         {
-            return Ok(caller);
+            // A certificate of the client CA that names no service identity
+            // is the caller's own: saying which names it holds gives nothing
+            // away, and says why it is not enough.
+            return certificate_caller(certificate).ok_or_else(|| {
+                // Its subject alternative names, then its common name, which often repeats one.
+                let mut names: Vec<&str> = Vec::new();
+                for name in &certificate.identities {
+                    if !names.contains(&name.as_str()) {
+                        names.push(name);
+                    }
+                }
+                ServiceError::Unauthenticated(
+                    format!(
+                        "missing credentials: the client certificate ({}) has no identity listed by \
+                         --tls-service-identity, so it names no caller; send `authorization: Bearer <token>` \
+                         or connect with a certificate of a listed identity",
+                        names.join(", ")
+                    )
+                    .into(),
+                )
+            });
         }
         self.caller_with_token(bearer_token(metadata)?)
     }
