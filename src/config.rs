@@ -31,7 +31,8 @@ const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net
 #[derive(Debug, Default, Clone, Args, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ServeArgs {
-    /// A TOML file with any of the settings below (keys in snake_case).
+    /// A TOML file with any of the settings below, each keyed by its flag's
+    /// name with `_` for `-` (presenced.example.toml holds them all).
     #[arg(long, env = "PRESENCED_CONFIG", value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -62,7 +63,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "PRESENCED_OFFLINE_GRACE_MS", value_name = "MS")]
     offline_grace_ms: Option<u64>,
     /// The most members a member-mode room snapshot or watch lists; larger
-    /// rooms are watched in count mode. [default: 1000]
+    /// rooms are watched in count mode.
     #[arg(long, env = "PRESENCED_ROOM_MEMBER_CAP", value_name = "N")]
     room_member_cap: Option<usize>,
     /// Lease store shards, a power of two.
@@ -122,7 +123,7 @@ pub(crate) struct ServeArgs {
     /// downtime. It shows in `ps` and the environment: prefer --credentials,
     /// whose credentials have names, scopes and hashed tokens.
     #[arg(long = "service-token", env = "PRESENCED_SERVICE_TOKEN", value_name = "TOKEN", value_delimiter = ',')]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "service_token")]
     service_tokens: Vec<String>,
     /// A TOML file of named service credentials, each with its scopes and
     /// the SHA-256 of its token (`presenced token new` makes one); read again
@@ -167,7 +168,7 @@ pub(crate) struct ServeArgs {
         value_name = "AUD",
         value_delimiter = ','
     )]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "viewer_jwt_audience")]
     viewer_jwt_audiences: Vec<String>,
     /// The `iss` viewer tokens must carry.
     #[arg(long, env = "PRESENCED_VIEWER_JWT_ISSUER", value_name = "ISS")]
@@ -182,8 +183,8 @@ pub(crate) struct ServeArgs {
     /// Last seen is released to viewers rounded down to this.
     #[arg(long, env = "PRESENCED_LAST_SEEN_GRANULARITY_MS", value_name = "MS")]
     last_seen_granularity_ms: Option<u64>,
-    /// Changes older than this leave the change feed (`Changes`). [default:
-    /// 86400000, a day]
+    /// Changes older than this leave the change feed (`Changes`); the
+    /// default is a day.
     #[arg(long, env = "PRESENCED_FEED_RETENTION_MS", value_name = "MS")]
     feed_retention_ms: Option<u64>,
     /// At most this many bytes of the change feed are kept: on disk with
@@ -198,13 +199,13 @@ pub(crate) struct ServeArgs {
     /// `#kinds=flip,status,room_occupancy&id_prefix=P&slots=0-511&max_events=N`
     /// (the environment variable holds one: filters have commas).
     #[arg(long = "feed-webhook", env = "PRESENCED_FEED_WEBHOOK", value_name = "URL")]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "feed_webhook")]
     feed_webhooks: Vec<String>,
     /// The secret that signs webhook batches (HMAC-SHA256, at least 32
     /// bytes); repeat it to sign with two while receivers move to a new one.
     /// It shows in `ps`: prefer --feed-webhook-secret-file.
     #[arg(long = "feed-webhook-secret", env = "PRESENCED_FEED_WEBHOOK_SECRET", value_name = "SECRET")]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "feed_webhook_secret")]
     feed_webhook_secrets: Vec<String>,
     /// A file holding the webhook secrets, one a line (blank lines skipped).
     #[arg(long, env = "PRESENCED_FEED_WEBHOOK_SECRET_FILE", value_name = "FILE")]
@@ -231,7 +232,7 @@ pub(crate) struct ServeArgs {
     /// the environment) for more. Without one, only pages served by presenced
     /// itself (the console) can.
     #[arg(long = "cors-origin", env = "PRESENCED_CORS_ORIGIN", value_name = "ORIGIN", value_delimiter = ',')]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "cors_origin")]
     cors_origins: Vec<String>,
     /// Serve the web console at http://LISTEN/console/ (its files are built
     /// into the binary); false answers 404 there.
@@ -300,7 +301,7 @@ pub(crate) struct ServeArgs {
         value_delimiter = ',',
         requires = "tls_client_ca"
     )]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "tls_service_identity")]
     tls_service_identities: Vec<String>,
     /// The certificate this node shows other nodes, as their server and as
     /// their client [default: --tls-cert] (needs --etcd and --tls-cert).
@@ -647,6 +648,68 @@ pub(crate) struct Settings {
     pub(crate) warnings: Vec<String>,
 }
 
+/// A `--service-token` shorter than this is warned of at start: 32
+/// characters of hex are 128 bits, the least a secret should hold.
+const SHORTEST_UNWARNED_TOKEN: usize = 32;
+
+/// The config file's keys are the flags' names, `-` written `_`
+/// (`--max-ttl-ms` is `max_ttl_ms`): the one list of settings is the flags',
+/// so the two cannot drift apart.
+fn flag_keys() -> Vec<String> {
+    let serve = <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"));
+    let longs = serve.get_arguments().filter_map(|arg| arg.get_long()).filter(|long| *long != "config");
+    longs.map(|long| long.replace('-', "_")).collect()
+}
+
+/// Keys of earlier versions, named after the list a repeatable flag fills,
+/// and the flag's key that replaces each: still read, with a warning.
+const PLURAL_KEYS: [(&str, &str); 6] = [
+    ("service_tokens", "service_token"),
+    ("viewer_jwt_audiences", "viewer_jwt_audience"),
+    ("feed_webhooks", "feed_webhook"),
+    ("feed_webhook_secrets", "feed_webhook_secret"),
+    ("cors_origins", "cors_origin"),
+    ("tls_service_identities", "tls_service_identity"),
+];
+
+/// Checks a config file's keys against the flags': an old plural key is
+/// taken as its flag's key (with a warning in `warnings`), an unknown key is
+/// refused naming the nearest flag's key.
+fn file_keys_as_flags(table: &mut toml::Table, warnings: &mut Vec<String>) -> Result<(), String> {
+    for (plural, key) in PLURAL_KEYS {
+        let Some(value) = table.remove(plural) else { continue };
+        if table.contains_key(key) {
+            return Err(format!("`{plural}` and `{key}` are one setting: keep `{key}` (as the flag --{})", flag(key)));
+        }
+        warnings.push(format!(
+            "config key `{plural}` is now `{key}`, named as the flag --{} is; `{plural}` is still read, for now",
+            flag(key)
+        ));
+        table.insert(key.to_owned(), value);
+    }
+    let known = flag_keys();
+    let mut unknown: Vec<&String> = table.keys().filter(|key| !known.contains(key)).collect();
+    unknown.sort();
+    let Some(first) = unknown.first() else { return Ok(()) };
+    let nearest = known
+        .iter()
+        .map(|key| (strsim::damerau_levenshtein(first, key), key))
+        .filter(|(distance, key)| {
+            *distance <= (key.len() / 3).max(2) || key.starts_with(first.as_str()) || first.starts_with(key.as_str())
+        })
+        .min();
+    let hint = match nearest {
+        Some((_, key)) => format!("did you mean `{key}` (--{})?", flag(key)),
+        None => "keys are the flags' names with `_` for `-`: `presenced serve --help` lists them".to_owned(),
+    };
+    Err(format!("unknown key `{first}`: {hint}"))
+}
+
+/// The flag whose config key is `key`.
+fn flag(key: &str) -> String {
+    key.replace('_', "-")
+}
+
 /// Why the configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SettingsError {
@@ -663,15 +726,18 @@ pub(crate) enum SettingsError {
 }
 
 impl ServeArgs {
-    /// These settings over those of the `--config` file, if there is one.
-    fn over_the_file(self) -> Result<ServeArgs, SettingsError> {
+    /// These settings over those of the `--config` file, if there is one,
+    /// with what the file should change said as warnings.
+    fn over_the_file(self, warnings: &mut Vec<String>) -> Result<ServeArgs, SettingsError> {
         let Some(path) = self.config.clone() else { return Ok(self) };
         let text =
             std::fs::read_to_string(&path).map_err(|source| SettingsError::ReadFile { path: path.clone(), source })?;
         let invalid = |message: String| SettingsError::ParseFile { path: path.clone(), message };
-        // Parsed into the settings first, so that an unknown key or a value
-        // of the wrong type is refused by name.
-        let file: ServeArgs = toml::from_str(&text).map_err(|err| invalid(err.message().to_owned()))?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(|err| invalid(err.message().to_owned()))?;
+        file_keys_as_flags(&mut table, warnings).map_err(invalid)?;
+        // Parsed into the settings, so that a value of the wrong type is
+        // refused by its key.
+        let file: ServeArgs = table.try_into().map_err(|err: toml::de::Error| invalid(err.message().to_owned()))?;
         let table = |args: &ServeArgs| {
             toml::Table::try_from(args)
                 .map_err(|err| SettingsError::Invalid(format!("a setting is out of range: {err}")))
@@ -687,7 +753,8 @@ impl ServeArgs {
     /// Merges flags and environment (clap has already applied those, flags
     /// first) with the config file and the defaults, and validates the result.
     pub(crate) fn resolve(self) -> Result<Settings, SettingsError> {
-        let args = self.over_the_file()?;
+        let mut warnings = Vec::new();
+        let args = self.over_the_file(&mut warnings)?;
         let mut server = ServerConfig::default();
         args.apply(&mut server);
         server.store.validate().map_err(|err| SettingsError::Invalid(err.to_string()))?;
@@ -784,7 +851,16 @@ impl ServeArgs {
                  {listen} is not (configure --credentials, --service-token or viewer JWT keys, or pass --insecure)"
             )));
         }
-        let mut warnings = Vec::new();
+        for (index, token) in server.auth.service_tokens.iter().enumerate() {
+            if token.len() < SHORTEST_UNWARNED_TOKEN {
+                warnings.push(format!(
+                    "--service-token #{}: {} characters can be guessed; a token from `presenced token new` has 256 \
+                     random bits (and --credentials gives it a name and scopes)",
+                    index + 1,
+                    token.len()
+                ));
+            }
+        }
         server.tls = tls;
         if server.tls.is_none() && !open && !args.allow_plaintext && !listen.ip().is_loopback() {
             warnings.push(format!(
@@ -1124,6 +1200,79 @@ mod tests {
         assert!(resolve(&both).unwrap_err().to_string().contains("give the secrets one way"));
         let missing = resolve(&["--feed-webhook-secret-file", "/nonexistent/secret"]).unwrap_err().to_string();
         assert!(missing.contains("--feed-webhook-secret-file /nonexistent/secret"), "{missing}");
+    }
+
+    /// The config file's keys are the flags' names: every flag (but
+    /// --config) is a key the file takes, and every key a flag.
+    #[test]
+    fn every_flag_is_a_config_key_and_every_config_key_a_flag() {
+        // serde names every field it takes when it meets one it does not.
+        let refused = toml::from_str::<ServeArgs>("not_a_setting = 1").unwrap_err().message().to_owned();
+        let listed = refused.split_once("expected one of ").expect("serde lists the fields").1;
+        let mut fields: Vec<String> = listed.split(", ").map(|field| field.trim_matches('`').to_owned()).collect();
+        let mut flags = flag_keys();
+        fields.sort();
+        flags.sort();
+        assert_eq!(fields, flags);
+        assert!(flags.len() > 60 && flags.contains(&"service_token".to_owned()), "{flags:?}");
+    }
+
+    #[test]
+    fn an_old_plural_key_is_read_with_a_warning_and_an_unknown_key_names_the_nearest() {
+        let file = ConfigFile::new(
+            "plural",
+            "service_tokens = [\"test-only-token\"]\ncors_origins = [\"https://a.example\"]\n",
+        );
+        let settings = resolve(&["--config", file.path()]).unwrap();
+        assert_eq!(settings.server.auth.service_tokens, ["test-only-token"]);
+        assert_eq!(settings.server.cors_origins, ["https://a.example"]);
+        let said = settings.warnings.join("\n");
+        assert!(
+            said.contains("config key `service_tokens` is now `service_token`, named as the flag --service-token"),
+            "{said}"
+        );
+        assert!(said.contains("`cors_origins` is now `cors_origin`"), "{said}");
+        let both = ConfigFile::new("both", "service_tokens = [\"a\"]\nservice_token = [\"b\"]\n");
+        let err = resolve(&["--config", both.path()]).unwrap_err().to_string();
+        assert!(err.contains("`service_tokens` and `service_token` are one setting"), "{err}");
+        for (text, hint) in [
+            ("max_ttl = 5000\n", "unknown key `max_ttl`: did you mean `max_ttl_ms` (--max-ttl-ms)?"),
+            ("tls_certificate = \"a.pem\"\n", "unknown key `tls_certificate`: did you mean `tls_cert` (--tls-cert)?"),
+            ("listen_addr = \"127.0.0.1:1\"\n", "did you mean `listen` (--listen)?"),
+            ("colour = \"blue\"\n", "unknown key `colour`: keys are the flags' names with `_` for `-`"),
+        ] {
+            let file = ConfigFile::new("unknown", text);
+            let err = resolve(&["--config", file.path()]).unwrap_err().to_string();
+            assert!(err.contains(hint), "{text:?}: {err}");
+            assert!(err.len() < 300, "one short line, not every key: {err}");
+        }
+    }
+
+    /// presenced.example.toml names every flag once, and each of its
+    /// settings, uncommented alone, is one the file takes.
+    #[test]
+    fn the_example_config_names_every_setting_once_and_each_line_of_it_parses() {
+        let example = include_str!("../presenced.example.toml");
+        let parse = |text: &str| -> Result<ServeArgs, String> {
+            let mut table: toml::Table = toml::from_str(text).map_err(|err| err.to_string())?;
+            file_keys_as_flags(&mut table, &mut Vec::new())?;
+            table.try_into().map_err(|err: toml::de::Error| err.to_string())
+        };
+        parse(example).expect("the file as it is");
+        let mut named = Vec::new();
+        for line in example.lines() {
+            let Some(setting) = line.strip_prefix("# ").filter(|rest| rest.contains(" = ")) else { continue };
+            let key = setting.split(" = ").next().unwrap();
+            if key.contains(' ') {
+                continue; // prose that happens to hold " = "
+            }
+            parse(setting).unwrap_or_else(|err| panic!("{setting:?}: {err}"));
+            named.push(key.to_owned());
+        }
+        let mut flags = flag_keys();
+        flags.sort();
+        named.sort();
+        assert_eq!(named, flags, "every setting once");
     }
 
     #[test]
