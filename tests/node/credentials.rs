@@ -361,7 +361,10 @@ async fn t3_t4_a_credential_removed_from_the_file_ends_its_streams_within_a_seco
     let stats = client.stats(with_token(pb::StatsRequest {}, Some("test-only-token-of-the-newcomer"))).await;
     assert!(stats.is_ok(), "a credential added to the file works at once: {stats:?}");
     let refused = client.stats(with_token(pb::StatsRequest {}, Some(watcher))).await.unwrap_err();
-    assert_eq!((refused.code(), refused.message()), (Code::Unauthenticated, "invalid credentials"));
+    assert_eq!(
+        (refused.code(), refused.message()),
+        (Code::Unauthenticated, "invalid credentials: neither a service token this server holds nor a viewer JWT")
+    );
     let set = pb::SetVisibilityRequest { user_id: "u1".into(), visibility: pb::Visibility::Everyone as i32 };
     client.set_visibility(with_token(set, Some("test-only-token-of-the-newcomer"))).await.unwrap();
     still.barrier_with(&mut client, "u1", Some("test-only-token-of-the-kept-reader")).await;

@@ -325,6 +325,35 @@ struct ClaimRules {
 
 impl ClaimRules {
     /// A validation that accepts `algorithm` alone and enforces the rules.
+    /// Why a token was refused, as `jsonwebtoken` found it, in words about
+    /// that token alone.
+    fn why_refused(&self, kind: &ErrorKind) -> &'static str {
+        match kind {
+            ErrorKind::InvalidSignature => "its signature does not verify with the viewer key of its `alg`",
+            ErrorKind::MissingRequiredClaim(claim) => match claim.as_str() {
+                "exp" => "the token has no `exp` claim (a viewer token must expire)",
+                "sub" => "the token has no `sub` claim",
+                "aud" => "the token has no `aud` claim, and this server requires one (--viewer-jwt-audience)",
+                "iss" => "the token has no `iss` claim, and this server requires one (--viewer-jwt-issuer)",
+                _ => "the token lacks a required claim",
+            },
+            ErrorKind::InvalidAudience if self.audiences.is_empty() => {
+                "the token has an `aud` claim, and no audience is configured (--viewer-jwt-audience)"
+            }
+            ErrorKind::InvalidAudience => "the token's `aud` is not an audience this server accepts",
+            ErrorKind::InvalidIssuer => "the token's `iss` is not the issuer this server accepts",
+            ErrorKind::ImmatureSignature => "the token is not valid yet (its `nbf` is ahead)",
+            ErrorKind::InvalidAlgorithm => "the token's `alg` is not its key's",
+            // The claims are read into their types first: a missing one is serde's to find.
+            ErrorKind::Json(err) if err.to_string().contains("missing field `sub`") => "the token has no `sub` claim",
+            ErrorKind::Json(err) if err.to_string().contains("missing field `exp`") => {
+                "the token has no `exp` claim (a viewer token must expire)"
+            }
+            ErrorKind::Json(_) => "the token's claims are not of the expected types (`exp` a number, `sub` a string)",
+            _ => "the token cannot be read as a JWT",
+        }
+    }
+
     fn validation(&self, algorithm: Algorithm) -> Validation {
         let mut validation = Validation::new(algorithm);
         let mut required = vec!["exp", "sub"];
@@ -406,6 +435,17 @@ impl Authenticator {
         let credentials_file = match config.credentials_file {
             Some(path) => {
                 let credentials = CredentialSet::read(&path)?;
+                if credentials.is_empty() {
+                    // Valid, and what a new deployment starts from; but every
+                    // service call is refused until an entry is added.
+                    tracing::warn!(
+                        "the credentials file {} holds no credential: every service call is refused until one is \
+                         added (`presenced token new NAME --scope SCOPE >> {}`; the file is read again when it \
+                         changes)",
+                        path.display(),
+                        path.display()
+                    );
+                }
                 Some((path, ArcSwap::from_pointee(credentials)))
             }
             None => None,
@@ -505,8 +545,14 @@ impl Authenticator {
     /// that does not tell which tokens exist. An open server answers a
     /// service with every scope whatever was sent.
     pub(crate) fn caller_of<T>(&self, request: &tonic::Request<T>) -> Result<Caller, ServiceError> {
-        let certificate = ConnectionInfo::of(request).and_then(|info| info.certificate.as_deref());
-        self.caller_on(request.metadata(), certificate)
+        let connection = ConnectionInfo::of(request);
+        let certificate = connection.and_then(|info| info.certificate.as_deref());
+        self.caller_on(request.metadata(), certificate).inspect_err(|refusal| {
+            // A caller's mistake, for the caller to see; at debug, for the
+            // operator who asks the log about one.
+            let peer = connection.and_then(|info| info.peer);
+            tracing::debug!(?peer, %refusal, "refused credentials");
+        })
     }
 
     fn caller_on(
@@ -570,7 +616,7 @@ impl Authenticator {
         // The header's `kid` and `alg` only select among the configured keys;
         // each key then accepts its own algorithm alone.
         let Ok(header) = jsonwebtoken::decode_header(token) else {
-            return Err(refused("not a service token or a JWT"));
+            return Err(refused("neither a service token this server holds nor a viewer JWT"));
         };
         let jwks = self.jwks.as_ref().map(|jwks| jwks.keys.load());
         let from_jwks = jwks.as_ref().and_then(|keys| {
@@ -578,16 +624,16 @@ impl Authenticator {
         });
         let claims = match (from_jwks, &header.kid) {
             (Some(key), _) => self.verify(token, key.algorithm, &key.key, &self.claims.validation(key.algorithm))?,
-            (None, Some(_)) if self.jwks.is_some() => return Err(refused("no viewer key has the token's kid")),
+            (None, Some(_)) if self.jwks.is_some() => return Err(refused("no viewer key has the token's `kid`")),
             (None, _) => {
                 let Some(key) = self.viewer_keys.iter().find(|key| key.algorithm == header.alg) else {
-                    return Err(refused("no viewer key for the token's algorithm"));
+                    return Err(refused("no viewer key for the token's `alg`"));
                 };
                 self.verify(token, key.algorithm, &key.key, &key.validation)?
             }
         };
         if claims.sub.is_empty() || claims.sub.len() > MAX_ID_BYTES {
-            return Err(refused("viewer token sub is not 1 to 128 bytes"));
+            return Err(refused("the token's `sub` is not 1 to 128 bytes"));
         }
         Ok(ViewerCaller { id: claims.sub, accepted_until: claims.exp.saturating_add(self.claims.leeway_secs) })
     }
@@ -602,16 +648,13 @@ impl Authenticator {
         match jsonwebtoken::decode::<ViewerClaims>(token, key, validation) {
             Ok(data) => Ok(data.claims),
             Err(err) => Err(match err.kind() {
-                ErrorKind::ExpiredSignature => {
-                    tracing::debug!("refused credentials: expired viewer token");
-                    ServiceError::Unauthenticated("credentials expired".into())
-                }
+                ErrorKind::ExpiredSignature => ServiceError::Unauthenticated("credentials expired".into()),
                 // The configured key itself cannot be used: the operator must hear of it.
                 ErrorKind::InvalidRsaKey(_) | ErrorKind::InvalidEcdsaKey | ErrorKind::InvalidKeyFormat => {
                     tracing::warn!(?algorithm, %err, "the viewer JWT key cannot verify tokens");
                     invalid_credentials()
                 }
-                _ => refused_with(&err),
+                kind => refused(self.claims.why_refused(kind)),
             }),
         }
     }
@@ -797,14 +840,11 @@ fn invalid_credentials() -> ServiceError {
     ServiceError::Unauthenticated("invalid credentials".into())
 }
 
-fn refused(reason: &'static str) -> ServiceError {
-    tracing::debug!(reason, "refused credentials");
-    invalid_credentials()
-}
-
-fn refused_with(err: &jsonwebtoken::errors::Error) -> ServiceError {
-    tracing::debug!(reason = %err, "refused credentials");
-    invalid_credentials()
+/// A token refused for `reason`: what is wrong with the token presented,
+/// in terms of that token alone (its form, its claims, whether a key of its
+/// `kid` or `alg` verifies it), never of the other tokens or keys there are.
+fn refused(reason: &str) -> ServiceError {
+    ServiceError::Unauthenticated(format!("invalid credentials: {reason}").into())
 }
 
 #[cfg(test)]
@@ -937,9 +977,12 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
         assert_eq!(status.message(), message);
     }
 
+    /// Refused as `invalid credentials`, with a reason.
     #[track_caller]
     fn assert_invalid(result: Result<Caller, ServiceError>) {
-        assert_unauthenticated(result, "invalid credentials");
+        let status = Status::from(result.unwrap_err());
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+        assert!(status.message().starts_with("invalid credentials: "), "{status:?}");
     }
 
     #[test]
@@ -1117,18 +1160,24 @@ bKFoyrOJ9nwLzBn2Qbh+Sk7hDlFA+GH6EFL2ol91V6l37ydHgvlmefjE5A==
     }
 
     #[test]
-    fn refusals_do_not_tell_tokens_apart() {
+    fn refusals_say_what_is_wrong_with_the_token_and_nothing_of_other_tokens() {
         let auth = authenticator(full_config());
         let other = EncodingKey::from_secret(b"test-only-another-secret-of-32-bytes-or-more").unwrap();
-        let statuses = [
-            auth.caller(&bearer("test-only-unknown-token")),
-            auth.caller(&bearer("a.b.c")),
-            auth.caller(&bearer(&sign(Algorithm::HS256, &other, &valid_claims("alice")))),
-            auth.caller(&bearer(&hs256(&json!({ "exp": now() + 600 })))),
-        ]
-        .map(|result| Status::from(result.unwrap_err()));
-        for status in &statuses {
-            assert_eq!((status.code(), status.message()), (Code::Unauthenticated, "invalid credentials"));
+        let refusal = |token: &str| Status::from(auth.caller(&bearer(token)).unwrap_err()).message().to_owned();
+        // A service token the server does not hold reads as any other string that is not a JWT.
+        let unheld = refusal("test-only-unknown-token");
+        assert_eq!(unheld, "invalid credentials: neither a service token this server holds nor a viewer JWT");
+        assert_eq!(refusal("a.b.c"), unheld);
+        let cases = [
+            (sign(Algorithm::HS256, &other, &valid_claims("alice")), "its signature does not verify"),
+            (hs256(&json!({ "exp": now() + 600 })), "the token has no `sub` claim"),
+            (hs256(&json!({ "sub": "alice" })), "the token has no `exp` claim (a viewer token must expire)"),
+            (hs256(&json!({ "sub": "alice", "exp": now() + 600, "aud": "chat" })), "no audience is configured"),
+            (hs256(&json!({ "sub": "alice", "exp": now() + 600, "nbf": now() + 300 })), "not valid yet"),
+        ];
+        for (token, reason) in cases {
+            let said = refusal(&token);
+            assert!(said.starts_with("invalid credentials: ") && said.contains(reason), "{reason}: {said}");
         }
     }
 
