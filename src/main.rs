@@ -9,6 +9,7 @@ mod config;
 use std::io::Write as _;
 use std::process::ExitCode;
 
+use clap::error::ErrorKind;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tokio::net::TcpListener;
 
@@ -18,13 +19,26 @@ use crate::config::ServeArgs;
 #[command(
     name = "presenced",
     version,
-    about = "An in-memory presence database: session leases in, ONLINE/OFFLINE out.",
-    after_help = presence_cli::EXIT_CODES
+    about = "An in-memory presence database: session leases in, ONLINE/OFFLINE out."
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+/// What `presenced --help` says after the commands, before the exit
+/// statuses: the flags every client command takes.
+const CLIENT_FLAGS: &str = "\
+Every client command (get, watch, changes, sessions, revoke, room, stats, export, erase, backup,
+register) takes:
+  --addr ADDR        the server: HOST[:PORT], http://... or https://... (PRESENCED_ADDR;
+                     default 127.0.0.1:50051)
+  --token TOKEN      a service token or a viewer's JWT (PRESENCED_TOKEN), or
+  --token-file FILE  the token read from a file (PRESENCED_TOKEN_FILE)
+  --ca FILE          the CA of an https:// server (--cert and --key for mutual TLS)
+  --json             JSON output
+`presenced COMMAND --help` says more.
+";
 
 // One value per process, parsed once: the size of `serve`'s arguments costs nothing.
 #[allow(clippy::large_enum_variant)]
@@ -35,10 +49,11 @@ enum Command {
     /// Service credentials for the credentials file (`serve --credentials`).
     #[command(subcommand)]
     Token(TokenCommand),
-    /// Certificates for development in DIR: a CA, a server certificate for
-    /// 127.0.0.1, ::1, localhost (and each --name), a client certificate, and
-    /// a cluster CA with peer certificates for three nodes; prints the flags
-    /// that use them.
+    /// Certificates for development, and the flags that serve and call with them.
+    ///
+    /// Writes into DIR a CA, a server certificate for 127.0.0.1, ::1,
+    /// localhost (and each --name), a client certificate, and a cluster CA
+    /// with peer certificates for three nodes; prints the flags that use them.
     DevCerts(DevCertsArgs),
     // The operator's tools, each a client of a running service.
     #[command(flatten)]
@@ -48,10 +63,11 @@ enum Command {
 /// `presenced token ...`
 #[derive(Debug, Subcommand)]
 enum TokenCommand {
-    /// Make a fresh token for a credential NAME: prints the entry to append
-    /// to the credentials file (which holds only the token's SHA-256) on
-    /// stdout, and the token on stderr, or into --token-file: give it to the
-    /// caller; it is shown once.
+    /// Make a fresh token for a credential NAME: the entry on stdout, the token on stderr.
+    ///
+    /// Prints the entry to append to the credentials file (which holds only
+    /// the token's SHA-256) on stdout, and the token on stderr, or into
+    /// --token-file: give it to the caller; it is shown once.
     New(TokenNewArgs),
 }
 
@@ -155,14 +171,21 @@ fn write_secret(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 
 fn main() -> ExitCode {
     // `serve`'s help shows the library's defaults, read from it at run time.
-    let command = Cli::command().mut_subcommand("serve", config::with_defaults_in_help);
+    let command = Cli::command()
+        .after_help(format!("{CLIENT_FLAGS}\n{}", presence_cli::EXIT_CODES))
+        .mut_subcommand("serve", config::with_defaults_in_help);
     let cli = match command.try_get_matches().and_then(|matches| Cli::from_arg_matches(&matches)) {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => err.exit(), // --help, --version
-        Err(err) => {
+        // A bad value for a setting is a refused configuration: one line
+        // naming the flag (B7), as every other refused setting is.
+        Err(err) if matches!(err.kind(), ErrorKind::InvalidValue | ErrorKind::ValueValidation) => {
             eprintln!("presenced: {}", one_line(&err));
             return ExitCode::from(2);
         }
+        // A command line of the wrong shape (a missing argument or
+        // subcommand, an unknown flag): clap's own words, with the usage.
+        Err(err) => err.exit(),
     };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
@@ -210,13 +233,14 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
             Some(addr) => Some(install_metrics_recorder(addr).await?),
             None => None,
         };
-        for warning in &settings.warnings {
-            tracing::warn!("{warning}");
-        }
         // Every check of the configuration that the library makes (credentials,
         // key and certificate files, the data directory) happens before the
         // listener is bound and the listening line printed (B7).
         let prepared = presence_server::PreparedServer::prepare(settings.server).map_err(refusal)?;
+        // Said once the start is sure: a refused start says only why (B7).
+        for warning in &settings.warnings {
+            tracing::warn!("{warning}");
+        }
         if let Some((listener, render)) = metrics {
             let addr = listener.local_addr().ok();
             prepared.spawn_metrics_endpoint(listener, render);

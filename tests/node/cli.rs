@@ -110,6 +110,73 @@ fn a_taken_address_is_refused_in_one_line() {
     assert!(stderr.contains("cannot listen on") && stderr.contains(&addr), "{stderr:?}");
 }
 
+/// A command line of the wrong shape is answered as clap words it, with
+/// the usage; bare `presenced`, `presenced token` and `presenced cluster`
+/// print their help on several lines; the top-level help names the client
+/// commands' common flags.
+#[test]
+fn usage_errors_and_help_read_as_clap_prints_them() {
+    let (code, stderr) = run_to_exit(&["token", "new", "x"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("the following required arguments were not provided:\n"), "{stderr}");
+    assert!(stderr.contains("\nUsage: presenced token new"), "a Usage: line: {stderr}");
+    for bare in [&[][..], &["token"], &["cluster"]] {
+        let (code, stderr) = run_to_exit(bare);
+        assert_eq!(code, Some(2), "{bare:?}");
+        assert!(stderr.lines().count() > 5, "{bare:?}: help on several lines: {stderr}");
+        assert!(stderr.lines().all(|line| line.len() < 200), "{bare:?}: no line of the whole help: {stderr}");
+        assert!(stderr.contains("Usage: presenced"), "{bare:?}: {stderr}");
+    }
+    let (code, stderr) = run_to_exit(&["get", "u1", "--adress", "x"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("unexpected argument '--adress'") && stderr.contains("--addr"), "a suggestion: {stderr}");
+    let help = Command::new(BINARY).arg("--help").output().unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    for flag in ["--addr ADDR", "--token TOKEN", "--token-file FILE", "--json", "4  unauthenticated"] {
+        assert!(help.contains(flag), "presenced --help names {flag}: {help}");
+    }
+}
+
+/// What a start logs says what it means: the address served and the
+/// console's, a new data directory as new (not as damage), a credentials
+/// file that lets nobody in, and a service token short enough to guess;
+/// `serve --help` gives each default once.
+#[tokio::test]
+async fn a_start_says_where_it_serves_and_warns_of_settings_that_let_nobody_in_or_anybody() {
+    let dir = crate::common::daemon::scratch_dir("start-words");
+    let (credentials, log) = (dir.join("credentials.toml"), dir.join("presenced.log"));
+    std::fs::write(&credentials, "# no credential yet\n").unwrap();
+    let data = dir.join("data");
+    let args = [
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--credentials",
+        credentials.to_str().unwrap(),
+        "--service-token",
+        "abc",
+    ];
+    let daemon = Daemon::start_on("127.0.0.1:0", &args, &[("RUST_LOG", "info")], Some(&log));
+    let addr = daemon.addr();
+    // The line is logged as serving begins, beside the `listening on` line the start waits for.
+    let deadline = std::time::Instant::now() + crate::common::PATIENCE;
+    let said = loop {
+        let said = std::fs::read_to_string(&log).unwrap();
+        if said.contains("serving on") || std::time::Instant::now() > deadline {
+            break said;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(said.contains(&format!("serving on {addr}; the console at http://{addr}/console/")), "{said}");
+    assert!(said.contains("no checkpoint yet: starting empty") && !said.contains("no usable checkpoint"), "{said}");
+    assert!(said.contains("holds no credential: every service call is refused until one is added"), "{said}");
+    assert!(said.contains("--service-token #1: 3 characters can be guessed"), "{said}");
+    daemon.stop().await;
+    let help = Command::new(BINARY).args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    assert!(!help.contains("] [default:"), "each default once: {help}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn an_invalid_configuration_is_refused_in_one_line() {
     for args in [

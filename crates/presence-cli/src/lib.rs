@@ -40,10 +40,11 @@ pub enum Command {
     /// Follow users (or a room, with --room) live, one line per change, until interrupted.
     #[command(after_help = EXIT_CODES)]
     Watch(WatchArgs),
-    /// Follow the change feed (every flip, status change and room becoming
-    /// occupied or empty, in order), one line per change with its cursor,
-    /// until interrupted; with --cursor-file, resume where the last run
-    /// stopped. Needs the feed scope.
+    /// Follow the change feed, one line per change with its cursor (the feed scope).
+    ///
+    /// Every flip, status change and room becoming occupied or empty, in
+    /// order, until interrupted; with --cursor-file, resume where the last
+    /// run stopped. Needs the feed scope.
     #[command(after_help = EXIT_CODES)]
     Changes(ChangesArgs),
     /// List a user's live sessions: gateway, generation, deadline, rooms, metadata.
@@ -58,25 +59,30 @@ pub enum Command {
     /// Print the service's own figures: what it holds, totals, expiry lag, TTL settings.
     #[command(after_help = EXIT_CODES)]
     Stats(StatsArgs),
-    /// Print everything presenced holds about a user as one JSON document
-    /// (P7): sessions, rooms, presence, status, visibility, audience both
+    /// Print everything presenced holds about a user, as one JSON document.
+    ///
+    /// P7: sessions, rooms, presence, status, visibility, audience both
     /// ways, groups, last activity, settings.
     #[command(after_help = EXIT_CODES)]
     Export(ExportArgs),
-    /// Erase a user (P7): revoke its sessions, remove its status,
-    /// visibility, audience (both ways), groups, activity and settings, and
-    /// forget it; prints what was removed. Erasing a user never seen
-    /// removes nothing and succeeds.
+    /// Erase a user and everything held about it; prints what was removed.
+    ///
+    /// P7: revokes its sessions, removes its status, visibility, audience
+    /// (both ways), groups, activity and settings, and forgets it. Erasing a
+    /// user never seen removes nothing and succeeds.
     #[command(after_help = EXIT_CODES)]
     Erase(EraseArgs),
-    /// Take an online, consistent snapshot of one node (D3) into FILE:
-    /// leases with their deadlines, versions, rooms and durable per-user
+    /// Take an online, consistent snapshot of one node into FILE (the admin scope).
+    ///
+    /// D3: leases with their deadlines, versions, rooms and durable per-user
     /// data, without stopping it; `presenced serve --restore FILE` starts
     /// from it. Needs the admin scope.
     #[command(after_help = EXIT_CODES)]
     Backup(BackupArgs),
-    /// Play a gateway: register USER's SESSION (and join --room), renew it
-    /// until interrupted, then unregister it. A session to watch in the first minute.
+    /// Play a gateway: register a session, renew it until interrupted, unregister it.
+    ///
+    /// Registers USER's SESSION (and joins each --room), renews it until
+    /// interrupted, then unregisters it: a session to watch in the first minute.
     #[command(after_help = EXIT_CODES)]
     Register(RegisterArgs),
     /// A cluster's slot map and nodes, as etcd holds them.
@@ -91,14 +97,16 @@ pub enum ClusterCommand {
     /// slots without an owner, and the coordinator.
     #[command(after_help = EXIT_CODES)]
     Status(ClusterStatusArgs),
-    /// Hand SLOT over to NODE with its users' state (a planned move): its
-    /// sessions carry on there with their generations and deadlines, and
-    /// nobody flips. Asks the slot's owner, found in etcd.
+    /// Hand SLOT over to NODE with its users' state (a planned move).
+    ///
+    /// Its sessions carry on there with their generations and deadlines,
+    /// and nobody flips. Asks the slot's owner, found in etcd.
     #[command(after_help = EXIT_CODES)]
     Move(ClusterMoveArgs),
-    /// Back up every slot owner (D3): DIR/NODE.backup for each, as
-    /// `presenced backup` writes it, and DIR/manifest.json naming which
-    /// slots each file holds.
+    /// Back up every slot owner into DIR, with a manifest of their slots.
+    ///
+    /// D3: DIR/NODE.backup for each, as `presenced backup` writes it, and
+    /// DIR/manifest.json naming which slots each file holds.
     #[command(after_help = EXIT_CODES)]
     Backup(ClusterBackupArgs),
 }
@@ -319,10 +327,11 @@ pub struct RegisterArgs {
     /// The lease's time to live; 0 takes the server's default.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     ttl_ms: u32,
-    /// How often the lease is renewed: well under the TTL (the default
-    /// TTL, 30 s, then tolerates two lost beats).
-    #[arg(long, value_name = "MS", default_value_t = 10_000)]
-    heartbeat_ms: u64,
+    /// How often the lease is renewed [default: a third of --ttl-ms, so
+    /// that two lost beats are tolerated; 15000 with the server's default
+    /// TTL, 45 s, as `stats` suggests].
+    #[arg(long, value_name = "MS")]
+    heartbeat_ms: Option<u64>,
     /// Session metadata, in `sessions` and the rooms' member lists (repeatable).
     #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = register::key_value)]
     metadata: Vec<(String, String)>,
