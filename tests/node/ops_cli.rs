@@ -600,6 +600,14 @@ async fn o4_register_plays_a_gateway_renewing_until_interrupted_then_unregisters
     assert!(first["registered"]["generation"].as_str().is_some_and(|generation| generation.parse::<u64>().is_ok()));
     assert_eq!(session.interrupt().await, Some(0));
 
+    // Its heartbeat is a third of the TTL: of the server's default (45 s), or of --ttl-ms.
+    for (extra, every) in [(&[][..], "renewing every 15000 ms"), (&["--ttl-ms", "3000"], "renewing every 1000 ms")] {
+        let session = Running::start(&daemon, &[&["register", "u3", "tab"][..], extra].concat());
+        let registered = session.line();
+        assert!(registered.ends_with(every), "{extra:?}: {registered:?}");
+        assert_eq!(session.interrupt().await, Some(0));
+    }
+
     // A refused register says why, and exits as the table says.
     let ran = against(&daemon, &["register", "", "s"]);
     assert_eq!(ran.code, Some(5), "an empty user id");

@@ -19,7 +19,12 @@ use crate::text;
 use crate::watch::interrupted;
 
 pub(crate) async fn register(args: RegisterArgs) -> Result<(), Failure> {
-    if args.heartbeat_ms == 0 {
+    // A third of the TTL; the server's default TTL is 45 s unless told otherwise.
+    let heartbeat_ms = args.heartbeat_ms.unwrap_or(match args.ttl_ms {
+        0 => 15_000,
+        ttl_ms => u64::from(ttl_ms / 3).max(1),
+    });
+    if heartbeat_ms == 0 {
         return Err(Failure::new(Exit::Usage, "--heartbeat-ms: must be at least 1"));
     }
     // Listening from the start: an interrupt must unregister, not kill the process.
@@ -28,10 +33,8 @@ pub(crate) async fn register(args: RegisterArgs) -> Result<(), Failure> {
     let connection = Connection::open(&args.target).await?;
     let config = LeaseChannelConfig { bearer_token: connection.token.clone(), ..LeaseChannelConfig::default() };
     let channel = LeaseChannel::from_channel(connection.channel.clone(), config);
-    let session_config = SessionConfig {
-        ttl_ms: args.ttl_ms,
-        ..SessionConfig::with_heartbeat(Duration::from_millis(args.heartbeat_ms))
-    };
+    let session_config =
+        SessionConfig { ttl_ms: args.ttl_ms, ..SessionConfig::with_heartbeat(Duration::from_millis(heartbeat_ms)) };
     let metadata: HashMap<String, String> = args.metadata.iter().cloned().collect();
     let out = Lines { user: args.user.clone(), session: args.session.clone(), json: args.target.json };
     let session = Session::register(
@@ -45,7 +48,7 @@ pub(crate) async fn register(args: RegisterArgs) -> Result<(), Failure> {
     .await?;
     out.say(
         "REGISTERED",
-        &format!("generation {}, renewing every {} ms", session.generation(), args.heartbeat_ms),
+        &format!("generation {}, renewing every {heartbeat_ms} ms", session.generation()),
         json!({"registered": {"user_id": args.user, "session_id": args.session, "generation": session.generation().to_string()}}),
     )?;
     for room in &args.rooms {

@@ -183,7 +183,10 @@ async fn serve_until_shutdown(
     let incoming = tonic::transport::server::TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(Duration::from_secs(60)));
-    tracing::info!(addr = ?local_addr, shards = config.store.shards, tls = serving.tls.is_some(), "serving");
+    let addr = local_addr.map_or_else(|| "an unknown address".to_owned(), |addr| addr.to_string());
+    let scheme = if serving.tls.is_some() { "https" } else { "http" };
+    let console = if config.console { format!("; the console at {scheme}://{addr}/console/") } else { String::new() };
+    tracing::info!(shards = config.store.shards, tls = serving.tls.is_some(), "serving on {addr}{console}");
     serving.readiness.started(cluster.as_ref());
     let stop_signal = stop_after(shutdown, Arc::clone(context), cluster, health, Arc::clone(&serving.readiness));
     // Cancelled when serve returns, or when its future is dropped: connections

@@ -92,16 +92,19 @@ impl DataDir {
         now: Tick,
         hold_until: Tick,
     ) -> Result<Option<Loaded>, ConfigError> {
+        let mut any = false;
         for name in [CHECKPOINT, PREVIOUS] {
             let path = self.path.join(name);
             let file = match File::open(&path) {
                 Ok(file) => file,
                 Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
                 Err(err) => {
+                    any = true;
                     tracing::error!("checkpoint {} cannot be read ({err}); trying the previous one", path.display());
                     continue;
                 }
             };
+            any = true;
             match load(file, StoreLoader::new(config.clone(), now, hold_until)?) {
                 Ok(loaded) => {
                     let stats = loaded.store.stats();
@@ -121,7 +124,12 @@ impl DataDir {
                 }
             }
         }
-        tracing::info!(dir = %self.path.display(), "no usable checkpoint: starting empty");
+        if any {
+            tracing::warn!(dir = %self.path.display(), "no usable checkpoint: starting empty");
+        } else {
+            // A new data directory, not a damaged one.
+            tracing::info!(dir = %self.path.display(), "no checkpoint yet: starting empty");
+        }
         Ok(None)
     }
 
