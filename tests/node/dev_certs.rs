@@ -106,3 +106,53 @@ fn b7_dev_certs_refuses_to_replace_a_set_or_to_take_a_name_it_cannot_certify() {
     assert!(!other.join("ca.pem").exists(), "nothing is written");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// From nothing to a TLS server with mutual TLS and a scoped token in the
+/// five commands docs/security.md lists ("Five commands"), run as written
+/// there (a free port for 50051): a gateway's certificate is a service
+/// caller, and the reader's token reads and may do nothing else.
+#[tokio::test]
+async fn t3_a_newcomer_serves_tls_with_mutual_tls_and_a_scoped_token_in_five_commands() {
+    let dir = fresh_dir("five");
+    let certs = dir.join("dev-certs");
+    let file = |name: &str| certs.join(name).to_str().unwrap().to_owned();
+    // 1. presenced dev-certs ./dev-certs
+    assert_eq!(presenced(&["dev-certs", certs.to_str().unwrap()]).status.code(), Some(0));
+    // 2. presenced token new reader --scope read --token-file reader.token >> credentials.toml
+    let (credentials, token_file) = (dir.join("credentials.toml"), dir.join("reader.token"));
+    let made = presenced(&["token", "new", "reader", "--scope", "read", "--token-file", token_file.to_str().unwrap()]);
+    assert_eq!(made.status.code(), Some(0), "{}", String::from_utf8_lossy(&made.stderr));
+    std::fs::write(&credentials, &made.stdout).unwrap();
+    // 3. presenced serve --tls-cert ... --tls-key ... --tls-client-ca ... --tls-service-identity ... --credentials ...
+    let daemon = Daemon::start(
+        &[
+            "--tls-cert",
+            &file("server.pem"),
+            "--tls-key",
+            &file("server-key.pem"),
+            "--tls-client-ca",
+            &file("ca.pem"),
+            "--tls-service-identity",
+            "spiffe://presenced.dev/gateway",
+            "--credentials",
+            credentials.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let address = format!("https://{}", daemon.addr());
+    let tls =
+        ["--addr", &address, "--ca", &file("ca.pem"), "--cert", &file("client.pem"), "--key", &file("client-key.pem")];
+    // 4. presenced stats --addr https://127.0.0.1:50051 --ca ... --cert ... --key ...: a service by its certificate.
+    let stats = presenced(&[&["stats"][..], &tls].concat());
+    assert_eq!(stats.status.code(), Some(0), "{}", String::from_utf8_lossy(&stats.stderr));
+    // 5. presenced get alice ... --token-file reader.token: the scoped token reads, and only reads.
+    let reader = ["--token-file", token_file.to_str().unwrap()];
+    let read = presenced(&[&["get", "alice"][..], &tls, &reader].concat());
+    assert_eq!(read.status.code(), Some(0), "{}", String::from_utf8_lossy(&read.stderr));
+    assert!(String::from_utf8_lossy(&read.stdout).contains("alice"), "{read:?}");
+    let beyond = presenced(&[&["stats"][..], &tls, &reader].concat());
+    assert_eq!(beyond.status.code(), Some(4), "the reader may not administer");
+    assert!(String::from_utf8_lossy(&beyond.stderr).contains("needs the `admin` scope"), "{beyond:?}");
+    daemon.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
