@@ -553,8 +553,21 @@ async fn o4_a_token_file_a_missing_token_and_a_tls_port_dialled_in_plaintext_eac
     assert_eq!(ran.code, Some(3), "{:?}", ran.stderr);
     assert!(ran.stderr.contains("this port speaks TLS: use an https:// --addr and --ca"), "{:?}", ran.stderr);
     let https = format!("https://{}", tls.addr());
-    let ran = presenced(&["get", "u1", "--addr", &https, "--ca", certs.join("ca.pem").to_str().unwrap()], &[]);
+    let ca = certs.join("ca.pem");
+    let ran = presenced(&["get", "u1", "--addr", &https, "--ca", ca.to_str().unwrap()], &[]);
     assert_eq!(ran.code, Some(0), "over TLS with the CA: {:?}", ran.stderr);
+    // A certificate the client refuses is said in words, with the TLS library's own after.
+    let ran = presenced(
+        &["get", "u1", "--addr", &https, "--ca", ca.to_str().unwrap(), "--server-name", "elsewhere.test"],
+        &[],
+    );
+    assert_eq!(ran.code, Some(3), "{:?}", ran.stderr);
+    assert!(ran.stderr.contains("the server's certificate does not cover the host dialled"), "{:?}", ran.stderr);
+    let other = dir.join("other-certs");
+    assert_eq!(presenced(&["dev-certs", other.to_str().unwrap()], &[]).code, Some(0));
+    let ran = presenced(&["get", "u1", "--addr", &https, "--ca", other.join("ca.pem").to_str().unwrap()], &[]);
+    assert_eq!(ran.code, Some(3), "{:?}", ran.stderr);
+    assert!(ran.stderr.contains("the server's certificate is not from the CA given with --ca"), "{:?}", ran.stderr);
     tls.stop().await;
     std::fs::remove_dir_all(dir).unwrap();
 }

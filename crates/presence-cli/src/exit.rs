@@ -59,7 +59,10 @@ impl Failure {
     pub(crate) fn unreachable(addr: &str, err: &(dyn Error + 'static)) -> Self {
         Failure::new(
             Exit::Unreachable,
-            format!("cannot reach presenced at {addr}: {}; {CHECK_THE_SERVER}", causes(err)),
+            match certificate_refused(&causes(err)) {
+                Some(why) => format!("cannot reach presenced at {addr}: {why} ({})", causes(err)),
+                None => format!("cannot reach presenced at {addr}: {}; {CHECK_THE_SERVER}", causes(err)),
+            },
         )
     }
 
@@ -99,6 +102,36 @@ impl From<Status> for Failure {
 
 /// An error and its causes in one line: a transport error's own message says
 /// little ("transport error") without the cause beneath it.
+/// What a refused server certificate means, in words, when `causes` (the
+/// TLS library's chain of errors) says which refusal it was: the server
+/// answered, and running it again will not help.
+fn certificate_refused(causes: &str) -> Option<&'static str> {
+    let said: [(&[&str], &str); 5] = [
+        (
+            &["not valid for name", "NotValidForName"],
+            "the server's certificate does not cover the host dialled: dial a name or address it covers, or \
+             give the one it covers with --server-name",
+        ),
+        (
+            &["UnknownIssuer", "BadSignature"],
+            "the server's certificate is not from the CA given with --ca (without --ca, the system's trusted \
+             roots): give the CA that issued it",
+        ),
+        (&["certificate expired", "Expired"], "the server's certificate has expired"),
+        (
+            &["certificate not valid yet", "NotValidYet"],
+            "the server's certificate is not valid yet (or this machine's clock is behind)",
+        ),
+        (
+            &["UnsupportedCertVersion"],
+            "the server's certificate is X.509 v1, which TLS clients refuse: it needs v3 (docs/security.md)",
+        ),
+    ];
+    said.into_iter()
+        .find(|(rustls_says, _)| rustls_says.iter().any(|says| causes.contains(says)))
+        .map(|(_, words)| words)
+}
+
 fn causes(err: &(dyn Error + 'static)) -> String {
     let mut line = err.to_string();
     let mut source = err.source();
