@@ -970,6 +970,18 @@ mod tests {
         (Store::restore(config(), start, &checkpoint, start + 45_000).unwrap(), registered.generation, start)
     }
 
+    /// A restart hold is no session: a restored store counts the sessions
+    /// it lists, as the store before counted them.
+    #[test]
+    fn b3_a_restored_store_counts_its_sessions_and_not_its_holds() {
+        let (store, _, start) = restored_with_a_live_session_and_a_hold();
+        assert_eq!(store.leases(start, "u", &mut Changes::default()).unwrap().len(), 1);
+        assert_eq!(store.stats().sessions, 1, "the hold beside the session is not counted");
+        let mut changes = Changes::default();
+        store.revoke(start, "u", Some("s"), &mut changes).unwrap();
+        assert_eq!(store.stats().sessions, 0);
+    }
+
     #[test]
     fn b3_an_explicit_close_of_the_last_session_ends_the_hold_at_once() {
         let (store, generation, start) = restored_with_a_live_session_and_a_hold();

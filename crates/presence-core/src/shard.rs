@@ -432,8 +432,9 @@ pub(crate) struct Shard {
     statuses: HashMap<u32, Arc<Status>>,
     /// Leases held, holds included.
     sessions: usize,
-    /// Grace holds among them (E6): not sessions, so not counted as ones.
-    grace_holds: usize,
+    /// Holds among them, restart holds (B3) and grace holds (E6): no
+    /// client's sessions, so not counted as ones.
+    holds: usize,
     /// How long a user whose last lease ended stays ONLINE (E6); 0: not at all.
     offline_grace_ms: u64,
     /// Flips hidden by damping since the start: registers that found a grace hold.
@@ -509,7 +510,7 @@ impl Shard {
             origins: Origins::default(),
             statuses: HashMap::new(),
             sessions: 0,
-            grace_holds: 0,
+            holds: 0,
             offline_grace_ms: config.offline_grace_ms,
             suppressed_flaps: 0,
             online: 0,
@@ -1314,7 +1315,7 @@ impl Shard {
     }
 
     pub(crate) fn sessions(&self) -> usize {
-        self.sessions - self.grace_holds
+        self.sessions - self.holds
     }
 
     pub(crate) fn suppressed_flaps(&self) -> u64 {
@@ -1720,6 +1721,9 @@ impl Shard {
 
     fn allocate_lease(&mut self, lease: Lease) -> u32 {
         self.sessions += 1;
+        if lease.is_hold() {
+            self.holds += 1;
+        }
         match self.free_leases.pop() {
             Some(index) => {
                 self.leases[index as usize] = Some(lease);
@@ -1749,8 +1753,8 @@ impl Shard {
         self.note_changed(slot);
         self.drop_rooms(slot, index);
         let lease = self.leases[index as usize].take().expect("a freed lease is occupied");
-        if lease.is_grace_hold() {
-            self.grace_holds -= 1;
+        if lease.is_hold() {
+            self.holds -= 1;
         }
         self.origins.release(lease.origin);
         if lease.has_metadata() {
@@ -2109,7 +2113,6 @@ impl Shard {
         }
         let origin = self.origins.acquire(RESTART_HOLD_SESSION_ID, before_expiry(self.now, until));
         self.push_lease(slot, Lease::grace_hold(origin, until));
-        self.grace_holds += 1;
         true
     }
 
