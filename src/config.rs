@@ -1248,6 +1248,45 @@ mod tests {
         }
     }
 
+    /// One setting means the same as a flag and as a key: for each setting
+    /// of presenced.example.toml, given alone, the start is refused from the
+    /// file exactly when it is refused from the flag (clap's own checks, such
+    /// as a flag that needs another, included).
+    #[test]
+    fn each_setting_alone_is_refused_from_the_file_exactly_when_it_is_from_its_flag() {
+        let example = include_str!("../presenced.example.toml");
+        let settings = example
+            .lines()
+            .filter_map(|line| line.strip_prefix("# "))
+            .filter(|rest| rest.split_once(" = ").is_some_and(|(key, _)| !key.contains(' ')));
+        let mut compared = 0;
+        for setting in settings {
+            let (key, value) = setting.split_once(" = ").unwrap();
+            let flag = format!("--{}", key.replace('_', "-"));
+            let value: toml::Value = toml::from_str::<toml::Table>(setting).unwrap().remove(key).unwrap();
+            let (argv, line): (Vec<String>, String) = match &value {
+                // A flag that takes no value (--insecure) is the key set to true.
+                toml::Value::Boolean(_) if matches!(key, "insecure" | "allow_plaintext") => {
+                    (vec![flag.clone()], format!("{key} = true"))
+                }
+                toml::Value::Array(values) => {
+                    (vec![flag.clone(), values[0].as_str().unwrap().to_owned()], format!("{key} = [{}]", values[0]))
+                }
+                toml::Value::String(text) => (vec![flag.clone(), text.clone()], setting.to_owned()),
+                other => (vec![flag.clone(), other.to_string()], setting.to_owned()),
+            };
+            let argv: Vec<&str> = std::iter::once("serve").chain(argv.iter().map(String::as_str)).collect();
+            let from_flag = Harness::try_parse_from(&argv)
+                .map_err(|err| err.to_string())
+                .and_then(|harness| harness.args.resolve().map(|_| ()).map_err(|err| err.to_string()));
+            let file = ConfigFile::new("alone", &format!("{line}\n"));
+            let from_file = resolve(&["--config", file.path()]).map(|_| ()).map_err(|err| err.to_string());
+            assert_eq!(from_flag.is_ok(), from_file.is_ok(), "{value}: {flag}: {from_flag:?}; the file: {from_file:?}");
+            compared += 1;
+        }
+        assert!(compared > 60, "{compared} settings");
+    }
+
     /// presenced.example.toml names every flag once, and each of its
     /// settings, uncommented alone, is one the file takes.
     #[test]
