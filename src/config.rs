@@ -22,6 +22,65 @@ use presence_server::privacy::Visibility;
 use presence_server::{ClusterConfig, MAX_SLOTS, ServerConfig};
 use serde::{Deserialize, Serialize};
 
+/// Where `serve` listens: an address, or `localhost:PORT`, which is both
+/// loopbacks (127.0.0.1 and ::1, as `localhost` resolves to either).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub(crate) enum ListenAddr {
+    Socket(SocketAddr),
+    Localhost(u16),
+}
+
+impl ListenAddr {
+    /// Whether only this machine can reach it.
+    fn is_loopback(self) -> bool {
+        match self {
+            ListenAddr::Socket(addr) => addr.ip().is_loopback(),
+            ListenAddr::Localhost(_) => true,
+        }
+    }
+}
+
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if let Ok(addr) = text.parse() {
+            return Ok(ListenAddr::Socket(addr));
+        }
+        let port = text.strip_prefix("localhost:").and_then(|port| port.parse().ok());
+        port.map(ListenAddr::Localhost).ok_or_else(|| {
+            format!(
+                "{text:?} is not IP:PORT or localhost:PORT (127.0.0.1:50051, [::1]:50051, 0.0.0.0:50051, \
+                 localhost:50051)"
+            )
+        })
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Socket(addr) => addr.fmt(f),
+            ListenAddr::Localhost(port) => write!(f, "localhost:{port}"),
+        }
+    }
+}
+
+impl TryFrom<String> for ListenAddr {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+    }
+}
+
+impl From<ListenAddr> for String {
+    fn from(addr: ListenAddr) -> String {
+        addr.to_string()
+    }
+}
+
 /// Where `serve` listens when told nothing.
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 50051);
 
@@ -36,10 +95,11 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "PRESENCED_CONFIG", value_name = "FILE")]
     #[serde(skip)]
     config: Option<PathBuf>,
-    /// The service's address (gRPC, gRPC-Web and the console); port 0 picks
-    /// a free port.
+    /// The service's address (gRPC, gRPC-Web and the console): IP:PORT, or
+    /// localhost:PORT for both loopbacks (127.0.0.1 and ::1); port 0 picks a
+    /// free port.
     #[arg(long, env = "PRESENCED_LISTEN", value_name = "ADDR")]
-    listen: Option<SocketAddr>,
+    listen: Option<ListenAddr>,
     /// The shortest lease TTL a request may ask for.
     #[arg(long, env = "PRESENCED_MIN_TTL_MS", value_name = "MS")]
     min_ttl_ms: Option<u32>,
@@ -639,7 +699,7 @@ fn server_tls_files(args: &ServeArgs, peer: Option<presence_tls::PeerFiles>) -> 
 /// Everything `serve` needs, resolved.
 #[derive(Debug)]
 pub(crate) struct Settings {
-    pub(crate) listen: SocketAddr,
+    pub(crate) listen: ListenAddr,
     pub(crate) metrics_listen: Option<SocketAddr>,
     /// Threads of the runtime that serves requests.
     pub(crate) worker_threads: usize,
@@ -790,7 +850,7 @@ impl ServeArgs {
         server.data_dir = args.data_dir.clone().or(server.data_dir);
         server.restore = args.restore.clone();
         server.cors_origins = args.cors_origins.clone();
-        let listen = args.listen.unwrap_or(DEFAULT_LISTEN);
+        let listen = args.listen.unwrap_or(ListenAddr::Socket(DEFAULT_LISTEN));
         let mut cluster = cluster_config(ClusterArgs {
             etcd: args.etcd.clone(),
             node_id: args.node_id.clone(),
@@ -845,7 +905,7 @@ impl ServeArgs {
             && auth.viewer_jwks.is_none()
             && auth.viewer_jwt_hs256_secret.is_none()
             && auth.viewer_jwt_public_key_pem.is_none();
-        if open && !args.insecure && !listen.ip().is_loopback() {
+        if open && !args.insecure && !listen.is_loopback() {
             return Err(SettingsError::Invalid(format!(
                 "no credentials are configured, so presenced runs open and listens only on loopback; \
                  {listen} is not (configure --credentials, --service-token or viewer JWT keys, or pass --insecure)"
@@ -862,7 +922,7 @@ impl ServeArgs {
             }
         }
         server.tls = tls;
-        if server.tls.is_none() && !open && !args.allow_plaintext && !listen.ip().is_loopback() {
+        if server.tls.is_none() && !open && !args.allow_plaintext && !listen.is_loopback() {
             warnings.push(format!(
                 "serving plaintext on {listen}: service tokens and viewer JWTs cross the network in the clear; \
                  serve TLS with --tls-cert and --tls-key, or, behind a service mesh or a TLS-terminating proxy, \
@@ -874,7 +934,10 @@ impl ServeArgs {
 
     /// The defaults shown in `--help`: the library's, plus the listening address.
     fn defaults() -> ServeArgs {
-        ServeArgs { listen: Some(DEFAULT_LISTEN), ..ServeArgs::from_config(&ServerConfig::default()) }
+        ServeArgs {
+            listen: Some(ListenAddr::Socket(DEFAULT_LISTEN)),
+            ..ServeArgs::from_config(&ServerConfig::default())
+        }
     }
 }
 
@@ -1248,6 +1311,21 @@ mod tests {
         }
     }
 
+    #[test]
+    fn listen_takes_an_address_or_localhost_both_loopbacks_from_the_flag_and_the_file() {
+        assert_eq!(resolve(&["--listen", "localhost:7000"]).unwrap().listen, ListenAddr::Localhost(7000));
+        assert_eq!(
+            resolve(&["--listen", "[::1]:7000"]).unwrap().listen,
+            ListenAddr::Socket("[::1]:7000".parse().unwrap())
+        );
+        let file = ConfigFile::new("localhost", "listen = \"localhost:0\"\n");
+        assert_eq!(resolve(&["--config", file.path()]).unwrap().listen, ListenAddr::Localhost(0));
+        // Both loopbacks: an open server may listen there.
+        assert!(resolve(&["--listen", "localhost:0"]).unwrap().warnings.is_empty());
+        let refused = Harness::try_parse_from(["serve", "--listen", "localhost"]).unwrap_err().to_string();
+        assert!(refused.contains("is not IP:PORT or localhost:PORT"), "{refused}");
+    }
+
     /// One setting means the same as a flag and as a key: for each setting
     /// of presenced.example.toml, given alone, the start is refused from the
     /// file exactly when it is refused from the flag (clap's own checks, such
@@ -1261,7 +1339,7 @@ mod tests {
             .filter(|rest| rest.split_once(" = ").is_some_and(|(key, _)| !key.contains(' ')));
         let mut compared = 0;
         for setting in settings {
-            let (key, value) = setting.split_once(" = ").unwrap();
+            let (key, _) = setting.split_once(" = ").unwrap();
             let flag = format!("--{}", key.replace('_', "-"));
             let value: toml::Value = toml::from_str::<toml::Table>(setting).unwrap().remove(key).unwrap();
             let (argv, line): (Vec<String>, String) = match &value {

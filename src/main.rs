@@ -246,17 +246,38 @@ fn run_serve(args: ServeArgs) -> Result<(), String> {
             prepared.spawn_metrics_endpoint(listener, render);
             tracing::info!(?addr, "serving metrics");
         }
-        let listener = TcpListener::bind(settings.listen)
-            .await
-            .map_err(|err| format!("cannot listen on {}: {err}", settings.listen))?;
-        let local = listener.local_addr().map_err(|err| format!("cannot read the bound address: {err}"))?;
+        let listeners = bind(settings.listen).await?;
+        let local = listeners[0].local_addr().map_err(|err| format!("cannot read the bound address: {err}"))?;
         // The first line of stdout, for scripts and tests that asked for port 0.
         let shutdown = shutdown_signal()?;
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "listening on {local}").and_then(|()| stdout.flush()).ok();
         drop(stdout);
-        prepared.serve(listener, shutdown).await.map_err(refusal)
+        prepared.serve_on(listeners, shutdown).await.map_err(refusal)
     })
+}
+
+/// The listeners of `listen`: one, or for `localhost:PORT` one on each
+/// loopback, the second on the port the first got (port 0 picks it). A
+/// machine without IPv6 serves on 127.0.0.1 alone, and says so.
+async fn bind(listen: config::ListenAddr) -> Result<Vec<TcpListener>, String> {
+    let cannot = |addr: &dyn std::fmt::Display, err: std::io::Error| format!("cannot listen on {addr}: {err}");
+    let first = match listen {
+        config::ListenAddr::Socket(addr) => {
+            return Ok(vec![TcpListener::bind(addr).await.map_err(|err| cannot(&addr, err))?]);
+        }
+        config::ListenAddr::Localhost(port) => (std::net::Ipv4Addr::LOCALHOST, port),
+    };
+    let v4 = TcpListener::bind(first).await.map_err(|err| cannot(&listen, err))?;
+    let port = v4.local_addr().map_err(|err| format!("cannot read the bound address: {err}"))?.port();
+    match TcpListener::bind((std::net::Ipv6Addr::LOCALHOST, port)).await {
+        Ok(v6) => Ok(vec![v4, v6]),
+        Err(err) if err.kind() == std::io::ErrorKind::AddrNotAvailable => {
+            tracing::warn!("--listen {listen}: ::1 is not available here ({err}); serving on 127.0.0.1 alone");
+            Ok(vec![v4])
+        }
+        Err(err) => Err(cannot(&format!("[::1]:{port} (--listen {listen})"), err)),
+    }
 }
 
 /// A command-line error of clap's in the one line every refusal takes:

@@ -177,6 +177,28 @@ async fn a_start_says_where_it_serves_and_warns_of_settings_that_let_nobody_in_o
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--listen localhost:PORT` serves both loopbacks on one port: a client
+/// reaches it at 127.0.0.1, at ::1 (where this machine has IPv6) and at
+/// localhost, which resolves to either.
+#[tokio::test]
+async fn listen_localhost_serves_both_loopbacks_on_one_port() {
+    let daemon = Daemon::start_on("localhost:0", &[], &[], None);
+    let port = daemon.addr().rsplit(':').next().unwrap().to_owned();
+    assert!(daemon.addr().starts_with("127.0.0.1:"), "{}", daemon.addr());
+    let mut addresses = vec![format!("127.0.0.1:{port}"), format!("localhost:{port}")];
+    if std::net::TcpListener::bind("[::1]:0").is_ok() {
+        addresses.push(format!("[::1]:{port}"));
+    }
+    for addr in &addresses {
+        let ran = Command::new(BINARY).args(["stats", "--addr", addr]).output().unwrap();
+        assert_eq!(ran.status.code(), Some(0), "{addr}: {}", String::from_utf8_lossy(&ran.stderr));
+    }
+    daemon.stop().await;
+    let (code, stderr) = run_to_exit(&["serve", "--listen", "localhost"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("is not IP:PORT or localhost:PORT"), "{stderr}");
+}
+
 #[test]
 fn an_invalid_configuration_is_refused_in_one_line() {
     for args in [

@@ -51,6 +51,16 @@ impl PreparedServer {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
+        self.serve_on(vec![listener], shutdown).await
+    }
+
+    /// Serves on every one of `listeners` alike (both loopbacks, for
+    /// `localhost`) until `shutdown` completes.
+    pub async fn serve_on(
+        self,
+        listeners: Vec<TcpListener>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
         let config = &self.serving.config;
         let membership = match config.cluster.as_ref() {
             Some(cluster) => Some(Membership::join(cluster, config.max_streams_per_connection).await?),
@@ -59,7 +69,7 @@ impl PreparedServer {
         let Restored { serving, context, cluster, expiry_wake, webhooks } = self.restore(membership)?;
         let (tasks, lease_queue) = start_tasks(&serving, &context, cluster.as_ref(), expiry_wake, webhooks);
         let (front, health) = build_routes(&serving, &context, cluster.as_ref(), lease_queue).await?;
-        let served = serve_until_shutdown(listener, front, health, &serving, &context, cluster, shutdown).await;
+        let served = serve_until_shutdown(listeners, front, health, &serving, &context, cluster, shutdown).await;
         shut_down(tasks, &context, serving.data_dir).await;
         served
     }
@@ -168,7 +178,7 @@ async fn build_routes(
 /// connections are done with, or the shutdown grace has passed; then
 /// cancels `stopping`, which ends the tasks, and closes whatever is still open.
 async fn serve_until_shutdown(
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     front: web::FrontService,
     health: HealthReporter,
     serving: &Serving,
@@ -177,16 +187,24 @@ async fn serve_until_shutdown(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let (config, stopping) = (&serving.config, &context.stopping);
-    let local_addr = listener.local_addr().ok();
+    let addrs: Vec<String> = listeners
+        .iter()
+        .map(|listener| listener.local_addr().map_or_else(|_| "an unknown address".to_owned(), |addr| addr.to_string()))
+        .collect();
     // Small replies must not wait for the peer's delayed ACK (Nagle): without
     // this, batches and events stall for ~40 ms under load.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(Duration::from_secs(60)));
-    let addr = local_addr.map_or_else(|| "an unknown address".to_owned(), |addr| addr.to_string());
+    let incoming = futures_util::stream::select_all(listeners.into_iter().map(|listener| {
+        tonic::transport::server::TcpIncoming::from(listener)
+            .with_nodelay(Some(true))
+            .with_keepalive(Some(Duration::from_secs(60)))
+    }));
     let scheme = if serving.tls.is_some() { "https" } else { "http" };
-    let console = if config.console { format!("; the console at {scheme}://{addr}/console/") } else { String::new() };
-    tracing::info!(shards = config.store.shards, tls = serving.tls.is_some(), "serving on {addr}{console}");
+    let console = match addrs.first() {
+        Some(addr) if config.console => format!("; the console at {scheme}://{addr}/console/"),
+        _ => String::new(),
+    };
+    let addrs = addrs.join(" and ");
+    tracing::info!(shards = config.store.shards, tls = serving.tls.is_some(), "serving on {addrs}{console}");
     serving.readiness.started(cluster.as_ref());
     let stop_signal = stop_after(shutdown, Arc::clone(context), cluster, health, Arc::clone(&serving.readiness));
     // Cancelled when serve returns, or when its future is dropped: connections
@@ -224,7 +242,7 @@ async fn serve_until_shutdown(
 /// are done with.
 async fn serve_connections(
     config: &crate::ServerConfig,
-    incoming: tonic::transport::server::TcpIncoming,
+    incoming: impl connections::Incoming,
     front: web::FrontService,
     admission: connections::Admission,
     stop_signal: impl Future<Output = ()> + Send,

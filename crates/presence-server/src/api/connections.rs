@@ -72,7 +72,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::{Connected, TcpIncoming};
+use tonic::transport::server::Connected;
 
 use crate::api::web;
 use crate::auth::ConnectionInfo;
@@ -688,10 +688,15 @@ async fn answer_plaintext(mut stream: TcpStream) {
     answer_and_close(stream, &answer).await;
 }
 
+/// Accepted sockets, from one listener or several merged.
+pub(crate) trait Incoming: Stream<Item = std::io::Result<TcpStream>> + Send + Unpin + 'static {}
+
+impl<T: Stream<Item = std::io::Result<TcpStream>> + Send + Unpin + 'static> Incoming for T {}
+
 /// The connections of `incoming` that `admission` admits, for tonic's own
 /// server loop (no connection threads); the others are refused as they come.
 pub(crate) fn admitted(
-    incoming: TcpIncoming,
+    incoming: impl Incoming,
     admission: Admission,
 ) -> impl Stream<Item = std::io::Result<Guarded>> + Send + 'static {
     let accepted = incoming.filter_map({
@@ -811,7 +816,7 @@ impl ConnectionThreads {
     /// thread's server to stop.
     pub(crate) async fn serve(
         self,
-        mut incoming: TcpIncoming,
+        mut incoming: impl Incoming,
         stopping: CancellationToken,
     ) -> Result<(), tonic::transport::Error> {
         let ConnectionThreads { mut handoff, stopped, admission } = self;
@@ -902,7 +907,8 @@ mod tests {
         let admission = Admission::new(8, Duration::from_secs(10), Vec::new(), None);
         let threads = ConnectionThreads { handoff: vec![stopped_thread, live_thread], stopped: results, admission };
         let stopping = CancellationToken::new();
-        let accepting = tokio::spawn(threads.serve(TcpIncoming::from(listener), stopping.clone()));
+        let accepting =
+            tokio::spawn(threads.serve(tonic::transport::server::TcpIncoming::from(listener), stopping.clone()));
 
         let mut clients = Vec::new();
         for _ in 0..3 {
@@ -936,7 +942,8 @@ mod tests {
         let admission = Admission::new(8, Duration::from_secs(10), Vec::new(), None);
         let threads = ConnectionThreads { handoff: vec![stuck_thread], stopped: vec![result], admission };
         let stopping = CancellationToken::new();
-        let accepting = tokio::spawn(threads.serve(TcpIncoming::from(listener), stopping.clone()));
+        let accepting =
+            tokio::spawn(threads.serve(tonic::transport::server::TcpIncoming::from(listener), stopping.clone()));
 
         let first = TcpStream::connect(addr).await.unwrap();
         let mut second = TcpStream::connect(addr).await.unwrap();
