@@ -30,6 +30,13 @@ fn start(server: &Issued, extra: &[&str]) -> Daemon {
     Daemon::start(&args, &[])
 }
 
+/// [`start`], with the server's log written to `log`.
+fn start_logging_to(log: &Path, server: &Issued, extra: &[&str]) -> Daemon {
+    let flags = tls_flags(server);
+    let args: Vec<&str> = flags.iter().map(String::as_str).chain(extra.iter().copied()).collect();
+    Daemon::start_on("127.0.0.1:0", &args, &[], Some(log))
+}
+
 fn https(daemon: &Daemon) -> String {
     format!("https://{}", daemon.addr())
 }
@@ -287,7 +294,9 @@ async fn t2_a_service_identity_certificate_is_a_service_caller_and_a_viewer_jwt_
     let (pki, server) = server_pki("mtls-identity");
     let clients = Pki::new(&scratch_dir("mtls-identity-clients"), "clients");
     let ca = clients.ca_path().display().to_string();
-    let daemon = start(
+    let log = scratch_dir("mtls-identity-log").join("presenced.log");
+    let daemon = start_logging_to(
+        &log,
         &server,
         &[
             "--tls-client-ca",
@@ -315,6 +324,12 @@ async fn t2_a_service_identity_certificate_is_a_service_caller_and_a_viewer_jwt_
             .message()
             .contains("the client certificate (browser.internal) has no identity listed by --tls-service-identity"),
         "the refusal names the certificate's identities and the flag: {unlisted:?}"
+    );
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("refused calls with a client certificate whose identities no --tls-service-identity lists")
+            && logged.contains("browser.internal"),
+        "the operator hears of it: {logged}"
     );
 
     let jwt = viewer_token("carol", false);

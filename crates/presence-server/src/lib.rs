@@ -30,6 +30,7 @@ pub mod checker;
 mod cluster;
 mod config;
 mod error;
+mod every_now;
 // Also in the unit tests, so that `cargo test` checks the seeds and entry points.
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;

@@ -58,7 +58,6 @@
 use std::io::Write as _;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -196,12 +195,12 @@ pub(crate) struct Admission {
     /// Connections closed for not completing the handshake in time (counter).
     handshake_timeouts: Counter,
     /// The warning of connections refused at the cap, at most once a second.
-    refusals_logged: Arc<EveryNow>,
+    refusals_logged: Arc<crate::every_now::EveryNow>,
     /// The warning of TLS handshakes refused (a client with the wrong CA, an
     /// expired certificate or none where one is required), at most once
     /// every ten seconds: a client's mistake, but one its operator asks the
     /// server's log about.
-    handshake_refusals_logged: Arc<EveryNow>,
+    handshake_refusals_logged: Arc<crate::every_now::EveryNow>,
     /// Places for refused connections that are kept open a moment, so that
     /// their GOAWAY is read (see `refuse`); bounded, because a flood of
     /// refused connections must not become a flood of tasks.
@@ -217,35 +216,6 @@ pub(crate) struct Admission {
     /// TLS handshakes completed, resumed or full (counters).
     tls_resumed: Counter,
     tls_full: Counter,
-}
-
-/// A warning logged at most once per period, with how many times it
-/// happened since the last one: a flood of the same event logs a line a
-/// period, not a line an event.
-#[derive(Debug)]
-struct EveryNow {
-    period: Duration,
-    last: parking_lot::Mutex<Option<std::time::Instant>>,
-    unlogged: AtomicU64,
-}
-
-impl EveryNow {
-    fn new(period: Duration) -> Self {
-        EveryNow { period, last: parking_lot::Mutex::new(None), unlogged: AtomicU64::new(0) }
-    }
-
-    /// Notes one more event; `Some(how many since the last line)` when it is
-    /// time to log one.
-    fn note(&self) -> Option<u64> {
-        self.unlogged.fetch_add(1, Ordering::Relaxed);
-        let mut last = self.last.lock();
-        let now = std::time::Instant::now();
-        if last.is_some_and(|at| now.duration_since(at) < self.period) {
-            return None;
-        }
-        *last = Some(now);
-        Some(self.unlogged.swap(0, Ordering::Relaxed))
-    }
 }
 
 /// Refused connections kept open at once until their client has read the
@@ -273,8 +243,8 @@ impl Admission {
             open: gauge!(names::CONNECTIONS),
             refused: counter!(names::CONNECTIONS_REFUSED),
             handshake_timeouts: counter!(names::HANDSHAKE_TIMEOUTS),
-            refusals_logged: Arc::new(EveryNow::new(Duration::from_secs(1))),
-            handshake_refusals_logged: Arc::new(EveryNow::new(Duration::from_secs(10))),
+            refusals_logged: Arc::new(crate::every_now::EveryNow::new(Duration::from_secs(1))),
+            handshake_refusals_logged: Arc::new(crate::every_now::EveryNow::new(Duration::from_secs(10))),
             lingering: Arc::new(Semaphore::new(LINGERING_REFUSALS)),
             cors_origins: cors_origins.into(),
             tls,

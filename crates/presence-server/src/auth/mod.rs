@@ -302,6 +302,10 @@ pub(crate) struct Authenticator {
     /// Counts changes of the accepted credentials: open streams look at
     /// theirs again on each (see `stream.rs`).
     changes: tokio::sync::watch::Sender<u64>,
+    /// The warning of client certificates refused for naming no listed
+    /// identity: a deployment mistake the operator asks the log about, at
+    /// most a line every ten seconds.
+    unlisted_certificates_logged: crate::every_now::EveryNow,
 }
 
 /// One viewer token key and the only algorithm it accepts.
@@ -487,6 +491,7 @@ impl Authenticator {
             jwks,
             claims,
             changes: tokio::sync::watch::Sender::new(0),
+            unlisted_certificates_logged: crate::every_now::EveryNow::new(std::time::Duration::from_secs(10)),
         })
     }
 
@@ -552,6 +557,21 @@ impl Authenticator {
             // operator who asks the log about one.
             let peer = connection.and_then(|info| info.peer);
             tracing::debug!(?peer, %refusal, "refused credentials");
+            // A certificate of the client CA that names no listed identity is
+            // the deployment's mistake more often than a caller's: said at warn.
+            let unlisted = certificate.filter(|certificate| !(certificate.service || certificate.cluster_node));
+            if let Some(certificate) = unlisted
+                && request.metadata().get("authorization").is_none()
+                && let Some(refused) = self.unlisted_certificates_logged.note()
+            {
+                let peer = peer.map_or_else(|| "an unknown address".to_owned(), |peer| peer.to_string());
+                tracing::warn!(
+                    refused,
+                    "refused calls with a client certificate whose identities no --tls-service-identity lists \
+                     ({refused} since the last such line); the last, from {peer}: {}",
+                    certificate.identities.join(", ")
+                );
+            }
         })
     }
 
