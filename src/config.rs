@@ -1326,20 +1326,26 @@ mod tests {
         assert!(refused.contains("is not IP:PORT or localhost:PORT"), "{refused}");
     }
 
+    /// presenced.example.toml, every setting of which is commented out.
+    const EXAMPLE: &str = include_str!("../presenced.example.toml");
+
+    /// The example's settings, `(key, "key = value")`: its commented lines
+    /// of that shape, and not prose that happens to hold " = ".
+    fn example_settings() -> impl Iterator<Item = (&'static str, &'static str)> {
+        EXAMPLE.lines().filter_map(|line| line.strip_prefix("# ")).filter_map(|setting| {
+            let (key, _) = setting.split_once(" = ")?;
+            (!key.contains(' ')).then_some((key, setting))
+        })
+    }
+
     /// One setting means the same as a flag and as a key: for each setting
     /// of presenced.example.toml, given alone, the start is refused from the
     /// file exactly when it is refused from the flag (clap's own checks, such
     /// as a flag that needs another, included).
     #[test]
     fn each_setting_alone_is_refused_from_the_file_exactly_when_it_is_from_its_flag() {
-        let example = include_str!("../presenced.example.toml");
-        let settings = example
-            .lines()
-            .filter_map(|line| line.strip_prefix("# "))
-            .filter(|rest| rest.split_once(" = ").is_some_and(|(key, _)| !key.contains(' ')));
         let mut compared = 0;
-        for setting in settings {
-            let (key, _) = setting.split_once(" = ").unwrap();
+        for (key, setting) in example_settings() {
             let flag = format!("--{}", key.replace('_', "-"));
             let value: toml::Value = toml::from_str::<toml::Table>(setting).unwrap().remove(key).unwrap();
             let (argv, line): (Vec<String>, String) = match &value {
@@ -1369,20 +1375,14 @@ mod tests {
     /// settings, uncommented alone, is one the file takes.
     #[test]
     fn the_example_config_names_every_setting_once_and_each_line_of_it_parses() {
-        let example = include_str!("../presenced.example.toml");
         let parse = |text: &str| -> Result<ServeArgs, String> {
             let mut table: toml::Table = toml::from_str(text).map_err(|err| err.to_string())?;
             file_keys_as_flags(&mut table, &mut Vec::new())?;
             table.try_into().map_err(|err: toml::de::Error| err.to_string())
         };
-        parse(example).expect("the file as it is");
+        parse(EXAMPLE).expect("the file as it is");
         let mut named = Vec::new();
-        for line in example.lines() {
-            let Some(setting) = line.strip_prefix("# ").filter(|rest| rest.contains(" = ")) else { continue };
-            let key = setting.split(" = ").next().unwrap();
-            if key.contains(' ') {
-                continue; // prose that happens to hold " = "
-            }
+        for (key, setting) in example_settings() {
             parse(setting).unwrap_or_else(|err| panic!("{setting:?}: {err}"));
             named.push(key.to_owned());
         }

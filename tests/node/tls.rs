@@ -175,7 +175,7 @@ async fn t1_a_v1_certificate_is_refused_naming_it_one_naming_no_address_is_warne
     let pki = Pki::new(&dir, "server");
     let nameless = pki.issue("nameless", &["spiffe://example.org/presenced"]);
     let log = dir.join("nameless.log");
-    let daemon = Daemon::start_on("127.0.0.1:0", &tls_flags_args(&nameless), &[], Some(&log));
+    let daemon = start_logging_to(&log, &nameless, &[]);
     let warned = std::fs::read_to_string(&log).unwrap();
     assert!(warned.contains("the certificate in --tls-cert names no DNS name or IP address"), "{warned}");
     daemon.stop().await;
@@ -183,7 +183,7 @@ async fn t1_a_v1_certificate_is_refused_naming_it_one_naming_no_address_is_warne
     // Refused handshakes are logged, a line per ten seconds with their count.
     let (_, server) = server_pki("tls-refused-logged");
     let log = dir.join("refused.log");
-    let daemon = Daemon::start_on("127.0.0.1:0", &tls_flags_args(&server), &[], Some(&log));
+    let daemon = start_logging_to(&log, &server, &[]);
     let other = Pki::new(&scratch_dir("tls-refused-logged-other"), "other");
     for _ in 0..3 {
         refusal_seen(&daemon, &other.ca_path(), None).await;
@@ -201,11 +201,6 @@ async fn t1_a_v1_certificate_is_refused_naming_it_one_naming_no_address_is_warne
     })
     .await;
     daemon.stop().await;
-}
-
-/// The TLS flags of `issued`, as `Daemon` takes them.
-fn tls_flags_args(issued: &Issued) -> Vec<&str> {
-    vec!["--tls-cert", issued.cert.to_str().unwrap(), "--tls-key", issued.key.to_str().unwrap()]
 }
 
 #[tokio::test]
