@@ -68,6 +68,11 @@ pub(crate) struct Membership {
     /// in force (see [`Membership::relay`]), which changes when the node
     /// joins again after etcd said its lease was gone.
     lease_state: Arc<tokio::sync::watch::Sender<LeaseState>>,
+    /// Which lease's relay may publish: a count of the leases relayed, so
+    /// that the relay of a lease gone publishes nothing once the next one's
+    /// relay began (its last word, `Lost`, would undo the new lease's state
+    /// and make the node join again for nothing).
+    relaying: Arc<std::sync::atomic::AtomicU64>,
     /// Whether etcd answers this node's keep-alives now, relayed likewise.
     etcd_answering: Arc<tokio::sync::watch::Sender<bool>>,
     /// When this node last saw etcd come back after an outage: its
@@ -197,6 +202,7 @@ impl Membership {
             node: config.node_id.clone(),
             slots: config.slots,
             lease_state: Arc::new(tokio::sync::watch::Sender::new(lease.state())),
+            relaying: Arc::default(),
             etcd_answering: Arc::new(tokio::sync::watch::Sender::new(true)),
             etcd_back,
             outage: Outage::default(),
@@ -458,6 +464,8 @@ impl Membership {
     fn relay(&self, lease: NodeLease) {
         let (mut state, mut answering) = (lease.subscribe(), lease.answering());
         let mut relayed = Relayed {
+            relaying: Arc::clone(&self.relaying),
+            lease: self.relaying.fetch_add(1, Ordering::AcqRel) + 1,
             state: Arc::clone(&self.lease_state),
             answering: Arc::clone(&self.etcd_answering),
             etcd_back: Arc::clone(&self.etcd_back),
@@ -813,6 +821,9 @@ fn campaigner(
 
 /// Where the lease in force's state is relayed to.
 struct Relayed {
+    /// The lease relayed last ([`Membership::relaying`]), and this one.
+    relaying: Arc<std::sync::atomic::AtomicU64>,
+    lease: u64,
     state: Arc<tokio::sync::watch::Sender<LeaseState>>,
     answering: Arc<tokio::sync::watch::Sender<bool>>,
     etcd_back: Arc<tokio::sync::watch::Sender<Option<Instant>>>,
@@ -829,6 +840,9 @@ impl Relayed {
     /// Publishes the lease's state and whether etcd answers it, and notes
     /// etcd coming back after an outage.
     fn publish(&mut self, state: LeaseState, answering: bool) {
+        if self.relaying.load(Ordering::Acquire) != self.lease {
+            return; // a later lease is relayed now
+        }
         self.state.send_replace(state);
         self.answering.send_replace(answering);
         let now = Instant::now();
