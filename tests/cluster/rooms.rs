@@ -662,3 +662,99 @@ async fn c4_a_rooms_owner_killed_with_kill_9_is_followed_by_a_node_that_gathers_
         server.stop().await;
     }
 }
+
+/// A room name the map gives to `node`.
+fn room_at(map: &presence_cluster::SlotMap, node: &str) -> String {
+    (0..).map(|i| format!("room-{i}")).find(|room| map.owner(slot_of(room, SLOTS)).unwrap().node == node).unwrap()
+}
+
+/// The counts a WatchRoomCounts stream holds, by room, as `(users, sessions)`.
+async fn counts_until(
+    stream: &mut tonic::Streaming<pb::RoomCounts>,
+    held: &mut BTreeMap<String, (u32, u32)>,
+    what: &str,
+    done: impl Fn(&BTreeMap<String, (u32, u32)>) -> bool,
+) {
+    while !done(held) {
+        let message = within(PATIENCE, what, stream.message()).await.expect("a healthy stream").expect("open");
+        held.extend(message.counts.into_iter().map(|count| (count.room_id, (count.users, count.sessions))));
+    }
+}
+
+/// R7 across nodes: one WatchRoomCounts at any node counts rooms whose owners
+/// are every node, leaving out members their own nodes hold invisible; a
+/// RoomCounts at every node answers the same; and a room whose slot moves
+/// to another node goes on being counted on the open stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r7_one_stream_at_any_node_counts_rooms_of_every_owner_and_follows_them_through_moves() {
+    let etcd = EtcdServer::start().await;
+    let (servers, map, members) = a_room_with_a_member_at_every_node(&etcd).await;
+    let rooms: Vec<String> = NODES.iter().map(|node| room_at(&map, node)).collect();
+    for (user, node, generation) in &members {
+        let mut client = server_of(&servers, node).client().await;
+        for room in &rooms {
+            client.join(join_in(room, user, *generation, node)).await.unwrap();
+        }
+    }
+    let watcher_node = NODES[0];
+    let request = pb::WatchRoomCountsRequest { room_ids: rooms.clone(), count_interval_ms: 100, ..Default::default() };
+    let mut client = server_of(&servers, watcher_node).client().await;
+    let mut stream = client.watch_room_counts(request).await.unwrap().into_inner();
+    let mut held = BTreeMap::new();
+    counts_until(&mut stream, &mut held, "every room counted", |held| {
+        rooms.iter().all(|room| held.get(room) == Some(&(3, 3)))
+    })
+    .await;
+    for server in &servers {
+        let read = pb::RoomCountsRequest { room_ids: rooms.clone(), ..Default::default() };
+        let read = server.client().await.room_counts(read).await.unwrap().into_inner();
+        assert!(read.counts.iter().zip(&rooms).all(|(count, room)| count.room_id == *room && count.users == 3));
+    }
+
+    // A member its own node now holds invisible is counted by nobody, in every room.
+    let (shy, shy_node, _) = members.iter().find(|(_, node, _)| *node != watcher_node).unwrap();
+    let invisible = pb::SetVisibilityRequest { user_id: shy.clone(), visibility: pb::Visibility::Nobody as i32 };
+    server_of(&servers, shy_node).client().await.set_visibility(invisible).await.unwrap();
+    counts_until(&mut stream, &mut held, "the invisible member uncounted", |held| {
+        rooms.iter().all(|room| held.get(room) == Some(&(2, 2)))
+    })
+    .await;
+
+    // A room of another node moves to the watcher's node: still counted, its changes too.
+    let moving = &rooms[1];
+    let (from, slot) = (NODES[1], slot_of(moving, SLOTS));
+    let cluster = presence_proto::v1::cluster_client::ClusterClient::connect(server_of(&servers, from).url());
+    let request = pb::MoveSlotsRequest { slots: vec![slot], to_node: watcher_node.to_string() };
+    cluster.await.unwrap().move_slots(request).await.unwrap();
+    map_where(&etcd.client().await, "the room's slot moved", |map| {
+        map.owner(slot).is_some_and(|owner| owner.node == watcher_node)
+    })
+    .await;
+    let (member, node, _) = members.iter().find(|(user, ..)| user != shy).unwrap();
+    let mut at_member = server_of(&servers, node).client().await;
+    let second = pb::RegisterRequest {
+        user_id: member.clone(),
+        session_id: "tab".into(),
+        gateway_id: "gw".into(),
+        ttl_ms: 60_000,
+        ..Default::default()
+    };
+    let generation = at_member.register(second).await.unwrap().into_inner().generation;
+    let mut tab = join_in(moving, member, generation, "tab");
+    tab.session_id = "tab".into();
+    within(PATIENCE, "a join once the room moved", async {
+        while at_member.join(tab.clone()).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    counts_until(&mut stream, &mut held, "the moved room's new session counted", |held| {
+        held.get(moving) == Some(&(2, 3))
+    })
+    .await;
+    assert_eq!(held[&rooms[0]], (2, 2));
+    assert_eq!(held[&rooms[2]], (2, 2));
+    for server in servers {
+        server.stop().await;
+    }
+}

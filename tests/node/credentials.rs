@@ -115,6 +115,31 @@ pub(crate) fn scope_cases() -> Vec<ScopeCase> {
         case("Watch", pb::WatchRequest { user_ids: users(), ..Default::default() }, ServerStream, "read"),
         case("RoomSnapshot", pb::RoomSnapshotRequest { room_id: "r1".into(), ..Default::default() }, Unary, "read"),
         case("WatchRoom", pb::WatchRoomRequest { room_id: "r1".into(), ..Default::default() }, ServerStream, "read"),
+        case("RoomCounts", pb::RoomCountsRequest { room_ids: vec!["r1".into()], ..Default::default() }, Unary, "read"),
+        case(
+            "WatchRoomCounts",
+            pb::WatchRoomCountsRequest { room_ids: vec!["r1".into()], ..Default::default() },
+            ServerStream,
+            "read",
+        ),
+        case(
+            "UpdateWatchRoomCounts",
+            pb::UpdateWatchRoomCountsRequest { watch_id: "w1".into(), ..Default::default() },
+            Unary,
+            "read",
+        ),
+        case(
+            "RoomCounts",
+            pb::RoomCountsRequest { room_ids: vec!["r1".into()], viewer_id: "v1".into() },
+            Unary,
+            "read-as-viewer",
+        ),
+        case(
+            "WatchRoomCounts",
+            pb::WatchRoomCountsRequest { room_ids: vec!["r1".into()], viewer_id: "v1".into(), ..Default::default() },
+            ServerStream,
+            "read-as-viewer",
+        ),
         case("Snapshot", pb::SnapshotRequest { user_ids: users(), viewer_id: "v1".into() }, Unary, "read-as-viewer"),
         case(
             "Watch",

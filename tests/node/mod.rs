@@ -17,6 +17,7 @@ mod ops;
 mod ops_cli;
 mod privacy;
 mod restarts;
+mod room_counts;
 mod rooms;
 mod seed_timelines;
 mod slow_viewer;

@@ -46,6 +46,11 @@
 //!   for rooms past the server's member cap. `NOT_FOUND` (the room is not
 //!   readable) and `FAILED_PRECONDITION` (past the member cap: count instead)
 //!   end them, with the status in `last_error`.
+//! - [`RoomCountsWatcher`]: a `WatchRoomCounts` (R7) feeding [`RoomCounts`],
+//!   the counts of up to 10,000 rooms on one stream (a lobby, a list of
+//!   feeds), each reported when it changes; rooms added and removed while it
+//!   is open ([`RoomCountsWatcher::update`]), reopened with the rooms as they
+//!   are now after a break. A room the viewer may not read counts as empty.
 //!
 //! Backend side, the change feed (F1, F2):
 //! - [`ChangesConsumer`]: a resumable consumer of `Changes`. It starts after
@@ -158,6 +163,7 @@ mod cluster;
 mod error;
 mod lease_channel;
 mod room;
+mod room_counts;
 mod session;
 mod transport;
 mod viewer;
@@ -172,6 +178,7 @@ pub use cluster::ClusterLeases;
 pub use error::ClientError;
 pub use lease_channel::{LeaseChannel, LeaseChannelConfig, LeaseChannelStats, lease_result};
 pub use room::{RoomCountWatcher, RoomView, RoomWatcher, RoomWatcherEvent};
+pub use room_counts::{RoomCounts, RoomCountsWatcher};
 pub use session::{Session, SessionConfig, SessionLeases, SessionState};
 pub use transport::{ClientTlsConfig, connect, connect_lazy};
 pub use viewer::{ViewerStore, Watcher, WatcherEvent};

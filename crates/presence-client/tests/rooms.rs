@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use common::{PATIENCE, TestServer, fast_config, within};
 use presence_client::{
-    Backoff, LeaseChannel, LeaseChannelConfig, RoomCountWatcher, RoomView, RoomWatcher, RoomWatcherEvent, Session,
-    SessionConfig, SessionState, pb,
+    Backoff, LeaseChannel, LeaseChannelConfig, RoomCountWatcher, RoomCountsWatcher, RoomView, RoomWatcher,
+    RoomWatcherEvent, Session, SessionConfig, SessionState, pb,
 };
 use presence_proto::v1::presence_client::PresenceClient;
 use tonic::Code;
@@ -323,6 +323,56 @@ async fn r3_a_count_watcher_yields_the_counts_when_they_change() {
     sessions[2].leave("hall").await.unwrap();
     let count = within(PATIENCE, "b left", counts.next()).await.unwrap();
     assert_eq!((count.users, count.sessions), (1, 2));
+    server.stop().await;
+}
+
+/// Reads a counts watcher until `room` holds `users` users and `sessions` sessions.
+async fn counts_until(watcher: &mut RoomCountsWatcher, room: &str, users: u32, sessions: u32) {
+    let held = |watcher: &RoomCountsWatcher| watcher.counts().get(room).map(|count| (count.users, count.sessions));
+    within(PATIENCE, "the room's counts", async {
+        while held(watcher) != Some((users, sessions)) {
+            watcher.next().await.expect("the counts watch goes on");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn r7_a_counts_watcher_follows_many_rooms_takes_new_ones_and_reopens_with_them_after_a_restart() {
+    let server = TestServer::start(fast_config()).await;
+    let addr = server.addr;
+    let channel = channel(&server).await;
+    let rooms: Vec<String> = (0..100).map(|i| format!("table-{i}")).collect();
+    let mut watcher =
+        RoomCountsWatcher::open(server.client().await, rooms.clone(), 100, fast_reconnect()).await.unwrap();
+    assert_eq!(watcher.counts().len(), 100, "every room from the first message");
+
+    let ann = session(&channel, "ann", "tab", 300, 30).await;
+    ann.join("table-7", HashMap::new()).await.unwrap();
+    counts_until(&mut watcher, "table-7", 1, 1).await;
+
+    // A room added on the open stream, one removed.
+    watcher.update(vec!["bar".into()], vec!["table-0".into()]).await.unwrap();
+    assert!(watcher.counts().get("table-0").is_none());
+    ann.join("bar", HashMap::new()).await.unwrap();
+    counts_until(&mut watcher, "bar", 1, 1).await;
+
+    // A server with nothing in memory: the watcher reopens with the rooms as
+    // they are now, and the session joins its rooms there again.
+    server.stop().await;
+    let server = TestServer::start_on(addr, fast_config()).await;
+    let mut ann_events = ann.events();
+    within(PATIENCE, "ann registered again", ann_events.wait_for(|s| matches!(s, SessionState::Reregistered { .. })))
+        .await
+        .unwrap();
+    // Bob is new to this server: his join shows only on a stream of the new
+    // server that watches bar, added after the watcher first opened.
+    let bob = session(&channel, "bob", "tab", 300, 30).await;
+    bob.join("bar", HashMap::new()).await.unwrap();
+    counts_until(&mut watcher, "bar", 2, 2).await;
+    counts_until(&mut watcher, "table-7", 1, 1).await;
+    assert_eq!(watcher.counts().len(), 100, "99 of the first rooms and bar");
+    assert!(watcher.counts().get("table-0").is_none() && watcher.last_error().is_none());
     server.stop().await;
 }
 

@@ -193,6 +193,14 @@ pub(crate) enum ServiceError {
         /// The room.
         room_id: String,
     },
+    /// Counts of rooms (R7) whose owners could not answer now: moving, or unreachable.
+    #[error("room {room_id:?} (and {more} more): its owner could not answer now; try again shortly")]
+    RoomCountsUnanswered {
+        /// The first such room asked for.
+        room_id: String,
+        /// How many more.
+        more: usize,
+    },
     /// A room whose slot this node just gained and whose members it is
     /// still gathering from the other nodes.
     #[error("room {room_id:?}: its slot came to this node and its members are being gathered; try again shortly")]
@@ -295,7 +303,9 @@ impl ServiceError {
     /// acted on everywhere, the same request may be answered.
     pub(crate) fn may_pass_with_a_move(&self) -> bool {
         match self {
-            ServiceError::NotOwner(_) | ServiceError::PeerEnded { .. } => true,
+            ServiceError::NotOwner(_) | ServiceError::PeerEnded { .. } | ServiceError::RoomCountsUnanswered { .. } => {
+                true
+            }
             ServiceError::Peer { status, .. } => status.code() == Code::Unavailable,
             _ => false,
         }
@@ -325,6 +335,7 @@ impl ServiceError {
             ServiceError::Durable(_) | ServiceError::ShuttingDown | ServiceError::NotOwner(_) => Code::Unavailable,
             ServiceError::RoomOwnerUnreachable { .. }
             | ServiceError::RoomsNotHere { .. }
+            | ServiceError::RoomCountsUnanswered { .. }
             | ServiceError::RoomRebuilding { .. } => Code::Unavailable,
             ServiceError::Internal(_) => Code::Internal,
             ServiceError::FeedOutOfRange { .. } => Code::OutOfRange,

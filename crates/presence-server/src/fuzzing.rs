@@ -66,7 +66,7 @@ fn context() -> Arc<Context> {
 
 /// The unary and server-streaming RPCs, in the order [`request`] numbers
 /// them. `Leases` has its own entry, [`leases`].
-pub const METHODS: [&str; 28] = [
+pub const METHODS: [&str; 31] = [
     "Register",
     "Renew",
     "Unregister",
@@ -94,6 +94,9 @@ pub const METHODS: [&str; 28] = [
     "ExportUser",
     "EraseUser",
     "Backup",
+    "RoomCounts",
+    "WatchRoomCounts",
+    "UpdateWatchRoomCounts",
     "Changes",
 ];
 
@@ -155,6 +158,9 @@ async fn dispatch(service: &PresenceService, method: u8, body: &[u8]) {
         24 => call!(service, export_user, body),
         25 => call!(service, erase_user, body),
         26 => call!(service, backup, body),
+        27 => call!(service, room_counts, body),
+        28 => call!(service, watch_room_counts, body),
+        29 => call!(service, update_watch_room_counts, body),
         _ => call!(service, changes, body),
     }
 }
@@ -404,6 +410,20 @@ fn request_seeds() -> Vec<Vec<u8>> {
         pb::ExportUserRequest { user_id: alice.clone() }.encode_to_vec(),
         pb::EraseUserRequest { user_id: alice }.encode_to_vec(),
         pb::BackupRequest {}.encode_to_vec(),
+        pb::RoomCountsRequest { room_ids: ids(&["lobby", "team", "lobby"]), viewer_id: "bob".into() }.encode_to_vec(),
+        pb::WatchRoomCountsRequest {
+            room_ids: ids(&["lobby", "team"]),
+            viewer_id: "bob".into(),
+            count_interval_ms: 500,
+        }
+        .encode_to_vec(),
+        pb::UpdateWatchRoomCountsRequest {
+            watch_id: "0000000000000000a1".into(),
+            add_room_ids: ids(&["kitchen"]),
+            remove_room_ids: ids(&["lobby"]),
+            viewer_id: "bob".into(),
+        }
+        .encode_to_vec(),
         pb::ChangesRequest {
             from: pb::ChangesFrom::Oldest as i32,
             kinds: vec![pb::ChangeKind::Flip as i32, pb::ChangeKind::RoomOccupancy as i32],

@@ -96,6 +96,13 @@ pub mod names {
     pub const ROOM_MEMBERSHIPS: &str = "presenced_room_memberships";
     /// Open WatchRoom streams (gauge).
     pub const ROOM_WATCHERS: &str = "presenced_room_watchers";
+    /// Open WatchRoomCounts streams (gauge).
+    pub const ROOM_COUNT_STREAMS: &str = "presenced_room_count_streams";
+    /// Messages sent on WatchRoomCounts streams (counter).
+    pub const ROOM_COUNT_MESSAGES: &str = "presenced_room_count_messages_total";
+    /// Rooms' counts read again for WatchRoomCounts streams: here because
+    /// something touched them, or asked of their owners (counter).
+    pub const ROOMS_RECOUNTED: &str = "presenced_rooms_recounted_total";
     /// Flips to OFFLINE that flap damping suppressed: a new lease came within the grace window (gauge of a running count).
     pub const SUPPRESSED_FLAPS: &str = "presenced_suppressed_flaps";
     /// Times the process was found not to have run for over a second: stopped, paused or starved (counter).
@@ -371,6 +378,9 @@ pub(crate) struct Metrics {
     pub(crate) room_fanned_out: Counter,
     pub(crate) room_count_frames: Counter,
     pub(crate) room_watchers: Level,
+    pub(crate) room_count_streams: Level,
+    pub(crate) room_count_messages: Counter,
+    pub(crate) rooms_recounted: Counter,
 }
 
 impl Metrics {
@@ -417,6 +427,9 @@ impl Metrics {
             room_fanned_out: counter!(names::ROOM_FANNED_OUT),
             room_count_frames: counter!(names::ROOM_COUNT_FRAMES),
             room_watchers: Level::new(gauge!(names::ROOM_WATCHERS)),
+            room_count_streams: Level::new(gauge!(names::ROOM_COUNT_STREAMS)),
+            room_count_messages: counter!(names::ROOM_COUNT_MESSAGES),
+            rooms_recounted: counter!(names::ROOMS_RECOUNTED),
         }
     }
 

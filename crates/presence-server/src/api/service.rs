@@ -35,6 +35,7 @@ use crate::node::leases::{self, LeaseQueue, LeasesStream};
 use crate::node::ops;
 use crate::node::placement::{Acting, HOLD_THROUGH_FREEZE};
 use crate::node::privacy::{RelationChange, Shown};
+use crate::node::room_counts::{self, RoomCountsStream};
 use crate::node::rooms::{self, RoomStream};
 use crate::node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
 use crate::node::storage::backup;
@@ -599,6 +600,45 @@ impl PresenceApi for PresenceService {
                 Ok(Response::new(credentials.bind(fanin::relay(Arc::clone(&self.context), address, upstream))))
             }
         }
+    }
+
+    async fn room_counts(&self, request: Request<pb::RoomCountsRequest>) -> Answer<pb::RoomCounts> {
+        self.auth.fetch_unknown_kid(request.metadata()).await;
+        let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id, "RoomCounts")?;
+        let rooms = wire::counted_room_ids(&request.get_ref().room_ids)?;
+        let answered = self.through_moves(&request, || room_counts::read(&self.context, viewer.as_deref(), &rooms));
+        Ok(Response::new(answered.await?))
+    }
+
+    type WatchRoomCountsStream = CredentialBound<RoomCountsStream>;
+
+    async fn watch_room_counts(
+        &self,
+        request: Request<pb::WatchRoomCountsRequest>,
+    ) -> Answer<Self::WatchRoomCountsStream> {
+        self.auth.fetch_unknown_kid(request.metadata()).await;
+        let (caller, viewer) = self.reader(&request, &request.get_ref().viewer_id, "WatchRoomCounts")?;
+        let credentials =
+            StreamCredentials::of(&self.auth, &request, caller.clone(), Self::read_scope(&caller, &viewer));
+        let rooms = wire::counted_room_ids(&request.get_ref().room_ids)?;
+        let interval = wire::count_interval(request.get_ref().count_interval_ms)?;
+        let stream = room_counts::watch(Arc::clone(&self.context), viewer, rooms, interval).await?;
+        Ok(Response::new(credentials.bind(stream)))
+    }
+
+    async fn update_watch_room_counts(
+        &self,
+        request: Request<pb::UpdateWatchRoomCountsRequest>,
+    ) -> Answer<pb::UpdateWatchRoomCountsResponse> {
+        self.auth.fetch_unknown_kid(request.metadata()).await;
+        let viewer = self.acting_viewer(&request, &request.get_ref().viewer_id, "UpdateWatchRoomCounts")?;
+        let request = request.get_ref();
+        let update = WatchUpdate {
+            add: wire::user_ids("add_room_ids", &request.add_room_ids)?,
+            remove: wire::user_ids("remove_room_ids", &request.remove_room_ids)?,
+        };
+        self.context.room_count_watches.update(&request.watch_id, viewer.as_deref(), update).await?;
+        Ok(Response::new(pb::UpdateWatchRoomCountsResponse {}))
     }
 
     async fn set_room_access(&self, request: Request<pb::SetRoomAccessRequest>) -> Answer<pb::SetRoomAccessResponse> {

@@ -4,7 +4,7 @@
 //! | scope | calls |
 //! |---|---|
 //! | `gateway` | Register, Renew, Unregister, Leases, Join, Leave, Signal, Touch, SetStatus |
-//! | `read` | Snapshot, Watch, UpdateWatch, RoomSnapshot, WatchRoom: true states, or on behalf of a named viewer |
+//! | `read` | Snapshot, Watch, UpdateWatch, RoomSnapshot, WatchRoom, RoomCounts, WatchRoomCounts, UpdateWatchRoomCounts: true states, or on behalf of a named viewer |
 //! | `read-as-viewer` | the same calls, only on behalf of a named viewer (`viewer_id`), never true states (P6) |
 //! | `admin` | Revoke, ListSessions, Stats, SetVisibility, Grant/RevokeAudience, Join/LeaveGroup, SetRoomAccess, PutSetting, GetSettings, ExportUser, EraseUser, slot moves |
 //! | `feed` | the change feed |

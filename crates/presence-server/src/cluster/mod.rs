@@ -111,6 +111,14 @@ impl Placement for ClusterNode {
         // The members' own nodes marked those they hold invisible (R4).
         store.room_visible_tally(room_id)
     }
+
+    fn counts_elsewhere<'a>(
+        &'a self,
+        viewer: Option<&'a str>,
+        rooms: Vec<CompactString>,
+    ) -> BoxFuture<'a, Vec<Option<pb::RoomCount>>> {
+        Box::pin(room_sync::counts_elsewhere(self, viewer, rooms))
+    }
 }
 
 /// Starts what runs only on a cluster node: copies to and from followers,

@@ -508,7 +508,11 @@ pub(crate) fn take_in(
         .iter()
         .map(|room_id| wire::id("relations_changed", room_id))
         .collect::<Result<_, _>>()?;
+    let touched: Vec<CompactString> = facts.iter().map(|fact| fact.fact.room_id().clone()).collect();
     let versions = context.apply(|store, now, changes| store.take_in_room_facts(now, &from, facts, changes));
+    // A fact may change who is counted without a change to publish (a member
+    // its node now holds invisible, R4): count streams read the room again.
+    touched.iter().for_each(|room_id| context.rooms().counts.touch(room_id));
     context.rooms().relations_changed(&relations_changed, &[]);
     Ok(pb::RoomFactsTaken { versions, room_versions })
 }
@@ -756,6 +760,78 @@ pub(crate) async fn may_view(
         seen.extend(answer?);
     }
     Ok(seen)
+}
+
+/// The counts of `rooms`, none held here, as `viewer` may read them (R7):
+/// asked of each owner in one call, all owners at once; `None` for a room
+/// whose owner is unknown, rebuilding it, unreachable, or no longer its
+/// owner when asked.
+pub(crate) async fn counts_elsewhere(
+    cluster: &ClusterNode,
+    viewer: Option<&str>,
+    rooms: Vec<CompactString>,
+) -> Vec<Option<pb::RoomCount>> {
+    let membership = &cluster.membership;
+    let map = membership.acted_map();
+    let mut by_owner: HashMap<String, Vec<usize>> = HashMap::new();
+    for (at, room_id) in rooms.iter().enumerate() {
+        let slot = slot_of(room_id.as_bytes(), membership.slot_count());
+        match cluster.room_routes.owner(&map, slot) {
+            Some(owner) if owner != membership.node() => by_owner.entry(owner.to_string()).or_default().push(at),
+            _ => {}
+        }
+    }
+    let rooms = &rooms;
+    let asked = by_owner.into_iter().map(|(node, at)| async move {
+        let answered = async {
+            let address = membership.nodes().address(&node).map(str::to_owned);
+            let address = address.ok_or_else(|| ServiceError::RoomOwnerUnreachable { node: node.clone() })?;
+            let mut client = membership.cluster_client(&address)?;
+            let request = pb::OwnedRoomCountsRequest {
+                room_ids: at.iter().map(|&at| rooms[at].to_string()).collect(),
+                viewer_id: viewer.map(str::to_owned),
+            };
+            let request = with_credential(request, membership.peer_token());
+            let counts = call_peer(&node, FORWARD_TIMEOUT, client.owned_room_counts(request)).await?.counts;
+            if counts.len() != at.len() {
+                return Err(ServiceError::Internal(format!("{node} answered OwnedRoomCounts for the wrong number of rooms")));
+            }
+            Ok::<_, ServiceError>(counts)
+        };
+        match answered.await {
+            Ok(counts) => at.into_iter().zip(counts).collect(),
+            Err(err) => {
+                tracing::debug!(node = %node, error = %err, "room counts not answered; asked again at the next interval");
+                Vec::new()
+            }
+        }
+    });
+    let mut answers = vec![None; rooms.len()];
+    for (at, count) in futures_util::future::join_all(asked).await.into_iter().flatten() {
+        // An empty room id: the node no longer owns the room.
+        if count.room_id == rooms[at].as_str() {
+            answers[at] = Some(count);
+        }
+    }
+    answers
+}
+
+/// Answers an OwnedRoomCounts: the counts of the rooms this node answers for
+/// now, as the viewer may read them; an empty count for the others.
+pub(crate) fn answer_owned_room_counts(
+    context: &Context,
+    cluster: &ClusterNode,
+    request: &pb::OwnedRoomCountsRequest,
+) -> Result<Vec<pb::RoomCount>, ServiceError> {
+    let rooms = wire::user_ids("room_ids", &request.room_ids)?;
+    let viewer = request.viewer_id.as_deref().map(|viewer| wire::id("viewer_id", viewer)).transpose()?;
+    Ok(rooms
+        .iter()
+        .map(|room_id| match place_of(cluster, room_id, true) {
+            Ok(RoomPlace::Here) => crate::node::room_counts::count_here(context, viewer.as_deref(), room_id),
+            _ => pb::RoomCount::default(),
+        })
+        .collect())
 }
 
 /// Answers a MayView: which of the users `viewer` may see by this node's relations.

@@ -187,6 +187,15 @@ impl Cluster for ClusterService {
         Ok(Response::new(crate::cluster::room_sync::take_in(&self.context, membership, request.into_inner())?))
     }
 
+    async fn owned_room_counts(
+        &self,
+        request: Request<pb::OwnedRoomCountsRequest>,
+    ) -> Result<Response<pb::OwnedRoomCountsResponse>, Status> {
+        let cluster = self.node_call(&request, "OwnedRoomCounts")?;
+        let counts = crate::cluster::room_sync::answer_owned_room_counts(&self.context, cluster, request.get_ref())?;
+        Ok(Response::new(pb::OwnedRoomCountsResponse { counts }))
+    }
+
     async fn may_view(&self, request: Request<pb::MayViewRequest>) -> Result<Response<pb::MayViewResponse>, Status> {
         self.node_call(&request, "MayView")?;
         let visible = crate::cluster::room_sync::answer_may_view(&self.context, request.get_ref())?;

@@ -76,6 +76,8 @@ pub(crate) struct Context {
     pub(crate) watch_buffer: usize,
     /// The open Watch streams, for `UpdateWatch` (E7).
     pub(crate) watches: Watches,
+    /// The open WatchRoomCounts streams, for `UpdateWatchRoomCounts` (R7).
+    pub(crate) room_count_watches: Watches,
     /// Most members a member-mode room snapshot or watch lists (R6).
     pub(crate) room_member_cap: usize,
     /// Cancelled when the server shuts down: ends Watch and Leases streams.
@@ -131,6 +133,7 @@ impl Context {
             durable,
             watch_buffer: config.watch_buffer,
             watches: Watches::default(),
+            room_count_watches: Watches::default(),
             room_member_cap: config.room_member_cap,
             stopping,
             started: Instant::now(),

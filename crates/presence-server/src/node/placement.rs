@@ -109,6 +109,16 @@ pub(crate) trait Placement: Debug + Send + Sync {
     /// `room_id`'s version, and its users and sessions as counted for
     /// anyone: invisible members are counted by nobody (R4).
     fn room_counts(&self, store: &Store, privacy: &Privacy, room_id: &str) -> (u64, u32, u32);
+
+    /// The counts of `rooms`, none of which [`Placement::room_here`] lets
+    /// through, as `viewer` may read them (R4, R7), asked of their owners;
+    /// in order, `None` for a room whose owner could not answer now (it is
+    /// moving, or unreachable).
+    fn counts_elsewhere<'a>(
+        &'a self,
+        viewer: Option<&'a str>,
+        rooms: Vec<CompactString>,
+    ) -> BoxFuture<'a, Vec<Option<pb::RoomCount>>>;
 }
 
 /// A node on its own (no `--etcd`): every user and every room is here.
@@ -169,5 +179,14 @@ impl Placement for SingleNode {
         let (version, users, sessions) = store.room_tally(room_id);
         let (users, sessions) = privacy.counted(store, room_id, users, sessions);
         (version, users, sessions)
+    }
+
+    fn counts_elsewhere<'a>(
+        &'a self,
+        _viewer: Option<&'a str>,
+        rooms: Vec<CompactString>,
+    ) -> BoxFuture<'a, Vec<Option<pb::RoomCount>>> {
+        // Every room is here: never asked for one.
+        Box::pin(std::future::ready(vec![None; rooms.len()]))
     }
 }

@@ -17,11 +17,15 @@ use parking_lot::Mutex;
 use presence_core::{CompactString, RoomChange, RoomChangeKind, RoomEventBody};
 use tokio::sync::Notify;
 
+use crate::node::count_board::CountBoard;
+
 /// The room topics of one process.
 #[derive(Debug, Default)]
 pub(crate) struct RoomHub {
     topics: DashMap<CompactString, Vec<Arc<RoomMailbox>>>,
     next_id: AtomicU64,
+    /// The rooms count streams watch, touched by all that may change a count (R7).
+    pub(crate) counts: CountBoard,
 }
 
 /// One member-mode watcher's pending room changes.
@@ -220,6 +224,7 @@ impl RoomHub {
 
     /// Delivers a room change to the room's member watchers; returns how many took it.
     pub(crate) fn publish(&self, change: &RoomChange) -> usize {
+        self.counts.touch(&change.room_id);
         let Some(watchers) = self.topics.get(&change.room_id) else { return 0 };
         // A member leaving may end a viewer's right to read the room.
         let leaving = match &change.body {
@@ -246,6 +251,7 @@ impl RoomHub {
 
     /// The room's access changed: its watchers check whether they may still read it.
     pub(crate) fn access_changed(&self, room_id: &str) {
+        self.counts.touch(room_id);
         if let Some(watchers) = self.topics.get(room_id) {
             watchers.iter().for_each(|mailbox| mailbox.mark(false));
         }
@@ -255,6 +261,8 @@ impl RoomHub {
     /// the users' rooms, and the viewers' own, resync (what they may be shown changed).
     pub(crate) fn relations_changed(&self, rooms: &[CompactString], viewers: &[CompactString]) {
         for room_id in rooms {
+            // Who is counted may have changed (R4).
+            self.counts.touch(room_id);
             if let Some(watchers) = self.topics.get(room_id) {
                 watchers.iter().filter(|mailbox| mailbox.viewer.is_some()).for_each(|mailbox| mailbox.mark(true));
             }

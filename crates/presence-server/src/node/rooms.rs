@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hashbrown::HashMap;
-use presence_core::{CompactString, RoomAccess, RoomChange, RoomChangeKind, RoomEventBody};
+use presence_core::{CompactString, RoomAccess, RoomChange, RoomChangeKind, RoomEventBody, Store};
 use presence_proto::v1::{self as pb, room_event};
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -119,9 +119,13 @@ fn not_visible(room_id: &str) -> ServiceError {
 /// Whether the caller may read the room (R4): a service acting for no
 /// viewer always; a viewer when the room is public or it is a member.
 fn may_read(context: &Context, request: &RoomRequest) -> bool {
-    let Some(viewer) = &request.viewer else { return true };
-    let store = context.store();
-    store.room_access(&request.room_id) == RoomAccess::Public || store.is_member(&request.room_id, viewer)
+    may_read_room(context.store(), request.viewer.as_deref(), &request.room_id)
+}
+
+/// [`may_read`] of one room held in `store`, for `viewer` (`None`: a service acting for no viewer).
+pub(crate) fn may_read_room(store: &Store, viewer: Option<&str>, room_id: &str) -> bool {
+    let Some(viewer) = viewer else { return true };
+    store.room_access(room_id) == RoomAccess::Public || store.is_member(room_id, viewer)
 }
 
 /// The room as `request`'s caller may see it (R4, R6): hidden members left

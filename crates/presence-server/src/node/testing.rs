@@ -171,4 +171,12 @@ impl Placement for ToldPlacement {
     fn room_counts(&self, store: &Store, privacy: &Privacy, room_id: &str) -> (u64, u32, u32) {
         SingleNode.room_counts(store, privacy, room_id)
     }
+
+    fn counts_elsewhere<'a>(
+        &'a self,
+        viewer: Option<&'a str>,
+        rooms: Vec<CompactString>,
+    ) -> BoxFuture<'a, Vec<Option<pb::RoomCount>>> {
+        SingleNode.counts_elsewhere(viewer, rooms)
+    }
 }

@@ -241,17 +241,36 @@ pub(crate) fn room_member(member: &RoomMember) -> pb::RoomMember {
 pub(crate) fn room_watch_mode(mode: i32, count_interval_ms: u32) -> Result<Option<Duration>, ServiceError> {
     match pb::RoomWatchMode::try_from(mode) {
         Ok(pb::RoomWatchMode::RoomWatchUnspecified | pb::RoomWatchMode::RoomWatchMembers) => Ok(None),
-        Ok(pb::RoomWatchMode::RoomWatchCount) => match count_interval_ms {
-            0 => Ok(Some(Duration::from_millis(1_000))),
-            100..=60_000 => Ok(Some(Duration::from_millis(u64::from(count_interval_ms)))),
-            other => {
-                Err(ServiceError::invalid("count_interval_ms", format!("{other} is outside 100 to 60000 (0 = 1000)")))
-            }
-        },
+        Ok(pb::RoomWatchMode::RoomWatchCount) => count_interval(count_interval_ms).map(Some),
         Err(_) => Err(ServiceError::invalid(
             "mode",
             format!("{mode} is not a room watch mode (ROOM_WATCH_MEMBERS = 1 or ROOM_WATCH_COUNT = 2)"),
         )),
+    }
+}
+
+/// The least time between two count messages (R3, R7): 100 to 60000 ms, 0 meaning 1000.
+pub(crate) fn count_interval(count_interval_ms: u32) -> Result<Duration, ServiceError> {
+    match count_interval_ms {
+        0 => Ok(Duration::from_millis(1_000)),
+        100..=60_000 => Ok(Duration::from_millis(u64::from(count_interval_ms))),
+        other => Err(ServiceError::invalid("count_interval_ms", format!("{other} is outside 100 to 60000 (0 = 1000)"))),
+    }
+}
+
+/// The rooms a RoomCounts or WatchRoomCounts asks for (R7): 1 to
+/// [`room_counts::MAX_ROOMS`](crate::node::room_counts::MAX_ROOMS), each a valid id.
+pub(crate) fn counted_room_ids(ids: &[String]) -> Result<Vec<CompactString>, ServiceError> {
+    let cap = crate::node::room_counts::MAX_ROOMS;
+    match ids.len() {
+        0 => Err(ServiceError::invalid("room_ids", format!("names no room: give 1 to {cap}"))),
+        asked if asked > cap => Err(ServiceError::invalid(
+            "room_ids",
+            format!(
+                "{asked} rooms, more than the limit of {cap} per request (split them over more requests or streams)"
+            ),
+        )),
+        _ => user_ids("room_ids", ids),
     }
 }
 
