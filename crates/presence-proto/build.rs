@@ -5,7 +5,9 @@
 //! trait is generated from the same service description with one change: the
 //! `Leases` RPC's requests are decoded as `crate::lease_frames::LeaseBatchFrame`
 //! (same wire format, renewal ids kept in the received buffer; see that
-//! module) instead of the generated `LeaseBatch`.
+//! module) instead of the generated `LeaseBatch`, and the `Watch` RPC's
+//! responses are `crate::prepared::WatchFrame` (an event, or its bytes
+//! encoded once for every viewer) instead of the generated `WatchEvent`.
 
 use std::{env, path::PathBuf};
 
@@ -13,6 +15,10 @@ use prost::Message as _;
 
 /// Request types the server decodes as something other than the generated message.
 const SERVER_INPUT_OVERRIDES: &[(&str, &str)] = &[(".presence.v1.LeaseBatch", "crate::lease_frames::LeaseBatchFrame")];
+
+/// Response types the server encodes from something other than the generated
+/// message: a Watch stream sends changes encoded once for every viewer.
+const SERVER_OUTPUT_OVERRIDES: &[(&str, &str)] = &[(".presence.v1.WatchEvent", "crate::prepared::WatchFrame")];
 
 const CODEC: &str = "crate::codec::FieldNamingCodec";
 
@@ -83,7 +89,12 @@ fn server_of(package: &str, service: &prost_types::ServiceDescriptorProto) -> to
             .name(snake_case(method.name()))
             .route_name(method.name())
             .input_type(input)
-            .output_type(rust_type(method.output_type()))
+            .output_type(
+                SERVER_OUTPUT_OVERRIDES
+                    .iter()
+                    .find(|(proto, _)| *proto == method.output_type())
+                    .map_or_else(|| rust_type(method.output_type()), |(_, rust)| (*rust).to_owned()),
+            )
             .codec_path(CODEC);
         if method.client_streaming() {
             rpc = rpc.client_streaming();

@@ -12,6 +12,7 @@ pub mod codec;
 #[cfg(feature = "json")]
 pub mod json;
 pub mod lease_frames;
+pub mod prepared;
 
 /// Messages and services of the `presence.v1` package.
 #[allow(missing_docs, unreachable_pub, clippy::all)]

@@ -20,6 +20,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use presence_core::CompactString;
+use presence_proto::prepared::WatchFrame;
 use presence_proto::v1::{self as pb, watch_event};
 use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt, StreamMap};
@@ -39,7 +40,7 @@ use crate::node::watch::{self, WatchOptions, WatchStream};
 const STREAM_BUFFER: usize = 64;
 
 /// One part's events.
-type Part = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+type Part = Pin<Box<dyn Stream<Item = Result<WatchFrame, Status>> + Send>>;
 
 /// What the merged Watch asks of the other owners.
 pub(crate) struct Remote<'a> {
@@ -79,7 +80,8 @@ pub(crate) async fn open(
         };
         let stream = cluster.membership.forward_watch(&address, request, remote.authorization).await?;
         let label = format!("node at {address}");
-        parts.push(ending(stream.map(move |event| event.map_err(|status| relayed(&label, &status))), &address));
+        let stream = stream.map(move |event| event.map(WatchFrame::from).map_err(|status| relayed(&label, &status)));
+        parts.push(ending(stream, &address));
     }
     // Every part opens with its snapshot: together, the merged opening one.
     let mut opening = pb::Snapshot::default();
@@ -91,7 +93,7 @@ pub(crate) async fn open(
             within: FORWARD_TIMEOUT,
         })?;
         match first {
-            Some(Ok(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)) })) => {
+            Some(Ok(WatchFrame::Event(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(snapshot)) }))) => {
                 opening.partial |= snapshot.partial;
                 opening.users.extend(snapshot.users);
             }
@@ -105,7 +107,7 @@ pub(crate) async fn open(
         }
     }
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-    tx.try_send(Ok(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(opening)) }))
+    tx.try_send(Ok(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(opening)) }.into()))
         .expect("a new channel has room");
     let stopping = context.stopping.clone();
     tokio::spawn(async move {
@@ -121,7 +123,7 @@ pub(crate) async fn open(
                 Some((_, Err(status))) => break status,
                 None => break ServiceError::Reopen("every part of this watch ended; reopen".into()).into(),
             };
-            if matches!(event.event, Some(watch_event::Event::Snapshot(_))) {
+            if matches!(&event, WatchFrame::Event(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(_)) })) {
                 let resynced = "a watched owner resynced its part of this watch; reopen to resync it all";
                 break ServiceError::Reopen(resynced.into()).into();
             }
@@ -167,7 +169,7 @@ pub(crate) fn guarded(cluster: Arc<ClusterNode>, users: Vec<CompactString>, stre
 
 /// `stream`, then an `UNAVAILABLE` naming `whose` part ended: the merged
 /// stream cannot carry on without it.
-fn ending(stream: impl Stream<Item = Result<pb::WatchEvent, Status>> + Send + 'static, whose: &str) -> Part {
+fn ending(stream: impl Stream<Item = Result<WatchFrame, Status>> + Send + 'static, whose: &str) -> Part {
     let ended = ServiceError::Reopen(format!("the part of this watch at {whose} ended; reopen")).into();
     Box::pin(stream.chain(tokio_stream::once(Err(ended))))
 }

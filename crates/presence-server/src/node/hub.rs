@@ -30,7 +30,7 @@
 //! a [`Subscription`] unsubscribes in `Drop`, so a viewer that goes away for
 //! any reason leaves nothing behind.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use hashbrown::{HashMap, HashSet};
 use presence_core::{CompactString, Presence, PresenceChange, Status};
@@ -64,6 +64,20 @@ pub struct Pending {
     /// The user just became hidden from this viewer: show it exactly as a user
     /// never seen, but for the version, which tells the viewer to replace what it holds.
     pub hidden: bool,
+    /// The update as it is sent, shared by every viewer posted the same
+    /// published change: the first delivery encodes it, the others copy it
+    /// (E5). `None` for a change of one viewer's view (a transition).
+    pub encoded: Option<SharedEncoding>,
+}
+
+/// A published change's `update` event, encoded once for all its viewers.
+pub(crate) type SharedEncoding = Arc<OnceLock<bytes::Bytes>>;
+
+impl Pending {
+    /// A change of one viewer's view, encoded for that viewer alone.
+    pub(crate) fn alone(presence: Presence, status: Option<Arc<Status>>, hidden: bool) -> Self {
+        Pending { presence, status, hidden, encoded: None }
+    }
 }
 
 /// One viewer's watched users and their pending changes, conflated per user,
@@ -345,7 +359,12 @@ impl Hub {
     pub(crate) fn publish(&self, change: &PresenceChange) -> usize {
         match self.topics.get(&change.user_id) {
             Some(watchers) => {
-                let pending = Pending { presence: change.presence, status: change.status.clone(), hidden: false };
+                let pending = Pending {
+                    presence: change.presence,
+                    status: change.status.clone(),
+                    hidden: false,
+                    encoded: Some(SharedEncoding::default()),
+                };
                 watchers
                     .iter()
                     .filter(|watcher| watcher.mailbox.post(watcher.slot, &change.user_id, pending.clone(), false))
@@ -522,6 +541,30 @@ mod tests {
     }
 
     #[test]
+    fn e5_every_viewer_posted_a_change_shares_one_encoding_of_it() {
+        let hub = Arc::new(Hub::default());
+        let viewers: Vec<_> = (0..3).map(|_| watch(&hub, vec!["alice".into()], 16)).collect();
+        hub.publish(&change("alice", State::Online, 5));
+        let taken: Vec<Pending> = viewers
+            .iter()
+            .map(|viewer| match viewer.mailbox().take() {
+                Delivery::Changes(mut changes) => changes.pop().expect("alice's change").1,
+                Delivery::Resync => panic!("unexpected resync"),
+            })
+            .collect();
+        let first = taken[0].encoded.as_ref().expect("a published change carries its shared encoding");
+        first.get_or_init(|| bytes::Bytes::from_static(b"encoded once"));
+        for pending in &taken[1..] {
+            let shared = pending.encoded.as_ref().expect("shared");
+            assert!(Arc::ptr_eq(first, shared), "one encoding for every viewer");
+            assert_eq!(shared.get().map(|bytes| &bytes[..]), Some(&b"encoded once"[..]));
+        }
+        hub.publish(&change("alice", State::Offline, 6));
+        let Delivery::Changes(next) = viewers[0].mailbox().take() else { panic!("unexpected resync") };
+        assert!(next[0].1.encoded.as_ref().is_some_and(|next| next.get().is_none()), "a new change, a new encoding");
+    }
+
+    #[test]
     fn e4_pending_changes_conflate_to_the_newest_and_never_go_back() {
         let hub = Arc::new(Hub::default());
         let viewer = watch(&hub, ["alice".into()].into_iter().collect(), 16);
@@ -614,7 +657,7 @@ mod tests {
         viewer.add(["c".into()], |_| false);
         assert_eq!(viewer.users(), ["a", "c"], "c took b's slot");
         // A relation transition computed for b before its removal arrives late.
-        viewer.mailbox().post(1, "b", Pending { presence: Presence::UNKNOWN, status: None, hidden: true }, true);
+        viewer.mailbox().post(1, "b", Pending::alone(Presence::UNKNOWN, None, true), true);
         assert!(changes(&viewer).is_empty(), "b's pending change left with it, and the late one found c's slot");
         hub.publish(&change("c", State::Online, 6));
         assert_eq!(changes(&viewer)["c"].version, 6);

@@ -846,7 +846,7 @@ impl Privacy {
                 let Ok(bumped) = store.bump_version(now, &user_id, changes) else { return };
                 let offline = Presence { state: State::Offline, version: bumped.presence.version };
                 for hidden in transitions.iter().filter(|t| !t.visible) {
-                    hidden.mailbox.post_transition(&user_id, Pending { presence: offline, status: None, hidden: true });
+                    hidden.mailbox.post_transition(&user_id, Pending::alone(offline, None, true));
                 }
                 for revealed in transitions.iter().filter(|t| t.visible) {
                     revealed.mailbox.set_hidden(&user_id, false);
@@ -854,7 +854,7 @@ impl Privacy {
                 if let Ok(views) = store.view(now, &[user_id.as_str()], changes) {
                     let view = &views[0];
                     for revealed in transitions.iter().filter(|t| t.visible) {
-                        let pending = Pending { presence: view.presence, status: view.status.clone(), hidden: false };
+                        let pending = Pending::alone(view.presence, view.status.clone(), false);
                         revealed.mailbox.post_transition(&user_id, pending);
                     }
                 }

@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use bytes::{Bytes, BytesMut};
 use presence_core::{
     Availability, CompactString, Joined, Left, Presence, Registered, Registration, Renewal, Renewed, Revoked,
     RoomAccess, RoomMember, RoomRef, SessionView, Signalled, State, StoreConfig, StoreStats, UnregisterOutcome,
@@ -20,7 +21,10 @@ use presence_core::{
 use presence_proto::lease_frames::{
     JoinFrame, LeaveFrame, MetadataEntryFrame, RegisterFrame, RenewFrame, SignalFrame, UnregisterFrame,
 };
+use presence_proto::prepared::WatchFrame;
 use presence_proto::v1::{self as pb, lease_result, watch_event};
+use prost::Message as _;
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 use tonic::Code;
 
 use crate::error::ServiceError;
@@ -608,21 +612,74 @@ pub(crate) fn added_event(snapshot: pb::WatchEvent) -> pb::WatchEvent {
     }
 }
 
-/// The events that carry `updates`: one each, or all in one batch.
-pub(crate) fn update_events(updates: Vec<pb::UserPresence>, batched: bool) -> Vec<pb::WatchEvent> {
-    if batched {
-        if updates.is_empty() {
-            return Vec::new();
-        }
-        return vec![pb::WatchEvent { event: Some(watch_event::Event::Updates(pb::UpdateBatch { users: updates })) }];
+/// The frames that carry `updates` (each an encoded [`update_event`]): one
+/// each, or all in one `updates` batch.
+pub(crate) fn update_frames(updates: Vec<Bytes>, batched: bool) -> Vec<WatchFrame> {
+    if !batched {
+        return updates.into_iter().map(WatchFrame::Encoded).collect();
     }
-    updates.into_iter().map(|update| pb::WatchEvent { event: Some(watch_event::Event::Update(update)) }).collect()
+    if updates.is_empty() {
+        return Vec::new();
+    }
+    // `WatchEvent{updates: UpdateBatch{users}}`: each user is the body of its
+    // encoded `update` event, which differs only in the field number before it.
+    let users: Vec<Bytes> = updates.iter().map(update_body).collect();
+    let batch_len: usize = users.iter().map(|user| 1 + encoded_len_varint(user.len() as u64) + user.len()).sum();
+    let mut frame = BytesMut::with_capacity(1 + encoded_len_varint(batch_len as u64) + batch_len);
+    encode_key(WATCH_EVENT_UPDATES, WireType::LengthDelimited, &mut frame);
+    encode_varint(batch_len as u64, &mut frame);
+    for user in users {
+        encode_key(UPDATE_BATCH_USERS, WireType::LengthDelimited, &mut frame);
+        encode_varint(user.len() as u64, &mut frame);
+        frame.extend_from_slice(&user);
+    }
+    vec![WatchFrame::Encoded(frame.freeze())]
+}
+
+/// Field numbers of the Watch messages encoded by hand here (presence.proto).
+const WATCH_EVENT_UPDATE: u32 = 2;
+const WATCH_EVENT_UPDATES: u32 = 3;
+const UPDATE_BATCH_USERS: u32 = 1;
+
+/// `WatchEvent{update: user}` encoded: what one change sends (E5), encoded
+/// once for every viewer sent it.
+pub(crate) fn update_event(user: &pb::UserPresence) -> Bytes {
+    let len = user.encoded_len();
+    let mut event = BytesMut::with_capacity(1 + encoded_len_varint(len as u64) + len);
+    encode_key(WATCH_EVENT_UPDATE, WireType::LengthDelimited, &mut event);
+    encode_varint(len as u64, &mut event);
+    user.encode_raw(&mut event);
+    event.freeze()
+}
+
+/// The encoded `UserPresence` inside an [`update_event`], without copying it.
+fn update_body(event: &Bytes) -> Bytes {
+    let mut rest = &event[1..];
+    let len = prost::encoding::decode_varint(&mut rest).expect("made by update_event") as usize;
+    event.slice(event.len() - len..)
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use presence_proto::lease_frames::MetadataEntryFrame;
+
+    #[test]
+    fn e5_encoded_updates_decode_as_the_events_they_stand_for_alone_and_batched() {
+        let users: Vec<pb::UserPresence> = (0..3)
+            .map(|i| pb::UserPresence { user_id: format!("user-{i}"), version: 300 + i, ..Default::default() })
+            .collect();
+        let encoded: Vec<Bytes> = users.iter().map(update_event).collect();
+        let decode = |frame: &WatchFrame| pb::WatchEvent::decode(frame.encode_to_vec().as_slice()).unwrap();
+        let alone: Vec<pb::WatchEvent> = update_frames(encoded.clone(), false).iter().map(decode).collect();
+        let expected: Vec<pb::WatchEvent> =
+            users.iter().map(|user| pb::WatchEvent { event: Some(watch_event::Event::Update(user.clone())) }).collect();
+        assert_eq!(alone, expected);
+        let batched: Vec<pb::WatchEvent> = update_frames(encoded, true).iter().map(decode).collect();
+        let batch = pb::WatchEvent { event: Some(watch_event::Event::Updates(pb::UpdateBatch { users })) };
+        assert_eq!(batched, [batch]);
+        assert!(update_frames(Vec::new(), true).is_empty());
+    }
 
     /// The field a refusal names; any other answer fails the test.
     pub(crate) fn field_of<T: std::fmt::Debug>(result: Result<T, ServiceError>) -> String {
