@@ -33,6 +33,11 @@ pub(crate) enum Command {
     /// One huge room (presenced only: the Redis design has no rooms): count-mode watchers
     /// under join/leave churn; frames per interval and a gateway's p99 quiet and during.
     RoomCount(RoomCountArgs),
+    /// The counts of many rooms (presenced only: the Redis design has no rooms):
+    /// `WatchRoomCounts` streams of every room under join/leave churn across them
+    /// (messages per stream per interval, server CPU), then batched `RoomCounts`
+    /// reads (rooms/s); a gateway's p99 quiet, during the churn and during the reads.
+    RoomCounts(RoomCountsArgs),
     /// Many small rooms (presenced only: the Redis design has no rooms): member-mode
     /// watchers while members update; changes delivered per second and change -> watcher p99.
     RoomMembers(RoomMembersArgs),
@@ -100,6 +105,7 @@ impl Command {
             Command::Fanout(a) => &a.common,
             Command::Resume(a) => &a.common,
             Command::RoomCount(a) => &a.common,
+            Command::RoomCounts(a) => &a.common,
             Command::RoomMembers(a) => &a.common,
             Command::Typing(a) => &a.common,
             Command::Damping(a) => &a.common,
@@ -458,6 +464,14 @@ pub(crate) struct FanoutArgs {
     /// Lease TTL, ms.
     #[arg(long, default_value_t = 600_000)]
     pub(crate) ttl_ms: u32,
+    /// The gateway renews this long with the viewers open and nothing flipping,
+    /// for its quiet p99 (0: no quiet phase).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub(crate) quiet_phase: Duration,
+    /// The server's process id: report its CPU time per event delivered in the
+    /// plain phase (from /proc/PID/stat), everything it did in the phase included.
+    #[arg(long)]
+    pub(crate) server_pid: Option<u32>,
 }
 
 /// `resume` flags.
@@ -571,6 +585,58 @@ pub(crate) struct RoomCountArgs {
     /// Items per churn batch.
     #[arg(long, default_value_t = 50)]
     pub(crate) churn_batch: u64,
+}
+
+/// `room-counts` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RoomCountsArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) drive: LeaseDrive,
+    #[command(flatten)]
+    pub(crate) run: RoomRun,
+    #[command(flatten)]
+    pub(crate) gateway: GatewayArgs,
+    /// Rooms (`r0` ..): every stream watches all of them, and the reads cycle over
+    /// them (presenced takes at most 10,000 per call).
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) rooms: u64,
+    /// `WatchRoomCounts` streams, each of every room (`--watchers-per-connection` of
+    /// them per HTTP/2 connection).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) streams: u64,
+    /// The streams' `count_interval_ms`.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) count_interval_ms: u32,
+    /// Members (users with one session each) joined before the streams open, session
+    /// `k` in room `k % rooms`.
+    #[arg(long, default_value_t = 20_000)]
+    pub(crate) members: u64,
+    /// Sessions (of other users) that join and leave in turn, session `k` room `k % rooms`.
+    #[arg(long, default_value_t = 5_000)]
+    pub(crate) churn_sessions: u64,
+    /// Joins plus leaves per second.
+    #[arg(long, default_value_t = 5_000.0)]
+    pub(crate) churn_rate: f64,
+    /// Items per churn batch.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) churn_batch: u64,
+    /// The server's process id: its CPU over the churn and over the reads (/proc/PID/stat).
+    #[arg(long)]
+    pub(crate) server_pid: Option<u32>,
+    /// Rooms per `RoomCounts` call of the read phase.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) read_batch: u64,
+    /// `RoomCounts` calls in flight.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) read_concurrency: u64,
+    /// HTTP/2 connections the reads share.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) read_connections: u64,
+    /// Length of the read phase (0 = no reads).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) read_duration: Duration,
 }
 
 /// `room-members` flags.

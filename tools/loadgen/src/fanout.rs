@@ -435,25 +435,50 @@ pub(crate) async fn run(args: FanoutArgs, progress: Progress) -> Result<Report, 
         stats: ChurnStats::default(),
     });
     let churn_stats = &churn.stats;
-    let (stop_churn, stop_rx) = watch::channel(false);
-    board.phase.store(1, Ordering::Relaxed);
-    let churners = churn.start(churn_conns, stop_rx);
-
-    let renew_spec = |title: &str| PhaseSpec {
+    let renew_spec = |title: &str, duration: Duration| PhaseSpec {
         title: title.into(),
         work: Work::Renew { ttl_ms: args.ttl_ms },
         items_per_call: args.drive.mode.items_per_call(args.drive.batch),
-        bound: Bound::For { first: population, sessions: gateway.max(1), duration: args.duration },
+        bound: Bound::For { first: population, sessions: gateway.max(1), duration },
         rate: args.gateway_rate,
     };
-    let (phase_a, gateway_conns) = run_phase(gateway_conns, Arc::clone(&shared), renew_spec("plain"), progress).await;
+    // The gateway alone first, the viewers open and nothing flipping: its quiet figure.
+    let (quiet, gateway_conns) = if args.quiet_phase.is_zero() {
+        (None, gateway_conns)
+    } else {
+        let (quiet, conns) =
+            run_phase(gateway_conns, Arc::clone(&shared), renew_spec("quiet", args.quiet_phase), progress).await;
+        (Some(quiet), conns)
+    };
+
+    let (stop_churn, stop_rx) = watch::channel(false);
+    board.phase.store(1, Ordering::Relaxed);
+    let server_cpu_before = args.server_pid.map(crate::server_cpu::cpu_ns).transpose()?;
+    let own_cpu_before = crate::server_cpu::cpu_ns(std::process::id())?;
+    let events_before = board.events[1].load(Ordering::Relaxed);
+    let churners = churn.start(churn_conns, stop_rx);
+    let (phase_a, gateway_conns) =
+        run_phase(gateway_conns, Arc::clone(&shared), renew_spec("plain", args.duration), progress).await;
+    let plain_events = board.events[1].load(Ordering::Relaxed) - events_before;
+    // Everything the server did over the plain phase (delivery, the churn's
+    // leases, the gateway's renewals, its own housekeeping) per event delivered.
+    let server_us_per_event = match (args.server_pid, server_cpu_before) {
+        (Some(pid), Some(before)) => {
+            Some(crate::server_cpu::us_per_op(before, crate::server_cpu::cpu_ns(pid)?, plain_events))
+        }
+        _ => None,
+    };
+    let own_cpu_ns = crate::server_cpu::cpu_ns(std::process::id())?.saturating_sub(own_cpu_before);
+    let generator_share =
+        own_cpu_ns as f64 / (phase_a.elapsed.as_nanos() as f64 * crate::report::cpus() as f64).max(1.0);
 
     let mut stalled = None;
     let mut phase_b = None;
     if args.stalled_viewer {
         stalled = Some(open_stalled(&endpoints, args.stalled_watch).await?);
         board.phase.store(2, Ordering::Relaxed);
-        let (b, _conns) = run_phase(gateway_conns, Arc::clone(&shared), renew_spec("stalled"), progress).await;
+        let (b, _conns) =
+            run_phase(gateway_conns, Arc::clone(&shared), renew_spec("stalled", args.duration), progress).await;
         phase_b = Some(b);
     }
     board.phase.store(3, Ordering::Relaxed);
@@ -511,6 +536,26 @@ pub(crate) async fn run(args: FanoutArgs, progress: Progress) -> Result<Report, 
     report.set("gateway_mode", args.drive.mode.label(target));
     report.set("phase_plain", phase_summary(1, &phase_a));
     report.set("phase_plain_gateway_renew", phase_report("gateway-renew", &phase_a, "timeout"));
+    report.set("server_cpu_us_per_event", server_us_per_event);
+    report.set("generator_cpu_share", generator_share);
+    if let Some(quiet) = &quiet {
+        report.set("phase_quiet_gateway_renew", renew_summary(quiet));
+        let ratio = phase_a.rec.percentile_ns(99.0) as f64 / quiet.rec.percentile_ns(99.0).max(1) as f64;
+        report.set("plain_over_quiet_gateway_p99", ratio);
+        println!(
+            "\nquiet phase: gateway renew p50 {} p99 {} ({:.0}/s); during the plain phase its p99 is x{ratio:.2} of that",
+            fmt_ns(quiet.rec.percentile_ns(50.0)),
+            fmt_ns(quiet.rec.percentile_ns(99.0)),
+            quiet.rate(),
+        );
+    }
+    if let Some(us) = server_us_per_event {
+        println!(
+            "server CPU per event delivered in the plain phase: {us:.3} us (everything the server did, over \
+             {plain_events} events); the generator used {:.0}% of the machine",
+            generator_share * 100.0
+        );
+    }
     let a_events = board.events[1].load(Ordering::Relaxed) as f64 / phase_a.elapsed.as_secs_f64().max(1e-9);
     println!(
         "\nplain phase: {a_events:.0} events/s to viewers ({} flips/s that changed a user), delivery p50 {} p99 {}; \

@@ -70,22 +70,24 @@ impl GatewayResult {
 
     /// Two lines for people, the busy phase named `busy_title`, and the ratio.
     pub(crate) fn print(&self, busy_title: &str) {
-        let line = |p: &PhaseResult| {
-            format!(
-                "p50 {} p99 {} ({} renewals, {:.0}/s, {} errors)",
-                fmt_ns(p.rec.percentile_ns(50.0)),
-                fmt_ns(p.rec.percentile_ns(99.0)),
-                p.rec.count(),
-                p.rate(),
-                p.rec.count() - p.rec.ok_count()
-            )
-        };
-        let quiet = self.quiet.as_ref().map_or_else(|| "none".into(), line);
-        println!("  gateway renew, quiet: {quiet}\n  gateway renew, {busy_title}: {}", line(&self.busy));
+        let quiet = self.quiet.as_ref().map_or_else(|| "none".into(), renew_line);
+        println!("  gateway renew, quiet: {quiet}\n  gateway renew, {busy_title}: {}", renew_line(&self.busy));
         if let Some(r) = self.ratio() {
             println!("  gateway renew p99 {busy_title} / quiet: x{r:.2}");
         }
     }
+}
+
+/// A gateway phase's renewals for people: p50, p99, count, rate, errors.
+pub(crate) fn renew_line(p: &PhaseResult) -> String {
+    format!(
+        "p50 {} p99 {} ({} renewals, {:.0}/s, {} errors)",
+        fmt_ns(p.rec.percentile_ns(50.0)),
+        fmt_ns(p.rec.percentile_ns(99.0)),
+        p.rec.count(),
+        p.rate(),
+        p.rec.count() - p.rec.ok_count()
+    )
 }
 
 /// p99 under load over p99 in the quiet phase; `None` without samples in both.

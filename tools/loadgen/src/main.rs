@@ -6,8 +6,8 @@
 //! duration), `memory` (resident memory per session), `expiry` (lag from lease deadline
 //! to the OFFLINE a viewer receives), `fanout` (events per second to many viewers, and
 //! gateway renewal latency with and without a stalled viewer), `resume` (a reconnect storm of
-//! viewers with and without `known_versions`), `room-count`, `room-members` and `typing`
-//! (rooms and signals, see `rooms/`), `damping` (flaps with and without the server's offline
+//! viewers with and without `known_versions`), `room-count`, `room-counts`, `room-members` and
+//! `typing` (rooms and signals, see `rooms/`), `damping` (flaps with and without the server's offline
 //! grace), `soak` (a long run of renewing sessions, then a reconnect storm), `overload`
 //! (renewals at twice capacity beside registers, unregisters and revokes), `tls-handshakes` and
 //! `idle-connections` (what TLS costs: handshake storms, memory per connection), and `h2load-prepare` /
@@ -74,6 +74,7 @@ fn main() -> ExitCode {
             Command::Fanout(args) => fanout::run(args, progress).await,
             Command::Resume(args) => resume::run(args, progress).await,
             Command::RoomCount(args) => rooms::count::run(args, progress).await,
+            Command::RoomCounts(args) => rooms::counts::run(args, progress).await,
             Command::RoomMembers(args) => rooms::members::run(args, progress).await,
             Command::Typing(args) => rooms::typing::run(args, progress).await,
             Command::Damping(args) => damping::run(args, progress).await,

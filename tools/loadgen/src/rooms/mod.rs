@@ -1,32 +1,40 @@
 //! The room scenarios (presenced only: the Redis design of seed 000 has no rooms, no
 //! signals and no flap damping): `room-count` (one huge room watched in count mode),
-//! `room-members` (many small rooms watched in member mode), `typing` (signals).
+//! `room-counts` (the counts of many rooms on `WatchRoomCounts` streams, and batched
+//! `RoomCounts` reads), `room-members` (many small rooms watched in member mode),
+//! `typing` (signals).
 //!
 //! This module owns what they share: which room item each session sends ([`Plan`],
 //! driven by [`crate::phase::run_phase`] like registers and renewals), the setup that
-//! registers users and puts them in rooms, a pool of `WatchRoom` streams, and the pure
-//! bookkeeping of what the watchers received. Session `k` is user `k`'s only session;
-//! room `n` is `r<n>`.
+//! registers users and puts them in rooms, a pool of watch streams, the bystander
+//! gateway, and the pure bookkeeping of what the watchers received. Session `k` is
+//! user `k`'s only session; room `n` is `r<n>`.
 
 pub(crate) mod count;
+pub(crate) mod counts;
 pub(crate) mod members;
 pub(crate) mod typing;
 
+use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use presence_client::pb::{self, presence_client::PresenceClient};
+use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
+use tonic::transport::Channel;
 
-use crate::cli::{Common, LeaseDrive};
+use crate::cli::{Common, GatewayArgs, LeaseDrive};
 use crate::conn::{Conn, ConnSpec, Endpoints, Naming, RoomItem, RoomOp, SENT_NS_KEY};
+use crate::gateway::{self, GatewayResult, GatewaySpec};
 use crate::ids::{Generations, Population, room_id};
 use crate::phase::{Bound, PhaseResult, PhaseSpec, RoomPlan, Shared, Work, register_everyone, run_phase};
 use crate::progress::Progress;
+use crate::redis_seed::now_ms;
 use crate::report::Report;
-use crate::stats::Recorder;
+use crate::stats::{Recorder, fmt_ns};
 
 /// Which room item each session sends on each pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +50,11 @@ pub(crate) enum Plan {
     Toggle {
         /// The room.
         room: u64,
+    },
+    /// Session `k` joins room `k % rooms` on even passes and leaves it on odd ones.
+    ToggleSpread {
+        /// Rooms the sessions are spread over.
+        rooms: u64,
     },
     /// Session `k` sets `typing` in room `k % rooms` with `ttl_ms` (or renews it), but
     /// every `pause_every`-th pass of it (staggered by session) clears it instead;
@@ -60,9 +73,8 @@ impl RoomPlan for Plan {
     fn item(&self, session: u64, pass: u64) -> RoomItem {
         let (room, op) = match *self {
             Plan::Spread { rooms, op } => (session % rooms.max(1), op),
-            Plan::Toggle { room } => {
-                (room, if pass.is_multiple_of(2) { RoomOp::Join { stamped: false } } else { RoomOp::Leave })
-            }
+            Plan::Toggle { room } => (room, toggle(pass)),
+            Plan::ToggleSpread { rooms } => (session % rooms.max(1), toggle(pass)),
             Plan::Typing { rooms, ttl_ms, pause_every } => {
                 let pause = pause_every > 0 && (pass + session) % pause_every == pause_every - 1;
                 (session % rooms.max(1), RoomOp::Typing { ttl_ms: if pause { 0 } else { ttl_ms } })
@@ -70,6 +82,11 @@ impl RoomPlan for Plan {
         };
         RoomItem { session, generation: 0, room, op }
     }
+}
+
+/// A toggling session's op on its `pass`-th turn: a join on even ones, a leave on odd ones.
+fn toggle(pass: u64) -> RoomOp {
+    if pass.is_multiple_of(2) { RoomOp::Join { stamped: false } } else { RoomOp::Leave }
 }
 
 /// A phase that sends `plan`'s items, `per_call` to a batch: once for each of `sessions`
@@ -202,8 +219,8 @@ fn all_ok(what: &str, phase: &PhaseResult, want: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Open `WatchRoom` streams, each read by a task of its own that folds its events into
-/// a `T` until stopped.
+/// Open watch streams (`WatchRoom`, `WatchRoomCounts`), each read by a task of its own
+/// that folds its messages into a `T` until stopped.
 pub(crate) struct RoomWatchers<T> {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<T>>,
@@ -233,9 +250,7 @@ impl<T> RoomWatchers<T> {
 /// Connections opened at once while the watchers are set up.
 const OPENING_CONNECTIONS: usize = 16;
 
-/// Opens one stream per request, `per_connection` streams per HTTP/2 connection, and
-/// returns once all are open. Every event of a stream goes to `fold` with that stream's
-/// state. A refused stream is counted, not fatal: the report says how many were open.
+/// Opens one `WatchRoom` stream per request (see [`watch_streams`]).
 pub(crate) async fn watch_rooms<T, F>(
     endpoints: &Endpoints,
     requests: Vec<pb::WatchRoomRequest>,
@@ -247,10 +262,34 @@ where
     T: Default + Send + 'static,
     F: Fn(&mut T, pb::RoomEvent) + Send + Sync + 'static,
 {
+    let open = |mut client: PresenceClient<Channel>, request| async move { client.watch_room(request).await };
+    watch_streams(endpoints, requests, per_connection, progress, open, fold).await
+}
+
+/// Opens one stream per request, `per_connection` streams per HTTP/2 connection, and
+/// returns once all are open: `open` makes the call on a connection's client. Every
+/// message of a stream goes to `fold` with that stream's state. A refused stream is
+/// counted, not fatal: the report says how many were open.
+pub(crate) async fn watch_streams<R, M, T, O, Fut, F>(
+    endpoints: &Endpoints,
+    requests: Vec<R>,
+    per_connection: u64,
+    progress: Progress,
+    open: O,
+    fold: F,
+) -> Result<RoomWatchers<T>, String>
+where
+    R: Send + 'static,
+    M: Send + 'static,
+    T: Default + Send + 'static,
+    O: Fn(PresenceClient<Channel>, R) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<tonic::Response<tonic::Streaming<M>>, tonic::Status>> + Send + 'static,
+    F: Fn(&mut T, M) + Send + Sync + 'static,
+{
     let (stop, stop_rx) = watch::channel(false);
-    let fold = Arc::new(fold);
+    let (open, fold) = (Arc::new(open), Arc::new(fold));
     let bar = progress.items("watchers", requests.len() as u64);
-    let mut groups: Vec<Vec<pb::WatchRoomRequest>> = Vec::new();
+    let mut groups: Vec<Vec<R>> = Vec::new();
     let per_connection = per_connection.max(1) as usize;
     let mut requests = requests.into_iter().peekable();
     while requests.peek().is_some() {
@@ -263,14 +302,15 @@ where
     loop {
         while opening.len() < OPENING_CONNECTIONS {
             let Some(group) = groups.next() else { break };
-            let (endpoints, fold, stop_rx, bar) = (endpoints.clone(), Arc::clone(&fold), stop_rx.clone(), bar.clone());
+            let (endpoints, open, fold, stop_rx, bar) =
+                (endpoints.clone(), Arc::clone(&open), Arc::clone(&fold), stop_rx.clone(), bar.clone());
             opening.spawn(async move {
                 let client = PresenceClient::new(endpoints.grpc_channel().await?).max_decoding_message_size(64 << 20);
                 let mut tasks = Vec::with_capacity(group.len());
                 let mut refused = (0u64, None);
                 for request in group {
                     bar.inc(1);
-                    let mut stream = match client.clone().watch_room(request).await {
+                    let mut stream = match open(client.clone(), request).await {
                         Ok(stream) => stream.into_inner(),
                         Err(status) => {
                             refused.0 += 1;
@@ -283,8 +323,8 @@ where
                         let mut state = T::default();
                         loop {
                             tokio::select! {
-                                event = stream.message() => match event {
-                                    Ok(Some(event)) => fold(&mut state, event),
+                                message = stream.message() => match message {
+                                    Ok(Some(message)) => fold(&mut state, message),
                                     Ok(None) | Err(_) => break,
                                 },
                                 _ = stop_rx.changed() => break,
@@ -306,6 +346,151 @@ where
     }
     bar.finish_and_clear();
     Ok(RoomWatchers { stop, tasks, refused })
+}
+
+/// The share of an interval two count messages may arrive closer than it and still
+/// count as one per interval: their receive times carry the transport's jitter, not
+/// only the server's spacing (`min_gap_ms` in the report shows the closest pair as it
+/// came).
+pub(crate) const JITTER: f64 = 0.1;
+
+/// How often count messages (frames) reached each stream over a measured phase, and
+/// the phase's last interval after it (the messages of its last changes).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cadence {
+    /// Messages in the window, all streams.
+    pub(crate) total: u64,
+    /// Intervals the window spans.
+    pub(crate) intervals: f64,
+    /// Messages per stream per interval: mean over the streams.
+    pub(crate) mean: f64,
+    /// ... and the largest.
+    pub(crate) max: f64,
+    /// The most messages any stream got within one interval less [`JITTER`].
+    pub(crate) most: usize,
+    /// The shortest gap between two messages of a stream.
+    pub(crate) min_gap: Option<Duration>,
+}
+
+impl Cadence {
+    /// The cadence of `streams` (each one's receive times, in order) over the
+    /// `elapsed` from `start`, and one `interval` after it.
+    pub(crate) fn of<'a>(
+        streams: impl IntoIterator<Item = &'a [Instant]>,
+        start: Instant,
+        elapsed: Duration,
+        interval: Duration,
+    ) -> Cadence {
+        let window_end = start + elapsed + interval;
+        let intervals = (elapsed + interval).as_secs_f64() / interval.as_secs_f64();
+        let mut per_interval = Vec::new();
+        let mut out = Cadence { intervals, ..Cadence::default() };
+        for times in streams {
+            let times: Vec<Duration> =
+                times.iter().filter(|&&t| t >= start && t <= window_end).map(|&t| t - start).collect();
+            out.total += times.len() as u64;
+            per_interval.push(times.len() as f64 / intervals);
+            out.most = out.most.max(most_within(&times, interval.mul_f64(1.0 - JITTER)));
+            for pair in times.windows(2) {
+                let gap = pair[1] - pair[0];
+                out.min_gap = Some(out.min_gap.map_or(gap, |m| m.min(gap)));
+            }
+        }
+        out.mean = per_interval.iter().sum::<f64>() / per_interval.len().max(1) as f64;
+        out.max = per_interval.iter().copied().fold(0.0, f64::max);
+        out
+    }
+
+    /// The report's object; the per-stream figures are named for `each` (`watcher`, `stream`).
+    pub(crate) fn json(&self, each: &str) -> Value {
+        let mut v = json!({
+            "total": self.total,
+            "intervals": self.intervals,
+            "most_within_one_interval": self.most,
+            "min_gap_ms": self.min_gap.map(|g| g.as_secs_f64() * 1e3),
+        });
+        v[format!("per_{each}_per_interval_mean")] = json!(self.mean);
+        v[format!("per_{each}_per_interval_max")] = json!(self.max);
+        v
+    }
+
+    /// The figures for people, per `each`.
+    pub(crate) fn describe(&self, each: &str) -> String {
+        format!(
+            "per {each} per interval mean {:.3}, max {:.3} (rule: <= 1); most within one interval {}; shortest gap {}",
+            self.mean,
+            self.max,
+            self.most,
+            self.min_gap.map_or_else(|| "-".into(), |g| format!("{:.1} ms", g.as_secs_f64() * 1e3))
+        )
+    }
+}
+
+/// A churn phase's report object: `sessions` toggling at `rate_asked` items per second
+/// in batches of `batch`, `per_s` achieved.
+pub(crate) fn churn_json(churn: &PhaseResult, sessions: u64, rate_asked: f64, batch: u64, per_s: f64) -> Value {
+    json!({
+        "sessions": sessions,
+        "rate_asked": rate_asked,
+        "batch": batch,
+        "items": churn.rec.count(),
+        "ok": churn.rec.ok_count(),
+        "changed": churn.flips,
+        "errors": churn.rec.count() - churn.rec.ok_count(),
+        "per_s": per_s,
+        "behind_schedule": churn.behind_schedule,
+        "batch_p50_ns": churn.rec.percentile_ns(50.0),
+        "batch_p99_ns": churn.rec.percentile_ns(99.0),
+    })
+}
+
+/// A churn phase's line for people; `changed` says what an item that changed something changed.
+pub(crate) fn churn_line(churn: &PhaseResult, rate_asked: f64, per_s: f64, changed: &str) -> String {
+    format!(
+        "churn: {per_s:.0} joins + leaves/s achieved of {rate_asked} asked ({} {changed}, {} errors), batch p50 {} \
+         p99 {}",
+        churn.flips,
+        churn.rec.count() - churn.rec.ok_count(),
+        fmt_ns(churn.rec.percentile_ns(50.0)),
+        fmt_ns(churn.rec.percentile_ns(99.0)),
+    )
+}
+
+/// A room scenario's bystander gateway, running on its own thread.
+pub(crate) type GatewayTask = JoinHandle<Result<GatewayResult, String>>;
+
+/// Starts `args`' gateway (none without gateway sessions) on sessions `first..`: quiet
+/// for `--quiet-phase`, then busy for `busy`. Returns once the quiet phase is over,
+/// when the scenario's load may start.
+pub(crate) async fn quiet_gateway(
+    args: &GatewayArgs,
+    endpoints: &Endpoints,
+    shared: &Arc<Shared>,
+    first: u64,
+    ttl_ms: u32,
+    busy: Duration,
+) -> Result<(GatewaySpec, Option<GatewayTask>), String> {
+    let spec = GatewaySpec {
+        endpoints: endpoints.clone(),
+        first,
+        sessions: args.gateway_sessions.max(1),
+        rate: args.gateway_rate,
+        concurrency: args.gateway_concurrency,
+        ttl_ms,
+    };
+    let quiet_end = now_ms() + args.quiet_phase.as_millis() as i64;
+    let busy_end = quiet_end + busy.as_millis() as i64;
+    let task = if args.gateway_sessions > 0 { Some(gateway::start(&spec, shared, quiet_end, busy_end)?) } else { None };
+    tokio::time::sleep(Duration::from_millis((quiet_end - now_ms()).max(0) as u64)).await;
+    Ok((spec, task))
+}
+
+/// What a started gateway measured, once it is done.
+pub(crate) async fn gateway_result(task: Option<GatewayTask>) -> Result<Option<GatewayResult>, String> {
+    match task {
+        Some(task) => Ok(Some(task.await.map_err(|e| format!("the gateway task failed: {e}"))??)),
+        None => Ok(None),
+    }
 }
 
 /// The most of `times` (sorted) that fall within any span shorter than `window`: 1
@@ -351,6 +536,26 @@ mod tests {
     }
 
     #[test]
+    fn cadence_counts_the_window_per_stream() {
+        let start = Instant::now();
+        let at = |ms_list: &[u64]| -> Vec<Instant> { ms_list.iter().map(|&m| start + ms(m)).collect() };
+        // A 2 s phase and its last 1 s interval: 3 intervals. One stream a message a
+        // second, the other two 50 ms apart and one after the window.
+        let steady = at(&[500, 1500, 2500]);
+        let bunched = at(&[500, 550, 3500]);
+        let cadence = Cadence::of([steady.as_slice(), bunched.as_slice()], start, ms(2000), ms(1000));
+        assert_eq!(cadence.total, 5);
+        assert!((cadence.intervals - 3.0).abs() < 1e-9);
+        assert!((cadence.mean - 2.5 / 3.0).abs() < 1e-9 && (cadence.max - 1.0).abs() < 1e-9);
+        assert_eq!((cadence.most, cadence.min_gap), (2, Some(ms(50))));
+        let v = cadence.json("stream");
+        assert_eq!(v["per_stream_per_interval_max"], 1.0);
+        assert_eq!(v["most_within_one_interval"], 2);
+        assert!(cadence.describe("stream").contains("per stream per interval mean 0.833, max 1.000"));
+        assert_eq!(Cadence::of([], start, ms(1000), ms(1000)).total, 0);
+    }
+
+    #[test]
     fn stamps_give_the_lag_and_unstamped_members_none() {
         let mut member = pb::RoomMember { user_id: "u1".into(), ..Default::default() };
         assert_eq!(stamp_lag_ns(&member, 5_000), None);
@@ -376,6 +581,17 @@ mod tests {
             ops,
             [RoomOp::Join { stamped: false }, RoomOp::Leave, RoomOp::Join { stamped: false }, RoomOp::Leave]
         );
+        let spread = Plan::ToggleSpread { rooms: 10 };
+        assert_eq!(
+            spread.item(23, 0),
+            RoomItem { session: 23, generation: 0, room: 3, op: RoomOp::Join { stamped: false } }
+        );
+        assert_eq!(
+            (spread.item(23, 1).room, spread.item(23, 1).op),
+            (3, RoomOp::Leave),
+            "it leaves the room it joined"
+        );
+        assert_eq!(spread.item(24, 2).room, 4, "the next session toggles the next room");
         let typing = Plan::Typing { rooms: 10, ttl_ms: 5_000, pause_every: 3 };
         let ttls: Vec<u32> = (0..6)
             .map(|pass| match typing.item(0, pass).op {
