@@ -6,6 +6,8 @@
  *   version-ordered store, so a late or repeated event never shows.
  * - A room: a `RoomWatcher` (member mode), or a `RoomCountWatcher` for a room
  *   past the server's member cap.
+ * - Rooms: the counts of up to 10,000 rooms typed or pasted in, through one
+ *   `RoomCountsWatcher`; a new list changes the open watch's rooms in place.
  * - The service: `Stats` once a second; rates come from two readings.
  * - The heartbeat calculator: what a heartbeat interval and a TTL tolerate,
  *   beside what the server is configured with.
@@ -13,14 +15,19 @@
  * A server with credentials answers `UNAUTHENTICATED` until a token is given;
  * the console then asks for one and keeps it in this tab's session storage.
  */
-import { RoomCountWatcher, RoomWatcher, Watcher, pb } from "@presenced/client";
+import { MAX_WATCHED_ROOMS, RoomCountWatcher, RoomCountsWatcher, RoomWatcher, Watcher, pb } from "@presenced/client";
 import { Code, ConnectError, createClient, webTransport } from "@presenced/client/web";
 
 import { detectionWindow, type Figures, histogramRows, rates } from "./figures.js";
+import { capMessage, parseRoomIds, roomsChange, roomsSummary } from "./rooms.js";
 
 const transport = webTransport(location.origin);
 const presence = createClient(pb.Presence, transport);
 const TOKEN_KEY = "presenced.token";
+/** Where a list of rooms too long for the URL is kept instead (this tab only). */
+const ROOMS_KEY = "presenced.rooms";
+/** The longest list of rooms the URL keeps. */
+const ROOMS_IN_URL_CHARS = 2_000;
 const STATS_INTERVAL_MS = 1_000;
 
 const byId = <T extends HTMLElement>(id: string): T => {
@@ -256,6 +263,145 @@ async function watchCount(roomId: string, options: { bearerToken?: string }): Pr
   if (roomWatcher === watcher && watcher.lastError !== undefined) showError("room-error", describe(watcher.lastError));
 }
 
+// ---- rooms' counts --------------------------------------------------------
+
+let roomsWatcher: RoomCountsWatcher | undefined;
+/** The rooms listed, in the order given: what the table shows. */
+let listedRooms: string[] = [];
+
+function roomRow(body: ParentNode, roomId: string): HTMLTableRowElement {
+  const row = document.createElement("tr");
+  row.dataset.room = roomId;
+  for (let i = 0; i < 4; i++) row.insertCell();
+  row.cells[0].textContent = roomId;
+  for (let i = 1; i < 4; i++) row.cells[i].className = "number";
+  body.append(row);
+  return row;
+}
+
+function renderRoomCount(row: HTMLTableRowElement, count: pb.RoomCount | undefined): void {
+  if (count === undefined) {
+    row.dataset.counted = "false";
+    for (let i = 1; i < 4; i++) row.cells[i].textContent = "…";
+    return;
+  }
+  row.dataset.counted = "true";
+  row.dataset.users = String(count.users);
+  row.dataset.sessions = String(count.sessions);
+  row.dataset.version = count.version.toString();
+  row.cells[1].textContent = count.users.toLocaleString();
+  row.cells[2].textContent = count.sessions.toLocaleString();
+  row.cells[3].textContent = count.version.toString();
+}
+
+/** The table rows by room id, in the order of `listedRooms`. */
+const roomRows = new Map<string, HTMLTableRowElement>();
+
+function renderAllRooms(watcher: RoomCountsWatcher | undefined): void {
+  const body = byId<HTMLTableElement>("rooms-table").tBodies[0];
+  roomRows.clear();
+  const rows = document.createDocumentFragment();
+  for (const roomId of listedRooms) {
+    const row = roomRow(rows, roomId);
+    roomRows.set(roomId, row);
+    renderRoomCount(row, watcher?.view.get(roomId));
+  }
+  body.replaceChildren(rows);
+  renderRoomsSummary(watcher);
+}
+
+function renderRoomsSummary(watcher: RoomCountsWatcher | undefined): void {
+  byId("rooms-summary").textContent =
+    watcher === undefined || listedRooms.length === 0 ? "" : roomsSummary(listedRooms.length, watcher.view.values());
+}
+
+/** Follows the counts of `roomIds`: in place on the open watch when there is one, else on a new one. */
+async function watchRooms(roomIds: string[]): Promise<void> {
+  showError("rooms-error", undefined);
+  const open = roomsWatcher;
+  if (open !== undefined && roomIds.length > 0 && open.lastError === undefined) {
+    const change = roomsChange(open.roomIds, roomIds);
+    try {
+      await open.update(change);
+      if (roomsWatcher !== open) return;
+      listedRooms = roomIds;
+      renderAllRooms(open);
+      return;
+    } catch (err) {
+      if (roomsWatcher !== open) return;
+      // Refused as a change (a room id the server will not take): say so, and keep what is shown.
+      showError("rooms-error", describe(err));
+      if (needsToken(err)) void askForToken("Watching rooms needs a token: " + describe(err));
+      return;
+    }
+  }
+  roomsWatcher?.close();
+  roomsWatcher = undefined;
+  listedRooms = roomIds;
+  renderAllRooms(undefined);
+  if (roomIds.length === 0) return;
+  let watcher: RoomCountsWatcher;
+  try {
+    watcher = await RoomCountsWatcher.open(transport, roomIds, { bearerToken: token(), countIntervalMs: 1_000 });
+  } catch (err) {
+    if (listedRooms !== roomIds) return; // another list meanwhile
+    showError("rooms-error", describe(err));
+    if (needsToken(err)) void askForToken("Watching rooms needs a token: " + describe(err));
+    return;
+  }
+  if (listedRooms !== roomIds) {
+    watcher.close();
+    return;
+  }
+  roomsWatcher = watcher;
+  renderAllRooms(watcher);
+  for (;;) {
+    const event = await watcher.next();
+    if (roomsWatcher !== watcher) return; // replaced by another watch
+    if (event === undefined) {
+      const error = watcher.lastError;
+      showError("rooms-error", error === undefined ? undefined : describe(error));
+      if (error !== undefined && needsToken(error)) void askForToken("The rooms' watch was refused: " + describe(error));
+      return;
+    }
+    if (event.kind === "resynced") renderAllRooms(watcher);
+    else {
+      for (const count of event.counts) {
+        const row = roomRows.get(count.roomId);
+        if (row !== undefined) renderRoomCount(row, count);
+      }
+      renderRoomsSummary(watcher);
+    }
+  }
+}
+
+/** Reads the rooms' input: the ids to watch, with the cap's message shown when some were left out. */
+function readRoomsInput(text: string): string[] {
+  const parsed = parseRoomIds(text, MAX_WATCHED_ROOMS);
+  const message = capMessage(parsed, MAX_WATCHED_ROOMS);
+  const note = byId("rooms-cap");
+  note.hidden = message === undefined;
+  note.textContent = message ?? "";
+  return parsed.roomIds;
+}
+
+/** Keeps the list for a reload: in the URL when short, else in this tab's session storage. */
+function keepRooms(roomIds: string[]): void {
+  const joined = roomIds.join(",");
+  if (joined.length <= ROOMS_IN_URL_CHARS) {
+    sessionStorage.removeItem(ROOMS_KEY);
+    keepInUrl("rooms", joined);
+  } else {
+    sessionStorage.setItem(ROOMS_KEY, roomIds.join("\n"));
+    keepInUrl("rooms", "");
+  }
+}
+
+function keptRooms(): string {
+  const params = new URLSearchParams(location.search);
+  return params.get("rooms")?.split(",").join("\n") ?? sessionStorage.getItem(ROOMS_KEY) ?? "";
+}
+
 // ---- the service's figures ------------------------------------------------
 
 let previous: Figures | undefined;
@@ -400,6 +546,10 @@ function restart(): void {
   const params = new URLSearchParams(location.search);
   void watchUsers(parseUsers(params.get("users") ?? ""));
   void watchRoom((params.get("room") ?? "").trim());
+  // A new token: the rooms' watch opens again with it.
+  roomsWatcher?.close();
+  roomsWatcher = undefined;
+  void watchRooms(readRoomsInput(keptRooms()));
 }
 
 function keepInUrl(name: string, value: string): void {
@@ -413,6 +563,7 @@ function start(): void {
   const params = new URLSearchParams(location.search);
   byId<HTMLInputElement>("users-input").value = params.get("users") ?? "";
   byId<HTMLInputElement>("room-input").value = params.get("room") ?? "";
+  byId<HTMLTextAreaElement>("rooms-input").value = keptRooms();
   byId("users-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const userIds = parseUsers(byId<HTMLInputElement>("users-input").value);
@@ -424,6 +575,12 @@ function start(): void {
     const roomId = byId<HTMLInputElement>("room-input").value.trim();
     keepInUrl("room", roomId);
     void watchRoom(roomId);
+  });
+  byId("rooms-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const roomIds = readRoomsInput(byId<HTMLTextAreaElement>("rooms-input").value);
+    keepRooms(roomIds);
+    void watchRooms(roomIds);
   });
   byId("token-button").addEventListener("click", () => void askForToken("A token for this server."));
   byId("token-cancel").addEventListener("click", () => byId<HTMLDialogElement>("token-dialog").close("cancel"));

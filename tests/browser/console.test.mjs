@@ -163,3 +163,69 @@ test("figure: time from a flip to the dot changing in the console", async (t) =>
   writeFileSync(path.join(OUT, "console-latency.json"), JSON.stringify(figures, null, 2) + "\n");
   console.log(`flip to dot: ${JSON.stringify(figures)}`);
 });
+
+const roomRow = (roomId) => `#rooms-table tr[data-room="${roomId}"]`;
+
+test("the console's Rooms list shows every room's count, follows joins live, changes its rooms in place, and caps a list at 10,000", async (t) => {
+  // After hooks run in the order they are added: the sessions unregister, and
+  // the channel they use closes, before the server stops.
+  let channel;
+  const sessions = [];
+  t.after(async () => {
+    for (const session of sessions) await session.close();
+    channel?.close();
+  });
+  const server = await startServer();
+  t.after(server.stop);
+  const browser = await launchBrowser();
+  t.after(() => browser.close());
+  const { connectLeaseChannel } = await import(pathToFileURL(path.join(CLIENT, "node.js")).href);
+  const { Session } = await import(pathToFileURL(path.join(CLIENT, "index.js")).href);
+  channel = connectLeaseChannel(server.url);
+  const ann = await Session.register(channel, { userId: "ann", sessionId: "tab-1", gatewayId: "browser-test" });
+  sessions.push(ann);
+  await ann.join("lobby");
+
+  const page = await browser.newPage();
+  const calls = [];
+  page.on("request", (request) => {
+    if (request.url().includes("/presence.v1.Presence/")) calls.push(new URL(request.url()).pathname);
+  });
+  await page.goto(`${server.url}/console/?rooms=lobby,doc-1,doc-2`);
+  await page.locator(`${roomRow("lobby")}[data-users="1"]`).waitFor({ timeout: PATIENCE_MS });
+  assert.deepEqual(await page.locator("#rooms-table tbody tr").evaluateAll((rows) => rows.map((r) => [...r.cells].map((c) => c.textContent))), [
+    ["lobby", "1", "1", await page.locator(roomRow("lobby")).getAttribute("data-version")],
+    ["doc-1", "0", "0", "0"],
+    ["doc-2", "0", "0", "0"],
+  ]);
+  assert.match(await page.locator("#rooms-summary").textContent(), /^3 rooms, 1 with someone in it$/);
+
+  const bob = await Session.register(channel, { userId: "bob", sessionId: "tab-1", gatewayId: "browser-test" });
+  sessions.push(bob);
+  const joined = await bob.join("doc-2");
+  await page.locator(`${roomRow("doc-2")}[data-users="1"]`).waitFor({ timeout: PATIENCE_MS });
+  assert.equal(await page.locator(roomRow("doc-2")).getAttribute("data-version"), String(joined.roomVersion));
+  await screenshot(page, "console-rooms");
+
+  // A new list changes the open watch in place: one WatchRoomCounts stream in all.
+  await page.fill("#rooms-input", "doc-2, doc-3\nlobby");
+  await page.click("#rooms-form button");
+  await page.locator(roomRow("doc-1")).waitFor({ state: "detached", timeout: PATIENCE_MS });
+  assert.deepEqual(await page.locator("#rooms-table tbody tr").evaluateAll((rows) => rows.map((r) => r.dataset.room)), ["doc-2", "doc-3", "lobby"]);
+  await bob.join("doc-3");
+  await page.locator(`${roomRow("doc-3")}[data-users="1"]`).waitFor({ timeout: PATIENCE_MS });
+  assert.equal(calls.filter((p) => p.endsWith("/WatchRoomCounts")).length, 1, calls.join(" "));
+  assert.equal(calls.filter((p) => p.endsWith("/UpdateWatchRoomCounts")).length, 1, calls.join(" "));
+
+  // Past the cap: the first 10,000 are watched, and the page says how many were left out.
+  const many = Array.from({ length: 10_005 }, (_, i) => `room-${i}`).join("\n");
+  await page.locator("#rooms-input").evaluate((input, text) => (input.value = text), many); // as a paste would
+  await page.click("#rooms-form button");
+  await page.locator("#rooms-cap:not([hidden])").waitFor({ timeout: PATIENCE_MS });
+  assert.match(await page.locator("#rooms-cap").textContent(), /10,005 rooms given.*first 10,000 are shown, the last 5 left out/);
+  await page.locator(`${roomRow("room-9999")}[data-counted="true"]`).waitFor({ timeout: PATIENCE_MS });
+  assert.equal(await page.locator("#rooms-table tbody tr").count(), 10_000);
+  await bob.join("room-9999");
+  await page.locator(`${roomRow("room-9999")}[data-users="1"]`).waitFor({ timeout: PATIENCE_MS });
+  assert.match(await page.locator("#rooms-summary").textContent(), /^10,000 rooms, 1 with someone in it$/);
+});

@@ -19,6 +19,8 @@
  * - {@link Watcher}: a `Watch` that reconnects with backoff and jitter and
  *   resumes with the versions it holds.
  * - {@link RoomView}, {@link RoomWatcher}, {@link RoomCountWatcher}: the same for rooms.
+ * - {@link RoomCountsView}, {@link RoomCountsWatcher}: the counts of up to
+ *   10,000 rooms on one stream (R7), which changes its rooms in place.
  *
  * Backend side, the change feed (F1, F2; Node and browsers):
  * - {@link ChangesConsumer}: a resumable consumer of `Changes`. It starts after
@@ -59,5 +61,13 @@ export { transportLeaseWire, type LeaseSink, type LeaseStream, type LeaseWire } 
 export { Session, type SessionIdentity, type SessionLeases, type SessionOptions, type SessionState } from "./session.js";
 export { ViewerStore, Watcher, type WatchOptions, type WatcherEvent } from "./viewer.js";
 export { RoomCountWatcher, RoomView, RoomWatcher, type RoomWatchOptions, type RoomWatcherEvent } from "./room.js";
+export {
+  MAX_WATCHED_ROOMS,
+  type RoomCountsChange,
+  type RoomCountsEvent,
+  RoomCountsView,
+  RoomCountsWatcher,
+  type RoomCountsWatchOptions,
+} from "./roomCounts.js";
 export * as pb from "./gen/presence/v1/presence_pb.js";
 export { Presence } from "./gen/presence/v1/presence_pb.js";

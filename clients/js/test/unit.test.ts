@@ -1,4 +1,4 @@
-/** What needs no server: backoff, the version rules of ViewerStore and RoomView, the bounded queue. */
+/** What needs no server: backoff, the version rules of ViewerStore, RoomView and RoomCountsView, the bounded queue, a RoomCountsWatcher over a stand-in service. */
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { createServer, type AddressInfo, type Socket } from "node:net";
@@ -7,12 +7,24 @@ import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError } from "@connectrpc/connect";
+import { Code, ConnectError, createRouterTransport } from "@connectrpc/connect";
 
-import { Backoff, ClusterLeases, RoomView, ViewerStore, leaseResult, pb, slotOf } from "../src/index.js";
+import {
+  Backoff,
+  ClusterLeases,
+  MAX_WATCHED_ROOMS,
+  RoomCountsView,
+  RoomCountsWatcher,
+  RoomView,
+  ViewerStore,
+  leaseResult,
+  pb,
+  slotOf,
+  type RoomCountsEvent,
+} from "../src/index.js";
 import type { LeaseChannel } from "../src/leaseChannel.js";
 import { nodeTransport } from "../src/node.js";
-import { TEST_TIMEOUT_MS, WIRES, withDeadline } from "./helpers.js";
+import { TEST_TIMEOUT_MS, WIRES, fastReconnect, until, withDeadline } from "./helpers.js";
 
 const presence = (userId: string, state: pb.State, version: bigint): pb.UserPresence =>
   create(pb.UserPresenceSchema, { userId, state, version });
@@ -131,6 +143,275 @@ test("a room view drops stale changes and a delayed join cannot undo a leave", {
   view.applySnapshot(create(pb.RoomSnapshotSchema, { roomId: "r", version: 3n }));
   assert.equal(view.size, 0, "a snapshot is a resync, even at a lower version");
   assert.deepEqual(view.signalling("typing"), []);
+});
+
+const roomCount = (roomId: string, version: bigint, users: number, sessions = users): pb.RoomCount =>
+  create(pb.RoomCountSchema, { roomId, version, users, sessions });
+
+const countsHeld = (view: RoomCountsView): Record<string, [bigint, number, number]> =>
+  Object.fromEntries([...view.values()].map((count) => [count.roomId, [count.version, count.users, count.sessions]]));
+
+test("R7: a room counts view replaces everything with a first message, merges later ones, and never takes a room's version back", { timeout: TEST_TIMEOUT_MS }, () => {
+  const view = new RoomCountsView(["a", "b", "c", "a"]);
+  assert.deepEqual(view.roomIds, ["a", "b", "c"], "a room named twice is watched once");
+  view.replace([roomCount("a", 5n, 1), roomCount("b", 0n, 0), roomCount("c", 9n, 2), roomCount("x", 3n, 1)]);
+  assert.deepEqual(countsHeld(view), { a: [5n, 1, 1], b: [0n, 0, 0], c: [9n, 2, 2] }, "a room not watched is left out");
+
+  const b = roomCount("b", 4n, 1);
+  assert.deepEqual(view.merge([b]), [b], "only the room that changed");
+  assert.deepEqual(countsHeld(view), { a: [5n, 1, 1], b: [4n, 1, 1], c: [9n, 2, 2] });
+  assert.deepEqual(view.merge([roomCount("b", 3n, 7)]), [], "a lower version is stale");
+  assert.deepEqual(view.merge([roomCount("b", 4n, 1)]), [], "a repeated count changes nothing");
+  const hidden = roomCount("c", 9n, 1, 1);
+  assert.deepEqual(view.merge([hidden]), [hidden], "the same version with other counts (a member hidden) is taken: it is not older");
+  assert.deepEqual(view.merge([roomCount("x", 99n, 5)]), [], "a room not watched");
+  const mixed = [roomCount("a", 4n, 0), roomCount("a", 6n, 0), roomCount("c", 8n, 0)];
+  assert.deepEqual(view.merge(mixed), [mixed[1]], "each count on its own");
+  assert.deepEqual(countsHeld(view), { a: [6n, 0, 0], b: [4n, 1, 1], c: [9n, 1, 1] });
+
+  const emptied = roomCount("a", 0n, 0);
+  assert.deepEqual(view.merge([emptied]), [emptied], "version 0: the room emptied and was dropped, or may no longer be read");
+  assert.deepEqual(view.merge([roomCount("a", 6n, 0)]), [roomCount("a", 6n, 0)], "and its next version comes after it");
+
+  view.remove(["b"]);
+  assert.equal(view.get("b"), undefined, "a removed room is forgotten");
+  assert.deepEqual(view.merge([roomCount("b", 10n, 3)]), [], "and what still comes of it dropped");
+  view.add(["d", "b"]);
+  const back = roomCount("b", 2n, 1);
+  assert.deepEqual(view.merge([back]), [back], "a room added again takes its first count whatever its version");
+
+  // A reopened stream (a restart that lost the rooms): authoritative even at lower versions.
+  view.replace([roomCount("a", 0n, 0), roomCount("b", 1n, 0), roomCount("c", 2n, 0)]);
+  assert.deepEqual(countsHeld(view), { a: [0n, 0, 0], b: [1n, 0, 0], c: [2n, 0, 0] });
+  assert.equal(view.get("d"), undefined, "a room the first message does not carry holds nothing until its count comes");
+  assert.equal(view.size, 3);
+});
+
+/**
+ * A `Presence` service in this process with just the room counts calls: each
+ * stream opens with the counts of `rooms` (a room not there: version 0, no
+ * one) and a fresh watch id; the test sends what follows and ends streams;
+ * updates are recorded and the added rooms' counts sent at once, as the server does.
+ */
+class StandIn {
+  readonly rooms = new Map<string, pb.RoomCount>();
+  readonly requests: pb.WatchRoomCountsRequest[] = [];
+  readonly updates: pb.UpdateWatchRoomCountsRequest[] = [];
+  /** What the next update is answered with. */
+  refuseUpdate: ConnectError | undefined;
+  /** Holds back the next stream's first message until it resolves. */
+  gate: Promise<void> | undefined;
+  private readonly streams = new Map<string, { queue: (pb.RoomCounts | Error | null)[]; wake: () => void }>();
+  private opened = 0;
+  readonly transport = createRouterTransport(({ service }) =>
+    service(pb.Presence, {
+      watchRoomCounts: (request, context) => this.watch(request, context.signal),
+      updateWatchRoomCounts: async (request) => {
+        this.updates.push(request);
+        const refusal = this.refuseUpdate;
+        this.refuseUpdate = undefined;
+        if (refusal !== undefined) throw refusal;
+        if (!this.streams.has(request.watchId)) throw new ConnectError("no such watch", Code.NotFound);
+        if (request.addRoomIds.length > 0) this.send(request.addRoomIds.map((roomId) => this.count(roomId)), request.watchId);
+        return {};
+      },
+    }),
+  );
+
+  count(roomId: string): pb.RoomCount {
+    return this.rooms.get(roomId) ?? roomCount(roomId, 0n, 0);
+  }
+
+  /** The watch id of the stream opened last. */
+  get watchId(): string {
+    return `w${this.opened}`;
+  }
+
+  /** Sends `counts` on a stream (the last one opened, by default). */
+  send(counts: pb.RoomCount[], watchId = this.watchId): void {
+    const stream = this.streams.get(watchId);
+    assert.ok(stream !== undefined, `no open stream ${watchId}`);
+    stream.queue.push(create(pb.RoomCountsSchema, { counts }));
+    stream.wake();
+  }
+
+  /** Ends the last stream opened: cleanly, or with `error`. */
+  end(error?: ConnectError): void {
+    const stream = this.streams.get(this.watchId);
+    assert.ok(stream !== undefined, "no open stream");
+    stream.queue.push(error ?? null);
+    stream.wake();
+  }
+
+  private async *watch(request: pb.WatchRoomCountsRequest, signal: AbortSignal): AsyncIterable<pb.RoomCounts> {
+    this.requests.push(request);
+    const gate = this.gate;
+    this.gate = undefined;
+    if (gate !== undefined) await gate;
+    const watchId = `w${++this.opened}`;
+    const stream = { queue: [] as (pb.RoomCounts | Error | null)[], wake: () => {} };
+    this.streams.set(watchId, stream);
+    signal.addEventListener("abort", () => stream.wake());
+    try {
+      yield create(pb.RoomCountsSchema, { watchId, counts: request.roomIds.map((roomId) => this.count(roomId)) });
+      for (;;) {
+        while (stream.queue.length === 0 && !signal.aborted) await new Promise<void>((resolve) => (stream.wake = resolve));
+        const item = stream.queue.shift();
+        if (item === undefined || item === null) return;
+        if (item instanceof Error) throw item;
+        yield item;
+      }
+    } finally {
+      this.streams.delete(watchId);
+    }
+  }
+}
+
+const nextCounts = async (watcher: RoomCountsWatcher, what: string): Promise<RoomCountsEvent> => {
+  const event = await withDeadline(watcher.next(), what);
+  assert.ok(event !== undefined, `${what}: the watch ended (${watcher.lastError?.message})`);
+  return event;
+};
+
+test("R7: a room counts watcher opens with every room, reports only the rooms that changed, and drops stale counts", { timeout: TEST_TIMEOUT_MS }, async () => {
+  const standIn = new StandIn();
+  standIn.rooms.set("a", roomCount("a", 5n, 2, 3));
+  const watcher = await RoomCountsWatcher.open(standIn.transport, ["a", "b", "a"], { countIntervalMs: 250, reconnect: fastReconnect() });
+  try {
+    assert.deepEqual(standIn.requests.map((r) => [r.roomIds, r.countIntervalMs]), [[["a", "b"], 250]], "distinct rooms, the interval");
+    assert.equal(watcher.watchId, "w1");
+    assert.deepEqual(countsHeld(watcher.view), { a: [5n, 2, 3], b: [0n, 0, 0] });
+
+    standIn.send([roomCount("a", 4n, 9), roomCount("b", 0n, 0)]);
+    standIn.send([roomCount("b", 7n, 1)]);
+    const event = await nextCounts(watcher, "b's count");
+    assert.equal(event.kind, "counts");
+    assert.deepEqual(
+      (event as { counts: pb.RoomCount[] }).counts.map((count) => count.roomId),
+      ["b"],
+      "a message with only a stale and a repeated count is not reported",
+    );
+    assert.deepEqual(countsHeld(watcher.view), { a: [5n, 2, 3], b: [7n, 1, 1] });
+  } finally {
+    watcher.close();
+  }
+  assert.equal(await watcher.next(), undefined, "a closed watcher reports nothing more");
+});
+
+test("R7: update adds and removes rooms on the open stream by its watch id, and what still comes of a removed room is dropped", { timeout: TEST_TIMEOUT_MS }, async () => {
+  const standIn = new StandIn();
+  standIn.rooms.set("c", roomCount("c", 3n, 1));
+  const watcher = await RoomCountsWatcher.open(standIn.transport, ["a", "b"], { reconnect: fastReconnect() });
+  try {
+    const b = standIn.watchId;
+    await watcher.update({ add: ["c", "a"], remove: ["b"] });
+    assert.deepEqual(
+      standIn.updates.map((u) => [u.watchId, u.addRoomIds, u.removeRoomIds]),
+      [[b, ["c"], ["b"]]],
+      "only what changes, named by the stream's watch id",
+    );
+    assert.deepEqual(watcher.roomIds, ["a", "c"]);
+    assert.equal(watcher.view.get("b"), undefined, "a removed room is forgotten");
+    const added = await nextCounts(watcher, "c's count");
+    assert.deepEqual((added as { counts: pb.RoomCount[] }).counts, [standIn.count("c")]);
+    standIn.send([roomCount("b", 9n, 4), roomCount("a", 1n, 1)]);
+    const after = await nextCounts(watcher, "a's count");
+    assert.deepEqual((after as { counts: pb.RoomCount[] }).counts.map((count) => count.roomId), ["a"], "b's count, late, is dropped");
+    assert.equal(watcher.view.get("b"), undefined);
+
+    standIn.refuseUpdate = new ConnectError("room_ids: too long", Code.InvalidArgument);
+    await assert.rejects(watcher.update({ add: ["d"], remove: ["a"] }), (err: unknown) => ConnectError.from(err).code === Code.InvalidArgument);
+    assert.deepEqual(watcher.roomIds, ["a", "c"], "a refused update changes nothing");
+    assert.deepEqual(countsHeld(watcher.view), { a: [1n, 1, 1], c: [3n, 1, 1] });
+
+    const calls = standIn.updates.length;
+    await assert.rejects(watcher.update({ remove: ["a", "c"] }), /1 to 10000 rooms/, "no room left");
+    const many = Array.from({ length: MAX_WATCHED_ROOMS - 1 }, (_, i) => `room-${i}`);
+    await assert.rejects(watcher.update({ add: many }), /1 to 10000 rooms; this update would leave 10001/, "past the cap");
+    assert.equal(standIn.updates.length, calls, "refused before any call");
+    await watcher.update({ add: ["a"], remove: ["zzz"] });
+    assert.equal(standIn.updates.length, calls, "nothing to change: no call");
+  } finally {
+    watcher.close();
+  }
+});
+
+test("R7: a room counts watcher reopens with its rooms when the stream ends, and the new first message replaces everything, even at lower versions", { timeout: TEST_TIMEOUT_MS }, async () => {
+  const standIn = new StandIn();
+  standIn.rooms.set("a", roomCount("a", 8n, 2));
+  const watcher = await RoomCountsWatcher.open(standIn.transport, ["a", "b"], { countIntervalMs: 100, reconnect: fastReconnect() });
+  try {
+    // The stream ends cleanly (a server going away), and the server lost the rooms' history meanwhile.
+    standIn.end();
+    standIn.rooms.set("a", roomCount("a", 2n, 1));
+    const resynced = await nextCounts(watcher, "the reopen");
+    assert.equal(resynced.kind, "resynced");
+    assert.deepEqual(standIn.requests.map((r) => [r.roomIds, r.countIntervalMs]).at(-1), [["a", "b"], 100]);
+    assert.equal(watcher.watchId, "w2");
+    assert.deepEqual(countsHeld(watcher.view), { a: [2n, 1, 1], b: [0n, 0, 0] }, "the first message replaces, lower versions too");
+    standIn.send([roomCount("a", 1n, 0)]);
+    standIn.send([roomCount("b", 1n, 1)]);
+    const b = await nextCounts(watcher, "b's count");
+    assert.deepEqual((b as { counts: pb.RoomCount[] }).counts.map((count) => count.roomId), ["b"], "and on the new stream, versions go on from it");
+
+    // Broken with an error a retry can fix: reopened with the rooms of the last update.
+    await watcher.update({ add: ["c"], remove: ["b"] });
+    standIn.rooms.set("c", roomCount("c", 4n, 4));
+    standIn.end(new ConnectError("going away", Code.Unavailable));
+    let again = await nextCounts(watcher, "the second reopen");
+    if (again.kind === "counts") again = await nextCounts(watcher, "the second reopen"); // c's count from the update, first
+    assert.equal(again.kind, "resynced");
+    assert.deepEqual(standIn.requests.at(-1)?.roomIds, ["a", "c"]);
+    assert.deepEqual(countsHeld(watcher.view), { a: [2n, 1, 1], c: [4n, 4, 4] });
+
+    // The server lost the stream (NOT_FOUND for its watch id): the update reopens it with the new set.
+    const opened = standIn.requests.length;
+    standIn.refuseUpdate = new ConnectError("no watch w3", Code.NotFound);
+    await watcher.update({ add: ["d"] });
+    assert.deepEqual(watcher.roomIds, ["a", "c", "d"]);
+    assert.equal((await nextCounts(watcher, "the reopen after NOT_FOUND")).kind, "resynced");
+    assert.equal(standIn.requests.length, opened + 1);
+    assert.deepEqual(standIn.requests.at(-1)?.roomIds, ["a", "c", "d"]);
+    assert.equal(watcher.watchId, standIn.watchId);
+  } finally {
+    watcher.close();
+  }
+});
+
+test("R7: rooms added or removed while a reopen is on its way are sent on the new stream", { timeout: TEST_TIMEOUT_MS }, async () => {
+  const standIn = new StandIn();
+  const watcher = await RoomCountsWatcher.open(standIn.transport, ["a", "b"], { reconnect: fastReconnect() });
+  try {
+    let release!: () => void;
+    standIn.gate = new Promise<void>((resolve) => (release = resolve));
+    standIn.end();
+    const reopened = watcher.next();
+    await until("the reopen's request", () => standIn.requests.length === 2);
+    // The request named a and b; the stream has no first message yet.
+    await watcher.update({ add: ["c"], remove: ["a"] });
+    assert.equal(standIn.updates.length, 0, "no stream open: nothing to send yet");
+    release();
+    assert.equal((await withDeadline(reopened, "the reopen"))?.kind, "resynced");
+    await watcher.settled();
+    assert.deepEqual(
+      standIn.updates.map((u) => [u.watchId, u.addRoomIds, u.removeRoomIds]),
+      [["w2", ["c"], ["a"]]],
+      "the difference, on the new stream",
+    );
+    assert.deepEqual(countsHeld(watcher.view), { b: [0n, 0, 0] });
+    const c = await nextCounts(watcher, "c's count");
+    assert.deepEqual((c as { counts: pb.RoomCount[] }).counts.map((count) => count.roomId), ["c"]);
+  } finally {
+    watcher.close();
+  }
+});
+
+test("R7: a refusal a retry cannot fix ends a room counts watcher, with the error", { timeout: TEST_TIMEOUT_MS }, async () => {
+  const standIn = new StandIn();
+  const watcher = await RoomCountsWatcher.open(standIn.transport, ["a"], { reconnect: fastReconnect() });
+  standIn.end(new ConnectError("bad token", Code.Unauthenticated));
+  assert.equal(await withDeadline(watcher.next(), "the end"), undefined);
+  assert.equal(watcher.lastError?.code, Code.Unauthenticated);
 });
 
 test("an item's refusal becomes the ConnectError a unary call would have answered", { timeout: TEST_TIMEOUT_MS }, () => {
