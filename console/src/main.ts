@@ -424,6 +424,7 @@ function renderStats(stats: pb.StatsResponse): void {
     ["shed renewals", `${stats.renewalsShedTotal.toLocaleString()}${rate === undefined ? "" : ` (${Math.round(rate.shedPerSecond).toLocaleString()}/s)`}`],
     ["viewers (Watch)", stats.viewers.toLocaleString()],
     ["room watchers", stats.roomWatchers.toLocaleString()],
+    ["room count streams", stats.roomCountStreams.toLocaleString()],
     ["rooms", stats.rooms.toLocaleString()],
     ["version", stats.version],
     ["up", ago(Date.now() - Number(stats.uptimeMs), Date.now()).replace(" ago", "")],

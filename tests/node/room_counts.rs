@@ -100,6 +100,8 @@ async fn r7_a_stream_opens_with_every_room_then_sends_only_changed_rooms_at_most
     let mut stream = CountStream::open(&mut client, tonic::Request::new(watch(&watched, 200))).await;
     assert_eq!(stream.held.len(), 500, "every room in the first message");
     assert!(stream.held.values().all(|count| (count.version, count.users, count.sessions) == (0, 0, 0)));
+    let stats = client.stats(pb::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!((stats.room_count_streams, stats.room_watchers), (1, 0), "Stats counts the open stream apart");
 
     // Joins into five of the rooms for about a second.
     let mut gateway = server.client().await;

@@ -146,7 +146,13 @@ fn stats_text(stats: &pb::StatsResponse) -> String {
     line("online users", stats.online_users.to_string());
     line("users held", stats.users.to_string());
     line("rooms", format!("{} ({} memberships)", stats.rooms, stats.room_memberships));
-    line("viewers", format!("{} watch, {} room watch", stats.viewers, stats.room_watchers));
+    line(
+        "viewers",
+        format!(
+            "{} watch, {} room watch, {} room counts",
+            stats.viewers, stats.room_watchers, stats.room_count_streams
+        ),
+    );
     line("renewals", format!("{} ({} shed)", stats.renewals_total, stats.renewals_shed_total));
     line("registers", stats.registers_total.to_string());
     line("unregisters", stats.unregisters_total.to_string());

@@ -174,6 +174,7 @@ pub(crate) fn stats_response(stats: &pb::StatsResponse) -> Value {
         "room_memberships": uint64(stats.room_memberships),
         "viewers": uint64(stats.viewers),
         "room_watchers": uint64(stats.room_watchers),
+        "room_count_streams": uint64(stats.room_count_streams),
         "renewals_total": uint64(stats.renewals_total),
         "renewals_shed_total": uint64(stats.renewals_shed_total),
         "registers_total": uint64(stats.registers_total),

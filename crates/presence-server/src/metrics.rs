@@ -343,6 +343,7 @@ pub(crate) struct Totals {
     pub(crate) expiry_lag: LagReading,
     pub(crate) viewers: u64,
     pub(crate) room_watchers: u64,
+    pub(crate) room_count_streams: u64,
 }
 
 /// Handles to every hot-path metric.
@@ -486,6 +487,7 @@ impl Metrics {
             },
             viewers: self.viewers.value(),
             room_watchers: self.room_watchers.value(),
+            room_count_streams: self.room_count_streams.value(),
         }
     }
 }

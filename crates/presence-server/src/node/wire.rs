@@ -544,6 +544,7 @@ pub(crate) fn stats_response(reading: StatsReading<'_>) -> pb::StatsResponse {
         room_memberships: count(store.room_memberships),
         viewers: totals.viewers,
         room_watchers: totals.room_watchers,
+        room_count_streams: totals.room_count_streams,
         renewals_total: totals.renewals,
         renewals_shed_total: totals.renewals_shed,
         registers_total: totals.registers,
