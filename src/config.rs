@@ -141,6 +141,11 @@ pub(crate) struct ServeArgs {
     /// Users with undelivered changes a viewer may have before it is resynced.
     #[arg(long, env = "PRESENCED_WATCH_BUFFER", value_name = "N")]
     watch_buffer: Option<usize>,
+    /// How long a busy Watch stream without a batch window waits for the
+    /// delivery tick every stream shares: less CPU per event under load, each
+    /// change at most this much later; 0 delivers each change at once.
+    #[arg(long, env = "PRESENCED_WATCH_DELIVERY_TICK_MS", value_name = "MS")]
+    watch_delivery_tick_ms: Option<u64>,
     /// Lease batches that may wait for a worker before renewals are shed.
     #[arg(long, env = "PRESENCED_LEASE_QUEUE", value_name = "N")]
     lease_queue: Option<usize>,
@@ -499,6 +504,7 @@ fields_of_server_config! {
     expiry_batch => expiry_batch;
     shutdown_grace_ms => shutdown_grace;
     watch_buffer => watch_buffer;
+    watch_delivery_tick_ms => watch_delivery_tick;
     lease_queue => lease_queue;
     connection_threads => connection_threads;
     checkpoint_interval_ms => checkpoint_interval;
@@ -1048,6 +1054,7 @@ mod tests {
             expiry_batch: 8,
             shutdown_grace: Duration::from_millis(9),
             watch_buffer: 10,
+            watch_delivery_tick: Duration::from_millis(29),
             lease_queue: 11,
             connection_threads: 12,
             checkpoint_interval: Duration::from_millis(13),
@@ -1079,6 +1086,7 @@ mod tests {
             ("--expiry-batch", server.expiry_batch.to_string()),
             ("--shutdown-grace-ms", server.shutdown_grace.as_millis().to_string()),
             ("--watch-buffer", server.watch_buffer.to_string()),
+            ("--watch-delivery-tick-ms", server.watch_delivery_tick.as_millis().to_string()),
             ("--lease-queue", server.lease_queue.to_string()),
             ("--connection-threads", server.connection_threads.to_string()),
             ("--checkpoint-interval-ms", server.checkpoint_interval.as_millis().to_string()),

@@ -33,6 +33,8 @@ use crate::node::wire;
 pub(crate) struct NodeConfig {
     /// Most distinct users a viewer's mailbox holds before the viewer is resynced (E4).
     pub(crate) watch_buffer: usize,
+    /// The delivery tick of busy Watch streams without a batch window (E3); zero: none.
+    pub(crate) watch_delivery_tick: Duration,
     /// Most members a member-mode room snapshot or watch lists (R6).
     pub(crate) room_member_cap: usize,
     /// How often at most a user's activity is written to disk.
@@ -51,6 +53,7 @@ impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
             watch_buffer: 4_096,
+            watch_delivery_tick: Duration::from_millis(10),
             room_member_cap: 1_000,
             activity_write_interval: Duration::from_secs(60),
             forget_offline_after_ms: presence_core::StoreConfig::default().forget_offline_after_ms,
@@ -74,6 +77,8 @@ pub(crate) struct Context {
     pub(crate) settings: Settings,
     /// Most distinct users a viewer's mailbox holds before the viewer is resynced (E4).
     pub(crate) watch_buffer: usize,
+    /// The delivery tick of busy Watch streams without a batch window (E3); zero: none.
+    pub(crate) watch_delivery_tick: Duration,
     /// The open Watch streams, for `UpdateWatch` (E7).
     pub(crate) watches: Watches,
     /// The open WatchRoomCounts streams, for `UpdateWatchRoomCounts` (R7).
@@ -132,6 +137,7 @@ impl Context {
             settings: Settings::new(durable.clone()),
             durable,
             watch_buffer: config.watch_buffer,
+            watch_delivery_tick: config.watch_delivery_tick,
             watches: Watches::default(),
             room_count_watches: Watches::default(),
             room_member_cap: config.room_member_cap,

@@ -179,16 +179,13 @@ fn shown(pending: &Pending) -> Shown {
     }
 }
 
-/// The period of the delivery ticks of busy streams without a batch window:
-/// what it adds to a change's way to its viewers, at most, under load.
-const DELIVERY_TICK: Duration = Duration::from_millis(10);
-
-/// The next delivery tick after now: a multiple of [`DELIVERY_TICK`] since
-/// `epoch`, the same instant for every stream of the process.
-fn next_delivery_tick(epoch: std::time::Instant) -> tokio::time::Instant {
+/// The next delivery tick after now: a multiple of `tick` (the server's
+/// `--watch-delivery-tick-ms`, not zero) since `epoch`, the same instant for
+/// every stream of the process.
+fn next_delivery_tick(epoch: std::time::Instant, tick: Duration) -> tokio::time::Instant {
     let epoch = tokio::time::Instant::from_std(epoch);
     let since = tokio::time::Instant::now().saturating_duration_since(epoch);
-    let tick = DELIVERY_TICK.as_nanos();
+    let tick = tick.as_nanos();
     epoch + Duration::from_nanos(u64::try_from((since.as_nanos() / tick + 1) * tick).unwrap_or(u64::MAX))
 }
 
@@ -213,7 +210,7 @@ impl Stream<'_> {
     /// Forwards the mailbox (and applies `UpdateWatch` changes) until the
     /// viewer leaves or the server shuts down.
     async fn forward(&self, mut updates: mpsc::Receiver<UpdateRequest>, watch_id: &str) {
-        let mut last_delivery = tokio::time::Instant::now() - DELIVERY_TICK;
+        let mut last_delivery = tokio::time::Instant::now() - self.context.watch_delivery_tick;
         let end = loop {
             tokio::select! {
                 () = self.subscription.mailbox().ready() => {}
@@ -232,9 +229,10 @@ impl Stream<'_> {
             // it their changes in one turn of its thread, and it writes them with
             // one system call, not one per stream (E5). A change after a quiet
             // tick goes out at once.
+            let tick = self.context.watch_delivery_tick;
             let gathered = match self.batch_window {
                 Some(window) => Some(tokio::time::Instant::now() + window),
-                None if last_delivery.elapsed() < DELIVERY_TICK => Some(next_delivery_tick(self.context.started)),
+                None if last_delivery.elapsed() < tick => Some(next_delivery_tick(self.context.started, tick)),
                 None => None,
             };
             if let Some(gathered) = gathered {
@@ -336,5 +334,24 @@ impl Stream<'_> {
         }
         let _ = reply.send(Ok(()));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn e5_every_stream_waits_for_the_same_next_tick_and_never_a_whole_tick_more() {
+        let tick = Duration::from_millis(10);
+        let epoch = std::time::Instant::now();
+        let since_epoch = |at: tokio::time::Instant| at.duration_since(tokio::time::Instant::from_std(epoch));
+        tokio::time::advance(Duration::from_millis(23)).await;
+        let next = next_delivery_tick(epoch, tick);
+        assert_eq!(since_epoch(next), Duration::from_millis(30), "the next multiple of the tick");
+        tokio::time::advance(Duration::from_millis(4)).await;
+        assert_eq!(next_delivery_tick(epoch, tick), next, "a stream woken later in the tick waits for the same one");
+        tokio::time::advance(Duration::from_millis(4)).await;
+        assert_eq!(since_epoch(next_delivery_tick(epoch, tick)), Duration::from_millis(40), "past it: the next");
     }
 }
