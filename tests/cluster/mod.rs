@@ -625,8 +625,13 @@ async fn three_node_processes(etcd: &EtcdServer, logs: &std::path::Path) -> Vec<
 
 /// Which node coordinates now, by etcd's election.
 async fn coordinator(etcd: &Etcd) -> String {
+    etcd_leader(etcd).await.expect("a coordinator")
+}
+
+/// The coordinator etcd names now, if any.
+async fn etcd_leader(etcd: &Etcd) -> Option<String> {
     let leader = etcd.leader(&presence_cluster::election_name(PREFIX)).await.unwrap();
-    String::from_utf8(leader.expect("a coordinator")).unwrap()
+    leader.map(|leader| String::from_utf8(leader).unwrap())
 }
 
 /// Freezes etcd (SIGSTOP) for twice the nodes' lease TTL, then thaws it

@@ -8,6 +8,7 @@
 //! reports 20) and prints every takeover's time.
 
 use super::*;
+use crate::common::within;
 use presence_faults::NetLab;
 
 /// The nodes' etcd lease TTL in these tests (`node_process_args`, `node_config`).
@@ -202,13 +203,21 @@ where
     let logs = daemon::scratch_dir(name);
     let lab = NetLab::new(2).expect("a network namespace (root, ip, nft)");
     let etcd = EtcdServer::start_on(lab.group_ip(1)).await;
-    // The first node outside starts first and is elected coordinator.
+    // The first node outside starts first and is elected coordinator; the
+    // others start once it is (its start returns before it campaigns, and a
+    // node of the lab could win the election on a busy machine otherwise).
     let started = Instant::now();
     let mut servers = servers_on_the_host(&lab, &etcd, &outside[..1], ride_out).await;
+    let client = etcd.client().await;
+    within(PATIENCE, "the first node started coordinates", async {
+        while etcd_leader(&client).await.as_deref() != Some(outside[0]) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     let nodes = processes_in_lab(&lab, &etcd, inside, ride_out, &logs);
     servers.extend(servers_on_the_host(&lab, &etcd, &outside[1..], ride_out).await);
     let all: Vec<&str> = inside.iter().chain(outside).copied().collect();
-    let client = etcd.client().await;
     map_where(&client, "every node owns slots", |map| all.iter().all(|node| map.owned_by(node).count() > 0)).await;
     assert_eq!(coordinator(&client).await, outside[0], "the first node started coordinates");
     // Sessions of 15 s: the gateway is cut off from the nodes inside too,
