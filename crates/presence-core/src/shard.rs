@@ -1203,6 +1203,18 @@ impl Shard {
         self.view_of(slot)
     }
 
+    /// As [`Shard::bump_version`] for a user the shard holds; a user it does
+    /// not hold (never seen, forgotten, erased) is given a version above
+    /// every one the shard issued and stays unheld: shown OFFLINE with it.
+    pub(crate) fn bump_version_if_held(&mut self, now: Tick, user_id: &str, changes: &mut Changes) -> UserView {
+        if self.find(user_id).is_some() {
+            return self.bump_version(now, user_id, changes);
+        }
+        let now = self.advance(now);
+        let version = self.stamps.next(now);
+        UserView { presence: Presence { state: State::Offline, version }, status: None }
+    }
+
     /// The user's leases at `now`, settling it first; the most recently created first.
     pub(crate) fn leases(&mut self, now: Tick, user_id: &str, changes: &mut Changes) -> Vec<LeaseView> {
         let now = self.advance(now);

@@ -335,6 +335,21 @@ impl Store {
         Ok(self.with_shard(user_id, changes, |shard, changes| shard.bump_version(now, user_id, changes)))
     }
 
+    /// A new version for the user, publishing nothing, as [`Store::bump_version`]
+    /// gives one; a user the store does not hold (forgotten, erased) gets a
+    /// version above every one issued and is not taken in: what a node
+    /// relaying the user asks for when a viewer's view of it changed after
+    /// the user went.
+    pub fn bump_version_if_held(
+        &self,
+        now: Tick,
+        user_id: &str,
+        changes: &mut Changes,
+    ) -> Result<UserView, LeaseError> {
+        validate::id("user_id", user_id)?;
+        Ok(self.with_shard(user_id, changes, |shard, changes| shard.bump_version_if_held(now, user_id, changes)))
+    }
+
     /// The leases a user holds at `now`.
     pub fn leases(&self, now: Tick, user_id: &str, changes: &mut Changes) -> Result<Vec<LeaseView>, LeaseError> {
         validate::id("user_id", user_id)?;

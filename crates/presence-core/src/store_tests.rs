@@ -1577,6 +1577,27 @@ fn m3_bump_version_moves_the_version_without_a_change() {
     assert!(changes.users.is_empty());
 }
 
+/// M3 for a relay (P4 across nodes): a user the store holds is bumped as
+/// `bump_version` does; one it does not hold gets a version above every one
+/// issued and is not taken in (an erased user stays forgotten).
+#[test]
+fn m3_bump_version_if_held_never_takes_a_user_in() {
+    let store = store();
+    let mut changes = Changes::default();
+    let registered = register(&store, T0, reg("u42", "phone", "gw-a", 0), &mut changes);
+    changes.users.clear();
+    let bumped = store.bump_version_if_held(sec(1), "u42", &mut changes).unwrap();
+    assert!(bumped.presence.version > registered.presence.version);
+    assert_eq!(bumped.presence.state, State::Online);
+    let held = store.stats().users;
+    let unheld = store.bump_version_if_held(sec(2), "gone", &mut changes).unwrap();
+    assert_eq!(unheld.presence.state, State::Offline);
+    assert!(unheld.presence.version > bumped.presence.version, "above every version issued");
+    assert_eq!(store.stats().users, held, "not taken in");
+    assert_eq!(store.view(sec(2), &["gone"], &mut changes).unwrap()[0].presence.version, 0);
+    assert!(changes.users.is_empty());
+}
+
 mod renew_batch {
     //! `Store::renew_batch` answers and changes exactly what renewing one by one would.
 
