@@ -18,6 +18,7 @@ mod handover;
 pub(crate) mod nodes;
 mod outage;
 mod readiness;
+mod relay;
 mod rooms;
 mod routing;
 mod silent;

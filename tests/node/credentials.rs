@@ -207,6 +207,20 @@ pub(crate) fn scope_cases() -> Vec<ScopeCase> {
         },
         ScopeCase {
             service: "presence.v1.Cluster",
+            method: "BumpVersions",
+            request: Raw(pb::BumpVersionsRequest { user_ids: vec!["u1".into()] }.encode_to_vec()),
+            shape: Shape::Unary,
+            scope: "cluster",
+        },
+        ScopeCase {
+            service: "presence.v1.Cluster",
+            method: "Relay",
+            request: Raw(Vec::new()),
+            shape: Shape::BidiStream,
+            scope: "cluster",
+        },
+        ScopeCase {
+            service: "presence.v1.Cluster",
             method: "MoveSlots",
             request: Raw(pb::MoveSlotsRequest { slots: vec![1], to_node: "b".into() }.encode_to_vec()),
             shape: Shape::Unary,

@@ -153,6 +153,15 @@ fn stats_text(stats: &pb::StatsResponse) -> String {
             stats.viewers, stats.room_watchers, stats.room_count_streams
         ),
     );
+    if stats.relay_links + stats.relay_sessions > 0 {
+        line(
+            "relays",
+            format!(
+                "{} to other nodes ({} users relayed), {} from other nodes",
+                stats.relay_links, stats.relayed_users, stats.relay_sessions
+            ),
+        );
+    }
     line("renewals", format!("{} ({} shed)", stats.renewals_total, stats.renewals_shed_total));
     line("registers", stats.registers_total.to_string());
     line("unregisters", stats.unregisters_total.to_string());

@@ -98,6 +98,12 @@ pub mod names {
     pub const ROOM_WATCHERS: &str = "presenced_room_watchers";
     /// Open WatchRoomCounts streams (gauge).
     pub const ROOM_COUNT_STREAMS: &str = "presenced_room_count_streams";
+    /// Relays this node keeps open at other nodes, one per node whose users its viewers watch (gauge).
+    pub const RELAY_LINKS: &str = "presenced_relay_links";
+    /// Other nodes' users this node relays to its viewers, each once whatever the number of viewers (gauge).
+    pub const RELAYED_USERS: &str = "presenced_relayed_users";
+    /// Relays other nodes keep open here (gauge).
+    pub const RELAY_SESSIONS: &str = "presenced_relay_sessions";
     /// Messages sent on WatchRoomCounts streams (counter).
     pub const ROOM_COUNT_MESSAGES: &str = "presenced_room_count_messages_total";
     /// Rooms' counts read again for WatchRoomCounts streams: here because
@@ -273,7 +279,7 @@ impl Level {
         Level { gauge, value: Arc::default() }
     }
 
-    fn add(&self, delta: i64) {
+    pub(crate) fn add(&self, delta: i64) {
         if delta >= 0 {
             self.gauge.increment(delta as f64);
         } else {
@@ -344,6 +350,9 @@ pub(crate) struct Totals {
     pub(crate) viewers: u64,
     pub(crate) room_watchers: u64,
     pub(crate) room_count_streams: u64,
+    pub(crate) relay_links: u64,
+    pub(crate) relayed_users: u64,
+    pub(crate) relay_sessions: u64,
 }
 
 /// Handles to every hot-path metric.
@@ -380,6 +389,9 @@ pub(crate) struct Metrics {
     pub(crate) room_count_frames: Counter,
     pub(crate) room_watchers: Level,
     pub(crate) room_count_streams: Level,
+    pub(crate) relay_links: Level,
+    pub(crate) relayed_users: Level,
+    pub(crate) relay_sessions: Level,
     pub(crate) room_count_messages: Counter,
     pub(crate) rooms_recounted: Counter,
 }
@@ -429,6 +441,9 @@ impl Metrics {
             room_count_frames: counter!(names::ROOM_COUNT_FRAMES),
             room_watchers: Level::new(gauge!(names::ROOM_WATCHERS)),
             room_count_streams: Level::new(gauge!(names::ROOM_COUNT_STREAMS)),
+            relay_links: Level::new(gauge!(names::RELAY_LINKS)),
+            relayed_users: Level::new(gauge!(names::RELAYED_USERS)),
+            relay_sessions: Level::new(gauge!(names::RELAY_SESSIONS)),
             room_count_messages: counter!(names::ROOM_COUNT_MESSAGES),
             rooms_recounted: counter!(names::ROOMS_RECOUNTED),
         }
@@ -488,6 +503,9 @@ impl Metrics {
             viewers: self.viewers.value(),
             room_watchers: self.room_watchers.value(),
             room_count_streams: self.room_count_streams.value(),
+            relay_links: self.relay_links.value(),
+            relayed_users: self.relayed_users.value(),
+            relay_sessions: self.relay_sessions.value(),
         }
     }
 }

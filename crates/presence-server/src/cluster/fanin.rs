@@ -1,12 +1,15 @@
 //! A Watch of users on several cluster nodes (C2): one stream, fed by this
-//! node's own Watch of its users and a Watch at each other owner.
+//! node's own Watch of its users and a Watch of the other nodes' users read
+//! from this node's relays (`relay.rs`), which carry each watched user once
+//! per owner whatever the number of viewers, and apply each viewer's view
+//! here with the owner's word (P1–P5). Each part keeps the rules of a Watch
+//! (E2, E3, E4). The merged stream opens with one snapshot made of every
+//! part's opening snapshot, then carries each part's updates as they come:
+//! per user they come from one owner only, so each user's updates stay in
+//! order and newer than what was sent before.
 //!
-//! Each owner watches its own users for the caller, with the caller's
-//! credentials, so privacy is applied where the data is released (P1–P5) and
-//! every owner's stream keeps its own rules (E2, E3). The merged stream opens
-//! with one snapshot made of every part's opening snapshot, then carries each
-//! part's updates as they come: per user they come from one owner only, so
-//! each user's updates stay in order and newer than what was sent before.
+//! An owner of an earlier version has no relay: its users are watched there
+//! for the caller, with the caller's credentials, a stream per viewer.
 //!
 //! What a merged stream cannot carry faithfully ends it with `UNAVAILABLE`,
 //! which clients answer by reopening (resuming with the versions they hold,
@@ -16,8 +19,10 @@
 //! reach it (`NOT_FOUND`, on which the clients reopen with the new set).
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 
 use presence_core::CompactString;
 use presence_proto::prepared::WatchFrame;
@@ -28,7 +33,9 @@ use tonic::Status;
 
 use crate::cluster::ClusterNode;
 use crate::cluster::forward::FORWARD_TIMEOUT;
+use crate::cluster::membership::OwnershipChanges;
 use crate::cluster::peers::PeerStream;
+use crate::cluster::relay::{self, Relay};
 use crate::error::ServiceError;
 use crate::error::relayed;
 use crate::node::context::Context;
@@ -62,10 +69,31 @@ pub(crate) async fn open(
     remote: Remote<'_>,
 ) -> Result<WatchStream, ServiceError> {
     let mut parts: Vec<Part> = Vec::new();
+    let relayed_options = WatchOptions {
+        viewer: options.viewer.clone(),
+        batch_window: options.batch_window,
+        known_versions: options.known_versions.clone(),
+    };
     if !local.is_empty() {
         let opened = watch::open(Arc::clone(&context), local.clone(), options).await?;
         let stream = guarded(Arc::clone(cluster), local, opened);
         parts.push(ending(stream, "this node"));
+    }
+    if remote.users.is_empty() {
+        return merged(context, parts).await;
+    }
+    // Other nodes' users come through this node's relays, shared by every viewer here.
+    let users: Vec<CompactString> = remote.users.values().flatten().cloned().collect();
+    let source = Relay::source(cluster, &context);
+    match watch::open_from(Arc::clone(&context), source, users, relayed_options).await {
+        Ok(stream) => {
+            parts.push(ending(stream, "this node's relay of other nodes' users"));
+            return merged(context, parts).await;
+        }
+        Err(err) if relay::is_older_node(&err) => {
+            tracing::debug!(%err, "a node of an earlier version relays no users: its users' watches are forwarded");
+        }
+        Err(err) => return Err(err),
     }
     for (address, users) in remote.users {
         let known_versions = users
@@ -83,6 +111,11 @@ pub(crate) async fn open(
         let stream = stream.map(move |event| event.map(WatchFrame::from).map_err(|status| relayed(&label, &status)));
         parts.push(ending(stream, &address));
     }
+    merged(context, parts).await
+}
+
+/// One stream of `parts`, each opening with its snapshot.
+async fn merged(context: Arc<Context>, mut parts: Vec<Part>) -> Result<WatchStream, ServiceError> {
     // Every part opens with its snapshot: together, the merged opening one.
     let mut opening = pb::Snapshot::default();
     for part in &mut parts {
@@ -106,34 +139,56 @@ pub(crate) async fn open(
             }
         }
     }
-    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-    tx.try_send(Ok(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(opening)) }.into()))
-        .expect("a new channel has room");
-    let stopping = context.stopping.clone();
-    tokio::spawn(async move {
-        let mut merged: StreamMap<usize, Part> = parts.into_iter().enumerate().collect();
-        let ended = loop {
-            let next = tokio::select! {
-                () = stopping.cancelled() => break ServiceError::ShuttingDown.into(),
-                () = tx.closed() => return,
-                next = merged.next() => next,
-            };
-            let event = match next {
-                Some((_, Ok(event))) => event,
-                Some((_, Err(status))) => break status,
-                None => break ServiceError::Reopen("every part of this watch ended; reopen".into()).into(),
-            };
-            if matches!(&event, WatchFrame::Event(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(_)) })) {
+    let opening = pb::WatchEvent { event: Some(watch_event::Event::Snapshot(opening)) }.into();
+    Ok(Box::pin(Merged {
+        opening: Some(opening),
+        parts: parts.into_iter().enumerate().collect(),
+        stopping: Box::pin(context.stopping.clone().cancelled_owned()),
+        ended: false,
+    }))
+}
+
+/// A merged Watch: its opening snapshot, then each part's events as the
+/// gRPC layer asks for them. Polled in place, with no task or channel of its
+/// own between the parts and the viewer: one hop less for every event.
+struct Merged {
+    opening: Option<WatchFrame>,
+    parts: StreamMap<usize, Part>,
+    stopping: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    ended: bool,
+}
+
+impl Merged {
+    fn end(&mut self, status: Status) -> Poll<Option<Result<WatchFrame, Status>>> {
+        self.ended = true;
+        Poll::Ready(Some(Err(status)))
+    }
+}
+
+impl Stream for Merged {
+    type Item = Result<WatchFrame, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        if let Some(opening) = this.opening.take() {
+            return Poll::Ready(Some(Ok(opening)));
+        }
+        if this.stopping.as_mut().poll(cx).is_ready() {
+            return this.end(ServiceError::ShuttingDown.into());
+        }
+        match std::task::ready!(Pin::new(&mut this.parts).poll_next(cx)) {
+            Some((_, Ok(WatchFrame::Event(pb::WatchEvent { event: Some(watch_event::Event::Snapshot(_)) })))) => {
                 let resynced = "a watched owner resynced its part of this watch; reopen to resync it all";
-                break ServiceError::Reopen(resynced.into()).into();
+                this.end(ServiceError::Reopen(resynced.into()).into())
             }
-            if tx.send(Ok(event)).await.is_err() {
-                return;
-            }
-        };
-        let _ = tx.send(Err(ended)).await;
-    });
-    Ok(WatchStream::new(rx))
+            Some((_, Ok(event))) => Poll::Ready(Some(Ok(event))),
+            Some((_, Err(status))) => this.end(status),
+            None => this.end(ServiceError::Reopen("every part of this watch ended; reopen".into()).into()),
+        }
+    }
 }
 
 /// `stream` of a Watch of `users` on a cluster node, ended `UNAVAILABLE` as
@@ -141,30 +196,47 @@ pub(crate) async fn open(
 /// the node's lease lapsed), so that the viewer reopens at the new owner
 /// instead of missing its changes.
 pub(crate) fn guarded(cluster: Arc<ClusterNode>, users: Vec<CompactString>, stream: WatchStream) -> WatchStream {
-    let mut changes = cluster.membership.changes();
-    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-    tokio::spawn(async move {
-        let mut stream = stream;
-        loop {
-            tokio::select! {
-                () = tx.closed() => return,
-                next = stream.next() => match next {
-                    Some(event) => if tx.send(event).await.is_err() { return },
-                    None => return,
-                },
-                () = changes.changed() => {
-                    // Checked apart: the view's gate is never held across an await.
-                    let refused = cluster.membership.view().check_all(&users).err();
-                    if let Some(refusal) = refused {
-                        let moved = format!("this node no longer acts for every watched user ({refusal}); reopen");
-                        let _ = tx.send(Err(ServiceError::Reopen(moved).into())).await;
-                        return;
-                    }
-                }
-            }
+    let changes = cluster.membership.changes();
+    Box::pin(Guarded { stream, changed: changed(changes), cluster, users, ended: false })
+}
+
+/// The changes of ownership, once they changed.
+fn changed(mut changes: OwnershipChanges) -> Pin<Box<dyn Future<Output = OwnershipChanges> + Send>> {
+    Box::pin(async move {
+        changes.changed().await;
+        changes
+    })
+}
+
+/// See [`guarded`]: polled in place, as [`Merged`] is.
+struct Guarded {
+    stream: WatchStream,
+    changed: Pin<Box<dyn Future<Output = OwnershipChanges> + Send>>,
+    cluster: Arc<ClusterNode>,
+    users: Vec<CompactString>,
+    ended: bool,
+}
+
+impl Stream for Guarded {
+    type Item = Result<WatchFrame, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
         }
-    });
-    WatchStream::new(rx)
+        while let Poll::Ready(changes) = this.changed.as_mut().poll(cx) {
+            // Checked apart: the view's gate is never held across an await.
+            let refused = this.cluster.membership.view().check_all(&this.users).err();
+            if let Some(refusal) = refused {
+                this.ended = true;
+                let moved = format!("this node no longer acts for every watched user ({refusal}); reopen");
+                return Poll::Ready(Some(Err(ServiceError::Reopen(moved).into())));
+            }
+            this.changed = changed(changes);
+        }
+        this.stream.as_mut().poll_next(cx)
+    }
 }
 
 /// `stream`, then an `UNAVAILABLE` naming `whose` part ended: the merged

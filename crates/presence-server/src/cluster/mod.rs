@@ -18,6 +18,7 @@ pub(crate) mod outage;
 pub(crate) mod peers;
 pub(crate) mod protocol;
 pub(crate) mod rebalance;
+pub(crate) mod relay;
 pub(crate) mod replica;
 pub(crate) mod room_sync;
 pub(crate) mod service;
@@ -50,6 +51,8 @@ pub(crate) struct ClusterNode {
     pub(crate) room_routes: room_sync::RoomRoutes,
     /// The moves bringing slots here, while their copies are kept aside (C7).
     pub(crate) arrivals: taking::Arrivals,
+    /// Other nodes' users relayed to this node's viewers, each once (`relay.rs`).
+    pub(crate) relay: relay::Relay,
 }
 
 impl ClusterNode {
@@ -60,6 +63,7 @@ impl ClusterNode {
             replica,
             room_routes: room_sync::RoomRoutes::default(),
             arrivals: taking::Arrivals::default(),
+            relay: relay::Relay::default(),
         }
     }
 }

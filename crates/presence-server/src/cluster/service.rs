@@ -196,6 +196,25 @@ impl Cluster for ClusterService {
         Ok(Response::new(pb::OwnedRoomCountsResponse { counts }))
     }
 
+    type RelayStream = crate::cluster::relay::RelayStream;
+
+    async fn relay(
+        &self,
+        request: Request<Streaming<pb::RelayControl>>,
+    ) -> Result<Response<Self::RelayStream>, Status> {
+        self.node_call(&request, "Relay")?;
+        Ok(Response::new(crate::cluster::relay::serve(Arc::clone(&self.context), request.into_inner())?))
+    }
+
+    async fn bump_versions(
+        &self,
+        request: Request<pb::BumpVersionsRequest>,
+    ) -> Result<Response<pb::RelayedUsers>, Status> {
+        self.node_call(&request, "BumpVersions")?;
+        let bumped = crate::cluster::relay::answer_bump_versions(&self.context, request.get_ref()).await?;
+        Ok(Response::new(bumped))
+    }
+
     async fn may_view(&self, request: Request<pb::MayViewRequest>) -> Result<Response<pb::MayViewResponse>, Status> {
         self.node_call(&request, "MayView")?;
         let visible = crate::cluster::room_sync::answer_may_view(&self.context, request.get_ref())?;

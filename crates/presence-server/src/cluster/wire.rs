@@ -5,14 +5,18 @@
 //! refused whole, naming the field). The client API's conversions are
 //! `node/wire.rs`'s; these use them for the parts the two share (ids, statuses).
 
-use presence_core::{CompactString, MemberMetadata, RoomAccess, RoomFact, RoomFactScan, StampedRoomFact};
+use std::sync::Arc;
+
+use presence_core::{
+    CompactString, MemberMetadata, Presence, RoomAccess, RoomFact, RoomFactScan, StampedRoomFact, State, UserView,
+};
 use presence_proto::v1 as pb;
 
 use crate::error::ServiceError;
 use crate::node::groups::GroupEntry;
-use crate::node::privacy::HandedOver;
+use crate::node::privacy::{HandedOver, SeenBy};
 use crate::node::settings::{MAX_SETTING_NAME_BYTES, MAX_SETTING_VALUE_BYTES, MAX_SETTINGS_PER_USER};
-use crate::node::wire::{id, room_access, status, status_message, visibility, visibility_message};
+use crate::node::wire::{id, presence, room_access, status, status_message, unix_ms, visibility, visibility_message};
 
 /// A user's durable data as one node hands it to another (C3).
 pub(crate) fn handed_over_message(user: &HandedOver) -> pb::HandedOverUser {
@@ -289,6 +293,64 @@ pub(crate) fn feed_entries(sent: Vec<Vec<u8>>) -> Result<Vec<presence_feed::Fram
             }
         })
         .collect()
+}
+
+/// A relayed user as its owner sends it (see `cluster/relay.rs`): its view
+/// as a service acting for no viewer reads it, its exact last activity
+/// (store ms; 0: none known) and who its relations show it to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Relayed {
+    pub(crate) user_id: CompactString,
+    pub(crate) view: UserView,
+    pub(crate) last_active_at: u64,
+    pub(crate) seen_by: SeenBy,
+}
+
+pub(crate) fn relayed_message(user: &Relayed) -> pb::RelayedUser {
+    let mut presence = presence(&user.user_id, user.view.presence);
+    presence.status = user.view.status.as_deref().map(status_message);
+    presence.last_active_at_ms = unix_ms(user.last_active_at);
+    let seen_by = match user.seen_by {
+        SeenBy::Everyone => pb::SeenBy::Everyone,
+        SeenBy::Nobody => pb::SeenBy::Nobody,
+        SeenBy::Audience => pb::SeenBy::Audience,
+    };
+    pb::RelayedUser { presence: Some(presence), seen_by: seen_by as i32 }
+}
+
+/// A relayed user as the relaying node takes it, as of `now`: a status
+/// that ran out on the way is dropped.
+pub(crate) fn relayed(user: pb::RelayedUser, now: u64) -> Result<Relayed, ServiceError> {
+    let presence = user.presence.ok_or_else(|| ServiceError::invalid("relayed.presence", "missing"))?;
+    let user_id = id("relayed.presence.user_id", &presence.user_id)?;
+    let state = match pb::State::try_from(presence.state) {
+        Ok(pb::State::Online) => State::Online,
+        Ok(pb::State::Offline) => State::Offline,
+        _ => return Err(ServiceError::invalid("relayed.presence.state", "must be ONLINE or OFFLINE")),
+    };
+    let seen_by = match pb::SeenBy::try_from(user.seen_by) {
+        Ok(pb::SeenBy::Everyone) => SeenBy::Everyone,
+        Ok(pb::SeenBy::Nobody) => SeenBy::Nobody,
+        Ok(pb::SeenBy::Audience) => SeenBy::Audience,
+        Err(_) => return Err(ServiceError::invalid("relayed.seen_by", "an unknown value")),
+    };
+    let running =
+        |status: &pb::Status| status.expires_at_ms == 0 || u64::try_from(status.expires_at_ms).is_ok_and(|at| at > now);
+    let status = match presence.status.filter(running) {
+        Some(wire) => Some(Arc::new(status(wire, now).map_err(|refused| match refused {
+            ServiceError::InvalidArgument { field, reason } => {
+                ServiceError::invalid(format!("relayed.presence.{field}"), reason)
+            }
+            other => other,
+        })?)),
+        None => None,
+    };
+    Ok(Relayed {
+        user_id,
+        view: UserView { presence: Presence { state, version: presence.version }, status },
+        last_active_at: u64::try_from(presence.last_active_at_ms).unwrap_or(0),
+        seen_by,
+    })
 }
 
 #[cfg(test)]

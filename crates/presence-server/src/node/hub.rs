@@ -107,6 +107,9 @@ struct MailboxState {
     queue: Vec<u32>,
     /// The viewer fell too far behind: it gets a fresh snapshot instead of `queue`.
     resync: bool,
+    /// Whatever fed the mailbox can no longer: why. Its stream asks for a
+    /// resync, which its source refuses with this reason.
+    ended: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -234,10 +237,36 @@ impl Mailbox {
         self.viewer.as_deref()
     }
 
+    /// Ends the mailbox: nothing more is kept in it, and its stream's next
+    /// delivery is a resync, which the stream's source refuses with
+    /// `reason` (see [`Mailbox::ended`]).
+    pub(crate) fn end(&self, reason: String) {
+        {
+            let mut state = self.state.lock();
+            let MailboxState { slots, queue, resync, ended, .. } = &mut *state;
+            for slot in queue.drain(..) {
+                slots[slot as usize].pending = None;
+            }
+            *resync = true;
+            ended.get_or_insert(reason);
+        }
+        self.ready.notify_one();
+    }
+
+    /// Why the mailbox was ended, if it was.
+    pub(crate) fn ended(&self) -> Option<String> {
+        self.state.lock().ended.clone()
+    }
+
     /// Whether `user_id` is watched here and hidden from this viewer.
     pub fn is_hidden(&self, user_id: &str) -> bool {
         let state = self.state.lock();
         state.index.get(user_id).is_some_and(|&slot| state.slots[slot as usize].hidden)
+    }
+
+    /// Whether `user_id` is watched.
+    pub(crate) fn watches(&self, user_id: &str) -> bool {
+        self.state.lock().index.contains_key(user_id)
     }
 
     /// The watched users, by slot.
@@ -372,6 +401,24 @@ impl Hub {
             }
             None => 0,
         }
+    }
+
+    /// Whether `user_id` has a subscriber.
+    pub(crate) fn is_watched(&self, user_id: &str) -> bool {
+        self.topics.contains_key(user_id)
+    }
+
+    /// The mailboxes watching `user_id`.
+    pub(crate) fn watchers_of(&self, user_id: &str) -> Vec<Arc<Mailbox>> {
+        self.topics
+            .get(user_id)
+            .map(|watchers| watchers.iter().map(|watcher| Arc::clone(&watcher.mailbox)).collect())
+            .unwrap_or_default()
+    }
+
+    /// The mailboxes of `viewer`.
+    pub(crate) fn mailboxes_of(&self, viewer: &str) -> Vec<Arc<Mailbox>> {
+        self.viewers.get(viewer).map(|mailboxes| mailboxes.value().clone()).unwrap_or_default()
     }
 
     /// Number of users with at least one subscriber in this process.

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use hashbrown::{HashMap, HashSet};
 use presence_core::{CompactString, Presence, SlotSet, State, Store, UserView};
+use tokio::sync::mpsc;
 
 use crate::error::ServiceError;
 use crate::node::groups::{GroupEntry, GroupLedger, Merged};
@@ -31,7 +32,7 @@ use crate::node::storage::durable::{self, DurableStore, run_blocking};
 use crate::node::sync::RwLock;
 
 pub use crate::node::relations::Visibility;
-pub(crate) use crate::node::relations::{HandedOver, RelationChange};
+pub(crate) use crate::node::relations::{HandedOver, RelationChange, SeenBy};
 
 /// One user's side of the relations: everything `can_see` needs about it in
 /// one place, so that checking a user costs one lookup.
@@ -163,6 +164,16 @@ impl Relations {
         }
     }
 
+    /// Who `user` is shown to, as far as it is known without a viewer.
+    fn seen_by(&self, user: &str) -> SeenBy {
+        let own = self.users.get(user).and_then(|record| record.visibility);
+        match own.unwrap_or(self.default_visibility) {
+            Visibility::Everyone => SeenBy::Everyone,
+            Visibility::Nobody => SeenBy::Nobody,
+            Visibility::Audience => SeenBy::Audience,
+        }
+    }
+
     /// Whether no viewer but itself may see `user`.
     fn is_invisible(&self, user: &str) -> bool {
         let own = self.users.get(user).and_then(|record| record.visibility);
@@ -283,6 +294,18 @@ pub(crate) struct Privacy {
     /// Users whose visibility or audience changed since a follower was last
     /// sent them (C4); `None` unless tracked.
     changed: parking_lot::Mutex<Option<HashSet<CompactString>>>,
+    /// Who is told of every change of relations, in the order they are
+    /// made (the relays of this node's users to other nodes' viewers).
+    listeners: parking_lot::Mutex<Vec<mpsc::Sender<RelationsChanged>>>,
+}
+
+/// A change of relations as a listener hears it: each viewer's view of
+/// `users` (with who sees them now) and `viewers`' view of every user may
+/// have changed.
+#[derive(Debug, Clone)]
+pub(crate) struct RelationsChanged {
+    pub(crate) users: Vec<(CompactString, SeenBy)>,
+    pub(crate) viewers: Vec<CompactString>,
 }
 
 impl Privacy {
@@ -299,7 +322,35 @@ impl Privacy {
             publisher,
             last_seen_granularity_ms: last_seen_granularity_ms.max(1),
             changed: parking_lot::Mutex::new(None),
+            listeners: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Hears every change of relations from now on, in order, `capacity`
+    /// at most waiting: a listener that falls further behind is dropped
+    /// (its receiver ends), never waited for.
+    pub(crate) fn listen(&self, capacity: usize) -> mpsc::Receiver<RelationsChanged> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        self.listeners.lock().push(tx);
+        rx
+    }
+
+    /// Who each of `users` is shown to.
+    pub(crate) fn seen_by(&self, users: &[CompactString]) -> Vec<SeenBy> {
+        let relations = self.relations.read();
+        users.iter().map(|user| relations.seen_by(user)).collect()
+    }
+
+    /// Gives each of `users` a new version, as a change of its audience does
+    /// (P4), publishing nothing; answers them as they are now, read as a
+    /// service acting for no viewer. A user the store no longer holds (an
+    /// erased one) is given a version and stays forgotten.
+    pub(crate) fn bump_versions(&self, users: &[CompactString]) -> Result<Vec<UserView>, ServiceError> {
+        self.publisher
+            .apply(|store, now, changes| {
+                users.iter().map(|user| store.bump_version_if_held(now, user, changes)).collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(ServiceError::from)
     }
 
     /// Starts noting whose visibility or audience changes, for
@@ -568,10 +619,25 @@ impl Privacy {
     ) {
         let transitions = self.publisher.hub.reconcile(users, viewers, |viewer, user| relations.can_see(viewer, user));
         self.apply_transitions(transitions);
+        // Told while the relations are still held, so that a listener hears
+        // of the change before any change of a user made after it.
+        self.tell_listeners(&relations, users, viewers);
         drop(relations);
         // Room watchers that may see these users differently start over from a fresh snapshot.
         let rooms: Vec<CompactString> = users.iter().flat_map(|user| self.store().rooms_of(user)).collect();
         self.publisher.relations_changed(rooms, viewers);
+    }
+
+    fn tell_listeners(&self, relations: &Relations, users: &[CompactString], viewers: &[CompactString]) {
+        let mut listeners = self.listeners.lock();
+        if listeners.is_empty() {
+            return;
+        }
+        let changed = RelationsChanged {
+            users: users.iter().map(|user| (user.clone(), relations.seen_by(user))).collect(),
+            viewers: viewers.to_vec(),
+        };
+        listeners.retain(|listener| listener.try_send(changed.clone()).is_ok());
     }
 
     /// Makes a cluster node keep group leaves as tombstones (`groups.rs`);

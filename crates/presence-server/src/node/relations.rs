@@ -16,6 +16,31 @@ pub enum Visibility {
     Nobody,
 }
 
+/// Who a user's relations show it to, as far as they say without naming a
+/// viewer: what a node relaying the user to its viewers needs to know of
+/// it, asking the user's node about each viewer only for an audience.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SeenBy {
+    Everyone,
+    /// Nobody but the user itself.
+    Nobody,
+    /// Its audience: it depends on the viewer.
+    Audience,
+}
+
+impl SeenBy {
+    /// Whether `viewer` may see `user`, shown as `self`; `None` for an
+    /// audience, which only the user's node can say.
+    pub(crate) fn decides(self, viewer: &str, user: &str) -> Option<bool> {
+        match self {
+            _ if viewer == user => Some(true),
+            SeenBy::Everyone => Some(true),
+            SeenBy::Nobody => Some(false),
+            SeenBy::Audience => None,
+        }
+    }
+}
+
 /// One change of a user's own relations (group memberships are entries of
 /// the group ledger, `groups.rs`).
 #[derive(Debug, Clone)]

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use hashbrown::HashMap;
 use presence_core::{CompactString, State};
 use presence_proto::prepared::WatchFrame;
@@ -53,8 +54,9 @@ use crate::node::wire::{self, MAX_USERS_PER_REQUEST};
 /// Items the gRPC layer has not yet sent; the viewer's mailbox conflates the rest.
 const STREAM_BUFFER: usize = 64;
 
-/// The stream type the Watch RPC returns.
-pub(crate) type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<WatchFrame, Status>>;
+/// The stream type the Watch RPC returns: a viewer's stream, or, through a
+/// cluster, streams merged in place (`cluster/fanin.rs`).
+pub(crate) type WatchStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<WatchFrame, Status>> + Send>>;
 
 /// What a Watch is opened with.
 #[derive(Debug)]
@@ -67,27 +69,110 @@ pub(crate) struct WatchOptions {
     pub(crate) known_versions: HashMap<CompactString, u64>,
 }
 
-/// Opens a watch of `user_ids` and spawns the task that feeds it.
+/// Users read for a Watch, in order, with how each is shown.
+pub(crate) type ReadUsers = (Vec<CompactString>, Vec<Shown>);
+
+/// A new subscription, and how its users are shown, by slot.
+pub(crate) type Subscribed = (Subscription, Vec<Shown>);
+
+/// Where a Watch reads the users it shows and follows their changes: this
+/// node's store and relations (`Context`), or, at a cluster node, the relay
+/// of other nodes' users (`cluster/relay.rs`). Each reads under whatever
+/// keeps its mailbox's hidden marks and what it reads in step (P3, P4).
+pub(crate) trait WatchSource: Send + Sync {
+    /// Subscribes a mailbox of `capacity` users for `viewer` (`None`: a
+    /// service acting for no viewer) to `users`, and reads them as the
+    /// viewer may see them: the users subscribed, in order, with how each is
+    /// shown. Changes published after the read reach the mailbox.
+    fn subscribe(
+        &self,
+        users: Vec<CompactString>,
+        capacity: usize,
+        viewer: Option<CompactString>,
+    ) -> BoxFuture<'_, Result<Subscribed, ServiceError>>;
+
+    /// Reads a subscription's users again for a resync (E4).
+    fn resync<'a>(&'a self, subscription: &'a Subscription) -> BoxFuture<'a, Result<ReadUsers, ServiceError>>;
+
+    /// Adds users to an open subscription (E7) and reads them: the users
+    /// added, with how each is shown.
+    fn add<'a>(
+        &'a self,
+        subscription: &'a Subscription,
+        users: Vec<CompactString>,
+    ) -> BoxFuture<'a, Result<ReadUsers, ServiceError>>;
+
+    /// Each of `users`' last activity (store ms; 0: none known).
+    fn last_active_at<'a>(&'a self, users: &'a [&'a str]) -> BoxFuture<'a, Result<Vec<u64>, ServiceError>>;
+}
+
+impl WatchSource for Context {
+    fn subscribe(
+        &self,
+        users: Vec<CompactString>,
+        capacity: usize,
+        viewer: Option<CompactString>,
+    ) -> BoxFuture<'_, Result<Subscribed, ServiceError>> {
+        Box::pin(std::future::ready(self.privacy.subscribe(users, capacity, viewer)))
+    }
+
+    fn resync<'a>(&'a self, subscription: &'a Subscription) -> BoxFuture<'a, Result<ReadUsers, ServiceError>> {
+        Box::pin(std::future::ready(self.privacy.resync(subscription)))
+    }
+
+    fn add<'a>(
+        &'a self,
+        subscription: &'a Subscription,
+        users: Vec<CompactString>,
+    ) -> BoxFuture<'a, Result<ReadUsers, ServiceError>> {
+        Box::pin(std::future::ready(self.privacy.add(subscription, users)))
+    }
+
+    fn last_active_at<'a>(&'a self, users: &'a [&'a str]) -> BoxFuture<'a, Result<Vec<u64>, ServiceError>> {
+        Box::pin(async move { Ok(self.activity.last_active_at(users).await?) })
+    }
+}
+
+/// Opens a watch of `user_ids`, this node's, and spawns the task that feeds it.
 pub(crate) async fn open(
     context: Arc<Context>,
     user_ids: Vec<CompactString>,
     options: WatchOptions,
 ) -> Result<WatchStream, ServiceError> {
+    let source: Arc<dyn WatchSource> = Arc::clone(&context) as Arc<dyn WatchSource>;
+    open_from(context, source, user_ids, options).await
+}
+
+/// Opens a watch of `user_ids` read from `source`, and spawns the task that feeds it.
+pub(crate) async fn open_from(
+    context: Arc<Context>,
+    source: Arc<dyn WatchSource>,
+    user_ids: Vec<CompactString>,
+    options: WatchOptions,
+) -> Result<WatchStream, ServiceError> {
     let WatchOptions { viewer, batch_window, known_versions } = options;
-    let (subscription, shown) = context.privacy.subscribe(user_ids, context.watch_buffer, viewer.clone())?;
+    let (subscription, shown) = source.subscribe(user_ids, context.watch_buffer, viewer.clone()).await?;
     let exact_activity = viewer.is_none();
     let (registration, updates) = context.watches.register(viewer);
     let users = subscription.users();
-    let mut first = snapshot_event(&context, &subscription, &users, &shown, exact_activity, &known_versions).await?;
+    let mut first =
+        snapshot_event(&context, &*source, &subscription, &users, &shown, exact_activity, &known_versions).await?;
     wire::set_watch_id(&mut first, &registration.id);
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tx.try_send(Ok(first.into())).expect("a new channel has room");
     tokio::spawn(async move {
         let _viewer = OpenGauge::open(&context.metrics().viewers);
-        let stream = Stream { context: &context, subscription: &subscription, tx: &tx, exact_activity, batch_window };
+        let stream = Stream {
+            context: &context,
+            source: &*source,
+            subscription: &subscription,
+            tx: &tx,
+            exact_activity,
+            batch_window,
+        };
         stream.forward(updates, &registration.id).await;
     });
-    Ok(WatchStream::new(rx))
+    Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
 }
 
 /// A snapshot event of `users` (shown as `shown`), leaving out those whose
@@ -95,6 +180,7 @@ pub(crate) async fn open(
 /// viewer then holds (0 for hidden users, as for users never seen).
 async fn snapshot_event(
     context: &Context,
+    source: &dyn WatchSource,
     subscription: &Subscription,
     users: &[CompactString],
     shown: &[Shown],
@@ -109,7 +195,18 @@ async fn snapshot_event(
         .map(|(user_id, shown)| (user_id.clone(), shown.clone()))
         .unzip();
     let partial = sent_users.len() < users.len();
-    let released = context.released(&sent_users, &sent, exact_activity).await?;
+    // Activity is looked up only for users the caller may see.
+    let visible: Vec<&str> =
+        sent_users.iter().zip(&sent).filter(|(_, shown)| shown.visible).map(|(id, _)| id.as_str()).collect();
+    let active: HashMap<&str, u64> = visible.iter().copied().zip(source.last_active_at(&visible).await?).collect();
+    let released = sent_users
+        .iter()
+        .zip(&sent)
+        .map(|(user_id, shown)| {
+            let last_active_at = active.get(user_id.as_str()).copied().unwrap_or(0);
+            wire::released(user_id, &context.privacy.release(shown, last_active_at, exact_activity))
+        })
+        .collect();
     Ok(wire::snapshot_event(released, partial))
 }
 
@@ -128,7 +225,7 @@ pub(crate) fn hold(subscription: &Subscription, users: &[CompactString], shown: 
 
 /// The encoded update events for changes taken from the mailbox: a change
 /// another viewer was sent already is copied from its encoding (E5).
-async fn updates(context: &Context, changes: PendingChanges) -> Vec<Bytes> {
+async fn updates(context: &Context, source: &dyn WatchSource, changes: PendingChanges) -> Vec<Bytes> {
     // Last seen travels with OFFLINE updates of users the viewer may see,
     // read for the changes not encoded yet.
     let offline: Vec<&str> = changes
@@ -140,7 +237,7 @@ async fn updates(context: &Context, changes: PendingChanges) -> Vec<Bytes> {
     let active: HashMap<&str, u64> = if offline.is_empty() {
         HashMap::new()
     } else {
-        match context.activity.last_active_at(&offline).await {
+        match source.last_active_at(&offline).await {
             Ok(active) => offline.iter().copied().zip(active).collect(),
             Err(err) => {
                 tracing::warn!(%err, "cannot read activity; the updates go out without last seen");
@@ -192,6 +289,7 @@ fn next_delivery_tick(epoch: std::time::Instant, tick: Duration) -> tokio::time:
 /// What feeds one Watch stream.
 struct Stream<'a> {
     context: &'a Context,
+    source: &'a dyn WatchSource,
     subscription: &'a Subscription,
     tx: &'a mpsc::Sender<Result<WatchFrame, Status>>,
     exact_activity: bool,
@@ -269,7 +367,7 @@ impl Stream<'_> {
             },
             Delivery::Changes(changes) if changes.is_empty() => return Ok(()),
             Delivery::Changes(changes) => {
-                let updates = updates(context, changes).await;
+                let updates = updates(context, self.source, changes).await;
                 delivered = updates.len() as u64;
                 wire::update_frames(updates, self.batch_window.is_some())
             }
@@ -290,10 +388,10 @@ impl Stream<'_> {
 
     /// A fresh snapshot for a viewer that fell behind (E4).
     async fn resync(&self, watch_id: &str) -> Result<WatchEvent, ServiceError> {
-        let (users, shown) = self.context.privacy.resync(self.subscription)?;
+        let (users, shown) = self.source.resync(self.subscription).await?;
+        let (context, source, subscription) = (self.context, self.source, self.subscription);
         let mut event =
-            snapshot_event(self.context, self.subscription, &users, &shown, self.exact_activity, &HashMap::new())
-                .await?;
+            snapshot_event(context, source, subscription, &users, &shown, self.exact_activity, &HashMap::new()).await?;
         wire::set_watch_id(&mut event, watch_id);
         Ok(event)
     }
@@ -313,7 +411,7 @@ impl Stream<'_> {
             let _ = reply.send(Err(ServiceError::invalid("add_user_ids", reason)));
             return Ok(());
         }
-        let added = match self.context.privacy.add(subscription, update.add) {
+        let added = match self.source.add(subscription, update.add).await {
             Ok(added) => added,
             Err(err) => {
                 let _ = reply.send(Err(err));
@@ -322,7 +420,9 @@ impl Stream<'_> {
         };
         let (users, shown) = added;
         if !users.is_empty() {
-            match snapshot_event(self.context, subscription, &users, &shown, self.exact_activity, &HashMap::new()).await
+            let (context, source) = (self.context, self.source);
+            match snapshot_event(context, source, subscription, &users, &shown, self.exact_activity, &HashMap::new())
+                .await
             {
                 Ok(event) => self.send(wire::added_event(event)).await?,
                 Err(err) => {

@@ -1,0 +1,143 @@
+//! E5 and C2 through a cluster: viewers at one node share one relay of each
+//! other node's users, and see what the users' owner would show them (P2–P4).
+
+use super::*;
+
+async fn stats(server: &TestServer) -> pb::StatsResponse {
+    server.client().await.stats(pb::StatsRequest::default()).await.unwrap().into_inner()
+}
+
+fn watch_as(viewer: &str, users: &[String]) -> pb::WatchRequest {
+    pb::WatchRequest { user_ids: users.to_vec(), viewer_id: viewer.into(), ..Default::default() }
+}
+
+/// The opening snapshot of a watch, by user.
+async fn opening(stream: &mut tonic::Streaming<pb::WatchEvent>) -> HashMap<String, pb::UserPresence> {
+    match next_event(stream).await.unwrap().event {
+        Some(pb::watch_event::Event::Snapshot(snapshot)) => {
+            snapshot.users.into_iter().map(|user| (user.user_id.clone(), user)).collect()
+        }
+        other => panic!("a watch opens with a snapshot: {other:?}"),
+    }
+}
+
+/// The next update of a watch.
+async fn update(stream: &mut tonic::Streaming<pb::WatchEvent>) -> pb::UserPresence {
+    match next_event(stream).await.unwrap().event {
+        Some(pb::watch_event::Event::Update(update)) => update,
+        other => panic!("an update: {other:?}"),
+    }
+}
+
+/// Whether a watch stays quiet for a while.
+async fn quiet(stream: &mut tonic::Streaming<pb::WatchEvent>) -> bool {
+    tokio::time::timeout(Duration::from_millis(300), stream.message()).await.is_err()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e5_viewers_at_one_node_share_one_relay_of_each_owner_and_see_what_the_owner_would_show_them() {
+    let etcd = EtcdServer::start().await;
+    let (servers, map) = three_nodes(&etcd).await;
+    let owned_by = |node: &'static str| {
+        let map = map.clone();
+        move |user: &String| map.owner(slot_of(user, SLOTS)).unwrap().node == node
+    };
+    let at_b: Vec<String> = (0..).map(|i| format!("relayed-{i}")).filter(owned_by("node-b")).take(10).collect();
+    let at_a: Vec<String> = (0..).map(|i| format!("local-{i}")).filter(owned_by("node-a")).take(2).collect();
+    let (everyone, contact, invisible) = (&at_b[..8], &at_b[8], &at_b[9]);
+    let mut owner = servers[1].client().await;
+    for user in at_b.iter().chain(&at_a) {
+        let visibility = match user {
+            user if user == contact => pb::Visibility::Audience,
+            user if user == invisible => pb::Visibility::Nobody,
+            _ => pb::Visibility::Everyone,
+        };
+        let request = pb::SetVisibilityRequest { user_id: user.clone(), visibility: visibility as i32 };
+        let index = if at_a.contains(user) { 0 } else { 1 };
+        servers[index].client().await.set_visibility(request).await.unwrap();
+    }
+    let grant = pb::AudienceRequest { user_id: contact.clone(), viewer_ids: vec!["viewer-0".into()] };
+    owner.grant_audience(grant).await.unwrap();
+    let watched: Vec<String> = at_b.iter().chain(&at_a).cloned().collect();
+    let (_leases, generations) = register_all(&servers[1], &watched).await;
+
+    // Twenty viewers at node-a, each watching node-b's ten users and two of node-a's.
+    let mut viewer_client = servers[0].client().await;
+    let mut streams = Vec::new();
+    for i in 0..20 {
+        let mut stream = viewer_client.watch(watch_as(&format!("viewer-{i}"), &watched)).await.unwrap().into_inner();
+        let shown = opening(&mut stream).await;
+        assert_eq!(shown.len(), watched.len(), "every watched user in the opening snapshot");
+        for user in everyone.iter().chain(&at_a) {
+            let seen = &shown[user];
+            assert!(seen.state == pb::State::Online as i32 && seen.version > 0, "viewer-{i} sees {user}: {seen:?}");
+        }
+        assert_eq!(shown[contact].version > 0, i == 0, "only viewer-0 is granted: {:?}", shown[contact]);
+        assert_eq!(shown[invisible].version, 0, "nobody sees an invisible user, as a user never seen");
+        streams.push(stream);
+    }
+    // One relay, however many viewers: the owner keeps no stream per viewer.
+    let (at_node_a, at_node_b) = (stats(&servers[0]).await, stats(&servers[1]).await);
+    assert_eq!((at_node_a.relay_links, at_node_a.relayed_users), (1, 10), "{at_node_a:?}");
+    assert_eq!((at_node_b.relay_sessions, at_node_b.viewers), (1, 0), "{at_node_b:?}");
+
+    // A flip at the owner reaches every viewer once, with the owner's version.
+    let (user, generation) = generations.iter().find(|(user, _)| user == &everyone[0]).unwrap();
+    let request = pb::UnregisterRequest {
+        user_id: user.clone(),
+        session_id: "s".into(),
+        generation: *generation,
+        ..Default::default()
+    };
+    owner.unregister(request).await.unwrap();
+    let at_owner = forwarded_snapshot(&mut owner, user).await.unwrap();
+    for stream in &mut streams {
+        let flipped = update(stream).await;
+        assert_eq!((&flipped.user_id, flipped.state), (user, pb::State::Offline as i32));
+        assert_eq!(flipped.version, at_owner.version, "the owner's version");
+    }
+
+    // A revoke at the owner hides the contact from viewer-0 alone, with a new version.
+    let shown_before = at_owner_version(&mut owner, contact).await;
+    let revoke = pb::AudienceRequest { user_id: contact.clone(), viewer_ids: vec!["viewer-0".into()] };
+    owner.revoke_audience(revoke).await.unwrap();
+    let hidden = update(&mut streams[0]).await;
+    assert_eq!((&hidden.user_id, hidden.state), (contact, pb::State::Offline as i32), "{hidden:?}");
+    assert!(hidden.version > shown_before, "a version above the one shown: {hidden:?}");
+    // A grant reveals it to viewer-1, as it is.
+    let grant = pb::AudienceRequest { user_id: contact.clone(), viewer_ids: vec!["viewer-1".into()] };
+    owner.grant_audience(grant).await.unwrap();
+    let revealed = update(&mut streams[1]).await;
+    assert_eq!((&revealed.user_id, revealed.state), (contact, pb::State::Online as i32), "{revealed:?}");
+    assert!(revealed.version > hidden.version, "{revealed:?}");
+    for stream in &mut streams[2..] {
+        assert!(quiet(stream).await, "nothing changed for the other viewers");
+    }
+    // Hidden from viewer-0, the contact's changes no longer reach it.
+    let (_, contact_generation) = generations.iter().find(|(user, _)| user == contact).unwrap();
+    let request = pb::UnregisterRequest {
+        user_id: contact.clone(),
+        session_id: "s".into(),
+        generation: *contact_generation,
+        ..Default::default()
+    };
+    owner.unregister(request).await.unwrap();
+    let offline = update(&mut streams[1]).await;
+    assert_eq!((&offline.user_id, offline.state), (contact, pb::State::Offline as i32));
+    assert!(quiet(&mut streams[0]).await, "viewer-0 may no longer see the contact change");
+
+    // Viewers gone, the relay stops carrying their users.
+    drop(streams);
+    let deadline = Instant::now() + PATIENCE;
+    while stats(&servers[0]).await.relayed_users > 0 {
+        assert!(Instant::now() < deadline, "node-a stopped relaying unwatched users within {PATIENCE:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+async fn at_owner_version(owner: &mut PresenceClient<Channel>, user: &str) -> u64 {
+    forwarded_snapshot(owner, user).await.unwrap().version
+}
