@@ -271,7 +271,7 @@ rooms() {
 # fanout (tools/loadgen/README.md) through a cluster of 3 nodes, on one node
 # and against one redis-server running the seed's design: VIEWERS viewers
 # (default 1000), each watching 500 of 100,000 users, at node-1, which
-# watches each part at its owner and merges (C2); users flipping at
+# relays the other nodes' users, each once, and merges (C2); users flipping at
 # 1,000/s and a gateway renewing 10,000 other sessions, both through Leases
 # batches (the cluster client sends each item to its owner).
 watch_run() {
@@ -290,10 +290,12 @@ watch() {
     start_etcd watch
     start_nodes 3 1024 /watch/
     watch_run cluster --addr "${node_addr[1]}" --cluster-slots 1024 --etcd "$endpoint" --etcd-prefix /watch/
+    for n in 1 2 3; do echo "  node-$n resident: $(rss_mib "${node_pid[n]}") MiB"; done
     stop_all
     echo "== watch: one node (no etcd), the same generator"
     start_single
     watch_run single --addr "$single_addr"
+    echo "  single node resident: $(rss_mib "$single_pid") MiB"
     stop_all
     command -v redis-server >/dev/null || { echo "  (no redis-server: apt-get install redis-server)"; return; }
     echo "== watch: one redis-server with the seed's scripts and pub/sub, the same generator"
