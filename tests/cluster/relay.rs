@@ -141,3 +141,56 @@ async fn e5_viewers_at_one_node_share_one_relay_of_each_owner_and_see_what_the_o
 async fn at_owner_version(owner: &mut PresenceClient<Channel>, user: &str) -> u64 {
     forwarded_snapshot(owner, user).await.unwrap().version
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_a_relayed_users_slot_moving_ends_the_merged_watch_and_the_reopened_one_follows_the_new_owner() {
+    let etcd = EtcdServer::start().await;
+    let (servers, map) = three_nodes(&etcd).await;
+    let at = |node: &'static str| {
+        let map = map.clone();
+        move |user: &String| map.owner(slot_of(user, SLOTS)).unwrap().node == node
+    };
+    let moving = (0..).map(|i| format!("moving-{i}")).find(at("node-b")).unwrap();
+    let staying = (0..).map(|i| format!("staying-{i}")).find(at("node-c")).unwrap();
+    let watched = vec![moving.clone(), staying.clone()];
+    let (leases, generations) = register_all(&servers[1], &watched).await;
+    let mut viewer = servers[0].client().await;
+    let mut stream = viewer.watch(watch_as("", &watched)).await.unwrap().into_inner();
+    let before = opening(&mut stream).await;
+    assert!(watched.iter().all(|user| before[user].state == pb::State::Online as i32), "{before:?}");
+
+    // The moving user's slot goes from node-b to node-c: node-a's relay of it
+    // from node-b can no longer hear it, so the merged stream ends, saying so.
+    let slot = slot_of(&moving, SLOTS);
+    let mut at_b = presence_proto::v1::cluster_client::ClusterClient::connect(servers[1].url()).await.unwrap();
+    at_b.move_slots(pb::MoveSlotsRequest { slots: vec![slot], to_node: "node-c".into() }).await.unwrap();
+    map_where(&etcd.client().await, "the slot at node-c", |map| map.owner(slot).unwrap().node == "node-c").await;
+    let ended = updates_until_unavailable(&mut stream).await;
+    assert!(ended.message().contains("moved"), "{ended:?}");
+
+    // Reopened at node-a: the same versions (nobody flipped), and the new owner's flips.
+    let mut stream = viewer.watch(watch_as("", &watched)).await.unwrap().into_inner();
+    let after = opening(&mut stream).await;
+    for user in &watched {
+        assert_eq!((after[user].state, after[user].version), (before[user].state, before[user].version), "{user}");
+    }
+    let (_, generation) = generations.iter().find(|(user, _)| *user == moving).unwrap();
+    let unregister = pb::LeaseItem {
+        op: Some(pb::lease_item::Op::Unregister(pb::UnregisterRequest {
+            user_id: moving.clone(),
+            session_id: "s".into(),
+            generation: *generation,
+            ..Default::default()
+        })),
+    };
+    let results = leases.submit_batch(vec![unregister]).await;
+    assert_eq!(results[0].code, 0, "{results:?}");
+    let flipped = update(&mut stream).await;
+    assert_eq!((&flipped.user_id, flipped.state), (&moving, pb::State::Offline as i32));
+    assert!(flipped.version > before[&moving].version, "{flipped:?}");
+    let at_node_a = stats(&servers[0]).await;
+    assert_eq!(at_node_a.relayed_users, 2, "both users relayed again, from node-c: {at_node_a:?}");
+    for server in servers {
+        server.stop().await;
+    }
+}
