@@ -162,7 +162,7 @@ impl Relay {
     }
 
     /// Ends every mailbox watching `user` here, for `reason`.
-    fn end_watchers(&self, user: &str, reason: &str) {
+    fn end_watchers(&self, user: &CompactString, reason: &str) {
         for mailbox in self.hub.watchers_of(user) {
             mailbox.end(reason.to_owned());
         }

@@ -404,12 +404,12 @@ impl Hub {
     }
 
     /// Whether `user_id` has a subscriber.
-    pub(crate) fn is_watched(&self, user_id: &str) -> bool {
-        self.topics.contains_key(user_id)
+    pub(crate) fn is_watched(&self, user_id: &CompactString) -> bool {
+        self.topics.get(user_id).is_some()
     }
 
     /// The mailboxes watching `user_id`.
-    pub(crate) fn watchers_of(&self, user_id: &str) -> Vec<Arc<Mailbox>> {
+    pub(crate) fn watchers_of(&self, user_id: &CompactString) -> Vec<Arc<Mailbox>> {
         self.topics
             .get(user_id)
             .map(|watchers| watchers.iter().map(|watcher| Arc::clone(&watcher.mailbox)).collect())
@@ -417,7 +417,7 @@ impl Hub {
     }
 
     /// The mailboxes of `viewer`.
-    pub(crate) fn mailboxes_of(&self, viewer: &str) -> Vec<Arc<Mailbox>> {
+    pub(crate) fn mailboxes_of(&self, viewer: &CompactString) -> Vec<Arc<Mailbox>> {
         self.viewers.get(viewer).map(|mailboxes| mailboxes.value().clone()).unwrap_or_default()
     }
 
