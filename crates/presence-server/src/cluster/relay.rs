@@ -192,6 +192,26 @@ impl Relay {
 }
 
 impl Link {
+    /// Tells the owner to relay `users` no more and stops counting them as
+    /// relayed; `state` is this link's, locked, so that the removal is sent
+    /// before or after an addition of the same users, never across it (see
+    /// [`Link::add`]). False, with nothing changed, when the controls'
+    /// queue is full: the caller tries again at its next turn.
+    fn stop_relaying(&self, state: &mut LinkState, users: &[CompactString]) -> bool {
+        let control = pb::RelayControl {
+            add_user_ids: Vec::new(),
+            remove_user_ids: users.iter().map(ToString::to_string).collect(),
+            sequence: 0,
+        };
+        if self.control.try_send(control).is_err() {
+            return false;
+        }
+        for user in users {
+            state.relayed.remove(user);
+        }
+        true
+    }
+
     /// Relays `users` from now on (those not relayed yet are named to the
     /// owner) and waits until the owner answered their state. The users stay
     /// relayed while the answer is held, whether or not a mailbox watches them.
@@ -433,7 +453,11 @@ async fn follow_link(
                 Err(status) => return Err(broke(&status)),
             },
             () = changes.changed() => moved_away(cluster, context, link),
-            _ = sweep.tick() => sweep_unwatched(cluster, context, link),
+            _ = sweep.tick() => {
+                // Again at each sweep: a move whose removal found the controls' queue full is tried again.
+                moved_away(cluster, context, link);
+                sweep_unwatched(cluster, context, link);
+            }
         }
     }
 }
@@ -637,18 +661,8 @@ fn moved_away(cluster: &Arc<ClusterNode>, context: &Context, link: &Link) {
             })
             .cloned()
             .collect();
-        if moved.is_empty() {
+        if moved.is_empty() || !link.stop_relaying(&mut state, &moved) {
             return;
-        }
-        let control = pb::RelayControl {
-            add_user_ids: Vec::new(),
-            remove_user_ids: moved.iter().map(ToString::to_string).collect(),
-            sequence: 0,
-        };
-        if link.control.try_send(control).is_ok() {
-            moved.iter().for_each(|user| {
-                state.relayed.remove(user);
-            });
         }
         moved
     };
@@ -673,19 +687,8 @@ fn sweep_unwatched(cluster: &Arc<ClusterNode>, context: &Context, link: &Link) {
             })
             .map(|(user, _)| user.clone())
             .collect();
-        if unwatched.is_empty() {
+        if unwatched.is_empty() || !link.stop_relaying(&mut state, &unwatched) {
             return;
-        }
-        let control = pb::RelayControl {
-            add_user_ids: Vec::new(),
-            remove_user_ids: unwatched.iter().map(ToString::to_string).collect(),
-            sequence: 0,
-        };
-        if link.control.try_send(control).is_err() {
-            return;
-        }
-        for user in &unwatched {
-            state.relayed.remove(user);
         }
         unwatched
     };
