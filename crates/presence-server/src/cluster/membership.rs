@@ -397,6 +397,7 @@ impl Membership {
             map: self.acted.subscribe(),
             lease: self.lease_state.subscribe(),
             extension: self.outage.extensions(),
+            lapse_told: None,
         }
     }
 
@@ -866,20 +867,30 @@ fn acting_until(lease: LeaseState, extended_until: Option<Instant>) -> Option<In
     }
 }
 
+/// The lapse [`OwnershipChanges::changed`] waits for: the right to act's
+/// end, unless that very lapse was told already.
+fn lapse_to_tell(acting_until: Option<Instant>, told: Option<Instant>) -> Option<Instant> {
+    acting_until.filter(|lapses| Some(*lapses) != told)
+}
+
 /// Waits for changes of a node's ownership (see [`Membership::changes`]).
 #[derive(Debug)]
 pub(crate) struct OwnershipChanges {
     map: tokio::sync::watch::Receiver<Arc<SlotMap>>,
     lease: tokio::sync::watch::Receiver<LeaseState>,
     extension: tokio::sync::watch::Receiver<Option<Instant>>,
+    /// The lapse already told: a node cut off from etcd stays lapsed until
+    /// its lease is renewed or lost, and telling the same lapse again at
+    /// every call would spin its callers' loops at full speed for as long.
+    lapse_told: Option<Instant>,
 }
 
 impl OwnershipChanges {
     /// Returns once the map, the lease or its extension changed, or the
-    /// right to act lapsed.
+    /// right to act lapsed (each lapse once).
     pub(crate) async fn changed(&mut self) {
         // Lost: nothing lapses; acting again comes with a new lease (a change).
-        let lapses = acting_until(*self.lease.borrow(), *self.extension.borrow());
+        let lapses = lapse_to_tell(acting_until(*self.lease.borrow(), *self.extension.borrow()), self.lapse_told);
         let lapsed = async {
             match lapses {
                 Some(lapses) => tokio::time::sleep_until(lapses).await,
@@ -890,7 +901,7 @@ impl OwnershipChanges {
             changed = self.map.changed() => if changed.is_err() { std::future::pending::<()>().await },
             changed = self.lease.changed() => if changed.is_err() { std::future::pending::<()>().await },
             changed = self.extension.changed() => if changed.is_err() { std::future::pending::<()>().await },
-            () = lapsed => {}
+            () = lapsed => self.lapse_told = lapses,
         }
     }
 }
@@ -1013,5 +1024,21 @@ pub(crate) fn checked_slots(count: u32, slots: &[u32]) -> Result<SlotSet, Servic
 impl crate::node::placement::UserCheck for OwnershipView<'_> {
     fn check(&self, user_id: &[u8]) -> Result<(), ServiceError> {
         OwnershipView::check(self, user_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lapse_is_told_once_and_a_renewed_lease_lapses_again() {
+        let now = Instant::now();
+        let lapsed = now - Duration::from_secs(1);
+        assert_eq!(lapse_to_tell(Some(lapsed), None), Some(lapsed), "a lapse not yet told is told");
+        assert_eq!(lapse_to_tell(Some(lapsed), Some(lapsed)), None, "told once, it is not told again");
+        let renewed = now + Duration::from_secs(2);
+        assert_eq!(lapse_to_tell(Some(renewed), Some(lapsed)), Some(renewed), "a renewed lease's end is awaited");
+        assert_eq!(lapse_to_tell(None, Some(lapsed)), None, "a lost lease does not lapse");
     }
 }
