@@ -29,13 +29,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// One HTTP/1.1 connection, as a page's fetch holds it: one call at a time.
-struct Page {
+pub(crate) struct Page {
     sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
     addr: SocketAddr,
 }
 
 impl Page {
-    async fn connect(addr: SocketAddr) -> Page {
+    pub(crate) async fn connect(addr: SocketAddr) -> Page {
         let stream = TcpStream::connect(addr).await.expect("connect");
         let (sender, connection) =
             hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("an HTTP/1.1 connection");
@@ -43,7 +43,7 @@ impl Page {
         Page { sender, addr }
     }
 
-    fn request(&self, method: Method, path: &str) -> http::request::Builder {
+    pub(crate) fn request(&self, method: Method, path: &str) -> http::request::Builder {
         Request::builder().method(method).uri(path).header(header::HOST, self.addr.to_string())
     }
 
@@ -56,7 +56,7 @@ impl Page {
     }
 
     /// Sends `request` and reads its whole answer.
-    async fn send(&mut self, request: Request<Full<Bytes>>) -> (http::response::Parts, Bytes) {
+    pub(crate) async fn send(&mut self, request: Request<Full<Bytes>>) -> (http::response::Parts, Bytes) {
         let (head, body) = self.respond(request).await.into_parts();
         let body = within(PATIENCE, "the whole body", body.collect()).await.expect("a healthy body").to_bytes();
         (head, body)

@@ -12,6 +12,7 @@ mod disk_faults;
 mod erase;
 mod feed;
 mod grpc_web;
+mod json_http;
 mod leases;
 mod ops;
 mod ops_cli;

@@ -6,9 +6,12 @@
 //! turns undecodable requests into `INVALID_ARGUMENT` naming the field, and
 //! the server's view of a Leases request ([`lease_frames`]), and the proto3
 //! JSON mapping of the messages that leave the process as JSON ([`json`],
-//! feature `json`).
+//! feature `json`). With feature `json`, every message also has pbjson's
+//! generated serde code, which JSON over HTTP uses ([`connect`]).
 
 pub mod codec;
+#[cfg(feature = "json")]
+pub mod connect;
 #[cfg(feature = "json")]
 pub mod json;
 pub mod lease_frames;
@@ -21,6 +24,9 @@ pub mod v1 {
     // The server trait, generated from the same service (see build.rs).
     include!(concat!(env!("OUT_DIR"), "/presence.v1.Presence.rs"));
     include!(concat!(env!("OUT_DIR"), "/presence.v1.Cluster.rs"));
+    // The proto3 JSON mapping of every message (pbjson-build, see build.rs).
+    #[cfg(feature = "json")]
+    include!(concat!(env!("OUT_DIR"), "/presence.v1.serde.rs"));
 }
 
 /// The encoded `FileDescriptorSet` of the API, for server reflection.

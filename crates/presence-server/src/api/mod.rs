@@ -1,4 +1,4 @@
-//! The edge of one process: the `Presence` handlers, gRPC-Web and the console, their connections, and reloads.
+//! The edge of one process: the `Presence` handlers, gRPC-Web, JSON over HTTP and the console, their connections, and reloads.
 //! It may name both `node/` and `cluster/`; nothing in either names it (their guard tests say so).
 //!
 //! It decides once per request whether a call is answered here or by
@@ -6,6 +6,7 @@
 //! credentials and the TLS material in use current (the credentials file's
 //! format is `auth/credentials.rs`'s).
 
+pub(crate) mod connect;
 pub(crate) mod connections;
 pub(crate) mod metrics_port;
 pub(crate) mod readiness;

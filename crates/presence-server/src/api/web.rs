@@ -1,6 +1,6 @@
 //! The service's port as a browser sees it (contract O5, and the serving
-//! half of O4): gRPC-Web, CORS for pages served from other origins, and the
-//! console's static files, beside plain gRPC.
+//! half of O4): gRPC-Web, JSON over HTTP, CORS for pages served from other
+//! origins, and the console's static files, beside plain gRPC.
 //!
 //! [`Front`] is the one service every connection is served with. It sorts
 //! each request by its content type and path before anything else looks at it:
@@ -9,14 +9,16 @@
 //! |---|---|
 //! | `application/grpc…` over HTTP/2 | the routes, untouched: gateways pay one header lookup and nothing else |
 //! | `application/grpc-web…` (any HTTP version), a CORS preflight, gRPC over HTTP/1 | tower-http's CORS layer, then tonic-web's translation, then the same routes |
+//! | `application/json` (JSON over HTTP, the Connect protocol's unary form) | the same CORS layer, then [`super::connect`]'s translation, then the same routes |
+//! | `GET /openapi.json` | the OpenAPI document of JSON over HTTP |
 //! | `/console`, `/console/…` | the console's files, built into the binary |
 //! | anything else | 404 |
 //!
-//! So a call over gRPC-Web reaches the very handlers a gRPC call does, with
+//! So a call over gRPC-Web or JSON reaches the very handlers a gRPC call does, with
 //! the same credentials, limits and statuses. What it must not do: read
 //! anything from disk at run time (the console's files are `include_bytes!`
 //! of `console/` beside this crate's manifest), or answer a request that is
-//! neither gRPC nor the console with anything but a 404.
+//! neither gRPC, JSON, the OpenAPI document nor the console with anything but a 404.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -37,6 +39,7 @@ use tower_http::cors::{AllowOrigin, Cors, CorsLayer};
 use tower_layer::Layer as _;
 use tower_service::Service;
 
+use super::connect::{self, ConnectJson};
 use crate::ServeError;
 
 /// The console's files, named by their path under `console/`. Adding a file
@@ -59,8 +62,16 @@ const CONSOLE_PATH: &str = "/console";
 const PREFLIGHT_MAX_AGE: Duration = Duration::from_secs(600);
 
 /// The request headers a gRPC-Web client sends (connect-web, grpc-web and
-/// the TypeScript client all use a subset of these).
-const ALLOWED_HEADERS: [&str; 5] = ["authorization", "content-type", "x-grpc-web", "x-user-agent", "grpc-timeout"];
+/// the TypeScript client all use a subset of these), and a Connect JSON call's.
+const ALLOWED_HEADERS: [&str; 7] = [
+    "authorization",
+    "content-type",
+    "x-grpc-web",
+    "x-user-agent",
+    "grpc-timeout",
+    "connect-protocol-version",
+    "connect-timeout-ms",
+];
 
 /// The response headers a page must be able to read: where a trailers-only
 /// answer (an error before any message) carries its status.
@@ -98,21 +109,26 @@ pub(crate) fn parse_cors_origin(origin: &str) -> Result<HeaderValue, ServeError>
 /// What goes to the routes through tonic-web and CORS.
 pub(crate) type WebRoutes = Cors<tonic_web::GrpcWebService<Routes>>;
 
+/// What goes to the routes through JSON over HTTP and CORS.
+pub(crate) type JsonRoutes = Cors<ConnectJson<Routes>>;
+
 /// The service every connection is served with.
-pub(crate) type FrontService = Front<Routes, WebRoutes>;
+pub(crate) type FrontService = Front<Routes, WebRoutes, JsonRoutes>;
 
 /// The service of every connection: see the module doc.
 #[derive(Debug, Clone)]
-pub(crate) struct Front<G, W> {
+pub(crate) struct Front<G, W, J> {
     /// Plain gRPC over HTTP/2.
     grpc: G,
     /// gRPC-Web and CORS preflights, to the same routes.
     web: W,
+    /// JSON over HTTP, to the same routes.
+    json: J,
     /// Whether `/console/` is served (`--console`); a 404 when not.
     console: bool,
 }
 
-impl Front<Routes, WebRoutes> {
+impl Front<Routes, WebRoutes, JsonRoutes> {
     /// Serves `routes` over gRPC and gRPC-Web, letting pages from `origins`
     /// call them (none: only same-origin pages, the console's), and the
     /// console if `console`.
@@ -125,8 +141,9 @@ impl Front<Routes, WebRoutes> {
             .max_age(PREFLIGHT_MAX_AGE);
         // The CORS layer outside, so that a preflight is answered before
         // tonic-web (which would refuse a request that is not gRPC-Web).
-        let web = cors.layer(tonic_web::GrpcWebLayer::new().layer(routes.clone()));
-        Front { grpc: routes, web, console }
+        let web = cors.clone().layer(tonic_web::GrpcWebLayer::new().layer(routes.clone()));
+        let json = cors.layer(ConnectJson::new(routes.clone()));
+        Front { grpc: routes, web, json, console }
     }
 }
 
@@ -135,6 +152,8 @@ impl Front<Routes, WebRoutes> {
 enum Kind {
     Grpc,
     Web,
+    Json,
+    OpenApi,
     Console,
     NotFound,
 }
@@ -149,7 +168,9 @@ impl Kind {
                 Version::HTTP_2 => Kind::Grpc,
                 _ => Kind::Web,
             },
+            Some(content_type) if content_type.starts_with(b"application/json") => Kind::Json,
             _ if request.method() == Method::OPTIONS => Kind::Web,
+            _ if request.method() == Method::GET && request.uri().path() == connect::OPENAPI_PATH => Kind::OpenApi,
             _ if is_console_path(request.uri().path()) => Kind::Console,
             _ => Kind::NotFound,
         }
@@ -160,20 +181,22 @@ fn is_console_path(path: &str) -> bool {
     path.strip_prefix(CONSOLE_PATH).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
-impl<G, W> Service<Request<Body>> for Front<G, W>
+impl<G, W, J> Service<Request<Body>> for Front<G, W, J>
 where
     G: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
     W: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    J: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = FrontFuture<G::Future, W::Future>;
+    type Future = FrontFuture<G::Future, W::Future, J::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        // Both are always ready (the routes pick a handler per request);
-        // polled so that neither is ever called without it.
+        // All are always ready (the routes pick a handler per request);
+        // polled so that none is ever called without it.
         ready!(self.grpc.poll_ready(cx))?;
-        self.web.poll_ready(cx)
+        ready!(self.web.poll_ready(cx))?;
+        self.json.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
@@ -185,6 +208,8 @@ where
                 Err(refused) => FrontFuture::Ready { response: Some(tonic::Status::from(refused).into_http()) },
             },
             Kind::Web => FrontFuture::Web { future: self.web.call(request) },
+            Kind::Json => FrontFuture::Json { future: self.json.call(request) },
+            Kind::OpenApi => FrontFuture::Ready { response: Some(connect::openapi()) },
             Kind::Console if self.console => FrontFuture::Ready { response: Some(console(&request)) },
             Kind::Console | Kind::NotFound => FrontFuture::Ready { response: Some(not_found()) },
         }
@@ -194,20 +219,23 @@ where
 pin_project_lite::pin_project! {
     /// The answer of [`Front`]: one of its two inner services' or one made at once.
     #[project = FrontFutureProjection]
-    pub(crate) enum FrontFuture<G, W> {
+    pub(crate) enum FrontFuture<G, W, J> {
         /// Plain gRPC.
         Grpc { #[pin] future: G },
         /// gRPC-Web or a preflight.
         Web { #[pin] future: W },
+        /// JSON over HTTP.
+        Json { #[pin] future: J },
         /// The console or a 404.
         Ready { response: Option<Response<Body>> },
     }
 }
 
-impl<G, W> Future for FrontFuture<G, W>
+impl<G, W, J> Future for FrontFuture<G, W, J>
 where
     G: Future<Output = Result<Response<Body>, Infallible>>,
     W: Future<Output = Result<Response<Body>, Infallible>>,
+    J: Future<Output = Result<Response<Body>, Infallible>>,
 {
     type Output = Result<Response<Body>, Infallible>;
 
@@ -215,6 +243,7 @@ where
         match self.project() {
             FrontFutureProjection::Grpc { future } => future.poll(cx),
             FrontFutureProjection::Web { future } => future.poll(cx),
+            FrontFutureProjection::Json { future } => future.poll(cx),
             FrontFutureProjection::Ready { response } => {
                 Poll::Ready(Ok(response.take().expect("a ready answer is polled once")))
             }
@@ -321,7 +350,8 @@ fn response(status: StatusCode) -> http::response::Builder {
 
 /// Anything on the port that is neither gRPC nor the console.
 fn not_found() -> Response<Body> {
-    const TEXT: &str = "not found: this port serves gRPC, gRPC-Web and /console/\n";
+    const TEXT: &str = "not found: this port serves gRPC, gRPC-Web, JSON over HTTP (POST /presence.v1.Presence/<Method>, \
+                        content-type application/json; the methods: /openapi.json) and /console/\n";
     response(StatusCode::NOT_FOUND)
         .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
         .header(header::CONTENT_LENGTH, TEXT.len())
@@ -380,7 +410,10 @@ mod tests {
             (Method::GET, "/console/app.js", None, Version::HTTP_2, Kind::Console),
             (Method::GET, "/consoles", None, Version::HTTP_11, Kind::NotFound),
             (Method::GET, "/", None, Version::HTTP_11, Kind::NotFound),
-            (Method::POST, grpc, Some("application/json"), Version::HTTP_11, Kind::NotFound),
+            (Method::POST, grpc, Some("application/json"), Version::HTTP_11, Kind::Json),
+            (Method::POST, grpc, Some("application/json; charset=utf-8"), Version::HTTP_2, Kind::Json),
+            (Method::GET, "/openapi.json", None, Version::HTTP_11, Kind::OpenApi),
+            (Method::POST, grpc, Some("text/plain"), Version::HTTP_11, Kind::NotFound),
         ] {
             let described = format!("{method} {path} {content_type:?} {version:?}");
             assert_eq!(Kind::of(&request(method, path, content_type, version)), kind, "{described}");
