@@ -1,0 +1,30 @@
+"""presenced's Python client (asyncio, on grpcio's ``grpc.aio``).
+
+Gateway side: :class:`LeaseChannel` (every lease item of a gateway on one
+``Leases`` stream, batched, with a bounded queue that sheds renewals first)
+and :class:`Session` (one connection of a user, renewed with jitter,
+registered again when the server lost its lease, closed when superseded).
+
+Viewer side: :class:`ViewerStore` (users at their highest version) and
+:class:`Watcher` (a Watch that reopens itself, resuming with the versions held).
+
+The messages and the raw stub are ``presenced.pb`` and ``presenced.PresenceStub``.
+"""
+
+from presenced._proto.presence.v1 import presence_pb2 as pb
+from presenced._proto.presence.v1.presence_pb2_grpc import PresenceStub
+from presenced.channel import open_channel
+from presenced.errors import PresenceError
+from presenced.leases import LeaseChannel, Session
+from presenced.viewer import ViewerStore, Watcher
+
+__all__ = [
+    "LeaseChannel",
+    "PresenceError",
+    "PresenceStub",
+    "Session",
+    "ViewerStore",
+    "Watcher",
+    "open_channel",
+    "pb",
+]
