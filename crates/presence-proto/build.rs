@@ -45,11 +45,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     let encoded = descriptors.encode_to_vec();
     std::fs::write(out_dir.join("presence_descriptor.bin"), &encoded)?;
-    // The proto3 JSON mapping of every message, camelCase names out, either
-    // name in, every field written even when it holds its default (a PHP or
-    // shell caller reads `"state": "STATE_OFFLINE"` rather than guessing).
-    pbjson_build::Builder::new().register_descriptors(&encoded)?.emit_fields().build(&[".presence.v1"])?;
+    // The proto3 JSON mapping of the API's messages, camelCase names out,
+    // either name in, every field written even when it holds its default (a
+    // PHP or shell caller reads `"state": "STATE_OFFLINE"` rather than
+    // guessing). Not the node-to-node messages of cluster.proto: nothing
+    // sends them as JSON, and their serde code would only lengthen the build.
     let api = descriptors.file.iter().find(|file| file.name().ends_with("presence.proto")).expect("presence.proto");
+    let cluster = descriptors.file.iter().find(|file| file.name().ends_with("cluster.proto")).expect("cluster.proto");
+    let node_to_node = cluster
+        .message_type
+        .iter()
+        .map(|message| message.name())
+        .chain(cluster.enum_type.iter().map(|enumeration| enumeration.name()))
+        .map(|name| format!(".{}.{name}", cluster.package()));
+    pbjson_build::Builder::new()
+        .register_descriptors(&encoded)?
+        .emit_fields()
+        .exclude(node_to_node)
+        .build(&[".presence.v1"])?;
     std::fs::write(out_dir.join("presence.v1.unary_json.rs"), unary_method_table(api))?;
     let openapi = openapi(&descriptors, api, &env::var("CARGO_PKG_VERSION")?);
     std::fs::write(out_dir.join("openapi.json"), serde_json::to_string_pretty(&openapi)?)?;
