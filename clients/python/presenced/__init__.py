@@ -5,6 +5,9 @@ Gateway side: :class:`LeaseChannel` (every lease item of a gateway on one
 and :class:`Session` (one connection of a user, renewed with jitter,
 registered again when the server lost its lease, closed when superseded).
 
+In a cluster, :class:`ClusterLeases` sends each item to its user's owner,
+following the ``NotOwner`` refusals and waiting out a slot between owners.
+
 Viewer side: :class:`ViewerStore` (users at their highest version) and
 :class:`Watcher` (a Watch that reopens itself, resuming with the versions held).
 
@@ -15,16 +18,20 @@ from presenced._proto.presence.v1 import presence_pb2 as pb
 from presenced._proto.presence.v1.presence_pb2_grpc import PresenceStub
 from presenced.channel import open_channel
 from presenced.errors import PresenceError
-from presenced.leases import LeaseChannel, Session
+from presenced.cluster import ClusterLeases, slot_of
+from presenced.leases import LeaseChannel, Leases, Session
 from presenced.viewer import ViewerStore, Watcher
 
 __all__ = [
+    "ClusterLeases",
     "LeaseChannel",
+    "Leases",
     "PresenceError",
     "PresenceStub",
     "Session",
     "ViewerStore",
     "Watcher",
     "open_channel",
+    "slot_of",
     "pb",
 ]

@@ -29,7 +29,7 @@ import random
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -293,8 +293,39 @@ class LeaseChannel:
                 item.answer.set_exception(error)
 
 
+class Leases(Protocol):
+    """Where a :class:`Session` sends its items: a :class:`LeaseChannel`, or
+    a ``ClusterLeases`` routing each to its user's owner."""
+
+    async def register(
+        self,
+        user_id: str,
+        session_id: str,
+        *,
+        ttl_ms: int,
+        gateway_id: str = "",
+        metadata: Mapping[str, str] | None = None,
+    ) -> pb.RegisterResponse: ...
+
+    async def renew(self, user_id: str, session_id: str, generation: int, *, ttl_ms: int) -> pb.RenewResponse: ...
+
+    async def unregister(
+        self, user_id: str, session_id: str, generation: int, *, linger_ms: int = 0
+    ) -> pb.UnregisterResponse: ...
+
+    async def join(
+        self, user_id: str, session_id: str, generation: int, room_id: str, metadata: Mapping[str, str] | None = None
+    ) -> pb.JoinResponse: ...
+
+    async def leave(self, user_id: str, session_id: str, generation: int, room_id: str) -> pb.LeaveResponse: ...
+
+    async def signal(
+        self, user_id: str, session_id: str, generation: int, room_id: str, kind: str, *, ttl_ms: int = 0
+    ) -> pb.SignalResponse: ...
+
+
 class Session:
-    """One connection of a user, kept alive on a :class:`LeaseChannel`.
+    """One connection of a user, kept alive on a :class:`LeaseChannel` (or any :class:`Leases`).
 
     ``renew_every`` defaults to a third of ``ttl_ms``: two renewals may be
     lost before the lease ends. Each wait is jittered by ``jitter`` either way
@@ -305,7 +336,7 @@ class Session:
 
     def __init__(
         self,
-        leases: LeaseChannel,
+        leases: Leases,
         user_id: str,
         session_id: str,
         *,
@@ -438,4 +469,4 @@ class Session:
                 await outcome
 
 
-__all__: Sequence[str] = ["LeaseChannel", "Session", "MAX_BATCH", "MAX_QUEUED"]
+__all__: Sequence[str] = ["LeaseChannel", "Leases", "Session", "MAX_BATCH", "MAX_QUEUED"]
