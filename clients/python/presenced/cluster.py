@@ -8,7 +8,11 @@ an older refusal arriving late never takes a slot back). An item goes to its
 slot's known owner, or to a seed; a refusal naming an owner sends it there at
 once; one naming none (the slot is between owners, in a move or a takeover)
 waits with backoff and jitter and tries again, within ``move_budget``
-seconds, after which the refusal is the caller's.
+seconds, after which the refusal is the caller's. A node that does not
+answer (``UNAVAILABLE`` without a ``NotOwner``: down, or cut off) loses the
+slots routed to it, so that the next item goes to a seed, whose refusal names
+the owner etcd gives them next; the item itself fails, and a session's next
+beat renews it.
 
 It has the methods of a :class:`LeaseChannel` that a :class:`Session` uses, so
 a session registers through it as through one channel.
@@ -25,7 +29,7 @@ import grpc
 
 from presenced._proto.presence.v1 import presence_pb2 as pb
 from presenced.errors import PresenceError
-from presenced.leases import LeaseChannel
+from presenced.leases import RESPONSE_TIMEOUT, LeaseChannel
 
 #: The cluster's slot count when none is given (`presenced serve --slots`' default).
 DEFAULT_SLOTS = 1024
@@ -59,12 +63,14 @@ class ClusterLeases:
         cert: str | None = None,
         key: str | None = None,
         move_budget: float = MOVE_BUDGET,
+        response_timeout: float = RESPONSE_TIMEOUT,
     ) -> None:
         if not seeds:
             raise ValueError("seeds: give at least one node's address")
         self.seeds = list(seeds)
         self.slots = slots
         self.move_budget = move_budget
+        self.response_timeout = response_timeout
         self._token, self._gateway_id = token, gateway_id
         self._tls = (ca, cert, key)
         self._channels: dict[str, LeaseChannel] = {}
@@ -88,7 +94,13 @@ class ClusterLeases:
         if address not in self._channels:
             ca, cert, key = self._tls
             self._channels[address] = LeaseChannel(
-                address, token=self._token, gateway_id=self._gateway_id, ca=ca, cert=cert, key=key
+                address,
+                token=self._token,
+                gateway_id=self._gateway_id,
+                ca=ca,
+                cert=cert,
+                key=key,
+                response_timeout=self.response_timeout,
             )
         return self._channels[address]
 
@@ -96,6 +108,10 @@ class ClusterLeases:
         known = self.owners.get(owner.slot)
         if owner.owner_addr and (known is None or owner.epoch >= known[0]):
             self.owners[owner.slot] = (owner.epoch, owner.owner_addr)
+
+    def _forget(self, address: str) -> None:
+        for slot in [slot for slot, (_, owner) in self.owners.items() if owner == address]:
+            del self.owners[slot]
 
     async def _routed(self, user_id: str, send: Callable[[LeaseChannel], Awaitable[T]]) -> T:
         slot = slot_of(user_id, self.slots)
@@ -109,6 +125,9 @@ class ClusterLeases:
             try:
                 return await send(self.channel(address))
             except PresenceError as err:
+                if err.code == grpc.StatusCode.UNAVAILABLE and err.not_owner is None:
+                    self._forget(address)
+                    raise
                 if err.code != grpc.StatusCode.UNAVAILABLE or err.not_owner is None:
                     raise
                 if err.not_owner.owner_addr:

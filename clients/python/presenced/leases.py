@@ -9,7 +9,10 @@ the stream is bounded; when it is full, renewals are shed first (a shed
 renewal keeps its session: the next beat renews it), and what cannot be shed
 is refused at once rather than waited for. A broken stream is reopened with
 backoff and jitter, and the items it had not answered are sent again on the
-new one, each answered to its caller once.
+new one, each answered to its caller once. An item not answered within
+``response_timeout`` (a node that is down, or one that stopped answering)
+fails with ``UNAVAILABLE``: it may or may not have been applied, and nothing
+waits on a dead node for ever.
 
 A :class:`Session` is one connection of a user: it registers, renews at a
 jittered fraction of its TTL, registers again with a new generation when the
@@ -47,6 +50,8 @@ MAX_QUEUED = 20_000
 #: The first wait before reopening a broken stream, and the longest.
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 5.0
+#: How long an item waits for its answer before it fails with ``UNAVAILABLE``.
+RESPONSE_TIMEOUT = 10.0
 
 
 @dataclass
@@ -78,9 +83,14 @@ class LeaseChannel:
         key: str | None = None,
         max_batch: int = MAX_BATCH,
         max_queued: int = MAX_QUEUED,
+        response_timeout: float = RESPONSE_TIMEOUT,
     ) -> None:
         if max_batch < 1 or max_queued < 1:
             raise ValueError("max_batch and max_queued must be at least 1")
+        if response_timeout <= 0:
+            raise ValueError("response_timeout must be positive")
+        self._response_timeout = response_timeout
+        self.target = target if isinstance(target, str) else "the given channel"
         self._channel, self._owns_channel = open_channel(target, ca=ca, cert=cert, key=key)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.gateway_id = gateway_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -195,7 +205,17 @@ class LeaseChannel:
             )
         self._queue.append(queued)
         self._queued.set()
-        result = await answer
+        try:
+            result = await asyncio.wait_for(asyncio.shield(answer), self._response_timeout)
+        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
+            # Answered now, so that the writer skips it and a late answer is dropped.
+            if not answer.done():
+                answer.set_exception(PresenceError(grpc.StatusCode.UNAVAILABLE, "no answer"))
+                answer.exception()
+            raise PresenceError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"presenced at {self.target} did not answer within {self._response_timeout} s",
+            ) from None
         if result.code != 0:
             not_owner = result.not_owner if result.HasField("not_owner") else None
             raise PresenceError(status_code(result.code), result.message, not_owner)

@@ -148,6 +148,18 @@ async def test_a_broken_stream_reopens_and_what_it_did_not_answer_is_answered_on
         assert (await state_of(server, "frank")).state == pb.STATE_ONLINE
 
 
+async def test_an_item_a_node_never_answers_fails_unavailable_within_the_response_timeout() -> None:
+    # Nothing listens on port 9: the stream waits to connect, and the item
+    # must not wait with it for ever.
+    async with LeaseChannel("127.0.0.1:9", response_timeout=0.3) as leases:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(PresenceError) as unanswered:
+            await leases.register("hana", "s1", ttl_ms=30_000)
+        assert unanswered.value.code == grpc.StatusCode.UNAVAILABLE
+        assert "did not answer within 0.3 s" in unanswered.value.message
+        assert asyncio.get_running_loop().time() - started < 2
+
+
 async def test_a_gateway_without_its_credential_is_refused(secured: Server) -> None:
     async with LeaseChannel(secured.addr, token="not-the-token") as leases:
         with pytest.raises(PresenceError) as refused:
