@@ -200,7 +200,7 @@ function openStream(
     }
     buffered = data.length > 0 ? data : undefined;
   });
-  stream.on("close", () => {
+  const settle = (): void => {
     if (grpcStatus === 0) return end(undefined);
     if (grpcStatus !== undefined) return end(new ConnectError(grpcMessage, codeOf(grpcStatus)));
     if (httpStatus !== undefined && httpStatus !== 200) {
@@ -208,7 +208,16 @@ function openStream(
     }
     const why = failure !== undefined ? `: ${failureText(failure, connection.goawayText)}` : "";
     end(new ConnectError(`the lease stream closed without a status${why}`, Code.Unavailable));
+  };
+  // The server's half ended (its status came): the call is over even when
+  // no reset follows (presenced sends one; a proxy before it may not), and
+  // waiting for "close" would leave the stream half open until the
+  // response timeout.
+  stream.on("end", () => {
+    settle();
+    if (!stream.closed && !stream.destroyed) stream.close(http2.constants.NGHTTP2_CANCEL);
   });
+  stream.on("close", settle);
 
   return {
     send(batchId, items) {
