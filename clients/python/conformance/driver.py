@@ -18,8 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import grpc
-
 from presenced import (
     ChangesConsumer,
     ChangesOutOfRange,
@@ -171,27 +169,18 @@ async def run_watch(target: str, tokens: Sequence[str], client: dict[str, Any]) 
         viewer_id=str(client.get("viewer_id", "")),
     )
     deadline = time.monotonic() + run
-    stopped: grpc.aio.AioRpcError | None = None
     try:
         watcher.start()
         try:
-            # Raises the error of a Watch that stopped (a refusal no reopening fixes).
             await watcher.ready(timeout=run)
         except TimeoutError:
             print(f"no snapshot within run_ms ({run} s)", file=sys.stderr)
-        except grpc.aio.AioRpcError as err:
-            stopped = err
-        if stopped is None:
-            left = deadline - time.monotonic()
-            if left > 0:
-                await asyncio.sleep(left)
-            # A Watch that stopped after its first snapshot.
-            try:
-                await watcher.ready(timeout=0.01)
-            except TimeoutError:
-                pass
-            except grpc.aio.AioRpcError as err:
-                stopped = err
+        except PresenceError:
+            pass  # in last_error, below
+        left = deadline - time.monotonic()
+        if watcher.running and left > 0:
+            await asyncio.sleep(left)
+        stopped = watcher.last_error
         users = {
             user_id: {"state": state_name(user.state), "version": user.version}
             for user_id, user in sorted(watcher.store.users.items())
@@ -200,7 +189,7 @@ async def run_watch(target: str, tokens: Sequence[str], client: dict[str, Any]) 
         await closing(watcher.close)
     if stopped is not None:
         # A watch the client gave up on did not stay open for run_ms: a failure, with what it held.
-        raise Failed(f"the Watch stopped: {stopped.code().name}: {stopped.details()}", {"users": users})
+        raise Failed(f"the Watch stopped: {stopped.code.name}: {stopped.message}", {"users": users})
     return {"users": users}
 
 

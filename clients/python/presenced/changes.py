@@ -33,14 +33,15 @@ from google.protobuf import any_pb2
 from presenced._proto.presence.v1 import presence_pb2 as pb
 from presenced.channel import Target, open_channel, presence_stub
 from presenced.errors import PresenceError
-from presenced.rooms import (
+from presenced.streams import (
     MAX_REFUSED_FRESH_CREDENTIALS,
     PERMANENT_CODES,
+    Token,
     bearer_metadata,
+    log,
     refusal,
     reopen_delay,
 )
-from presenced.viewer import Token, log
 
 #: The type URL of the ``ChangesOutOfRange`` detail of an ``OUT_OF_RANGE`` refusal.
 OUT_OF_RANGE_TYPE_URL = "type.googleapis.com/presence.v1.ChangesOutOfRange"

@@ -15,25 +15,12 @@ expiry.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Union
-
-import grpc
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from presenced._proto.presence.v1 import presence_pb2 as pb
-from presenced.channel import Target, open_channel, presence_stub
-
-log = logging.getLogger("presenced")
-
-#: A token, or a function giving the current one (asked at each opening).
-Token = Union[str, Callable[[], str], Callable[[], Awaitable[str]], None]
-
-BACKOFF_FIRST = 0.05
-BACKOFF_MAX = 5.0
+from presenced.channel import Target
+from presenced.streams import Metadata, ReopeningWatch, Token
 
 
 class ViewerStore:
@@ -92,12 +79,17 @@ class ViewerStore:
             self.apply_added(event.added)
 
 
-class Watcher:
-    """A Watch of ``user_ids`` that reopens itself, feeding a :class:`ViewerStore`.
+class Watcher(ReopeningWatch[pb.WatchEvent]):
+    """A Watch of ``user_ids`` that reopens itself, feeding a :class:`ViewerStore`,
+    resuming with the versions it holds (``known_versions``).
 
-    ``on_change(store, event)`` is called after each event is applied.
-    Stop it with :meth:`close` (or ``async with``).
+    ``on_change(store, event)`` is called after each event is applied. A
+    refusal no reopening fixes (a fixed token's expiry, a viewer that may not
+    watch) ends it: :meth:`ready` raises it as a :class:`~presenced.PresenceError`,
+    and ``last_error`` holds it. Stop it with :meth:`close` (or ``async with``).
     """
+
+    _name = "the Watch"
 
     def __init__(
         self,
@@ -112,84 +104,22 @@ class Watcher:
         cert: str | None = None,
         key: str | None = None,
     ) -> None:
-        self._channel, self._owns_channel = open_channel(target, ca=ca, cert=cert, key=key)
-        self._stub = presence_stub(self._channel)
+        super().__init__(target, token=token, ca=ca, cert=cert, key=key)
         self.user_ids = list(dict.fromkeys(user_ids))
         self.viewer_id = viewer_id
-        self.token = token
         self.store = store if store is not None else ViewerStore()
         self.on_change = on_change
-        #: Streams opened, the first included.
-        self.opened = 0
-        self._task: asyncio.Task[None] | None = None
-        self._first_snapshot = asyncio.Event()
 
-    async def __aenter__(self) -> Watcher:
-        self.start()
-        await self.ready()
-        return self
+    def _open(self, metadata: Metadata) -> Any:
+        request = pb.WatchRequest(
+            user_ids=self.user_ids, viewer_id=self.viewer_id, known_versions=self.store.known_versions()
+        )
+        return self._stub.Watch(request, metadata=metadata, wait_for_ready=True)
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="presenced-watch")
-
-    async def ready(self, timeout: float | None = 10.0) -> None:
-        """Waits for the first snapshot (a stopped watch's error is raised)."""
-        waiting = asyncio.ensure_future(self._first_snapshot.wait())
-        assert self._task is not None, "start() first"
-        done, _ = await asyncio.wait({waiting, self._task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if self._task in done:
-            waiting.cancel()
-            self._task.result()
-        if waiting not in done:
-            waiting.cancel()
-            raise TimeoutError("no snapshot from the Watch in time")
-
-    async def close(self) -> None:
-        """Stops the Watch (a refusal that stopped it already was raised by :meth:`ready`)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                await self._task
-        if self._owns_channel:
-            await self._channel.close()
-
-    async def _metadata(self) -> tuple[tuple[str, str], ...]:
-        token = self.token
-        if callable(token):
-            given = token()
-            token = await given if isinstance(given, Awaitable) else given
-        return (("authorization", f"Bearer {token}"),) if token else ()
-
-    async def _run(self) -> None:
-        failures = 0
-        while True:
-            request = pb.WatchRequest(
-                user_ids=self.user_ids, viewer_id=self.viewer_id, known_versions=self.store.known_versions()
-            )
-            try:
-                call = self._stub.Watch(request, metadata=await self._metadata(), wait_for_ready=True)
-                self.opened += 1
-                async for event in call:
-                    failures = 0
-                    self.store.apply(event, watched=self.user_ids)
-                    if event.WhichOneof("event") == "snapshot":
-                        self._first_snapshot.set()
-                    if self.on_change is not None:
-                        self.on_change(self.store, event)
-                log.info("the Watch ended; reopening")
-            except grpc.aio.AioRpcError as err:
-                if err.code() == grpc.StatusCode.PERMISSION_DENIED or (
-                    err.code() == grpc.StatusCode.UNAUTHENTICATED and not callable(self.token)
-                ):
-                    # A refusal no reopening fixes (a fixed token's expiry included).
-                    raise
-                log.info("the Watch broke (%s: %s); reopening", err.code().name, err.details())
-            failures += 1
-            await asyncio.sleep(random.uniform(0, min(BACKOFF_MAX, BACKOFF_FIRST * 2**failures)))
+    def _received(self, message: pb.WatchEvent, first: bool) -> None:
+        self.store.apply(message, watched=self.user_ids)
+        if self.on_change is not None:
+            self.on_change(self.store, message)
 
 
 def snapshot_map(users: Iterable[pb.UserPresence]) -> Mapping[str, pb.UserPresence]:

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from conftest import JWT_SECRET, SERVICE_TOKEN, Server, eventually
-from presenced import LeaseChannel, ViewerStore, Watcher, pb
+from presenced import LeaseChannel, PresenceError, ViewerStore, Watcher, pb
 from presenced.channel import presence_stub
 
 
@@ -109,7 +109,8 @@ async def test_a_watcher_refreshes_its_token_when_the_stream_ends_at_its_expiry(
 async def test_a_watcher_with_a_fixed_expired_token_stops_with_the_refusal(secured: Server) -> None:
     watcher = Watcher(secured.addr, ["alice"], token=viewer_token("viewer-1", expires_in=-60))
     watcher.start()
-    with pytest.raises(grpc.aio.AioRpcError) as refused:
+    with pytest.raises(PresenceError) as refused:
         await watcher.ready()
-    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert watcher.last_error is refused.value and not watcher.running
     await watcher.close()
