@@ -10,6 +10,7 @@
 //! its clock into `now`, drives [`Store::expire`] at [`Store::next_deadline`]
 //! and publishes the flips; tests drive simulated time at full speed.
 
+pub mod attention;
 pub mod checkpoint;
 mod config;
 mod error;

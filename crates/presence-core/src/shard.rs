@@ -50,6 +50,7 @@ use hashbrown::{DefaultHashBuilder, HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::hint::black_box;
 
+use crate::attention::{AttentionChange, SessionAttention};
 use crate::checkpoint::{CheckpointWriter, MembershipOut, UserRecord};
 use crate::config::StoreConfig;
 use crate::error::LeaseError;
@@ -416,6 +417,10 @@ pub(crate) struct Shard {
     /// Every lease of the shard; `None` slots are free and listed in `free_leases`.
     leases: Vec<Option<Lease>>,
     free_leases: Vec<u32>,
+    /// Each lease slot's attention (A1), 8 bytes, by slot as `leases`; empty
+    /// until a session first says what its human is doing, then as long as
+    /// the slots that did. A freed slot's is reset.
+    attention: Vec<SessionAttention>,
     /// Metadata of the leases that have any, by lease slot.
     metadata: HashMap<u32, Box<[(String, String)]>>,
     /// The users' timers, keyed by slot: one entry per user with leases, a
@@ -504,6 +509,7 @@ impl Shard {
             hasher: DefaultHashBuilder::default(),
             leases: Vec::new(),
             free_leases: Vec::new(),
+            attention: Vec::new(),
             metadata: HashMap::new(),
             wheel: TimerWheel::new(now),
             stamps: StampClock::default(),
@@ -606,8 +612,11 @@ impl Shard {
                 lease.link.set_flag(CLOSING, false);
                 self.origins.release(previous_origin);
                 self.set_metadata(index, registration.metadata);
-                // The new connection joins again (R6).
+                // The new connection joins again (R6), and says again what its human does (A1).
                 self.drop_rooms(slot, index);
+                if let Some(attention) = self.attention.get_mut(index as usize) {
+                    *attention = SessionAttention::default();
+                }
                 true
             }
             None => {
@@ -1254,6 +1263,47 @@ impl Shard {
             .collect()
     }
 
+    /// Applies a change of the attention of the lease a gateway names (A1);
+    /// returns whether anything changed. Named as a renewal names its lease
+    /// (L2): a closing, stale or unknown one is refused.
+    pub(crate) fn set_attention(
+        &mut self,
+        now: Tick,
+        lease: (&str, &str, u64),
+        change: &AttentionChange<'_>,
+        changes: &mut Changes,
+    ) -> Result<bool, LeaseError> {
+        let (user_id, session_id, generation) = lease;
+        let now = self.advance(now);
+        let slot = self.find(user_id);
+        let (_, index) = self.named_lease(now, slot, user_id, session_id, generation, changes)?;
+        if change.is_empty() {
+            return Ok(false);
+        }
+        if self.attention.len() <= index as usize {
+            self.attention.resize(self.leases.len(), SessionAttention::default());
+        }
+        Ok(self.attention[index as usize].apply(change, now / 1000))
+    }
+
+    /// The attention of each of the user's live sessions at `now` (a pure
+    /// read, as [`Shard::live_sessions`]): sessions lingering after a close
+    /// are gone for this.
+    pub(crate) fn attention_of(&self, now: Tick, user_id: &str) -> Vec<(CompactString, SessionAttention)> {
+        let now = self.now.max(now);
+        let Some(slot) = self.find(user_id) else { return Vec::new() };
+        self.lease_indices(slot)
+            .filter(|&index| {
+                let lease = self.lease(index);
+                !lease.is_hold() && !lease.closing() && lease.expires_at > now
+            })
+            .map(|index| {
+                let attention = self.attention.get(index as usize).copied().unwrap_or_default();
+                (self.lease(index).session_id.clone(), attention)
+            })
+            .collect()
+    }
+
     fn lease_view(&self, index: u32) -> LeaseView {
         let lease = self.lease(index);
         LeaseView {
@@ -1771,6 +1821,9 @@ impl Shard {
         self.origins.release(lease.origin);
         if lease.has_metadata() {
             self.metadata.remove(&index);
+        }
+        if let Some(attention) = self.attention.get_mut(index as usize) {
+            *attention = SessionAttention::default();
         }
         self.free_leases.push(index);
         self.sessions -= 1;

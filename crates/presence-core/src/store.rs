@@ -11,6 +11,9 @@ use std::sync::Arc;
 
 use compact_str::CompactString;
 
+use crate::attention::{
+    AttentionChange, MAX_NOTIFY_USERS, NotifyDecision, NotifyPolicy, Urgency, notify_target, room_hash,
+};
 use crate::checkpoint::{self, Checkpoint, CheckpointError, CheckpointWriter, UserRecord};
 use crate::config::{ConfigError, StoreConfig};
 use crate::error::LeaseError;
@@ -501,6 +504,57 @@ impl Store {
         // Under the shard's lock, which keeps the names' references held.
         let shard = self.shards[self.shard_of(user_id)].lock();
         self.room_ids(shard.rooms_of(user_id))
+    }
+
+    /// Applies a change of a session's attention (A1), named by its lease as
+    /// a renewal names it: what a register, renewal or lease item carried
+    /// beside the lease. Returns whether anything changed; an empty change
+    /// only checks the lease. The attention ends with the lease.
+    pub fn set_attention(
+        &self,
+        now: Tick,
+        lease: (&str, &str, u64),
+        change: &AttentionChange<'_>,
+        changes: &mut Changes,
+    ) -> Result<bool, LeaseError> {
+        let (user_id, session_id, _) = lease;
+        validate::id("user_id", user_id)?;
+        validate::id("session_id", session_id)?;
+        if let Some(room_id) = change.focused_room_id.filter(|room_id| !room_id.is_empty()) {
+            validate::id("focused_room_id", room_id)?;
+        }
+        self.with_shard(user_id, changes, |shard, changes| shard.set_attention(now, lease, change, changes))
+    }
+
+    /// Where a notification for each user should go at `now` (A3, A4), in
+    /// request order: from the attention of each user's live sessions, for
+    /// the room `room_id` if it is about one. O(k) in the users and their
+    /// sessions; a pure read. At most [`MAX_NOTIFY_USERS`] users.
+    pub fn notify_targets<S: AsRef<str>>(
+        &self,
+        now: Tick,
+        user_ids: &[S],
+        room_id: Option<&str>,
+        urgency: Urgency,
+        policy: &NotifyPolicy,
+    ) -> Result<Vec<NotifyDecision<CompactString>>, LeaseError> {
+        validate::user_ids(user_ids)?;
+        if user_ids.len() > MAX_NOTIFY_USERS {
+            let reason = format!("at most {MAX_NOTIFY_USERS} users per call, not {}", user_ids.len());
+            return Err(LeaseError::InvalidArgument { field: "user_ids", reason });
+        }
+        if let Some(room_id) = room_id {
+            validate::id("room_id", room_id)?;
+        }
+        let room = room_id.map(room_hash);
+        Ok(user_ids
+            .iter()
+            .map(|user_id| {
+                let user_id = user_id.as_ref();
+                let sessions = self.shards[self.shard_of(user_id)].lock().attention_of(now, user_id);
+                notify_target(&sessions, room, urgency, now, policy)
+            })
+            .collect())
     }
 
     /// The user's live sessions at `now`, the most recently created first,

@@ -3051,3 +3051,97 @@ fn c7_a_moves_copy_made_while_served_and_sent_its_changes_ends_equal_to_the_sour
     source.renew(T0 + 1_200, in_move[2], "s", generations[in_move[2]], 1_000, &mut changes).expect("renewed");
     assert!(source.take_moving_changed().is_empty(), "nothing is noted once the move stopped tracking");
 }
+
+mod attention {
+    use super::*;
+    use crate::attention::{
+        Attention, AttentionChange, DeviceKind, MAX_NOTIFY_USERS, NotifyPolicy, NotifyReason, Urgency,
+    };
+
+    fn says(attention: Attention, device: Option<DeviceKind>) -> AttentionChange<'static> {
+        AttentionChange { attention: Some(attention), device, focused_room_id: None }
+    }
+
+    fn decide(
+        store: &Store,
+        now: Tick,
+        user_id: &str,
+        room_id: Option<&str>,
+    ) -> (Vec<String>, bool, u64, NotifyReason) {
+        let policy = NotifyPolicy::default();
+        let decision = store.notify_targets(now, &[user_id], room_id, Urgency::Normal, &policy).unwrap().remove(0);
+        let in_app = decision.in_app.iter().map(ToString::to_string).collect();
+        (in_app, decision.push_now, decision.push_after_ms, decision.reason)
+    }
+
+    /// A1, A3 through the store: attention is named by lease, ends with it, and
+    /// a reconnect starts without it.
+    #[test]
+    fn a1_attention_is_the_leases_and_ends_with_it() {
+        let store = store();
+        let mut changes = Changes::default();
+        let laptop = register(&store, sec(0), reg("ann", "laptop", "gw", 30_000), &mut changes).generation;
+        let phone = register(&store, sec(0), reg("ann", "phone", "gw", 30_000), &mut changes).generation;
+        let active = says(Attention::Active, Some(DeviceKind::Desktop));
+        assert_eq!(store.set_attention(sec(1), ("ann", "laptop", laptop), &active, &mut changes), Ok(true));
+        assert_eq!(store.set_attention(sec(1), ("ann", "laptop", laptop), &active, &mut changes), Ok(false));
+        let background = says(Attention::Background, Some(DeviceKind::Mobile));
+        assert_eq!(store.set_attention(sec(1), ("ann", "phone", phone), &background, &mut changes), Ok(true));
+        assert_eq!(
+            decide(&store, sec(2), "ann", None),
+            (vec!["laptop".into()], false, 60_000, NotifyReason::AttendedElsewhere)
+        );
+
+        // A late change from a dead socket is refused as its renewal would be (L2).
+        let stale = store.set_attention(sec(2), ("ann", "laptop", laptop - 1), &background, &mut changes);
+        assert!(matches!(stale, Err(LeaseError::StaleGeneration { .. })), "{stale:?}");
+        let unknown = store.set_attention(sec(2), ("ann", "tablet", 7), &background, &mut changes);
+        assert!(matches!(unknown, Err(LeaseError::NotFound { .. })), "{unknown:?}");
+        let bad = AttentionChange { focused_room_id: Some(&"r".repeat(129)), ..Default::default() };
+        let refused = store.set_attention(sec(2), ("ann", "laptop", laptop), &bad, &mut changes);
+        assert!(matches!(refused, Err(LeaseError::InvalidArgument { field: "focused_room_id", .. })), "{refused:?}");
+
+        // The laptop reconnects: the new connection has said nothing yet.
+        register(&store, sec(3), reg("ann", "laptop", "gw", 30_000), &mut changes);
+        let (in_app, push_now, _, reason) = decide(&store, sec(3), "ann", None);
+        assert_eq!((push_now, reason), (true, NotifyReason::NoAttendedSession), "the phone said, never active");
+        assert_eq!(in_app, vec!["laptop".to_owned()]);
+
+        // The laptop says it is active, then its session ends: the lease slot,
+        // taken by ann's next session (same shard), starts with nothing.
+        let sessions = store.sessions(sec(4), "ann").unwrap();
+        let again = sessions.iter().find(|session| session.lease.session_id == "laptop").unwrap().lease.generation;
+        store.set_attention(sec(4), ("ann", "laptop", again), &active, &mut changes).unwrap();
+        assert_eq!(decide(&store, sec(4), "ann", None).3, NotifyReason::AttendedElsewhere);
+        store.unregister(sec(4), "ann", "laptop", again, 0, &mut changes).unwrap();
+        register(&store, sec(5), reg("ann", "tablet", "gw", 30_000), &mut changes);
+        let (in_app, push_now, _, reason) = decide(&store, sec(5), "ann", None);
+        assert_eq!((in_app, push_now, reason), (vec!["tablet".to_owned()], true, NotifyReason::NoAttendedSession));
+
+        // The phone's lease expires: ann is offline, and a push goes at once.
+        assert_eq!(decide(&store, sec(40), "ann", None).3, NotifyReason::Offline);
+    }
+
+    #[test]
+    fn a4_a_batch_answers_in_order_and_has_a_cap() {
+        let store = store();
+        let mut changes = Changes::default();
+        let generation = register(&store, sec(0), reg("cat", "desk", "gw", 30_000), &mut changes).generation;
+        let focus =
+            AttentionChange { attention: Some(Attention::Active), device: None, focused_room_id: Some("doc-7") };
+        store.set_attention(sec(0), ("cat", "desk", generation), &focus, &mut changes).unwrap();
+        let users = ["dan", "cat", "cat"];
+        let policy = NotifyPolicy::default();
+        let answers = store.notify_targets(sec(1), &users, Some("doc-7"), Urgency::Normal, &policy).unwrap();
+        let reasons: Vec<NotifyReason> = answers.iter().map(|answer| answer.reason).collect();
+        assert_eq!(reasons, [NotifyReason::Offline, NotifyReason::RoomOpen, NotifyReason::RoomOpen]);
+        let urgent = store.notify_targets(sec(1), &users, Some("doc-7"), Urgency::Urgent, &policy).unwrap();
+        assert!(urgent.iter().all(|answer| answer.push_now && answer.reason == NotifyReason::Urgent));
+
+        let many: Vec<String> = (0..=MAX_NOTIFY_USERS).map(|i| format!("u{i}")).collect();
+        let refused = store.notify_targets(sec(1), &many, None, Urgency::Normal, &policy);
+        assert!(matches!(refused, Err(LeaseError::InvalidArgument { field: "user_ids", .. })), "{refused:?}");
+        let bad_room = store.notify_targets(sec(1), &users, Some(""), Urgency::Normal, &policy);
+        assert!(matches!(bad_room, Err(LeaseError::InvalidArgument { field: "room_id", .. })), "{bad_room:?}");
+    }
+}

@@ -1,0 +1,399 @@
+//! Attention: connection is not availability (A1, A3).
+//!
+//! A session may say what its human is doing with it: `ACTIVE` (foreground,
+//! interacting), `IDLE` (foreground, no interaction for a while) or
+//! `BACKGROUND` (a hidden tab, a locked screen, an app in the background),
+//! what kind of device it is on, and which room it has in focus. From the
+//! attention of all of a user's live sessions, [`notify_target`] answers
+//! where a notification should go: in-app to the sessions in the foreground,
+//! and a push to mobile devices now, after a hand-off delay, or not at all.
+//!
+//! Every session's attention is 8 bytes ([`SessionAttention`]), held beside
+//! its lease and ending with it. The focused room is kept as a 32-bit hash
+//! of its id (FNV-1a, as slots are): a notification for another room whose
+//! hash is the same, among the rooms this user's sessions focus, is answered
+//! as if that room were open. One in four billion per focused room; the
+//! room's name itself would cost a reference to the interned name, released
+//! on every path a lease ends by.
+//!
+//! Pure: the caller gives the time, in seconds of the store's clock.
+
+use crate::slots::slot_of;
+
+/// The most users one `NotifyTargets` call answers for (A4).
+pub const MAX_NOTIFY_USERS: usize = 1_000;
+
+/// What a session's human is doing with it (A1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Attention {
+    /// In the foreground, with interaction.
+    Active,
+    /// In the foreground, with no interaction for a while.
+    Idle,
+    /// Not seen: a hidden tab, a locked screen, an app in the background.
+    Background,
+}
+
+/// The kind of device a session is on (A1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// A desktop application.
+    Desktop,
+    /// A phone or tablet: where pushes go.
+    Mobile,
+    /// A web page.
+    Web,
+    /// Anything else.
+    Other,
+}
+
+/// A change of a session's attention, as a gateway sends it: every field
+/// `None` is unchanged (a renewal that carries none costs nothing more).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttentionChange<'a> {
+    /// The new attention.
+    pub attention: Option<Attention>,
+    /// The device kind (given at register; a later one replaces it).
+    pub device: Option<DeviceKind>,
+    /// The room in focus: `Some("")` clears it.
+    pub focused_room_id: Option<&'a str>,
+}
+
+impl AttentionChange<'_> {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.attention.is_none() && self.device.is_none() && self.focused_room_id.is_none()
+    }
+}
+
+/// One session's attention, in 8 bytes: the focused room's hash (0: none),
+/// and in `bits` the attention (2 bits: 0 unknown), the device kind (3 bits:
+/// 0 unknown) and when it last stopped being `ACTIVE`, in seconds of the
+/// store's clock (27 bits, wrapping every 4.2 years: ages are taken modulo
+/// that, and a session does not live that long).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionAttention {
+    focus: u32,
+    bits: u32,
+}
+
+const ATTENTION_BITS: u32 = 0b11;
+const DEVICE_SHIFT: u32 = 2;
+const DEVICE_BITS: u32 = 0b111 << DEVICE_SHIFT;
+const TIME_SHIFT: u32 = 5;
+/// Seconds the 27 bits of time hold before they wrap.
+const TIME_SPAN: u32 = 1 << (32 - TIME_SHIFT);
+
+/// The hash a focused room is kept as: never 0, which is "none".
+pub fn room_hash(room_id: &str) -> u32 {
+    slot_of(room_id, u32::MAX).max(1)
+}
+
+impl SessionAttention {
+    /// The attention, if the session ever said.
+    pub fn attention(&self) -> Option<Attention> {
+        match self.bits & ATTENTION_BITS {
+            1 => Some(Attention::Active),
+            2 => Some(Attention::Idle),
+            3 => Some(Attention::Background),
+            _ => None,
+        }
+    }
+
+    /// The device kind, if the session said.
+    pub fn device(&self) -> Option<DeviceKind> {
+        match (self.bits & DEVICE_BITS) >> DEVICE_SHIFT {
+            1 => Some(DeviceKind::Desktop),
+            2 => Some(DeviceKind::Mobile),
+            3 => Some(DeviceKind::Web),
+            4 => Some(DeviceKind::Other),
+            _ => None,
+        }
+    }
+
+    /// Whether the session has the room of `hash` in focus.
+    pub fn focuses(&self, hash: u32) -> bool {
+        self.focus != 0 && self.focus == hash
+    }
+
+    /// Whether some room is in focus.
+    pub fn has_focus(&self) -> bool {
+        self.focus != 0
+    }
+
+    /// Seconds since the session was last `ACTIVE` at `now_secs`: 0 while it
+    /// is, `None` if it never said it was.
+    pub fn inactive_for(&self, now_secs: u64) -> Option<u64> {
+        match self.attention() {
+            Some(Attention::Active) => Some(0),
+            _ if self.bits >> TIME_SHIFT == 0 => None,
+            _ => {
+                let now = (now_secs % u64::from(TIME_SPAN)) as u32;
+                Some(u64::from(now.wrapping_sub(self.bits >> TIME_SHIFT) % TIME_SPAN))
+            }
+        }
+    }
+
+    /// Applies `change` at `now_secs`: a session that stops being `ACTIVE`
+    /// notes when. Returns whether anything changed.
+    pub fn apply(&mut self, change: &AttentionChange<'_>, now_secs: u64) -> bool {
+        let before = *self;
+        if let Some(attention) = change.attention {
+            if self.attention() == Some(Attention::Active) && attention != Attention::Active {
+                // 0 is "never active": a session that left at second 0 of the span is noted at 1.
+                let left = ((now_secs % u64::from(TIME_SPAN)) as u32).max(1);
+                self.bits = (self.bits & !(u32::MAX << TIME_SHIFT)) | (left << TIME_SHIFT);
+            }
+            let code = match attention {
+                Attention::Active => 1,
+                Attention::Idle => 2,
+                Attention::Background => 3,
+            };
+            self.bits = (self.bits & !ATTENTION_BITS) | code;
+        }
+        if let Some(device) = change.device {
+            let code = match device {
+                DeviceKind::Desktop => 1,
+                DeviceKind::Mobile => 2,
+                DeviceKind::Web => 3,
+                DeviceKind::Other => 4,
+            };
+            self.bits = (self.bits & !DEVICE_BITS) | (code << DEVICE_SHIFT);
+        }
+        if let Some(room_id) = change.focused_room_id {
+            self.focus = if room_id.is_empty() { 0 } else { room_hash(room_id) };
+        }
+        *self != before
+    }
+}
+
+/// How urgent a notification is (A3).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Urgency {
+    /// Held back while the user attends to presenced's clients elsewhere.
+    #[default]
+    Normal,
+    /// Always pushed at once.
+    Urgent,
+}
+
+/// Why a user's notification goes where it goes (A3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotifyReason {
+    /// A session has the notification's room in focus: it is seen there; no push.
+    RoomOpen,
+    /// A session is active, or was within the hand-off delay: in-app there;
+    /// push only once the delay has passed with nobody back.
+    AttendedElsewhere,
+    /// No session was active within the hand-off delay: push now.
+    NoAttendedSession,
+    /// None of the user's sessions says what its human is doing: push now (fail open).
+    UnknownFailOpen,
+    /// The user has no live session: push now.
+    Offline,
+    /// Urgent: pushed now whatever the user attends to.
+    Urgent,
+}
+
+/// The notification policy's settings (A3), with per-call overrides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotifyPolicy {
+    /// How long after a session was last active a push waits (a minute after
+    /// a screen locks, the user may be back at it).
+    pub handoff_ms: u64,
+}
+
+impl Default for NotifyPolicy {
+    /// A minute of hand-off.
+    fn default() -> Self {
+        NotifyPolicy { handoff_ms: 60_000 }
+    }
+}
+
+/// Where one user's notification should go (A3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotifyDecision<S> {
+    /// The sessions that should show it in-app now: those in the foreground
+    /// (active, idle, or not saying), not those in the background.
+    pub in_app: Vec<S>,
+    /// Push to the user's mobile devices now.
+    pub push_now: bool,
+    /// When not now: push after this many milliseconds unless the user came
+    /// back (0 with `push_now` false: no push at all).
+    pub push_after_ms: u64,
+    /// Why.
+    pub reason: NotifyReason,
+}
+
+/// Where a notification for a user with these live sessions should go at
+/// `now_ms`, for the room of `room_hash` if it is about one (A3). Fails open:
+/// whatever presenced does not know is answered "push".
+pub fn notify_target<S: Clone>(
+    sessions: &[(S, SessionAttention)],
+    room_hash: Option<u32>,
+    urgency: Urgency,
+    now_ms: u64,
+    policy: &NotifyPolicy,
+) -> NotifyDecision<S> {
+    let in_app: Vec<S> = sessions
+        .iter()
+        .filter(|(_, attention)| attention.attention() != Some(Attention::Background))
+        .map(|(session, _)| session.clone())
+        .collect();
+    let decide =
+        |push_now, push_after_ms, reason| NotifyDecision { in_app: in_app.clone(), push_now, push_after_ms, reason };
+    if urgency == Urgency::Urgent {
+        return decide(true, 0, NotifyReason::Urgent);
+    }
+    if sessions.is_empty() {
+        return decide(true, 0, NotifyReason::Offline);
+    }
+    if let Some(hash) = room_hash
+        && sessions
+            .iter()
+            .any(|(_, attention)| attention.focuses(hash) && attention.attention() != Some(Attention::Background))
+    {
+        return decide(false, 0, NotifyReason::RoomOpen);
+    }
+    let now_secs = now_ms / 1000;
+    // The most recent activity of any session: 0 s while one is active.
+    let Some(inactive_ms) =
+        sessions.iter().filter_map(|(_, attention)| attention.inactive_for(now_secs)).min().map(|secs| secs * 1000)
+    else {
+        if sessions.iter().all(|(_, attention)| attention.attention().is_none()) {
+            return decide(true, 0, NotifyReason::UnknownFailOpen);
+        }
+        // Sessions that said, none ever active: nobody attends.
+        return decide(true, 0, NotifyReason::NoAttendedSession);
+    };
+    if inactive_ms < policy.handoff_ms {
+        return decide(false, policy.handoff_ms - inactive_ms, NotifyReason::AttendedElsewhere);
+    }
+    decide(true, 0, NotifyReason::NoAttendedSession)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINUTE: u64 = 60_000;
+
+    fn session(now_ms: u64, changes: &[(u64, AttentionChange<'static>)]) -> SessionAttention {
+        let mut attention = SessionAttention::default();
+        for (at, change) in changes {
+            assert!(*at <= now_ms);
+            attention.apply(change, at / 1000);
+        }
+        attention
+    }
+
+    fn change(attention: Attention, device: Option<DeviceKind>) -> AttentionChange<'static> {
+        AttentionChange { attention: Some(attention), device, focused_room_id: None }
+    }
+
+    #[test]
+    fn eight_bytes_per_session() {
+        assert_eq!(std::mem::size_of::<SessionAttention>(), 8);
+    }
+
+    #[test]
+    fn a_change_is_kept_and_fields_left_out_are_unchanged() {
+        let mut attention = SessionAttention::default();
+        assert_eq!((attention.attention(), attention.device(), attention.has_focus()), (None, None, false));
+        assert!(attention.apply(&change(Attention::Active, Some(DeviceKind::Desktop)), 10));
+        assert!(!attention.apply(&AttentionChange::default(), 11), "an empty change changes nothing");
+        assert!(attention.apply(&AttentionChange { focused_room_id: Some("doc-7"), ..Default::default() }, 12));
+        assert_eq!(attention.attention(), Some(Attention::Active));
+        assert_eq!(attention.device(), Some(DeviceKind::Desktop));
+        assert!(attention.focuses(room_hash("doc-7")) && !attention.focuses(room_hash("doc-8")));
+        assert!(attention.apply(&AttentionChange { focused_room_id: Some(""), ..Default::default() }, 13));
+        assert!(!attention.has_focus());
+        assert_eq!(attention.inactive_for(20), Some(0), "active now");
+        attention.apply(&change(Attention::Background, None), 30);
+        assert_eq!(attention.inactive_for(45), Some(15), "left active at 30 s");
+        attention.apply(&change(Attention::Idle, None), 40);
+        assert_eq!(attention.inactive_for(45), Some(15), "idle after background: still left at 30 s");
+    }
+
+    #[test]
+    fn time_wraps_without_taking_an_age_negative() {
+        let mut attention = SessionAttention::default();
+        let near_wrap = u64::from(TIME_SPAN) * 3 - 5;
+        attention.apply(&change(Attention::Active, None), near_wrap - 10);
+        attention.apply(&change(Attention::Idle, None), near_wrap);
+        assert_eq!(attention.inactive_for(near_wrap + 20), Some(20));
+    }
+
+    /// Seed 000's timeline with attention: a laptop and a phone.
+    #[test]
+    fn a3_the_laptop_and_the_phone() {
+        let policy = NotifyPolicy::default();
+        let t0 = 1_000 * MINUTE;
+        let laptop_active = session(t0, &[(t0 - MINUTE, change(Attention::Active, Some(DeviceKind::Desktop)))]);
+        let phone_background =
+            session(t0, &[(t0 - 2 * MINUTE, change(Attention::Background, Some(DeviceKind::Mobile)))]);
+
+        // Laptop active, phone in the background: in-app on the laptop, no push now.
+        let both = [("laptop", laptop_active), ("phone", phone_background)];
+        let decision = notify_target(&both, None, Urgency::Normal, t0, &policy);
+        assert_eq!(decision.in_app, vec!["laptop"]);
+        assert_eq!(
+            (decision.push_now, decision.push_after_ms, decision.reason),
+            (false, MINUTE, NotifyReason::AttendedElsewhere)
+        );
+
+        // Urgent: pushed now all the same.
+        let urgent = notify_target(&both, None, Urgency::Urgent, t0, &policy);
+        assert_eq!((urgent.push_now, urgent.reason), (true, NotifyReason::Urgent));
+
+        // The laptop locks (background) at t0: the push waits out the hand-off from then.
+        let mut laptop_locked = laptop_active;
+        laptop_locked.apply(&change(Attention::Background, None), t0 / 1000);
+        let locked = [("laptop", laptop_locked), ("phone", phone_background)];
+        let soon = notify_target(&locked, None, Urgency::Normal, t0 + 20_000, &policy);
+        assert!(soon.in_app.is_empty(), "nothing in the foreground");
+        assert_eq!((soon.push_now, soon.push_after_ms, soon.reason), (false, 40_000, NotifyReason::AttendedElsewhere));
+        let later = notify_target(&locked, None, Urgency::Normal, t0 + MINUTE, &policy);
+        assert_eq!((later.push_now, later.reason), (true, NotifyReason::NoAttendedSession));
+
+        // The laptop's lease expires: its session is gone, push at once.
+        let gone = notify_target(&[("phone", phone_background)], None, Urgency::Normal, t0 + 1_000, &policy);
+        assert_eq!((gone.push_now, gone.reason), (true, NotifyReason::NoAttendedSession));
+
+        // The room open on the laptop: no push for that room on any device, a push still for another.
+        let mut laptop_in_room = laptop_active;
+        laptop_in_room.apply(&AttentionChange { focused_room_id: Some("doc-7"), ..Default::default() }, t0 / 1000);
+        let room = [("laptop", laptop_in_room), ("phone", phone_background)];
+        let open = notify_target(&room, Some(room_hash("doc-7")), Urgency::Normal, t0 + 5 * MINUTE, &policy);
+        assert_eq!((open.push_now, open.push_after_ms, open.reason), (false, 0, NotifyReason::RoomOpen));
+        let other = notify_target(&room, Some(room_hash("doc-8")), Urgency::Normal, t0, &policy);
+        assert_eq!(other.reason, NotifyReason::AttendedElsewhere);
+        // A room focused on a locked laptop is not open.
+        let mut locked_in_room = laptop_in_room;
+        locked_in_room.apply(&change(Attention::Background, None), t0 / 1000);
+        let hidden = notify_target(
+            &[("laptop", locked_in_room)],
+            Some(room_hash("doc-7")),
+            Urgency::Normal,
+            t0 + 2 * MINUTE,
+            &policy,
+        );
+        assert_eq!(hidden.reason, NotifyReason::NoAttendedSession);
+    }
+
+    #[test]
+    fn a3_what_presenced_does_not_know_is_pushed() {
+        let policy = NotifyPolicy { handoff_ms: 30_000 };
+        let offline = notify_target::<&str>(&[], None, Urgency::Normal, 0, &policy);
+        assert_eq!((offline.push_now, offline.reason), (true, NotifyReason::Offline));
+        // A gateway that says nothing of attention: its session gets it in-app, and a push.
+        let silent = notify_target(&[("tab", SessionAttention::default())], None, Urgency::Normal, 0, &policy);
+        assert_eq!(silent.in_app, vec!["tab"]);
+        assert_eq!((silent.push_now, silent.reason), (true, NotifyReason::UnknownFailOpen));
+        // Sessions that said, and never were active: nobody attends.
+        let idle = session(0, &[(0, change(Attention::Idle, Some(DeviceKind::Web)))]);
+        let never = notify_target(&[("tab", idle)], None, Urgency::Normal, 5_000, &policy);
+        assert_eq!((never.push_now, never.reason), (true, NotifyReason::NoAttendedSession));
+        assert_eq!(never.in_app, vec!["tab"], "idle is in the foreground");
+    }
+}
