@@ -135,6 +135,10 @@ pub(crate) struct ServeArgs {
     /// How long a shutdown waits for open requests and connections.
     #[arg(long, env = "PRESENCED_SHUTDOWN_GRACE_MS", value_name = "MS")]
     shutdown_grace_ms: Option<u64>,
+    /// How long after a user's last activity on some session a notification's
+    /// push waits, for NotifyTargets calls that name no hand-off (A3).
+    #[arg(long, env = "PRESENCED_PUSH_HANDOFF_MS", value_name = "MS")]
+    push_handoff_ms: Option<u64>,
     /// The Prometheus endpoint (`GET /metrics`); none unless set.
     #[arg(long, env = "PRESENCED_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
@@ -503,6 +507,7 @@ fields_of_server_config! {
     shards => store.shards;
     expiry_batch => expiry_batch;
     shutdown_grace_ms => shutdown_grace;
+    push_handoff_ms => push_handoff;
     watch_buffer => watch_buffer;
     watch_delivery_tick_ms => watch_delivery_tick;
     lease_queue => lease_queue;
@@ -1085,6 +1090,7 @@ mod tests {
             ("--shards", store.shards.to_string()),
             ("--expiry-batch", server.expiry_batch.to_string()),
             ("--shutdown-grace-ms", server.shutdown_grace.as_millis().to_string()),
+            ("--push-handoff-ms", server.push_handoff.as_millis().to_string()),
             ("--watch-buffer", server.watch_buffer.to_string()),
             ("--watch-delivery-tick-ms", server.watch_delivery_tick.as_millis().to_string()),
             ("--lease-queue", server.lease_queue.to_string()),

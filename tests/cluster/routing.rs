@@ -105,6 +105,33 @@ async fn c2_a_batch_sent_to_one_node_reaches_every_owner_and_any_node_answers_a_
         assert_eq!(presence, &at_owner, "{user}: the owner's answer, version and all");
     }
 
+    // A4: where notifications go, for every user, from one node. users[1]
+    // reports it is active (a renewal item carrying the change, routed to
+    // its owner); the others said nothing, or are gone.
+    let active = pb::RenewRequest {
+        user_id: users[1].clone(),
+        session_id: "s".into(),
+        generation: generations[&users[1]],
+        ttl_ms: 30_000,
+        attention: Some(pb::Attention::Active as i32),
+        ..Default::default()
+    };
+    let said = leases.submit_batch(vec![pb::LeaseItem { op: Some(pb::lease_item::Op::Renew(active)) }]).await;
+    assert_eq!(said[0].code, 0, "{said:?}");
+    let asker = nodes.iter().find(|node| **node != map.owner(slot_of(&users[1], SLOTS)).unwrap().node).unwrap();
+    let request = pb::NotifyTargetsRequest { user_ids: users.clone(), ..Default::default() };
+    let targets = clients.get_mut(asker).unwrap().notify_targets(request).await.unwrap().into_inner().targets;
+    assert_eq!(targets.len(), users.len());
+    for (index, (user, target)) in users.iter().zip(&targets).enumerate() {
+        assert_eq!(&target.user_id, user, "in request order");
+        let expected = match index {
+            1 => pb::NotifyReason::AttendedElsewhere,
+            _ if half.contains(&user) => pb::NotifyReason::Offline,
+            _ => pb::NotifyReason::UnknownFailOpen,
+        };
+        assert_eq!(target.reason, expected as i32, "{user} asked of {asker}: {target:?}");
+    }
+
     // A unary call to a non-owner is refused too, and changes nothing there.
     let user = &users[1];
     let owner = &map.owner(slot_of(user, SLOTS)).unwrap().node;

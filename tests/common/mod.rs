@@ -36,12 +36,12 @@ pub fn register(user: &str, session: &str, gateway: &str, ttl_ms: u32) -> pb::Re
         session_id: session.into(),
         gateway_id: gateway.into(),
         ttl_ms,
-        metadata: Default::default(),
+        ..Default::default()
     }
 }
 
 pub fn renew(user: &str, session: &str, generation: u64, ttl_ms: u32) -> pb::RenewRequest {
-    pb::RenewRequest { user_id: user.into(), session_id: session.into(), generation, ttl_ms }
+    pb::RenewRequest { user_id: user.into(), session_id: session.into(), generation, ttl_ms, ..Default::default() }
 }
 
 pub fn unregister(user: &str, session: &str, generation: u64, linger_ms: u32) -> pb::UnregisterRequest {

@@ -139,11 +139,17 @@ async fn l8_items_with_undecodable_text_are_refused_alone_and_the_stream_goes_on
             session_id: text("s"),
             gateway_id,
             ttl_ms: 60_000,
-            metadata: Vec::new(),
+            ..RegisterFrame::default()
         })),
     };
     let renew = |user_id: bytes::Bytes, generation: u64| LeaseItemFrame {
-        op: Some(LeaseOpFrame::Renew(RenewFrame { user_id, session_id: text("s"), generation, ttl_ms: 60_000 })),
+        op: Some(LeaseOpFrame::Renew(RenewFrame {
+            user_id,
+            session_id: text("s"),
+            generation,
+            ttl_ms: 60_000,
+            ..RenewFrame::default()
+        })),
     };
     let (outbound, rx) = tokio::sync::mpsc::channel(4);
     let channel = Channel::from_shared(format!("http://{}", server.addr)).unwrap().connect().await.unwrap();

@@ -112,6 +112,7 @@ pub(crate) fn scope_cases() -> Vec<ScopeCase> {
         case("Touch", pb::TouchRequest { user_id: "u1".into() }, Unary, "gateway"),
         case("SetStatus", pb::SetStatusRequest { user_id: "u1".into(), status: None }, Unary, "gateway"),
         case("Snapshot", pb::SnapshotRequest { user_ids: users(), ..Default::default() }, Unary, "read"),
+        case("NotifyTargets", pb::NotifyTargetsRequest { user_ids: users(), ..Default::default() }, Unary, "read"),
         case("Watch", pb::WatchRequest { user_ids: users(), ..Default::default() }, ServerStream, "read"),
         case("RoomSnapshot", pb::RoomSnapshotRequest { room_id: "r1".into(), ..Default::default() }, Unary, "read"),
         case("WatchRoom", pb::WatchRoomRequest { room_id: "r1".into(), ..Default::default() }, ServerStream, "read"),

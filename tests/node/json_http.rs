@@ -169,6 +169,11 @@ async fn o5_every_unary_rpc_answers_json_as_over_grpc() {
     )
     .await;
     let second_generation: u64 = second["generation"].as_str().unwrap().parse().unwrap();
+    // Where a notification goes (A3): neither session said what its human does.
+    let targets = http.service("NotifyTargets", json!({"userIds": ["alice", "nobody"], "roomId": "r1"})).await;
+    assert_eq!(targets["targets"][0]["reason"], "NOTIFY_REASON_UNKNOWN_FAIL_OPEN", "{targets}");
+    assert_eq!(targets["targets"][0]["inAppSessionIds"], json!(["s2", "s1"]), "{targets}");
+    assert_eq!(targets["targets"][1]["reason"], "NOTIFY_REASON_OFFLINE", "{targets}");
 
     // Over gRPC the same user is at the same version.
     let mut grpc = server.client().await;

@@ -1,6 +1,7 @@
 //! One node: `presenced serve` without `--etcd`, in this process or as a
 //! child process, over real gRPC, gRPC-Web and the command line.
 
+mod attention;
 mod backup;
 mod bad_input;
 mod cli;

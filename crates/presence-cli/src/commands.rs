@@ -7,7 +7,7 @@ use crate::connect::Connection;
 use crate::exit::{Exit, Failure};
 use crate::output::{print, print_json, print_pretty_json};
 use crate::text::{self, Table};
-use crate::{EraseArgs, ExportArgs, GetArgs, RevokeArgs, RoomArgs, SessionsArgs, StatsArgs, json};
+use crate::{EraseArgs, ExportArgs, GetArgs, NotifyTargetsArgs, RevokeArgs, RoomArgs, SessionsArgs, StatsArgs, json};
 
 pub(crate) async fn get(args: GetArgs) -> Result<(), Failure> {
     let mut connection = Connection::open(&args.target).await?;
@@ -28,6 +28,38 @@ pub(crate) async fn get(args: GetArgs) -> Result<(), Failure> {
             user.version.to_string(),
             text::status(user.status.as_ref()),
             text::relative(now, active),
+        ]);
+    }
+    print(&table.render())?;
+    Ok(())
+}
+
+pub(crate) async fn notify_targets(args: NotifyTargetsArgs) -> Result<(), Failure> {
+    let mut connection = Connection::open(&args.target).await?;
+    let urgency = if args.urgent { pb::Urgency::Urgent } else { pb::Urgency::Normal };
+    let request = connection.request(pb::NotifyTargetsRequest {
+        user_ids: args.users,
+        room_id: args.room.unwrap_or_default(),
+        urgency: urgency as i32,
+        handoff_ms: args.handoff_ms,
+    });
+    let targets = connection.client.notify_targets(request).await?.into_inner().targets;
+    if args.target.json {
+        print_json(&json::notify_targets(&targets))?;
+        return Ok(());
+    }
+    let mut table = Table::new(&["USER", "PUSH", "REASON", "IN-APP SESSIONS"]);
+    for target in &targets {
+        let push = match (target.push_now, target.push_after_ms) {
+            (true, _) => "now".to_owned(),
+            (false, 0) => "no".to_owned(),
+            (false, after) => format!("in {}", text::span(after)),
+        };
+        table.row(vec![
+            target.user_id.clone(),
+            push,
+            text::notify_reason(target.reason).to_owned(),
+            target.in_app_session_ids.join(","),
         ]);
     }
     print(&table.render())?;

@@ -24,6 +24,20 @@ pub(crate) fn snapshot_response(users: &[pb::UserPresence]) -> Value {
     json!({ "users": list(users, user_presence) })
 }
 
+pub(crate) fn notify_targets(targets: &[pb::NotifyTarget]) -> Value {
+    json!({ "targets": list(targets, notify_target) })
+}
+
+fn notify_target(target: &pb::NotifyTarget) -> Value {
+    json!({
+        "user_id": target.user_id,
+        "in_app_session_ids": target.in_app_session_ids,
+        "push_now": target.push_now,
+        "push_after_ms": uint64(target.push_after_ms),
+        "reason": enum_name(target.reason, pb::NotifyReason::as_str_name),
+    })
+}
+
 pub(crate) fn list_sessions_response(response: &pb::ListSessionsResponse) -> Value {
     json!({ "sessions": list(&response.sessions, session_info), "now_ms": int64(response.now_ms) })
 }

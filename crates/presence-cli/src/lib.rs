@@ -50,6 +50,13 @@ pub enum Command {
     /// List a user's live sessions: gateway, generation, deadline, rooms, metadata.
     #[command(after_help = EXIT_CODES)]
     Sessions(SessionsArgs),
+    /// Where a notification for each user should go now (A3): the sessions
+    /// to show it in-app, whether to push now or after a hand-off, and why.
+    ///
+    /// From the attention the users' sessions reported; what presenced does
+    /// not know is answered "push". Needs the read scope.
+    #[command(after_help = EXIT_CODES)]
+    NotifyTargets(NotifyTargetsArgs),
     /// Revoke one session of a user, or all of them; the user goes OFFLINE with its last.
     #[command(after_help = EXIT_CODES)]
     Revoke(RevokeArgs),
@@ -265,6 +272,25 @@ pub struct SessionsArgs {
     target: Target,
 }
 
+/// `presenced notify-targets USER... [--room ROOM] [--urgent] [--handoff-ms MS]`
+#[derive(Debug, Args)]
+pub struct NotifyTargetsArgs {
+    /// The users (1 to 1,000).
+    #[arg(required = true, value_name = "USER")]
+    users: Vec<String>,
+    /// The room the notification is about: no push to a user with it open.
+    #[arg(long, value_name = "ROOM")]
+    room: Option<String>,
+    /// Urgent: always pushed at once.
+    #[arg(long)]
+    urgent: bool,
+    /// The hand-off delay for this call (0: the server's --push-handoff-ms).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    handoff_ms: u32,
+    #[command(flatten)]
+    target: Target,
+}
+
 /// `presenced revoke USER [SESSION]`
 #[derive(Debug, Args)]
 pub struct RevokeArgs {
@@ -362,6 +388,7 @@ pub fn run(command: Command) -> ExitCode {
             Command::Watch(args) => watch::watch(args).await,
             Command::Changes(args) => changes::changes(args).await,
             Command::Sessions(args) => commands::sessions(args).await,
+            Command::NotifyTargets(args) => commands::notify_targets(args).await,
             Command::Revoke(args) => commands::revoke(args).await,
             Command::Room(args) => commands::room(args).await,
             Command::Stats(args) => commands::stats(args).await,

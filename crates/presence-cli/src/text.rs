@@ -108,6 +108,19 @@ pub(crate) fn state(code: i32) -> &'static str {
     }
 }
 
+/// Why a notification goes where it goes (A3), in a word or two.
+pub(crate) fn notify_reason(code: i32) -> &'static str {
+    match pb::NotifyReason::try_from(code) {
+        Ok(pb::NotifyReason::RoomOpen) => "room open",
+        Ok(pb::NotifyReason::AttendedElsewhere) => "attended elsewhere",
+        Ok(pb::NotifyReason::NoAttendedSession) => "no attended session",
+        Ok(pb::NotifyReason::UnknownFailOpen) => "unknown (fail open)",
+        Ok(pb::NotifyReason::Offline) => "offline",
+        Ok(pb::NotifyReason::Urgent) => "urgent",
+        _ => "unknown",
+    }
+}
+
 /// A user's status in a few words: `away "lunch"`, or "-" for none.
 pub(crate) fn status(status: Option<&pb::Status>) -> String {
     let Some(status) = status else { return "-".to_owned() };

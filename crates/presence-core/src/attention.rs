@@ -16,7 +16,7 @@
 //! room's name itself would cost a reference to the interned name, released
 //! on every path a lease ends by.
 //!
-//! Pure: the caller gives the time, in seconds of the store's clock.
+//! Pure: the caller gives the time, in milliseconds of the store's clock.
 
 use crate::slots::slot_of;
 
@@ -69,8 +69,8 @@ impl AttentionChange<'_> {
 /// One session's attention, in 8 bytes: the focused room's hash (0: none),
 /// and in `bits` the attention (2 bits: 0 unknown), the device kind (3 bits:
 /// 0 unknown) and when it last stopped being `ACTIVE`, in seconds of the
-/// store's clock (27 bits, wrapping every 4.2 years: ages are taken modulo
-/// that, and a session does not live that long).
+/// store's clock rounded up (27 bits, wrapping every 4.2 years: ages are
+/// taken modulo that, and a session does not live that long).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SessionAttention {
     focus: u32,
@@ -121,28 +121,33 @@ impl SessionAttention {
         self.focus != 0
     }
 
-    /// Seconds since the session was last `ACTIVE` at `now_secs`: 0 while it
-    /// is, `None` if it never said it was.
-    pub fn inactive_for(&self, now_secs: u64) -> Option<u64> {
+    /// Milliseconds since the session was last `ACTIVE`, at `now_ms`: 0 while
+    /// it is, `None` if it never said it was. Never more than the truth: the
+    /// moment it stopped is kept rounded up to the second, so that a push
+    /// held for a hand-off goes at most a second late, never early.
+    pub fn inactive_for_ms(&self, now_ms: u64) -> Option<u64> {
         match self.attention() {
             Some(Attention::Active) => Some(0),
             _ if self.bits >> TIME_SHIFT == 0 => None,
             _ => {
-                let now = (now_secs % u64::from(TIME_SPAN)) as u32;
-                Some(u64::from(now.wrapping_sub(self.bits >> TIME_SHIFT) % TIME_SPAN))
+                let span_ms = u64::from(TIME_SPAN) * 1000;
+                let left_ms = u64::from(self.bits >> TIME_SHIFT) * 1000;
+                let age = (now_ms % span_ms + span_ms - left_ms) % span_ms;
+                // Within a second after it stopped, `left_ms` (rounded up) is still ahead.
+                Some(if age > span_ms / 2 { 0 } else { age })
             }
         }
     }
 
-    /// Applies `change` at `now_secs`: a session that stops being `ACTIVE`
+    /// Applies `change` at `now_ms`: a session that stops being `ACTIVE`
     /// notes when. Returns whether anything changed.
-    pub fn apply(&mut self, change: &AttentionChange<'_>, now_secs: u64) -> bool {
+    pub fn apply(&mut self, change: &AttentionChange<'_>, now_ms: u64) -> bool {
         let before = *self;
         if let Some(attention) = change.attention {
             if self.attention() == Some(Attention::Active) && attention != Attention::Active {
                 // 0 is "never active": a session that left at second 0 of the span is noted at 1.
-                let left = ((now_secs % u64::from(TIME_SPAN)) as u32).max(1);
-                self.bits = (self.bits & !(u32::MAX << TIME_SHIFT)) | (left << TIME_SHIFT);
+                let left = (now_ms.div_ceil(1000) % u64::from(TIME_SPAN)) as u32;
+                self.bits = (self.bits & !(u32::MAX << TIME_SHIFT)) | (left.max(1) << TIME_SHIFT);
             }
             let code = match attention {
                 Attention::Active => 1,
@@ -255,11 +260,8 @@ pub fn notify_target<S: Clone>(
     {
         return decide(false, 0, NotifyReason::RoomOpen);
     }
-    let now_secs = now_ms / 1000;
-    // The most recent activity of any session: 0 s while one is active.
-    let Some(inactive_ms) =
-        sessions.iter().filter_map(|(_, attention)| attention.inactive_for(now_secs)).min().map(|secs| secs * 1000)
-    else {
+    // The most recent activity of any session: 0 while one is active.
+    let Some(inactive_ms) = sessions.iter().filter_map(|(_, attention)| attention.inactive_for_ms(now_ms)).min() else {
         if sessions.iter().all(|(_, attention)| attention.attention().is_none()) {
             return decide(true, 0, NotifyReason::UnknownFailOpen);
         }
@@ -282,7 +284,7 @@ mod tests {
         let mut attention = SessionAttention::default();
         for (at, change) in changes {
             assert!(*at <= now_ms);
-            attention.apply(change, at / 1000);
+            attention.apply(change, *at);
         }
         attention
     }
@@ -300,28 +302,34 @@ mod tests {
     fn a_change_is_kept_and_fields_left_out_are_unchanged() {
         let mut attention = SessionAttention::default();
         assert_eq!((attention.attention(), attention.device(), attention.has_focus()), (None, None, false));
-        assert!(attention.apply(&change(Attention::Active, Some(DeviceKind::Desktop)), 10));
-        assert!(!attention.apply(&AttentionChange::default(), 11), "an empty change changes nothing");
-        assert!(attention.apply(&AttentionChange { focused_room_id: Some("doc-7"), ..Default::default() }, 12));
+        assert!(attention.apply(&change(Attention::Active, Some(DeviceKind::Desktop)), 10_000));
+        assert!(!attention.apply(&AttentionChange::default(), 11_000), "an empty change changes nothing");
+        assert!(attention.apply(&AttentionChange { focused_room_id: Some("doc-7"), ..Default::default() }, 12_000));
         assert_eq!(attention.attention(), Some(Attention::Active));
         assert_eq!(attention.device(), Some(DeviceKind::Desktop));
         assert!(attention.focuses(room_hash("doc-7")) && !attention.focuses(room_hash("doc-8")));
-        assert!(attention.apply(&AttentionChange { focused_room_id: Some(""), ..Default::default() }, 13));
+        assert!(attention.apply(&AttentionChange { focused_room_id: Some(""), ..Default::default() }, 13_000));
         assert!(!attention.has_focus());
-        assert_eq!(attention.inactive_for(20), Some(0), "active now");
-        attention.apply(&change(Attention::Background, None), 30);
-        assert_eq!(attention.inactive_for(45), Some(15), "left active at 30 s");
-        attention.apply(&change(Attention::Idle, None), 40);
-        assert_eq!(attention.inactive_for(45), Some(15), "idle after background: still left at 30 s");
+        assert_eq!(attention.inactive_for_ms(20_000), Some(0), "active now");
+        attention.apply(&change(Attention::Background, None), 30_000);
+        assert_eq!(attention.inactive_for_ms(45_000), Some(15_000), "left active at 30 s");
+        attention.apply(&change(Attention::Idle, None), 40_000);
+        assert_eq!(attention.inactive_for_ms(45_000), Some(15_000), "idle after background: still left at 30 s");
+        // Kept to the second, rounded up: an age is never more than the truth.
+        let mut locked = SessionAttention::default();
+        locked.apply(&change(Attention::Active, None), 50_000);
+        locked.apply(&change(Attention::Background, None), 50_300);
+        assert_eq!(locked.inactive_for_ms(50_900), Some(0), "not yet at the rounded second");
+        assert_eq!(locked.inactive_for_ms(52_300), Some(1_300), "two seconds on, 0.7 s less than true");
     }
 
     #[test]
     fn time_wraps_without_taking_an_age_negative() {
         let mut attention = SessionAttention::default();
-        let near_wrap = u64::from(TIME_SPAN) * 3 - 5;
-        attention.apply(&change(Attention::Active, None), near_wrap - 10);
+        let near_wrap = (u64::from(TIME_SPAN) * 3 - 5) * 1000;
+        attention.apply(&change(Attention::Active, None), near_wrap - 10_000);
         attention.apply(&change(Attention::Idle, None), near_wrap);
-        assert_eq!(attention.inactive_for(near_wrap + 20), Some(20));
+        assert_eq!(attention.inactive_for_ms(near_wrap + 20_000), Some(20_000));
     }
 
     /// Seed 000's timeline with attention: a laptop and a phone.
@@ -348,7 +356,7 @@ mod tests {
 
         // The laptop locks (background) at t0: the push waits out the hand-off from then.
         let mut laptop_locked = laptop_active;
-        laptop_locked.apply(&change(Attention::Background, None), t0 / 1000);
+        laptop_locked.apply(&change(Attention::Background, None), t0);
         let locked = [("laptop", laptop_locked), ("phone", phone_background)];
         let soon = notify_target(&locked, None, Urgency::Normal, t0 + 20_000, &policy);
         assert!(soon.in_app.is_empty(), "nothing in the foreground");
@@ -362,7 +370,7 @@ mod tests {
 
         // The room open on the laptop: no push for that room on any device, a push still for another.
         let mut laptop_in_room = laptop_active;
-        laptop_in_room.apply(&AttentionChange { focused_room_id: Some("doc-7"), ..Default::default() }, t0 / 1000);
+        laptop_in_room.apply(&AttentionChange { focused_room_id: Some("doc-7"), ..Default::default() }, t0);
         let room = [("laptop", laptop_in_room), ("phone", phone_background)];
         let open = notify_target(&room, Some(room_hash("doc-7")), Urgency::Normal, t0 + 5 * MINUTE, &policy);
         assert_eq!((open.push_now, open.push_after_ms, open.reason), (false, 0, NotifyReason::RoomOpen));
@@ -370,7 +378,7 @@ mod tests {
         assert_eq!(other.reason, NotifyReason::AttendedElsewhere);
         // A room focused on a locked laptop is not open.
         let mut locked_in_room = laptop_in_room;
-        locked_in_room.apply(&change(Attention::Background, None), t0 / 1000);
+        locked_in_room.apply(&change(Attention::Background, None), t0);
         let hidden = notify_target(
             &[("laptop", locked_in_room)],
             Some(room_hash("doc-7")),

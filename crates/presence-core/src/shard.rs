@@ -1283,7 +1283,7 @@ impl Shard {
         if self.attention.len() <= index as usize {
             self.attention.resize(self.leases.len(), SessionAttention::default());
         }
-        Ok(self.attention[index as usize].apply(change, now / 1000))
+        Ok(self.attention[index as usize].apply(change, now))
     }
 
     /// The attention of each of the user's live sessions at `now` (a pure

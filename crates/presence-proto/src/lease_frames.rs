@@ -152,6 +152,15 @@ pub struct RegisterFrame {
     /// `metadata`'s entries in the order received (a later entry for a key replaces an earlier one).
     #[prost(message, repeated, tag = "5")]
     pub metadata: Vec<MetadataEntryFrame>,
+    /// `device_kind`, as a number (A1).
+    #[prost(int32, tag = "6")]
+    pub device_kind: i32,
+    /// `attention`, as a number, if sent (A1).
+    #[prost(int32, optional, tag = "7")]
+    pub attention: Option<i32>,
+    /// `focused_room_id`'s bytes, if sent (A1).
+    #[prost(bytes = "bytes", optional, tag = "8")]
+    pub focused_room_id: Option<Bytes>,
 }
 
 /// One entry of `RegisterRequest.metadata`, as received.
@@ -197,6 +206,12 @@ pub struct RenewFrame {
     /// The TTL asked for (0: the server default).
     #[prost(uint32, tag = "4")]
     pub ttl_ms: u32,
+    /// `attention`, as a number, if sent (A1).
+    #[prost(int32, optional, tag = "5")]
+    pub attention: Option<i32>,
+    /// `focused_room_id`'s bytes, if sent (A1).
+    #[prost(bytes = "bytes", optional, tag = "6")]
+    pub focused_room_id: Option<Bytes>,
 }
 
 /// `JoinRequest` with its text as received.
@@ -287,13 +302,23 @@ mod tests {
 
     #[test]
     fn a_batch_reads_the_same_as_the_generated_message_and_keeps_renewal_ids_in_the_buffer() {
-        let renew = RenewRequest { user_id: "ü1".into(), session_id: "s".into(), generation: 7, ttl_ms: 9 };
+        let renew = RenewRequest {
+            user_id: "ü1".into(),
+            session_id: "s".into(),
+            generation: 7,
+            ttl_ms: 9,
+            attention: Some(3),
+            focused_room_id: Some(String::new()),
+        };
         let register = RegisterRequest {
             user_id: "u2".into(),
             session_id: "s2".into(),
             gateway_id: "g".into(),
             ttl_ms: 5,
             metadata: [("k".to_string(), "v".to_string())].into(),
+            device_kind: 2,
+            attention: Some(1),
+            focused_room_id: Some("doc".into()),
         };
         let unregister = UnregisterRequest { user_id: "u3".into(), generation: 3, linger_ms: 4, ..Default::default() };
         let batch = LeaseBatch {
@@ -311,6 +336,11 @@ mod tests {
         let Some(LeaseOpFrame::Renew(renewal)) = &frame.items[0].op else { panic!("{:?}", frame.items[0]) };
         assert_eq!((&renewal.user_id[..], &renewal.session_id[..]), ("ü1".as_bytes(), &b"s"[..]));
         assert_eq!((renewal.generation, renewal.ttl_ms), (7, 9));
+        assert_eq!(
+            (renewal.attention, renewal.focused_room_id.as_deref()),
+            (Some(3), Some(&b""[..])),
+            "set, and set to empty"
+        );
         let inside = wire.as_ptr_range();
         assert!(inside.contains(&renewal.user_id.as_ptr()), "the id is a slice of the received bytes, not a copy");
         let bytes = |text: &'static str| Bytes::from_static(text.as_bytes());
@@ -321,6 +351,9 @@ mod tests {
             gateway_id: bytes("g"),
             ttl_ms: 5,
             metadata: vec![entry],
+            device_kind: 2,
+            attention: Some(1),
+            focused_room_id: Some(bytes("doc")),
         };
         assert_eq!(frame.items[1].op, Some(LeaseOpFrame::Register(register)));
         let unregister =

@@ -68,7 +68,7 @@ fn register(user: &str) -> pb::LeaseItem {
         session_id: "s".into(),
         gateway_id: "gw".into(),
         ttl_ms: 600_000,
-        metadata: Default::default(),
+        ..Default::default()
     };
     pb::LeaseItem { op: Some(lease_item::Op::Register(request)) }
 }

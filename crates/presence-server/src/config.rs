@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use presence_core::attention::NotifyPolicy;
 use presence_core::{ConfigError, StoreConfig};
 
 use crate::node::context::NodeConfig;
@@ -68,6 +69,9 @@ pub struct ServerConfig {
     pub default_visibility: Visibility,
     /// Last seen is released rounded down to this (P5).
     pub last_seen_granularity: Duration,
+    /// How long after a user's last activity on some session a notification's
+    /// push waits (A3: a minute after a screen locks, the user may be back).
+    pub push_handoff: Duration,
     /// Most client connections open at once; more are refused (B5). An idle
     /// connection costs about 15 KiB, so the default 10,000 bounds that to
     /// about 150 MiB, and it is far more than one node needs when gateways
@@ -141,6 +145,9 @@ impl ServerConfig {
             forget_offline_after_ms: self.store.forget_offline_after_ms,
             default_visibility: self.default_visibility,
             last_seen_granularity: self.last_seen_granularity,
+            notify_policy: NotifyPolicy {
+                handoff_ms: u64::try_from(self.push_handoff.as_millis()).unwrap_or(u64::MAX),
+            },
         }
     }
 }
@@ -169,6 +176,7 @@ impl Default for ServerConfig {
             audit_log: None,
             default_visibility: node.default_visibility,
             last_seen_granularity: node.last_seen_granularity,
+            push_handoff: Duration::from_millis(node.notify_policy.handoff_ms),
             max_connections: 10_000,
             handshake_timeout: Duration::from_secs(10),
             max_streams_per_connection: 1_024,

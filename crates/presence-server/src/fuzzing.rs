@@ -66,7 +66,7 @@ fn context() -> Arc<Context> {
 
 /// The unary and server-streaming RPCs, in the order [`request`] numbers
 /// them. `Leases` has its own entry, [`leases`].
-pub const METHODS: [&str; 31] = [
+pub const METHODS: [&str; 32] = [
     "Register",
     "Renew",
     "Unregister",
@@ -98,6 +98,7 @@ pub const METHODS: [&str; 31] = [
     "WatchRoomCounts",
     "UpdateWatchRoomCounts",
     "Changes",
+    "NotifyTargets",
 ];
 
 /// Decodes `body` as the request of `METHODS[method % METHODS.len()]`, as
@@ -161,7 +162,8 @@ async fn dispatch(service: &PresenceService, method: u8, body: &[u8]) {
         27 => call!(service, room_counts, body),
         28 => call!(service, watch_room_counts, body),
         29 => call!(service, update_watch_room_counts, body),
-        _ => call!(service, changes, body),
+        30 => call!(service, changes, body),
+        _ => call!(service, notify_targets, body),
     }
 }
 
@@ -346,9 +348,20 @@ fn request_seeds() -> Vec<Vec<u8>> {
             gateway_id: "gw-1".into(),
             ttl_ms: 30_000,
             metadata: metadata(&[("device", "phone")]),
+            device_kind: pb::DeviceKind::DeviceMobile as i32,
+            attention: Some(pb::Attention::Active as i32),
+            focused_room_id: Some("room-1".into()),
         }
         .encode_to_vec(),
-        pb::RenewRequest { user_id: alice.clone(), session_id: s1.clone(), generation: 1, ttl_ms: 0 }.encode_to_vec(),
+        pb::RenewRequest {
+            user_id: alice.clone(),
+            session_id: s1.clone(),
+            generation: 1,
+            ttl_ms: 0,
+            attention: Some(pb::Attention::Background as i32),
+            focused_room_id: Some(String::new()),
+        }
+        .encode_to_vec(),
         pb::UnregisterRequest { user_id: alice.clone(), session_id: s1.clone(), generation: 1, linger_ms: 5_000 }
             .encode_to_vec(),
         pb::RevokeRequest { user_id: alice.clone(), session_id: String::new() }.encode_to_vec(),
@@ -432,6 +445,13 @@ fn request_seeds() -> Vec<Vec<u8>> {
             ..Default::default()
         }
         .encode_to_vec(),
+        pb::NotifyTargetsRequest {
+            user_ids: ids(&["alice", "bob"]),
+            room_id: "room-1".into(),
+            urgency: pb::Urgency::Normal as i32,
+            handoff_ms: 30_000,
+        }
+        .encode_to_vec(),
     ];
     assert_eq!(seeds.len(), METHODS.len(), "one seed per method");
     seeds
@@ -448,6 +468,9 @@ fn lease_seeds() -> Vec<(&'static str, u8, pb::LeaseBatch)> {
         gateway_id: "gw-1".into(),
         ttl_ms: 30_000,
         metadata: metadata(&[("device", "phone")]),
+        device_kind: pb::DeviceKind::DeviceDesktop as i32,
+        attention: Some(pb::Attention::Active as i32),
+        focused_room_id: None,
     };
     let item = |op| pb::LeaseItem { op: Some(op) };
     let registers = pb::LeaseBatch {
@@ -460,7 +483,14 @@ fn lease_seeds() -> Vec<(&'static str, u8, pb::LeaseBatch)> {
         other => panic!("a register is answered with its generation, not {other:?}"),
     };
     let (user_id, session_id, room_id) = ("alice".to_owned(), "s1".to_owned(), "room-1".to_owned());
-    let renew = pb::RenewRequest { user_id: user_id.clone(), session_id: session_id.clone(), generation, ttl_ms: 0 };
+    let renew = pb::RenewRequest {
+        user_id: user_id.clone(),
+        session_id: session_id.clone(),
+        generation,
+        ttl_ms: 0,
+        attention: Some(pb::Attention::Idle as i32),
+        focused_room_id: Some(room_id.clone()),
+    };
     let mixed = pb::LeaseBatch {
         batch_id: 2,
         items: [

@@ -275,6 +275,7 @@ impl Slot {
                     session_id: self.session.clone(),
                     generation,
                     ttl_ms,
+                    ..Default::default()
                 };
                 let start = self.recorder.now_us();
                 let answer = timeout(self.workload.call_timeout, client.renew(request)).await;
@@ -338,7 +339,7 @@ impl Slot {
                 session_id: self.session.clone(),
                 gateway_id: self.client.clone(),
                 ttl_ms: self.workload.ttl_ms,
-                metadata: Default::default(),
+                ..Default::default()
             };
             let start = self.recorder.now_us();
             self.control.in_flight.fetch_add(1, Ordering::SeqCst);

@@ -406,7 +406,7 @@ impl Sentinel {
             session_id: format!("b{}", self.flips),
             gateway_id: "runner".into(),
             ttl_ms: 3_600_000,
-            metadata: Default::default(),
+            ..Default::default()
         };
         let registered = client.register(register).await?.into_inner();
         if registered.changed {

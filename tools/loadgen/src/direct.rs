@@ -128,8 +128,13 @@ mod tests {
             .into_inner();
         // A clone shares the connection, as the generator's workers do.
         let mut other = PresenceClient::new(channel);
-        let renew =
-            |generation| RenewRequest { user_id: "u".into(), session_id: "s".into(), generation, ttl_ms: 60_000 };
+        let renew = |generation| RenewRequest {
+            user_id: "u".into(),
+            session_id: "s".into(),
+            generation,
+            ttl_ms: 60_000,
+            ..Default::default()
+        };
         other.renew(renew(registered.generation)).await.unwrap();
         let refused = other.renew(renew(registered.generation + 1)).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::NotFound, "a gRPC error arrives as the server's status: {refused:?}");

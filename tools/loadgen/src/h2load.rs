@@ -394,6 +394,7 @@ mod tests {
             session_id: "sess_h2load000001".into(),
             generation: 1_812_345_678_901_234_567,
             ttl_ms: 600_000,
+            ..Default::default()
         };
         let frame = grpc_frame(&renew);
         assert_eq!(frame[0], 0, "not compressed");

@@ -163,6 +163,7 @@ fn renew(user: &str, session: &str, generation: u64, ttl_ms: u32) -> pb::LeaseIt
             session_id: session.into(),
             generation,
             ttl_ms,
+            ..Default::default()
         })),
     }
 }

@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use futures_util::future::join_all;
 use presence_core::CompactString;
 use presence_proto::lease_frames::LeaseBatchFrame;
 use presence_proto::v1::{self as pb, lease_item, lease_result, presence_server::Presence as PresenceApi};
@@ -286,28 +285,50 @@ impl PresenceService {
         let local: Vec<&CompactString> = routes.local.iter().map(|&index| &user_ids[index]).collect();
         let shown = context.privacy.shown(viewer, &local)?;
         let answered = context.released(&local, &shown, viewer.is_none()).await?;
-        let mut users: Vec<Option<pb::UserPresence>> = vec![None; user_ids.len()];
-        for (&index, user) in routes.local.iter().zip(answered) {
-            users[index] = Some(user);
-        }
         let authorization = request.metadata().get("authorization");
         let viewer_id = &request.get_ref().viewer_id;
-        let asked = routes.remote.iter().map(|(address, indices)| {
-            let ids = indices.iter().map(|&index| user_ids[index].to_string()).collect();
-            cluster.membership.forward_snapshot(address, ids, viewer_id, authorization)
-        });
-        for ((address, indices), answer) in routes.remote.iter().zip(join_all(asked).await) {
-            let answer = answer?;
-            if answer.len() != indices.len() {
-                let wrong =
-                    format!("the node at {address} answered a forwarded Snapshot with the wrong number of users");
-                return Err(ServiceError::Internal(wrong));
-            }
-            for (&index, user) in indices.iter().zip(answer) {
-                users[index] = Some(user);
-            }
-        }
-        Ok(Response::new(pb::SnapshotResponse { users: users.into_iter().flatten().collect() }))
+        let users = routes
+            .merged(answered, "Snapshot", |address, indices| {
+                let ids = indices.iter().map(|&index| user_ids[index].to_string()).collect();
+                cluster.membership.forward_snapshot(address, ids, viewer_id, authorization)
+            })
+            .await?;
+        Ok(Response::new(pb::SnapshotResponse { users }))
+    }
+
+    /// Where each user's notification should go (A3, A4), answered here for
+    /// this node's users and at their owners for the others', merged in
+    /// request order.
+    async fn notify_targets_routed(
+        &self,
+        request: &Request<pb::NotifyTargetsRequest>,
+    ) -> Result<pb::NotifyTargetsResponse, ServiceError> {
+        let input = wire::notify_targets_request(request.get_ref(), &self.context.notify_policy())?;
+        let forwarded = request.metadata().contains_key(FORWARDED);
+        let answer_here = |user_ids: &[&CompactString]| -> Result<Vec<pb::NotifyTarget>, ServiceError> {
+            let now = self.context.now();
+            let decisions =
+                self.context.store().notify_targets(now, user_ids, input.room_id, input.urgency, &input.policy)?;
+            Ok(user_ids
+                .iter()
+                .zip(decisions)
+                .map(|(user_id, decision)| wire::notify_target(user_id, decision))
+                .collect())
+        };
+        let Some((cluster, routes)) = self.routes(&input.user_ids, forwarded)? else {
+            let all: Vec<&CompactString> = input.user_ids.iter().collect();
+            return Ok(pb::NotifyTargetsResponse { targets: answer_here(&all)? });
+        };
+        let local: Vec<&CompactString> = routes.local.iter().map(|&index| &input.user_ids[index]).collect();
+        let authorization = request.metadata().get("authorization");
+        let targets = routes
+            .merged(answer_here(&local)?, "NotifyTargets", |address, indices| {
+                let user_ids = indices.iter().map(|&index| input.user_ids[index].to_string()).collect();
+                let forwarded = pb::NotifyTargetsRequest { user_ids, ..request.get_ref().clone() };
+                cluster.membership.forward_notify_targets(address, forwarded, authorization)
+            })
+            .await?;
+        Ok(pb::NotifyTargetsResponse { targets })
     }
 
     /// A read that meets a move (C7) waits for it where it arrived: made
@@ -377,7 +398,7 @@ impl PresenceApi for PresenceService {
         answer((|| {
             self.require(&request, Scope::Gateway, "Register")?;
             let _owned = self.owns(&request.get_ref().user_id)?;
-            let input = wire::register_request(request.get_ref());
+            let input = wire::register_request(request.get_ref())?;
             let metrics = self.context.metrics();
             let registered =
                 self.context.apply(|store, now, changes| ops::register(store, metrics, now, &input, changes))?;
@@ -409,9 +430,20 @@ impl PresenceApi for PresenceService {
                 return Err(ServiceError::RenewalShed);
             }
             let started = std::time::Instant::now();
-            let renewal = wire::renew_request(request.get_ref());
+            let input = match wire::renew_request(request.get_ref()) {
+                Ok(input) => input,
+                Err(refusal) => {
+                    metrics.renewals(RenewResult::Invalid, 1);
+                    return Err(refusal);
+                }
+            };
             let renewed = self.context.apply(|store, now, changes| {
-                store.renew(now, renewal.user_id, renewal.session_id, renewal.generation, renewal.ttl_ms, changes)
+                let renewal = &input.renewal;
+                if input.attention.is_empty() {
+                    store.renew(now, renewal.user_id, renewal.session_id, renewal.generation, renewal.ttl_ms, changes)
+                } else {
+                    ops::renew_with_attention(store, now, &input, changes)
+                }
             });
             metrics.renewal_seconds.record(started.elapsed().as_secs_f64());
             metrics.renewals(ops::renew_result(&renewed), 1);
@@ -470,6 +502,13 @@ impl PresenceApi for PresenceService {
         let user_ids = wire::user_ids("user_ids", &request.get_ref().user_ids)?;
         let answered = self.through_moves(&request, || self.snapshot_routed(&request, viewer.as_deref(), &user_ids));
         Ok(answered.await?)
+    }
+
+    async fn notify_targets(&self, request: Request<pb::NotifyTargetsRequest>) -> Answer<pb::NotifyTargetsResponse> {
+        // A service's call: it reads every session's true attention, which no viewer may.
+        self.require(&request, Scope::Read, "NotifyTargets")?;
+        let answered = self.through_moves(&request, || self.notify_targets_routed(&request));
+        Ok(Response::new(answered.await?))
     }
 
     type WatchStream = CredentialBound<WatchStream>;

@@ -278,6 +278,22 @@ impl Membership {
         Ok(answer.await?.users)
     }
 
+    /// Asks the node at `address`, which owns `request`'s users, where their
+    /// notifications should go (A4), with the caller's credentials.
+    pub(crate) async fn forward_notify_targets(
+        &self,
+        address: &str,
+        request: pb::NotifyTargetsRequest,
+        authorization: Option<&MetadataValue<Ascii>>,
+    ) -> Result<Vec<pb::NotifyTarget>, ServiceError> {
+        let client = self.peers.client(address)?;
+        let answer =
+            forward(client, address, FORWARD_TIMEOUT, request, authorization, |mut client, request| async move {
+                client.notify_targets(request).await
+            });
+        Ok(answer.await?.targets)
+    }
+
     /// Sends lease items held through a freeze to the node at `address`,
     /// which owns their users now (C7), with the caller's credentials.
     pub(crate) async fn forward_leases(
@@ -999,6 +1015,41 @@ impl OwnershipView<'_> {
 pub(crate) struct Routes {
     pub(crate) local: Vec<usize>,
     pub(crate) remote: std::collections::BTreeMap<String, Vec<usize>>,
+}
+
+impl Routes {
+    /// One answer per request entry, in request order: `local`'s for this
+    /// node's entries, and each owner's answer (one per entry sent to it,
+    /// `ask`ed of all owners at once) for theirs. `what` names the call in
+    /// the refusal of an owner that answered the wrong number.
+    pub(crate) async fn merged<'a, T, F>(
+        &'a self,
+        local: Vec<T>,
+        what: &str,
+        ask: impl Fn(&'a str, &'a [usize]) -> F,
+    ) -> Result<Vec<T>, ServiceError>
+    where
+        F: std::future::Future<Output = Result<Vec<T>, ServiceError>>,
+    {
+        let mut answers: Vec<Option<T>> = std::iter::repeat_with(|| None)
+            .take(self.local.len() + self.remote.values().map(Vec::len).sum::<usize>())
+            .collect();
+        for (&index, answer) in self.local.iter().zip(local) {
+            answers[index] = Some(answer);
+        }
+        let asked = self.remote.iter().map(|(address, indices)| ask(address.as_str(), indices.as_slice()));
+        for ((address, indices), answer) in self.remote.iter().zip(futures_util::future::join_all(asked).await) {
+            let answer = answer?;
+            if answer.len() != indices.len() {
+                let wrong = format!("the node at {address} answered a forwarded {what} with the wrong number of users");
+                return Err(ServiceError::Internal(wrong));
+            }
+            for (&index, one) in indices.iter().zip(answer) {
+                answers[index] = Some(one);
+            }
+        }
+        Ok(answers.into_iter().flatten().collect())
+    }
 }
 
 /// `slots` of a cluster of `slot_count`, checked against this one's.

@@ -26,6 +26,7 @@ use crate::node::settings::Settings;
 use crate::node::storage::durable::DurableStore;
 use crate::node::watches::Watches;
 use crate::node::wire;
+use presence_core::attention::NotifyPolicy;
 
 /// The settings one node reads: the server's, less what only the process
 /// around the node (the network, the tasks, the cluster) needs.
@@ -46,6 +47,8 @@ pub(crate) struct NodeConfig {
     pub(crate) default_visibility: Visibility,
     /// Last seen is released rounded down to this (P5).
     pub(crate) last_seen_granularity: Duration,
+    /// Where notifications go (A3): the hand-off delay a call that names none takes.
+    pub(crate) notify_policy: NotifyPolicy,
 }
 
 impl Default for NodeConfig {
@@ -59,6 +62,7 @@ impl Default for NodeConfig {
             forget_offline_after_ms: presence_core::StoreConfig::default().forget_offline_after_ms,
             default_visibility: Visibility::Audience,
             last_seen_granularity: Duration::from_secs(300),
+            notify_policy: NotifyPolicy::default(),
         }
     }
 }
@@ -96,6 +100,8 @@ pub(crate) struct Context {
     pub(crate) durable: Option<Arc<DurableStore>>,
     /// The change feed (F1); `None` when it is turned off.
     pub(crate) feed: Option<Arc<Feed>>,
+    /// Where notifications go, when a call does not say otherwise (A3).
+    notify_policy: NotifyPolicy,
 }
 
 impl Context {
@@ -145,7 +151,13 @@ impl Context {
             started: Instant::now(),
             placement,
             feed,
+            notify_policy: config.notify_policy,
         }
+    }
+
+    /// The notification policy's defaults (A3: `--push-handoff-ms`).
+    pub(crate) fn notify_policy(&self) -> NotifyPolicy {
+        self.notify_policy
     }
 
     /// Held by a request whose write awaits the disk, from before its check

@@ -349,7 +349,15 @@ fn apply_hearing_rooms(context: &Context, batch: &LeaseBatchFrame, shed_renewals
                 && !shed_renewals
             {
                 match wire::renew_frame(frame) {
-                    Ok(renewal) => run.push(renewal),
+                    Ok(input) if input.attention.is_empty() => run.push(input.renewal),
+                    Ok(input) => {
+                        // A change of attention (A1): this renewal on its own, in order.
+                        apply_renewals(store, now, &mut run, &mut results, changes, &mut renewals);
+                        let renewed = ops::renew_with_attention(store, now, &input, changes);
+                        renewals[ops::renew_result(&renewed) as usize] += 1;
+                        let answer = renewed.map(|renewed| wire::renew_response(&renewed)).map_err(ServiceError::from);
+                        results.push(wire::lease_result(answer, lease_result::Result::Renew));
+                    }
                     Err(refusal) => {
                         apply_renewals(store, now, &mut run, &mut results, changes, &mut renewals);
                         renewals[RenewResult::Invalid as usize] += 1;
@@ -510,7 +518,7 @@ mod tests {
                 session_id: "s".into(),
                 gateway_id: "gw".into(),
                 ttl_ms: 0,
-                metadata: Default::default(),
+                ..Default::default()
             })),
         }
     }
@@ -522,6 +530,7 @@ mod tests {
                 session_id: "s".into(),
                 generation,
                 ttl_ms: 0,
+                ..Default::default()
             })),
         }
     }

@@ -11,7 +11,7 @@ use presence_proto::v1 as pb;
 
 use crate::error::ServiceError;
 use crate::metrics::{Metrics, RenewResult};
-use crate::node::wire::{self, JoinInput, RegisterInput, SignalInput, UnregisterInput};
+use crate::node::wire::{self, JoinInput, RegisterInput, RenewInput, SignalInput, UnregisterInput};
 
 pub(crate) fn register(
     store: &Store,
@@ -26,6 +26,11 @@ pub(crate) fn register(
             if registered.replaced {
                 metrics.reconnects.increment(1);
             }
+            if !input.attention.is_empty() {
+                // The lease was just made, and the change checked with the request.
+                let lease = (input.user_id(), input.registration().session_id, registered.generation);
+                store.set_attention(now, lease, &input.attention, changes)?;
+            }
             Ok(registered)
         }
         Err(err) => {
@@ -33,6 +38,21 @@ pub(crate) fn register(
             Err(err.into())
         }
     }
+}
+
+/// A renewal that reports a change of its session's attention (A1): the
+/// renewal, then the change to the lease it renewed. Renewals without one
+/// never come here (they go to the store together, as they always did).
+pub(crate) fn renew_with_attention(
+    store: &Store,
+    now: u64,
+    input: &RenewInput<'_>,
+    changes: &mut Changes,
+) -> Result<Renewed, LeaseError> {
+    let renewal = &input.renewal;
+    let renewed = store.renew(now, renewal.user_id, renewal.session_id, renewal.generation, renewal.ttl_ms, changes)?;
+    store.set_attention(now, (renewal.user_id, renewal.session_id, renewal.generation), &input.attention, changes)?;
+    Ok(renewed)
 }
 
 /// How a renewal's answer is counted; a batch counts its renewals once.

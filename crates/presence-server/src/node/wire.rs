@@ -13,6 +13,9 @@
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use presence_core::attention::{
+    Attention, AttentionChange, DeviceKind, NotifyDecision, NotifyPolicy, NotifyReason, Urgency,
+};
 use presence_core::{
     Availability, CompactString, Joined, Left, Presence, Registered, Registration, Renewal, Renewed, Revoked,
     RoomAccess, RoomMember, RoomRef, SessionView, Signalled, State, StoreConfig, StoreStats, UnregisterOutcome,
@@ -42,7 +45,7 @@ pub(crate) const MAX_BATCH_WINDOW_MS: u32 = 1_000;
 
 /// A register request as the store takes it: ids borrowed from the request,
 /// metadata sorted by key (a later entry for a key replaces an earlier one,
-/// as in a decoded `map`).
+/// as in a decoded `map`), and the attention it reports (A1).
 #[derive(Debug)]
 pub(crate) struct RegisterInput<'a> {
     user_id: &'a str,
@@ -50,6 +53,7 @@ pub(crate) struct RegisterInput<'a> {
     gateway_id: &'a str,
     ttl_ms: u32,
     metadata: Vec<(String, String)>,
+    pub(crate) attention: AttentionChange<'a>,
 }
 
 impl RegisterInput<'_> {
@@ -70,6 +74,13 @@ impl RegisterInput<'_> {
     }
 }
 
+/// A renewal as the store takes it, and the attention it reports (A1).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RenewInput<'a> {
+    pub(crate) renewal: Renewal<'a>,
+    pub(crate) attention: AttentionChange<'a>,
+}
+
 /// An unregister request as the store takes it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct UnregisterInput<'a> {
@@ -79,48 +90,93 @@ pub(crate) struct UnregisterInput<'a> {
     pub(crate) linger_ms: u32,
 }
 
-pub(crate) fn register_request(request: &pb::RegisterRequest) -> RegisterInput<'_> {
+/// A session's attention as a register or renewal reports it (A1): the
+/// enums by number (an unknown one is refused, naming its field), the room
+/// as text.
+fn attention_change(
+    attention: Option<i32>,
+    device_kind: i32,
+    focused_room_id: Option<&str>,
+) -> Result<AttentionChange<'_>, ServiceError> {
+    let attention = match attention.map(pb::Attention::try_from) {
+        None | Some(Ok(pb::Attention::Unspecified)) => None,
+        Some(Ok(pb::Attention::Active)) => Some(Attention::Active),
+        Some(Ok(pb::Attention::Idle)) => Some(Attention::Idle),
+        Some(Ok(pb::Attention::Background)) => Some(Attention::Background),
+        Some(Err(_)) => {
+            let given = attention.unwrap_or_default();
+            return Err(ServiceError::invalid("attention", format!("{given} is not an Attention (1 to 3)")));
+        }
+    };
+    let device = match pb::DeviceKind::try_from(device_kind) {
+        Ok(pb::DeviceKind::DeviceUnspecified) => None,
+        Ok(pb::DeviceKind::DeviceDesktop) => Some(DeviceKind::Desktop),
+        Ok(pb::DeviceKind::DeviceMobile) => Some(DeviceKind::Mobile),
+        Ok(pb::DeviceKind::DeviceWeb) => Some(DeviceKind::Web),
+        Ok(pb::DeviceKind::DeviceOther) => Some(DeviceKind::Other),
+        Err(_) => {
+            return Err(ServiceError::invalid("device_kind", format!("{device_kind} is not a DeviceKind (1 to 4)")));
+        }
+    };
+    // Checked here, before the register or renewal it rides on is applied.
+    if let Some(room_id) = focused_room_id.filter(|room_id| !room_id.is_empty()) {
+        presence_core::validate_id("focused_room_id", room_id)?;
+    }
+    Ok(AttentionChange { attention, device, focused_room_id })
+}
+
+pub(crate) fn register_request(request: &pb::RegisterRequest) -> Result<RegisterInput<'_>, ServiceError> {
     let mut metadata: Vec<(String, String)> =
         request.metadata.iter().map(|(key, value)| (key.clone(), value.clone())).collect();
     metadata.sort_unstable();
-    RegisterInput {
+    Ok(RegisterInput {
         user_id: &request.user_id,
         session_id: &request.session_id,
         gateway_id: &request.gateway_id,
         ttl_ms: request.ttl_ms,
         metadata,
-    }
+        attention: attention_change(request.attention, request.device_kind, request.focused_room_id.as_deref())?,
+    })
 }
 
 /// A register item of a batch; text that is not UTF-8 refuses the item alone.
 pub(crate) fn register_frame(frame: &RegisterFrame) -> Result<RegisterInput<'_>, ServiceError> {
     let metadata = metadata_frame(&frame.metadata)?;
+    let focused_room_id = frame.focused_room_id.as_deref().map(|room| utf8("focused_room_id", room)).transpose()?;
     Ok(RegisterInput {
         user_id: utf8("user_id", &frame.user_id)?,
         session_id: utf8("session_id", &frame.session_id)?,
         gateway_id: utf8("gateway_id", &frame.gateway_id)?,
         ttl_ms: frame.ttl_ms,
         metadata,
+        attention: attention_change(frame.attention, frame.device_kind, focused_room_id)?,
     })
 }
 
-pub(crate) fn renew_request(request: &pb::RenewRequest) -> Renewal<'_> {
-    Renewal {
-        user_id: &request.user_id,
-        session_id: &request.session_id,
-        generation: request.generation,
-        ttl_ms: request.ttl_ms,
-    }
+pub(crate) fn renew_request(request: &pb::RenewRequest) -> Result<RenewInput<'_>, ServiceError> {
+    Ok(RenewInput {
+        renewal: Renewal {
+            user_id: &request.user_id,
+            session_id: &request.session_id,
+            generation: request.generation,
+            ttl_ms: request.ttl_ms,
+        },
+        attention: attention_change(request.attention, 0, request.focused_room_id.as_deref())?,
+    })
 }
 
 /// A renewal item of a batch; bytes that are not UTF-8 refuse the item alone,
 /// as the unary `Renew` refuses such a request.
-pub(crate) fn renew_frame(frame: &RenewFrame) -> Result<Renewal<'_>, ServiceError> {
-    Ok(Renewal {
-        user_id: utf8("user_id", &frame.user_id)?,
-        session_id: utf8("session_id", &frame.session_id)?,
-        generation: frame.generation,
-        ttl_ms: frame.ttl_ms,
+pub(crate) fn renew_frame(frame: &RenewFrame) -> Result<RenewInput<'_>, ServiceError> {
+    let focused_room_id = frame.focused_room_id.as_deref().map(|room| utf8("focused_room_id", room)).transpose()?;
+    Ok(RenewInput {
+        renewal: Renewal {
+            user_id: utf8("user_id", &frame.user_id)?,
+            session_id: utf8("session_id", &frame.session_id)?,
+            generation: frame.generation,
+            ttl_ms: frame.ttl_ms,
+        },
+        attention: attention_change(frame.attention, 0, focused_room_id)?,
     })
 }
 
@@ -416,8 +472,66 @@ pub(crate) fn status(status: pb::Status, now: u64) -> Result<presence_core::Stat
     Ok(presence_core::Status { availability, text: status.text, expires_at })
 }
 
+/// The longest hand-off delay a NotifyTargets call may ask for: an hour.
+pub(crate) const MAX_HANDOFF_MS: u32 = 3_600_000;
+
+/// A NotifyTargets request as the store takes it (A3, A4): `handoff_ms`
+/// 0 takes the server's `default_policy`.
+pub(crate) struct NotifyTargetsInput<'a> {
+    pub(crate) user_ids: Vec<CompactString>,
+    pub(crate) room_id: Option<&'a str>,
+    pub(crate) urgency: Urgency,
+    pub(crate) policy: NotifyPolicy,
+}
+
+pub(crate) fn notify_targets_request<'a>(
+    request: &'a pb::NotifyTargetsRequest,
+    default_policy: &NotifyPolicy,
+) -> Result<NotifyTargetsInput<'a>, ServiceError> {
+    let user_ids = user_ids("user_ids", &request.user_ids)?;
+    if user_ids.is_empty() {
+        return Err(ServiceError::invalid("user_ids", "name at least one user"));
+    }
+    let room_id = (!request.room_id.is_empty()).then_some(request.room_id.as_str());
+    let urgency = match pb::Urgency::try_from(request.urgency) {
+        Ok(pb::Urgency::Normal) => Urgency::Normal,
+        Ok(pb::Urgency::Urgent) => Urgency::Urgent,
+        Err(_) => {
+            return Err(ServiceError::invalid("urgency", format!("{} is not an Urgency (0 or 1)", request.urgency)));
+        }
+    };
+    if request.handoff_ms > MAX_HANDOFF_MS {
+        let reason = format!("{} is above the longest hand-off, {MAX_HANDOFF_MS} ms", request.handoff_ms);
+        return Err(ServiceError::invalid("handoff_ms", reason));
+    }
+    let policy = match request.handoff_ms {
+        0 => *default_policy,
+        handoff_ms => NotifyPolicy { handoff_ms: u64::from(handoff_ms) },
+    };
+    Ok(NotifyTargetsInput { user_ids, room_id, urgency, policy })
+}
+
 // ---------------------------------------------------------------------------
 // Answers out.
+
+/// One user's answer to NotifyTargets (A3).
+pub(crate) fn notify_target(user_id: &str, decision: NotifyDecision<CompactString>) -> pb::NotifyTarget {
+    let reason = match decision.reason {
+        NotifyReason::RoomOpen => pb::NotifyReason::RoomOpen,
+        NotifyReason::AttendedElsewhere => pb::NotifyReason::AttendedElsewhere,
+        NotifyReason::NoAttendedSession => pb::NotifyReason::NoAttendedSession,
+        NotifyReason::UnknownFailOpen => pb::NotifyReason::UnknownFailOpen,
+        NotifyReason::Offline => pb::NotifyReason::Offline,
+        NotifyReason::Urgent => pb::NotifyReason::Urgent,
+    };
+    pb::NotifyTarget {
+        user_id: user_id.to_owned(),
+        in_app_session_ids: decision.in_app.into_iter().map(String::from).collect(),
+        push_now: decision.push_now,
+        push_after_ms: decision.push_after_ms,
+        reason: reason as i32,
+    }
+}
 
 /// A store tick as the API's `int64` Unix milliseconds.
 pub(crate) fn unix_ms(tick: u64) -> i64 {
@@ -701,6 +815,7 @@ pub(crate) mod tests {
             gateway_id: "gw".into(),
             ttl_ms: 1_000,
             metadata: [("b".to_string(), "2".to_string()), ("a".to_string(), "1".to_string())].into(),
+            ..pb::RegisterRequest::default()
         };
         let entry =
             |key: &str, value: &str| MetadataEntryFrame { key: key.to_owned().into(), value: value.to_owned().into() };
@@ -711,8 +826,9 @@ pub(crate) mod tests {
             ttl_ms: 1_000,
             // A later entry for a key replaces an earlier one, as a decoded map does.
             metadata: vec![entry("b", "0"), entry("a", "1"), entry("b", "2")],
+            ..RegisterFrame::default()
         };
-        let from_request = register_request(&request);
+        let from_request = register_request(&request).unwrap();
         let from_frame = register_frame(&frame).unwrap();
         assert_eq!(format!("{:?}", from_request.registration()), format!("{:?}", from_frame.registration()));
         assert_eq!(from_frame.metadata, [("a".into(), "1".into()), ("b".into(), "2".into())]);
@@ -720,7 +836,8 @@ pub(crate) mod tests {
 
     #[test]
     fn b1_text_that_is_not_utf8_names_its_field() {
-        let renewal = RenewFrame { user_id: vec![0xff].into(), session_id: "s".into(), generation: 1, ttl_ms: 0 };
+        let renewal =
+            RenewFrame { user_id: vec![0xff].into(), session_id: "s".into(), generation: 1, ..RenewFrame::default() };
         assert_eq!(field_of(renew_frame(&renewal)), "user_id");
         let unregister =
             UnregisterFrame { user_id: "u".into(), session_id: vec![0xc3].into(), generation: 1, linger_ms: 0 };

@@ -7,6 +7,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Attention(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ATTENTION_UNSPECIFIED: _ClassVar[Attention]
+    ATTENTION_ACTIVE: _ClassVar[Attention]
+    ATTENTION_IDLE: _ClassVar[Attention]
+    ATTENTION_BACKGROUND: _ClassVar[Attention]
+
+class DeviceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEVICE_UNSPECIFIED: _ClassVar[DeviceKind]
+    DEVICE_DESKTOP: _ClassVar[DeviceKind]
+    DEVICE_MOBILE: _ClassVar[DeviceKind]
+    DEVICE_WEB: _ClassVar[DeviceKind]
+    DEVICE_OTHER: _ClassVar[DeviceKind]
+
+class Urgency(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    URGENCY_NORMAL: _ClassVar[Urgency]
+    URGENCY_URGENT: _ClassVar[Urgency]
+
+class NotifyReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NOTIFY_REASON_UNSPECIFIED: _ClassVar[NotifyReason]
+    NOTIFY_REASON_ROOM_OPEN: _ClassVar[NotifyReason]
+    NOTIFY_REASON_ATTENDED_ELSEWHERE: _ClassVar[NotifyReason]
+    NOTIFY_REASON_NO_ATTENDED_SESSION: _ClassVar[NotifyReason]
+    NOTIFY_REASON_UNKNOWN_FAIL_OPEN: _ClassVar[NotifyReason]
+    NOTIFY_REASON_OFFLINE: _ClassVar[NotifyReason]
+    NOTIFY_REASON_URGENT: _ClassVar[NotifyReason]
+
 class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     STATE_UNSPECIFIED: _ClassVar[State]
@@ -67,6 +97,24 @@ class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHANGE_KIND_FLIP: _ClassVar[ChangeKind]
     CHANGE_KIND_STATUS: _ClassVar[ChangeKind]
     CHANGE_KIND_ROOM_OCCUPANCY: _ClassVar[ChangeKind]
+ATTENTION_UNSPECIFIED: Attention
+ATTENTION_ACTIVE: Attention
+ATTENTION_IDLE: Attention
+ATTENTION_BACKGROUND: Attention
+DEVICE_UNSPECIFIED: DeviceKind
+DEVICE_DESKTOP: DeviceKind
+DEVICE_MOBILE: DeviceKind
+DEVICE_WEB: DeviceKind
+DEVICE_OTHER: DeviceKind
+URGENCY_NORMAL: Urgency
+URGENCY_URGENT: Urgency
+NOTIFY_REASON_UNSPECIFIED: NotifyReason
+NOTIFY_REASON_ROOM_OPEN: NotifyReason
+NOTIFY_REASON_ATTENDED_ELSEWHERE: NotifyReason
+NOTIFY_REASON_NO_ATTENDED_SESSION: NotifyReason
+NOTIFY_REASON_UNKNOWN_FAIL_OPEN: NotifyReason
+NOTIFY_REASON_OFFLINE: NotifyReason
+NOTIFY_REASON_URGENT: NotifyReason
 STATE_UNSPECIFIED: State
 STATE_OFFLINE: State
 STATE_ONLINE: State
@@ -102,6 +150,38 @@ CHANGE_KIND_FLIP: ChangeKind
 CHANGE_KIND_STATUS: ChangeKind
 CHANGE_KIND_ROOM_OCCUPANCY: ChangeKind
 
+class NotifyTargetsRequest(_message.Message):
+    __slots__ = ("user_ids", "room_id", "urgency", "handoff_ms")
+    USER_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROOM_ID_FIELD_NUMBER: _ClassVar[int]
+    URGENCY_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_MS_FIELD_NUMBER: _ClassVar[int]
+    user_ids: _containers.RepeatedScalarFieldContainer[str]
+    room_id: str
+    urgency: Urgency
+    handoff_ms: int
+    def __init__(self, user_ids: _Optional[_Iterable[str]] = ..., room_id: _Optional[str] = ..., urgency: _Optional[_Union[Urgency, str]] = ..., handoff_ms: _Optional[int] = ...) -> None: ...
+
+class NotifyTarget(_message.Message):
+    __slots__ = ("user_id", "in_app_session_ids", "push_now", "push_after_ms", "reason")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    IN_APP_SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    PUSH_NOW_FIELD_NUMBER: _ClassVar[int]
+    PUSH_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    in_app_session_ids: _containers.RepeatedScalarFieldContainer[str]
+    push_now: bool
+    push_after_ms: int
+    reason: NotifyReason
+    def __init__(self, user_id: _Optional[str] = ..., in_app_session_ids: _Optional[_Iterable[str]] = ..., push_now: _Optional[bool] = ..., push_after_ms: _Optional[int] = ..., reason: _Optional[_Union[NotifyReason, str]] = ...) -> None: ...
+
+class NotifyTargetsResponse(_message.Message):
+    __slots__ = ("targets",)
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    targets: _containers.RepeatedCompositeFieldContainer[NotifyTarget]
+    def __init__(self, targets: _Optional[_Iterable[_Union[NotifyTarget, _Mapping]]] = ...) -> None: ...
+
 class Status(_message.Message):
     __slots__ = ("availability", "text", "expires_at_ms")
     AVAILABILITY_FIELD_NUMBER: _ClassVar[int]
@@ -129,7 +209,7 @@ class UserPresence(_message.Message):
     def __init__(self, user_id: _Optional[str] = ..., state: _Optional[_Union[State, str]] = ..., version: _Optional[int] = ..., last_active_at_ms: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., last_seen_ms: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("user_id", "session_id", "gateway_id", "ttl_ms", "metadata")
+    __slots__ = ("user_id", "session_id", "gateway_id", "ttl_ms", "metadata", "device_kind", "attention", "focused_room_id")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -142,12 +222,18 @@ class RegisterRequest(_message.Message):
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    FOCUSED_ROOM_ID_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     session_id: str
     gateway_id: str
     ttl_ms: int
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, user_id: _Optional[str] = ..., session_id: _Optional[str] = ..., gateway_id: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    device_kind: DeviceKind
+    attention: Attention
+    focused_room_id: str
+    def __init__(self, user_id: _Optional[str] = ..., session_id: _Optional[str] = ..., gateway_id: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., device_kind: _Optional[_Union[DeviceKind, str]] = ..., attention: _Optional[_Union[Attention, str]] = ..., focused_room_id: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("generation", "changed", "presence", "expires_at_ms")
@@ -162,16 +248,20 @@ class RegisterResponse(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., changed: _Optional[bool] = ..., presence: _Optional[_Union[UserPresence, _Mapping]] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
 
 class RenewRequest(_message.Message):
-    __slots__ = ("user_id", "session_id", "generation", "ttl_ms")
+    __slots__ = ("user_id", "session_id", "generation", "ttl_ms", "attention", "focused_room_id")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_FIELD_NUMBER: _ClassVar[int]
+    FOCUSED_ROOM_ID_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     session_id: str
     generation: int
     ttl_ms: int
-    def __init__(self, user_id: _Optional[str] = ..., session_id: _Optional[str] = ..., generation: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+    attention: Attention
+    focused_room_id: str
+    def __init__(self, user_id: _Optional[str] = ..., session_id: _Optional[str] = ..., generation: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., attention: _Optional[_Union[Attention, str]] = ..., focused_room_id: _Optional[str] = ...) -> None: ...
 
 class RenewResponse(_message.Message):
     __slots__ = ("expires_at_ms", "throttled")

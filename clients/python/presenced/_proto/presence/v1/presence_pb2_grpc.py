@@ -64,6 +64,11 @@ class PresenceStub:
                 request_serializer=presence_dot_v1_dot_presence__pb2.SnapshotRequest.SerializeToString,
                 response_deserializer=presence_dot_v1_dot_presence__pb2.SnapshotResponse.FromString,
                 _registered_method=True)
+        self.NotifyTargets = channel.unary_unary(
+                '/presence.v1.Presence/NotifyTargets',
+                request_serializer=presence_dot_v1_dot_presence__pb2.NotifyTargetsRequest.SerializeToString,
+                response_deserializer=presence_dot_v1_dot_presence__pb2.NotifyTargetsResponse.FromString,
+                _registered_method=True)
         self.Touch = channel.unary_unary(
                 '/presence.v1.Presence/Touch',
                 request_serializer=presence_dot_v1_dot_presence__pb2.TouchRequest.SerializeToString,
@@ -242,6 +247,18 @@ class PresenceServicer:
 
     def Snapshot(self, request, context):
         """The current presence of each requested user, in request order. Unknown users are OFFLINE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def NotifyTargets(self, request, context):
+        """Where a notification for each user should go now (A3, A4), in request
+        order: the sessions that should show it in-app, and whether to push to
+        mobile devices now, after a hand-off delay, or not at all, with the
+        reason; from the attention the users' sessions reported (A1). Fails
+        open: what presenced does not know is answered "push". 1 to 1,000 users.
+        The `read` scope (a service's call; viewers are refused).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -532,6 +549,11 @@ def add_PresenceServicer_to_server(servicer, server):
                     servicer.Snapshot,
                     request_deserializer=presence_dot_v1_dot_presence__pb2.SnapshotRequest.FromString,
                     response_serializer=presence_dot_v1_dot_presence__pb2.SnapshotResponse.SerializeToString,
+            ),
+            'NotifyTargets': grpc.unary_unary_rpc_method_handler(
+                    servicer.NotifyTargets,
+                    request_deserializer=presence_dot_v1_dot_presence__pb2.NotifyTargetsRequest.FromString,
+                    response_serializer=presence_dot_v1_dot_presence__pb2.NotifyTargetsResponse.SerializeToString,
             ),
             'Touch': grpc.unary_unary_rpc_method_handler(
                     servicer.Touch,
@@ -826,6 +848,33 @@ class Presence:
             '/presence.v1.Presence/Snapshot',
             presence_dot_v1_dot_presence__pb2.SnapshotRequest.SerializeToString,
             presence_dot_v1_dot_presence__pb2.SnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NotifyTargets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/presence.v1.Presence/NotifyTargets',
+            presence_dot_v1_dot_presence__pb2.NotifyTargetsRequest.SerializeToString,
+            presence_dot_v1_dot_presence__pb2.NotifyTargetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
