@@ -199,15 +199,26 @@ async fn c1_a_node_cut_off_from_etcd_that_answers_the_others_stops_acting_before
     let follower_name = presence_cluster::follower_of(slot, "node-a", &others).unwrap();
     let follower = &servers[NODES.iter().position(|node| *node == follower_name).unwrap()];
     let mut at_a = servers[0].client().await;
-    at_a.register(pb::RegisterRequest {
+    // The map read above is etcd's; node-a, which reads etcd through the
+    // proxy, acts on it a moment later (until then its slots have no owner
+    // that may act, and it says so): the register is awaited, not assumed.
+    let register = pb::RegisterRequest {
         user_id: user.clone(),
         session_id: "s".into(),
         gateway_id: "gw".into(),
         ttl_ms: 30_000,
         ..Default::default()
-    })
-    .await
-    .expect("node-a acts while etcd confirms its lease");
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match at_a.register(register.clone()).await {
+            Ok(_) => break,
+            Err(refused) if refused.code() == Code::Unavailable && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(refused) => panic!("node-a acts while etcd confirms its lease: {refused:?}"),
+        }
+    }
     let request = pb::WatchRequest { user_ids: vec![user.clone()], ..Default::default() };
     let mut watch = at_a.watch(request).await.unwrap().into_inner();
     assert!(matches!(next_event(&mut watch).await.unwrap().event, Some(pb::watch_event::Event::Snapshot(_))));
