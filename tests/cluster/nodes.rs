@@ -21,12 +21,28 @@ pub(crate) fn node_config(etcd: &EtcdServer, node: &str, addr: SocketAddr) -> Se
 }
 
 pub(crate) fn node_config_with(etcd: &EtcdServer, node: &str, addr: SocketAddr, base: ServerConfig) -> ServerConfig {
+    log_in_process_nodes();
     let mut cluster = ClusterConfig::new(vec![etcd.endpoint.clone()], node, addr.to_string());
     cluster.slots = SLOTS;
     cluster.prefix = PREFIX.to_owned();
     cluster.lease_ttl = Duration::from_secs(2);
     cluster.settle = Duration::from_millis(500);
     ServerConfig { cluster: Some(cluster), ..base }
+}
+
+/// With `PRESENCED_TEST_LOG` set (a `RUST_LOG` filter, as the node
+/// processes take it), the nodes in the test's own process log to its
+/// standard error too: a cluster test's failure then shows what its
+/// coordinator decided, and when.
+fn log_in_process_nodes() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let Ok(filter) = std::env::var("PRESENCED_TEST_LOG") else { return };
+    ONCE.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    });
 }
 
 /// The `presenced serve` flags of `node` as a process of its own, reached at
