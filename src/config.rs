@@ -122,6 +122,11 @@ pub(crate) struct ServeArgs {
     /// publishes nothing; 0 (the default) is off, 30000 the most.
     #[arg(long, env = "PRESENCED_OFFLINE_GRACE_MS", value_name = "MS")]
     offline_grace_ms: Option<u64>,
+    /// How long after a user's last activity on any session it is still
+    /// shown ACTIVE (A2): the damping that keeps a quick switch of tabs from
+    /// showing it away; 0 is none, 3600000 (an hour) the most.
+    #[arg(long, env = "PRESENCED_ACTIVE_WINDOW_MS", value_name = "MS")]
+    active_window_ms: Option<u64>,
     /// The most members a member-mode room snapshot or watch lists; larger
     /// rooms are watched in count mode.
     #[arg(long, env = "PRESENCED_ROOM_MEMBER_CAP", value_name = "N")]
@@ -503,6 +508,7 @@ fields_of_server_config! {
     min_renew_interval_ms => store.min_renew_interval_ms;
     forget_offline_after_ms => store.forget_offline_after_ms;
     offline_grace_ms => store.offline_grace_ms;
+    active_window_ms => store.active_window_ms;
     room_member_cap => room_member_cap;
     shards => store.shards;
     expiry_batch => expiry_batch;
@@ -1053,6 +1059,7 @@ mod tests {
             forget_offline_after_ms: 7,
             // Not a flag yet.
             offline_grace_ms: 0,
+            active_window_ms: 19,
         };
         ServerConfig {
             store,
@@ -1091,6 +1098,7 @@ mod tests {
             ("--expiry-batch", server.expiry_batch.to_string()),
             ("--shutdown-grace-ms", server.shutdown_grace.as_millis().to_string()),
             ("--push-handoff-ms", server.push_handoff.as_millis().to_string()),
+            ("--active-window-ms", store.active_window_ms.to_string()),
             ("--watch-buffer", server.watch_buffer.to_string()),
             ("--watch-delivery-tick-ms", server.watch_delivery_tick.as_millis().to_string()),
             ("--lease-queue", server.lease_queue.to_string()),

@@ -52,7 +52,8 @@ async fn e5_viewers_at_one_node_share_one_relay_of_each_owner_and_see_what_the_o
             user if user == invisible => pb::Visibility::Nobody,
             _ => pb::Visibility::Everyone,
         };
-        let request = pb::SetVisibilityRequest { user_id: user.clone(), visibility: visibility as i32 };
+        let request =
+            pb::SetVisibilityRequest { user_id: user.clone(), visibility: visibility as i32, ..Default::default() };
         let index = if at_a.contains(user) { 0 } else { 1 };
         servers[index].client().await.set_visibility(request).await.unwrap();
     }

@@ -329,8 +329,11 @@ async fn r3_counts_from_any_node_leave_out_members_their_own_nodes_hold_invisibl
     let room_owner = map.owner(slot_of(ROOM, SLOTS)).unwrap().node.clone();
     let (shy, shy_node, _) = members.iter().find(|(_, node, _)| *node != room_owner).unwrap().clone();
     let mut at_shy = server_of(&servers, shy_node).client().await;
-    let visibility =
-        |visibility: pb::Visibility| pb::SetVisibilityRequest { user_id: shy.clone(), visibility: visibility as i32 };
+    let visibility = |visibility: pb::Visibility| pb::SetVisibilityRequest {
+        user_id: shy.clone(),
+        visibility: visibility as i32,
+        ..Default::default()
+    };
     at_shy.set_visibility(visibility(pb::Visibility::Nobody)).await.unwrap();
     for (user, node, generation) in &members {
         server_of(&servers, node).client().await.join(join(user, *generation, node)).await.unwrap();
@@ -408,6 +411,7 @@ async fn r4_a_viewer_reads_a_room_across_nodes_as_each_members_own_node_allows()
     let visibility = |user: &str, visibility: pb::Visibility| pb::SetVisibilityRequest {
         user_id: user.into(),
         visibility: visibility as i32,
+        ..Default::default()
     };
     let mut at_hidden = server_of(&servers, hidden_node).client().await;
     at_hidden.set_visibility(visibility(&hidden, pb::Visibility::Nobody)).await.unwrap();
@@ -713,7 +717,11 @@ async fn r7_one_stream_at_any_node_counts_rooms_of_every_owner_and_follows_them_
 
     // A member its own node now holds invisible is counted by nobody, in every room.
     let (shy, shy_node, _) = members.iter().find(|(_, node, _)| *node != watcher_node).unwrap();
-    let invisible = pb::SetVisibilityRequest { user_id: shy.clone(), visibility: pb::Visibility::Nobody as i32 };
+    let invisible = pb::SetVisibilityRequest {
+        user_id: shy.clone(),
+        visibility: pb::Visibility::Nobody as i32,
+        ..Default::default()
+    };
     server_of(&servers, shy_node).client().await.set_visibility(invisible).await.unwrap();
     counts_until(&mut stream, &mut held, "the invisible member uncounted", |held| {
         rooms.iter().all(|room| held.get(room) == Some(&(2, 2)))

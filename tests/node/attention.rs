@@ -210,3 +210,133 @@ async fn a4_a_thousand_users_in_one_call_and_viewers_are_refused() {
     assert_eq!(refused.message(), "NotifyTargets: requires service credentials");
     server.stop().await;
 }
+
+/// The fast configuration with a one-second active window (A2).
+fn window_config() -> ServerConfig {
+    let mut config = fast_config();
+    config.store.active_window_ms = 1_000;
+    config
+}
+
+fn availability_of(presence: &pb::UserPresence) -> pb::Availability {
+    pb::Availability::try_from(presence.availability).unwrap()
+}
+
+/// A2 over gRPC: a viewer sees ACTIVE with the register that says it, AWAY
+/// a window after the laptop locks (a new version, ordered like any change),
+/// ACTIVE again at once, and nothing beside ONLINE for a gateway that says
+/// nothing of attention; Snapshot shows the same; SetStatus may not choose
+/// ACTIVE, which only the sessions make.
+#[tokio::test]
+async fn a2_a_viewer_sees_active_then_away_in_version_order() {
+    let server = TestServer::start(window_config()).await;
+    let mut client = server.client().await;
+    let mut viewer = Viewer::open(&mut client, &["ann", "bob"]).await;
+    let laptop =
+        with_attention(register("ann", "laptop", "gw", 60_000), pb::DeviceKind::DeviceDesktop, pb::Attention::Active);
+    let generation = client.register(laptop).await.unwrap().into_inner().generation;
+    let online = viewer.until_update_of("ann").await;
+    assert_eq!((state_of(&online), availability_of(&online)), (pb::State::Online, pb::Availability::Active));
+
+    let locked = attention_change(renew("ann", "laptop", generation, 60_000), Some(pb::Attention::Background), None);
+    client.renew(locked).await.unwrap();
+    let away = viewer.until_update_of("ann").await;
+    assert_eq!((state_of(&away), availability_of(&away)), (pb::State::Online, pb::Availability::Away));
+    assert!(away.version > online.version, "a change of availability is a change of the user (M3)");
+    assert_eq!(snapshot(&mut client, &["ann"]).await[0], away, "Snapshot shows what the viewer was sent");
+
+    let back = attention_change(renew("ann", "laptop", generation, 60_000), Some(pb::Attention::Active), None);
+    client.renew(back).await.unwrap();
+    let active = viewer.until_update_of("ann").await;
+    assert_eq!(availability_of(&active), pb::Availability::Active);
+    assert!(active.version > away.version);
+
+    // A gateway that says nothing: ONLINE, no availability, one change.
+    client.register(register("bob", "tab", "gw", 60_000)).await.unwrap();
+    let bob = viewer.until_update_of("bob").await;
+    assert_eq!((state_of(&bob), availability_of(&bob)), (pb::State::Online, pb::Availability::Unspecified));
+
+    let chosen = pb::SetStatusRequest {
+        user_id: "ann".into(),
+        status: Some(pb::Status { availability: pb::Availability::Active as i32, ..Default::default() }),
+    };
+    let refused = client.set_status(chosen).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().starts_with("status.availability:"), "{refused:?}");
+    server.stop().await;
+}
+
+/// A2 with P2–P4: a user that does not share its availability is shown to
+/// a viewer exactly as a user whose gateway never said anything of
+/// attention, byte for byte but for the id and version, at once on an open
+/// stream, and for as long as it does not share; it may say so itself; when
+/// it shares again it is shown at once. A bad request names its field.
+#[tokio::test]
+async fn a2_a_user_that_does_not_share_is_shown_as_one_that_never_said() {
+    let mut config = secured_config();
+    config.store.active_window_ms = 1_000;
+    let server = TestServer::start(config).await;
+    let mut client = server.client().await;
+    let everyone = |user: &str, share_activity: Option<bool>| pb::SetVisibilityRequest {
+        user_id: user.into(),
+        visibility: pb::Visibility::Everyone as i32,
+        share_activity,
+    };
+    for user in ["ann", "bob"] {
+        client.set_visibility(with_token(everyone(user, None), Some(SERVICE))).await.unwrap();
+    }
+    let active =
+        with_attention(register("ann", "laptop", "gw", 60_000), pb::DeviceKind::DeviceDesktop, pb::Attention::Active);
+    let laptop = client.register(with_token(active, Some(SERVICE))).await.unwrap().into_inner().generation;
+    client.register(with_token(register("bob", "tab", "gw", 60_000), Some(SERVICE))).await.unwrap();
+    let viewer = viewer_token("viewer", false);
+    let watch = pb::WatchRequest { user_ids: vec!["ann".into(), "bob".into(), "viewer".into()], ..Default::default() };
+    let mut watching = Viewer::open_request(&mut client, with_token(watch, Some(&viewer))).await;
+    let snapshot_as_viewer = |client: &mut pb::presence_client::PresenceClient<tonic::transport::Channel>| {
+        let request = pb::SnapshotRequest { user_ids: vec!["ann".into(), "bob".into()], ..Default::default() };
+        let mut client = client.clone();
+        let viewer = viewer.clone();
+        async move { client.snapshot(with_token(request, Some(&viewer))).await.unwrap().into_inner().users }
+    };
+    let shared = snapshot_as_viewer(&mut client).await;
+    assert_eq!(availability_of(&shared[0]), pb::Availability::Active);
+
+    // ann says it herself: only the availability changes.
+    let hide = pb::SetVisibilityRequest { user_id: "ann".into(), share_activity: Some(false), ..Default::default() };
+    client.set_visibility(with_token(hide, Some(&viewer_token("ann", false)))).await.unwrap();
+    let hidden = watching.until_update_of("ann").await;
+    assert_eq!((state_of(&hidden), availability_of(&hidden)), (pb::State::Online, pb::Availability::Unspecified));
+    let shape = |presence: &pb::UserPresence| {
+        prost::Message::encode_to_vec(&pb::UserPresence { user_id: String::new(), version: 0, ..presence.clone() })
+    };
+    // Its laptop locks, comes back, locks again: nothing reaches the viewer.
+    for (at, attention) in
+        [pb::Attention::Background, pb::Attention::Active, pb::Attention::Background].into_iter().enumerate()
+    {
+        let change = attention_change(renew("ann", "laptop", laptop, 60_000), Some(attention), None);
+        client.renew(with_token(change, Some(SERVICE))).await.unwrap();
+        let answered = snapshot_as_viewer(&mut client).await;
+        assert_eq!(shape(&answered[0]), shape(&answered[1]), "step {at}: ann is shown as bob, who never said");
+        assert_eq!(answered[0].version, hidden.version, "step {at}: no version moves");
+    }
+    // Past the window (kept to the second, rounded up): AWAY, were it shown.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    watching.barrier_with(&mut client, "viewer", Some(SERVICE)).await;
+    assert_eq!(watching.updates_of("ann").len(), 1, "only the change to hidden: {:?}", watching.updates);
+
+    // Shared again: AWAY at once, with a new version.
+    client.set_visibility(with_token(everyone("ann", Some(true)), Some(SERVICE))).await.unwrap();
+    let again = watching.until_update_of("ann").await;
+    assert_eq!(availability_of(&again), pb::Availability::Away);
+    assert!(again.version > hidden.version);
+
+    // Neither a visibility nor a choice: refused, naming the field; another user's choice: refused.
+    let empty = pb::SetVisibilityRequest { user_id: "ann".into(), ..Default::default() };
+    let refused = client.set_visibility(with_token(empty, Some(SERVICE))).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().starts_with("visibility:"), "{refused:?}");
+    let others = pb::SetVisibilityRequest { user_id: "bob".into(), share_activity: Some(false), ..Default::default() };
+    let refused = client.set_visibility(with_token(others, Some(&viewer_token("ann", false)))).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    server.stop().await;
+}

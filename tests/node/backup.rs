@@ -72,7 +72,11 @@ async fn populate(client: &mut PresenceClient<Channel>, user: &str) {
     let status =
         pb::Status { availability: pb::Availability::Away as i32, text: format!("{user} away"), expires_at_ms: 0 };
     client.set_status(service(pb::SetStatusRequest { user_id: user.into(), status: Some(status) })).await.unwrap();
-    let visibility = pb::SetVisibilityRequest { user_id: user.into(), visibility: pb::Visibility::Audience as i32 };
+    let visibility = pb::SetVisibilityRequest {
+        user_id: user.into(),
+        visibility: pb::Visibility::Audience as i32,
+        ..Default::default()
+    };
     client.set_visibility(service(visibility)).await.unwrap();
     let audience = pb::AudienceRequest { user_id: user.into(), viewer_ids: vec!["bob".into()] };
     client.grant_audience(service(audience)).await.unwrap();

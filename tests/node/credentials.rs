@@ -159,7 +159,11 @@ pub(crate) fn scope_cases() -> Vec<ScopeCase> {
         case("Stats", pb::StatsRequest {}, Unary, "admin"),
         case(
             "SetVisibility",
-            pb::SetVisibilityRequest { user_id: "u1".into(), visibility: pb::Visibility::Everyone as i32 },
+            pb::SetVisibilityRequest {
+                user_id: "u1".into(),
+                visibility: pb::Visibility::Everyone as i32,
+                ..Default::default()
+            },
             Unary,
             "admin",
         ),
@@ -405,7 +409,11 @@ async fn t3_t4_a_credential_removed_from_the_file_ends_its_streams_within_a_seco
         (refused.code(), refused.message()),
         (Code::Unauthenticated, "invalid credentials: neither a service token this server holds nor a viewer JWT")
     );
-    let set = pb::SetVisibilityRequest { user_id: "u1".into(), visibility: pb::Visibility::Everyone as i32 };
+    let set = pb::SetVisibilityRequest {
+        user_id: "u1".into(),
+        visibility: pb::Visibility::Everyone as i32,
+        ..Default::default()
+    };
     client.set_visibility(with_token(set, Some("test-only-token-of-the-newcomer"))).await.unwrap();
     still.barrier_with(&mut client, "u1", Some("test-only-token-of-the-kept-reader")).await;
 
@@ -716,7 +724,11 @@ async fn t3_a_room_watcher_with_a_token_provider_outlives_its_tokens() {
             assert!(event.is_some(), "the room watch ended: {:?}", watcher.last_error());
         }
     }
-    let everyone = pb::SetVisibilityRequest { user_id: "bob".into(), visibility: pb::Visibility::Everyone as i32 };
+    let everyone = pb::SetVisibilityRequest {
+        user_id: "bob".into(),
+        visibility: pb::Visibility::Everyone as i32,
+        ..Default::default()
+    };
     client.set_visibility(with_token(everyone, admin)).await.unwrap();
     let bob = client.register(with_token(register("bob", "s1", "gw", 60_000), gateway)).await.unwrap().into_inner();
     client.join(with_token(join("bob", bob.generation), gateway)).await.unwrap();

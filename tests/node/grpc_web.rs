@@ -287,7 +287,7 @@ fn service<T>(message: T) -> tonic::Request<T> {
 }
 
 fn everyone(user: &str) -> pb::SetVisibilityRequest {
-    pb::SetVisibilityRequest { user_id: user.into(), visibility: pb::Visibility::Everyone as i32 }
+    pb::SetVisibilityRequest { user_id: user.into(), visibility: pb::Visibility::Everyone as i32, ..Default::default() }
 }
 
 /// A page of alice's calls every RPC a viewer needs over gRPC-Web while

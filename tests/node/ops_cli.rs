@@ -75,7 +75,10 @@ fn join(user: &str, session: &str, generation: u64, room: &str) -> pb::JoinReque
 #[tokio::test]
 async fn o4_get_prints_each_users_presence_readable_and_as_json() {
     let daemon = Daemon::start(&[], &[]);
-    let registered = client(&daemon).await.register(register("u1", "phone", "gw-a", 60_000)).await.unwrap();
+    // u1's gateway says its human is at the keyboard (A2).
+    let mut request = register("u1", "phone", "gw-a", 60_000);
+    request.attention = Some(pb::Attention::Active as i32);
+    let registered = client(&daemon).await.register(request).await.unwrap();
     let version = registered.into_inner().presence.unwrap().version.to_string();
 
     let ran = against(&daemon, &["get", "u1", "u2"]);
@@ -83,9 +86,9 @@ async fn o4_get_prints_each_users_presence_readable_and_as_json() {
     assert_eq!(
         ran.rows(),
         [
-            vec!["USER", "STATE", "VERSION", "STATUS", "LAST", "ACTIVE"],
-            vec!["u1", "ONLINE", version.as_str(), "-", "-"],
-            vec!["u2", "OFFLINE", "0", "-", "-"],
+            vec!["USER", "STATE", "AVAILABILITY", "VERSION", "STATUS", "LAST", "ACTIVE"],
+            vec!["u1", "ONLINE", "active", version.as_str(), "-", "-"],
+            vec!["u2", "OFFLINE", "-", "0", "-", "-"],
         ]
     );
     let lines: Vec<&str> = ran.stdout.lines().collect();
@@ -102,6 +105,10 @@ async fn o4_get_prints_each_users_presence_readable_and_as_json() {
         (&"u1".into(), &"STATE_ONLINE".into(), &Value::from(version))
     );
     assert_eq!((&users[1]["state"], &users[1]["version"]), (&"STATE_OFFLINE".into(), &"0".into()));
+    assert_eq!(
+        (&users[0]["availability"], &users[1]["availability"]),
+        (&"AVAILABILITY_ACTIVE".into(), &"AVAILABILITY_UNSPECIFIED".into())
+    );
 }
 
 #[tokio::test]

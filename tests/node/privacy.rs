@@ -53,7 +53,8 @@ async fn set_status(client: &mut PresenceClient<Channel>, user: &str, status: Op
 }
 
 async fn set_visibility(client: &mut PresenceClient<Channel>, token: &str, user: &str, visibility: pb::Visibility) {
-    let request = pb::SetVisibilityRequest { user_id: user.into(), visibility: visibility as i32 };
+    let request =
+        pb::SetVisibilityRequest { user_id: user.into(), visibility: visibility as i32, ..Default::default() };
     client.set_visibility(with_token(request, Some(token))).await.expect("set visibility");
 }
 
@@ -216,7 +217,11 @@ async fn p1_each_credential_case_gets_its_answer() {
     let viewer = viewer_token("viewer", false);
     let refused = client.register(with_token(register("viewer", "s", "gw", 0), Some(&viewer))).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied);
-    let request = pb::SetVisibilityRequest { user_id: "alice".into(), visibility: pb::Visibility::Nobody as i32 };
+    let request = pb::SetVisibilityRequest {
+        user_id: "alice".into(),
+        visibility: pb::Visibility::Nobody as i32,
+        ..Default::default()
+    };
     assert_eq!(
         client.set_visibility(with_token(request, Some(&viewer))).await.unwrap_err().code(),
         Code::PermissionDenied

@@ -283,7 +283,11 @@ async fn r7_each_caller_counts_only_the_rooms_it_may_read_and_nobody_counts_the_
     // An invisible member is counted by nobody, on open streams too.
     let mut services = CountStream::open(&mut client, service(watch(&asked, 100))).await;
     assert_eq!(services.users("team"), (2, 2));
-    let invisible = pb::SetVisibilityRequest { user_id: "carol".into(), visibility: pb::Visibility::Nobody as i32 };
+    let invisible = pb::SetVisibilityRequest {
+        user_id: "carol".into(),
+        visibility: pb::Visibility::Nobody as i32,
+        ..Default::default()
+    };
     client.set_visibility(service(invisible)).await.unwrap();
     services.until("team", 1).await;
     assert_eq!(services.users("town-square"), (1, 1), "carol was not in it");

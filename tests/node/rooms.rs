@@ -300,7 +300,11 @@ async fn r4_members_rooms_are_read_by_members_and_services_only_and_hidden_membe
     assert_eq!(watching.ended().await.code(), Code::NotFound);
 
     // An invisible member is counted by nobody.
-    let invisible = pb::SetVisibilityRequest { user_id: "carol".into(), visibility: pb::Visibility::Nobody as i32 };
+    let invisible = pb::SetVisibilityRequest {
+        user_id: "carol".into(),
+        visibility: pb::Visibility::Nobody as i32,
+        ..Default::default()
+    };
     client.set_visibility(service(invisible)).await.unwrap();
     let count = pb::WatchRoomRequest {
         mode: pb::RoomWatchMode::RoomWatchCount as i32,

@@ -49,6 +49,8 @@ pub(crate) enum Kind {
     Status,
     /// A room became occupied or empty.
     RoomOccupancy,
+    /// A user's derived availability (active, away) changed.
+    Availability,
 }
 
 impl Kind {
@@ -57,6 +59,7 @@ impl Kind {
             Kind::Flip => pb::ChangeKind::Flip,
             Kind::Status => pb::ChangeKind::Status,
             Kind::RoomOccupancy => pb::ChangeKind::RoomOccupancy,
+            Kind::Availability => pb::ChangeKind::Availability,
         }
     }
 }
@@ -208,6 +211,10 @@ fn line(event: &pb::ChangeEvent) -> String {
         Some(Event::Status(user)) => {
             let status = text::status(user.status.as_ref());
             ("STATUS", format!("{}  {status}  version {}", user.user_id, user.version))
+        }
+        Some(Event::Availability(user)) => {
+            let availability = text::availability(user.availability);
+            ("AVAIL", format!("{}  {availability}  version {}", user.user_id, user.version))
         }
         Some(Event::RoomOccupancy(room)) => {
             let occupancy = if room.occupied { "occupied" } else { "empty" };

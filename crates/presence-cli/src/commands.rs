@@ -18,13 +18,14 @@ pub(crate) async fn get(args: GetArgs) -> Result<(), Failure> {
         return Ok(());
     }
     let now = text::local_now_ms();
-    let mut table = Table::new(&["USER", "STATE", "VERSION", "STATUS", "LAST ACTIVE"]);
+    let mut table = Table::new(&["USER", "STATE", "AVAILABILITY", "VERSION", "STATUS", "LAST ACTIVE"]);
     for user in &users {
         // The exact time for a service acting for no viewer; the coarse last seen otherwise.
         let active = if user.last_active_at_ms != 0 { user.last_active_at_ms } else { user.last_seen_ms };
         table.row(vec![
             user.user_id.clone(),
             text::state(user.state).to_owned(),
+            text::availability(user.availability).to_owned(),
             user.version.to_string(),
             text::status(user.status.as_ref()),
             text::relative(now, active),

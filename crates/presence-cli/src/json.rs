@@ -162,6 +162,7 @@ pub(crate) fn change_event(event: &pb::ChangeEvent) -> Value {
     let (name, member) = match &event.event {
         Some(Event::Flip(user)) => ("flip", user_presence(user)),
         Some(Event::Status(user)) => ("status", user_presence(user)),
+        Some(Event::Availability(user)) => ("availability", user_presence(user)),
         Some(Event::RoomOccupancy(room)) => (
             "room_occupancy",
             json!({ "room_id": room.room_id, "occupied": room.occupied, "version": uint64(room.version) }),

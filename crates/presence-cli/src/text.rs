@@ -108,6 +108,16 @@ pub(crate) fn state(code: i32) -> &'static str {
     }
 }
 
+/// A user's derived availability (A2): "active", "away", or "-" when it has
+/// none (offline, no session says, or not shared).
+pub(crate) fn availability(code: i32) -> &'static str {
+    match pb::Availability::try_from(code) {
+        Ok(pb::Availability::Active) => "active",
+        Ok(pb::Availability::Away) => "away",
+        _ => "-",
+    }
+}
+
 /// Why a notification goes where it goes (A3), in a word or two.
 pub(crate) fn notify_reason(code: i32) -> &'static str {
     match pb::NotifyReason::try_from(code) {

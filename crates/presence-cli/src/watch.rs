@@ -70,6 +70,10 @@ fn user_line(user: &pb::UserPresence, width: usize) -> String {
         Some(status) => format!("  {}", text::status(Some(status))),
         None => String::new(),
     };
+    let status = match text::availability(user.availability) {
+        "-" => status,
+        availability => format!("  {availability}{status}"),
+    };
     format!(
         "{}  {:<width$}  {:<7}  version {}{status}\n",
         text::clock(text::local_now_ms()),

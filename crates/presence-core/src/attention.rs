@@ -172,6 +172,48 @@ impl SessionAttention {
     }
 }
 
+/// A user's availability beside ONLINE, as viewers see it (A2): derived from
+/// its sessions' attention, never set by a caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Activity {
+    /// Some session is active, or was within the active window.
+    Active,
+    /// Online, and no session was active within the window.
+    Away,
+}
+
+/// What a user's live sessions make its availability at `now_ms` (A2), and,
+/// for an `Active` that holds only through the window after the last
+/// activity, when that ends: `None` while a session is active now, and for
+/// the other answers, which change only when a session does.
+///
+/// The window is the damping: a session that goes to the background and
+/// comes back within it never shows the user `Away`. No session that says
+/// what its human does is no availability at all (`None`), so a user whose
+/// gateways report no attention is shown exactly as before.
+pub fn derive_activity(
+    sessions: impl IntoIterator<Item = SessionAttention>,
+    now_ms: u64,
+    window_ms: u64,
+) -> (Option<Activity>, Option<u64>) {
+    let (mut said, mut active_now, mut latest) = (false, false, None::<u64>);
+    for session in sessions {
+        said |= session.attention().is_some();
+        active_now |= session.attention() == Some(Attention::Active);
+        if let Some(inactive_ms) = session.inactive_for_ms(now_ms) {
+            latest = Some(latest.map_or(inactive_ms, |latest| latest.min(inactive_ms)));
+        }
+    }
+    match latest {
+        _ if active_now => (Some(Activity::Active), None),
+        Some(inactive_ms) if inactive_ms < window_ms => {
+            (Some(Activity::Active), Some(now_ms + window_ms - inactive_ms))
+        }
+        _ if said => (Some(Activity::Away), None),
+        _ => (None, None),
+    }
+}
+
 /// How urgent a notification is (A3).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Urgency {
@@ -403,5 +445,47 @@ mod tests {
         let never = notify_target(&[("tab", idle)], None, Urgency::Normal, 5_000, &policy);
         assert_eq!((never.push_now, never.reason), (true, NotifyReason::NoAttendedSession));
         assert_eq!(never.in_app, vec!["tab"], "idle is in the foreground");
+    }
+
+    #[test]
+    fn a2_active_while_a_session_is_and_through_the_window_after_then_away() {
+        let window = MINUTE;
+        let active = session(0, &[(0, change(Attention::Active, None))]);
+        assert_eq!(derive_activity([active], 10_000, window), (Some(Activity::Active), None), "no end while active");
+        // The laptop locks at 10 s: active a window longer, to the second rounded up.
+        let mut locked = active;
+        locked.apply(&change(Attention::Background, None), 10_000);
+        assert_eq!(derive_activity([locked], 20_000, window), (Some(Activity::Active), Some(70_000)));
+        assert_eq!(derive_activity([locked], 70_000, window), (Some(Activity::Away), None), "away at the end");
+        // A second session active now keeps the user active, with no end.
+        assert_eq!(derive_activity([locked, active], 90_000, window), (Some(Activity::Active), None));
+        // The most recent activity of any session sets the end.
+        let mut later = active;
+        later.apply(&change(Attention::Idle, None), 40_000);
+        assert_eq!(derive_activity([locked, later], 50_000, window), (Some(Activity::Active), Some(100_000)));
+    }
+
+    #[test]
+    fn a2_a_quick_switch_never_shows_away_and_no_window_shows_it_at_once() {
+        let mut tab = session(0, &[(0, change(Attention::Active, None))]);
+        tab.apply(&change(Attention::Background, None), 5_000);
+        assert_eq!(derive_activity([tab], 6_000, MINUTE).0, Some(Activity::Active), "within the window");
+        tab.apply(&change(Attention::Active, None), 8_000);
+        assert_eq!(derive_activity([tab], 8_000, MINUTE), (Some(Activity::Active), None));
+        // A window of 0 is no damping: away as soon as nothing is active.
+        tab.apply(&change(Attention::Background, None), 9_000);
+        assert_eq!(derive_activity([tab], 9_000, 0), (Some(Activity::Away), None));
+    }
+
+    #[test]
+    fn a2_sessions_that_say_nothing_give_no_availability() {
+        assert_eq!(derive_activity([SessionAttention::default(); 2], 0, MINUTE), (None, None));
+        assert_eq!(derive_activity([], 0, MINUTE), (None, None));
+        // Said, never active: away; beside a silent session too.
+        let background = session(0, &[(0, change(Attention::Background, Some(DeviceKind::Mobile)))]);
+        assert_eq!(derive_activity([SessionAttention::default(), background], 0, MINUTE), (Some(Activity::Away), None));
+        // A device kind alone says nothing of attention.
+        let phone = session(0, &[(0, AttentionChange { device: Some(DeviceKind::Mobile), ..Default::default() })]);
+        assert_eq!(derive_activity([phone], 0, MINUTE), (None, None));
     }
 }

@@ -29,7 +29,15 @@ pub struct StoreConfig {
     /// within that window hides the flip altogether. 0 turns damping off; at
     /// most [`MAX_OFFLINE_GRACE_MS`].
     pub offline_grace_ms: u64,
+    /// How long after a user's last active session stopped being active it
+    /// is still shown `ACTIVE` (A2): the damping of availability, so that a
+    /// quick switch of tabs never shows it away. 0 turns it off; at most
+    /// [`MAX_ACTIVE_WINDOW_MS`].
+    pub active_window_ms: u64,
 }
+
+/// The longest active window (A2): an hour without activity is away by any reading.
+pub const MAX_ACTIVE_WINDOW_MS: u64 = 3_600_000;
 
 /// The longest flap-damping window (E6): longer, and a user who closed its
 /// last session would look present for too long to be called present.
@@ -60,6 +68,8 @@ impl Default for StoreConfig {
             forget_offline_after_ms: 600_000,
             // Off: OFFLINE is shown as soon as it is true (E6).
             offline_grace_ms: 0,
+            // A minute: a locked screen or a hidden tab for longer is away.
+            active_window_ms: 60_000,
         }
     }
 }
@@ -89,6 +99,9 @@ pub enum ConfigError {
     /// The flap-damping window is longer than [`MAX_OFFLINE_GRACE_MS`].
     #[error("offline-grace-ms (offline_grace_ms) must be at most {MAX_OFFLINE_GRACE_MS}, got {0}")]
     OfflineGrace(u64),
+    /// The active window is longer than [`MAX_ACTIVE_WINDOW_MS`].
+    #[error("active-window-ms (active_window_ms) must be at most {MAX_ACTIVE_WINDOW_MS}, got {0}")]
+    ActiveWindow(u64),
 }
 
 impl StoreConfig {
@@ -108,6 +121,9 @@ impl StoreConfig {
         if self.offline_grace_ms > MAX_OFFLINE_GRACE_MS {
             return Err(ConfigError::OfflineGrace(self.offline_grace_ms));
         }
+        if self.active_window_ms > MAX_ACTIVE_WINDOW_MS {
+            return Err(ConfigError::ActiveWindow(self.active_window_ms));
+        }
         Ok(())
     }
 }
@@ -123,6 +139,18 @@ mod tests {
         assert_eq!((config.min_ttl_ms, config.default_ttl_ms, config.max_ttl_ms), (1_000, 45_000, 3_600_000));
         assert_eq!(config.forget_offline_after_ms, 600_000);
         assert_eq!(config.offline_grace_ms, 0, "flap damping is off by default (E6)");
+        assert_eq!(config.active_window_ms, 60_000, "a minute of activity damping (A2)");
+    }
+
+    #[test]
+    fn a2_an_active_window_above_an_hour_is_refused_naming_active_window_ms() {
+        let base = StoreConfig::default();
+        for window in [0, 1, MAX_ACTIVE_WINDOW_MS] {
+            assert_eq!(StoreConfig { active_window_ms: window, ..base.clone() }.validate(), Ok(()));
+        }
+        let refused = StoreConfig { active_window_ms: MAX_ACTIVE_WINDOW_MS + 1, ..base.clone() }.validate();
+        assert_eq!(refused, Err(ConfigError::ActiveWindow(MAX_ACTIVE_WINDOW_MS + 1)));
+        assert!(refused.unwrap_err().to_string().contains("active_window_ms"));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use compact_str::CompactString;
 
 use crate::stamp::StampClock;
 use crate::sync::Mutex;
-use crate::types::{ChangeKind, PresenceChange, RoomChange, RoomChangeKind, RoomEventBody};
+use crate::types::{PresenceChange, RoomChange, RoomChangeKind, RoomEventBody};
 use crate::wheel::Tick;
 
 /// A room that became occupied (its first member) or empty (its last left).
@@ -147,7 +147,6 @@ impl FeedIntake {
         }
         let mut pending = self.pending.lock();
         for change in changes {
-            debug_assert!(matches!(change.kind, ChangeKind::Flip | ChangeKind::Status));
             self.push(&mut pending, change.at, || FeedEvent::User(change.clone()));
         }
     }
@@ -231,13 +230,13 @@ impl FeedIntake {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{Presence, State};
+    use crate::types::{ChangeKind, Presence, State};
 
     fn flip(user: &str, version: u64, at: Tick) -> PresenceChange {
         PresenceChange {
             user_id: user.into(),
             kind: ChangeKind::Flip,
-            presence: Presence { state: State::Online, version },
+            presence: Presence::new(State::Online, version),
             status: None,
             at,
             deadline: None,

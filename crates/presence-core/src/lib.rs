@@ -31,7 +31,8 @@ pub mod wheel;
 
 pub use compact_str::CompactString;
 pub use config::{
-    ConfigError, MAX_FORGET_OFFLINE_AFTER_MS, MAX_OFFLINE_GRACE_MS, MIN_FORGET_OFFLINE_AFTER_MS, StoreConfig,
+    ConfigError, MAX_ACTIVE_WINDOW_MS, MAX_FORGET_OFFLINE_AFTER_MS, MAX_OFFLINE_GRACE_MS, MIN_FORGET_OFFLINE_AFTER_MS,
+    StoreConfig,
 };
 pub use error::LeaseError;
 pub use feed::{FeedEntry, FeedEvent, FeedIntake, RoomOccupancy};

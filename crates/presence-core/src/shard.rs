@@ -50,7 +50,7 @@ use hashbrown::{DefaultHashBuilder, HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::hint::black_box;
 
-use crate::attention::{AttentionChange, SessionAttention};
+use crate::attention::{Activity, AttentionChange, SessionAttention, derive_activity};
 use crate::checkpoint::{CheckpointWriter, MembershipOut, UserRecord};
 use crate::config::StoreConfig;
 use crate::error::LeaseError;
@@ -337,8 +337,10 @@ struct User {
     /// The user's first lease in the slab (or `NIL`), and the flags
     /// [`User::online`] and [`User::has_status`].
     link: Link,
-    /// The first of its sessions' room memberships (or `NIL`), the most recently joined.
-    rooms: u32,
+    /// The first of its sessions' room memberships (or `NIL`), the most
+    /// recently joined, and the flags of the availability last shown to
+    /// viewers (A2): [`SHOWN_ACTIVE`] and [`SHOWN_AWAY`].
+    rooms: Link,
 }
 
 /// The user is ONLINE.
@@ -346,10 +348,14 @@ const ONLINE: u32 = Link::FLAG_A;
 /// The user has a status (S1), which the shard's status table holds: few
 /// users set one, so it costs them a table entry rather than every user a field.
 const HAS_STATUS: u32 = Link::FLAG_B;
+/// The user was last shown `ACTIVE` (A2), in its rooms link; it is online.
+const SHOWN_ACTIVE: u32 = Link::FLAG_A;
+/// The user was last shown `AWAY` (A2), in its rooms link; it is online.
+const SHOWN_AWAY: u32 = Link::FLAG_B;
 
 impl User {
     fn new(id: &str) -> User {
-        User { id: CompactString::from(id), version: 0, link: Link::NONE, rooms: NIL }
+        User { id: CompactString::from(id), version: 0, link: Link::NONE, rooms: Link::NONE }
     }
 
     fn first_lease(&self) -> u32 {
@@ -364,8 +370,32 @@ impl User {
         self.link.flag(HAS_STATUS)
     }
 
+    /// The availability last shown to viewers (A2).
+    fn activity(&self) -> Option<Activity> {
+        if self.rooms.flag(SHOWN_ACTIVE) {
+            Some(Activity::Active)
+        } else if self.rooms.flag(SHOWN_AWAY) {
+            Some(Activity::Away)
+        } else {
+            None
+        }
+    }
+
+    fn set_activity(&mut self, activity: Option<Activity>) {
+        self.rooms.set_flag(SHOWN_ACTIVE, activity == Some(Activity::Active));
+        self.rooms.set_flag(SHOWN_AWAY, activity == Some(Activity::Away));
+    }
+
+    fn first_membership(&self) -> u32 {
+        self.rooms.index()
+    }
+
     fn presence(&self) -> Presence {
-        Presence { state: if self.online() { State::Online } else { State::Offline }, version: self.version }
+        Presence {
+            state: if self.online() { State::Online } else { State::Offline },
+            version: self.version,
+            activity: self.activity(),
+        }
     }
 }
 
@@ -444,6 +474,13 @@ pub(crate) struct Shard {
     offline_grace_ms: u64,
     /// Flips hidden by damping since the start: registers that found a grace hold.
     suppressed_flaps: u64,
+    /// How long after its last activity a user is still shown `ACTIVE` (A2).
+    active_window_ms: u64,
+    /// The users of this shard's hash that do not share their availability
+    /// (A2: viewers see ONLINE only), held or not: set by the node from the
+    /// users' privacy settings, so that a record forgotten and made again
+    /// still hides it, and few users are in it.
+    activity_hidden: HashSet<CompactString>,
     /// Users online.
     online: usize,
     /// Operations applied, for per-shard load metrics.
@@ -519,6 +556,8 @@ impl Shard {
             holds: 0,
             offline_grace_ms: config.offline_grace_ms,
             suppressed_flaps: 0,
+            active_window_ms: config.active_window_ms,
+            activity_hidden: HashSet::new(),
             online: 0,
             operations: 0,
             min_renew_interval_ms: config.min_renew_interval_ms,
@@ -582,10 +621,14 @@ impl Shard {
         }
     }
 
+    /// Registers a session (L1), with what its gateway says of its human's
+    /// attention (A1; empty: nothing said), shown to viewers with the same
+    /// change as the flip the register may make.
     pub(crate) fn register(
         &mut self,
         now: Tick,
         registration: &Registration<'_>,
+        attention: &AttentionChange<'_>,
         ttl_ms: u32,
         changes: &mut Changes,
     ) -> Registered {
@@ -601,7 +644,7 @@ impl Shard {
         let generation = self.stamps.next(now);
         let expires_at = now + u64::from(ttl_ms);
         let origin = self.origins.acquire(registration.gateway_id, ttl_ms);
-        let replaced = match self.find_lease(slot, registration.session_id) {
+        let (replaced, index) = match self.find_lease(slot, registration.session_id) {
             Some((_, index)) => {
                 // A reconnect: the old connection's generation dies here, so its
                 // late renewals and closes are refused from now on.
@@ -617,7 +660,7 @@ impl Shard {
                 if let Some(attention) = self.attention.get_mut(index as usize) {
                     *attention = SessionAttention::default();
                 }
-                true
+                (true, index)
             }
             None => {
                 let mut lease = Lease::new(registration.session_id, generation, expires_at, origin, false);
@@ -625,13 +668,18 @@ impl Shard {
                 let index = self.allocate_lease(lease);
                 self.users[slot as usize].link.set_index(index);
                 self.set_metadata(index, registration.metadata);
-                false
+                (false, index)
             }
         };
+        if !attention.is_empty() {
+            self.attention_mut(index).apply(attention, now);
+        }
         self.note_changed(slot);
         let changed = !self.users[slot as usize].online();
         if changed {
             self.flip(slot, State::Online, now, None, changes);
+        } else {
+            self.refresh_activity(slot, now, changes);
         }
         self.schedule_no_later_than(slot, expires_at);
         Registered { generation, expires_at, changed, replaced, presence: self.users[slot as usize].presence() }
@@ -951,7 +999,7 @@ impl Shard {
         let now = self.advance(now);
         for slot in 0..self.users.len() as u32 {
             let user = &self.users[slot as usize];
-            if user.rooms != NIL && users(&user.id) {
+            if user.first_membership() != NIL && users(&user.id) {
                 self.user_room_facts(slot, out);
             }
         }
@@ -1051,6 +1099,8 @@ impl Shard {
             self.set_times(index, last_heartbeat_at.min(until), until);
             self.schedule_no_later_than(slot, until);
             self.end_hold_once_every_session_closed(slot);
+            // A closing session attends to nothing (A2).
+            self.refresh_activity(slot, now, changes);
             return unchanged(self, UnregisterOutcome::Lingering { until });
         }
         self.unlink(slot, previous, index);
@@ -1221,7 +1271,7 @@ impl Shard {
         }
         let now = self.advance(now);
         let version = self.stamps.next(now);
-        UserView { presence: Presence { state: State::Offline, version }, status: None }
+        UserView { presence: Presence::new(State::Offline, version), status: None }
     }
 
     /// The user's leases at `now`, settling it first; the most recently created first.
@@ -1276,14 +1326,67 @@ impl Shard {
         let (user_id, session_id, generation) = lease;
         let now = self.advance(now);
         let slot = self.find(user_id);
-        let (_, index) = self.named_lease(now, slot, user_id, session_id, generation, changes)?;
-        if change.is_empty() {
+        let (slot, index) = self.named_lease(now, slot, user_id, session_id, generation, changes)?;
+        if change.is_empty() || !self.attention_mut(index).apply(change, now) {
             return Ok(false);
         }
+        self.refresh_activity(slot, now, changes);
+        Ok(true)
+    }
+
+    /// Whether the user shares its availability with viewers (A2); it does
+    /// unless told otherwise. A change shows at once, as a change of the
+    /// user (a new version) if it is held and online: hidden is shown as a
+    /// user whose sessions never said what their humans do.
+    pub(crate) fn set_shares_activity(&mut self, now: Tick, user_id: &str, shares: bool, changes: &mut Changes) {
+        let now = self.advance(now);
+        let changed = if shares {
+            self.activity_hidden.remove(user_id)
+        } else {
+            self.activity_hidden.insert(CompactString::from(user_id))
+        };
+        if let Some(slot) = self.find(user_id).filter(|_| changed) {
+            self.settle(slot, now, changes);
+            self.refresh_activity(slot, now, changes);
+        }
+    }
+
+    fn attention_mut(&mut self, index: u32) -> &mut SessionAttention {
         if self.attention.len() <= index as usize {
             self.attention.resize(self.leases.len(), SessionAttention::default());
         }
-        Ok(self.attention[index as usize].apply(change, now))
+        &mut self.attention[index as usize]
+    }
+
+    /// What the user's sessions make its availability at `now`, as viewers
+    /// may see it (A2), and when an `ACTIVE` through the window ends: none
+    /// while it is offline or does not share it. A grace hold (E6) is no
+    /// session, nor is one closing: a user held online by either alone has none.
+    fn derived_activity(&self, slot: u32, now: Tick) -> (Option<Activity>, Option<Tick>) {
+        let user = &self.users[slot as usize];
+        if !user.online() || (!self.activity_hidden.is_empty() && self.activity_hidden.contains(user.id.as_str())) {
+            return (None, None);
+        }
+        let sessions = self.lease_indices(slot).filter_map(|index| {
+            let lease = self.lease(index);
+            let counts = !lease.is_hold() && !lease.closing() && lease.expires_at > now;
+            counts.then(|| self.attention.get(index as usize).copied().unwrap_or_default())
+        });
+        derive_activity(sessions, now, self.active_window_ms)
+    }
+
+    /// Shows the user's availability as its sessions now make it (A2): a
+    /// change of it is a change of the user, with a new version (M3); an
+    /// `ACTIVE` that lasts through the window is given a timer for its end.
+    fn refresh_activity(&mut self, slot: u32, now: Tick, changes: &mut Changes) {
+        let (activity, until) = self.derived_activity(slot, now);
+        if let Some(until) = until {
+            self.schedule_no_later_than(slot, until);
+        }
+        if activity != self.users[slot as usize].activity() {
+            self.users[slot as usize].set_activity(activity);
+            self.publish_change(slot, ChangeKind::Activity, now, None, changes);
+        }
     }
 
     /// The attention of each of the user's live sessions at `now` (a pure
@@ -1339,6 +1442,7 @@ impl Shard {
             }
             self.settle(slot, now, changes);
             let leases = self.lease_indices(slot).map(|index| self.lease(index).expires_at);
+            // An ACTIVE through the window has its timer from settling (`refresh_activity`).
             let earliest = leases.chain(self.status_deadline(slot)).chain(self.signal_deadlines(slot)).min();
             // An erased user whose forget waited for a checkpoint (or that came back since).
             let erased =
@@ -1855,7 +1959,7 @@ impl Shard {
 
     /// The room memberships of all the user's sessions, as slab indices, most recently joined first.
     fn user_memberships(&self, slot: u32) -> impl Iterator<Item = u32> + '_ {
-        std::iter::successors(Some(self.users[slot as usize].rooms).filter(|&at| at != NIL), |&at| {
+        std::iter::successors(Some(self.users[slot as usize].first_membership()).filter(|&at| at != NIL), |&at| {
             Some(self.membership(at).next).filter(|&next| next != NIL)
         })
     }
@@ -1893,14 +1997,14 @@ impl Shard {
     fn unlink_membership(&mut self, slot: u32, previous: u32, at: u32) {
         let next = self.membership(at).next;
         match previous {
-            NIL => self.users[slot as usize].rooms = next,
+            NIL => self.users[slot as usize].rooms.set_index(next),
             previous => self.membership_mut(previous).next = next,
         }
     }
 
     /// Puts a membership of lease `index` at the front of its user's list.
     fn push_membership(&mut self, slot: u32, index: u32, room: RoomName, metadata: MemberMetadata, order: u64) {
-        let next = self.users[slot as usize].rooms;
+        let next = self.users[slot as usize].first_membership();
         let mut membership = Membership { room, metadata: NO_METADATA, order, next, lease: index };
         self.room_metadata.set(&mut membership.metadata, metadata);
         let at = match self.free_memberships.pop() {
@@ -1913,7 +2017,7 @@ impl Shard {
                 u32::try_from(self.memberships.len() - 1).expect("fewer than 2^32 memberships per shard")
             }
         };
-        self.users[slot as usize].rooms = at;
+        self.users[slot as usize].rooms.set_index(at);
         self.lease_mut(index).link.set_flag(HAS_ROOMS, true);
     }
 
@@ -2021,7 +2125,7 @@ impl Shard {
         self.end_signals(slot, index, None);
         self.signals.remove(&index);
         self.lease_mut(index).link.set_flag(HAS_ROOMS, false);
-        let (mut previous, mut at) = (NIL, self.users[slot as usize].rooms);
+        let (mut previous, mut at) = (NIL, self.users[slot as usize].first_membership());
         while at != NIL {
             let next = self.membership(at).next;
             if self.membership(at).lease == index {
@@ -2146,10 +2250,25 @@ impl Shard {
         let grace_end = if damped { last_deadline } else { last_deadline + self.offline_grace_ms };
         if goes_offline && !(grace_end > last_deadline && self.hold_for_grace(slot, grace_end)) {
             self.flip(slot, State::Offline, now, Some(grace_end), changes);
-        } else if status_expired {
+            return;
+        }
+        if status_expired {
             self.announce(slot, now, changes);
             self.arm_forget(slot, now);
         }
+        // A session gone, or the window after the last activity over (only a
+        // user shown ACTIVE has one, so a renewal of any other costs nothing
+        // here). A user held by damping keeps what it showed until it flips.
+        let user = &self.users[slot as usize];
+        if (removed > 0 || user.rooms.flag(SHOWN_ACTIVE)) && user.online() && !self.held_for_grace_only(slot) {
+            self.refresh_activity(slot, now, changes);
+        }
+    }
+
+    /// Whether the user's only lease is a grace hold (E6).
+    fn held_for_grace_only(&self, slot: u32) -> bool {
+        let first = self.users[slot as usize].first_lease();
+        first != NIL && self.lease(first).is_grace_hold() && self.lease(first).next() == NIL
     }
 
     /// After leases were deleted by a request: flips the user OFFLINE if none is
@@ -2183,6 +2302,9 @@ impl Shard {
 
     fn after_removal(&mut self, slot: u32, now: Tick, changes: &mut Changes) -> bool {
         if self.users[slot as usize].first_lease() != NIL {
+            if !self.held_for_grace_only(slot) {
+                self.refresh_activity(slot, now, changes);
+            }
             return false;
         }
         if self.status_deadline(slot).is_none() {
@@ -2199,9 +2321,16 @@ impl Shard {
         let user = &mut self.users[slot as usize];
         debug_assert_ne!(user.online(), state == State::Online, "a flip changes the state");
         user.link.set_flag(ONLINE, state == State::Online);
+        user.set_activity(None);
         match state {
             State::Online => self.online += 1,
             State::Offline => self.online -= 1,
+        }
+        // The flip shows the availability the sessions make (A2) with it: one change, one version.
+        let (activity, until) = self.derived_activity(slot, now);
+        self.users[slot as usize].set_activity(activity);
+        if let Some(until) = until {
+            self.schedule_no_later_than(slot, until);
         }
         self.publish_change(slot, ChangeKind::Flip, now, deadline, changes);
         if state == State::Offline {
@@ -2385,7 +2514,7 @@ impl Shard {
                 previous = new_index;
                 index = next;
             }
-            let mut at = user.rooms;
+            let mut at = user.first_membership();
             while at != NIL {
                 let membership = &mut self.memberships[at as usize];
                 let &(_, new_index) =
@@ -2423,7 +2552,8 @@ mod tests {
     fn register_many(shard: &mut Shard, now: Tick, ids: impl Iterator<Item = String>) -> Vec<(String, u64)> {
         let mut changes = Vec::new();
         ids.map(|id| {
-            let generation = shard.register(now, &registration(&id), 1_000, &mut changes).generation;
+            let generation =
+                shard.register(now, &registration(&id), &AttentionChange::default(), 1_000, &mut changes).generation;
             (id, generation)
         })
         .collect()
@@ -2536,8 +2666,12 @@ mod tests {
             ttl_ms: 45_000,
             metadata: &[],
         };
-        let a = shard.register(T0, &registration("a", "gw-1"), 45_000, &mut changes).generation;
-        let b = shard.register(T0, &registration("b", "gw-1"), 45_000, &mut changes).generation;
+        let a = shard
+            .register(T0, &registration("a", "gw-1"), &AttentionChange::default(), 45_000, &mut changes)
+            .generation;
+        let b = shard
+            .register(T0, &registration("b", "gw-1"), &AttentionChange::default(), 45_000, &mut changes)
+            .generation;
         assert_eq!(shard.origins.len(), (1, 1), "two leases of one gateway at one TTL share one origin");
         // Renewed at another TTL, then lingering: each write is reported exactly.
         let renewal = Renewal { user_id: "u", session_id: "a", generation: a, ttl_ms: 20_000 };
@@ -2550,7 +2684,7 @@ mod tests {
         assert!(views.iter().all(|view| view.gateway_id == "gw-1"));
         assert_eq!(shard.origins.len(), (1, 2), "the lingering lease has its own origin, the same gateway");
         // A reconnect through another gateway takes the lease to that gateway's origin.
-        shard.register(T0 + 400, &registration("a", "gw-2"), 30_000, &mut changes);
+        shard.register(T0 + 400, &registration("a", "gw-2"), &AttentionChange::default(), 30_000, &mut changes);
         let views = shard.leases(T0 + 400, "u", &mut changes);
         assert_eq!((views[1].gateway_id.as_str(), views[1].last_heartbeat_at), ("gw-2", T0 + 400));
         shard.revoke(T0 + 500, "u", None, &mut changes);

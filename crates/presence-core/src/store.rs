@@ -123,14 +123,44 @@ impl Store {
         registration: &Registration<'_>,
         changes: &mut Changes,
     ) -> Result<Registered, LeaseError> {
+        self.register_attending(now, registration, &AttentionChange::default(), changes)
+    }
+
+    /// [`Store::register`], with what the session's gateway says of its
+    /// human's attention (A1): kept with the new lease, and the availability
+    /// it makes shown with the register's own change (A2).
+    pub fn register_attending(
+        &self,
+        now: Tick,
+        registration: &Registration<'_>,
+        attention: &AttentionChange<'_>,
+        changes: &mut Changes,
+    ) -> Result<Registered, LeaseError> {
         validate::id("user_id", registration.user_id)?;
         validate::id("session_id", registration.session_id)?;
         validate::id("gateway_id", registration.gateway_id)?;
         let ttl_ms = validate::ttl(&self.config, registration.ttl_ms)?;
         validate::metadata(registration.metadata)?;
+        validate_attention(attention)?;
         Ok(self.with_shard(registration.user_id, changes, |shard, changes| {
-            shard.register(now, registration, ttl_ms, changes)
+            shard.register(now, registration, attention, ttl_ms, changes)
         }))
+    }
+
+    /// Whether `user_id` shares its availability with viewers (A2); every
+    /// user does until told otherwise. The node tells the store from the
+    /// user's privacy settings, at its start and at each change; a change
+    /// shows at once.
+    pub fn set_shares_activity(
+        &self,
+        now: Tick,
+        user_id: &str,
+        shares: bool,
+        changes: &mut Changes,
+    ) -> Result<(), LeaseError> {
+        validate::id("user_id", user_id)?;
+        self.with_shard(user_id, changes, |shard, changes| shard.set_shares_activity(now, user_id, shares, changes));
+        Ok(())
     }
 
     /// Extends a live lease held at the current generation (L2), or, within the
@@ -520,9 +550,7 @@ impl Store {
         let (user_id, session_id, _) = lease;
         validate::id("user_id", user_id)?;
         validate::id("session_id", session_id)?;
-        if let Some(room_id) = change.focused_room_id.filter(|room_id| !room_id.is_empty()) {
-            validate::id("focused_room_id", room_id)?;
-        }
+        validate_attention(change)?;
         self.with_shard(user_id, changes, |shard, changes| shard.set_attention(now, lease, change, changes))
     }
 
@@ -1266,4 +1294,12 @@ fn validate_room_ref(room: &RoomRef<'_>) -> Result<(), LeaseError> {
     validate::id("user_id", room.user_id)?;
     validate::id("session_id", room.session_id)?;
     validate::id("room_id", room.room_id)
+}
+
+/// Checks a change of attention (A1): a focused room is an id as any other.
+fn validate_attention(change: &AttentionChange<'_>) -> Result<(), LeaseError> {
+    if let Some(room_id) = change.focused_room_id.filter(|room_id| !room_id.is_empty()) {
+        validate::id("focused_room_id", room_id)?;
+    }
+    Ok(())
 }

@@ -109,11 +109,11 @@ fn leases(store: &Store, now: Tick, user_id: &str) -> Vec<LeaseView> {
 }
 
 fn online(version: u64) -> Presence {
-    Presence { state: State::Online, version }
+    Presence::new(State::Online, version)
 }
 
 fn offline(version: u64) -> Presence {
-    Presence { state: State::Offline, version }
+    Presence::new(State::Offline, version)
 }
 
 /// Asserts one flip: who, which state, when and (for expiries) which deadline.
@@ -3054,8 +3054,9 @@ fn c7_a_moves_copy_made_while_served_and_sent_its_changes_ends_equal_to_the_sour
 
 mod attention {
     use super::*;
+    use crate::ChangeKind;
     use crate::attention::{
-        Attention, AttentionChange, DeviceKind, MAX_NOTIFY_USERS, NotifyPolicy, NotifyReason, Urgency,
+        Activity, Attention, AttentionChange, DeviceKind, MAX_NOTIFY_USERS, NotifyPolicy, NotifyReason, Urgency,
     };
 
     fn says(attention: Attention, device: Option<DeviceKind>) -> AttentionChange<'static> {
@@ -3143,5 +3144,199 @@ mod attention {
         assert!(matches!(refused, Err(LeaseError::InvalidArgument { field: "user_ids", .. })), "{refused:?}");
         let bad_room = store.notify_targets(sec(1), &users, Some(""), Urgency::Normal, &policy);
         assert!(matches!(bad_room, Err(LeaseError::InvalidArgument { field: "room_id", .. })), "{bad_room:?}");
+    }
+
+    /// What the store shows viewers of `user_id` at `now`.
+    fn shown(store: &Store, now: Tick, user_id: &str) -> (State, Option<Activity>, u64) {
+        let presence = presence(store, now, user_id);
+        (presence.state, presence.activity, presence.version)
+    }
+
+    /// The availability changes among `changes`, as (user, availability, at).
+    fn activity_changes(changes: &Changes) -> Vec<(String, Option<Activity>, Tick)> {
+        changes
+            .users
+            .iter()
+            .filter(|change| change.kind == ChangeKind::Activity)
+            .map(|change| (change.user_id.to_string(), change.presence.activity, change.at))
+            .collect()
+    }
+
+    /// A2 through the store and its wheel: a register that says ACTIVE shows
+    /// it with its flip (one change, one version); ACTIVE lasts the window
+    /// after the last activity and then turns AWAY on time through the
+    /// wheel, nobody touching the user; coming back is ACTIVE at once.
+    #[test]
+    fn a2_active_lasts_the_window_after_the_last_activity_then_away_through_the_wheel() {
+        let store = store();
+        let mut changes = Changes::default();
+        let registration = reg("ann", "laptop", "gw", 300_000);
+        let active = says(Attention::Active, Some(DeviceKind::Desktop));
+        let laptop = store.register_attending(sec(0), &registration, &active, &mut changes).unwrap().generation;
+        assert_eq!(changes.users.len(), 1, "one change: {changes:?}");
+        assert_eq!(
+            (changes.users[0].kind, changes.users[0].presence.activity),
+            (ChangeKind::Flip, Some(Activity::Active))
+        );
+        let (_, _, flipped) = shown(&store, sec(1), "ann");
+
+        // The screen locks at 10.4 s: still active, and nothing is published, until 71 s
+        // (the moment kept rounded up to the second, so never early).
+        let mut changes = Changes::default();
+        let background = says(Attention::Background, None);
+        assert_eq!(store.set_attention(sec(10) + 400, ("ann", "laptop", laptop), &background, &mut changes), Ok(true));
+        assert!(changes.users.is_empty(), "within the window: {changes:?}");
+        assert_eq!(shown(&store, sec(70), "ann"), (State::Online, Some(Activity::Active), flipped));
+        let away = drive(&store, sec(11), sec(80));
+        assert_eq!(activity_changes(&away), [("ann".to_owned(), Some(Activity::Away), sec(71))]);
+        let (state, activity, version) = shown(&store, sec(80), "ann");
+        assert_eq!((state, activity), (State::Online, Some(Activity::Away)));
+        assert!(version > flipped, "a change viewers see is a new version (M3)");
+        assert_eq!(version, away.users[0].presence.version);
+
+        // Back at the keyboard: active at once.
+        let mut changes = Changes::default();
+        store.set_attention(sec(90), ("ann", "laptop", laptop), &active, &mut changes).unwrap();
+        assert_eq!(activity_changes(&changes), [("ann".to_owned(), Some(Activity::Active), sec(90))]);
+        assert!(changes.users[0].presence.version > version);
+    }
+
+    /// A2's damping: a quick switch of tabs publishes nothing and moves no
+    /// version; idle is not active either; a window of 0 shows AWAY at once.
+    #[test]
+    fn a2_a_quick_tab_switch_never_shows_away() {
+        let store = store();
+        let mut changes = Changes::default();
+        let tab = store
+            .register_attending(sec(0), &reg("ann", "tab", "gw", 300_000), &says(Attention::Active, None), &mut changes)
+            .unwrap()
+            .generation;
+        let before = shown(&store, sec(0), "ann");
+        let mut changes = Changes::default();
+        for (at, attention) in [(5, Attention::Background), (8, Attention::Active), (20, Attention::Idle)] {
+            store.set_attention(sec(at), ("ann", "tab", tab), &says(attention, None), &mut changes).unwrap();
+        }
+        changes.users.extend(drive(&store, sec(20), sec(79)).users);
+        assert!(changes.users.is_empty(), "nothing to publish: {changes:?}");
+        assert_eq!(shown(&store, sec(79), "ann"), before);
+        assert_eq!(activity_changes(&drive(&store, sec(79), sec(81))).len(), 1, "idle since 20 s: away at 80 s");
+
+        let undamped = Store::new(StoreConfig { active_window_ms: 0, ..StoreConfig::default() }, T0).unwrap();
+        let mut changes = Changes::default();
+        let tab = undamped
+            .register_attending(sec(0), &reg("bob", "tab", "gw", 30_000), &says(Attention::Active, None), &mut changes)
+            .unwrap()
+            .generation;
+        let mut changes = Changes::default();
+        undamped.set_attention(sec(1), ("bob", "tab", tab), &says(Attention::Background, None), &mut changes).unwrap();
+        assert_eq!(activity_changes(&changes), [("bob".to_owned(), Some(Activity::Away), sec(1))]);
+    }
+
+    /// A2: availability is the live sessions': it ends with the session that
+    /// made it (unregister, expiry, revoke, a reconnect that has not said yet),
+    /// and an offline user has none; a user whose sessions say nothing has
+    /// none, exactly as before attention existed.
+    #[test]
+    fn a2_availability_ends_with_the_sessions_that_made_it() {
+        let store = store();
+        let mut changes = Changes::default();
+        let active = says(Attention::Active, Some(DeviceKind::Desktop));
+        let background = says(Attention::Background, Some(DeviceKind::Mobile));
+        let laptop =
+            store.register_attending(sec(0), &reg("ann", "laptop", "gw", 300_000), &active, &mut changes).unwrap();
+        store.register_attending(sec(0), &reg("ann", "phone", "gw", 30_000), &background, &mut changes).unwrap();
+        let mut changes = Changes::default();
+        store.unregister(sec(1), "ann", "laptop", laptop.generation, 0, &mut changes).unwrap();
+        assert_eq!(activity_changes(&changes), [("ann".to_owned(), Some(Activity::Away), sec(1))]);
+        // The laptop comes back and says nothing yet: the phone still says background.
+        let laptop = register(&store, sec(2), reg("ann", "laptop", "gw", 300_000), &mut changes);
+        assert_eq!(shown(&store, sec(2), "ann").1, Some(Activity::Away));
+        store.set_attention(sec(3), ("ann", "laptop", laptop.generation), &active, &mut changes).unwrap();
+        // The phone expires at 30 s: the laptop is active, nothing changes; a
+        // reconnect of the laptop forgets what it said: none is left that says.
+        let mut changes = drive(&store, sec(3), sec(31));
+        assert!(activity_changes(&changes).is_empty(), "{changes:?}");
+        register(&store, sec(40), reg("ann", "laptop", "gw", 300_000), &mut changes);
+        assert_eq!(activity_changes(&changes).last(), Some(&("ann".to_owned(), None, sec(40))));
+        // Revoked: the OFFLINE flip carries no availability.
+        let mut changes = Changes::default();
+        store
+            .set_attention(
+                sec(41),
+                ("ann", "laptop", store.sessions(sec(41), "ann").unwrap()[0].lease.generation),
+                &active,
+                &mut changes,
+            )
+            .unwrap();
+        store.revoke(sec(42), "ann", None, &mut changes).unwrap();
+        let flip = changes.users.last().unwrap();
+        assert_eq!((flip.kind, flip.presence.state, flip.presence.activity), (ChangeKind::Flip, State::Offline, None));
+
+        // A gateway that says nothing of attention: no availability, no change beyond the flip.
+        let mut changes = Changes::default();
+        register(&store, sec(50), reg("bob", "tab", "gw", 30_000), &mut changes);
+        assert_eq!(changes.users.len(), 1);
+        assert_eq!(shown(&store, sec(51), "bob").1, None);
+    }
+
+    /// A2 with P3: a user that does not share its availability is shown as
+    /// one whose sessions never said anything, at once and for as long as it
+    /// does not, and shown again at once when it shares again.
+    #[test]
+    fn a2_a_user_that_does_not_share_it_is_shown_as_one_that_never_said() {
+        let store = store();
+        let mut changes = Changes::default();
+        let active = says(Attention::Active, None);
+        let ann =
+            store.register_attending(sec(0), &reg("ann", "laptop", "gw", 300_000), &active, &mut changes).unwrap();
+        register(&store, sec(0), reg("bob", "laptop", "gw", 300_000), &mut changes);
+        let mut changes = Changes::default();
+        store.set_shares_activity(sec(1), "ann", false, &mut changes).unwrap();
+        assert_eq!(activity_changes(&changes), [("ann".to_owned(), None, sec(1))]);
+        let (ann_shown, bob_shown) = (presence(&store, sec(2), "ann"), presence(&store, sec(2), "bob"));
+        assert_eq!((ann_shown.state, ann_shown.activity), (bob_shown.state, bob_shown.activity));
+        // Changes of its attention while hidden publish nothing and move no version.
+        let mut changes = Changes::default();
+        store
+            .set_attention(sec(3), ("ann", "laptop", ann.generation), &says(Attention::Background, None), &mut changes)
+            .unwrap();
+        changes.users.extend(drive(&store, sec(3), sec(200)).users);
+        assert!(changes.users.is_empty(), "{changes:?}");
+        assert_eq!(presence(&store, sec(200), "ann"), ann_shown);
+        // Hidden from a user the store does not hold yet, and kept past its forget.
+        store.set_shares_activity(sec(200), "cid", false, &mut changes).unwrap();
+        let cid = store.register_attending(sec(201), &reg("cid", "tab", "gw", 30_000), &active, &mut changes).unwrap();
+        assert_eq!(cid.presence.activity, None);
+        // Shared again: shown at once, as the sessions make it.
+        let mut changes = Changes::default();
+        store.set_shares_activity(sec(202), "ann", true, &mut changes).unwrap();
+        assert_eq!(activity_changes(&changes), [("ann".to_owned(), Some(Activity::Away), sec(202))]);
+        assert!(store.set_shares_activity(sec(202), "", true, &mut changes).is_err(), "the id is checked");
+    }
+
+    /// A2 and F1: an availability change is its own kind in the change feed,
+    /// in the user's version order.
+    #[test]
+    fn a2_availability_changes_reach_the_feed_as_their_own_kind() {
+        let feed = crate::FeedIntake::new(1_000, 0);
+        let store = store().with_feed(feed.clone());
+        let mut changes = Changes::default();
+        let tab = store
+            .register_attending(sec(0), &reg("ann", "tab", "gw", 300_000), &says(Attention::Active, None), &mut changes)
+            .unwrap();
+        store
+            .set_attention(sec(1), ("ann", "tab", tab.generation), &says(Attention::Background, None), &mut changes)
+            .unwrap();
+        drive(&store, sec(1), sec(62));
+        let kinds: Vec<(ChangeKind, Option<Activity>)> = feed
+            .drain(sec(62))
+            .entries
+            .into_iter()
+            .filter_map(|entry| match entry.event {
+                crate::FeedEvent::User(change) => Some((change.kind, change.presence.activity)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(kinds, [(ChangeKind::Flip, Some(Activity::Active)), (ChangeKind::Activity, Some(Activity::Away))]);
     }
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use compact_str::CompactString;
 
+use crate::attention::Activity;
 use crate::wheel::Tick;
 
 /// A user's derived connectivity state (contract M2).
@@ -20,13 +21,23 @@ pub enum State {
 pub struct Presence {
     /// Derived from the user's leases.
     pub state: State,
-    /// Moves forward on every flip and only then; 0 for a user the store holds nothing about.
+    /// Moves forward on every change viewers see (a flip, a status, an
+    /// availability) and only then; 0 for a user the store holds nothing about.
     pub version: u64,
+    /// Derived from the attention of the user's sessions (A2): `None` while
+    /// it is offline, when none of its sessions says what its human does,
+    /// and when the user does not share it.
+    pub activity: Option<Activity>,
 }
 
 impl Presence {
     /// What the store answers for a user it holds nothing about.
-    pub const UNKNOWN: Presence = Presence { state: State::Offline, version: 0 };
+    pub const UNKNOWN: Presence = Presence::new(State::Offline, 0);
+
+    /// A state at a version, with no availability.
+    pub const fn new(state: State, version: u64) -> Presence {
+        Presence { state, version, activity: None }
+    }
 }
 
 /// What a user chose to show beside its derived state (contract S1).
@@ -68,6 +79,8 @@ pub enum ChangeKind {
     Flip,
     /// The user's status changed (set, cleared or expired); the state did not.
     Status,
+    /// The user's availability changed (A2); the state did not.
+    Activity,
 }
 
 /// One change of one user that viewers see: a flip of its state, or a change

@@ -81,6 +81,8 @@ const KINDS: [&str; 2] = ["typing", "speaking"];
 /// The room metadata a join may carry, by index: none (the common case), or one of a few sets.
 const ROOM_METADATA: [&[(&str, &str)]; 4] =
     [&[], &[("device", "phone")], &[("device", "laptop")], &[("device", "phone"), ("mic", "on")]];
+/// The store's active window (A2).
+const ACTIVE_WINDOW: Tick = 60_000;
 /// Lists a room's members and signals, more than the model ever has.
 const MEMBER_CAP: usize = 100;
 
@@ -94,6 +96,7 @@ fn config(offline_grace_ms: Tick) -> StoreConfig {
         min_renew_interval_ms: 0,
         forget_offline_after_ms: FORGET_AFTER,
         offline_grace_ms,
+        active_window_ms: ACTIVE_WINDOW,
     }
 }
 
@@ -432,7 +435,7 @@ impl RefUser {
 
 impl RefUser {
     fn presence(&self) -> Presence {
-        Presence { state: if self.online { State::Online } else { State::Offline }, version: self.version }
+        Presence::new(if self.online { State::Online } else { State::Offline }, self.version)
     }
 }
 

@@ -37,6 +37,8 @@ pub enum FrameKind {
     /// Entries that were lost (a crash, an intake that overflowed, a
     /// takeover from a follower behind): their range, not their contents.
     Gap = 4,
+    /// A user's derived availability changed (A2).
+    Availability = 5,
 }
 
 impl FrameKind {
@@ -46,6 +48,7 @@ impl FrameKind {
             2 => FrameKind::Status,
             3 => FrameKind::RoomOccupancy,
             4 => FrameKind::Gap,
+            5 => FrameKind::Availability,
             _ => return None,
         })
     }

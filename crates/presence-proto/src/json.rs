@@ -42,6 +42,7 @@ pub fn user_presence(user: &pb::UserPresence) -> Value {
         "last_active_at_ms": int64(user.last_active_at_ms),
         "status": user.status.as_ref().map_or(Value::Null, status),
         "last_seen_ms": int64(user.last_seen_ms),
+        "availability": enum_name(user.availability, pb::Availability::as_str_name),
     })
 }
 
@@ -65,6 +66,7 @@ pub fn change_event(event: &pb::ChangeEvent) -> Value {
     let (field, body) = match &event.event {
         Some(change_event::Event::Flip(user)) => ("flip", user_presence(user)),
         Some(change_event::Event::Status(user)) => ("status", user_presence(user)),
+        Some(change_event::Event::Availability(user)) => ("availability", user_presence(user)),
         Some(change_event::Event::RoomOccupancy(room)) => (
             "room_occupancy",
             json!({ "room_id": room.room_id, "occupied": room.occupied, "version": uint64(room.version) }),

@@ -409,8 +409,12 @@ fn request_seeds() -> Vec<Vec<u8>> {
         .encode_to_vec(),
         pb::SetRoomAccessRequest { room_id: room, access: pb::RoomAccess::Public as i32 }.encode_to_vec(),
         pb::SetStatusRequest { user_id: alice.clone(), status: Some(status) }.encode_to_vec(),
-        pb::SetVisibilityRequest { user_id: alice.clone(), visibility: pb::Visibility::Audience as i32 }
-            .encode_to_vec(),
+        pb::SetVisibilityRequest {
+            user_id: alice.clone(),
+            visibility: pb::Visibility::Audience as i32,
+            ..Default::default()
+        }
+        .encode_to_vec(),
         pb::AudienceRequest { user_id: alice.clone(), viewer_ids: ids(&["bob"]) }.encode_to_vec(),
         pb::AudienceRequest { user_id: alice.clone(), viewer_ids: ids(&["bob"]) }.encode_to_vec(),
         pb::GroupRequest { group_id: "team".into(), user_ids: ids(&["alice", "bob"]) }.encode_to_vec(),

@@ -44,6 +44,8 @@ pub mod names {
     pub const FLIPS: &str = "presenced_flips_total";
     /// Published changes of a user's status, its state unchanged (counter).
     pub const STATUS_CHANGES: &str = "presenced_status_changes_total";
+    /// Published changes of a user's derived availability (A2), its state unchanged (counter).
+    pub const AVAILABILITY_CHANGES: &str = "presenced_availability_changes_total";
     /// Operations applied to each `shard` (gauge of a running count).
     pub const SHARD_OPERATIONS: &str = "presenced_shard_operations";
     /// Lease batches waiting for a worker (gauge).
@@ -376,6 +378,7 @@ pub(crate) struct Metrics {
     flips_online: Counter,
     flips_offline: Counter,
     status_changes: Counter,
+    availability_changes: Counter,
     pub(crate) queue_depth: Gauge,
     pub(crate) shed: Tally,
     pub(crate) fanned_out: Counter,
@@ -427,6 +430,7 @@ impl Metrics {
             flips_online: counter!(names::FLIPS, "state" => "online"),
             flips_offline: counter!(names::FLIPS, "state" => "offline"),
             status_changes: counter!(names::STATUS_CHANGES),
+            availability_changes: counter!(names::AVAILABILITY_CHANGES),
             queue_depth: gauge!(names::QUEUE_DEPTH),
             shed: Tally::new(counter!(names::SHED)),
             fanned_out: counter!(names::FANNED_OUT),
@@ -467,13 +471,14 @@ impl Metrics {
         }
     }
 
-    /// Counts a published change, a flip as a flip and a status change as
-    /// one; `now` is the store time of publication.
+    /// Counts a published change, a flip as a flip, a status change and an
+    /// availability change each as one; `now` is the store time of publication.
     pub(crate) fn change(&self, change: &PresenceChange, now: u64) {
         match (change.kind, change.presence.state) {
             (ChangeKind::Flip, State::Online) => self.flips_online.increment(1),
             (ChangeKind::Flip, State::Offline) => self.flips_offline.increment(1),
             (ChangeKind::Status, _) => self.status_changes.increment(1),
+            (ChangeKind::Activity, _) => self.availability_changes.increment(1),
         }
         if let Some(deadline) = change.deadline {
             self.expiries.increment(1);

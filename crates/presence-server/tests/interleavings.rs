@@ -240,7 +240,7 @@ fn assert_each_flip_published_once(node: &Node, log: &Log, users: &[&str]) {
             assert_ne!(flip.state, state, "{user}: a flip to the state it was in: {flips:?}");
             state = flip.state;
         }
-        let last = flips.last().copied().unwrap_or(Presence { state: State::Offline, version: 0 });
+        let last = flips.last().copied().unwrap_or(Presence::new(State::Offline, 0));
         assert_eq!(last, now, "{user}: the last change published is not what the store holds: {flips:?}");
     }
 }

@@ -730,7 +730,11 @@ impl PresenceApi for PresenceService {
         let entry = self.audited(
             &request,
             "SetVisibility",
-            json!({ "user_id": request.get_ref().user_id, "visibility": request.get_ref().visibility }),
+            json!({
+                "user_id": request.get_ref().user_id,
+                "visibility": request.get_ref().visibility,
+                "share_activity": request.get_ref().share_activity,
+            }),
         );
         let answered: Answer<pb::SetVisibilityResponse> = async {
             let caller = self.caller(&request)?;
@@ -739,8 +743,9 @@ impl PresenceApi for PresenceService {
             caller.require_self_or(&user, Scope::Admin, "SetVisibility")?;
             let _durable = self.context.hold_for_durable_write().await;
             self.owns(&user)?;
-            let visibility = wire::visibility(request.visibility)?;
-            self.context.privacy.change(RelationChange::Visibility { user, visibility }).await?;
+            for change in wire::visibility_changes(user, request)? {
+                self.context.privacy.change(change).await?;
+            }
             Ok(Response::new(pb::SetVisibilityResponse {}))
         }
         .await;

@@ -631,7 +631,7 @@ async fn relations_changed(cluster: &Arc<ClusterNode>, context: &Arc<Context>, l
             held.user.view = user.view.clone();
             held.user.last_active_at = user.last_active_at;
         }
-        let offline = presence_core::Presence { state: State::Offline, version: user.view.presence.version };
+        let offline = presence_core::Presence::new(State::Offline, user.view.presence.version);
         for (mailbox, visible) in changed {
             if *visible {
                 mailbox.set_hidden(&user.user_id, false);

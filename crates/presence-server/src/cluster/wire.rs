@@ -27,6 +27,7 @@ pub(crate) fn handed_over_message(user: &HandedOver) -> pb::HandedOverUser {
         audience: user.audience.iter().map(ToString::to_string).collect(),
         last_active_at_ms: user.last_active_at,
         settings: user.settings.iter().cloned().collect(),
+        hides_activity: !user.shares_activity,
     }
 }
 
@@ -100,7 +101,15 @@ pub(crate) fn handed_over(user: pb::HandedOverUser, now: u64) -> Result<HandedOv
     // A map on the wire; in name order here, as `Settings::get` answers.
     let settings: Vec<(String, Vec<u8>)> =
         user.settings.into_iter().collect::<std::collections::BTreeMap<_, _>>().into_iter().collect();
-    Ok(HandedOver { user_id, status, visibility, audience, last_active_at: user.last_active_at_ms, settings })
+    Ok(HandedOver {
+        user_id,
+        status,
+        visibility,
+        audience,
+        shares_activity: !user.hides_activity,
+        last_active_at: user.last_active_at_ms,
+        settings,
+    })
 }
 
 /// The group ledger's entries as sent between nodes, in pieces of about `piece_bytes`.
@@ -328,6 +337,7 @@ pub(crate) fn relayed(user: pb::RelayedUser, now: u64) -> Result<Relayed, Servic
         Ok(pb::State::Offline) => State::Offline,
         _ => return Err(ServiceError::invalid("relayed.presence.state", "must be ONLINE or OFFLINE")),
     };
+    let activity = crate::node::wire::activity(presence.availability, "relayed.presence.availability")?;
     let seen_by = match pb::SeenBy::try_from(user.seen_by) {
         Ok(pb::SeenBy::Everyone) => SeenBy::Everyone,
         Ok(pb::SeenBy::Nobody) => SeenBy::Nobody,
@@ -347,7 +357,7 @@ pub(crate) fn relayed(user: pb::RelayedUser, now: u64) -> Result<Relayed, Servic
     };
     Ok(Relayed {
         user_id,
-        view: UserView { presence: Presence { state, version: presence.version }, status },
+        view: UserView { presence: Presence { state, version: presence.version, activity }, status },
         last_active_at: u64::try_from(presence.last_active_at_ms).unwrap_or(0),
         seen_by,
     })
@@ -436,10 +446,13 @@ mod tests {
             }),
             visibility: Some(Visibility::Audience),
             audience: vec!["v1".into(), "v2".into()],
+            shares_activity: false,
             last_active_at: 4_000,
             settings: vec![("locale".into(), b"fr".to_vec()), ("theme".into(), b"dark".to_vec())],
         };
         assert_eq!(handed_over(handed_over_message(&user), 1_000).unwrap(), user);
+        let earlier_build = pb::HandedOverUser { hides_activity: false, ..handed_over_message(&user) };
+        assert!(handed_over(earlier_build, 1_000).unwrap().shares_activity, "a build without A2 sends: it shares");
         let ran_out = handed_over(handed_over_message(&user), 9_000).unwrap();
         assert_eq!(ran_out.status, None, "a status that ran out on the way is dropped");
         let mut bad = handed_over_message(&user);

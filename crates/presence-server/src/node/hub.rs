@@ -558,7 +558,7 @@ mod tests {
         PresenceChange {
             user_id: user.into(),
             kind: presence_core::ChangeKind::Flip,
-            presence: Presence { state, version },
+            presence: Presence::new(state, version),
             status: None,
             at: 0,
             deadline: None,
@@ -581,7 +581,7 @@ mod tests {
         for viewer in &viewers {
             let pending = changes(viewer);
             assert_eq!(pending.len(), 1);
-            assert_eq!(pending["alice"], Presence { state: State::Online, version: 5 });
+            assert_eq!(pending["alice"], Presence::new(State::Online, 5));
         }
         drop(viewers);
         assert_eq!(hub.topics(), 0, "topics leave with their last subscriber");
@@ -620,7 +620,7 @@ mod tests {
         // A publisher that lost the race delivers an older change late: it must not win.
         hub.publish(&change("alice", State::Online, 6));
         let pending = changes(&viewer);
-        assert_eq!(pending["alice"], Presence { state: State::Offline, version: 7 });
+        assert_eq!(pending["alice"], Presence::new(State::Offline, 7));
         assert!(changes(&viewer).is_empty());
     }
 

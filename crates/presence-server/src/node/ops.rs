@@ -20,16 +20,11 @@ pub(crate) fn register(
     input: &RegisterInput<'_>,
     changes: &mut Changes,
 ) -> Result<Registered, ServiceError> {
-    match store.register(now, &input.registration(), changes) {
+    match store.register_attending(now, &input.registration(), &input.attention, changes) {
         Ok(registered) => {
             metrics.registers_ok.increment(1);
             if registered.replaced {
                 metrics.reconnects.increment(1);
-            }
-            if !input.attention.is_empty() {
-                // The lease was just made, and the change checked with the request.
-                let lease = (input.user_id(), input.registration().session_id, registered.generation);
-                store.set_attention(now, lease, &input.attention, changes)?;
             }
             Ok(registered)
         }

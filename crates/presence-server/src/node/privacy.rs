@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use hashbrown::{HashMap, HashSet};
-use presence_core::{CompactString, Presence, SlotSet, State, Store, UserView};
+use presence_core::{Changes, CompactString, Presence, SlotSet, State, Store, UserView};
 use tokio::sync::mpsc;
 
 use crate::error::ServiceError;
@@ -44,11 +44,13 @@ struct UserRelations {
     granted: HashSet<CompactString>,
     /// Its groups.
     groups: HashSet<CompactString>,
+    /// It does not share its derived availability (A2).
+    hides_activity: bool,
 }
 
 impl UserRelations {
     fn is_empty(&self) -> bool {
-        self.visibility.is_none() && self.granted.is_empty() && self.groups.is_empty()
+        self.visibility.is_none() && self.granted.is_empty() && self.groups.is_empty() && !self.hides_activity
     }
 }
 
@@ -142,6 +144,10 @@ impl Relations {
                 }
                 self.forget_if_empty(user);
             }
+            RelationChange::ShareActivity { user, shares } => {
+                self.users.entry(user.clone()).or_default().hides_activity = !shares;
+                self.forget_if_empty(user);
+            }
         }
     }
 
@@ -203,12 +209,20 @@ impl Relations {
         }
     }
 
-    /// Sets a user's own visibility (`None`: the default) and audience,
-    /// whatever they were; its groups stay as they are.
-    fn replace(&mut self, user: &CompactString, visibility: Option<Visibility>, granted: HashSet<CompactString>) {
+    /// Sets a user's own visibility (`None`: the default), audience and
+    /// sharing of its availability, whatever they were; its groups stay as
+    /// they are.
+    fn replace(
+        &mut self,
+        user: &CompactString,
+        visibility: Option<Visibility>,
+        granted: HashSet<CompactString>,
+        shares_activity: bool,
+    ) {
         let record = self.users.entry(user.clone()).or_default();
         record.visibility = visibility;
         record.granted = granted;
+        record.hides_activity = !shares_activity;
         if visibility == Some(Visibility::Nobody) {
             self.invisible.insert(user.clone());
         } else {
@@ -377,6 +391,7 @@ impl Privacy {
                     status: self.store().status_of(user_id),
                     visibility: record.and_then(|record| record.visibility),
                     audience: record.map(|record| record.granted.iter().cloned().collect()).unwrap_or_default(),
+                    shares_activity: record.is_none_or(|record| !record.hides_activity),
                     last_active_at: 0,
                     settings: Vec::new(),
                 }
@@ -400,6 +415,11 @@ impl Privacy {
         }
         for entry in &stored.groups {
             relations.merge_group_entry(entry);
+        }
+        for user in &stored.activity_hidden {
+            relations.apply(&RelationChange::ShareActivity { user: user.into(), shares: false });
+            // Nothing is shown yet at start: nothing to publish.
+            let _ = self.store().set_shares_activity(now, user, false, &mut Changes::default());
         }
         for (user, status) in stored.statuses {
             if status.expires_at.is_some_and(|at| at <= now) {
@@ -436,7 +456,14 @@ impl Privacy {
         }
         let mut relations = self.relations.write();
         for user in users {
-            relations.replace(&user.user_id, user.visibility, user.audience.into_iter().collect());
+            relations.replace(
+                &user.user_id,
+                user.visibility,
+                user.audience.into_iter().collect(),
+                user.shares_activity,
+            );
+            // As its status: what its owner until now showed, with no new version.
+            let _ = self.store().set_shares_activity(now, &user.user_id, user.shares_activity, &mut Changes::default());
             if let Some(status) = user.status.filter(|status| status.expires_at.is_none_or(|at| at > now)) {
                 let _ = self.store().restore_status(now, &user.user_id, status);
             }
@@ -457,7 +484,8 @@ impl Privacy {
         let leaving: Vec<CompactString> =
             relations.users.keys().filter(|user| slots.holds(user.as_bytes())).cloned().collect();
         for user in leaving {
-            relations.replace(&user, None, HashSet::new());
+            relations.replace(&user, None, HashSet::new(), true);
+            let _ = self.store().set_shares_activity(self.publisher.clock.now(), &user, true, &mut Changes::default());
         }
         Ok(())
     }
@@ -597,6 +625,15 @@ impl Privacy {
         let mut relations = self.relations.write();
         relations.apply(&change);
         let user = change.user().clone();
+        if let RelationChange::ShareActivity { shares, .. } = change {
+            // Who may see the user is unchanged: what they see of it changes
+            // as a change of the user, published in order like any other.
+            drop(relations);
+            self.publisher
+                .apply(|store, now, changes| store.set_shares_activity(now, &user, shares, changes))
+                .map_err(ServiceError::from)?;
+            return Ok(());
+        }
         if let Some(changed) = self.changed.lock().as_mut() {
             changed.insert(user.clone());
         }
@@ -810,7 +847,7 @@ impl Privacy {
             for entry in &group_leaves {
                 relations.merge_group_entry(entry);
             }
-            relations.replace(user, None, HashSet::new());
+            relations.replace(user, None, HashSet::new(), true);
             relations.remove_grants_to(user, &granted_by);
             if let Some(changed) = self.changed.lock().as_mut() {
                 changed.insert(user.clone());
@@ -820,6 +857,8 @@ impl Privacy {
             // its place in others' audiences and groups (its view of them).
             self.show_changed_relations(relations, std::slice::from_ref(user), std::slice::from_ref(user));
         }
+        // Its choice not to share its availability goes with the rest (P7).
+        self.store().set_shares_activity(self.publisher.clock.now(), user, true, &mut Changes::default())?;
         let forgotten = self.store().forget_idle(self.publisher.clock.now(), user)?;
         if let Some(durable) = &self.durable {
             let (durable, id, at) = (Arc::clone(durable), user.to_string(), self.publisher.clock.now());
@@ -910,7 +949,7 @@ impl Privacy {
             }
             self.publisher.apply(|store, now, changes| {
                 let Ok(bumped) = store.bump_version(now, &user_id, changes) else { return };
-                let offline = Presence { state: State::Offline, version: bumped.presence.version };
+                let offline = Presence::new(State::Offline, bumped.presence.version);
                 for hidden in transitions.iter().filter(|t| !t.visible) {
                     hidden.mailbox.post_transition(&user_id, Pending::alone(offline, None, true));
                 }

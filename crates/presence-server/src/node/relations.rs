@@ -45,8 +45,20 @@ impl SeenBy {
 /// the group ledger, `groups.rs`).
 #[derive(Debug, Clone)]
 pub(crate) enum RelationChange {
-    Visibility { user: CompactString, visibility: Visibility },
-    Audience { user: CompactString, viewers: Vec<CompactString>, grant: bool },
+    Visibility {
+        user: CompactString,
+        visibility: Visibility,
+    },
+    Audience {
+        user: CompactString,
+        viewers: Vec<CompactString>,
+        grant: bool,
+    },
+    /// Whether viewers that see the user see its derived availability (A2).
+    ShareActivity {
+        user: CompactString,
+        shares: bool,
+    },
 }
 
 impl RelationChange {
@@ -54,7 +66,9 @@ impl RelationChange {
     /// to be looked at again.
     pub(crate) fn user(&self) -> &CompactString {
         match self {
-            RelationChange::Visibility { user, .. } | RelationChange::Audience { user, .. } => user,
+            RelationChange::Visibility { user, .. }
+            | RelationChange::Audience { user, .. }
+            | RelationChange::ShareActivity { user, .. } => user,
         }
     }
 }
@@ -70,6 +84,8 @@ pub(crate) struct HandedOver {
     /// `None`: the default.
     pub(crate) visibility: Option<Visibility>,
     pub(crate) audience: Vec<CompactString>,
+    /// Whether it shares its derived availability (A2); the default is yes.
+    pub(crate) shares_activity: bool,
     /// Its last activity (store ms); 0: none known.
     pub(crate) last_active_at: u64,
     /// Its settings, by name, in name order.

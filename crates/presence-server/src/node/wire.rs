@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use presence_core::attention::{
-    Attention, AttentionChange, DeviceKind, NotifyDecision, NotifyPolicy, NotifyReason, Urgency,
+    Activity, Attention, AttentionChange, DeviceKind, NotifyDecision, NotifyPolicy, NotifyReason, Urgency,
 };
 use presence_core::{
     Availability, CompactString, Joined, Left, Presence, Registered, Registration, Renewal, Renewed, Revoked,
@@ -32,7 +32,7 @@ use tonic::Code;
 
 use crate::error::ServiceError;
 use crate::metrics::{LATENCY_BUCKETS, Totals};
-use crate::node::privacy::{Released, Visibility};
+use crate::node::privacy::{RelationChange, Released, Visibility};
 
 /// Most users one Snapshot or Watch may name.
 pub const MAX_USERS_PER_REQUEST: usize = 10_000;
@@ -437,6 +437,22 @@ pub(crate) fn visibility(code: i32) -> Result<Visibility, ServiceError> {
     }
 }
 
+/// The changes a SetVisibility asks for (P2, A2): its visibility, whether it
+/// shares its availability, or both; at least one of them.
+pub(crate) fn visibility_changes(
+    user: CompactString,
+    request: &pb::SetVisibilityRequest,
+) -> Result<Vec<RelationChange>, ServiceError> {
+    let mut changes = Vec::new();
+    if request.visibility != pb::Visibility::Unspecified as i32 || request.share_activity.is_none() {
+        changes.push(RelationChange::Visibility { user: user.clone(), visibility: visibility(request.visibility)? });
+    }
+    if let Some(shares) = request.share_activity {
+        changes.push(RelationChange::ShareActivity { user, shares });
+    }
+    Ok(changes)
+}
+
 /// A visibility on the wire.
 pub(crate) fn visibility_message(visibility: Visibility) -> pb::Visibility {
     match visibility {
@@ -453,6 +469,13 @@ pub(crate) fn status(status: pb::Status, now: u64) -> Result<presence_core::Stat
         Ok(pb::Availability::Available) => Availability::Available,
         Ok(pb::Availability::Away) => Availability::Away,
         Ok(pb::Availability::DoNotDisturb) => Availability::DoNotDisturb,
+        Ok(pb::Availability::Active) => {
+            return Err(ServiceError::invalid(
+                "status.availability",
+                "AVAILABILITY_ACTIVE is derived from the sessions' attention (A2), never chosen: use \
+                 AVAILABILITY_AVAILABLE, AVAILABILITY_AWAY or AVAILABILITY_DO_NOT_DISTURB",
+            ));
+        }
         Ok(pb::Availability::Unspecified) | Err(_) => {
             return Err(ServiceError::invalid(
                 "status.availability",
@@ -547,7 +570,27 @@ pub(crate) fn presence(user_id: &str, presence: Presence) -> pb::UserPresence {
             State::Offline => pb::State::Offline,
         } as i32,
         version: presence.version,
+        availability: presence.activity.map_or(pb::Availability::Unspecified, activity_message) as i32,
         ..pb::UserPresence::default()
+    }
+}
+
+/// A derived availability (A2) on the wire.
+fn activity_message(activity: Activity) -> pb::Availability {
+    match activity {
+        Activity::Active => pb::Availability::Active,
+        Activity::Away => pb::Availability::Away,
+    }
+}
+
+/// A derived availability (A2) from the wire, as a node relays it (`field`
+/// names it in a refusal): ACTIVE, AWAY or none.
+pub(crate) fn activity(availability: i32, field: &'static str) -> Result<Option<Activity>, ServiceError> {
+    match pb::Availability::try_from(availability) {
+        Ok(pb::Availability::Unspecified) => Ok(None),
+        Ok(pb::Availability::Active) => Ok(Some(Activity::Active)),
+        Ok(pb::Availability::Away) => Ok(Some(Activity::Away)),
+        _ => Err(ServiceError::invalid(field, "a derived availability is ACTIVE, AWAY or unset")),
     }
 }
 

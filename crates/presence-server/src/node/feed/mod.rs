@@ -830,7 +830,7 @@ mod tests {
         let (feed, _) = Feed::open(None, retention, SINGLE_NODE_SLOTS, 0).unwrap();
         let first = feed.log.oldest().position + 1;
         feed.log.append(&gaps(first, 100), first + 99, 1).unwrap();
-        let everything = ChangesFilter { kinds: [true; 3], id_prefix: CompactString::default(), slots: None };
+        let everything = ChangesFilter { kinds: [true; 4], id_prefix: CompactString::default(), slots: None };
         let mut stream = feed.changes(ChangesFrom::Oldest, everything, CancellationToken::new()).unwrap();
         let start = stream.start();
         assert_eq!(start, feed.log.oldest(), "it starts at the oldest change");

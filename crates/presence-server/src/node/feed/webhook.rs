@@ -272,7 +272,12 @@ fn parse(given: &str, slot_count: u32) -> Result<(http::Uri, ChangesFilter, usiz
                         "flip" => pb::ChangeKind::Flip,
                         "status" => pb::ChangeKind::Status,
                         "room_occupancy" => pb::ChangeKind::RoomOccupancy,
-                        other => return Err(format!("kinds: {other:?} is not flip, status or room_occupancy")),
+                        "availability" => pb::ChangeKind::Availability,
+                        other => {
+                            return Err(format!(
+                                "kinds: {other:?} is not flip, status, room_occupancy or availability"
+                            ));
+                        }
                     };
                     request.kinds.push(kind as i32);
                 }
@@ -692,7 +697,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(url.to_string(), "http://127.0.0.1:9/hook?x=1");
-        assert_eq!((filter.kinds, filter.id_prefix.as_str(), max), ([true, false, true], "team-", 10));
+        assert_eq!((filter.kinds, filter.id_prefix.as_str(), max), ([true, false, true, false], "team-", 10));
         let slots: Vec<u32> = filter.slots.unwrap().iter().collect();
         assert_eq!(slots, [0, 1, 5]);
         for (given, named) in [

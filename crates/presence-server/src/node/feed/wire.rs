@@ -30,6 +30,9 @@ pub(crate) fn append_feed_frame(out: &mut bytes::BytesMut, entry: &FeedEntry, sl
             match change.kind {
                 presence_core::ChangeKind::Flip => (FrameKind::Flip, change_event::Event::Flip(user)),
                 presence_core::ChangeKind::Status => (FrameKind::Status, change_event::Event::Status(user)),
+                presence_core::ChangeKind::Activity => {
+                    (FrameKind::Availability, change_event::Event::Availability(user))
+                }
             }
         }
         FeedEvent::Room(room) => (
@@ -122,8 +125,8 @@ pub(crate) enum ChangesFrom {
 /// What a Changes stream carries (gaps and progress always).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ChangesFilter {
-    /// Kinds asked for: flips, statuses, room occupancy.
-    pub(crate) kinds: [bool; 3],
+    /// Kinds asked for: flips, statuses, room occupancy, availability.
+    pub(crate) kinds: [bool; 4],
     /// Only ids starting with this.
     pub(crate) id_prefix: CompactString,
     /// Only these slots (`None`: every one).
@@ -139,6 +142,7 @@ impl ChangesFilter {
             FrameKind::Flip => 0,
             FrameKind::Status => 1,
             FrameKind::RoomOccupancy => 2,
+            FrameKind::Availability => 3,
         };
         self.kinds[kind] && frame.id().starts_with(self.id_prefix.as_bytes()) && self.carries_slot(frame.slot())
     }
@@ -182,12 +186,13 @@ pub(crate) fn changes_request(
     if !request.cursor.is_empty() && !matches!(from, ChangesFrom::Cursor(_)) {
         return Err(ServiceError::invalid("cursor", "a cursor is only read with CHANGES_FROM_CURSOR"));
     }
-    let mut kinds = [request.kinds.is_empty(); 3];
+    let mut kinds = [request.kinds.is_empty(); 4];
     for &kind in &request.kinds {
         match pb::ChangeKind::try_from(kind) {
             Ok(pb::ChangeKind::Flip) => kinds[0] = true,
             Ok(pb::ChangeKind::Status) => kinds[1] = true,
             Ok(pb::ChangeKind::RoomOccupancy) => kinds[2] = true,
+            Ok(pb::ChangeKind::Availability) => kinds[3] = true,
             _ => return Err(ServiceError::invalid("kinds", format!("{kind} is not a ChangeKind"))),
         }
     }

@@ -29,6 +29,10 @@ const SETTINGS: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new(
 const ACTIVITY: TableDefinition<'_, &str, u64> = TableDefinition::new("activity");
 /// user id -> visibility, as a [`stored`] code.
 const VISIBILITY: TableDefinition<'_, &str, u8> = TableDefinition::new("visibility");
+/// user id -> (): the users that do not share their derived availability
+/// (A2). A build that does not know the table leaves it alone, and shows
+/// their availability: its viewers see what a user of that build shows.
+const ACTIVITY_HIDDEN: TableDefinition<'_, &str, ()> = TableDefinition::new("activity_hidden");
 /// (user id, viewer id) -> (): the viewers a user granted.
 const GRANTS: TableDefinition<'_, (&str, &str), ()> = TableDefinition::new("grants");
 /// (group id, user id) -> (): group memberships as builds before the group
@@ -122,6 +126,8 @@ pub(crate) struct Relations {
     pub(crate) groups: Vec<GroupEntry>,
     /// (user, status).
     pub(crate) statuses: Vec<(String, Status)>,
+    /// The users that do not share their derived availability (A2).
+    pub(crate) activity_hidden: Vec<String>,
 }
 
 /// A failure of the durable store; the request that caused it is answered
@@ -171,6 +177,7 @@ impl DurableStore {
         txn.open_table(ACTIVITY)?;
         txn.open_table(VISIBILITY)?;
         txn.open_table(GRANTS)?;
+        txn.open_table(ACTIVITY_HIDDEN)?;
         txn.open_table(STATUS)?;
         txn.open_table(ERASED)?;
         {
@@ -207,6 +214,14 @@ impl DurableStore {
                     } else {
                         table.remove(key)?;
                     }
+                }
+            }
+            RelationChange::ShareActivity { user, shares } => {
+                let mut table = txn.open_table(ACTIVITY_HIDDEN)?;
+                if *shares {
+                    table.remove(user.as_str())?;
+                } else {
+                    table.insert(user.as_str(), ())?;
                 }
             }
         }
@@ -265,8 +280,14 @@ impl DurableStore {
             let (mut visibility, mut grants, mut statuses) =
                 (txn.open_table(VISIBILITY)?, txn.open_table(GRANTS)?, txn.open_table(STATUS)?);
             let (mut activity, mut settings) = (txn.open_table(ACTIVITY)?, txn.open_table(SETTINGS)?);
+            let mut hidden = txn.open_table(ACTIVITY_HIDDEN)?;
             for user in users {
                 let id = user.user_id.as_str();
+                if user.shares_activity {
+                    hidden.remove(id)?;
+                } else {
+                    hidden.insert(id, ())?;
+                }
                 match user.visibility {
                     Some(chosen) => visibility.insert(id, stored::visibility_code(chosen)).map(drop)?,
                     None => visibility.remove(id).map(drop)?,
@@ -302,6 +323,7 @@ impl DurableStore {
         let settings_removed;
         {
             txn.open_table(VISIBILITY)?.remove(user)?;
+            txn.open_table(ACTIVITY_HIDDEN)?.remove(user)?;
             txn.open_table(STATUS)?.remove(user)?;
             txn.open_table(ACTIVITY)?.remove(user)?;
             let mut grants = txn.open_table(GRANTS)?;
@@ -390,6 +412,7 @@ impl DurableStore {
     pub(crate) fn forget_users(&self, slots: &SlotSet) -> Result<(), DurableError> {
         let txn = self.db.begin_write()?;
         txn.open_table(VISIBILITY)?.retain(|user, _| !slots.holds(user))?;
+        txn.open_table(ACTIVITY_HIDDEN)?.retain(|user, ()| !slots.holds(user))?;
         txn.open_table(GRANTS)?.retain(|(user, _), ()| !slots.holds(user))?;
         txn.open_table(STATUS)?.retain(|user, _| !slots.holds(user))?;
         txn.open_table(ACTIVITY)?.retain(|user, _| !slots.holds(user))?;
@@ -413,6 +436,10 @@ impl DurableStore {
             let (key, _) = entry?;
             let (user, viewer) = key.value();
             relations.grants.push((user.to_owned(), viewer.to_owned()));
+        }
+        for entry in txn.open_table(ACTIVITY_HIDDEN)?.iter()? {
+            let (user, _) = entry?;
+            relations.activity_hidden.push(user.value().to_owned());
         }
         for entry in txn.open_table(GROUP_ENTRIES)?.iter()? {
             let (key, value) = entry?;
@@ -590,6 +617,7 @@ mod tests {
             status: None,
             visibility: None,
             audience: Vec::new(),
+            shares_activity: true,
             last_active_at: 3_000,
             settings: vec![("locale".into(), b"fr".to_vec())],
         };
@@ -607,6 +635,38 @@ mod tests {
         assert!(settings_of(&store, "alice").is_empty());
         assert_eq!(store.activity(&["alice", "bob"]).unwrap(), [None, Some(7_000)], "only alice's slot forgotten");
         assert_eq!(settings_of(&store, "bob").len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A2: a user's choice not to share its availability is kept on disk,
+    /// is replaced by a handover's, goes with its slot and with an erase.
+    #[test]
+    fn a2_not_sharing_availability_is_kept_handed_over_and_erased() {
+        use crate::node::relations::RelationChange;
+        let dir = scratch("activity-hidden");
+        let path = dir.join("durable.redb");
+        let store = DurableStore::open(&path).unwrap();
+        for (user, shares) in [("ann", false), ("bob", false), ("cid", false), ("bob", true)] {
+            store.write_relations(&RelationChange::ShareActivity { user: user.into(), shares }).unwrap();
+        }
+        drop(store);
+        let store = DurableStore::open(&path).unwrap();
+        assert_eq!(store.relations().unwrap().activity_hidden, ["ann", "cid"], "kept across a reopen");
+        let handed = |user: &str, shares_activity| HandedOver {
+            user_id: user.into(),
+            status: None,
+            visibility: None,
+            audience: Vec::new(),
+            shares_activity,
+            last_active_at: 0,
+            settings: Vec::new(),
+        };
+        store.replace_users(&[handed("ann", true), handed("dan", false)]).unwrap();
+        assert_eq!(store.relations().unwrap().activity_hidden, ["cid", "dan"]);
+        store.erase_user("cid", &[]).unwrap();
+        let slots = 16;
+        store.forget_users(&SlotSet::of(slots, [presence_core::slot_of("dan", slots)])).unwrap();
+        assert!(store.relations().unwrap().activity_hidden.is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

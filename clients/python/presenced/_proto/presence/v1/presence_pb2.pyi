@@ -49,6 +49,7 @@ class Availability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AVAILABILITY_AVAILABLE: _ClassVar[Availability]
     AVAILABILITY_AWAY: _ClassVar[Availability]
     AVAILABILITY_DO_NOT_DISTURB: _ClassVar[Availability]
+    AVAILABILITY_ACTIVE: _ClassVar[Availability]
 
 class Visibility(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -97,6 +98,7 @@ class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHANGE_KIND_FLIP: _ClassVar[ChangeKind]
     CHANGE_KIND_STATUS: _ClassVar[ChangeKind]
     CHANGE_KIND_ROOM_OCCUPANCY: _ClassVar[ChangeKind]
+    CHANGE_KIND_AVAILABILITY: _ClassVar[ChangeKind]
 ATTENTION_UNSPECIFIED: Attention
 ATTENTION_ACTIVE: Attention
 ATTENTION_IDLE: Attention
@@ -122,6 +124,7 @@ AVAILABILITY_UNSPECIFIED: Availability
 AVAILABILITY_AVAILABLE: Availability
 AVAILABILITY_AWAY: Availability
 AVAILABILITY_DO_NOT_DISTURB: Availability
+AVAILABILITY_ACTIVE: Availability
 VISIBILITY_UNSPECIFIED: Visibility
 VISIBILITY_EVERYONE: Visibility
 VISIBILITY_AUDIENCE: Visibility
@@ -149,6 +152,7 @@ CHANGE_KIND_UNSPECIFIED: ChangeKind
 CHANGE_KIND_FLIP: ChangeKind
 CHANGE_KIND_STATUS: ChangeKind
 CHANGE_KIND_ROOM_OCCUPANCY: ChangeKind
+CHANGE_KIND_AVAILABILITY: ChangeKind
 
 class NotifyTargetsRequest(_message.Message):
     __slots__ = ("user_ids", "room_id", "urgency", "handoff_ms")
@@ -193,20 +197,22 @@ class Status(_message.Message):
     def __init__(self, availability: _Optional[_Union[Availability, str]] = ..., text: _Optional[str] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
 
 class UserPresence(_message.Message):
-    __slots__ = ("user_id", "state", "version", "last_active_at_ms", "status", "last_seen_ms")
+    __slots__ = ("user_id", "state", "version", "last_active_at_ms", "status", "last_seen_ms", "availability")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LAST_ACTIVE_AT_MS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_MS_FIELD_NUMBER: _ClassVar[int]
+    AVAILABILITY_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     state: State
     version: int
     last_active_at_ms: int
     status: Status
     last_seen_ms: int
-    def __init__(self, user_id: _Optional[str] = ..., state: _Optional[_Union[State, str]] = ..., version: _Optional[int] = ..., last_active_at_ms: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., last_seen_ms: _Optional[int] = ...) -> None: ...
+    availability: Availability
+    def __init__(self, user_id: _Optional[str] = ..., state: _Optional[_Union[State, str]] = ..., version: _Optional[int] = ..., last_active_at_ms: _Optional[int] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., last_seen_ms: _Optional[int] = ..., availability: _Optional[_Union[Availability, str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("user_id", "session_id", "gateway_id", "ttl_ms", "metadata", "device_kind", "attention", "focused_room_id")
@@ -427,12 +433,14 @@ class SetStatusResponse(_message.Message):
     def __init__(self, presence: _Optional[_Union[UserPresence, _Mapping]] = ...) -> None: ...
 
 class SetVisibilityRequest(_message.Message):
-    __slots__ = ("user_id", "visibility")
+    __slots__ = ("user_id", "visibility", "share_activity")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     VISIBILITY_FIELD_NUMBER: _ClassVar[int]
+    SHARE_ACTIVITY_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     visibility: Visibility
-    def __init__(self, user_id: _Optional[str] = ..., visibility: _Optional[_Union[Visibility, str]] = ...) -> None: ...
+    share_activity: bool
+    def __init__(self, user_id: _Optional[str] = ..., visibility: _Optional[_Union[Visibility, str]] = ..., share_activity: _Optional[bool] = ...) -> None: ...
 
 class SetVisibilityResponse(_message.Message):
     __slots__ = ()
@@ -1042,10 +1050,11 @@ class Progress(_message.Message):
     def __init__(self) -> None: ...
 
 class ChangeEvent(_message.Message):
-    __slots__ = ("cursor", "flip", "status", "room_occupancy", "gap", "progress", "at_ms", "slot")
+    __slots__ = ("cursor", "flip", "status", "availability", "room_occupancy", "gap", "progress", "at_ms", "slot")
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     FLIP_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    AVAILABILITY_FIELD_NUMBER: _ClassVar[int]
     ROOM_OCCUPANCY_FIELD_NUMBER: _ClassVar[int]
     GAP_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -1054,12 +1063,13 @@ class ChangeEvent(_message.Message):
     cursor: bytes
     flip: UserPresence
     status: UserPresence
+    availability: UserPresence
     room_occupancy: RoomOccupancy
     gap: Gap
     progress: Progress
     at_ms: int
     slot: int
-    def __init__(self, cursor: _Optional[bytes] = ..., flip: _Optional[_Union[UserPresence, _Mapping]] = ..., status: _Optional[_Union[UserPresence, _Mapping]] = ..., room_occupancy: _Optional[_Union[RoomOccupancy, _Mapping]] = ..., gap: _Optional[_Union[Gap, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., at_ms: _Optional[int] = ..., slot: _Optional[int] = ...) -> None: ...
+    def __init__(self, cursor: _Optional[bytes] = ..., flip: _Optional[_Union[UserPresence, _Mapping]] = ..., status: _Optional[_Union[UserPresence, _Mapping]] = ..., availability: _Optional[_Union[UserPresence, _Mapping]] = ..., room_occupancy: _Optional[_Union[RoomOccupancy, _Mapping]] = ..., gap: _Optional[_Union[Gap, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., at_ms: _Optional[int] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class ChangesOutOfRange(_message.Message):
     __slots__ = ("oldest_cursor",)
