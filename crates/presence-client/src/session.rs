@@ -22,6 +22,12 @@
 //! generation, which the server puts in no room (R6), so the task joins them
 //! all again before it reports [`SessionState::Reregistered`].
 //!
+//! A session says what its human is doing with it (A1): the device kind in
+//! its [`SessionConfig`], and [`Session::set_attention`] and
+//! [`Session::focus`] as they change, each sent at once on a renewal of its
+//! own. It remembers what it said and says it again with every re-register,
+//! since a new generation starts with nothing said.
+//!
 //! The handle unregisters in `Drop` (best effort, through the task, which still
 //! holds the channel), or explicitly with [`Session::close`].
 
@@ -127,6 +133,9 @@ pub struct SessionConfig {
     /// [`Session::touch`] renews only if the last renewal is at least this old,
     /// so that a chatty socket cannot turn its traffic into renewals.
     pub min_renew_interval: Duration,
+    /// The device the session is on (A1), sent with every register;
+    /// `DeviceKind::DeviceUnspecified` says nothing.
+    pub device_kind: pb::DeviceKind,
 }
 
 impl Default for SessionConfig {
@@ -139,7 +148,13 @@ impl Default for SessionConfig {
 impl SessionConfig {
     /// The defaults with this heartbeat, and the touch throttle at half of it.
     pub fn with_heartbeat(heartbeat: Duration) -> Self {
-        SessionConfig { ttl_ms: 0, heartbeat, linger_ms: 0, min_renew_interval: heartbeat / 2 }
+        SessionConfig {
+            ttl_ms: 0,
+            heartbeat,
+            linger_ms: 0,
+            min_renew_interval: heartbeat / 2,
+            device_kind: pb::DeviceKind::DeviceUnspecified,
+        }
     }
 }
 
@@ -204,7 +219,8 @@ impl Session {
             gateway_id: gateway_id.into(),
             metadata,
         };
-        let registered = channel.register(identity.register_request(config.ttl_ms)).await?;
+        let said = Said::default();
+        let registered = channel.register(identity.register_request(&config, &said)).await?;
         let (state, _) = watch::channel(SessionState::Live { generation: registered.generation });
         let shared = Arc::new(SessionShared {
             throttle: Throttle::new(config.min_renew_interval, Instant::now()),
@@ -214,6 +230,7 @@ impl Session {
             touched: Notify::new(),
             state,
             rooms: Mutex::default(),
+            said: Mutex::new(said),
             room_calls: tokio::sync::Mutex::new(()),
         });
         let (close, closing) = oneshot::channel();
@@ -307,6 +324,46 @@ impl Session {
         self.shared.with_generation(|generation| self.channel.signal(signal(generation))).await
     }
 
+    /// Says what the session's human is doing with it (A1): `Active` on
+    /// input after being idle or hidden, `Idle` after a while without input,
+    /// `Background` when the page is hidden, the screen locks or the app
+    /// goes to the background. Sent at once, on a renewal of its own (the
+    /// heartbeat carries nothing), and again with any re-register. Call it
+    /// when the attention changes, not on every input: a repeat is sent
+    /// anyway.
+    pub async fn set_attention(&self, attention: pb::Attention) -> Result<pb::RenewResponse, Status> {
+        self.say(|said| said.attention = Some(attention)).await
+    }
+
+    /// Says which room the session has on screen (`None`: none), as
+    /// [`Session::set_attention`] says its attention: a notification for a
+    /// room open in the foreground is not pushed (A3).
+    pub async fn focus(&self, room_id: Option<&str>) -> Result<pb::RenewResponse, Status> {
+        let focused = room_id.unwrap_or_default().to_owned();
+        self.say(|said| said.focused_room_id = Some(focused)).await
+    }
+
+    /// Records a change of what the session says and sends it on a renewal.
+    async fn say(&self, change: impl FnOnce(&mut Said)) -> Result<pb::RenewResponse, Status> {
+        // In turn with the room calls and the rejoin after a re-register, so
+        // that the server hears the changes in the order they were made.
+        let _turn = self.shared.room_calls.lock().await;
+        let said = {
+            let mut said = self.shared.said();
+            change(&mut said);
+            said.clone()
+        };
+        let shared = &self.shared;
+        self.shared.throttle.mark(Instant::now());
+        let renew = |generation| {
+            let mut request = shared.identity.renew_request(generation, shared.config.ttl_ms);
+            request.attention = said.attention.map(|attention| attention as i32);
+            request.focused_room_id.clone_from(&said.focused_room_id);
+            request
+        };
+        self.shared.with_generation(|generation| self.channel.renew(renew(generation))).await
+    }
+
     /// The rooms the session is in, as it joined them, sorted: those it joins
     /// again after a re-register.
     pub fn rooms(&self) -> Vec<String> {
@@ -349,13 +406,26 @@ struct Identity {
 }
 
 impl Identity {
-    fn register_request(&self, ttl_ms: u32) -> pb::RegisterRequest {
+    /// A register that says again all the session has said of its human (A1).
+    fn register_request(&self, config: &SessionConfig, said: &Said) -> pb::RegisterRequest {
         pb::RegisterRequest {
             user_id: self.user_id.clone(),
             session_id: self.session_id.clone(),
             gateway_id: self.gateway_id.clone(),
-            ttl_ms,
+            ttl_ms: config.ttl_ms,
             metadata: self.metadata.clone(),
+            device_kind: config.device_kind as i32,
+            attention: said.attention.map(|attention| attention as i32),
+            focused_room_id: said.focused_room_id.clone().filter(|room_id| !room_id.is_empty()),
+        }
+    }
+
+    fn renew_request(&self, generation: u64, ttl_ms: u32) -> pb::RenewRequest {
+        pb::RenewRequest {
+            user_id: self.user_id.clone(),
+            session_id: self.session_id.clone(),
+            generation,
+            ttl_ms,
             ..Default::default()
         }
     }
@@ -408,15 +478,32 @@ struct SessionShared {
     /// the task joins again after a re-register. Locked only to read or write
     /// it, never across a call.
     rooms: Mutex<HashMap<String, HashMap<String, String>>>,
-    /// Held for the whole of a room call or of a rejoin, so that the server
-    /// gets one session's room calls one at a time, in the order they were
-    /// made, and a rejoin never crosses a leave.
+    /// What the session last said of its human's attention; locked only to
+    /// read or write it, never across a call.
+    said: Mutex<Said>,
+    /// Held for the whole of a room call, a change of attention or a
+    /// rejoin, so that the server gets one session's calls one at a time,
+    /// in the order they were made, and a rejoin never crosses a leave.
     room_calls: tokio::sync::Mutex<()>,
+}
+
+/// What a session said of its human's attention (A1), said again with every
+/// re-register. The device kind is in its [`SessionConfig`].
+#[derive(Debug, Clone, Default)]
+struct Said {
+    attention: Option<pb::Attention>,
+    /// `Some("")`: said there is none.
+    focused_room_id: Option<String>,
 }
 
 impl SessionShared {
     fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    fn said(&self) -> std::sync::MutexGuard<'_, Said> {
+        // As `rooms`: nothing panics under the lock.
+        self.said.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn rooms(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, String>>> {
@@ -545,14 +632,7 @@ async fn heartbeat(shared: Arc<SessionShared>, channel: SessionLeases, mut closi
         let started = Instant::now();
         shared.throttle.mark(started);
         let generation = shared.generation();
-        let renewal = pb::RenewRequest {
-            user_id: shared.identity.user_id.clone(),
-            session_id: shared.identity.session_id.clone(),
-            generation,
-            ttl_ms: config.ttl_ms,
-            ..Default::default()
-        };
-        match channel.renew(renewal).await {
+        match channel.renew(shared.identity.renew_request(generation, config.ttl_ms)).await {
             Ok(_) => {
                 failures = 0;
                 if rejoin_pending {
@@ -568,7 +648,9 @@ async fn heartbeat(shared: Arc<SessionShared>, channel: SessionLeases, mut closi
                 // Register again until it works or the handle goes.
                 loop {
                     let started = Instant::now();
-                    match channel.register(shared.identity.register_request(config.ttl_ms)).await {
+                    // What the session said goes with it: the new generation starts with nothing.
+                    let said = shared.said().clone();
+                    match channel.register(shared.identity.register_request(config, &said)).await {
                         Ok(registered) => {
                             shared.throttle.mark(started);
                             shared.generation.store(registered.generation, Ordering::Release);

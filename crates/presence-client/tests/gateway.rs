@@ -25,6 +25,7 @@ fn session_config(ttl_ms: u32, heartbeat_ms: u64) -> SessionConfig {
         heartbeat: Duration::from_millis(heartbeat_ms),
         linger_ms: 0,
         min_renew_interval: Duration::ZERO,
+        ..SessionConfig::default()
     }
 }
 
@@ -240,7 +241,13 @@ async fn touch_renews_unless_throttled() {
 
     let user = "touched-user";
     let mut watcher = Watcher::open(client.clone(), vec![user.into()], Backoff::default()).await.unwrap();
-    let config = SessionConfig { ttl_ms: 150, heartbeat: hourly, linger_ms: 0, min_renew_interval: Duration::ZERO };
+    let config = SessionConfig {
+        ttl_ms: 150,
+        heartbeat: hourly,
+        linger_ms: 0,
+        min_renew_interval: Duration::ZERO,
+        ..SessionConfig::default()
+    };
     let session = Session::register(&channel, user, "s", "gw-a", Default::default(), config).await.unwrap();
     within(PATIENCE, "ONLINE", watcher.next()).await.unwrap();
     let touching = async {
@@ -260,7 +267,13 @@ async fn touch_renews_unless_throttled() {
     // The same activity against a throttle of an hour renews nothing: the lease runs out.
     let user = "throttled-user";
     let mut watcher = Watcher::open(client.clone(), vec![user.into()], Backoff::default()).await.unwrap();
-    let config = SessionConfig { ttl_ms: 150, heartbeat: hourly, linger_ms: 0, min_renew_interval: hourly };
+    let config = SessionConfig {
+        ttl_ms: 150,
+        heartbeat: hourly,
+        linger_ms: 0,
+        min_renew_interval: hourly,
+        ..SessionConfig::default()
+    };
     let session = Session::register(&channel, user, "s", "gw-a", Default::default(), config).await.unwrap();
     within(PATIENCE, "ONLINE", watcher.next()).await.unwrap();
     let touching = async {
@@ -322,4 +335,53 @@ async fn lease_channel_and_session_recover_after_a_server_restart() {
     let closed = session.close().await.unwrap();
     assert!(closed.removed, "{closed:?}");
     assert_eq!(state_now(&mut client, user).await, pb::State::Offline);
+}
+
+/// A1 from a gateway's `Session`: the device kind with the register, each
+/// change of attention and focus sent at once, and all of it said again
+/// with the register that follows a lost lease (a new generation starts
+/// with nothing said), as NotifyTargets and the user's availability show.
+#[tokio::test]
+async fn session_says_its_attention_and_says_it_again_after_a_re_register() {
+    let mut config = fast_config();
+    config.store.active_window_ms = 0; // AWAY as soon as nothing is active: the test sees each change
+    let server = TestServer::start(config).await;
+    let channel = channel(&server).await;
+    let mut client = server.client().await;
+    let user = "attending-user";
+    let config = SessionConfig { device_kind: pb::DeviceKind::DeviceDesktop, ..session_config(300, 30) };
+    let session = Session::register(&channel, user, "laptop", "gw-a", Default::default(), config).await.unwrap();
+    let availability = |presence: &pb::UserPresence| pb::Availability::try_from(presence.availability).unwrap();
+    let reader = client.clone();
+    let now = || {
+        let mut client = reader.clone();
+        async move { snapshot(&mut client, &[user.to_owned()]).await.remove(0) }
+    };
+    assert_eq!(availability(&now().await), pb::Availability::Unspecified, "nothing said yet");
+
+    session.set_attention(pb::Attention::Active).await.unwrap();
+    assert_eq!(availability(&now().await), pb::Availability::Active);
+    session.focus(Some("doc-7")).await.unwrap();
+    let ask = pb::NotifyTargetsRequest { user_ids: vec![user.into()], room_id: "doc-7".into(), ..Default::default() };
+    let reason = |targets: pb::NotifyTargetsResponse| pb::NotifyReason::try_from(targets.targets[0].reason).unwrap();
+    assert_eq!(reason(client.notify_targets(ask.clone()).await.unwrap().into_inner()), pb::NotifyReason::RoomOpen);
+    session.set_attention(pb::Attention::Background).await.unwrap();
+    assert_eq!(availability(&now().await), pb::Availability::Away);
+
+    let mut events = session.events();
+    client
+        .revoke(pb::RevokeRequest { user_id: user.into(), session_id: "laptop".into(), ..Default::default() })
+        .await
+        .unwrap();
+    within(PATIENCE, "a re-register", events.wait_for(|s| matches!(s, SessionState::Reregistered { .. })))
+        .await
+        .unwrap();
+    // Said again with the register: background (so AWAY, not nothing), and not attended.
+    assert_eq!(availability(&now().await), pb::Availability::Away);
+    assert_eq!(
+        reason(client.notify_targets(ask).await.unwrap().into_inner()),
+        pb::NotifyReason::NoAttendedSession,
+        "a re-register that said nothing would be answered UNKNOWN_FAIL_OPEN"
+    );
+    session.close().await.unwrap();
 }

@@ -39,6 +39,7 @@ async fn session(channel: &LeaseChannel, user: &str, session: &str, ttl_ms: u32,
         heartbeat: Duration::from_millis(heartbeat_ms),
         linger_ms: 0,
         min_renew_interval: Duration::ZERO,
+        ..SessionConfig::default()
     };
     Session::register(channel, user, session, "gw-rooms", HashMap::new(), config).await.expect("register")
 }

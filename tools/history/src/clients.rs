@@ -380,6 +380,7 @@ impl Slot {
             heartbeat: self.workload.heartbeat,
             linger_ms: 0,
             min_renew_interval: self.workload.heartbeat / 2,
+            ..SessionConfig::default()
         };
         loop {
             if !nap(some_of(self.workload.away), &mut self.stop).await || !until_churn(&self.control, &self.stop).await
