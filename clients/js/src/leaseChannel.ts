@@ -502,8 +502,8 @@ export class LeaseChannel {
 /**
  * `request` as a message, built directly: renewals are the hot path, and the
  * reflective `create` of each one was a large part of a gateway's CPU. Typed as the
- * generated `RenewRequest`, so that a field the proto gains and this misses
- * fails to compile.
+ * generated `RenewRequest`, so that a required field the proto gains and this
+ * misses fails to compile (an optional one does not: see below).
  */
 function renewMessage(request: RenewInit): RenewRequest {
   if (isMessage(request, RenewRequestSchema)) return request;
@@ -514,6 +514,9 @@ function renewMessage(request: RenewInit): RenewRequest {
     generation: request.generation ?? 0n,
     ttlMs: request.ttlMs ?? 0,
   };
+  // Optional fields (A1's attention) are not required by the type: copied when set.
+  if (request.attention !== undefined) message.attention = request.attention;
+  if (request.focusedRoomId !== undefined) message.focusedRoomId = request.focusedRoomId;
   return message;
 }
 

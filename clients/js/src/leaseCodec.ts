@@ -73,7 +73,8 @@ export function encodeBatchFrame(batchId: number, items: readonly LeaseItem[]): 
   for (let i = 0; i < count; i++) {
     const item = items[i]!;
     let size: number;
-    if (item.op.case === "renew") {
+    // A renewal that reports attention (A1) is rare: protobuf-es writes it whole.
+    if (item.op.case === "renew" && isPlainRenewal(item.op.value)) {
       const renew = item.op.value;
       scratch.setBigUint64(0, BigInt.asUintN(64, renew.generation), true);
       const low = scratch.getUint32(0, true);
@@ -111,6 +112,11 @@ export function encodeBatchFrame(batchId: number, items: readonly LeaseItem[]): 
     }
   }
   return frame;
+}
+
+/** A renewal with no field beyond those {@link writeRenewItem} writes. */
+function isPlainRenewal(renew: RenewRequest): boolean {
+  return renew.attention === undefined && renew.focusedRoomId === undefined;
 }
 
 /** The compression flag (0: none) and the big-endian length of a gRPC frame. */

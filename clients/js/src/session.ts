@@ -17,6 +17,12 @@
  * backoff and jitter, never waiting longer than one heartbeat, while the lease
  * may still be alive.
  *
+ * A session says what its human is doing with it (A1): `deviceKind` in its
+ * options, and {@link Session.setAttention} and {@link Session.focus} as
+ * they change, each sent at once on a renewal of its own. It remembers what
+ * it said and says it again with every re-register, since a new generation
+ * starts with nothing said.
+ *
  * {@link Session.close} stops the heartbeat and unregisters (compare-and-delete
  * on the current generation, with the configured linger).
  */
@@ -24,7 +30,15 @@ import { Code, ConnectError } from "@connectrpc/connect";
 
 import { jitter } from "./backoff.js";
 import { now } from "./call.js";
-import type { JoinResponse, LeaveResponse, SignalResponse, UnregisterResponse } from "./gen/presence/v1/presence_pb.js";
+import {
+  type Attention,
+  DeviceKind,
+  type JoinResponse,
+  type LeaveResponse,
+  type RenewResponse,
+  type SignalResponse,
+  type UnregisterResponse,
+} from "./gen/presence/v1/presence_pb.js";
 import { type LeaseChannel, type LeaseChannelConfig, leaseResult } from "./leaseChannel.js";
 
 /**
@@ -45,6 +59,15 @@ export interface SessionOptions {
   lingerMs?: number;
   /** `touch()` renews only if the last renewal is at least this old. Default half the heartbeat. */
   minRenewIntervalMs?: number;
+  /** The device the session is on (A1), sent with every register; unset says nothing. */
+  deviceKind?: DeviceKind;
+}
+
+/** What a session said of its human's attention (A1): said again with every re-register. */
+interface Said {
+  attention?: Attention;
+  /** `""`: said there is none. */
+  focusedRoomId?: string;
 }
 
 /** Who a session is: sent again on every re-register. */
@@ -83,6 +106,8 @@ export class Session {
   private readonly heartbeatMs: number;
   private readonly lingerMs: number;
   private readonly minRenewIntervalMs: number;
+  private readonly deviceKind: DeviceKind;
+  private readonly said: Said = {};
   private currentGeneration: bigint;
   private currentState: SessionState;
   private readonly listeners = new Set<(state: SessionState) => void>();
@@ -105,6 +130,7 @@ export class Session {
     this.heartbeatMs = options.heartbeatMs ?? 15_000;
     this.lingerMs = options.lingerMs ?? 0;
     this.minRenewIntervalMs = options.minRenewIntervalMs ?? this.heartbeatMs / 2;
+    this.deviceKind = options.deviceKind ?? DeviceKind.DEVICE_UNSPECIFIED;
     this.currentGeneration = generation;
     this.currentState = { kind: "live", generation };
     this.lastRenewal = registeredAt;
@@ -119,7 +145,7 @@ export class Session {
    */
   static async register(channel: SessionLeases, identity: SessionIdentity, options: SessionOptions = {}): Promise<Session> {
     const started = now();
-    const registered = await channel.register(registerRequest(identity, options.ttlMs ?? 0));
+    const registered = await channel.register(registerRequest(identity, options.ttlMs ?? 0, options.deviceKind, {}));
     return new Session(channel, identity, options, registered.generation, started);
   }
 
@@ -196,6 +222,38 @@ export class Session {
     );
   }
 
+  /**
+   * Says what the session's human is doing with it (A1): `ATTENTION_ACTIVE`
+   * on input after being idle or hidden, `ATTENTION_IDLE` after a while
+   * without input, `ATTENTION_BACKGROUND` when the page is hidden or the
+   * screen locks. Sent at once on a renewal of its own (the heartbeat
+   * carries nothing), and again with any re-register. In a browser,
+   * `watchAttention` (from `@presenced/client/web`) calls it for you.
+   */
+  setAttention(attention: Attention): Promise<RenewResponse> {
+    return this.say({ attention });
+  }
+
+  /**
+   * Says which room the session has on screen (`undefined`: none): a
+   * notification for a room open in the foreground is not pushed (A3).
+   */
+  focus(roomId: string | undefined): Promise<RenewResponse> {
+    return this.say({ focusedRoomId: roomId ?? "" });
+  }
+
+  /** Records a change of what the session says and sends it on a renewal, in turn with the room calls. */
+  private say(change: Said): Promise<RenewResponse> {
+    return this.inTurn(() => {
+      Object.assign(this.said, change);
+      const said = { ...this.said };
+      this.lastRenewal = now();
+      return this.withGeneration((generation) =>
+        this.channel.renew({ userId: this.userId, sessionId: this.sessionId, generation, ttlMs: this.ttlMs, ...said }),
+      );
+    });
+  }
+
   /** The rooms the session is in, as it joined them, sorted. */
   rooms(): string[] {
     return [...this.joined.keys()].sort();
@@ -266,7 +324,9 @@ export class Session {
           for (;;) {
             const attempted = now();
             try {
-              const registered = await this.channel.register(registerRequest(this.identity, this.ttlMs));
+              // What the session said goes with it: the new generation starts with nothing.
+              const request = registerRequest(this.identity, this.ttlMs, this.deviceKind, this.said);
+              const registered = await this.channel.register(request);
               this.lastRenewal = attempted;
               this.currentGeneration = registered.generation;
               rejoinPending = !(await this.rejoin());
@@ -379,12 +439,16 @@ export class Session {
   }
 }
 
-function registerRequest(identity: SessionIdentity, ttlMs: number) {
+/** A register that says again all the session has said of its human (A1). */
+function registerRequest(identity: SessionIdentity, ttlMs: number, deviceKind: DeviceKind | undefined, said: Said) {
   return {
     userId: identity.userId,
     sessionId: identity.sessionId,
     gatewayId: identity.gatewayId,
     ttlMs,
     metadata: identity.metadata ?? {},
+    deviceKind: deviceKind ?? DeviceKind.DEVICE_UNSPECIFIED,
+    attention: said.attention,
+    focusedRoomId: said.focusedRoomId === "" ? undefined : said.focusedRoomId,
   };
 }

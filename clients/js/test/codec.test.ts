@@ -46,7 +46,18 @@ function randomItem(next: () => number): pb.LeaseItem {
   const user = { userId: pick(next, STRINGS), sessionId: pick(next, STRINGS), generation };
   const kinds: ItemInit[] = [
     { op: { case: "renew", value: { ...user, ttlMs: pick(next, NUMBERS) } } },
-    { op: { case: "renew", value: { ...user, ttlMs: pick(next, NUMBERS) } } },
+    // A renewal that reports attention (A1): every field of it must reach the server.
+    {
+      op: {
+        case: "renew",
+        value: {
+          ...user,
+          ttlMs: pick(next, NUMBERS),
+          attention: pick(next, [undefined, pb.Attention.ACTIVE, pb.Attention.BACKGROUND]),
+          focusedRoomId: pick(next, [undefined, "", "doc-7"]),
+        },
+      },
+    },
     {
       op: {
         case: "register",

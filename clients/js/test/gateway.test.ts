@@ -226,3 +226,32 @@ test("credentials: a bad or missing token is refused UNAUTHENTICATED, the servic
     await server.kill();
   }
 });
+
+test("A1: a session says its attention at once, and says it again with the register after a lost lease", { timeout: TEST_TIMEOUT_MS }, async () => {
+  // No active window: AWAY as soon as nothing is active, so each change shows.
+  const server = await Server.start(["--min-renew-interval-ms", "0", "--active-window-ms", "0"]);
+  const channel = connectLeaseChannel(server.url);
+  try {
+    const identity = { userId: "att", sessionId: "laptop", gatewayId: "g" };
+    const session = await Session.register(channel, identity, { heartbeatMs: 50, deviceKind: pb.DeviceKind.DEVICE_DESKTOP });
+    const availability = async () => (await server.client.snapshot({ userIds: ["att"] })).users[0]?.availability;
+    assert.equal(await availability(), pb.Availability.UNSPECIFIED, "nothing said yet");
+    await session.setAttention(pb.Attention.ACTIVE);
+    assert.equal(await availability(), pb.Availability.ACTIVE);
+    await session.focus("doc-7");
+    const reason = async () =>
+      (await server.client.notifyTargets({ userIds: ["att"], roomId: "doc-7" })).targets[0]?.reason;
+    assert.equal(await reason(), pb.NotifyReason.ROOM_OPEN);
+    await session.setAttention(pb.Attention.BACKGROUND);
+    assert.equal(await availability(), pb.Availability.AWAY);
+    await server.client.revoke({ userId: "att", sessionId: "laptop" });
+    await until("the session registers again", () => session.state.kind === "reregistered");
+    // Said again with the register: background, so AWAY and no attended session (not UNKNOWN_FAIL_OPEN).
+    assert.equal(await availability(), pb.Availability.AWAY);
+    assert.equal(await reason(), pb.NotifyReason.NO_ATTENDED_SESSION);
+    await session.close();
+  } finally {
+    channel.close();
+    await server.kill();
+  }
+});

@@ -24,6 +24,7 @@ import {
 } from "../src/index.js";
 import type { LeaseChannel } from "../src/leaseChannel.js";
 import { nodeTransport } from "../src/node.js";
+import { watchAttention } from "../src/web.js";
 import { TEST_TIMEOUT_MS, WIRES, fastReconnect, until, withDeadline } from "./helpers.js";
 
 const presence = (userId: string, state: pb.State, version: bigint): pb.UserPresence =>
@@ -583,4 +584,47 @@ test("C7: a ClusterLeases with no move wait sends nothing refused for a slot wit
   const [renewed] = await new ClusterLeases("http://b:1", 16, open).submitBatch([renew]);
   assert.equal(renewed!.code, 0, "waited out by time");
   assert.equal(sends, 3);
+});
+
+/** A page for watchAttention: its visibility and its listeners, driven by the test. */
+class FakePage {
+  visibilityState = "visible";
+  private readonly listeners = new Map<string, Set<() => void>>();
+  addEventListener(type: string, listener: () => void): void {
+    if (!this.listeners.has(type)) this.listeners.set(type, new Set());
+    this.listeners.get(type)?.add(listener);
+  }
+  removeEventListener(type: string, listener: () => void): void {
+    this.listeners.get(type)?.delete(listener);
+  }
+  fire(type: string): void {
+    for (const listener of [...(this.listeners.get(type) ?? [])]) listener();
+  }
+  get listening(): number {
+    return [...this.listeners.values()].reduce((sum, set) => sum + set.size, 0);
+  }
+}
+
+test("watchAttention reports a page's attention on changes only: active, idle without input, background while hidden", { timeout: TEST_TIMEOUT_MS }, async () => {
+  const page = new FakePage();
+  const reported: pb.Attention[] = [];
+  const stop = watchAttention((attention) => reported.push(attention), { document: page, idleMs: 60 });
+  assert.deepEqual(reported, [pb.Attention.ACTIVE], "at once");
+  for (let i = 0; i < 5; i++) page.fire("keydown");
+  assert.deepEqual(reported, [pb.Attention.ACTIVE], "input while active reports nothing");
+  await until("idle after 60 ms without input", () => reported.length === 2);
+  assert.equal(reported[1], pb.Attention.IDLE);
+  page.fire("pointerdown");
+  assert.deepEqual(reported.slice(2), [pb.Attention.ACTIVE], "input after idle");
+  page.visibilityState = "hidden";
+  page.fire("visibilitychange");
+  page.fire("pointermove"); // a hidden page's input events change nothing
+  assert.deepEqual(reported.slice(3), [pb.Attention.BACKGROUND]);
+  page.visibilityState = "visible";
+  page.fire("visibilitychange");
+  assert.deepEqual(reported.slice(4), [pb.Attention.ACTIVE], "back: active, the input just before still recent");
+  stop();
+  assert.equal(page.listening, 0, "stop removes every listener");
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  assert.equal(reported.length, 5, "nothing after stop");
 });
