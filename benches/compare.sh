@@ -4,7 +4,7 @@
 #   bash benches/compare.sh            # defaults: about 12 minutes on 2 cores
 #   LOAD_USERS=1200000 EXPIRY_USERS=100000 bash benches/compare.sh   # the full sizes
 #   SCENARIOS="expiry-scale h2load" bash benches/compare.sh           # a subset
-#   SCENARIOS="room-count room-counts room-members typing damping" bash benches/compare.sh   # rooms, signals, damping (presenced only)
+#   SCENARIOS="room-count room-counts room-members typing damping notify-targets" bash benches/compare.sh   # rooms, signals, damping (presenced only)
 #   SCENARIOS=tls bash benches/compare.sh        # TLS beside plaintext: throughput, handshake storms, memory
 #   SCENARIOS="memory feed-flips" bash benches/compare.sh   # what the change feed's defaults cost: memory, flips
 #   BENCH_AUTH=credentials SCENARIOS="load batches" bash benches/compare.sh   # gateways with a token
@@ -80,7 +80,7 @@ SOAK_SESSIONS=${SOAK_SESSIONS:-3000000}               # soak (not in the default
 SOAK_DURATION=${SOAK_DURATION:-30m}
 SOAK_STORM_SESSIONS=${SOAK_STORM_SESSIONS:-1000000}
 OVERLOAD_PHASE=${OVERLOAD_PHASE:-20s}                 # overload (not in the defaults): quiet and shedding phases
-SCENARIOS=${SCENARIOS:-load unary-defaults h2load pinned batches memory feed-flips expiry expiry-scale fanout fanout-million resume room-count room-counts room-members typing damping room-memory}
+SCENARIOS=${SCENARIOS:-load unary-defaults h2load pinned batches memory feed-flips expiry expiry-scale fanout fanout-million resume room-count room-counts notify-targets room-members typing damping room-memory}
 RESULTS=${RESULTS:-target/compare/$(date -u +%Y%m%dT%H%M%SZ)}
 REDIS_PORT=${REDIS_PORT:-$((20000 + RANDOM % 20000))}
 METRICS_PORT=${METRICS_PORT:-$((40000 + RANDOM % 20000))}   # presenced --metrics-listen (h2load)
@@ -209,7 +209,7 @@ run() {
     local where pid
     if [[ $target == presenced ]]; then where=(--addr "$PRESENCED_ADDR" "${AUTH_DIAL[@]}"); pid=$PRESENCED_PID; else where=(--redis-url "redis://127.0.0.1:$REDIS_PORT"); pid=$REDIS_PID; fi
     # Server CPU per heartbeat, from /proc: a rate alone would hide a server that spends more cores on it.
-    if [[ $scenario == load || $scenario == room-counts || ($scenario == fanout && $target == presenced) ]]; then
+    if [[ $scenario == load || $scenario == room-counts || $scenario == notify-targets || ($scenario == fanout && $target == presenced) ]]; then
         where+=(--server-pid "$pid")
     fi
     log "$name: $scenario --target $target $*"
@@ -443,6 +443,14 @@ for room in range(20000):
         run room-counts-presenced presenced room-counts --rooms 10000 --streams 100 \
             --churn-rate "$ROOM_COUNT_CHURN" --duration "$ROOMS_DURATION"
         ;;
+    notify-targets)
+        # presenced only: 100,000 users whose sessions said their attention (a quarter
+        # active on a desktop, the rest in the background on a phone), NotifyTargets of
+        # 1,000 users, 4 in flight, for ROOMS_DURATION; a gateway renewing 10,000 sessions
+        # at 2,000/s quiet and through the calls (A3, A4; the heartbeat first).
+        fresh_servers
+        run notify-targets-presenced presenced notify-targets --users 100000 --duration "$ROOMS_DURATION"
+        ;;
     room-members)
         # presenced only: ROOM_MEMBERS_ROOMS rooms x 50 members (distinct users), 5
         # member-mode watchers per room, 100 streams per HTTP/2 connection, members updating
@@ -644,7 +652,7 @@ for room in range(20000):
             --metrics-addr "127.0.0.1:$METRICS_PORT"
         PRESENCED_EXTRA=()
         ;;
-    *) echo "unknown scenario $scenario (feed, feed-cost, feed-flips, load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-counts, room-members, typing, damping, room-memory; not by default: soak, overload, tls)" >&2; exit 2 ;;
+    *) echo "unknown scenario $scenario (feed, feed-cost, feed-flips, load, unary-defaults, h2load, pinned, batches, memory, expiry, expiry-scale, fanout, fanout-million, resume, room-count, room-counts, notify-targets, room-members, typing, damping, room-memory; not by default: soak, overload, tls)" >&2; exit 2 ;;
     esac
 done
 stop_servers

@@ -38,6 +38,10 @@ pub(crate) enum Command {
     /// (messages per stream per interval, server CPU), then batched `RoomCounts`
     /// reads (rooms/s); a gateway's p99 quiet, during the churn and during the reads.
     RoomCounts(RoomCountsArgs),
+    /// Where notifications go (presenced only: the Redis design has no attention):
+    /// `NotifyTargets` batches over users whose sessions said their attention
+    /// (users answered per second, server CPU), a gateway's p99 quiet and during.
+    NotifyTargets(NotifyTargetsArgs),
     /// Many small rooms (presenced only: the Redis design has no rooms): member-mode
     /// watchers while members update; changes delivered per second and change -> watcher p99.
     RoomMembers(RoomMembersArgs),
@@ -106,6 +110,7 @@ impl Command {
             Command::Resume(a) => &a.common,
             Command::RoomCount(a) => &a.common,
             Command::RoomCounts(a) => &a.common,
+            Command::NotifyTargets(a) => &a.common,
             Command::RoomMembers(a) => &a.common,
             Command::Typing(a) => &a.common,
             Command::Damping(a) => &a.common,
@@ -637,6 +642,38 @@ pub(crate) struct RoomCountsArgs {
     /// Length of the read phase (0 = no reads).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub(crate) read_duration: Duration,
+}
+
+/// `notify-targets` flags.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct NotifyTargetsArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    #[command(flatten)]
+    pub(crate) drive: LeaseDrive,
+    #[command(flatten)]
+    pub(crate) gateway: GatewayArgs,
+    /// Users with one session each, whose sessions say their attention.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) users: u64,
+    /// Users per `NotifyTargets` call (presenced answers at most 1,000).
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) users_per_call: u64,
+    /// `NotifyTargets` calls in flight.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) callers: u64,
+    /// HTTP/2 connections the calls share.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) call_connections: u64,
+    /// Length of the measured phase.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) duration: Duration,
+    /// Lease TTL, ms.
+    #[arg(long, default_value_t = 600_000)]
+    pub(crate) ttl_ms: u32,
+    /// The server's process id: its CPU over the calls (/proc/PID/stat).
+    #[arg(long)]
+    pub(crate) server_pid: Option<u32>,
 }
 
 /// `room-members` flags.

@@ -25,6 +25,7 @@ mod h2load;
 mod ids;
 mod load;
 mod memory;
+mod notify;
 mod overload;
 mod phase;
 mod progress;
@@ -75,6 +76,7 @@ fn main() -> ExitCode {
             Command::Resume(args) => resume::run(args, progress).await,
             Command::RoomCount(args) => rooms::count::run(args, progress).await,
             Command::RoomCounts(args) => rooms::counts::run(args, progress).await,
+            Command::NotifyTargets(args) => notify::run(args, progress).await,
             Command::RoomMembers(args) => rooms::members::run(args, progress).await,
             Command::Typing(args) => rooms::typing::run(args, progress).await,
             Command::Damping(args) => damping::run(args, progress).await,

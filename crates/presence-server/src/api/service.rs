@@ -305,30 +305,45 @@ impl PresenceService {
     ) -> Result<pb::NotifyTargetsResponse, ServiceError> {
         let input = wire::notify_targets_request(request.get_ref(), &self.context.notify_policy())?;
         let forwarded = request.metadata().contains_key(FORWARDED);
-        let answer_here = |user_ids: &[&CompactString]| -> Result<Vec<pb::NotifyTarget>, ServiceError> {
-            let now = self.context.now();
-            let decisions =
-                self.context.store().notify_targets(now, user_ids, input.room_id, input.urgency, &input.policy)?;
-            Ok(user_ids
-                .iter()
-                .zip(decisions)
-                .map(|(user_id, decision)| wire::notify_target(user_id, decision))
-                .collect())
-        };
         let Some((cluster, routes)) = self.routes(&input.user_ids, forwarded)? else {
             let all: Vec<&CompactString> = input.user_ids.iter().collect();
-            return Ok(pb::NotifyTargetsResponse { targets: answer_here(&all)? });
+            return Ok(pb::NotifyTargetsResponse { targets: self.notify_targets_here(&input, &all).await? });
         };
         let local: Vec<&CompactString> = routes.local.iter().map(|&index| &input.user_ids[index]).collect();
+        let answered_here = self.notify_targets_here(&input, &local).await?;
         let authorization = request.metadata().get("authorization");
         let targets = routes
-            .merged(answer_here(&local)?, "NotifyTargets", |address, indices| {
+            .merged(answered_here, "NotifyTargets", |address, indices| {
                 let user_ids = indices.iter().map(|&index| input.user_ids[index].to_string()).collect();
                 let forwarded = pb::NotifyTargetsRequest { user_ids, ..request.get_ref().clone() };
                 cluster.membership.forward_notify_targets(address, forwarded, authorization)
             })
             .await?;
         Ok(pb::NotifyTargetsResponse { targets })
+    }
+
+    /// NotifyTargets for `user_ids` of this node, [`NOTIFY_USERS_PER_TURN`] at
+    /// a time, letting the other tasks of this connection thread run in
+    /// between: a renewal that arrived on another connection of the thread
+    /// waits for one turn at most, not for a whole batch of 1,000 users (the
+    /// heartbeat first).
+    async fn notify_targets_here(
+        &self,
+        input: &wire::NotifyTargetsInput<'_>,
+        user_ids: &[&CompactString],
+    ) -> Result<Vec<pb::NotifyTarget>, ServiceError> {
+        let mut targets = Vec::with_capacity(user_ids.len());
+        for (turn, chunk) in user_ids.chunks(NOTIFY_USERS_PER_TURN).enumerate() {
+            if turn > 0 {
+                tokio::task::yield_now().await;
+            }
+            let now = self.context.now();
+            let decisions =
+                self.context.store().notify_targets(now, chunk, input.room_id, input.urgency, &input.policy)?;
+            targets
+                .extend(chunk.iter().zip(decisions).map(|(user_id, decision)| wire::notify_target(user_id, decision)));
+        }
+        Ok(targets)
     }
 
     /// A read that meets a move (C7) waits for it where it arrived: made
@@ -374,6 +389,11 @@ impl PresenceService {
 /// view does not change meanwhile: the owner it was sent to acts on the new
 /// map a moment before or after this node does.
 const MOVE_RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Users a NotifyTargets answers between two yields of its connection thread:
+/// about 40 µs of the store's work (`benches/attention.rs`), so that a
+/// renewal on another connection of the thread waits no longer than that.
+const NOTIFY_USERS_PER_TURN: usize = 64;
 
 /// The answer a node sent on to gave a lease item (C7), as the unary call's.
 fn sent_on<T>(
