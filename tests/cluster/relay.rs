@@ -195,3 +195,74 @@ async fn c2_a_relayed_users_slot_moving_ends_the_merged_watch_and_the_reopened_o
         server.stop().await;
     }
 }
+
+/// E5's fallback: an owner of a build from before the relay answers
+/// `Cluster/Relay` `UNIMPLEMENTED`; the node the viewers are at then forwards
+/// their watches of its users to it viewer by viewer, as before the relay,
+/// and they see what the owner would show them, opening snapshot and updates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e5_viewers_of_an_owner_that_relays_nothing_are_watched_there_one_by_one() {
+    let etcd = EtcdServer::start().await;
+    let mut servers = Vec::new();
+    for node in NODES {
+        servers.push(
+            TestServer::start_with(|addr| {
+                let mut config = node_config(&etcd, node, addr);
+                // node-b is of a build from before the relay.
+                config.cluster.as_mut().expect("a cluster node").serves_relay = node != "node-b";
+                config
+            })
+            .await,
+        );
+    }
+    let map = map_where(&etcd.client().await, "every node owns slots", |map| {
+        NODES.iter().all(|node| map.owned_by(node).count() > 0)
+    })
+    .await;
+    let at_b: Vec<String> = (0..)
+        .map(|i| format!("older-{i}"))
+        .filter(|user| map.owner(slot_of(user, SLOTS)).unwrap().node == "node-b")
+        .take(3)
+        .collect();
+    for user in &at_b {
+        let everyone = pb::Visibility::Everyone as i32;
+        let request = pb::SetVisibilityRequest { user_id: user.clone(), visibility: everyone, ..Default::default() };
+        servers[1].client().await.set_visibility(request).await.unwrap();
+    }
+    let (_leases, generations) = register_all(&servers[1], &at_b).await;
+    let mut viewer_client = servers[0].client().await;
+    let mut streams = Vec::new();
+    for i in 0..2 {
+        let mut stream = viewer_client.watch(watch_as(&format!("viewer-{i}"), &at_b)).await.unwrap().into_inner();
+        let shown = opening(&mut stream).await;
+        for user in &at_b {
+            let seen = &shown[user];
+            assert!(seen.state == pb::State::Online as i32 && seen.version > 0, "viewer-{i} sees {user}: {seen:?}");
+        }
+        streams.push(stream);
+    }
+    // Nothing is relayed; node-b serves each viewer's watch itself.
+    let (at_node_a, at_node_b) = (stats(&servers[0]).await, stats(&servers[1]).await);
+    assert_eq!(at_node_a.relayed_users, 0, "{at_node_a:?}");
+    assert_eq!(at_node_b.relay_sessions, 0, "{at_node_b:?}");
+    assert!(at_node_b.viewers >= 2, "a watch per viewer at the owner: {at_node_b:?}");
+
+    let (user, generation) = &generations[0];
+    let request = pb::UnregisterRequest {
+        user_id: user.clone(),
+        session_id: "s".into(),
+        generation: *generation,
+        ..Default::default()
+    };
+    let mut owner = servers[1].client().await;
+    owner.unregister(request).await.unwrap();
+    let at_owner = forwarded_snapshot(&mut owner, user).await.unwrap();
+    for stream in &mut streams {
+        let flipped = update(stream).await;
+        assert_eq!((&flipped.user_id, flipped.state), (user, pb::State::Offline as i32));
+        assert_eq!(flipped.version, at_owner.version, "the owner's version");
+    }
+    for server in servers {
+        server.stop().await;
+    }
+}

@@ -39,6 +39,11 @@ pub struct ClusterConfig {
     /// so that requests held meanwhile are answered; not a flag (0 gives
     /// every freeze up, which only a test wants).
     pub move_freeze_bound: Duration,
+    /// Whether this node answers `Cluster/Relay` (E5). False answers it
+    /// `UNIMPLEMENTED`, as a node of a build from before the relay does, so
+    /// that the other nodes fall back to a watch per viewer: for the test of
+    /// that fallback, not a flag.
+    pub serves_relay: bool,
     /// What this node presents to the other nodes when it calls them of its
     /// own accord (handing its slots over as it drains): one of the service
     /// tokens every node accepts. `None` when the cluster runs open.
@@ -68,6 +73,7 @@ impl ClusterConfig {
             ride_out: DEFAULT_RIDE_OUT,
             rebalance: true,
             move_freeze_bound: FREEZE_BOUND,
+            serves_relay: true,
             peer_token: None,
             peer_tls: None,
             etcd_tls: None,

@@ -113,6 +113,8 @@ pub(crate) struct Membership {
     pub(crate) rebalance: bool,
     /// See [`ClusterConfig::move_freeze_bound`].
     pub(crate) move_freeze_bound: Duration,
+    /// See [`ClusterConfig::serves_relay`].
+    pub(crate) serves_relay: bool,
     pub(crate) etcd: Etcd,
     pub(crate) prefix: String,
     pub(crate) lease_ttl: Duration,
@@ -223,6 +225,7 @@ impl Membership {
             settle: config.settle,
             rebalance: config.rebalance,
             move_freeze_bound: config.move_freeze_bound,
+            serves_relay: config.serves_relay,
             etcd,
             prefix: config.prefix.clone(),
             lease_ttl: config.lease_ttl,

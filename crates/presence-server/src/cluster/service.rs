@@ -202,7 +202,10 @@ impl Cluster for ClusterService {
         &self,
         request: Request<Streaming<pb::RelayControl>>,
     ) -> Result<Response<Self::RelayStream>, Status> {
-        self.node_call(&request, "Relay")?;
+        let cluster = self.node_call(&request, "Relay")?;
+        if !cluster.membership.serves_relay {
+            return Err(Status::unimplemented("Cluster/Relay is not served by this node"));
+        }
         Ok(Response::new(crate::cluster::relay::serve(Arc::clone(&self.context), request.into_inner())?))
     }
 
