@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use presence_core::attention::{
-    Activity, Attention, AttentionChange, DeviceKind, NotifyDecision, NotifyPolicy, NotifyReason, Urgency,
+    Activity, Attention, AttentionChange, DeviceKind, MAX_NOTIFY_USERS, NotifyDecision, NotifyPolicy, NotifyReason,
+    Urgency,
 };
 use presence_core::{
     Availability, CompactString, Joined, Left, Presence, Registered, Registration, Renewal, Renewed, Revoked,
@@ -514,6 +515,11 @@ pub(crate) fn notify_targets_request<'a>(
     let user_ids = user_ids("user_ids", &request.user_ids)?;
     if user_ids.is_empty() {
         return Err(ServiceError::invalid("user_ids", "name at least one user"));
+    }
+    // Checked here, whole: the call is answered a few users at a time (A4).
+    if user_ids.len() > MAX_NOTIFY_USERS {
+        let reason = format!("at most {MAX_NOTIFY_USERS} users per call, not {}", user_ids.len());
+        return Err(ServiceError::invalid("user_ids", reason));
     }
     let room_id = (!request.room_id.is_empty()).then_some(request.room_id.as_str());
     let urgency = match pb::Urgency::try_from(request.urgency) {
