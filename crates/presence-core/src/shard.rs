@@ -1367,12 +1367,7 @@ impl Shard {
         if !user.online() || (!self.activity_hidden.is_empty() && self.activity_hidden.contains(user.id.as_str())) {
             return (None, None);
         }
-        let sessions = self.lease_indices(slot).filter_map(|index| {
-            let lease = self.lease(index);
-            let counts = !lease.is_hold() && !lease.closing() && lease.expires_at > now;
-            counts.then(|| self.attention.get(index as usize).copied().unwrap_or_default())
-        });
-        derive_activity(sessions, now, self.active_window_ms)
+        derive_activity(self.attending(slot, now).map(|(_, attention)| attention), now, self.active_window_ms)
     }
 
     /// Shows the user's availability as its sessions now make it (A2): a
@@ -1395,16 +1390,17 @@ impl Shard {
     pub(crate) fn attention_of(&self, now: Tick, user_id: &str) -> Vec<(CompactString, SessionAttention)> {
         let now = self.now.max(now);
         let Some(slot) = self.find(user_id) else { return Vec::new() };
-        self.lease_indices(slot)
-            .filter(|&index| {
-                let lease = self.lease(index);
-                !lease.is_hold() && !lease.closing() && lease.expires_at > now
-            })
-            .map(|index| {
-                let attention = self.attention.get(index as usize).copied().unwrap_or_default();
-                (self.lease(index).session_id.clone(), attention)
-            })
-            .collect()
+        self.attending(slot, now).map(|(index, attention)| (self.lease(index).session_id.clone(), attention)).collect()
+    }
+
+    /// The user's sessions whose attention counts at `now` (A2, A3), with
+    /// it: live ones, not a hold (no session), not closing (its socket is gone).
+    fn attending(&self, slot: u32, now: Tick) -> impl Iterator<Item = (u32, SessionAttention)> + '_ {
+        self.lease_indices(slot).filter_map(move |index| {
+            let lease = self.lease(index);
+            let counts = !lease.is_hold() && !lease.closing() && lease.expires_at > now;
+            counts.then(|| (index, self.attention.get(index as usize).copied().unwrap_or_default()))
+        })
     }
 
     fn lease_view(&self, index: u32) -> LeaseView {
